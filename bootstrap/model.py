@@ -1,0 +1,168 @@
+"""The bootstrap's domain: what a cluster looks like, where its nodes sit, and the plan for them.
+
+Small frozen dataclasses only; no I/O and no parsing here. Readers (``ranktable``, ``topology``)
+build these from bytes, the planner turns them into a :class:`Plan`, the scorer measures orders,
+and the writers serialise results. Every module of the bootstrap imports this one and none of the
+others sideways.
+
+Conventions:
+
+* A *pod index* is the scheduler's index of a pod (``VC_TASK_INDEX``); it is also the position of
+  the server in a CCE rank table's ``server_list``.
+* A *node rank* is the rank of a whole node (pod) in the new order; worker ranks are
+  ``node_rank * nproc_per_node + local_rank``.
+* Switch paths list switch ids outermost first; the last tier is the ToR (top-of-rack switch).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping, Optional, Tuple
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator of a server, as the rank table lists it."""
+
+    device_id: str
+    device_ip: Optional[str] = None
+    rank_id: Optional[int] = None  # None where the format has none (legacy group_list)
+    super_device_id: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Server:
+    """One node (pod) of the job, in scheduler order."""
+
+    server_id: str  # usually the host IP; what MA_CURRENT_HOST_IP is matched against
+    pod_index: int  # scheduler order, 0-based (VC_TASK_INDEX)
+    devices: Tuple[Device, ...]
+    host_ip: Optional[str] = None
+    container_ip: Optional[str] = None
+    pod_name: Optional[str] = None
+    super_pod_id: Optional[str] = None  # v1.2 super pod: an outer switch tier
+
+
+@dataclass(frozen=True)
+class RankTable:
+    """A parsed rank table; ``servers`` are sorted by ``pod_index`` (0..n-1)."""
+
+    version: str  # "1.0", "1.2", "1.3", "1.4", or "0" for the legacy group_list format
+    status: str  # "completed" when usable; "initializing" while the plugin is still filling it
+    servers: Tuple[Server, ...]
+
+    @property
+    def is_completed(self) -> bool:
+        return self.status == "completed"
+
+    @property
+    def node_count(self) -> int:
+        return len(self.servers)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one server sits in the switch fabric.
+
+    ``tiers`` are the switch levels above the ToR, outermost first (for example
+    ``("superpod-1", "spine-group-a")``); empty for a single-layer fabric. ``tors`` are the ToR
+    switches the server's NICs attach to, sorted and unique: usually one, several when NICs go to
+    different switches. ``slot`` is the server's slot (slice id) under its ToR, when known.
+    """
+
+    tiers: Tuple[str, ...] = ()
+    tors: Tuple[str, ...] = ()
+    slot: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tiers", tuple(self.tiers))
+        object.__setattr__(self, "tors", tuple(sorted(set(self.tors))))
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Switch placement of servers, keyed by ``server_id``; read-only.
+
+    ``source`` names the format it came from (``"cce-ranktable-tor"``, ``"basic-tor-node-cm"``,
+    ``"k8s-node-labels"``, ``"file"``). Servers without an entry have no known placement.
+    """
+
+    placements: Mapping[str, Placement] = field(default_factory=dict)
+    source: str = "none"
+
+    def __post_init__(self) -> None:
+        ordered = {key: self.placements[key] for key in sorted(self.placements)}
+        object.__setattr__(self, "placements", MappingProxyType(ordered))
+
+    def placement_of(self, server_id: str) -> Optional[Placement]:
+        return self.placements.get(server_id)
+
+    def __hash__(self) -> int:  # MappingProxyType is unhashable; hash the sorted items
+        return hash((tuple(self.placements.items()), self.source))
+
+
+class Collective(str, enum.Enum):
+    """The collective algorithm the order is optimised for (DESIGN §5)."""
+
+    RING = "ring"  # ring allreduce: rank r sends to r+1
+    NHR = "nhr"  # HCCL nonuniform hierarchical ring: r sends to r - 2^s
+    RHD = "rhd"  # recursive halving-doubling: r pairs with r XOR 2^k, biggest step first
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class PlanStatus(str, enum.Enum):
+    SUCCESS = "success"  # a routing-affine order was computed
+    FAILED = "failed"  # identity (scheduler) order, see ``reasons``
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The new node order, or the identity with the reason why no order was computed.
+
+    ``node_rank_of_pod[i]`` is the new node rank of pod index ``i``. ``master_index`` is the pod
+    index that gets node rank 0. The digests are sha256 hex of the canonical input and of the
+    mapping, so that pods can compare logs and prove they agreed.
+    """
+
+    status: PlanStatus
+    node_rank_of_pod: Tuple[int, ...]
+    collective: Collective
+    reasons: Tuple[str, ...] = ()
+    input_digest: str = ""
+    mapping_digest: str = ""
+
+    def __post_init__(self) -> None:
+        ranks = tuple(self.node_rank_of_pod)
+        if sorted(ranks) != list(range(len(ranks))):
+            raise ValueError(f"node_rank_of_pod is not a permutation of 0..{len(ranks) - 1}")
+        object.__setattr__(self, "node_rank_of_pod", ranks)
+        object.__setattr__(self, "reasons", tuple(self.reasons))
+
+    @property
+    def pod_of_node_rank(self) -> Tuple[int, ...]:
+        """Inverse mapping: ``pod_of_node_rank[r]`` is the pod index holding node rank ``r``."""
+        inverse = [0] * len(self.node_rank_of_pod)
+        for pod, rank in enumerate(self.node_rank_of_pod):
+            inverse[rank] = pod
+        return tuple(inverse)
+
+    @property
+    def master_index(self) -> int:
+        """Pod index of the new node rank 0 (``/tmp/MASTER_INDEX``); 0 for an empty plan."""
+        return self.pod_of_node_rank[0] if self.node_rank_of_pod else 0
+
+    @property
+    def is_identity(self) -> bool:
+        return all(rank == pod for pod, rank in enumerate(self.node_rank_of_pod))
+
+    @property
+    def rank_mapping(self) -> str:
+        """The platform's ``"newRank-podIndex,..."`` form, in new-rank order."""
+        return ",".join(f"{rank}-{pod}" for rank, pod in enumerate(self.pod_of_node_rank))

@@ -1,0 +1,1 @@
+"""npu-run: torchrun-compatible launcher with a tiered, coalescing store (imports torch)."""

@@ -1,0 +1,102 @@
+"""The exceptions npu-job raises for problems a user can fix, and their exit codes.
+
+Every user-facing failure is one of these; the CLI edge (``npu_job.cli``) turns them into one
+``npu-job: error: ...`` line (plus an optional ``TIP:`` line) and the exit code below, never a
+traceback. Library code raises them with a message that names the file, the field and what was
+expected; it never prints.
+
+Exit codes (stable, documented in the README):
+
+====  =====================  ==========================================================
+code  exception              meaning
+====  =====================  ==========================================================
+0     --                     success
+1     (anything else)        unexpected internal error (a bug: the traceback is shown)
+2     --                     command-line usage error (argparse)
+3     InputError             an input file or URL holds something other than expected
+4     NotReadyError          an input did not become ready in time (e.g. rank table status)
+5     SpecError              a job spec failed validation (all violations are listed)
+6     RenderError            a template failed to render
+7     InconsistentError      inputs contradict each other (e.g. this host not in the table)
+8     LaunchError            the launcher could not start or lost its store
+====  =====================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+
+
+class NpuJobError(Exception):
+    """Base class of every error a user can act on."""
+
+    exit_code = EXIT_INTERNAL
+
+    def __init__(self, message: str, *, tip: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.tip = tip
+
+
+class InputError(NpuJobError):
+    """An input (rank table, topology, spec file) is malformed.
+
+    Build the message with :func:`input_error` so it always reads ``<source>: <field>: <expected>``.
+    """
+
+    exit_code = 3
+
+    def __init__(
+        self, source: str, field: str, expected: str, *, tip: Optional[str] = None
+    ) -> None:
+        self.source = source
+        self.field = field
+        self.expected = expected
+        location = f"{source}: {field}" if field else source
+        super().__init__(f"{location}: {expected}", tip=tip)
+
+
+class NotReadyError(NpuJobError):
+    """An input never became usable within the allowed time."""
+
+    exit_code = 4
+
+
+class SpecError(NpuJobError):
+    """A job spec is invalid; ``problems`` lists every violation with its key path."""
+
+    exit_code = 5
+
+    def __init__(
+        self, source: str, problems: Sequence[str], *, tip: Optional[str] = None
+    ) -> None:
+        self.source = source
+        self.problems = tuple(problems)
+        if len(self.problems) == 1:
+            message = f"{source}: {self.problems[0]}"
+        else:
+            listed = "".join(f"\n  - {p}" for p in self.problems)
+            message = f"{source}: {len(self.problems)} problems:{listed}"
+        super().__init__(message, tip=tip)
+
+
+class RenderError(NpuJobError):
+    """A template failed to render; the message names the template and line."""
+
+    exit_code = 6
+
+
+class InconsistentError(NpuJobError):
+    """Inputs disagree with each other or with the environment."""
+
+    exit_code = 7
+
+
+class LaunchError(NpuJobError):
+    """The launcher could not start its store, proxy or workers."""
+
+    exit_code = 8

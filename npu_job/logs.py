@@ -1,0 +1,43 @@
+"""Logging set-up for the command-line edges (``npu-job``, ``bootstrap.sh``, ``npu-run``).
+
+Library code only calls ``logging.getLogger(__name__)``; this module decides what reaches stderr:
+``npu-job: <message>`` for progress, ``npu-job: warning: <message>`` for warnings, so pod logs read
+like the rest of the tool's output. stdout stays free for data.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Optional, TextIO
+
+PROG = "npu-job"
+
+
+class _Formatter(logging.Formatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__()
+        self.prog = prog
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if record.exc_info and record.levelno >= logging.ERROR:
+            message = f"{message}\n{self.formatException(record.exc_info)}"
+        if record.levelno >= logging.ERROR:
+            return f"{self.prog}: error: {message}"
+        if record.levelno >= logging.WARNING:
+            return f"{self.prog}: warning: {message}"
+        if record.levelno <= logging.DEBUG:
+            return f"{self.prog}: debug: {message}"
+        return f"{self.prog}: {message}"
+
+
+def setup_logging(verbosity: int = 0, *, prog: str = PROG, stream: Optional[TextIO] = None) -> None:
+    """Send the ``npu_job`` loggers to ``stream`` (stderr): -1 quiet, 0 info, 1+ debug."""
+    level = logging.WARNING if verbosity < 0 else logging.DEBUG if verbosity > 0 else logging.INFO
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(_Formatter(prog))
+    logger = logging.getLogger("npu_job")
+    logger.handlers[:] = [handler]
+    logger.setLevel(level)
+    logger.propagate = False

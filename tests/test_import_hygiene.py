@@ -1,0 +1,24 @@
+"""The pod-side and render paths never import torch (they run before training, in any image)."""
+
+import subprocess
+import sys
+
+import pytest
+
+POD_SIDE_MODULES = [
+    "npu_job.cli",
+    "npu_job.bootstrap",
+    "npu_job.bootstrap.model",
+]
+
+
+@pytest.mark.parametrize("module", POD_SIDE_MODULES)
+def test_module_does_not_import_torch(module):
+    code = (
+        "import importlib, sys\n"
+        f"importlib.import_module({module!r})\n"
+        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"{module} pulled in {out.stdout.strip()}"
