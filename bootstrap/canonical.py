@@ -1,0 +1,109 @@
+"""Canonical forms that every pod computes identically: id sort keys, switch paths and digests.
+
+Every pod of a job plans alone, so whatever the planner sorts or hashes must be a pure function of
+what the inputs *mean*, never of how they happened to arrive (dict order of an API response,
+device order inside a server, ``hash()`` salt, timestamps). This module owns those canonical forms:
+
+* :func:`id_sort_key` — a total order on switch and server ids: IPv4/IPv6 addresses compare as
+  numbers (``10.0.0.9`` before ``10.0.0.10``), anything else in natural order (``tor-2`` before
+  ``tor-10``); the raw string ends every key so distinct ids never tie.
+* :func:`switch_path` — a server's effective placement: the rank table's super pod (v1.2) as the
+  outermost tier, then the topology's tiers, then its ToRs.
+* :func:`canonical_input` / :func:`input_digest` — the sha256 of (servers in pod order with ids
+  and device counts, their placements, the collective), logged by every pod.
+* :func:`mapping_digest` — the sha256 of a plan's ``newRank-podIndex`` mapping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import List, Optional, Sequence, Tuple, Union
+
+from npu_job.bootstrap.model import Collective, Placement, RankTable, Server, Topology
+
+# (kind, ...) tuples; kind 0 = IP address (then version, integer value), kind 1 = natural order.
+IdKey = Tuple[Union[int, str, Tuple[Union[int, str], ...]], ...]
+
+_DIGITS = re.compile(r"(\d+)", re.ASCII)
+_IPV4 = re.compile(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})", re.ASCII)
+SwitchPath = Tuple[Tuple[str, ...], Tuple[str, ...], Optional[int]]  # (tiers, tors, slot)
+
+
+def id_sort_key(identifier: str) -> IdKey:
+    """A total sort key for a server or switch id: IPs numerically, other ids naturally.
+
+    IPv4 sorts before IPv6, addresses before any other id; ties between spellings that mean the
+    same number (``"07"`` and ``"7"``) are broken by the raw string so the order is total.
+    """
+    match = _IPV4.fullmatch(identifier)
+    if match:
+        a, b, c, d = map(int, match.groups())
+        if a <= 255 and b <= 255 and c <= 255 and d <= 255:
+            return (0, 4, (a << 24) | (b << 16) | (c << 8) | d, identifier)
+    elif ":" in identifier:
+        import ipaddress  # only IPv6 ids pay for this import
+
+        try:
+            return (0, 6, int(ipaddress.IPv6Address(identifier)), identifier)
+        except ValueError:
+            pass
+    pieces = _DIGITS.split(identifier)  # [text, digits, text, digits, ..., text]
+    natural = tuple(int(piece) if index % 2 else piece for index, piece in enumerate(pieces))
+    return (1, natural, identifier)
+
+
+def switch_path(server: Server, topology: Optional[Topology]) -> SwitchPath:
+    """``(tiers, tors, slot)`` of ``server``: its super pod (if any) outermost, then the topology's.
+
+    A server with neither a topology entry nor a super pod has ``((), (), None)``: no placement.
+    """
+    placement: Optional[Placement] = topology.placement_of(server.server_id) if topology else None
+    tiers: Tuple[str, ...] = placement.tiers if placement else ()
+    tors: Tuple[str, ...] = placement.tors if placement else ()
+    slot = placement.slot if placement else None
+    if server.super_pod_id is not None and (not tiers or tiers[0] != server.super_pod_id):
+        tiers = (server.super_pod_id,) + tiers
+    return tiers, tors, slot
+
+
+def switch_paths(table: RankTable, topology: Optional[Topology]) -> Tuple[SwitchPath, ...]:
+    """:func:`switch_path` of every server, in pod order."""
+    return tuple(switch_path(server, topology) for server in table.servers)
+
+
+def canonical_input(
+    table: RankTable,
+    topology: Optional[Topology],
+    collective: Collective,
+    paths: Optional[Sequence[SwitchPath]] = None,
+) -> bytes:
+    """The bytes every pod hashes: servers in pod order (id, device count, switch path), collective.
+
+    Only what the planner reads goes in, so topology entries for servers outside the job, device
+    order inside a server and dict order of the topology do not change the digest. ``paths`` may
+    pass precomputed :func:`switch_paths`.
+    """
+    if paths is None:
+        paths = switch_paths(table, topology)
+    servers: List[list] = []
+    for server, (tiers, tors, slot) in zip(table.servers, paths):
+        servers.append([server.pod_index, server.server_id, len(server.devices), list(tiers), list(tors), slot])
+    document = {"collective": collective.value, "servers": servers}
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def input_digest(
+    table: RankTable,
+    topology: Optional[Topology],
+    collective: Collective,
+    paths: Optional[Sequence[SwitchPath]] = None,
+) -> str:
+    """sha256 hex of :func:`canonical_input`."""
+    return hashlib.sha256(canonical_input(table, topology, collective, paths)).hexdigest()
+
+
+def mapping_digest(rank_mapping: str) -> str:
+    """sha256 hex of a plan's ``"newRank-podIndex,..."`` mapping string."""
+    return hashlib.sha256(rank_mapping.encode("ascii")).hexdigest()

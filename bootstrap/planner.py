@@ -1,0 +1,289 @@
+"""The routing-affine node order (DESIGN §5): rank table + switch topology -> :class:`Plan`.
+
+Pure and deterministic: every pod runs :func:`plan` alone on the same inputs and must reach the
+same answer, so inputs are put in canonical order first (see :mod:`npu_job.bootstrap.canonical`)
+and every sort key is total and ends in the unique server id. No ``hash()``, no set or dict
+iteration order, no clock.
+
+Ordering rules
+--------------
+*Switch groups.* A node's group is its switch path: outer tiers outermost first (the rank table's
+super pod, then the topology's tiers), then the sorted tuple of its ToRs. Groups are ordered by
+that path with :func:`~npu_job.bootstrap.canonical.id_sort_key` (IPs numerically, other ids
+naturally). A node whose NICs reach several ToRs forms a group of its own tuple, e.g.
+``(A, B)``; tuple order places it right after ToR ``A``'s group and before ``B``'s, so the ring
+walks ``A… → AB… → B…`` and the multi-ToR nodes bridge the two switches they share. Nodes without
+any placement go last, each its own group, by server id.
+
+*Inside a group* nodes are sorted by slot (slice id; unknown slots after known ones), then server
+id — MindCluster's ToR-major, slot-sorted numbering, so boundary flows line up.
+
+*Ring / NHR* use the switch-contiguous order: each group's nodes get consecutive ranks, which for a
+ring reaches the lower bound of cross-switch edges (one per group touched, none for one group).
+
+*RHD* (halving-doubling, far-first) also considers the interleaved order, dealing one node from
+each ToR group in turn (``rank = slot_in_tor * T + tor`` when all T groups are equal), so the
+first, largest XOR step ``r <-> r ^ n/2`` stays inside a ToR. Uneven groups drop out of the deal
+as they run empty; nodes without placement still go last. Both candidates are scored with
+:func:`npu_job.bootstrap.scorer.cross_switch_volume` (data volume crossing a ToR, then the best
+possible max uplink load) and the cheaper one wins; ties keep the contiguous order.
+
+Preconditions (platform rule): at least 3 nodes, full nodes (equal device counts, none empty, and
+``full_node_devices`` when given), a completed rank table with pod indices 0..n-1 and unique
+server ids, and a topology that places at least one server. Otherwise the plan is the identity
+with ``status=failed`` and every reason found. A successful plan may carry notes in ``reasons``
+too (e.g. servers without topology that were placed last).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from npu_job.bootstrap import canonical
+from npu_job.bootstrap.model import Collective, Plan, PlanStatus, RankTable, Topology
+
+log = logging.getLogger(__name__)
+
+MIN_NODES = 3  # platform rule: routing acceleration needs at least 3 nodes
+
+# HCCL_ALGO level1 (inter-server) algorithm -> the collective whose traffic pattern it follows.
+# NB (nonuniform Bruck) exchanges at distances 2^s like NHR. pipeline runs a ring between servers
+# (one per NPU rail) while using intra-server links concurrently. pairwise (all-to-all only) and
+# AHC (hierarchy-aware by itself) have no order preference: None, so the caller's default applies.
+_HCCL_LEVEL1: Dict[str, Collective] = {
+    "ring": Collective.RING,
+    "pipeline": Collective.RING,
+    "h-d_r": Collective.RHD,
+    "hd_r": Collective.RHD,
+    "rhd": Collective.RHD,
+    "nhr": Collective.NHR,
+    "nhr_v1": Collective.NHR,
+    "nb": Collective.NHR,
+}
+# With per-operator HCCL_ALGO ("allreduce=level0:NA;level1:ring/allgather=..."), the operator that
+# dominates training traffic decides.
+_OPERATOR_PREFERENCE = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
+
+
+def collective_from_hccl_algo(value: Optional[str]) -> Optional[Collective]:
+    """Map HCCL's ``HCCL_ALGO`` environment value to a :class:`Collective`, or None.
+
+    Accepts the global form ``level0:NA;level1:H-D_R``, the per-operator form
+    ``allreduce=level0:NA;level1:ring/allgather=level0:NA;level1:NHR`` (allreduce's choice wins,
+    then reducescatter, allgather, ...) and a bare algorithm name. Returns None when ``value`` is
+    unset, empty, names no inter-server (level1) algorithm, or one without an order preference.
+    """
+    if not value or not value.strip():
+        return None
+    per_operator: Dict[str, str] = {}
+    for chunk in value.split("/"):
+        operator, sep, levels = chunk.partition("=")
+        if sep:
+            per_operator[operator.strip().lower()] = levels
+        else:
+            per_operator.setdefault("", chunk)
+    chosen = next((per_operator[op] for op in _OPERATOR_PREFERENCE if op in per_operator), None)
+    if chosen is None:
+        chosen = per_operator.get("", next(iter(per_operator.values()), ""))
+    algorithm: Optional[str] = None
+    for level in chosen.split(";"):
+        name, sep, algo = level.partition(":")
+        if sep and name.strip().lower() == "level1":
+            algorithm = algo
+        elif not sep and ";" not in chosen:
+            algorithm = name  # a bare algorithm name
+    if algorithm is None:
+        return None
+    return _HCCL_LEVEL1.get(algorithm.strip().lower())
+
+
+def precondition_failures(
+    table: RankTable,
+    topology: Optional[Topology],
+    *,
+    full_node_devices: Optional[int] = None,
+    paths: Optional[Sequence[canonical.SwitchPath]] = None,
+) -> Tuple[str, ...]:
+    """Every reason the platform rule forbids reordering ``table``; empty when planning may go on.
+
+    ``paths`` may pass precomputed :func:`~npu_job.bootstrap.canonical.switch_paths`.
+    """
+    if paths is None:
+        paths = canonical.switch_paths(table, topology)
+    reasons: List[str] = []
+    servers = table.servers
+    count = len(servers)
+    if not table.is_completed:
+        reasons.append(f"rank table status is {table.status!r}, not 'completed'")
+    if count < MIN_NODES:
+        reasons.append(f"only {count} node(s); reordering needs at least {MIN_NODES} (platform rule)")
+    if any(server.pod_index != index for index, server in enumerate(servers)):
+        reasons.append(f"pod indices are not 0..{count - 1} in order")
+    first_pod: Dict[str, int] = {}
+    for server in servers:
+        if server.server_id in first_pod:
+            reasons.append(
+                f"duplicate server_id {server.server_id!r} (pod indices {first_pod[server.server_id]}"
+                f" and {server.pod_index})"
+            )
+        else:
+            first_pod[server.server_id] = server.pod_index
+    reasons.extend(_partial_node_reasons(table, full_node_devices))
+    placed = sum(1 for tiers, tors, _slot in paths if tiers or tors)
+    if count and not placed:
+        if topology is None or not topology.placements:
+            reasons.append("no switch topology available")
+        else:
+            reasons.append(
+                f"topology ({topology.source}) has no entry for any of the {count} servers"
+                " (do its ids match the rank table's server_id?)"
+            )
+    return tuple(reasons)
+
+
+def _partial_node_reasons(table: RankTable, full_node_devices: Optional[int]) -> List[str]:
+    servers = table.servers
+    if not servers:
+        return []
+    empty = [server.server_id for server in servers if not server.devices]
+    reasons: List[str] = []
+    if empty:
+        reasons.append(f"partial nodes: {len(empty)} server(s) list no devices ({_few(empty)})")
+    counts: Dict[int, List[str]] = {}
+    for server in servers:
+        if server.devices:
+            counts.setdefault(len(server.devices), []).append(server.server_id)
+    if full_node_devices is not None:
+        short = sorted(
+            (sid for size, ids in counts.items() if size != full_node_devices for sid in ids),
+            key=canonical.id_sort_key,
+        )
+        if short:
+            reasons.append(
+                f"partial nodes: {len(short)} server(s) do not have the full {full_node_devices}"
+                f" devices ({_few(short)})"
+            )
+    elif len(counts) > 1:
+        full = max(counts)
+        short = sorted((sid for size, ids in counts.items() if size != full for sid in ids), key=canonical.id_sort_key)
+        spread = ", ".join(f"{size} on {len(counts[size])}" for size in sorted(counts, reverse=True))
+        reasons.append(f"partial nodes: device counts differ ({spread}; short: {_few(short)})")
+    return reasons
+
+
+def _few(ids: Sequence[str], limit: int = 3) -> str:
+    shown = ", ".join(ids[:limit])
+    return shown + (f", ... ({len(ids) - limit} more)" if len(ids) > limit else "")
+
+
+def switch_groups(
+    table: RankTable,
+    topology: Optional[Topology],
+    paths: Optional[Sequence[canonical.SwitchPath]] = None,
+) -> Tuple[Tuple[Tuple[int, ...], ...], int]:
+    """The switch-contiguous grouping: ``(groups, placed)``.
+
+    ``groups`` lists groups of pod indices in rank order (each group's members in rank order);
+    the first ``placed`` groups are switch groups, the rest are the singletons of servers without
+    any placement, by server id.
+    """
+    if paths is None:
+        paths = canonical.switch_paths(table, topology)
+    keyed: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], List[Tuple[tuple, int]]] = {}
+    unplaced: List[Tuple[tuple, int]] = []
+    for server, (tiers, tors, slot) in zip(table.servers, paths):
+        id_key = canonical.id_sort_key(server.server_id)
+        if tiers or tors:
+            member_key = (slot is None, slot if slot is not None else 0, id_key)
+            keyed.setdefault((tiers, tors), []).append((member_key, server.pod_index))
+        else:
+            unplaced.append((id_key, server.pod_index))
+    # Switch ids repeat across many servers: build each group's sort key once.
+    switch_key: Dict[str, canonical.IdKey] = {}
+    for tiers, tors in keyed:
+        for switch in tiers + tors:
+            if switch not in switch_key:
+                switch_key[switch] = canonical.id_sort_key(switch)
+    group_order = sorted(
+        keyed,
+        key=lambda path: (tuple(switch_key[t] for t in path[0]), tuple(switch_key[t] for t in path[1])),
+    )
+    groups = [tuple(pod for _key, pod in sorted(keyed[path])) for path in group_order]
+    groups.extend((pod,) for _key, pod in sorted(unplaced))
+    return tuple(groups), len(keyed)
+
+
+def interleave(groups: Sequence[Sequence[int]]) -> Tuple[int, ...]:
+    """Deal one member of each group in turn (``rank = index_in_group * T + group`` when even)."""
+    order: List[int] = []
+    depth = max((len(group) for group in groups), default=0)
+    for index in range(depth):
+        order.extend(group[index] for group in groups if index < len(group))
+    return tuple(order)
+
+
+def plan(
+    table: RankTable,
+    topology: Optional[Topology],
+    collective: Collective = Collective.RING,
+    *,
+    full_node_devices: Optional[int] = None,
+) -> Plan:
+    """The routing-affine order for ``table`` on ``topology``, optimised for ``collective``.
+
+    Never raises for "cannot plan": returns a FAILED identity plan with the reasons instead.
+    ``full_node_devices`` (optional) is the device count of a full node for this job.
+    """
+    paths = canonical.switch_paths(table, topology)
+    digest = canonical.input_digest(table, topology, collective, paths)
+    count = len(table.servers)
+    reasons = precondition_failures(table, topology, full_node_devices=full_node_devices, paths=paths)
+    if reasons:
+        return _finish(Plan(PlanStatus.FAILED, tuple(range(count)), collective, reasons, digest))
+
+    groups, placed = switch_groups(table, topology, paths)
+    contiguous = tuple(pod for group in groups for pod in group)
+    order = contiguous
+    notes: List[str] = []
+    unplaced = len(groups) - placed
+    if unplaced:
+        notes.append(f"{unplaced} of {count} servers have no topology entry; placed last")
+    if collective is Collective.RHD and placed > 1:
+        order = _better_for_rhd(table, topology, contiguous, groups, placed, notes)
+    node_rank_of_pod = [0] * count
+    for rank, pod in enumerate(order):
+        node_rank_of_pod[pod] = rank
+    return _finish(Plan(PlanStatus.SUCCESS, tuple(node_rank_of_pod), collective, tuple(notes), digest))
+
+
+def _better_for_rhd(
+    table: RankTable,
+    topology: Optional[Topology],
+    contiguous: Tuple[int, ...],
+    groups: Sequence[Sequence[int]],
+    placed: int,
+    notes: List[str],
+) -> Tuple[int, ...]:
+    from npu_job.bootstrap import scorer  # only RHD plans pay for the scorer import
+
+    interleaved = interleave(groups[:placed]) + tuple(pod for group in groups[placed:] for pod in group)
+    switch_of_pod = scorer.switch_keys(table, topology)
+    cost_contiguous = scorer.cross_switch_volume(contiguous, switch_of_pod, Collective.RHD)
+    cost_interleaved = scorer.cross_switch_volume(interleaved, switch_of_pod, Collective.RHD)
+    if cost_interleaved < cost_contiguous:
+        notes.append("rhd: interleaved order chosen (less data crosses ToRs)")
+        return interleaved
+    notes.append("rhd: contiguous order chosen (interleaving does not reduce cross-ToR data)")
+    return contiguous
+
+
+def _finish(result: Plan) -> Plan:
+    finished = dataclasses.replace(result, mapping_digest=canonical.mapping_digest(result.rank_mapping))
+    log.debug(
+        "plan %s for %d nodes (%s): input sha256 %s, mapping sha256 %s",
+        finished.status, len(finished.node_rank_of_pod), finished.collective,
+        finished.input_digest, finished.mapping_digest,
+    )
+    return finished
