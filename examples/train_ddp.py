@@ -41,7 +41,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 REPORT_VERSION = 1
-ROUTE_PLAN_NAME = "route_plan.json"
+try:  # the bootstrap's own name for the file, when npu-job is installed in the image
+    from npu_job.bootstrap.writers import ROUTE_PLAN_FILE as ROUTE_PLAN_NAME
+except ImportError:
+    ROUTE_PLAN_NAME = "npu_job_route_plan.json"
 CHECKPOINT_NAME = "checkpoint.pt"
 
 
