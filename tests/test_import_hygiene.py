@@ -9,6 +9,12 @@ POD_SIDE_MODULES = [
     "npu_job.cli",
     "npu_job.bootstrap",
     "npu_job.bootstrap.model",
+    "npu_job.bootstrap.canonical",
+    "npu_job.bootstrap.planner",
+    "npu_job.bootstrap.scorer",
+    "npu_job.bootstrap.synthetic",
+    *(f"npu_job.bootstrap.{name}" for name in ("payload", "ranktable", "topology", "sources", "wait", "identity", "writers", "run", "__main__")),
+    "npu_job.cli.bootstrap",
 ]
 
 

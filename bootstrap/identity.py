@@ -1,0 +1,69 @@
+"""Who am I: this pod's index in the rank table (pure).
+
+The pod finds itself by ``MA_CURRENT_HOST_IP`` (the node's ``status.hostIP``) matching a server's
+``server_id`` (or its ``host_ip`` where the format has one, v1.2+). ``VC_TASK_INDEX`` is the
+scheduler's pod index and must agree: on CCE ``server_list`` is in pod-index order, and for a
+legacy ``group_list`` table the ``pod_name`` suffix gives the index. Any disagreement is an
+:class:`InconsistentError`; nothing is guessed silently. Without a host IP the task index alone is
+used (and said so in the log).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from npu_job.bootstrap.model import RankTable
+from npu_job.errors import InconsistentError, InputError
+
+log = logging.getLogger(__name__)
+
+
+def parse_task_index(value: Optional[str], name: str = "VC_TASK_INDEX") -> Optional[int]:
+    """``VC_TASK_INDEX`` as an int (None when unset or empty)."""
+    if value is None or value.strip() == "":
+        return None
+    text = value.strip()
+    if not (text.isdigit() and text.isascii()):
+        raise InputError("environment", name, f"a non-negative integer pod index, got {value!r}")
+    return int(text)
+
+
+def find_pod_index(table: RankTable, host_ip: Optional[str], task_index: Optional[int], source: str) -> int:
+    """The pod index of this pod in ``table``; see the module docstring for the rules."""
+    count = table.node_count
+    if host_ip:
+        matches = [s.pod_index for s in table.servers if s.server_id == host_ip]
+        if not matches:
+            matches = [s.pod_index for s in table.servers if s.host_ip == host_ip]
+        if not matches:
+            raise InconsistentError(
+                f"{source}: server_list: expected this host's IP {host_ip} (MA_CURRENT_HOST_IP) "
+                f"among the {count} server ids, it is not there",
+                tip="is MA_CURRENT_HOST_IP set from status.hostIP? --host-ip overrides it",
+            )
+        if len(matches) > 1:
+            raise InconsistentError(
+                f"{source}: server_list: expected one server with host IP {host_ip}, found {len(matches)}"
+            )
+        index = matches[0]
+        if task_index is not None and task_index != index:
+            raise InconsistentError(
+                f"{source}: server_list[{index}]: this host {host_ip} is pod index {index} in the rank "
+                f"table, but VC_TASK_INDEX is {task_index}",
+                tip="the rank table may be stale or out of pod order; --pod-index/--host-ip override",
+            )
+        return index
+    if task_index is not None:
+        if task_index >= count:
+            raise InconsistentError(
+                f"{source}: server_list: expected an entry for VC_TASK_INDEX {task_index}, "
+                f"the table has {count} servers"
+            )
+        log.info("MA_CURRENT_HOST_IP is not set; this pod is index %d by VC_TASK_INDEX", task_index)
+        return task_index
+    raise InputError(
+        "environment",
+        "MA_CURRENT_HOST_IP",
+        "this host's IP (or VC_TASK_INDEX, or --host-ip/--pod-index), neither is set",
+    )

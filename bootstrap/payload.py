@@ -1,0 +1,214 @@
+"""Decoding input bytes into a document, by content: the one entry point every reader uses.
+
+The platform hands us the same data in several encodings and file names do not say which:
+
+* plain JSON (``jobstart_hccl.json`` by default);
+* base64(gzip(JSON)), StdEncoding, possibly wrapped over lines (``ranktable_tor.json`` always,
+  ``jobstart_hccl.json`` with ``--rank-table-compress=true``);
+* raw gzip(JSON) (what a user gets from ``base64 -d`` by hand);
+* YAML, only where the caller allows it (the hand-written topology file).
+
+Everything is capped at :data:`MAX_INPUT_BYTES` (64 MiB, before and after decompression): a 16k-node
+rank table is about 10 MiB of JSON, so anything bigger is a wrong file or a gzip bomb, and we would
+rather say so than exhaust a pod's memory.
+
+This module also holds the small field checkers (``expect_*``) the readers share, so that every
+message reads ``<source>: <field path>: expected ...`` the same way.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import zlib
+from typing import Any, Dict, List, NoReturn
+
+from npu_job.errors import InputError
+
+MAX_INPUT_BYTES = 64 * 1024 * 1024
+MAX_INPUT_DESCRIPTION = "64 MiB"
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_BASE64_TEXT = re.compile(rb"[A-Za-z0-9+/=\s]+")
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def check_size(size: int, source: str) -> None:
+    """Reject inputs over :data:`MAX_INPUT_BYTES` with a message that states the cap."""
+    if size > MAX_INPUT_BYTES:
+        raise InputError(
+            source, "size", f"at most {MAX_INPUT_DESCRIPTION} ({MAX_INPUT_BYTES} bytes), got {size} bytes"
+        )
+
+
+def decode_document(data: bytes, source: str, *, allow_yaml: bool = False) -> Any:
+    """Decode ``data`` (JSON, base64(gzip(JSON)), gzip(JSON), or YAML if allowed) by content.
+
+    Raises :class:`InputError` naming ``source`` and what was expected; never anything else.
+    """
+    check_size(len(data), source)
+    body = data.strip()
+    if body.startswith(_UTF8_BOM):
+        body = body[len(_UTF8_BOM):].lstrip()
+    if not body:
+        raise InputError(source, "content", "a JSON document, got an empty input")
+    if body.startswith(_GZIP_MAGIC):
+        return _parse_json(_gunzip(body, source, "gzip"), source)
+    if body[:1] in b"{[":
+        return _parse_json(body, source)
+    if _BASE64_TEXT.fullmatch(body):
+        try:
+            return _parse_json(_gunzip(_b64decode(body, source), source, "base64(gzip(JSON))"), source)
+        except InputError:
+            if not allow_yaml:
+                raise
+    if allow_yaml:
+        return _parse_yaml(body, source)
+    raise InputError(
+        source,
+        "content",
+        f"JSON or base64(gzip(JSON)), got data starting with {_preview(body)}",
+    )
+
+
+def encode_b64_gzip(document: Any) -> bytes:
+    """base64(gzip(compact JSON)) with StdEncoding, as the CCE plugin writes it (deterministic)."""
+    raw = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # gzip, mtime 0
+    return base64.b64encode(compressor.compress(raw) + compressor.flush())
+
+
+def _b64decode(body: bytes, source: str) -> bytes:
+    compact = b"".join(body.split())
+    try:
+        raw = base64.b64decode(compact, validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise InputError(source, "content", f"valid base64 (StdEncoding) of gzip(JSON): {error}") from None
+    if not raw.startswith(_GZIP_MAGIC):
+        raise InputError(
+            source,
+            "content",
+            f"base64 of gzip data (magic 1f8b), got base64 of bytes starting with {raw[:4].hex() or 'nothing'}",
+        )
+    return raw
+
+
+def _gunzip(raw: bytes, source: str, what: str) -> bytes:
+    decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = decompressor.decompress(raw, MAX_INPUT_BYTES + 1)
+    except zlib.error as error:
+        raise InputError(source, "content", f"a valid {what} stream: {error}") from None
+    if len(out) > MAX_INPUT_BYTES:
+        raise InputError(
+            source, "content", f"at most {MAX_INPUT_DESCRIPTION} after decompression ({what})"
+        )
+    if not decompressor.eof:
+        raise InputError(source, "content", f"a complete {what} stream, got a truncated one")
+    return out
+
+
+def _parse_json(text: bytes, source: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError(
+            source, f"line {error.lineno} column {error.colno}", f"valid JSON ({error.msg})"
+        ) from None
+    except UnicodeDecodeError as error:
+        raise InputError(source, "content", f"UTF-8 text ({error.reason} at byte {error.start})") from None
+    except RecursionError:
+        raise InputError(source, "content", "JSON nested less deeply") from None
+
+
+def _parse_yaml(text: bytes, source: str) -> Any:
+    import yaml  # only the hand-written topology file may be YAML; keep it off the fast path
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"line {mark.line + 1} column {mark.column + 1}" if mark is not None else "content"
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise InputError(source, where, f"valid JSON or YAML ({problem})") from None
+    except UnicodeDecodeError as error:
+        raise InputError(source, "content", f"UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
+def _preview(body: bytes) -> str:
+    return repr(body[:16].decode("utf-8", "replace"))
+
+
+# --- field checkers shared by the readers ---------------------------------------------------------
+
+_JSON_TYPE_NAMES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
+
+
+def describe(value: Any) -> str:
+    """How a JSON value looks to a user: ``a string "x"``, ``an object``, ``null``."""
+    kind = _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        shown = json.dumps(value)
+        if len(shown) > 40:
+            shown = shown[:37] + '..."'
+        return f"{kind} {shown}"
+    return kind
+
+
+def fail(source: str, path: str, expected: str, value: Any = ...) -> NoReturn:
+    """Raise the reader error; with ``value``, append what was found instead."""
+    if value is not ...:
+        expected = f"{expected}, got {describe(value)}"
+    raise InputError(source, path, expected)
+
+
+def require(mapping: Dict[str, Any], key: str, source: str, path: str) -> Any:
+    """``mapping[key]``, or an error naming ``path.key`` as a missing required field."""
+    try:
+        return mapping[key]
+    except KeyError:
+        fail(source, join(path, key), "a required field (missing)")
+
+
+def expect_object(value: Any, source: str, path: str) -> Dict[str, Any]:
+    if type(value) is not dict:
+        fail(source, path or "document", "an object", value)
+    return value
+
+
+def expect_list(value: Any, source: str, path: str) -> List[Any]:
+    if type(value) is not list:
+        fail(source, path, "an array", value)
+    return value
+
+
+def expect_str(value: Any, source: str, path: str, *, empty_ok: bool = False) -> str:
+    if type(value) is not str:
+        fail(source, path, "a string", value)
+    if not empty_ok and not value:
+        fail(source, path, "a non-empty string")
+    return value
+
+
+def expect_count(value: Any, source: str, path: str) -> int:
+    """A non-negative integer written as a string (these formats quote numbers) or a number."""
+    if type(value) is int and value >= 0:
+        return value
+    if type(value) is str and value.isdigit() and value.isascii():
+        return int(value)
+    fail(source, path, "a non-negative integer (as a string, e.g. \"0\")", value)
+
+
+def join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key

@@ -1,0 +1,309 @@
+"""Rank table reader and writers (pure): bytes -> :class:`RankTable`, and back to a document.
+
+Formats (DESIGN §3; every number is a string):
+
+* **v1.0** ``server_list``: ``{status, version, server_count, server_list: [{server_id, device:
+  [{device_id, device_ip, rank_id}], host_ip?, container_ip?}]}``.
+* **v1.2** adds top-level ``super_pod_list: [{super_pod_id, server_list: [{server_id}]}]`` (the
+  super pod becomes :attr:`Server.super_pod_id`, an outer switch tier) and per-device
+  ``super_device_id``.
+* **v1.3/v1.4** may add ``data_version``, ``dpu_ip``, ``numa_id``, ``cluster_list``...: unknown
+  fields are ignored here and survive in :func:`reordered_document`.
+* **legacy "v0"** ``group_list``: ``{status, group_count, group_list: [{group_name, instance_list:
+  [{pod_name, server_id, devices: [{device_id, device_ip}]}]}]}``; instances arrive in any order
+  and are ordered by the integer suffix of ``pod_name``; there are no rank ids.
+
+A table whose ``status`` is not ``completed`` may have no servers yet: it is returned as a valid,
+not-ready table (the waiter decides what to do). A completed table is validated fully: types,
+required fields, unique server ids, unique integer rank ids; the first problem raises
+:class:`InputError` such as ``<source>: server_list[3].device[1].rank_id: expected ...``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+from npu_job.bootstrap.model import Device, Plan, RankTable, Server
+from npu_job.bootstrap.payload import (
+    decode_document,
+    expect_count,
+    expect_list,
+    expect_object,
+    expect_str,
+    fail,
+    require,
+)
+
+LEGACY_VERSION = "0"
+_POD_SUFFIX = re.compile(r"(\d+)$")
+
+
+def parse_rank_table(data: bytes, source: str) -> RankTable:
+    """Decode (JSON or base64(gzip(JSON)), by content) and validate a rank table."""
+    return rank_table_from_document(decode_document(data, source), source)
+
+
+def rank_table_from_document(document: Any, source: str) -> RankTable:
+    """Validate an already decoded rank table document (see the module docstring)."""
+    doc = expect_object(document, source, "")
+    status = expect_str(require(doc, "status", source, ""), source, "status")
+    if "server_list" not in doc and "group_list" in doc:
+        return _legacy_table(doc, status, source)
+    version = doc.get("version")
+    if version is None:
+        if status != "completed" and "server_list" not in doc:
+            return RankTable(version="", status=status, servers=())
+        require(doc, "version", source, "")
+    version = expect_str(version, source, "version")
+    if "server_list" not in doc and status != "completed":
+        return RankTable(version=version, status=status, servers=())
+    server_list = expect_list(require(doc, "server_list", source, ""), source, "server_list")
+    super_pods = _super_pods(doc, source)
+    servers = _servers(server_list, super_pods, source)
+    if "server_count" in doc:
+        count = expect_count(doc["server_count"], source, "server_count")
+        if count != len(servers):
+            fail(source, "server_count", f'"{len(servers)}" (the number of entries in server_list), got "{count}"')
+    unknown = set(super_pods) - {server.server_id for server in servers}
+    if unknown:
+        fail(source, "super_pod_list", f"only server ids of server_list, got unknown {sorted(unknown)[0]!r}")
+    return RankTable(version=version, status=status, servers=servers)
+
+
+def _servers(server_list: List[Any], super_pods: Dict[str, str], source: str) -> Tuple[Server, ...]:
+    servers: List[Server] = []
+    index_of_server: Dict[str, int] = {}
+    where_rank: Dict[int, str] = {}
+    for index, entry in enumerate(server_list):
+        path = f"server_list[{index}]"
+        if type(entry) is not dict:
+            expect_object(entry, source, path)
+        server_id = entry.get("server_id")
+        if type(server_id) is not str or not server_id:
+            expect_str(require(entry, "server_id", source, path), source, f"{path}.server_id")
+        if server_id in index_of_server:
+            fail(source, f"{path}.server_id",
+                 f"a unique server id; {server_id!r} is also server_list[{index_of_server[server_id]}]")
+        index_of_server[server_id] = index
+        devices = _devices(entry.get("device"), f"{path}.device", source, where_rank, entry)
+        servers.append(
+            Server(
+                server_id=server_id,
+                pod_index=index,
+                devices=devices,
+                host_ip=_optional_str(entry, "host_ip", path, source),
+                container_ip=_optional_str(entry, "container_ip", path, source),
+                pod_name=_optional_str(entry, "pod_name", path, source),
+                super_pod_id=super_pods.get(server_id),
+            )
+        )
+    return tuple(servers)
+
+
+def _devices(
+    raw: Any, path: str, source: str, where_rank: Dict[int, str], entry: Dict[str, Any]
+) -> Tuple[Device, ...]:
+    if type(raw) is not list:
+        expect_list(require(entry, "device", source, path.rsplit(".", 1)[0]), source, path)
+    if not raw:
+        fail(source, path, "at least one device, got an empty array")
+    devices = []
+    for position, item in enumerate(raw):
+        here = f"{path}[{position}]"
+        if type(item) is not dict:
+            expect_object(item, source, here)
+        device_id = item.get("device_id")
+        if type(device_id) is not str or not device_id:
+            expect_str(require(item, "device_id", source, here), source, f"{here}.device_id")
+        rank_text = item.get("rank_id")
+        if type(rank_text) is str and rank_text.isdigit() and rank_text.isascii():
+            rank_id = int(rank_text)
+        else:
+            rank_id = expect_count(require(item, "rank_id", source, here), source, f"{here}.rank_id")
+        if rank_id in where_rank:
+            fail(source, f"{here}.rank_id",
+                 f'a rank id unique in the table; "{rank_id}" is also {where_rank[rank_id]}')
+        where_rank[rank_id] = here
+        device_ip = item.get("device_ip")
+        if device_ip is not None and type(device_ip) is not str:
+            fail(source, f"{here}.device_ip", "a string", device_ip)
+        super_device_id = item.get("super_device_id")
+        if super_device_id is not None and type(super_device_id) is not str:
+            fail(source, f"{here}.super_device_id", "a string", super_device_id)
+        devices.append(Device(device_id, device_ip, rank_id, super_device_id))
+    return tuple(devices)
+
+
+def _super_pods(doc: Dict[str, Any], source: str) -> Dict[str, str]:
+    """server_id -> super_pod_id from the v1.2+ ``super_pod_list`` (empty when absent)."""
+    if "super_pod_list" not in doc:
+        return {}
+    result: Dict[str, str] = {}
+    where: Dict[str, str] = {}
+    for index, pod in enumerate(expect_list(doc["super_pod_list"], source, "super_pod_list")):
+        path = f"super_pod_list[{index}]"
+        expect_object(pod, source, path)
+        pod_id = expect_str(require(pod, "super_pod_id", source, path), source, f"{path}.super_pod_id")
+        members = expect_list(require(pod, "server_list", source, path), source, f"{path}.server_list")
+        for position, member in enumerate(members):
+            here = f"{path}.server_list[{position}]"
+            expect_object(member, source, here)
+            server_id = expect_str(require(member, "server_id", source, here), source, f"{here}.server_id")
+            if server_id in where:
+                fail(source, f"{here}.server_id",
+                     f"each server in one super pod; {server_id!r} is also in {where[server_id]}")
+            where[server_id] = path
+            result[server_id] = pod_id
+    return result
+
+
+def _legacy_table(doc: Dict[str, Any], status: str, source: str) -> RankTable:
+    groups = expect_list(doc["group_list"], source, "group_list")
+    if not groups and status != "completed":
+        return RankTable(version=LEGACY_VERSION, status=status, servers=())
+    if len(groups) != 1:
+        fail(source, "group_list", f"exactly one group (one task), got {len(groups)}")
+    group = expect_object(groups[0], source, "group_list[0]")
+    instances = expect_list(
+        require(group, "instance_list", source, "group_list[0]"), source, "group_list[0].instance_list"
+    )
+    by_suffix: Dict[int, Tuple[str, Server]] = {}
+    ids: Dict[str, str] = {}
+    for index, instance in enumerate(instances):
+        path = f"group_list[0].instance_list[{index}]"
+        expect_object(instance, source, path)
+        pod_name = expect_str(require(instance, "pod_name", source, path), source, f"{path}.pod_name")
+        match = _POD_SUFFIX.search(pod_name)
+        if match is None:
+            fail(source, f"{path}.pod_name", "a pod name ending in its index (e.g. job-worker-0)", pod_name)
+        suffix = int(match.group(1))
+        if suffix in by_suffix:
+            fail(source, f"{path}.pod_name", f"a unique pod index; {suffix} is also {by_suffix[suffix][0]}")
+        server_id = expect_str(require(instance, "server_id", source, path), source, f"{path}.server_id")
+        if server_id in ids:
+            fail(source, f"{path}.server_id", f"a unique server id; {server_id!r} is also {ids[server_id]}")
+        ids[server_id] = path
+        raw_devices = expect_list(require(instance, "devices", source, path), source, f"{path}.devices")
+        if not raw_devices:
+            fail(source, f"{path}.devices", "at least one device, got an empty array")
+        devices = []
+        for position, item in enumerate(raw_devices):
+            here = f"{path}.devices[{position}]"
+            expect_object(item, source, here)
+            device_id = expect_str(require(item, "device_id", source, here), source, f"{here}.device_id")
+            device_ip = item.get("device_ip")
+            if device_ip is not None:
+                expect_str(device_ip, source, f"{here}.device_ip")
+            devices.append(Device(device_id, device_ip, None))
+        by_suffix[suffix] = (path, Server(server_id, -1, tuple(devices), pod_name=pod_name))
+    suffixes = sorted(by_suffix)
+    if suffixes != list(range(len(suffixes))):
+        missing = sorted(set(range(len(suffixes))) - set(suffixes))
+        fail(source, "group_list[0].instance_list",
+             f"pod name suffixes 0..{len(suffixes) - 1}, index {missing[0]} is missing")
+    servers = tuple(
+        Server(s.server_id, suffix, s.devices, pod_name=s.pod_name)
+        for suffix, (_, s) in sorted(by_suffix.items())
+    )
+    return RankTable(version=LEGACY_VERSION, status=status, servers=servers)
+
+
+def _optional_str(entry: Dict[str, Any], key: str, path: str, source: str) -> Optional[str]:
+    value = entry.get(key)
+    if value is None:
+        return None
+    return expect_str(value, source, f"{path}.{key}", empty_ok=True) or None
+
+
+# --- writers (pure: they return documents) --------------------------------------------------------
+
+
+def rank_table_document(table: RankTable) -> Dict[str, Any]:
+    """The CCE/HCCL ``server_list`` document for ``table`` (v1.0, or v1.2 with super pods).
+
+    Used to generate inputs for tests, benchmarks and the demo. Rank ids are written as the
+    running device counter, which is ``pod_index * ndev + position`` for full nodes.
+    """
+    server_list = []
+    next_rank = 0
+    for server in table.servers:
+        devices = []
+        for device in server.devices:
+            item: Dict[str, Any] = {"device_id": device.device_id}
+            if device.device_ip is not None:
+                item["device_ip"] = device.device_ip
+            if device.super_device_id is not None:
+                item["super_device_id"] = device.super_device_id
+            item["rank_id"] = str(next_rank)
+            next_rank += 1
+            devices.append(item)
+        entry: Dict[str, Any] = {"server_id": server.server_id, "device": devices}
+        if server.host_ip is not None:
+            entry["host_ip"] = server.host_ip
+        if server.container_ip is not None:
+            entry["container_ip"] = server.container_ip
+        server_list.append(entry)
+    has_super_pods = any(server.super_pod_id is not None for server in table.servers)
+    version = table.version if table.version not in ("", LEGACY_VERSION) else "1.0"
+    if has_super_pods and version == "1.0":
+        version = "1.2"
+    document: Dict[str, Any] = {
+        "status": table.status,
+        "version": version,
+        "server_count": str(len(table.servers)),
+        "server_list": server_list,
+    }
+    if has_super_pods:
+        document["super_pod_list"] = _super_pod_list(table.servers)
+    return document
+
+
+def reordered_document(document: Dict[str, Any], table: RankTable, plan: Plan) -> Dict[str, Any]:
+    """``document`` with ``server_list`` in new node-rank order and rank ids rewritten.
+
+    The original document is edited (copied, not mutated) so unknown fields survive; each device
+    gets ``rank_id = new_node_rank * ndev + position`` (a running counter, the same for full
+    nodes). ``super_pod_list`` members follow the new order. A legacy ``group_list`` table has no
+    rank ids to reorder, so it is written in the v1.0 ``server_list`` form HCCL reads.
+    """
+    order = plan.pod_of_node_rank
+    if len(order) != len(table.servers):
+        raise ValueError(f"plan covers {len(order)} pods, the table has {len(table.servers)}")
+    if table.version == LEGACY_VERSION:
+        legacy = RankTable("1.0", table.status, tuple(table.servers[pod] for pod in order))
+        return rank_table_document(legacy)
+    originals = document["server_list"]
+    server_list = []
+    next_rank = 0
+    for pod in order:
+        entry = dict(originals[pod])
+        devices = []
+        for device in entry["device"]:
+            renumbered = dict(device)
+            renumbered["rank_id"] = str(next_rank)
+            next_rank += 1
+            devices.append(renumbered)
+        entry["device"] = devices
+        server_list.append(entry)
+    result = dict(document)
+    result["server_list"] = server_list
+    if "super_pod_list" in document:
+        rank_of_server = {table.servers[pod].server_id: rank for rank, pod in enumerate(order)}
+        super_pods = []
+        for pod_entry in document["super_pod_list"]:
+            copied = dict(pod_entry)
+            copied["server_list"] = sorted(
+                pod_entry["server_list"], key=lambda member: rank_of_server[member["server_id"]]
+            )
+            super_pods.append(copied)
+        result["super_pod_list"] = super_pods
+    return result
+
+
+def _super_pod_list(servers: Tuple[Server, ...]) -> List[Dict[str, Any]]:
+    members: Dict[str, List[Dict[str, str]]] = {}
+    for server in servers:
+        if server.super_pod_id is not None:
+            members.setdefault(server.super_pod_id, []).append({"server_id": server.server_id})
+    return [{"super_pod_id": pod_id, "server_list": members[pod_id]} for pod_id in sorted(members)]

@@ -1,0 +1,243 @@
+"""Where the bootstrap's inputs come from (the I/O edge): files, HTTP(S) URLs, the Kubernetes API.
+
+Everything returns raw bytes plus a name for messages; parsing is the readers' job. ``requests``
+is imported only when a URL or the API is actually used (it costs ~100 ms of start-up, a large part
+of the pod-side budget).
+
+Rank table location (first that applies): ``--rank-table``, ``$RANK_TABLE_FILE`` (a file, a
+directory holding ``jobstart_hccl.json``, or an ``http(s)://`` URL), ``/user/config/
+jobstart_hccl.json`` (CCE), ``/user/serverid/devindex/config/hccl.json`` (MindX).
+
+Topology, first found wins (see :func:`topology_candidates`): ``--topology`` or
+``$NPU_JOB_TOPOLOGY`` (path, URL, or ``k8s`` for the API), ``ranktable_tor.json`` beside a local
+rank table, the MindCluster ``tor_info`` at ``$NPU_JOB_TOR_INFO``, the Kubernetes node labels when
+running in a cluster with a service account (``$NPU_JOB_K8S_TOPOLOGY=0`` turns this off), and the
+plain file ``/etc/npu-job/topology.yaml`` (or ``.json``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, List, Mapping, Optional, Tuple, Union
+
+from npu_job.bootstrap.payload import MAX_INPUT_BYTES, check_size
+from npu_job.errors import InputError
+
+log = logging.getLogger(__name__)
+
+RANK_TABLE_NAME = "jobstart_hccl.json"
+DEFAULT_RANK_TABLES = ("/user/config/jobstart_hccl.json", "/user/serverid/devindex/config/hccl.json")
+RANKTABLE_TOR_NAME = "ranktable_tor.json"
+DEFAULT_PLAIN_TOPOLOGIES = ("/etc/npu-job/topology.yaml", "/etc/npu-job/topology.json")
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+K8S_TOPOLOGY = "k8s"  # the --topology / NPU_JOB_TOPOLOGY value that means "ask the API"
+
+HTTP_CONNECT_TIMEOUT = 5.0
+HTTP_READ_TIMEOUT = 30.0
+HTTP_RETRIES = 3
+HTTP_BACKOFF = 0.5  # seconds; doubles per retry (urllib3 Retry)
+
+Verify = Union[bool, str]
+
+
+class SourceUnavailable(InputError):
+    """A source could not be read right now (connection refused, 5xx, timeout): may be transient."""
+
+
+def is_url(location: str) -> bool:
+    return location.startswith(("http://", "https://"))
+
+
+# --- reading bytes --------------------------------------------------------------------------------
+
+
+def read_bytes(location: str, *, verify: Verify = True) -> bytes:
+    """The bytes at a local path or an ``http(s)://`` URL, capped at 64 MiB."""
+    if is_url(location):
+        return fetch_url(location, verify=verify)
+    return read_file(location)
+
+
+def read_file(path: Union[str, os.PathLike]) -> bytes:
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            check_size(size, name)
+            data = handle.read(MAX_INPUT_BYTES + 1)
+    except FileNotFoundError:
+        raise InputError(name, "file", "an existing file (not found)") from None
+    except IsADirectoryError:
+        raise InputError(name, "file", "a file, got a directory") from None
+    except PermissionError:
+        raise InputError(name, "file", "a readable file (permission denied)") from None
+    check_size(len(data), name)  # /proc-like files report size 0
+    return data
+
+
+def http_session(retries: int = HTTP_RETRIES, backoff: float = HTTP_BACKOFF) -> Any:
+    """A ``requests`` session that retries connection errors and 429/5xx with exponential backoff."""
+    import requests
+    from requests.adapters import HTTPAdapter
+    from urllib3.util.retry import Retry
+
+    retry = Retry(
+        total=retries,
+        connect=retries,
+        read=retries,
+        status=retries,
+        backoff_factor=backoff,
+        status_forcelist=(429, 500, 502, 503, 504),
+        allowed_methods=frozenset({"GET"}),
+        raise_on_status=False,
+    )
+    session = requests.Session()
+    adapter = HTTPAdapter(max_retries=retry)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def fetch_url(
+    url: str,
+    *,
+    verify: Verify = True,
+    headers: Optional[Mapping[str, str]] = None,
+    params: Optional[Mapping[str, str]] = None,
+    session: Any = None,
+    timeout: Tuple[float, float] = (HTTP_CONNECT_TIMEOUT, HTTP_READ_TIMEOUT),
+    name: Optional[str] = None,
+) -> bytes:
+    """GET ``url`` (retries, timeouts, 64 MiB cap); 4xx is an :class:`InputError`, network
+    trouble and 5xx after retries a :class:`SourceUnavailable`."""
+    import requests
+
+    label = name or url
+    http = session or http_session()
+    try:
+        with http.get(url, headers=dict(headers or {}), params=params, verify=verify,
+                      timeout=timeout, stream=True) as response:
+            if response.status_code >= 500 or response.status_code == 429:
+                raise SourceUnavailable(label, "HTTP status", f"200 OK, got {response.status_code} {response.reason}")
+            if response.status_code != 200:
+                raise InputError(label, "HTTP status", f"200 OK, got {response.status_code} {response.reason}")
+            length = response.headers.get("Content-Length")
+            if length is not None and length.isdigit():
+                check_size(int(length), label)
+            chunks: List[bytes] = []
+            size = 0
+            for chunk in response.iter_content(chunk_size=1 << 16):
+                size += len(chunk)
+                check_size(size, label)
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except requests.exceptions.SSLError as error:
+        raise InputError(label, "TLS", f"a certificate trusted by the CA bundle ({_first_line(error)})") from None
+    except requests.exceptions.RequestException as error:
+        raise SourceUnavailable(label, "connection", f"a reachable server ({_first_line(error)})") from None
+    finally:
+        if session is None:
+            http.close()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:200] if text else type(error).__name__
+
+
+# --- the Kubernetes API ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KubernetesAPI:
+    """In-cluster API access: ``KUBERNETES_SERVICE_HOST/PORT`` and the service account's token+CA."""
+
+    base_url: str
+    token_path: str
+    ca_path: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], account_dir: str = SERVICE_ACCOUNT_DIR) -> Optional["KubernetesAPI"]:
+        """The in-cluster API, or None when not in a cluster (no service host or no token)."""
+        host = env.get("KUBERNETES_SERVICE_HOST")
+        port = env.get("KUBERNETES_SERVICE_PORT", "443")
+        account = Path(env.get("NPU_JOB_K8S_SA_DIR", account_dir))
+        token = account / "token"
+        if not host or not token.is_file():
+            return None
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"  # IPv6 literal
+        return cls(f"https://{host}:{port}", str(token), str(account / "ca.crt"))
+
+    def get(self, api_path: str, params: Optional[Mapping[str, str]] = None) -> bytes:
+        token = read_file(self.token_path).decode("utf-8", "replace").strip()
+        verify: Verify = self.ca_path if Path(self.ca_path).is_file() else True
+        return fetch_url(
+            f"{self.base_url}{api_path}",
+            verify=verify,
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            params=params,
+            name=f"{self.base_url}{api_path}",
+        )
+
+    def node_list(self) -> bytes:
+        # resourceVersion=0 lets the API server answer from its watch cache instead of etcd:
+        # every pod of a big job asks at once.
+        return self.get("/api/v1/nodes", params={"resourceVersion": "0"})
+
+
+# --- locating inputs ------------------------------------------------------------------------------
+
+
+def locate_rank_table(explicit: Optional[str], env: Mapping[str, str],
+                      exists: Callable[[str], bool] = os.path.exists) -> str:
+    """The rank table's path or URL; an :class:`InputError` listing where we looked if none."""
+    given = explicit or env.get("RANK_TABLE_FILE")
+    if given:
+        if is_url(given):
+            return given
+        if os.path.isdir(given):
+            return os.path.join(given, RANK_TABLE_NAME)
+        return given
+    for candidate in DEFAULT_RANK_TABLES:
+        if exists(candidate):
+            return candidate
+    raise InputError(
+        "rank table",
+        "location",
+        f"$RANK_TABLE_FILE or one of {', '.join(DEFAULT_RANK_TABLES)} (none is set or exists)",
+        tip="is routing acceleration enabled for this job (the configmap1980 plugin)?",
+    )
+
+
+@dataclass(frozen=True)
+class TopologyCandidate:
+    """One place a topology may be: ``location`` is a path, URL, or :data:`K8S_TOPOLOGY`."""
+
+    location: str
+    fmt: Optional[str] = None  # None: detect by content
+    required: bool = False  # named explicitly by the user: a failure is an error, not a skip
+
+
+def topology_candidates(explicit: Optional[str], fmt: Optional[str], rank_table: str,
+                        env: Mapping[str, str]) -> List[TopologyCandidate]:
+    """Where to look for the switch topology, in order; the first that exists wins."""
+    given = explicit or env.get("NPU_JOB_TOPOLOGY")
+    if given:
+        if given == K8S_TOPOLOGY:
+            return [TopologyCandidate(K8S_TOPOLOGY, "k8s-node-labels", required=True)]
+        return [TopologyCandidate(given, fmt, required=True)]
+    candidates = []
+    if not is_url(rank_table):
+        candidates.append(TopologyCandidate(os.path.join(os.path.dirname(rank_table) or ".", RANKTABLE_TOR_NAME),
+                                            fmt or "cce-ranktable-tor"))
+    tor_info = env.get("NPU_JOB_TOR_INFO")
+    if tor_info:
+        candidates.append(TopologyCandidate(tor_info, fmt or "basic-tor-node-cm"))
+    if env.get("NPU_JOB_K8S_TOPOLOGY", "1").lower() not in ("0", "false", "no", "off"):
+        candidates.append(TopologyCandidate(K8S_TOPOLOGY, "k8s-node-labels"))
+    candidates.extend(TopologyCandidate(path, fmt or "file") for path in DEFAULT_PLAIN_TOPOLOGIES)
+    return candidates

@@ -1,0 +1,334 @@
+"""Switch topology readers (pure): bytes in one of four formats -> :class:`Topology`.
+
+Formats (DESIGN §4), detected by content unless ``fmt`` names one:
+
+``cce-ranktable-tor``
+    CCE ``ranktable_tor.json`` (ConfigMap ``torlist-<job>``; always base64(gzip(JSON)), but plain
+    JSON is accepted too). A server's ToRs are the set of its devices' ``tor_ip``.
+``basic-tor-node-cm``
+    MindCluster ``tor_info`` (``{version, tor_count, server_list: [{tor_id, tor_ip, server:
+    [{server_ip, npu_count, slice_id}]}]}``), or the whole ``basic-tor-node-cm`` ConfigMap as
+    ``kubectl get cm -o json|yaml`` prints it (``data.tor_info``, optional ``data.tor_level``).
+    ``tor_count`` is the number of server slots per ToR (NOT the number of ToRs); ``slice_id`` is
+    the slot and must be below it. The ToR id is its ``tor_ip`` (``tor-<tor_id>`` without one).
+``k8s-node-labels``
+    A Kubernetes ``NodeList`` (``GET /api/v1/nodes``). A node is keyed by its ``InternalIP``
+    (the rank table's ``server_id``) and by its name. ToRs: label
+    ``cce.kubectl.kubernetes.io/cabinet`` (ToR IPs joined by ``-``), else ``volcano.sh/tor``, else
+    ``volcano.sh/hypernode``; ``volcano.sh/hypercluster`` is an outer tier.
+``file``
+    The plain topology file users write (YAML or JSON)::
+
+        version: 1                      # optional
+        servers:
+          "10.0.0.1": [spine-a, tor-1]  # short form: switch path, outermost first, last = ToR
+          "10.0.0.2": {path: [spine-a, tor-1], slot: 3}
+          "10.0.0.3": {path: [spine-a], tors: [tor-1, tor-2]}  # NICs on two ToRs
+          "10.0.0.4": tor-2             # a lone ToR id
+
+    ``path`` lists the tiers outermost first and ends with the ToR, unless ``tors`` is given, in
+    which case ``path`` lists only the tiers above the ToRs. ``slot`` (a non-negative integer) is
+    the server's position under its ToR.
+
+Serialisers for ``ranktable_tor.json`` are here too (tests, benchmarks and the demo generate it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from npu_job.bootstrap.model import Placement, RankTable, Topology
+from npu_job.bootstrap.payload import (
+    decode_document,
+    encode_b64_gzip,
+    expect_count,
+    expect_list,
+    expect_object,
+    expect_str,
+    fail,
+    require,
+)
+
+CCE_RANKTABLE_TOR = "cce-ranktable-tor"
+BASIC_TOR_NODE_CM = "basic-tor-node-cm"
+K8S_NODE_LABELS = "k8s-node-labels"
+PLAIN_FILE = "file"
+FORMATS = (CCE_RANKTABLE_TOR, BASIC_TOR_NODE_CM, K8S_NODE_LABELS, PLAIN_FILE)
+
+CABINET_LABEL = "cce.kubectl.kubernetes.io/cabinet"
+VOLCANO_TOR_LABEL = "volcano.sh/tor"
+VOLCANO_HYPERNODE_LABEL = "volcano.sh/hypernode"
+VOLCANO_HYPERCLUSTER_LABEL = "volcano.sh/hypercluster"
+
+
+def parse_topology(data: bytes, source: str, fmt: Optional[str] = None) -> Topology:
+    """Decode ``data`` and read it as ``fmt`` (one of :data:`FORMATS`), detected when None."""
+    if fmt is not None and fmt not in FORMATS:
+        raise ValueError(f"unknown topology format {fmt!r}")
+    document = decode_document(data, source, allow_yaml=fmt in (None, PLAIN_FILE, BASIC_TOR_NODE_CM))
+    return topology_from_document(document, source, fmt)
+
+
+def topology_from_document(document: Any, source: str, fmt: Optional[str] = None) -> Topology:
+    chosen = fmt or detect_format(document, source)
+    return _READERS[chosen](document, source)
+
+
+def detect_format(document: Any, source: str) -> str:
+    """Which format ``document`` is in, by its shape; an error lists what each format looks like."""
+    if type(document) is dict:
+        if document.get("kind") == "NodeList" or (
+            type(document.get("items")) is list and "servers" not in document
+        ):
+            return K8S_NODE_LABELS
+        if document.get("kind") == "ConfigMap" or "tor_count" in document:
+            return BASIC_TOR_NODE_CM
+        if "servers" in document:
+            return PLAIN_FILE
+        server_list = document.get("server_list")
+        if type(server_list) is list:
+            first = server_list[0] if server_list else {}
+            if type(first) is dict and "server" in first:
+                return BASIC_TOR_NODE_CM
+            return CCE_RANKTABLE_TOR
+    fail(
+        source,
+        "document",
+        "a topology: CCE ranktable_tor.json (server_list[].device[].tor_ip), basic-tor-node-cm "
+        "tor_info (tor_count, server_list[].server[]), a Kubernetes NodeList (items) or a plain "
+        "file ({servers: {<server_id>: [<tier>..., <tor>]}})",
+    )
+
+
+# --- CCE ranktable_tor.json ----------------------------------------------------------------------
+
+
+def _read_cce(document: Any, source: str) -> Topology:
+    doc = expect_object(document, source, "")
+    server_list = expect_list(require(doc, "server_list", source, ""), source, "server_list")
+    placements: Dict[str, Placement] = {}
+    for index, entry in enumerate(server_list):
+        path = f"server_list[{index}]"
+        expect_object(entry, source, path)
+        server_id = expect_str(require(entry, "server_id", source, path), source, f"{path}.server_id")
+        if server_id in placements:
+            fail(source, f"{path}.server_id", f"a unique server id; {server_id!r} appears twice")
+        devices = expect_list(require(entry, "device", source, path), source, f"{path}.device")
+        tors: Set[str] = set()
+        for position, device in enumerate(devices):
+            here = f"{path}.device[{position}]"
+            if type(device) is not dict:
+                expect_object(device, source, here)
+            tor_ip = device.get("tor_ip")
+            if type(tor_ip) is not str:
+                expect_str(require(device, "tor_ip", source, here), source, f"{here}.tor_ip", empty_ok=True)
+            if tor_ip:  # "" = the plugin did not know this NIC's switch
+                tors.add(tor_ip)
+        if tors:
+            placements[server_id] = Placement(tors=tuple(tors))
+    return Topology(placements, source=CCE_RANKTABLE_TOR)
+
+
+def ranktable_tor_document(
+    table: RankTable, topology: Topology, pod_names: Optional[Callable[[int], str]] = None
+) -> Dict[str, Any]:
+    """The CCE ``ranktable_tor.json`` document for ``table`` placed by ``topology``.
+
+    Each device gets its server's ToR (devices are dealt round-robin over several ToRs);
+    ``pod_names(i)`` names pod ``i`` (default ``job-worker-<i>``).
+    """
+    name_of = pod_names or (lambda index: f"job-worker-{index}")
+    server_list = []
+    for server in table.servers:
+        placement = topology.placement_of(server.server_id)
+        tors = placement.tors if placement is not None and placement.tors else ("",)
+        devices = []
+        for position, device in enumerate(server.devices):
+            devices.append({
+                "device_id": device.device_id,
+                "device_ip": device.device_ip or "",
+                "rank_id": "",
+                "tor_ip": tors[position % len(tors)],
+                "tor_port": f"200GE1/0/{position + 1}",
+            })
+        server_list.append({"pod_name": name_of(server.pod_index), "server_id": server.server_id,
+                            "device": devices})
+    return {"status": "completed", "version": "1.0", "server_count": str(len(server_list)),
+            "server_list": server_list}
+
+
+def encode_ranktable_tor(table: RankTable, topology: Topology,
+                         pod_names: Optional[Callable[[int], str]] = None) -> bytes:
+    """``ranktable_tor.json`` bytes exactly as CCE mounts them: base64(gzip(JSON))."""
+    return encode_b64_gzip(ranktable_tor_document(table, topology, pod_names))
+
+
+# --- MindCluster basic-tor-node-cm ----------------------------------------------------------------
+
+
+def _read_tor_info(document: Any, source: str) -> Topology:
+    doc = expect_object(document, source, "")
+    if doc.get("kind") == "ConfigMap":  # the whole ConfigMap, as kubectl prints it
+        data = expect_object(require(doc, "data", source, ""), source, "data")
+        raw = expect_str(require(data, "tor_info", source, "data"), source, "data.tor_info")
+        level = data.get("tor_level")
+        if level is not None:
+            expect_str(level, source, "data.tor_level")
+        inner = decode_document(raw.encode("utf-8"), f"{source}: data.tor_info")
+        return _tor_info(expect_object(inner, f"{source}: data.tor_info", ""), f"{source}: data.tor_info")
+    return _tor_info(doc, source)
+
+
+def _tor_info(doc: Dict[str, Any], source: str) -> Topology:
+    slots = expect_count(require(doc, "tor_count", source, ""), source, "tor_count")
+    tor_list = expect_list(require(doc, "server_list", source, ""), source, "server_list")
+    tors_of: Dict[str, Set[str]] = {}
+    slot_of: Dict[str, int] = {}
+    seen_tor: Dict[str, str] = {}
+    for index, tor in enumerate(tor_list):
+        path = f"server_list[{index}]"
+        expect_object(tor, source, path)
+        tor_id = _switch_id(require(tor, "tor_id", source, path), source, f"{path}.tor_id")
+        tor_ip = tor.get("tor_ip")
+        name = expect_str(tor_ip, source, f"{path}.tor_ip") if tor_ip is not None else f"tor-{tor_id}"
+        if name in seen_tor:
+            fail(source, f"{path}.tor_id", f"a unique ToR; {name!r} is also {seen_tor[name]}")
+        seen_tor[name] = path
+        members = expect_list(require(tor, "server", source, path), source, f"{path}.server")
+        for position, member in enumerate(members):
+            here = f"{path}.server[{position}]"
+            expect_object(member, source, here)
+            server_ip = expect_str(require(member, "server_ip", source, here), source, f"{here}.server_ip")
+            slot = expect_count(require(member, "slice_id", source, here), source, f"{here}.slice_id")
+            if slot >= slots:
+                fail(source, f"{here}.slice_id",
+                     f"a slot below tor_count ({slots} slots per ToR), got {slot}")
+            tors_of.setdefault(server_ip, set()).add(name)
+            slot_of[server_ip] = min(slot, slot_of.get(server_ip, slot))
+    placements = {ip: Placement(tors=tuple(tors), slot=slot_of[ip]) for ip, tors in tors_of.items()}
+    return Topology(placements, source=BASIC_TOR_NODE_CM)
+
+
+# --- Kubernetes node labels -----------------------------------------------------------------------
+
+
+def _read_node_list(document: Any, source: str) -> Topology:
+    doc = expect_object(document, source, "")
+    items = expect_list(require(doc, "items", source, ""), source, "items")
+    placements: Dict[str, Placement] = {}
+    for index, node in enumerate(items):
+        path = f"items[{index}]"
+        expect_object(node, source, path)
+        metadata = expect_object(require(node, "metadata", source, path), source, f"{path}.metadata")
+        name = expect_str(require(metadata, "name", source, f"{path}.metadata"), source, f"{path}.metadata.name")
+        labels = metadata.get("labels") or {}
+        expect_object(labels, source, f"{path}.metadata.labels")
+        placement = _placement_from_labels(labels, source, f"{path}.metadata.labels")
+        if placement is None:
+            continue
+        keys = [name]
+        status = node.get("status") or {}
+        expect_object(status, source, f"{path}.status")
+        addresses = expect_list(status.get("addresses") or [], source, f"{path}.status.addresses")
+        for position, address in enumerate(addresses):
+            here = f"{path}.status.addresses[{position}]"
+            expect_object(address, source, here)
+            if address.get("type") == "InternalIP":
+                keys.append(expect_str(require(address, "address", source, here), source, f"{here}.address"))
+        for key in keys:
+            if key in placements and placements[key] != placement:
+                fail(source, path, f"one placement per node address; {key!r} is claimed twice")
+            placements[key] = placement
+    return Topology(placements, source=K8S_NODE_LABELS)
+
+
+def _placement_from_labels(labels: Dict[str, Any], source: str, path: str) -> Optional[Placement]:
+    def label(key: str) -> str:
+        value = labels.get(key)
+        return expect_str(value, source, f"{path}.{key}", empty_ok=True) if value is not None else ""
+
+    cabinet = label(CABINET_LABEL)
+    tors: Tuple[str, ...] = tuple(part for part in cabinet.split("-") if part)
+    if not tors:
+        tor = label(VOLCANO_TOR_LABEL) or label(VOLCANO_HYPERNODE_LABEL)
+        tors = (tor,) if tor else ()
+    if not tors:
+        return None
+    hypercluster = label(VOLCANO_HYPERCLUSTER_LABEL)
+    return Placement(tiers=(hypercluster,) if hypercluster else (), tors=tors)
+
+
+# --- the plain topology file ----------------------------------------------------------------------
+
+
+def _read_plain(document: Any, source: str) -> Topology:
+    doc = expect_object(document, source, "")
+    unknown = sorted(set(doc) - {"version", "servers"})
+    if unknown:
+        fail(source, str(unknown[0]), "only the keys 'version' and 'servers' at the top level")
+    servers = expect_object(require(doc, "servers", source, ""), source, "servers")
+    placements: Dict[str, Placement] = {}
+    for server_id, spec in servers.items():
+        path = f"servers.{server_id}"
+        if type(server_id) is not str:
+            fail(source, path, "server ids as strings (quote them in YAML)", server_id)
+        placements[server_id] = _plain_placement(spec, source, path)
+    return Topology(placements, source=PLAIN_FILE)
+
+
+def _plain_placement(spec: Any, source: str, path: str) -> Placement:
+    if type(spec) in (str, int):
+        return Placement(tors=(_switch_id(spec, source, path),))
+    if type(spec) is list:
+        switches = _switch_path(spec, source, path)
+        return Placement(tiers=switches[:-1], tors=switches[-1:])
+    if type(spec) is not dict:
+        fail(source, path, "a switch path list, a ToR id, or {path: [...], slot: N, tors: [...]}", spec)
+    unknown = sorted(set(spec) - {"path", "slot", "tors"})
+    if unknown:
+        fail(source, f"{path}.{unknown[0]}", "only the keys 'path', 'slot' and 'tors'")
+    slot = spec.get("slot")
+    if slot is not None:
+        slot = expect_count(slot, source, f"{path}.slot")
+    if "tors" in spec:
+        tors = _switch_path(spec["tors"], source, f"{path}.tors")
+        tiers = _switch_path(spec["path"], source, f"{path}.path", empty_ok=True) if "path" in spec else ()
+        return Placement(tiers=tiers, tors=tors, slot=slot)
+    switches = _switch_path(require(spec, "path", source, path), source, f"{path}.path")
+    return Placement(tiers=switches[:-1], tors=switches[-1:], slot=slot)
+
+
+def _switch_path(value: Any, source: str, path: str, *, empty_ok: bool = False) -> Tuple[str, ...]:
+    items: List[Any] = expect_list(value, source, path)
+    if not items and not empty_ok:
+        fail(source, path, "at least one switch id (the ToR last)")
+    return tuple(_switch_id(item, source, f"{path}[{i}]") for i, item in enumerate(items))
+
+
+def _switch_id(value: Any, source: str, path: str) -> str:
+    if type(value) is int:
+        return str(value)
+    return expect_str(value, source, path)
+
+
+def plain_topology_document(topology: Topology) -> Dict[str, Any]:
+    """The plain-file document for ``topology`` (long form for every server; JSON or YAML)."""
+    servers: Dict[str, Any] = {}
+    for server_id, placement in topology.placements.items():
+        entry: Dict[str, Any]
+        if len(placement.tors) == 1:
+            entry = {"path": [*placement.tiers, placement.tors[0]]}
+        else:
+            entry = {"path": list(placement.tiers), "tors": list(placement.tors)}
+        if placement.slot is not None:
+            entry["slot"] = placement.slot
+        servers[server_id] = entry
+    return {"version": 1, "servers": servers}
+
+
+_READERS: Dict[str, Callable[[Any, str], Topology]] = {
+    CCE_RANKTABLE_TOR: _read_cce,
+    BASIC_TOR_NODE_CM: _read_tor_info,
+    K8S_NODE_LABELS: _read_node_list,
+    PLAIN_FILE: _read_plain,
+}

@@ -1,0 +1,133 @@
+"""The bootstrap's output files, written atomically and identically on every re-run.
+
+In the output directory (``/tmp`` by default, ``$NPU_JOB_OUTPUT_DIR`` or ``--output-dir``):
+
+=================================  ================================================================
+``RANK_AFTER_ACC``                 this pod's new node rank (digits, no newline); written last
+``MASTER_INDEX``                   pod index of the new node rank 0
+``jobstart_hccl.reordered.json``   the rank table in the new order (``rank_id`` rewritten)
+``npu_job_env.sh``                 ``export NODE_RANK=... MASTER_INDEX=... RANK_TABLE_FILE=...``
+``route_plan.json``                what was decided and why (always written)
+=================================  ================================================================
+
+On success all five are written (``RANK_AFTER_ACC`` last, so its presence means "done"). When no
+plan can be used, only the route plan is written (status ``failed`` with the reason) and the other
+four are *removed* if a previous run left them: the pod command then falls back to
+``VC_TASK_INDEX`` / master index 0, i.e. the scheduler order. One rule, no half states.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from npu_job import __version__
+from npu_job.bootstrap.model import Plan
+from npu_job.fileio import write_atomic
+
+RANK_FILE = "RANK_AFTER_ACC"
+MASTER_FILE = "MASTER_INDEX"
+RANK_TABLE_COPY = "jobstart_hccl.reordered.json"
+ENV_FILE = "npu_job_env.sh"
+ROUTE_PLAN_FILE = "route_plan.json"
+ROUTE_PLAN_VERSION = 1
+PLAN_FILES = (RANK_TABLE_COPY, ENV_FILE, MASTER_FILE, RANK_FILE)
+
+
+def route_plan_document(
+    plan: Optional[Plan],
+    *,
+    node_count: Optional[int] = None,
+    pod_index: Optional[int] = None,
+    rank_table: Optional[str] = None,
+    topology: Optional[str] = None,
+    error: Optional[str] = None,
+) -> Dict[str, Any]:
+    """The route-plan JSON: status, the platform's ``rank_mapping``, reasons and both digests."""
+    usable = plan is not None and error is None and plan.status.value == "success"
+    reasons: List[str] = list(plan.reasons) if plan is not None else []
+    if error is not None:
+        reasons.append(error)
+    node_rank = plan.node_rank_of_pod[pod_index] if usable and pod_index is not None else None
+    return {
+        "version": ROUTE_PLAN_VERSION,
+        "npu_job_version": __version__,
+        "status": "success" if usable else "failed",
+        "rank_mapping": plan.rank_mapping if plan is not None else None,
+        "reason": "; ".join(reasons),
+        "reasons": reasons,
+        "collective": plan.collective.value if plan is not None else None,
+        "node_count": node_count,
+        "pod_index": pod_index,
+        "node_rank": node_rank,
+        "master_index": plan.master_index if usable else None,
+        "input_digest": plan.input_digest if plan is not None else None,
+        "mapping_digest": plan.mapping_digest if plan is not None else None,
+        "rank_table": rank_table,
+        "topology": topology,
+    }
+
+
+def env_file_text(node_rank: int, master_index: int, rank_table_file: str) -> str:
+    """Shell lines for ``source``; every value shell-quoted."""
+    lines = [
+        "# written by npu-job bootstrap; source it: . ./npu_job_env.sh",
+        f"export NODE_RANK={shlex.quote(str(node_rank))}",
+        f"export MASTER_INDEX={shlex.quote(str(master_index))}",
+        f"export RANK_TABLE_FILE={shlex.quote(rank_table_file)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_plan_outputs(
+    output_dir: str,
+    *,
+    node_rank: int,
+    master_index: int,
+    reordered_table: Dict[str, Any],
+    route_plan: Dict[str, Any],
+    original_rank_table: Optional[str] = None,
+) -> List[Path]:
+    """Write all five files for a usable plan; returns their paths in write order."""
+    out = Path(output_dir)
+    copy = out / RANK_TABLE_COPY
+    if original_rank_table is not None and _same_file(copy, original_rank_table):
+        raise ValueError(f"refusing to overwrite the input rank table {original_rank_table}")
+    table_text = json.dumps(reordered_table, separators=(",", ":"), ensure_ascii=False) + "\n"
+    written = [
+        write_atomic(copy, table_text),
+        write_atomic(out / ENV_FILE, env_file_text(node_rank, master_index, str(copy.absolute()))),
+        write_atomic(out / ROUTE_PLAN_FILE, _json_text(route_plan)),
+        write_atomic(out / MASTER_FILE, str(master_index)),
+        write_atomic(out / RANK_FILE, str(node_rank)),
+    ]
+    return written
+
+
+def write_fallback_outputs(output_dir: str, route_plan: Dict[str, Any]) -> List[Path]:
+    """Remove stale rank files (so the pod falls back to scheduler order); write the route plan."""
+    out = Path(output_dir)
+    for name in reversed(PLAN_FILES):  # RANK_AFTER_ACC first: never a rank without its master
+        try:
+            (out / name).unlink()
+        except FileNotFoundError:
+            pass
+    return [write_atomic(out / ROUTE_PLAN_FILE, _json_text(route_plan))]
+
+
+def _json_text(document: Dict[str, Any]) -> str:
+    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _same_file(path: Path, other: str) -> bool:
+    try:
+        return path.resolve() == Path(other).resolve() or (path.exists() and os.path.samefile(path, other))
+    except OSError:
+        return False
+
+
+def describe_written(paths: Sequence[Path]) -> str:
+    return ", ".join(str(path) for path in paths)

@@ -1,0 +1,91 @@
+"""``npu-job bootstrap``: compute this pod's routing-affine node rank (pod step 1).
+
+The same code runs as ``python -m npu_job.bootstrap`` and ``bash bootstrap.sh``. Flags override
+the environment variables named in their help; see :mod:`npu_job.bootstrap.run` for the flow and
+the never-break-the-job promise.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "compute this pod's routing-affine node rank (pod step 1)"
+
+_EPILOG = """\
+The pod command runs it first and reads its files:
+  bash bootstrap.sh; export RANK_AFTER_ACC=${VC_TASK_INDEX};
+  rank_acc=$(cat /tmp/RANK_AFTER_ACC 2>/dev/null); [ -n "${rank_acc}" ] && export RANK_AFTER_ACC=${rank_acc};
+  export MA_MASTER_INDEX=$(cat /tmp/MASTER_INDEX 2>/dev/null || echo 0); bash train.sh
+
+Files written to the output directory: RANK_AFTER_ACC, MASTER_INDEX, jobstart_hccl.reordered.json,
+npu_job_env.sh (NODE_RANK, MASTER_INDEX, RANK_TABLE_FILE) and route_plan.json. When no plan can be
+used, only route_plan.json is written (status "failed"), stale rank files are removed, one
+"npu-job: error: ..." line says why, and the exit status is 0 so the job runs in scheduler order
+(--strict: exit with the error's code instead).
+
+Environment: RANK_TABLE_FILE, NPU_JOB_TOPOLOGY, NPU_JOB_TOPOLOGY_FORMAT, NPU_JOB_TOR_INFO,
+NPU_JOB_K8S_TOPOLOGY (0 = do not ask the Kubernetes API), MA_CURRENT_HOST_IP, VC_TASK_INDEX,
+HCCL_ALGO, NPU_JOB_OUTPUT_DIR, NPU_JOB_WAIT_TIMEOUT, NPU_JOB_POLL_INTERVAL, NPU_JOB_STRICT,
+NPU_JOB_CA_BUNDLE.
+"""
+
+TOPOLOGY_FORMATS = ("cce-ranktable-tor", "basic-tor-node-cm", "k8s-node-labels", "file")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = _EPILOG
+    inputs = parser.add_argument_group("inputs")
+    inputs.add_argument("--rank-table", "--rank_table", dest="rank_table", metavar="PATH|URL",
+                        help="rank table file, directory holding jobstart_hccl.json, or http(s) URL "
+                             "(default: $RANK_TABLE_FILE, /user/config/jobstart_hccl.json, "
+                             "/user/serverid/devindex/config/hccl.json)")
+    inputs.add_argument("--topology", metavar="PATH|URL|k8s",
+                        help="switch topology: a file, a URL, or 'k8s' for the Kubernetes node labels "
+                             "(default: $NPU_JOB_TOPOLOGY, else the first found of ranktable_tor.json "
+                             "beside the rank table, $NPU_JOB_TOR_INFO, the Kubernetes API, "
+                             "/etc/npu-job/topology.yaml)")
+    inputs.add_argument("--topology-format", "--topology_format", dest="topology_format",
+                        choices=TOPOLOGY_FORMATS,
+                        help="read --topology as this format (default: detect by content)")
+    inputs.add_argument("--ca-bundle", "--ca_bundle", dest="ca_bundle", metavar="FILE",
+                        help="CA certificates for https:// inputs (default: $NPU_JOB_CA_BUNDLE, "
+                             "else the system's)")
+    who = parser.add_argument_group("this pod")
+    who.add_argument("--host-ip", "--host_ip", dest="host_ip", metavar="IP",
+                     help="this host's IP, matched to a server_id (default: $MA_CURRENT_HOST_IP)")
+    who.add_argument("--pod-index", "--pod_index", dest="pod_index", metavar="N",
+                     help="this pod's scheduler index, a cross-check (default: $VC_TASK_INDEX)")
+    planning = parser.add_argument_group("planning and output")
+    planning.add_argument("--collective", choices=("ring", "nhr", "rhd"),
+                          help="collective to optimise the order for (default: from $HCCL_ALGO, else ring)")
+    planning.add_argument("--output-dir", "--output_dir", dest="output_dir", metavar="DIR",
+                          help="where to write the files (default: $NPU_JOB_OUTPUT_DIR, else /tmp)")
+    planning.add_argument("--wait-timeout", "--wait_timeout", dest="wait_timeout", type=_seconds,
+                          metavar="SECONDS",
+                          help="give up waiting for status 'completed' after this long "
+                               "(default: $NPU_JOB_WAIT_TIMEOUT, else 300)")
+    planning.add_argument("--poll-interval", "--poll_interval", dest="poll_interval", type=_seconds,
+                          metavar="SECONDS",
+                          help="seconds between rank table polls (default: $NPU_JOB_POLL_INTERVAL, else 5)")
+    planning.add_argument("--strict", action="store_true", default=None,
+                          help="exit with the error's code instead of falling back to scheduler order "
+                               "(also NPU_JOB_STRICT=1)")
+    planning.add_argument("--json", action="store_true",
+                          help="print the route plan (JSON, with a version field) on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    from npu_job.bootstrap.run import bootstrap
+
+    return bootstrap(vars(args)).exit_code
