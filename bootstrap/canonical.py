@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
 from typing import List, Optional, Sequence, Tuple, Union
 
 from npu_job.bootstrap.model import Collective, Placement, RankTable, Server, Topology
@@ -27,22 +28,21 @@ from npu_job.bootstrap.model import Collective, Placement, RankTable, Server, To
 IdKey = Tuple[Union[int, str, Tuple[Union[int, str], ...]], ...]
 
 _DIGITS = re.compile(r"(\d+)", re.ASCII)
-_IPV4 = re.compile(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})", re.ASCII)
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"  # 0..255 without leading zeros
+_IPV4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}", re.ASCII)
 SwitchPath = Tuple[Tuple[str, ...], Tuple[str, ...], Optional[int]]  # (tiers, tors, slot)
 
 
 def id_sort_key(identifier: str) -> IdKey:
     """A total sort key for a server or switch id: IPs numerically, other ids naturally.
 
-    IPv4 sorts before IPv6, addresses before any other id; ties between spellings that mean the
-    same number (``"07"`` and ``"7"``) are broken by the raw string so the order is total.
+    IPv4 (canonical dotted quad, no leading zeros) sorts before IPv6, addresses before any other
+    id; ties between spellings that mean the same number (``"07"`` and ``"7"``, ``"::1"`` and
+    ``"0::1"``) are broken by the raw string so the order is total.
     """
-    match = _IPV4.fullmatch(identifier)
-    if match:
-        a, b, c, d = map(int, match.groups())
-        if a <= 255 and b <= 255 and c <= 255 and d <= 255:
-            return (0, 4, (a << 24) | (b << 16) | (c << 8) | d, identifier)
-    elif ":" in identifier:
+    if _IPV4.fullmatch(identifier):  # canonical dotted quad only, so inet_aton reads no octal
+        return (0, 4, int.from_bytes(socket.inet_aton(identifier), "big"), identifier)
+    if ":" in identifier:
         import ipaddress  # only IPv6 ids pay for this import
 
         try:

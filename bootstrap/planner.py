@@ -208,7 +208,7 @@ def switch_groups(
                 switch_key[switch] = canonical.id_sort_key(switch)
     group_order = sorted(
         keyed,
-        key=lambda path: (tuple(switch_key[t] for t in path[0]), tuple(switch_key[t] for t in path[1])),
+        key=lambda path: (tuple(switch_key[t] for t in path[0]), tuple(sorted(switch_key[t] for t in path[1]))),
     )
     groups = [tuple(pod for _key, pod in sorted(keyed[path])) for path in group_order]
     groups.extend((pod,) for _key, pod in sorted(unplaced))
@@ -258,6 +258,43 @@ def plan(
     return _finish(Plan(PlanStatus.SUCCESS, tuple(node_rank_of_pod), collective, tuple(notes), digest))
 
 
+def bit_reversed(contiguous: Sequence[int]) -> Tuple[int, ...]:
+    """The contiguous order seen through RHD's far-first steps (rank ``r`` <- position ``rev(r)``).
+
+    Far-first halving-doubling pairs ``r`` with ``r ^ n/2`` first; in bit-reversed rank space that
+    is ``m`` with ``m ^ 1``, i.e. neighbours of the contiguous order, so each big early step stays
+    inside a switch group except at group boundaries, whatever the group sizes. For ``n`` not a
+    power of two (``p`` survivors, ``e = n - p`` folded pairs, see the scorer), the contiguous order
+    is cut into ``p`` units, two-node units exactly at the positions that bit-reverse to a virtual
+    rank below ``e`` (those fold into real ranks ``2v, 2v+1``), one-node units elsewhere.
+    """
+    count = len(contiguous)
+    if count < 2:
+        return tuple(contiguous)
+    power = 1 << (count.bit_length() - 1)
+    extra = count - power
+    bits = power.bit_length() - 1
+
+    def reverse(value: int) -> int:
+        return int(format(value, f"0{bits}b")[::-1], 2) if bits else 0
+
+    virtual_at = [0] * power  # unit position m -> virtual rank v with reverse(v) == m
+    for virtual in range(power):
+        virtual_at[reverse(virtual)] = virtual
+    order = [0] * count
+    cursor = 0
+    for position in range(power):
+        virtual = virtual_at[position]
+        if virtual < extra:  # a folded pair: real ranks 2v (sends first) and 2v+1 (survives)
+            order[2 * virtual] = contiguous[cursor]
+            order[2 * virtual + 1] = contiguous[cursor + 1]
+            cursor += 2
+        else:
+            order[virtual + extra] = contiguous[cursor]
+            cursor += 1
+    return tuple(order)
+
+
 def _better_for_rhd(
     table: RankTable,
     topology: Optional[Topology],
@@ -266,17 +303,25 @@ def _better_for_rhd(
     placed: int,
     notes: List[str],
 ) -> Tuple[int, ...]:
+    """The cheapest of the contiguous, interleaved and bit-reversed orders for RHD (ties: earlier)."""
     from npu_job.bootstrap import scorer  # only RHD plans pay for the scorer import
 
-    interleaved = interleave(groups[:placed]) + tuple(pod for group in groups[placed:] for pod in group)
+    unplaced_tail = tuple(pod for group in groups[placed:] for pod in group)
+    candidates = (
+        ("contiguous", contiguous),
+        ("interleaved", interleave(groups[:placed]) + unplaced_tail),
+        ("bit-reversed", bit_reversed(contiguous)),
+    )
     switch_of_pod = scorer.switch_keys(table, topology)
-    cost_contiguous = scorer.cross_switch_volume(contiguous, switch_of_pod, Collective.RHD)
-    cost_interleaved = scorer.cross_switch_volume(interleaved, switch_of_pod, Collective.RHD)
-    if cost_interleaved < cost_contiguous:
-        notes.append("rhd: interleaved order chosen (less data crosses ToRs)")
-        return interleaved
-    notes.append("rhd: contiguous order chosen (interleaving does not reduce cross-ToR data)")
-    return contiguous
+    phase_list = scorer.phases(len(contiguous), Collective.RHD)
+    costs = [
+        scorer.cross_switch_volume(order, switch_of_pod, Collective.RHD, phase_list)
+        for _name, order in candidates
+    ]
+    best = min(range(len(candidates)), key=lambda index: (costs[index], index))
+    name, order = candidates[best]
+    notes.append(f"rhd: {name} order chosen (cross-ToR data {costs[best][0]:g} vs contiguous {costs[0][0]:g})")
+    return order
 
 
 def _finish(result: Plan) -> Plan:
