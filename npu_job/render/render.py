@@ -1,0 +1,272 @@
+"""``render(spec) -> RenderedJob``: a validated :class:`JobSpec` through the Jinja templates.
+
+Pure apart from reading the package's own templates: values in, an inspectable object out.
+``RenderedJob.stream()`` is the multi-document YAML for ``kubectl apply -f -`` (a ``# Source:``
+comment per document, the scripts ConfigMap before the Job that mounts it) and
+``RenderedJob.files()`` the files ``--output-dir`` writes; the CLI is just a writer of these.
+
+Escaping, the one thing that must never go wrong:
+
+* every YAML value goes through ``tojson`` (JSON is YAML; ASCII-only with DEL escaped, so that
+  PyYAML and kubectl read every string back exactly, line breaks and all);
+* the scripts in the ConfigMap go through ``yaml_block`` (a literal block scalar, checked by
+  parsing it back; a JSON string where a block cannot hold the text exactly);
+* every shell word goes through ``shquote`` (:func:`shlex.quote`);
+* env values go through ``kubelet_literal``: kubelet expands ``$(VAR)`` in env values, and
+  ``$$`` is its escape for ``$``, so a value reaches the process exactly as written.
+
+Jinja runs with ``StrictUndefined``; a template error becomes a :class:`RenderError` naming the
+template and line. Each rendered document is parsed back before it is returned.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from npu_job.errors import RenderError
+from npu_job.render.spec import (
+    DEVICE_RESOURCE,
+    NPU_HOST_MOUNTS,
+    SCRIPTS_VOLUME,
+    SHM_VOLUME,
+    JobSpec,
+)
+
+log = logging.getLogger(__name__)
+
+TEMPLATE_PACKAGE = "npu_job.templates"
+SOURCE_PREFIX = "npu-job/templates/"
+MANAGED_BY = ("app.kubernetes.io/managed-by", "npu-job")
+#: the launcher each `launcher` value runs, as words
+LAUNCHER_COMMANDS: Mapping[str, Tuple[str, ...]] = {
+    "npu-run": ("npu-run",),
+    "torchrun": ("torchrun",),
+    "torch.distributed.launch": ("python3", "-m", "torch.distributed.launch"),
+}
+
+
+@dataclass(frozen=True)
+class Document:
+    """One manifest of the stream: where it came from, what it is, and its YAML text."""
+
+    source: str  # e.g. "npu-job/templates/job.yaml.j2"
+    kind: str
+    name: str
+    text: str
+
+
+@dataclass(frozen=True)
+class RenderedJob:
+    """Everything ``npu-job render`` produces for one spec, in a stable order."""
+
+    spec: JobSpec
+    documents: Tuple[Document, ...]  # ConfigMap first, then the Job
+    scripts: Tuple[Tuple[str, str], ...]  # (file name, text): train.sh, bootstrap.sh
+    warnings: Tuple[str, ...] = ()
+
+    def stream(self) -> str:
+        """The documents as one multi-document YAML stream (what stdout gets)."""
+        return "".join(f"---\n# Source: {doc.source}\n{doc.text}" for doc in self.documents)
+
+    def files(self) -> Tuple[Tuple[str, str, int], ...]:
+        """(file name, text, mode) of what ``--output-dir`` writes: config.yaml, then the scripts."""
+        return (("config.yaml", self.stream(), 0o644),) + tuple((name, text, 0o755) for name, text in self.scripts)
+
+    @property
+    def job(self) -> Document:
+        return next(doc for doc in self.documents if doc.kind == "Job")
+
+    @property
+    def pod_command(self) -> str:
+        """The shell command each pod runs (``bash -c``); what the Job's container carries."""
+        import yaml
+
+        job = yaml.safe_load(self.job.text)
+        return job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["command"][-1]
+
+
+# --- filters --------------------------------------------------------------------------------
+
+
+def yaml_scalar(value: Any) -> str:
+    """JSON text of ``value`` that YAML reads back exactly (ASCII only, DEL escaped)."""
+    return json.dumps(value, ensure_ascii=True).replace("\x7f", "\\u007f")
+
+
+def yaml_block(text: str, indent: int) -> str:
+    """``text`` as a literal block scalar of a mapping key at column ``indent - 2``.
+
+    Falls back to :func:`yaml_scalar` when a block cannot hold ``text`` exactly (characters YAML
+    would normalise); the result is parsed back to prove it before it is used.
+    """
+    import yaml
+
+    if text and not _BLOCK_UNSAFE.search(text):
+        stripped = text.rstrip("\n")
+        trailing = len(text) - len(stripped)
+        chomp = "-" if trailing == 0 else "" if trailing == 1 else "+"
+        indicator = "2" if text[0] in " \n" else ""
+        pad = " " * indent
+        body = "\n".join(pad + line if line else "" for line in stripped.split("\n"))
+        block = f"|{indicator}{chomp}\n{body}" + "\n" * max(trailing - 1, 0)
+        try:
+            if yaml.safe_load(" " * (indent - 2) + f"k: {block}\n") == {"k": text}:
+                return block
+        except yaml.YAMLError:
+            pass
+    return yaml_scalar(text)
+
+
+_BLOCK_UNSAFE = re.compile(
+    r"[^\t\n\x20-\x7e\u00a0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]|[\u2028\u2029\ufeff]"
+)
+
+
+def kubelet_literal(value: str) -> str:
+    """Escape ``value`` so kubelet's ``$(VAR)`` expansion gives back exactly ``value``.
+
+    Kubelet turns ``$$`` into ``$`` and ``$(NAME)`` into NAME's value; every other ``$`` is kept.
+    So a ``$`` needs doubling only when a ``$`` or ``(`` follows it.
+    """
+    return re.sub(r"\$(?=[$(])", "$$", value)
+
+
+def shquote(value: Any) -> str:
+    return shlex.quote(str(value))
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+def _environment() -> Any:
+    import jinja2
+
+    def load(name: str) -> Optional[str]:
+        return _package_text(name)
+
+    env = jinja2.Environment(
+        loader=jinja2.FunctionLoader(load),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
+    env.filters["tojson"] = yaml_scalar
+    env.filters["yaml_block"] = yaml_block
+    env.filters["shquote"] = shquote
+    env.filters["kubelet_literal"] = kubelet_literal
+    return env
+
+
+def _package_text(name: str) -> str:
+    from importlib import resources
+
+    try:
+        return resources.files(TEMPLATE_PACKAGE).joinpath(name).read_text(encoding="utf-8")
+    except (FileNotFoundError, OSError) as error:
+        raise RenderError(f"templates/{name}: cannot read the packaged file: {error}") from None
+
+
+def _render_template(env: Any, name: str, context: Mapping[str, Any]) -> str:
+    import jinja2
+
+    try:
+        return env.get_template(name).render(**context)
+    except jinja2.TemplateSyntaxError as error:
+        raise RenderError(f"templates/{error.name or name}, line {error.lineno}: {error.message}") from None
+    except jinja2.TemplateError as error:
+        raise RenderError(f"templates/{name}, line {_template_line(name)}: {error}") from None
+
+
+def _template_line(name: str) -> str:
+    """The template line of the exception being handled (Jinja rewrites tracebacks to templates)."""
+    tb = sys.exc_info()[2]
+    line = "?"
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(name):
+            line = str(tb.tb_lineno)
+        tb = tb.tb_next
+    return line
+
+
+def _pairs(*groups: Tuple[Tuple[str, str], ...]) -> Tuple[Tuple[str, str], ...]:
+    """Merge key/value groups in order, later groups winning, first position kept."""
+    merged: Dict[str, str] = {}
+    for group in groups:
+        for key, value in group:
+            merged[key] = value
+    return tuple(merged.items())
+
+
+def _context(spec: JobSpec) -> Dict[str, Any]:
+    npu_routing = spec.routing  # validation allows routing only on npu
+    job_labels = _pairs(
+        (MANAGED_BY,),
+        (("fault-scheduling", "force"),) if spec.device == "npu" else (),
+        (("ring-controller.cce", "ascend-1980"),) if npu_routing else (),
+        spec.labels,
+    )
+    resources: List[Tuple[str, Any]] = []
+    resource_name = DEVICE_RESOURCE[spec.device]
+    if resource_name:
+        resources.append((resource_name, spec.npus_per_node))
+    for key in ("cpu", "memory"):
+        value = getattr(spec.resources, key)
+        if value is not None:
+            resources.append((key, value))
+    return {
+        "spec": spec,
+        "scripts_configmap": f"{spec.name}-scripts",
+        "scripts_volume": SCRIPTS_VOLUME,
+        "shm_volume": SHM_VOLUME,
+        "npu_host_mounts": NPU_HOST_MOUNTS,
+        "launcher_command": LAUNCHER_COMMANDS[spec.launcher],
+        "job_labels": job_labels,
+        "configmap_labels": _pairs((MANAGED_BY,), spec.labels),
+        "pod_labels": spec.labels,
+        "pod_annotations": _pairs((("cabinet", "cabinet"),) if npu_routing else (), spec.annotations),
+        "resources": tuple(resources),
+        "node_selector": _pairs(
+            (("accelerator/huawei-npu", "ascend-1980"),) if spec.device == "npu" else (), spec.node_selector
+        ),
+    }
+
+
+def bootstrap_script() -> str:
+    """The bundled ``bootstrap.sh`` (scripts/bootstrap.sh, shipped as package data)."""
+    return _package_text("bootstrap.sh")
+
+
+def render(spec: JobSpec, *, bootstrap: Optional[str] = None) -> RenderedJob:
+    """Render ``spec``; ``bootstrap`` overrides the bundled bootstrap.sh text (tests)."""
+    import yaml
+
+    for warning in spec.warnings:
+        log.warning("%s", warning)
+    env = _environment()
+    context = _context(spec)
+    context["pod_command"] = _render_template(env, "pod-command.sh.j2", context).strip()
+    scripts: List[Tuple[str, str]] = [("train.sh", _render_template(env, "train.sh.j2", context))]
+    if spec.routing:
+        if spec.bootstrap_url:
+            scripts.append(("bootstrap.sh", _render_template(env, "bootstrap-url.sh.j2", context)))
+        else:
+            scripts.append(("bootstrap.sh", bootstrap if bootstrap is not None else bootstrap_script()))
+    context["scripts"] = tuple(scripts)
+
+    documents = []
+    for template in ("configmap.yaml.j2", "job.yaml.j2"):
+        text = _render_template(env, template, context)
+        if not text.endswith("\n"):
+            text += "\n"
+        try:
+            parsed = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise RenderError(f"templates/{template}: rendered text is not valid YAML: {error}") from None
+        documents.append(Document(SOURCE_PREFIX + template, parsed["kind"], parsed["metadata"]["name"], text))
+    return RenderedJob(spec, tuple(documents), tuple(scripts), spec.warnings)
