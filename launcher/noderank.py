@@ -1,0 +1,87 @@
+"""Where ``npu-run --node_rank=auto`` takes this node's rank from (torch-free).
+
+The bootstrap (pod step 1) computes the routing-affine node order and leaves this node's new rank
+in two places, which the platform's pod command forwards (DESIGN §1)::
+
+    export RANK_AFTER_ACC=${VC_TASK_INDEX}
+    rank_acc=$(cat /tmp/RANK_AFTER_ACC 2>/dev/null); [ -n "${rank_acc}" ] && export RANK_AFTER_ACC=...
+
+``auto`` reads them in that spirit, first match wins:
+
+1. the ``RANK_AFTER_ACC`` environment variable,
+2. the file ``RANK_AFTER_ACC`` in the bootstrap's output directory (``$NPU_JOB_OUTPUT_DIR``,
+   default ``/tmp``),
+3. ``VC_TASK_INDEX`` (Volcano's scheduler-order index of this pod),
+4. 0 (a single node, or a launcher started by hand).
+
+Empty values are skipped, like the pod command's ``[ -n ... ]``; a value that is present but not a
+non-negative integer is an error, never silently replaced by the next source. The resolution is a
+pure function over an environment mapping and a file reader, so tests need no real ``/tmp``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional
+
+from npu_job.errors import LaunchError
+
+RANK_AFTER_ACC = "RANK_AFTER_ACC"
+VC_TASK_INDEX = "VC_TASK_INDEX"
+OUTPUT_DIR_ENV = "NPU_JOB_OUTPUT_DIR"
+DEFAULT_OUTPUT_DIR = "/tmp"
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class NodeRankChoice:
+    """The node rank ``auto`` resolved to and where it came from (for the log line)."""
+
+    rank: int
+    source: str
+
+
+def rank_file_path(env: Mapping[str, str]) -> str:
+    """The bootstrap's ``RANK_AFTER_ACC`` file for this environment."""
+    return os.path.join(env.get(OUTPUT_DIR_ENV) or DEFAULT_OUTPUT_DIR, RANK_AFTER_ACC)
+
+
+def read_text_if_exists(path: str) -> Optional[str]:
+    """The file's text, or None when it does not exist (the edge reader ``auto`` uses)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise LaunchError(f"{path}: cannot read the node rank: {error.strerror}") from None
+
+
+def parse_node_rank(text: str, source: str) -> int:
+    """``text`` as a node rank; ``source`` names where it came from in the error."""
+    value = text.strip()
+    if not value.isdigit():
+        raise LaunchError(
+            f"{source}: node rank: expected a non-negative integer, got {text.strip()!r}"
+        )
+    return int(value)
+
+
+def resolve_node_rank(
+    env: Mapping[str, str], read_text: Callable[[str], Optional[str]] = read_text_if_exists
+) -> NodeRankChoice:
+    """This node's rank for ``--node_rank=auto`` (see the module docstring for the order)."""
+    from_env = env.get(RANK_AFTER_ACC, "").strip()
+    if from_env:
+        return NodeRankChoice(parse_node_rank(from_env, f"environment {RANK_AFTER_ACC}"),
+                              f"environment {RANK_AFTER_ACC}")
+    path = rank_file_path(env)
+    from_file = (read_text(path) or "").strip()
+    if from_file:
+        return NodeRankChoice(parse_node_rank(from_file, path), f"bootstrap file {path}")
+    from_scheduler = env.get(VC_TASK_INDEX, "").strip()
+    if from_scheduler:
+        return NodeRankChoice(parse_node_rank(from_scheduler, f"environment {VC_TASK_INDEX}"),
+                              f"environment {VC_TASK_INDEX} (scheduler order)")
+    return NodeRankChoice(0, "default (no RANK_AFTER_ACC, bootstrap file or VC_TASK_INDEX)")

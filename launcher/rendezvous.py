@@ -1,0 +1,554 @@
+"""The ``parallel`` rendezvous backend: static membership, node ranks kept, optional store proxy.
+
+torch's dynamic backends (``c10d``, ``etcd``) give node ranks in arrival order, which throws away
+the routing-affine order the bootstrap computed; torch's ``static`` backend keeps ``--node_rank``
+but never notices when another node restarts its workers, so a one-node failure leaves the other
+nodes hanging in collectives. ``parallel`` keeps both properties that matter:
+
+* **Static membership, ranks from ``--node_rank``.** Node rank 0's agent hosts the root store (a
+  stock torch ``TCPStore`` server on ``master_addr:master_port``, multi-tenant, no worker barrier);
+  every agent joins it. A round completes when all ``--nnodes`` node ranks have joined; on timeout
+  the error names the node ranks that never came.
+* **Group restarts like ``c10d``.** A node that restarts its workers joins the next round; the other
+  agents see it in :meth:`num_nodes_waiting` and restart theirs (that does not use up their
+  ``--max_restarts``, as in torch). Before the workers of a new round start, node rank 0 deletes
+  the keys the previous workers left in the root store, so no worker reads a dead peer's address.
+* **Tiering** (``--enable_tiered_parallel_tcpstore=true``): each agent runs a
+  :class:`~npu_job.launcher.proxy.StoreProxy` on ``127.0.0.1:<free port>`` and hands it to its
+  workers as ``MASTER_ADDR``/``MASTER_PORT``, so the root sees a few connections per node instead of
+  one per worker. Without tiering the workers connect to the root, as under torchrun.
+
+Agents' own keys live under ``npu_run/<run_id>/`` (per round, like torch's
+``torch.rendezvous.<run_id>.<round>`` prefix); everything else in the root belongs to workers.
+Store failures surface as torch ``RendezvousError`` subclasses whose message names the store
+address; ``npu-run`` turns them into one ``LaunchError`` line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import random
+import socket
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Sequence
+
+from torch.distributed import DistError, PrefixStore, Store, TCPStore
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStateError,
+    RendezvousStoreInfo,
+    RendezvousTimeoutError,
+)
+from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+from npu_job.errors import LaunchError
+
+logger = logging.getLogger(__name__)
+
+BACKEND = "parallel"
+TIERED_OPTION = "enable_tiered_parallel_tcpstore"
+KEY_ROOT = "npu_run"
+LOOPBACK = "127.0.0.1"
+
+DEFAULT_STORE_TIMEOUT = 900.0  # torch's LaunchConfig default for rdzv_configs["timeout"]
+DEFAULT_JOIN_TIMEOUT = 600.0  # torch's c10d join_timeout
+DEFAULT_CLOSE_TIMEOUT = 30.0
+DEFAULT_WATCH_INTERVAL = 1.0
+PROGRESS_INTERVAL = 30.0
+MAX_LISTED_NODES = 16
+
+
+@dataclass(frozen=True)
+class ParallelSettings:
+    """Everything the ``parallel`` backend needs, checked once (see :func:`settings_from_params`).
+
+    ``store_timeout`` is the root store's operation timeout (``--rdzv_conf timeout=``, torch's
+    name); ``join_timeout`` bounds each round's wait for all nodes (and the first connection);
+    ``close_timeout`` is how long node rank 0 keeps the root alive at the end for the other
+    agents to sign off; ``watch_interval`` is the least time between two looks for a restarting
+    node (the agent asks every ``--monitor_interval``, which is 0.1 s by default).
+    """
+
+    run_id: str
+    master_addr: str
+    master_port: int
+    node_rank: int
+    nnodes: int
+    tiered: bool = False
+    store_timeout: float = DEFAULT_STORE_TIMEOUT
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT
+    close_timeout: float = DEFAULT_CLOSE_TIMEOUT
+    watch_interval: float = DEFAULT_WATCH_INTERVAL
+
+    @property
+    def root(self) -> str:
+        return f"{self.master_addr}:{self.master_port}"
+
+
+def _seconds(params: RendezvousParameters, key: str, default: float) -> float:
+    raw = params.get(key, default)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise LaunchError(f"--rdzv_conf: {key}: expected seconds (a number), got {raw!r}") from None
+    if value <= 0:
+        raise LaunchError(f"--rdzv_conf: {key}: expected a positive number of seconds, got {raw!r}")
+    return value
+
+
+def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
+    """Check torch's rendezvous parameters for the ``parallel`` backend (LaunchError if wrong)."""
+    if params.min_nodes != params.max_nodes:
+        raise LaunchError(
+            f"--nnodes={params.min_nodes}:{params.max_nodes}: the parallel rendezvous has static "
+            "membership; give one node count (e.g. --nnodes=4)"
+        )
+    if "rank" not in params.config:
+        raise LaunchError("the parallel rendezvous needs this node's rank: pass --node_rank")
+    try:
+        node_rank = int(params.config["rank"])
+    except (TypeError, ValueError):
+        raise LaunchError(f"--node_rank: expected an integer, got {params.config['rank']!r}") from None
+    if not 0 <= node_rank < params.max_nodes:
+        raise LaunchError(
+            f"--node_rank={node_rank}: expected 0..{params.max_nodes - 1} for --nnodes={params.max_nodes}"
+        )
+    if not params.endpoint.strip():
+        raise LaunchError("the parallel rendezvous needs the root store: pass --master_addr/--master_port")
+    try:
+        host, port = parse_rendezvous_endpoint(params.endpoint, -1)
+    except ValueError as error:
+        raise LaunchError(f"--rdzv_endpoint={params.endpoint!r}: {error}") from None
+    if not 0 < port < 2**16:
+        raise LaunchError(f"--rdzv_endpoint={params.endpoint!r}: expected host:port with a port 1..65535")
+    try:
+        tiered = bool(params.get_as_bool(TIERED_OPTION, False))
+    except ValueError:
+        raise LaunchError(
+            f"--{TIERED_OPTION}: expected true or false, got {params.get(TIERED_OPTION)!r}"
+        ) from None
+    return ParallelSettings(
+        run_id=params.run_id,
+        master_addr=host,
+        master_port=port,
+        node_rank=node_rank,
+        nnodes=params.max_nodes,
+        tiered=tiered,
+        store_timeout=_seconds(params, "timeout", DEFAULT_STORE_TIMEOUT),
+        join_timeout=_seconds(params, "join_timeout", DEFAULT_JOIN_TIMEOUT),
+        close_timeout=_seconds(params, "close_timeout", DEFAULT_CLOSE_TIMEOUT),
+        watch_interval=_seconds(params, "watch_interval", DEFAULT_WATCH_INTERVAL),
+    )
+
+
+@dataclass(frozen=True)
+class _Keys:
+    """Key names of one job in the root store (agents' keys only; workers own the rest)."""
+
+    run_id: str
+
+    @property
+    def base(self) -> str:
+        return f"{KEY_ROOT}/{self.run_id}"
+
+    @property
+    def closed(self) -> str:
+        return f"{self.base}/closed"
+
+    @property
+    def departed(self) -> str:
+        return f"{self.base}/departed"
+
+    @property
+    def all_departed(self) -> str:
+        return f"{self.base}/all_departed"
+
+    def round(self, number: int) -> str:
+        return f"{self.base}/round{number}"
+
+    def node(self, number: int, node_rank: int) -> str:
+        return f"{self.round(number)}/node/{node_rank}"
+
+    def joined(self, number: int) -> str:
+        return f"{self.round(number)}/joined"
+
+    def complete(self, number: int) -> str:
+        return f"{self.round(number)}/complete"
+
+    def ready(self, number: int) -> str:
+        return f"{self.round(number)}/ready"
+
+    def agent_prefix(self, number: int) -> str:
+        return f"{self.round(number)}/agent"
+
+
+def format_ranks(ranks: Sequence[int]) -> str:
+    """``[1, 4, 7]``, shortened to the first few for big jobs."""
+    shown = ", ".join(str(rank) for rank in ranks[:MAX_LISTED_NODES])
+    more = f", ... ({len(ranks)} in all)" if len(ranks) > MAX_LISTED_NODES else ""
+    return f"[{shown}{more}]"
+
+
+def literal_ip(host: str, port: int) -> str:
+    """``host`` as a literal IP address (one forward lookup; never a reverse one)."""
+    try:
+        return str(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0])
+    except OSError as error:
+        raise RendezvousConnectionError(f"cannot resolve the root store host {host!r}: {error}") from None
+
+
+ProxyFactory = Callable[[str, int, float], object]
+
+
+def _start_store_proxy(upstream_host: str, upstream_port: int, timeout: float) -> object:
+    from npu_job.launcher.proxy import StoreProxy  # the store engineer's module; imported when used
+
+    return StoreProxy(upstream_host, upstream_port, listen_host=LOOPBACK, listen_port=0, timeout=timeout)
+
+
+class ParallelRendezvousHandler(RendezvousHandler):
+    """Static-membership rendezvous over a root ``TCPStore`` hosted by node rank 0's agent."""
+
+    def __init__(self, settings: ParallelSettings, proxy_factory: ProxyFactory = _start_store_proxy):
+        self._settings = settings
+        self._keys = _Keys(settings.run_id)
+        self._proxy_factory = proxy_factory
+        self._store: Optional[TCPStore] = None
+        self._proxy: Optional[object] = None
+        self._proxy_port = 0
+        self._rounds_done = 0
+        self._next_watch = 0.0
+        self._root_lost = False
+
+    # -- RendezvousHandler -------------------------------------------------------------------
+
+    def get_backend(self) -> str:
+        return BACKEND
+
+    @property
+    def use_agent_store(self) -> bool:
+        # Workers' env:// then opens a TCPStore *client* to MASTER_ADDR:MASTER_PORT (the root or
+        # this node's proxy) instead of rank 0 trying to host a second server there.
+        return True
+
+    @property
+    def settings(self) -> ParallelSettings:
+        return self._settings
+
+    @property
+    def proxy(self) -> Optional[object]:
+        """This node's store proxy (tiered mode, after the first round), else None."""
+        return self._proxy
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        settings = self._settings
+        number = self._rounds_done
+        store = self._connect()
+        with self._root_errors(f"joining round {number}"):
+            self._raise_if_closed(store)
+            if store.add(self._keys.node(number, settings.node_rank), 1) > 1:
+                raise RendezvousStateError(
+                    f"node rank {settings.node_rank} joined round {number} of {settings.run_id!r} "
+                    f"twice: two nodes were started with --node_rank={settings.node_rank}"
+                )
+            if store.add(self._keys.joined(number), 1) == settings.nnodes:
+                store.set(self._keys.complete(number), str(settings.node_rank))
+            logger.info(
+                "node rank %d joined round %d of %r; waiting for %d node(s) at the root store %s",
+                settings.node_rank, number, settings.run_id, settings.nnodes, settings.root,
+            )
+            self._await_round(store, number)
+            if number > 0:
+                self._clear_previous_workers(store, number)
+        bootstrap = self._bootstrap_store_info()
+        self._rounds_done += 1
+        logger.info(
+            "round %d complete: node rank %d of %d; workers use the store at %s:%d%s",
+            number, settings.node_rank, settings.nnodes, bootstrap.master_addr,
+            bootstrap.master_port, " (this node's proxy)" if settings.tiered else "",
+        )
+        return RendezvousInfo(
+            PrefixStore(self._keys.agent_prefix(number), store),
+            settings.node_rank,
+            settings.nnodes,
+            bootstrap,
+        )
+
+    def is_closed(self) -> bool:
+        if self._store is None:
+            return False
+        with self._root_errors("reading the closed flag"):
+            return bool(self._store.check([self._keys.closed]))
+
+    def set_closed(self) -> None:
+        store = self._connect()
+        with self._root_errors("closing the rendezvous"):
+            store.set(self._keys.closed, str(self._settings.node_rank))
+
+    def num_nodes_waiting(self) -> int:
+        """Nodes already in the next round (they restarted their workers); throttled."""
+        if self._store is None or time.monotonic() < self._next_watch:
+            return 0
+        self._next_watch = time.monotonic() + self._settings.watch_interval
+        joined = self._keys.joined(self._rounds_done)
+        with self._root_errors("watching for restarting nodes"):
+            if not self._store.check([joined]):
+                return 0
+            return int(self._store.add(joined, 0))
+
+    def get_run_id(self) -> str:
+        return self._settings.run_id
+
+    def shutdown(self) -> bool:
+        """Close the rendezvous, sign off, and (node rank 0) keep the root up for the others."""
+        if self._store is None or self._root_lost:
+            self.close()
+            return not self._root_lost
+        try:
+            store = self._store
+            store.set(self._keys.closed, str(self._settings.node_rank))
+            if store.add(self._keys.departed, 1) >= self._settings.nnodes:
+                store.set(self._keys.all_departed, "1")
+            if self._settings.node_rank == 0:
+                self._linger_for_departures(store)
+            return True
+        except DistError as error:
+            logger.warning("could not sign off at the root store %s: %s", self._settings.root, error)
+            return False
+        finally:
+            self.close()
+
+    # -- resources ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the proxy and drop the root store connection (or server, on node rank 0)."""
+        proxy, self._proxy = self._proxy, None
+        if proxy is not None:
+            try:
+                proxy.stop()  # type: ignore[attr-defined]
+            except Exception as error:  # closing must go on whatever the proxy says
+                logger.warning("stopping the store proxy failed: %s", error)
+        self._store = None
+        _OPEN_HANDLERS.discard(self)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _root_errors(self, doing: str) -> "_RootErrors":
+        return _RootErrors(self, doing)
+
+    def _connect(self) -> TCPStore:
+        if self._store is not None:
+            return self._store
+        settings = self._settings
+        timeout = datetime.timedelta(seconds=settings.store_timeout)
+        if settings.node_rank == 0:
+            try:
+                self._store = TCPStore(
+                    settings.master_addr, settings.master_port, None, True, timeout,
+                    wait_for_workers=False, multi_tenant=True,
+                )
+            except (DistError, RuntimeError) as error:
+                raise LaunchError(
+                    f"node rank 0 cannot host the root store on port {settings.master_port}: {error}",
+                    tip="pick a free --master_port, or stop the process that holds it",
+                ) from None
+            logger.info("hosting the root store on %s", settings.root)
+            return self._store
+        self._await_root_listening()
+        try:
+            store = TCPStore(settings.master_addr, settings.master_port, None, False, timeout)
+        except (DistError, RuntimeError) as error:
+            raise RendezvousConnectionError(
+                f"node rank {settings.node_rank} cannot connect to the root store {settings.root}: {error}"
+            ) from None
+        self._store = store
+        return store
+
+    def _await_root_listening(self) -> None:
+        """Wait (quietly, with progress lines) until node rank 0's root store accepts connections.
+
+        TCPStore's own connect loop logs a C++ stack trace per retry; a plain TCP connect probe
+        keeps the pod log readable while node rank 0 is still starting.
+        """
+        settings = self._settings
+        deadline = time.monotonic() + settings.join_timeout
+        next_progress = time.monotonic() + PROGRESS_INTERVAL
+        delay = 0.05
+        while True:
+            try:
+                with socket.create_connection((settings.master_addr, settings.master_port), timeout=5):
+                    return
+            except OSError as error:
+                now = time.monotonic()
+                if now >= deadline:
+                    raise RendezvousTimeoutError(
+                        f"node rank {settings.node_rank} timed out after {settings.join_timeout:g}s "
+                        f"waiting for the root store {settings.root} (missing node ranks: [0]; "
+                        f"last error: {error})"
+                    ) from None
+                if now >= next_progress:
+                    logger.info("still waiting for node rank 0's root store at %s (%s)", settings.root, error)
+                    next_progress = now + PROGRESS_INTERVAL
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())) * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, 1.0)
+
+    def _raise_if_closed(self, store: Store) -> None:
+        if store.check([self._keys.closed]):
+            closer = store.get(self._keys.closed).decode(errors="replace")
+            raise RendezvousClosedError(
+                f"the rendezvous {self._settings.run_id!r} was closed by node rank {closer} "
+                "(it finished or gave up); not starting new workers"
+            )
+
+    def _missing_nodes(self, store: Store, number: int) -> List[int]:
+        return [
+            rank for rank in range(self._settings.nnodes)
+            if not store.check([self._keys.node(number, rank)])
+        ]
+
+    def _await_round(self, store: Store, number: int) -> None:
+        """Poll until the round's ``complete`` key exists; name the missing nodes on timeout."""
+        settings = self._settings
+        started = time.monotonic()
+        deadline = started + settings.join_timeout
+        next_progress = started + PROGRESS_INTERVAL
+        next_closed_check = started + 1.0
+        delay = 0.005
+        complete = self._keys.complete(number)
+        while not store.check([complete]):
+            now = time.monotonic()
+            if now >= deadline:
+                missing = self._missing_nodes(store, number)
+                raise RendezvousTimeoutError(
+                    f"node rank {settings.node_rank} timed out after {settings.join_timeout:g}s in "
+                    f"round {number} at the root store {settings.root}: missing node ranks "
+                    f"{format_ranks(missing)} of --nnodes={settings.nnodes}"
+                )
+            if now >= next_closed_check:
+                self._raise_if_closed(store)
+                next_closed_check = now + 1.0
+            if now >= next_progress:
+                joined = int(store.add(self._keys.joined(number), 0))
+                logger.info(
+                    "round %d: %d of %d nodes joined after %.0fs", number, joined, settings.nnodes,
+                    now - started,
+                )
+                next_progress = now + PROGRESS_INTERVAL
+            time.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 1.5, 0.25)
+
+    def _clear_previous_workers(self, store: TCPStore, number: int) -> None:
+        """Node rank 0 deletes what the previous round's workers left; the others wait for it.
+
+        All agents have joined this round, so every old worker is stopped: nobody reads or
+        writes those keys any more, and the new workers must not see them (a gloo rank would
+        read a dead peer's address).
+        """
+        ready = self._keys.ready(number)
+        if self._settings.node_rank != 0:
+            deadline = time.monotonic() + self._settings.join_timeout
+            delay = 0.005
+            while not store.check([ready]):
+                if time.monotonic() >= deadline:
+                    raise RendezvousTimeoutError(
+                        f"node rank 0 did not clear the root store {self._settings.root} for round "
+                        f"{number} within {self._settings.join_timeout:g}s"
+                    )
+                time.sleep(delay)
+                delay = min(delay * 1.5, 0.25)
+            return
+        stale = [key for key in store.list_keys() if not key.startswith(f"{KEY_ROOT}/")]
+        for key in stale:
+            store.delete_key(key)
+        logger.info("round %d: cleared %d key(s) left by the previous workers", number, len(stale))
+        store.set(ready, "1")
+
+    def _bootstrap_store_info(self) -> RendezvousStoreInfo:
+        settings = self._settings
+        if not settings.tiered:
+            return RendezvousStoreInfo(settings.master_addr, settings.master_port)
+        if self._proxy is None:
+            upstream = literal_ip(settings.master_addr, settings.master_port)
+            proxy = self._proxy_factory(upstream, settings.master_port, settings.store_timeout)
+            try:
+                self._proxy_port = int(proxy.start())  # type: ignore[attr-defined]
+            except Exception as error:
+                raise LaunchError(f"node rank {settings.node_rank} cannot start its store proxy: {error}") from None
+            self._proxy = proxy
+            logger.info(
+                "store proxy for this node's workers on %s:%d -> root %s:%d",
+                LOOPBACK, self._proxy_port, upstream, settings.master_port,
+            )
+        return RendezvousStoreInfo(LOOPBACK, self._proxy_port)
+
+    def _linger_for_departures(self, store: Store) -> None:
+        """Keep the root up until every agent signed off (bounded by ``close_timeout``)."""
+        deadline = time.monotonic() + self._settings.close_timeout
+        delay = 0.01
+        while not store.check([self._keys.all_departed]):
+            if time.monotonic() >= deadline:
+                departed = int(store.add(self._keys.departed, 0))
+                logger.warning(
+                    "closing the root store %s although only %d of %d agents signed off",
+                    self._settings.root, departed, self._settings.nnodes,
+                )
+                return
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+
+
+class _RootErrors:
+    """Turn a store failure into a rendezvous error that names the root store address."""
+
+    def __init__(self, handler: ParallelRendezvousHandler, doing: str) -> None:
+        self._handler = handler
+        self._doing = doing
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if error is not None and isinstance(error, DistError):
+            self._handler._root_lost = True
+            settings = self._handler.settings
+            raise RendezvousConnectionError(
+                f"node rank {settings.node_rank} lost the root store {settings.root} "
+                f"while {self._doing}: {error}"
+            ) from None
+        return False
+
+
+# Handlers this process created and not yet closed. torch skips ``shutdown()`` when the agent
+# dies of a signal (to keep elastic rendezvous open), so the launcher closes them by this list.
+_OPEN_HANDLERS: "weakref.WeakSet[ParallelRendezvousHandler]" = weakref.WeakSet()
+
+
+def create_handler(params: RendezvousParameters) -> ParallelRendezvousHandler:
+    """The factory torch's rendezvous registry calls for ``--rdzv_backend=parallel``."""
+    handler = ParallelRendezvousHandler(settings_from_params(params))
+    _OPEN_HANDLERS.add(handler)
+    return handler
+
+
+def close_all() -> None:
+    """Stop every proxy and root store this process still holds (signal and error paths)."""
+    for handler in list(_OPEN_HANDLERS):
+        handler.close()
+
+
+def register() -> None:
+    """Register ``parallel`` with torch elastic (idempotent)."""
+    rendezvous_handler_registry.register(BACKEND, create_handler)
+
+
+def torchrun_handler() -> Callable[[RendezvousParameters], RendezvousHandler]:
+    """Entry point for torch's ``torchrun.handlers`` group (lets plain torchrun use ``parallel``)."""
+    return create_handler

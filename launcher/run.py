@@ -1,0 +1,301 @@
+"""``npu-run``: torchrun's command line and elastic agent, plus the ``parallel`` tiered rendezvous.
+
+Everything torchrun users know stays torch's own: the parser is ``torch.distributed.run``'s
+``get_args_parser()`` (both spellings of every flag, ``PET_*`` environment fallbacks), the launch
+config is built by torch's ``config_from_args``, and ``elastic_launch`` runs torch's
+``LocalElasticAgent`` (process supervision, restarts, log redirection, the ``@record``
+``ChildFailedError`` summary). ``npu-run`` adds only what torchrun lacks on Ascend clusters:
+
+* ``--node_rank=auto`` (the bootstrap's routing-affine rank, see :mod:`.noderank`);
+* ``--nproc_per_node=npu`` and an ``auto`` that finds NPUs (see :mod:`.devices`);
+* ``--rdzv_backend=parallel`` and ``--enable_tiered_parallel_tcpstore=true|false`` (torch_npu_run's
+  flags, see :mod:`.rendezvous`);
+* one-line errors with exit codes from :mod:`npu_job.errors` instead of bare ``AssertionError``
+  tracebacks, and a clean exit on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import os
+import signal
+import sys
+import uuid
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+
+from npu_job.errors import EXIT_INTERNAL, EXIT_USAGE, LaunchError, NpuJobError
+from npu_job.logs import setup_logging
+
+from . import noderank
+
+PROG = "npu-run"
+DEFAULT_MASTER_PORT = 29500  # torchrun's
+EXIT_WORKERS_FAILED = 1  # what torchrun exits with when a worker fails
+TRUE_WORDS = ("true", "1", "yes", "on")
+FALSE_WORDS = ("false", "0", "no", "off", "")
+
+logger = logging.getLogger(__name__)
+
+
+class UsageError(Exception):
+    """A flag value argparse could not check by itself (reported as usage, exit 2)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """torchrun's parser, extended (build it per call: ``PET_*`` defaults are read here)."""
+    from torch.distributed.argparse_util import env
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    parser.prog = PROG
+    parser.description = (
+        "Launch PyTorch distributed workers like torchrun (same flags, same PET_* variables, same "
+        "worker environment), plus --node_rank=auto, --nproc_per_node=npu and the tiered "
+        "'parallel' rendezvous of torch_npu_run."
+    )
+    parser.epilog = (
+        "Examples:\n"
+        "  npu-run --nnodes=4 --node_rank=auto --nproc_per_node=auto --master_addr=$MASTER_ADDR \\\n"
+        "          --master_port=29500 --rdzv_backend=parallel --enable_tiered_parallel_tcpstore=true train.py\n"
+        "  npu-run --standalone --nproc_per_node=2 train.py --epochs 3"
+    )
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    options = parser._option_string_actions
+    node_rank = options["--node-rank"]
+    node_rank.type = str
+    node_rank.metavar = "N|auto"
+    node_rank.help = (
+        "Rank of this node (static and parallel rendezvous). 'auto' reads the bootstrap's "
+        "RANK_AFTER_ACC (environment, then $NPU_JOB_OUTPUT_DIR/RANK_AFTER_ACC, default /tmp), "
+        "else VC_TASK_INDEX, else 0."
+    )
+    options["--nproc-per-node"].help = (
+        "Workers per node: N, or auto (NPUs if torch_npu sees any, else GPUs, else CPUs), npu, gpu, "
+        "cpu (or torch's xpu / custom device names)."
+    )
+    options["--rdzv-backend"].help = (
+        "Rendezvous backend: static (default), c10d, etcd, etcd-v2, or parallel (static membership "
+        "with ranks from --node_rank, root store on node rank 0, optional per-node store proxy)."
+    )
+    options["--rdzv-conf"].help += (
+        " parallel understands timeout (store operations, s), join_timeout (all nodes per round, "
+        "s, default 600), close_timeout (s, default 30) and watch_interval (s, default 1)."
+    )
+    parser.add_argument(
+        "--enable-tiered-parallel-tcpstore",
+        "--enable_tiered_parallel_tcpstore",
+        action=env,
+        type=str,
+        default="false",
+        metavar="true|false",
+        help="Give each node a store proxy on 127.0.0.1 that its workers use as MASTER_ADDR/"
+        "MASTER_PORT; the root store sees a few connections per node instead of one per worker. "
+        "Implies --rdzv_backend=parallel.",
+    )
+    return parser
+
+
+def parse_bool(value: Any, flag: str) -> bool:
+    text = str(value).strip().lower()
+    if text in TRUE_WORDS:
+        return True
+    if text in FALSE_WORDS:
+        return False
+    raise UsageError(f"{flag}: expected true or false, got {value!r}")
+
+
+def parse_nnodes(value: str) -> Tuple[int, int]:
+    """``N`` or ``MIN:MAX`` -> ``(min, max)``, checked (torch asserts; we explain)."""
+    parts = str(value).split(":")
+    if len(parts) not in (1, 2) or not all(part.strip().isdigit() for part in parts):
+        raise UsageError(f"--nnodes: expected N or MIN:MAX with positive integers, got {value!r}")
+    low, high = int(parts[0]), int(parts[-1])
+    if not 0 < low <= high:
+        raise UsageError(f"--nnodes: expected 0 < MIN <= MAX, got {value!r}")
+    return low, high
+
+
+def resolve_node_rank(value: Any, env: Mapping[str, str]) -> int:
+    """``--node_rank``: an integer, or ``auto`` (logged with the source that won)."""
+    text = str(value).strip()
+    if text.lower() == noderank.AUTO:
+        choice = noderank.resolve_node_rank(env)
+        logger.info("node rank %d (--node_rank=auto: from %s)", choice.rank, choice.source)
+        return choice.rank
+    if not text.lstrip("-").isdigit():
+        raise UsageError(f"--node_rank: expected a non-negative integer or 'auto', got {value!r}")
+    return int(text)
+
+
+def resolve_nproc(value: str) -> int:
+    """``--nproc_per_node`` as a worker count (NPU-aware ``auto``)."""
+    from . import devices
+
+    text = str(value).strip()
+    if text.isdigit() or text.lower() in devices.DEVICE_KINDS:
+        count, kind = devices.resolve_nproc_per_node(text, devices.probe_devices)
+        if kind != "fixed":
+            logger.info("--nproc_per_node=%s: %d worker(s), one per %s", text, count, kind)
+        return count
+    from torch.distributed.run import determine_local_world_size  # xpu, custom device names
+
+    try:
+        return determine_local_world_size(text)
+    except ValueError as error:
+        raise LaunchError(f"--nproc_per_node={text}: {error}") from None
+
+
+def prepare(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namespace:
+    """Resolve and check npu-run's additions in place; returns ``args`` ready for torch.
+
+    Mirrors ``torch.distributed.run.run`` (standalone, single-node static shortcut, default
+    port) so the same command line means the same launch as under torchrun.
+    """
+    tiered = parse_bool(args.enable_tiered_parallel_tcpstore, "--enable_tiered_parallel_tcpstore")
+    args.enable_tiered_parallel_tcpstore = tiered
+    args.node_rank = resolve_node_rank(args.node_rank, env)
+    _, max_nodes = parse_nnodes(args.nnodes)
+    if args.max_restarts < 0:
+        raise UsageError(f"--max_restarts: expected 0 or more, got {args.max_restarts}")
+    if args.monitor_interval <= 0:
+        raise UsageError(f"--monitor_interval: expected a positive number, got {args.monitor_interval}")
+
+    if tiered and args.standalone:
+        raise UsageError("--enable_tiered_parallel_tcpstore=true and --standalone exclude each other")
+    if tiered and args.rdzv_backend == "static":
+        logger.info("--enable_tiered_parallel_tcpstore=true: using --rdzv_backend=parallel")
+        args.rdzv_backend = "parallel"
+    elif tiered and args.rdzv_backend != "parallel":
+        raise UsageError(
+            f"--enable_tiered_parallel_tcpstore=true needs --rdzv_backend=parallel, got {args.rdzv_backend!r}"
+        )
+
+    if args.standalone:  # torchrun's behaviour
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None and max_nodes == 1:
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = DEFAULT_MASTER_PORT
+
+    if args.rdzv_backend in ("static", "parallel") and not 0 <= args.node_rank < max_nodes:
+        raise LaunchError(
+            f"node rank {args.node_rank} is outside 0..{max_nodes - 1} for --nnodes={args.nnodes}",
+            tip="--node_rank (or the bootstrap's RANK_AFTER_ACC) must be below the node count",
+        )
+    if args.rdzv_backend == "parallel" and not args.rdzv_endpoint:
+        args.rdzv_endpoint = f"{args.master_addr}:{args.master_port}"
+    args.nproc_per_node = str(resolve_nproc(args.nproc_per_node))
+    return args
+
+
+def launch_config(args: argparse.Namespace) -> Tuple[Any, Any, List[str]]:
+    """torch's ``config_from_args`` on prepared args, plus the parallel backend's settings."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.run import config_from_args
+
+    from . import rendezvous
+
+    torch_args = copy.copy(args)
+    if args.rdzv_backend == "parallel":
+        torch_args.node_rank = 0  # torch warns that node_rank is static-only; parallel uses it below
+    try:
+        config, cmd, cmd_args = config_from_args(torch_args)
+    except (ValueError, AssertionError, RuntimeError) as error:
+        raise UsageError(str(error)) from None
+    if args.rdzv_backend == "parallel":
+        config.rdzv_configs["rank"] = args.node_rank
+        config.rdzv_configs[rendezvous.TIERED_OPTION] = args.enable_tiered_parallel_tcpstore
+        rendezvous.settings_from_params(  # fail here, in one line, rather than inside the agent
+            RendezvousParameters(
+                backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id=config.run_id,
+                min_nodes=config.min_nodes, max_nodes=config.max_nodes, **config.rdzv_configs,
+            )
+        )
+    return config, cmd, cmd_args
+
+
+def _launch(config: Any, entrypoint: Any, cmd_args: Sequence[str]) -> Any:
+    from torch.distributed.launcher.api import elastic_launch
+
+    return elastic_launch(config=config, entrypoint=entrypoint)(*cmd_args)
+
+
+def _recorded_launch() -> Callable[..., Any]:
+    # @record, as on torchrun's main: with TORCHELASTIC_ERROR_FILE set (by a scheduler), the
+    # first failed worker's error file becomes the launcher's.
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(_launch)
+
+
+def _terminate_on(signum: int, frame: Any) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    raise SignalException(f"{PROG} got signal {signal.Signals(signum).name}", sigval=signal.Signals(signum))
+
+
+def _install_early_signal_handlers() -> None:
+    """SIGTERM before the workers start (torch installs its handler only then) still unwinds."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate_on)
+
+
+def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """Launch with parsed ``args``; returns the exit code (raises NpuJobError/UsageError)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
+
+    from . import rendezvous
+
+    prepare(args, env)
+    config, cmd, cmd_args = launch_config(args)
+    rendezvous.register()
+    _install_early_signal_handlers()
+    try:
+        _recorded_launch()(config, cmd, cmd_args)
+        return 0
+    except ChildFailedError as failed:
+        print(f"{PROG}: error: {type(failed).__name__}:{failed}", file=sys.stderr)
+        return EXIT_WORKERS_FAILED
+    except RendezvousError as error:
+        raise LaunchError(f"rendezvous failed: {error}") from None
+    except SignalException as caught:
+        logger.warning("received %s: workers stopped", caught.sigval.name)
+        return 128 + int(caught.sigval)
+    finally:
+        rendezvous.close_all()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``npu-run`` with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    from npu_job.cli import report_error
+
+    setup_logging(0, prog=PROG)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exit_:  # --help exits 0, usage errors 2
+        return int(exit_.code) if isinstance(exit_.code, int) else EXIT_USAGE
+    try:
+        return run(args, os.environ)
+    except UsageError as error:
+        parser.print_usage(sys.stderr)
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except NpuJobError as error:
+        return report_error(error, prog=PROG)
+    except KeyboardInterrupt:
+        logger.warning("interrupted: workers stopped")
+        return 130
+    except Exception:  # a bug: show it, it is ours to fix
+        logger.exception("internal error (please report it)")
+        return EXIT_INTERNAL
+
+
+def console_main() -> None:
+    sys.exit(main())
