@@ -228,7 +228,7 @@ def _context(spec: JobSpec) -> Dict[str, Any]:
         "launcher_command": LAUNCHER_COMMANDS[spec.launcher],
         "job_labels": job_labels,
         "configmap_labels": _pairs((MANAGED_BY,), spec.labels),
-        "pod_labels": spec.labels,
+        "pod_labels": _pairs((MANAGED_BY,), spec.labels),
         "pod_annotations": _pairs((("cabinet", "cabinet"),) if npu_routing else (), spec.annotations),
         "resources": tuple(resources),
         "node_selector": _pairs(

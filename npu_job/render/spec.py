@@ -203,6 +203,10 @@ _SUB_KEYS: Mapping[str, Tuple[str, ...]] = {
     top: tuple(doc.key.split(".", 1)[1] for doc in SPEC_KEYS if doc.key.startswith(top + "."))
     for top in ("hccl", "resources", "bootstrap")
 }
+_ACCELERATOR_HINTS = {
+    key: "accelerators are requested from device and npus_per_node"
+    for key in ("gpu", "npu", "nvidia.com/gpu", "huawei.com/ascend-1980", "huawei.com/Ascend910")
+}
 _MOUNT_KEYS = ("name", "mountPath", "readOnly", "subPath", "subPathExpr", "mountPropagation")
 
 
@@ -236,6 +240,7 @@ class _Checker:
     def __init__(self, merged: MergedValues) -> None:
         self.merged = merged
         self.problems: List[str] = []
+        self.suggested: set = set()  # key paths a did-you-mean already named
 
     def problem(self, path: Path, message: str) -> None:
         where = format_path(path)
@@ -311,18 +316,35 @@ class _Checker:
 
     # containers ---------------------------------------------------------------------------
 
-    def mapping(self, value: Any, path: Path, known: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-        """A mapping; with ``known``, each unknown key is a problem with a did-you-mean."""
+    def mapping(
+        self, value: Any, path: Path, known: Optional[Sequence[str]] = None, hints: Mapping[str, str] = {}
+    ) -> Dict[str, Any]:
+        """A mapping; with ``known``, each unknown key is a problem with a did-you-mean (or a hint)."""
         if not isinstance(value, dict):
             self.problem(path, f"expected a mapping, got {_describe(value)}")
             return {}
         if known is not None:
             for key in value:
-                if key not in known:
-                    close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
-                    hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
-                    self.problem(path + (key,), f"unknown key ({hint})")
+                if key in known:
+                    continue
+                close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+                if key in hints:
+                    hint = hints[key]
+                elif close:
+                    hint = f"did you mean {close[0]!r}?"
+                    self.suggested.add(path + (close[0],))
+                else:
+                    hint = f"known keys: {', '.join(known)}"
+                self.problem(path + (key,), f"unknown key ({hint})")
         return value
+
+    def required(self, mapping: Mapping[str, Any], key: str, path: Path) -> bool:
+        """Whether ``key`` has a value; if not, a problem (unless a did-you-mean already points here)."""
+        if mapping.get(key) is not None:
+            return True
+        if path + (key,) not in self.suggested:
+            self.problem(path + (key,), "required key is missing")
+        return False
 
     def sequence(self, value: Any, path: Path) -> List[Any]:
         if isinstance(value, SetScalar) and value.raw == "":
@@ -388,8 +410,7 @@ def validate(merged: MergedValues, source: Optional[str] = None) -> JobSpec:
         return key in tree and tree[key] is not None
 
     for key in ("name", "image", "script"):
-        if not present(key):
-            check.problem((key,), "required key is missing")
+        check.required(tree, key, ())
 
     # plain keys
     if present("device"):
@@ -468,7 +489,7 @@ def validate(merged: MergedValues, source: Optional[str] = None) -> JobSpec:
             hccl_values["base_port"] = check.integer(hccl["base_port"], ("hccl", "base_port"), 1024, 65536 - HCCL_PORT_COUNT)
     resource_values: Dict[str, Optional[str]] = {}
     if present("resources"):
-        resources = check.mapping(tree["resources"], ("resources",), _SUB_KEYS["resources"])
+        resources = check.mapping(tree["resources"], ("resources",), _SUB_KEYS["resources"], _ACCELERATOR_HINTS)
         for key in _SUB_KEYS["resources"]:
             if resources.get(key) is not None:
                 resource_values[key] = check.quantity(resources[key], ("resources", key))
@@ -500,7 +521,9 @@ def _check_volumes(check: _Checker, value: Any, values: Dict[str, Any]) -> Tuple
         volume = check.mapping(item, path)
         if not volume:
             continue
-        name = check.string(volume.get("name"), path + ("name",), pattern=_DNS_LABEL, rule=DNS_LABEL_RULE, max_length=63)
+        if not check.required(volume, "name", path):
+            continue
+        name = check.string(volume["name"], path + ("name",), pattern=_DNS_LABEL, rule=DNS_LABEL_RULE, max_length=63)
         if name is None:
             continue
         if name in RESERVED_VOLUMES:
@@ -523,14 +546,16 @@ def _check_mounts(check: _Checker, value: Any, volume_names: Sequence[str], valu
         mount = check.mapping(item, path, _MOUNT_KEYS)
         if not mount:
             continue
-        name = check.string(mount.get("name"), path + ("name",))
+        name = check.string(mount["name"], path + ("name",)) if check.required(mount, "name", path) else None
         if name is not None and name not in volume_names:
             close = difflib.get_close_matches(name, volume_names, n=1)
             hint = f"did you mean {close[0]!r}?" if close else "declare it under volumes"
             check.problem(path + ("name",), f"{name!r} is not a volume in volumes ({hint})")
-        mount_path = check.string(
-            mount.get("mountPath"), path + ("mountPath",), pattern=re.compile(r"/[^\x00-\x1f\x7f]*\Z"), rule="an absolute path"
-        )
+        mount_path = None
+        if check.required(mount, "mountPath", path):
+            mount_path = check.string(
+                mount["mountPath"], path + ("mountPath",), pattern=re.compile(r"/[^\x00-\x1f\x7f]*\Z"), rule="an absolute path"
+            )
         if mount_path is not None:
             if mount_path in paths:
                 check.problem(path + ("mountPath",), f"{mount_path!r} is mounted twice")
@@ -618,20 +643,29 @@ def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str
     if full is not None and spec.npus_per_node < full:
         tail = "; routing acceleration needs full nodes and will keep the scheduler's order" if spec.routing else ""
         warnings.append(f"npus_per_node is {spec.npus_per_node}, below a full node ({full}){tail}")
-    if spec.routing:
-        arrival = [arg for arg in spec.launcher_args if re.match(r"--rdzv[-_]backend(=|$)", arg) or arg == "--standalone"]
-        for index, arg in enumerate(spec.launcher_args):
-            if re.match(r"--rdzv[-_]backend=(static|parallel)\Z", arg):
-                arrival.remove(arg)
-            elif re.match(r"--rdzv[-_]backend\Z", arg) and spec.launcher_args[index + 1 : index + 2] in (["static"], ["parallel"]):
-                arrival.remove(arg)
-        if arrival:
-            warnings.append(
-                f"launcher_args {' '.join(arrival)} assigns node ranks by arrival, so the launcher "
-                f"cannot apply the bootstrap's new ranks (use the default static/parallel rendezvous)"
-            )
+    arrival = _arrival_order_flags(spec.launcher_args)
+    if spec.routing and arrival:
+        warnings.append(
+            f"launcher_args {' '.join(arrival)} assigns node ranks by arrival, so the launcher "
+            f"cannot apply the bootstrap's new ranks (use the default static/parallel rendezvous)"
+        )
     if spec.device != "npu" and "hccl" in explicit:
         warnings.append(f"hccl settings are ignored for device {spec.device}")
     if spec.bootstrap_url and not spec.routing:
         warnings.append("bootstrap.url is ignored: routing is off, so the pod runs no bootstrap")
     return tuple(warnings)
+
+
+def _arrival_order_flags(args: Sequence[str]) -> List[str]:
+    """Launcher flags under which ranks follow arrival order, not ``--node_rank``."""
+    flags = []
+    for index, arg in enumerate(args):
+        match = re.match(r"--rdzv[-_]backend(?:=(.*))?\Z", arg)
+        if match:
+            inline = match.group(1)
+            backend = inline if inline is not None else (args[index + 1] if index + 1 < len(args) else "")
+            if backend not in ("static", "parallel"):
+                flags.append(arg if inline is not None else f"{arg} {backend}")
+        elif arg == "--standalone":
+            flags.append(arg)
+    return flags

@@ -1,0 +1,63 @@
+"""Helpers of the render tests: specs as dicts, rendered and parsed back."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+import pytest
+import yaml
+
+from npu_job.render.render import RenderedJob, render
+from npu_job.render.spec import JobSpec, validate
+from npu_job.render.values import SpecInput, merge_values, parse_set
+
+#: stands in for the bundled bootstrap.sh (owned and tested by the bootstrap part) where a test
+#: only needs to know that the ConfigMap carries it
+BOOTSTRAP_STAND_IN = "#!/usr/bin/env bash\n# bootstrap.sh stand-in of the render tests\nexit 0\n"
+
+MINIMAL = {"name": "demo", "image": "registry.example.com/train:1", "script": "train.py"}
+
+
+def spec_from(values: Dict[str, Any], *sets: str) -> JobSpec:
+    inputs = [SpecInput("job.yaml", values=values)]
+    inputs += [SpecInput("--set", assignments=parse_set(text)) for text in sets]
+    return validate(merge_values(inputs))
+
+
+def render_values(values: Dict[str, Any], *sets: str, bootstrap: str = BOOTSTRAP_STAND_IN) -> RenderedJob:
+    return render(spec_from(values, *sets), bootstrap=bootstrap)
+
+
+def parsed(rendered: RenderedJob) -> List[Dict[str, Any]]:
+    return list(yaml.safe_load_all(rendered.stream()))
+
+
+def job_of(rendered: RenderedJob) -> Dict[str, Any]:
+    return next(doc for doc in parsed(rendered) if doc["kind"] == "Job")
+
+
+def pod_spec(job: Dict[str, Any]) -> Dict[str, Any]:
+    return job["spec"]["tasks"][0]["template"]["spec"]
+
+
+def container(job: Dict[str, Any]) -> Dict[str, Any]:
+    return pod_spec(job)["containers"][0]
+
+
+def env_of(job: Dict[str, Any]) -> Dict[str, Any]:
+    return {item["name"]: item.get("value", item.get("valueFrom")) for item in container(job)["env"]}
+
+
+@pytest.fixture
+def minimal() -> Dict[str, Any]:
+    return dict(MINIMAL)
+
+
+def with_keys(**extra: Any) -> Dict[str, Any]:
+    values = dict(MINIMAL)
+    values.update(extra)
+    return values
+
+
+def names(items: Sequence[Dict[str, Any]]) -> List[str]:
+    return [item["name"] for item in items]

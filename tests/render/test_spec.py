@@ -1,0 +1,189 @@
+"""Job spec validation: defaults, one precise problem per bad value, all problems at once."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from npu_job.errors import SpecError
+from npu_job.render.spec import SPEC_KEYS, JobSpec
+from npu_job.render.values import SpecInput, merge_values, parse_set
+
+from .conftest import MINIMAL, spec_from, with_keys
+
+
+def test_defaults_of_a_minimal_spec():
+    spec = spec_from(dict(MINIMAL))
+    assert spec == JobSpec(name="demo", image="registry.example.com/train:1", script="train.py")
+    assert (spec.nodes, spec.npus_per_node, spec.device, spec.launcher) == (1, 8, "npu", "npu-run")
+    assert (spec.routing, spec.tiered_store, spec.master_port, spec.max_retry) == (False, True, 29500, 3)
+    assert (spec.hccl.connect_timeout, spec.hccl.base_port) == (1200, 60000)
+
+
+@pytest.mark.parametrize(
+    "extra, routing",
+    [
+        pytest.param({"nodes": 2}, False, id="2-nodes-off"),
+        pytest.param({"nodes": 3}, True, id="3-nodes-on"),
+        pytest.param({"nodes": 3, "routing": False}, False, id="explicitly-off"),
+        pytest.param({"nodes": 1, "routing": True}, True, id="explicitly-on"),
+        pytest.param({"nodes": 4, "device": "gpu"}, False, id="gpu-off"),
+    ],
+)
+def test_routing_defaults_to_on_from_3_npu_nodes(extra, routing):
+    assert spec_from(with_keys(**extra)).routing is routing
+
+
+def test_device_dependent_defaults():
+    cpu = spec_from(with_keys(device="cpu"))
+    assert (cpu.npus_per_node, cpu.anti_affinity, cpu.resource_name) == (1, False, None)
+    gpu = spec_from(with_keys(device="gpu"))
+    assert (gpu.npus_per_node, gpu.anti_affinity, gpu.resource_name) == (8, True, "nvidia.com/gpu")
+
+
+def test_set_keeps_text_where_a_string_is_expected():
+    spec = spec_from(dict(MINIMAL), "env.DEBUG=true", "args={--epochs,90,007}", "nodes=3")
+    assert spec.env == (("DEBUG", "true"),)
+    assert spec.args == ("--epochs", "90", "007")
+    assert spec.nodes == 3
+
+
+def test_yaml_integers_are_accepted_as_strings_but_floats_and_booleans_are_not():
+    assert spec_from(with_keys(args=["--epochs", 90])).args == ("--epochs", "90")
+    with pytest.raises(SpecError) as error:
+        spec_from(with_keys(args=["--lr", 0.10], env={"FLAG": True}))
+    assert error.value.problems == (
+        "args[1]: expected a string, got 0.1 (a number) (quote it to keep it exactly as written)",
+        "env.FLAG: expected a string, got true (a boolean) (quote it to keep it exactly as written)",
+    )
+
+
+BAD_SPECS = [
+    # (id, values change, expected problem text: a regex of the single problem)
+    ("missing-name", {"name": None}, r"^name: required key is missing$"),
+    ("missing-image", {"image": None}, r"^image: required key is missing$"),
+    ("missing-script", {"script": None}, r"^script: required key is missing$"),
+    ("unknown-key-did-you-mean", {"npu_per_node": 8}, r"^npu_per_node: unknown key \(did you mean 'npus_per_node'\?\)$"),
+    ("unknown-key-listed", {"zzz": 1}, r"^zzz: unknown key \(known keys: .*name.*\)$"),
+    ("unknown-nested-key", {"hccl": {"connect_timout": 300}}, r"^hccl\.connect_timout: unknown key \(did you mean 'connect_timeout'\?\)$"),
+    ("name-uppercase", {"name": "My_Job"}, r"^name: 'My_Job' is not a DNS-1123 label: .*at most 63 characters$"),
+    ("name-trailing-dash", {"name": "job-"}, r"^name: 'job-' is not a DNS-1123 label"),
+    ("name-too-long-for-pods", {"name": "a" * 55, "nodes": 12}, r"^name: too long for the pod names: 'a{55}-worker-11' has 65 characters"),
+    ("name-not-string", {"name": 12}, r"^name: expected a string, got 12 \(a number\)"),
+    ("nodes-zero", {"nodes": 0}, r"^nodes: expected an integer from 1 to 100000, got 0$"),
+    ("nodes-boolean", {"nodes": True}, r"^nodes: expected an integer, got true \(a boolean\)$"),
+    ("nodes-text", {"nodes": "six"}, r"^nodes: expected an integer, got 'six'$"),
+    ("npus-too-many", {"npus_per_node": 32}, r"^npus_per_node: expected an integer from 1 to 16, got 32$"),
+    ("device-typo", {"device": "nup"}, r"^device: expected one of npu, gpu, cpu; got 'nup' \(did you mean 'npu'\?\)$"),
+    ("launcher-unknown", {"launcher": "torch-run"}, r"^launcher: expected one of npu-run, torchrun, torch.distributed.launch; got 'torch-run' \(did you mean 'torchrun'\?\)$"),
+    ("routing-not-bool", {"routing": "yes please"}, r"^routing: expected true or false, got 'yes please'$"),
+    ("routing-on-gpu", {"routing": True, "device": "gpu"}, r"^routing: routing acceleration needs device npu"),
+    ("tiered-store-with-torchrun", {"launcher": "torchrun", "tiered_store": True}, r"^tiered_store: the tiered store needs launcher npu-run; launcher is torchrun$"),
+    ("master-port-range", {"master_port": 70000}, r"^master_port: expected an integer from 1 to 65535, got 70000$"),
+    ("master-port-in-hccl-range", {"master_port": 60003}, r"^master_port: 60003 collides with HCCL's ports 60000-60015"),
+    ("hccl-timeout-range", {"hccl": {"connect_timeout": 5}}, r"^hccl\.connect_timeout: expected an integer from 120 to 7200, got 5$"),
+    ("hccl-not-mapping", {"hccl": 300}, r"^hccl: expected a mapping, got 300 \(a number\)$"),
+    ("args-not-list", {"args": "--lr 0.1"}, r"^args: expected a list, got '--lr 0.1'$"),
+    ("env-bad-name", {"env": {"1BAD": "x"}}, r"^env\.1BAD: not a valid variable name"),
+    ("env-reserved", {"env": {"MASTER_ADDR": "x"}}, r"^env\.MASTER_ADDR: reserved: computed by train.sh$"),
+    ("env-hccl-reserved", {"env": {"HCCL_CONNECT_TIMEOUT": "9"}}, r"^env\.HCCL_CONNECT_TIMEOUT: reserved: use the hccl.connect_timeout key$"),
+    ("env-not-mapping", {"env": ["A=1"]}, r"^env: expected a mapping, got a list$"),
+    ("namespace-bad", {"namespace": "Prod"}, r"^namespace: 'Prod' is not a DNS-1123 label"),
+    ("queue-bad", {"queue": "q_1"}, r"^queue: 'q_1' is not a DNS-1123 subdomain"),
+    ("workdir-relative", {"workdir": "code"}, r"^workdir: 'code' is not an absolute path"),
+    ("scripts-dir-shell-chars", {"scripts_dir": "/opt/$(x)"}, r"^scripts_dir: '/opt/\$\(x\)' is not an absolute path of letters"),
+    ("label-value-bad", {"labels": {"team": "a b"}}, r"^labels\.team: 'a b' is not a label value"),
+    ("label-key-bad", {"labels": {"-bad": "x"}}, r"^labels\.-bad: not a valid key"),
+    ("label-routing-owned", {"nodes": 3, "labels": {"ring-controller.cce": "x"}}, r"^labels\.ring-controller\\\.cce: set by npu-job for routing"),
+    ("resources-bad-quantity", {"resources": {"memory": "lots"}}, r"^resources\.memory: 'lots' is not a Kubernetes quantity"),
+    ("resources-unknown", {"resources": {"gpu": 8}}, r"^resources\.gpu: unknown key \(accelerators are requested from device and npus_per_node\)$"),
+    ("mount-without-path", {"volumes": [{"name": "d", "emptyDir": {}}], "mounts": [{"name": "d"}]}, r"^mounts\[0\]\.mountPath: required key is missing$"),
+    ("volume-without-source", {"volumes": [{"name": "data"}]}, r"^volumes\[0\]: expected a volume source beside 'name'"),
+    ("volume-reserved-name", {"volumes": [{"name": "dshm", "emptyDir": {}}]}, r"^volumes\[0\]\.name: 'dshm' is used by npu-job itself"),
+    ("mount-unknown-volume", {"volumes": [{"name": "data", "emptyDir": {}}], "mounts": [{"name": "dta", "mountPath": "/d"}]}, r"^mounts\[0\]\.name: 'dta' is not a volume in volumes \(did you mean 'data'\?\)$"),
+    ("mount-over-driver", {"volumes": [{"name": "d", "emptyDir": {}}], "mounts": [{"name": "d", "mountPath": "/usr/local/Ascend/driver"}]}, r"^mounts\[0\]\.mountPath: '/usr/local/Ascend/driver' is mounted by npu-job itself$"),
+    ("mount-key-typo", {"volumes": [{"name": "d", "emptyDir": {}}], "mounts": [{"name": "d", "mount_path": "/d"}]}, r"^mounts\[0\]\.mount_path: unknown key \(did you mean 'mountPath'\?\)$"),
+    ("pull-policy-typo", {"image_pull_policy": "ifnotpresent"}, r"^image_pull_policy: expected one of .*got 'ifnotpresent' \(did you mean 'IfNotPresent'\?\)$"),
+    ("bootstrap-url-scheme", {"bootstrap": {"url": "ftp://x/b.sh"}}, r"^bootstrap\.url: 'ftp://x/b.sh' is not an http:// or https:// URL"),
+    ("image-with-space", {"image": "a b"}, r"^image: 'a b' is not an image reference"),
+    ("max-retry-negative", {"max_retry": -1}, r"^max_retry: expected an integer from 0 to 2147483647, got -1$"),
+]
+
+
+@pytest.mark.parametrize("change, expected", [pytest.param(c, e, id=i) for i, c, e in BAD_SPECS])
+def test_each_bad_spec_gives_one_precise_problem(change, expected):
+    values = dict(MINIMAL)
+    for key, value in change.items():
+        if value is None:
+            values.pop(key)
+        else:
+            values[key] = value
+    with pytest.raises(SpecError) as error:
+        spec_from(values)
+    assert error.value.exit_code == 5
+    assert len(error.value.problems) == 1, error.value.problems
+    assert re.search(expected, error.value.problems[0]), error.value.problems[0]
+    assert error.value.message.startswith("job.yaml: ")
+
+
+def test_all_problems_are_listed_at_once_with_their_origin():
+    inputs = [
+        SpecInput("job.yaml", values={"name": "Bad", "image": "i", "nodes": 0}),
+        SpecInput("--set", assignments=parse_set("device=tpu,scritp=x")),
+    ]
+    with pytest.raises(SpecError) as error:
+        from npu_job.render.spec import validate
+
+        validate(merge_values(inputs))
+    problems = error.value.problems
+    assert problems == (
+        "scritp (from --set): unknown key (did you mean 'script'?)",
+        "device (from --set): expected one of npu, gpu, cpu; got 'tpu' (did you mean 'npu'?)",
+        "name (from job.yaml): 'Bad' is not a DNS-1123 label: lower-case letters, digits and '-', starting and ending with a letter or digit, at most 63 characters",
+        "nodes (from job.yaml): expected an integer from 1 to 100000, got 0",
+    )
+    assert error.value.message.startswith("job.yaml + --set: 4 problems:\n  - scritp")
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        pytest.param({"nodes": 2, "routing": True}, ["routing is on with 2 node(s)"], id="routing-below-3-nodes"),
+        pytest.param({"npus_per_node": 4}, ["npus_per_node is 4, below a full node (8)"], id="part-of-a-node"),
+        pytest.param(
+            {"nodes": 4, "launcher": "torchrun", "launcher_args": ["--rdzv_backend=c10d"]},
+            ["launcher_args --rdzv_backend=c10d assigns node ranks by arrival"],
+            id="arrival-order-launcher",
+        ),
+        pytest.param({"nodes": 4, "launcher": "torchrun", "launcher_args": ["--rdzv-backend", "static"]}, [], id="static-is-fine"),
+        pytest.param({"device": "gpu", "hccl": {"connect_timeout": 300}}, ["hccl settings are ignored for device gpu"], id="hccl-on-gpu"),
+        pytest.param({"nodes": 6}, [], id="six-full-nodes-no-warning"),
+    ],
+)
+def test_warnings(extra, expected):
+    warnings = spec_from(with_keys(**extra)).warnings
+    assert len(warnings) == len(expected), warnings
+    for warning, start in zip(warnings, expected):
+        assert warning.startswith(start)
+
+
+def test_every_documented_key_is_accepted():
+    """SPEC_KEYS is the README's key table: each key in it must be a key the validator knows."""
+    documented = {doc.key.split(".")[0] for doc in SPEC_KEYS}
+    values = with_keys(nodes=3)
+    samples = {
+        "args": ["a"], "nodes": 3, "npus_per_node": 8, "device": "npu", "namespace": "ns", "queue": "q",
+        "task_name": "trainer", "workdir": "/w", "env": {"A": "1"}, "routing": True, "launcher": "npu-run",
+        "launcher_args": ["--max_restarts=0"], "tiered_store": True, "master_port": 29400,
+        "hccl": {"connect_timeout": 600, "base_port": 61000}, "volumes": [{"name": "v", "emptyDir": {}}],
+        "mounts": [{"name": "v", "mountPath": "/v"}], "max_retry": 1, "priority_class": "high",
+        "node_selector": {"k": "v"}, "labels": {"team": "x"}, "annotations": {"note": "x y"},
+        "resources": {"cpu": "1", "memory": "1Gi"}, "image_pull_policy": "Always", "image_pull_secrets": ["s"],
+        "shm_size": "1Gi", "host_network": True, "anti_affinity": False, "scripts_dir": "/opt/x",
+        "bootstrap": {"url": "https://example.com/bootstrap.sh"},
+    }
+    assert documented - {"name", "image", "script"} == set(samples)
+    values.update(samples)
+    spec = spec_from(values)
+    assert spec.hccl.base_port == 61000 and spec.bootstrap_url == "https://example.com/bootstrap.sh"

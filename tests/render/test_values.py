@@ -1,0 +1,124 @@
+"""Helm-style values: YAML files, --set syntax, and right-most-wins merging."""
+
+from __future__ import annotations
+
+import pytest
+
+from npu_job.errors import InputError
+from npu_job.render.values import (
+    SetScalar,
+    SetSyntaxError,
+    SpecInput,
+    format_path,
+    load_yaml_values,
+    merge_values,
+    parse_set,
+)
+
+
+def _tree(*sets: str, base=None):
+    inputs = [SpecInput("base.yaml", values=base or {})]
+    inputs += [SpecInput("--set", assignments=parse_set(text)) for text in sets]
+    return _plain(merge_values(inputs).tree)
+
+
+def _plain(value):
+    if isinstance(value, SetScalar):
+        return value.typed
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "expr, expected",
+    [
+        pytest.param("nodes=6", {"nodes": 6}, id="integer"),
+        pytest.param("routing=false", {"routing": False}, id="boolean"),
+        pytest.param("image=a:1", {"image": "a:1"}, id="string"),
+        pytest.param("hccl.base_port=61000", {"hccl": {"base_port": 61000}}, id="dotted"),
+        pytest.param("nodes=2,routing=true", {"nodes": 2, "routing": True}, id="two-assignments"),
+        pytest.param("args={--lr,0.1}", {"args": ["--lr", "0.1"]}, id="list-braces"),
+        pytest.param("args={}", {"args": []}, id="empty-list"),
+        pytest.param("args[1]=x", {"args": [None, "x"]}, id="list-index-pads"),
+        pytest.param("volumes[0].name=data", {"volumes": [{"name": "data"}]}, id="index-then-key"),
+        pytest.param(r"labels.app\.kubernetes\.io/name=x", {"labels": {"app.kubernetes.io/name": "x"}}, id="escaped-dots"),
+        pytest.param(r"env.CSV=a\,b", {"env": {"CSV": "a,b"}}, id="escaped-comma"),
+        pytest.param("env.EQ=a=b", {"env": {"EQ": "a=b"}}, id="equals-in-value"),
+        pytest.param("env.EMPTY=", {"env": {"EMPTY": ""}}, id="empty-value"),
+        pytest.param("nodes=007", {"nodes": "007"}, id="leading-zero-is-text"),
+    ],
+)
+def test_set_syntax(expr, expected):
+    assert _tree(expr) == expected
+
+
+def test_set_keeps_the_raw_text_beside_the_typed_value():
+    (assignment,) = parse_set("env.DEBUG=true")
+    assert assignment.value == SetScalar("true", True)
+    (string_assignment,) = parse_set("nodes=6", as_string=True)
+    assert string_assignment.value == SetScalar("6", "6")
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        pytest.param("nodes", id="no-equals"),
+        pytest.param("=6", id="no-key"),
+        pytest.param("a..b=1", id="empty-key"),
+        pytest.param("args[x]=1", id="bad-index"),
+        pytest.param("args={a,b", id="unclosed-list"),
+    ],
+)
+def test_bad_set_syntax_says_where(expr):
+    with pytest.raises(SetSyntaxError, match="at character"):
+        parse_set(expr)
+
+
+def test_later_layers_win_maps_merge_lists_replace_null_deletes():
+    base = {"nodes": 2, "env": {"A": "1", "B": "2"}, "args": ["a", "b"], "queue": "q"}
+    inputs = [
+        SpecInput("base.yaml", values=base),
+        SpecInput("more.yaml", values={"env": {"B": "3"}, "args": ["c"], "queue": None}),
+        SpecInput("--set", assignments=parse_set("nodes=4")),
+    ]
+    merged = merge_values(inputs)
+    assert _plain(merged.tree) == {"nodes": 4, "env": {"A": "1", "B": "3"}, "args": ["c"]}
+    assert merged.origin_of(("nodes",)) == "--set"
+    assert merged.origin_of(("env", "A")) == "base.yaml"
+    assert merged.origin_of(("env", "B")) == "more.yaml"
+    assert merged.origin_of(("args", 0)) == "more.yaml"
+    assert base == {"nodes": 2, "env": {"A": "1", "B": "2"}, "args": ["a", "b"], "queue": "q"}, "inputs are not mutated"
+
+
+def test_set_null_removes_a_key():
+    assert _tree("routing=null", base={"routing": True, "nodes": 3}) == {"nodes": 3}
+
+
+def test_yaml_duplicate_keys_are_rejected_with_both_lines():
+    with pytest.raises(InputError, match=r"job.yaml: line 3: duplicate key 'nodes' \(first at line 1\)"):
+        load_yaml_values("nodes: 2\nname: x\nnodes: 3\n", "job.yaml")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        pytest.param("name: [unclosed\n", r"job.yaml: line \d+, column \d+: not valid YAML", id="syntax"),
+        pytest.param("- a\n- b\n", "top level: expected a mapping", id="top-level-list"),
+        pytest.param("a: 1\n---\nb: 2\n", "not valid YAML", id="two-documents"),
+    ],
+)
+def test_yaml_that_is_not_a_spec_mapping(text, message):
+    with pytest.raises(InputError, match=message):
+        load_yaml_values(text, "job.yaml")
+
+
+def test_empty_file_is_an_empty_mapping():
+    assert load_yaml_values("# only a comment\n", "job.yaml") == {}
+
+
+def test_format_path_uses_set_syntax():
+    assert format_path(("labels", "app.kubernetes.io/name")) == r"labels.app\.kubernetes\.io/name"
+    assert format_path(("volumes", 0, "name")) == "volumes[0].name"
