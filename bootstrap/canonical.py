@@ -87,9 +87,10 @@ def canonical_input(
     """
     if paths is None:
         paths = switch_paths(table, topology)
-    servers: List[list] = []
-    for server, (tiers, tors, slot) in zip(table.servers, paths):
-        servers.append([server.pod_index, server.server_id, len(server.devices), list(tiers), list(tors), slot])
+    servers = [
+        (server.pod_index, server.server_id, len(server.devices), tiers, tors, slot)  # tuples dump as lists
+        for server, (tiers, tors, slot) in zip(table.servers, paths)
+    ]
     document = {"collective": collective.value, "servers": servers}
     return json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 

@@ -217,11 +217,13 @@ def switch_groups(
 
 def interleave(groups: Sequence[Sequence[int]]) -> Tuple[int, ...]:
     """Deal one member of each group in turn (``rank = index_in_group * T + group`` when even)."""
-    order: List[int] = []
-    depth = max((len(group) for group in groups), default=0)
-    for index in range(depth):
-        order.extend(group[index] for group in groups if index < len(group))
-    return tuple(order)
+    rounds: List[List[int]] = []
+    for group in groups:
+        for index, pod in enumerate(group):
+            if index == len(rounds):
+                rounds.append([])
+            rounds[index].append(pod)
+    return tuple(pod for members in rounds for pod in members)
 
 
 def plan(
@@ -251,7 +253,7 @@ def plan(
     if unplaced:
         notes.append(f"{unplaced} of {count} servers have no topology entry; placed last")
     if collective is Collective.RHD and placed > 1:
-        order = _better_for_rhd(table, topology, contiguous, groups, placed, notes)
+        order = _better_for_rhd(table, topology, paths, contiguous, groups, placed, notes)
     node_rank_of_pod = [0] * count
     for rank, pod in enumerate(order):
         node_rank_of_pod[pod] = rank
@@ -298,6 +300,7 @@ def bit_reversed(contiguous: Sequence[int]) -> Tuple[int, ...]:
 def _better_for_rhd(
     table: RankTable,
     topology: Optional[Topology],
+    paths: Sequence[canonical.SwitchPath],
     contiguous: Tuple[int, ...],
     groups: Sequence[Sequence[int]],
     placed: int,
@@ -312,7 +315,7 @@ def _better_for_rhd(
         ("interleaved", interleave(groups[:placed]) + unplaced_tail),
         ("bit-reversed", bit_reversed(contiguous)),
     )
-    switch_of_pod = scorer.switch_keys(table, topology)
+    switch_of_pod = scorer.switch_keys(table, topology, paths)
     phase_list = scorer.phases(len(contiguous), Collective.RHD)
     costs = [
         scorer.cross_switch_volume(order, switch_of_pod, Collective.RHD, phase_list)

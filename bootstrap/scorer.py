@@ -37,8 +37,11 @@ algbw, and 1.0 means "as fast as with no contention at all".
 
 from __future__ import annotations
 
+import operator
 import random
+from collections import Counter
 from dataclasses import dataclass
+from itertools import compress
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from npu_job.bootstrap import canonical
@@ -57,7 +60,13 @@ class Phase:
 
     label: str
     volume: float
-    flows: Tuple[Tuple[int, int], ...]  # (source rank, destination rank)
+    sources: Tuple[int, ...]  # flow i goes from rank sources[i] to rank targets[i]
+    targets: Tuple[int, ...]
+
+    @property
+    def flows(self) -> Tuple[Tuple[int, int], ...]:
+        """``(source rank, destination rank)`` pairs."""
+        return tuple(zip(self.sources, self.targets))
 
 
 @dataclass(frozen=True)
@@ -87,16 +96,29 @@ class OrderScore:
     max_flows_out: int  # over all phases and ToRs
     best_max_link_load: int  # over all phases
     expected_collisions: float  # summed over phases
+    # Data-weighted versions (sum of volume * phase value / sum of volume): a phase that moves
+    # 1/1024 of the buffer weighs 1/1024 of one that moves all of it. Equal to the raw values
+    # for the ring (one phase).
+    weighted_max_flows_out: float
+    weighted_collisions: float
     best_busbw_fraction: float  # with perfect path control (no hashing collisions)
     busbw_fraction: Optional[float]  # Monte-Carlo ECMP; None when samples == 0
     phases: Tuple[PhaseScore, ...]
 
 
-def switch_keys(table: RankTable, topology: Optional[Topology]) -> Tuple[SwitchKey, ...]:
-    """The switch path of every pod (indexed by pod index) as the scorer sees it."""
+def switch_keys(
+    table: RankTable,
+    topology: Optional[Topology],
+    paths: Optional[Sequence[canonical.SwitchPath]] = None,
+) -> Tuple[SwitchKey, ...]:
+    """The switch path of every pod (indexed by pod index) as the scorer sees it.
+
+    ``paths`` may pass precomputed :func:`~npu_job.bootstrap.canonical.switch_paths`.
+    """
+    if paths is None:
+        paths = canonical.switch_paths(table, topology)
     keys: List[SwitchKey] = []
-    for server in table.servers:
-        tiers, tors, _slot = canonical.switch_path(server, topology)
+    for server, (tiers, tors, _slot) in zip(table.servers, paths):
         label = "+".join(tors) if tors else _UNPLACED + server.server_id
         keys.append(tiers + (label,))
     return tuple(keys)
@@ -106,15 +128,15 @@ def phases(nodes: int, collective: Collective) -> Tuple[Phase, ...]:
     """The communication phases of an allreduce of ``collective`` over ``nodes`` ranks."""
     if nodes < 2:
         return ()
+    ranks = tuple(range(nodes))
     if collective is Collective.RING:
-        return (Phase("ring", 2 * (nodes - 1) / nodes, tuple((r, (r + 1) % nodes) for r in range(nodes))),)
+        return (Phase("ring", 2 * (nodes - 1) / nodes, ranks, ranks[1:] + ranks[:1]),)
     if collective is Collective.NHR:
         result = []
         step = 0
         while (1 << step) < nodes:
-            distance = 1 << step
-            flows = tuple((r, (r - distance) % nodes) for r in range(nodes))
-            result.append(Phase(f"nhr d={distance}", 2.0 / (2 << step), flows))
+            distance = 1 << step  # r -> r - distance (mod n)
+            result.append(Phase(f"nhr d={distance}", 2.0 / (2 << step), ranks, ranks[-distance:] + ranks[:-distance]))
             step += 1
         return tuple(result)
     return _rhd_phases(nodes)
@@ -123,17 +145,22 @@ def phases(nodes: int, collective: Collective) -> Tuple[Phase, ...]:
 def _rhd_phases(nodes: int) -> Tuple[Phase, ...]:
     power = 1 << (nodes.bit_length() - 1)
     extra = nodes - power
-    real = [2 * v + 1 if v < extra else v + extra for v in range(power)]
+    real = tuple(2 * v + 1 if v < extra else v + extra for v in range(power))  # virtual -> real rank
+    evens = tuple(range(0, 2 * extra, 2))
+    odds = tuple(range(1, 2 * extra, 2))
     result: List[Phase] = []
     if extra:
-        result.append(Phase("rhd fold", 1.0, tuple((2 * i, 2 * i + 1) for i in range(extra))))
+        result.append(Phase("rhd fold", 1.0, evens, odds))
     bits = power.bit_length() - 1
     for j, k in enumerate(range(bits - 1, -1, -1)):
         distance = 1 << k
-        flows = tuple((real[v], real[v ^ distance]) for v in range(power))
-        result.append(Phase(f"rhd d={distance}", 2.0 / (2 << j), flows))
+        partners: List[int] = []  # real[v ^ distance] for every v, by swapping neighbouring blocks
+        for start in range(0, power, 2 * distance):
+            partners.extend(real[start + distance:start + 2 * distance])
+            partners.extend(real[start:start + distance])
+        result.append(Phase(f"rhd d={distance}", 2.0 / (2 << j), real, tuple(partners)))
     if extra:
-        result.append(Phase("rhd unfold", 1.0, tuple((2 * i + 1, 2 * i) for i in range(extra))))
+        result.append(Phase("rhd unfold", 1.0, odds, evens))
     return tuple(result)
 
 
@@ -160,25 +187,22 @@ def cross_switch_volume(
 ) -> Tuple[float, float]:
     """``(data leaving ToRs, phase time with perfect path control and one uplink)``, lower is better.
 
-    Cheap enough for the planner to compare candidate orders (no sampling); ``phase_list`` may
-    pass precomputed :func:`phases` when several orders are compared.
+    Cheap enough for the planner to compare candidate orders (no sampling; the loops run in C via
+    ``map``/``Counter``); ``phase_list`` may pass precomputed :func:`phases`.
     """
     numbering: Dict[SwitchKey, int] = {}
     labels = [numbering.setdefault(switch_of_pod[pod], len(numbering)) for pod in order]
+    label_of = labels.__getitem__
     volume = 0.0
     time = 0.0
     for phase in phase_list if phase_list is not None else phases(len(order), collective):
-        out = [0] * len(numbering)
-        into = [0] * len(numbering)
-        cross = 0
-        for src, dst in phase.flows:
-            a, b = labels[src], labels[dst]
-            if a != b:
-                cross += 1
-                out[a] += 1
-                into[b] += 1
-        volume += phase.volume * cross
-        time += phase.volume * max(1, max(out), max(into))
+        src = list(map(label_of, phase.sources))
+        dst = list(map(label_of, phase.targets))
+        crossing = list(map(operator.ne, src, dst))
+        out = Counter(compress(src, crossing))
+        into = Counter(compress(dst, crossing))
+        volume += phase.volume * sum(crossing)
+        time += phase.volume * max(1, max(out.values(), default=0), max(into.values(), default=0))
     return volume, time
 
 
@@ -206,7 +230,7 @@ def score_order(
     crossing: List[List[Tuple[SwitchKey, SwitchKey]]] = []
     scores: List[PhaseScore] = []
     for phase in phase_list:
-        pairs = [(labels[s], labels[d]) for s, d in phase.flows if labels[s] != labels[d]]
+        pairs = [(labels[s], labels[d]) for s, d in zip(phase.sources, phase.targets) if labels[s] != labels[d]]
         crossing.append(pairs)
         scores.append(_phase_score(phase, pairs, uplinks))
     ideal = sum(phase.volume for phase in phase_list)
@@ -232,10 +256,17 @@ def score_order(
         max_flows_out=max((s.max_flows_out for s in scores), default=0),
         best_max_link_load=max((s.best_max_link_load for s in scores), default=0),
         expected_collisions=sum(s.expected_collisions for s in scores),
+        weighted_max_flows_out=_weighted(phase_list, [s.max_flows_out for s in scores]),
+        weighted_collisions=_weighted(phase_list, [s.expected_collisions for s in scores]),
         best_busbw_fraction=ideal / best_time if best_time else 1.0,
         busbw_fraction=busbw,
         phases=tuple(scores),
     )
+
+
+def _weighted(phase_list: Sequence[Phase], values: Sequence[float]) -> float:
+    total = sum(phase.volume for phase in phase_list)
+    return sum(phase.volume * value for phase, value in zip(phase_list, values)) / total if total else 0.0
 
 
 def _pairs(count: int) -> int:
