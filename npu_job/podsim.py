@@ -568,7 +568,16 @@ class _RootBuilder:
             following = current / part
             last = position == len(parts) - 1
             if following.is_symlink():
-                raise LaunchError(f"pod mount path {path}: {following} is a symlink")
+                if not last:  # follow it inside the pod's root, as the runtime would
+                    link = os.readlink(following)
+                    inside = "/" + str(current.relative_to(self.root))
+                    resolved = Path(link) if os.path.isabs(link) else Path(inside) / link
+                    rest = parts[position + 1:]
+                    return self.ensure(os.path.normpath(str(resolved.joinpath(*rest))), directory=directory)
+                # the mount replaces the link itself (e.g. /etc/localtime -> ../usr/share/zoneinfo/UTC)
+                if current not in self.owned:
+                    self._mirror(current)
+                following.unlink()
             if not following.exists():
                 if current not in self.owned:
                     self._mirror(current)
