@@ -35,7 +35,7 @@ Serialisers for ``ranktable_tor.json`` are here too (tests, benchmarks and the d
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from npu_job.bootstrap.model import Placement, RankTable, Topology
 from npu_job.bootstrap.payload import (
@@ -107,26 +107,46 @@ def _read_cce(document: Any, source: str) -> Topology:
     doc = expect_object(document, source, "")
     server_list = expect_list(require(doc, "server_list", source, ""), source, "server_list")
     placements: Dict[str, Placement] = {}
+    seen: Dict[str, int] = {}
+    shared: Dict[FrozenSet[str], Placement] = {}  # placements are immutable: one per ToR set
     for index, entry in enumerate(server_list):
         path = f"server_list[{index}]"
         expect_object(entry, source, path)
         server_id = expect_str(require(entry, "server_id", source, path), source, f"{path}.server_id")
-        if server_id in placements:
-            fail(source, f"{path}.server_id", f"a unique server id; {server_id!r} appears twice")
-        devices = expect_list(require(entry, "device", source, path), source, f"{path}.device")
-        tors: Set[str] = set()
-        for position, device in enumerate(devices):
-            here = f"{path}.device[{position}]"
-            if type(device) is not dict:
-                expect_object(device, source, here)
-            tor_ip = device.get("tor_ip")
-            if type(tor_ip) is not str:
-                expect_str(require(device, "tor_ip", source, here), source, f"{here}.tor_ip", empty_ok=True)
-            if tor_ip:  # "" = the plugin did not know this NIC's switch
-                tors.add(tor_ip)
+        if server_id in seen:
+            fail(source, f"{path}.server_id",
+                 f"a unique server id; {server_id!r} is also server_list[{seen[server_id]}]")
+        seen[server_id] = index
+        tors = _tor_ips_fast(entry.get("device"))
+        if tors is None:
+            tors = _tor_ips_checked(entry, path, source)
+        tors.discard("")  # "" = the plugin did not know this NIC's switch
         if tors:
-            placements[server_id] = Placement(tors=tuple(tors))
+            key = frozenset(tors)
+            placement = shared.get(key)
+            if placement is None:
+                placement = shared[key] = Placement(tors=tuple(key))
+            placements[server_id] = placement
     return Topology(placements, source=CCE_RANKTABLE_TOR)
+
+
+def _tor_ips_fast(devices: Any) -> Optional[Set[str]]:
+    """The ``tor_ip`` set of a well-formed device list at C speed; None: check one by one."""
+    try:
+        tors = {device["tor_ip"] for device in devices}
+    except (TypeError, KeyError):
+        return None
+    return tors if set(map(type, tors)) <= {str} else None
+
+
+def _tor_ips_checked(entry: Dict[str, Any], path: str, source: str) -> Set[str]:
+    devices = expect_list(require(entry, "device", source, path), source, f"{path}.device")
+    tors: Set[str] = set()
+    for position, device in enumerate(devices):
+        here = f"{path}.device[{position}]"
+        expect_object(device, source, here)
+        tors.add(expect_str(require(device, "tor_ip", source, here), source, f"{here}.tor_ip", empty_ok=True))
+    return tors
 
 
 def ranktable_tor_document(

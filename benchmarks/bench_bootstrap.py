@@ -1,0 +1,131 @@
+"""Whole-process wall time of ``bash scripts/bootstrap.sh`` against a bare ``python3 -c pass``.
+
+For each size (default 64, 1024 and 4096 nodes) a CCE job is generated with
+:func:`npu_job.bootstrap.synthetic.synthetic_cluster` and written to a temporary directory as the
+platform mounts it: ``jobstart_hccl.json`` (plain JSON, status completed) and ``ranktable_tor.json``
+(base64(gzip(JSON))). The bootstrap runs as one pod of that job (the middle pod index), end to end:
+locate, read, decode, validate, plan, write the five output files. Every run is checked to have
+succeeded (route plan ``status: success``), so a fast fallback can never pass for a fast plan.
+
+Bytecode is cached (as after ``pip install``) before timing. Repetitions are interleaved (baseline, 64, 1024, 4096, baseline, ...) so that the shared machine's
+noise hits every case alike; the table reports medians, the fastest run, and the median's excess
+over the bare interpreter start in the same run. Target: 4096 nodes within 0.15 s of it.
+
+    python benchmarks/bench_bootstrap.py [--sizes 64,1024,4096] [--repeat 11] [--output FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "bootstrap.sh"
+TARGET_EXCESS = 0.15
+
+
+def write_job(directory: Path, nodes: int, seed: int = 7) -> Dict[str, str]:
+    """Write a generated ``nodes``-node job into ``directory``; return the pod's environment."""
+    from npu_job.bootstrap.ranktable import rank_table_document
+    from npu_job.bootstrap.synthetic import synthetic_cluster
+    from npu_job.bootstrap.topology import encode_ranktable_tor
+
+    table, topology = synthetic_cluster(nodes, max(2, nodes // 16), seed=seed, occupancy="uneven")
+    config = directory / "config"
+    config.mkdir(parents=True)
+    (config / "jobstart_hccl.json").write_text(json.dumps(rank_table_document(table)))
+    (config / "ranktable_tor.json").write_bytes(encode_ranktable_tor(table, topology))
+    me = table.servers[nodes // 2]
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("NPU_JOB_", "KUBERNETES_"))}
+    # A pod runs an installed package, whose bytecode pip compiled: let the warm-up run cache it
+    # here too instead of timing the compiler (this checkout may set PYTHONDONTWRITEBYTECODE).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.update(
+        RANK_TABLE_FILE=str(config),
+        MA_CURRENT_HOST_IP=me.server_id,
+        VC_TASK_INDEX=str(me.pod_index),
+        NPU_JOB_OUTPUT_DIR=str(directory / "out"),
+        NPU_JOB_K8S_TOPOLOGY="0",
+    )
+    return env
+
+
+def timed(command: Sequence[str], env: Dict[str, str]) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr}")
+    return elapsed
+
+
+def check_success(env: Dict[str, str]) -> None:
+    plan = json.loads((Path(env["NPU_JOB_OUTPUT_DIR"]) / "route_plan.json").read_text())
+    if plan["status"] != "success":
+        raise SystemExit(f"bootstrap did not plan: {plan['reason']}")
+
+
+def run(sizes: Sequence[int], repeat: int) -> List[Tuple[str, int, float, float, float]]:
+    with tempfile.TemporaryDirectory(prefix="bench-bootstrap-") as tmp:
+        envs = {nodes: write_job(Path(tmp) / f"n{nodes}", nodes) for nodes in sizes}
+        baseline_env = envs[sizes[0]]
+        samples: Dict[str, List[float]] = {"python3 -c pass": []}
+        samples.update({f"bootstrap.sh {nodes}": [] for nodes in sizes})
+        for nodes in sizes:  # warm the page cache and check it works before timing
+            timed(["bash", str(SCRIPT)], envs[nodes])
+            check_success(envs[nodes])
+        for _ in range(repeat):
+            samples["python3 -c pass"].append(timed(["python3", "-c", "pass"], baseline_env))
+            for nodes in sizes:
+                samples[f"bootstrap.sh {nodes}"].append(timed(["bash", str(SCRIPT)], envs[nodes]))
+                check_success(envs[nodes])
+    base = statistics.median(samples["python3 -c pass"])
+    rows = [("python3 -c pass", 0, base, min(samples["python3 -c pass"]), 0.0)]
+    for nodes in sizes:
+        values = samples[f"bootstrap.sh {nodes}"]
+        rows.append((f"bash bootstrap.sh", nodes, statistics.median(values), min(values),
+                     statistics.median(values) - base))
+    return rows
+
+
+def table_text(rows: Sequence[Tuple[str, int, float, float, float]], repeat: int) -> str:
+    lines = [
+        f"bootstrap wall time, {repeat} interleaved runs each (python {sys.version.split()[0]}, "
+        f"{os.cpu_count()} CPUs); target: 4096 nodes within {TARGET_EXCESS:.2f} s of bare start-up",
+        "",
+        f"{'command':<18} {'nodes':>6} {'median s':>9} {'min s':>7} {'excess s':>9} {'ratio':>6}",
+    ]
+    base = rows[0][2]
+    for name, nodes, median, fastest, excess in rows:
+        lines.append(f"{name:<18} {nodes or '-':>6} {median:>9.3f} {fastest:>7.3f} "
+                     f"{excess:>9.3f} {median / base:>6.2f}")
+    biggest = max(rows[1:], key=lambda row: row[1])
+    verdict = "met" if biggest[4] <= TARGET_EXCESS else "NOT met"
+    lines += ["", f"target ({biggest[1]} nodes, excess {biggest[4]:.3f} s <= {TARGET_EXCESS:.2f} s): {verdict}"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="64,1024,4096", help="comma-separated node counts")
+    parser.add_argument("--repeat", type=int, default=11, help="interleaved repetitions per case")
+    parser.add_argument("--output", help="also write the table to this file")
+    args = parser.parse_args(list(argv) or None)
+    sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
+    text = table_text(run(sizes, args.repeat), args.repeat)
+    sys.stdout.write(text)
+    if args.output:
+        Path(args.output).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
