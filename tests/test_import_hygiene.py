@@ -15,6 +15,7 @@ POD_SIDE_MODULES = [
     "npu_job.bootstrap.synthetic",
     *(f"npu_job.bootstrap.{name}" for name in ("payload", "ranktable", "topology", "sources", "wait", "identity", "writers", "run", "__main__")),
     "npu_job.cli.bootstrap",
+    "npu_job.cli.plan",
 ]
 
 

@@ -1,0 +1,224 @@
+"""``npu-job plan``: show the routing-affine order for a rank table and how it scores.
+
+Reads a rank table and (optionally) a switch topology with the bootstrap's own readers, runs the
+planner exactly as every pod would, and compares three orders on the scorer's fabric model: the
+scheduler's pod order, a seeded random order and ours. Text by default, ``--json`` for machines.
+A plan that cannot be made (fewer than 3 nodes, partial nodes, no topology...) is a result, not an
+error: it is shown with its reasons and the exit status is 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+HELP = "show the routing-affine order for a rank table and how it scores"
+JSON_VERSION = 1
+ORDER_NAMES = ("scheduler", "random", "ours")
+
+_EPILOG = """\
+The fabric model (see npu_job.bootstrap.scorer): each ToR has U uplinks, each as fast as one
+node's link; ECMP hashes every cross-ToR flow onto one spine uniformly at random; a phase of the
+collective runs at the pace of its most loaded link. "busbw fraction" is the predicted bus
+bandwidth (nccl-tests: algbw * 2(n-1)/n) relative to a fabric without contention.
+
+Examples:
+  npu-job plan --rank-table jobstart_hccl.json --topology ranktable_tor.json
+  npu-job plan --rank-table hccl.json --topology topology.yaml --collective rhd --uplinks 16 --json
+"""
+
+
+def _int_at_least(minimum: int):
+    """An argparse type for integers >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from npu_job.bootstrap.scorer import DEFAULT_SAMPLES, DEFAULT_UPLINKS
+
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = _EPILOG
+    parser.add_argument("--rank-table", "--rank_table", dest="rank_table", required=True, metavar="PATH|URL",
+                        help="rank table: a file, a directory holding jobstart_hccl.json, or an http(s) URL "
+                             "(any format the bootstrap reads; plain JSON or base64+gzip)")
+    parser.add_argument("--topology", metavar="PATH|URL",
+                        help="switch topology file or URL (ranktable_tor.json, basic-tor-node-cm tor_info, "
+                             "a Kubernetes NodeList, or a plain YAML/JSON topology; default: "
+                             "ranktable_tor.json beside the rank table if it exists)")
+    parser.add_argument("--topology-format", "--topology_format", dest="topology_format",
+                        choices=("cce-ranktable-tor", "basic-tor-node-cm", "k8s-node-labels", "file"),
+                        help="read --topology as this format (default: detect by content)")
+    parser.add_argument("--collective", choices=("ring", "nhr", "rhd"),
+                        help="collective to optimise and score for (default: from $HCCL_ALGO, else ring)")
+    parser.add_argument("--uplinks", type=_int_at_least(1), default=DEFAULT_UPLINKS, metavar="U",
+                        help="uplinks per ToR in the fabric model (default: %(default)s)")
+    parser.add_argument("--samples", type=_int_at_least(0), default=DEFAULT_SAMPLES, metavar="N",
+                        help="Monte-Carlo ECMP draws per order; 0 skips the simulation (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S",
+                        help="seed of the random order and of the ECMP draws (default: %(default)s)")
+    parser.add_argument("--json", action="store_true", help=f"print JSON (with \"version\": {JSON_VERSION})")
+
+
+def run(args: argparse.Namespace) -> int:
+    from npu_job.bootstrap import planner, scorer
+    from npu_job.bootstrap.run import choose_collective
+
+    table, table_source, topology, topology_source = _load(args)
+    collective = choose_collective(args.collective, os.environ)
+    plan = planner.plan(table, topology, collective)
+    keys = scorer.switch_keys(table, topology)
+    shuffled = list(range(table.node_count))
+    random.Random(args.seed).shuffle(shuffled)
+    orders = {"scheduler": tuple(range(table.node_count)), "random": tuple(shuffled), "ours": plan.pod_of_node_rank}
+    scores = {
+        name: scorer.score_order(order, keys, collective, uplinks=args.uplinks, samples=args.samples, seed=args.seed)
+        for name, order in orders.items()
+    }
+    report = _report(table, topology, plan, scores, args, table_source, topology_source)
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        sys.stdout.write("\n".join(_text(report)) + "\n")
+    return 0
+
+
+def _load(args: argparse.Namespace):
+    """Read the rank table and topology with the bootstrap's readers (errors: one line, exit 3)."""
+    from npu_job.bootstrap.ranktable import parse_rank_table
+    from npu_job.bootstrap.sources import RANKTABLE_TOR_NAME, is_url, locate_rank_table, read_bytes
+    from npu_job.bootstrap.topology import parse_topology
+
+    table_source = locate_rank_table(args.rank_table, {})
+    table = parse_rank_table(read_bytes(table_source), table_source)
+    topology_source: Optional[str] = args.topology
+    if topology_source is None and not is_url(table_source):
+        beside = os.path.join(os.path.dirname(table_source) or ".", RANKTABLE_TOR_NAME)
+        if os.path.isfile(beside):
+            topology_source = beside
+    topology = None
+    if topology_source is not None:
+        topology = parse_topology(read_bytes(topology_source), topology_source, args.topology_format)
+    return table, table_source, topology, topology_source
+
+
+def _score_fields(score) -> Dict[str, Any]:
+    fields = dataclasses.asdict(score)
+    fields.pop("phases")
+    fields["collective"] = score.collective.value
+    fields["ring_cross_edges_by_tier"] = list(score.ring_cross_edges_by_tier)
+    fields["ring_lower_bound_by_tier"] = list(score.ring_lower_bound_by_tier)
+    return fields
+
+
+def _report(table, topology, plan, scores, args, table_source: str, topology_source: Optional[str]) -> Dict[str, Any]:
+    from npu_job.bootstrap.canonical import switch_path
+
+    order: List[Dict[str, Any]] = []
+    for rank, pod in enumerate(plan.pod_of_node_rank):
+        server = table.servers[pod]
+        tiers, tors, slot = switch_path(server, topology)
+        order.append({
+            "node_rank": rank, "pod_index": pod, "server_id": server.server_id,
+            "tiers": list(tiers), "tors": list(tors), "slot": slot,
+        })
+    return {
+        "version": JSON_VERSION,
+        "rank_table": table_source,
+        "topology": topology_source,
+        "status": plan.status.value,
+        "collective": plan.collective.value,
+        "reasons": list(plan.reasons),
+        "node_count": table.node_count,
+        "master_index": plan.master_index,
+        "rank_mapping": plan.rank_mapping,
+        "input_digest": plan.input_digest,
+        "mapping_digest": plan.mapping_digest,
+        "order": order,
+        "model": {"uplinks": args.uplinks, "samples": args.samples, "seed": args.seed},
+        "scores": {name: _score_fields(score) for name, score in scores.items()},
+    }
+
+
+def _path_text(entry: Dict[str, Any]) -> str:
+    parts = list(entry["tiers"])
+    if entry["tors"]:
+        parts.append("+".join(entry["tors"]))
+    text = " > ".join(parts) if parts else "- (no topology)"
+    return text + (f" (slot {entry['slot']})" if entry["slot"] is not None else "")
+
+
+def _number(value: Optional[float], digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{value:.{digits}f}"
+
+
+def _fraction(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _text(report: Dict[str, Any]) -> List[str]:
+    ours = report["scores"]["ours"]
+    lines = [
+        f"plan: {report['status']} ({report['collective']}), {report['node_count']} nodes on"
+        f" {ours['switches']} switch group(s); master index {report['master_index']} (pod of new rank 0)",
+        f"input sha256 {report['input_digest']}",
+        f"mapping sha256 {report['mapping_digest']}",
+    ]
+    lines.extend(f"{'reason' if report['status'] == 'failed' else 'note'}: {reason}" for reason in report["reasons"])
+    rows: List[Tuple[str, str, str, str]] = [("new rank", "pod index", "server", "switch path")]
+    rows.extend(
+        (str(e["node_rank"]), str(e["pod_index"]), e["server_id"], _path_text(e)) for e in report["order"]
+    )
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines.append("")
+    for row in rows:
+        lines.append(f"{row[0]:>{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:<{widths[2]}}  {row[3]}")
+
+    model = report["model"]
+    scores = [report["scores"][name] for name in ORDER_NAMES]
+    weighted = report["collective"] != "ring"
+    suffix = " (data-weighted)" if weighted else ""
+    metrics: List[Tuple[str, Sequence[str]]] = [
+        (f"cross-ToR edges of a ring r->r+1 (lower bound {ours['ring_lower_bound']})",
+         [str(s["ring_cross_edges"]) for s in scores]),
+        ("cross-ToR data (buffer units)", [_number(s["cross_volume"]) for s in scores]),
+        (f"max flows out of one ToR{suffix}", [_number(s["weighted_max_flows_out"]) for s in scores]),
+        (f"expected colliding flow pairs{suffix}", [_number(s["weighted_collisions"]) for s in scores]),
+        ("busbw fraction, perfect path control", [_fraction(s["best_busbw_fraction"]) for s in scores]),
+        ("busbw fraction, ECMP Monte-Carlo", [_fraction(s["busbw_fraction"]) for s in scores]),
+    ]
+    if len(ours["ring_cross_edges_by_tier"]) > 1:
+        metrics.insert(1, (
+            "ring edges crossing each tier, outermost first (bounds "
+            + " ".join(str(x) for x in ours["ring_lower_bound_by_tier"]) + ")",
+            [" ".join(str(x) for x in s["ring_cross_edges_by_tier"]) for s in scores],
+        ))
+    label_width = max(len(label) for label, _ in metrics)
+    cell = max(10, *(len(v) for _, values in metrics for v in values))
+    lines.append("")
+    lines.append(
+        f"comparison for {report['collective']}: U={model['uplinks']} uplinks per ToR,"
+        f" {model['samples']} ECMP samples, seed {model['seed']}"
+    )
+    lines.append(f"{'':<{label_width}}  " + "  ".join(f"{name:>{cell}}" for name in ORDER_NAMES))
+    for label, values in metrics:
+        lines.append(f"{label:<{label_width}}  " + "  ".join(f"{value:>{cell}}" for value in values))
+    return lines
