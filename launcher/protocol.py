@@ -1,0 +1,289 @@
+"""The TCPStore wire protocol: opcodes, request and reply framing, encode/decode (pure).
+
+Checked against torch 2.13's C++ client (``TCPStore.cpp``) and libuv server
+(``TCPStoreLibUvBackend.cpp``) and by sniffing a real client talking to a real
+server: little-endian; a request is ``u8 opcode`` then its fields; strings and
+byte values are ``u64 length`` + bytes. There are no request ids: replies come
+back in request order on each connection, except that a blocking WAIT/BARRIER
+reply arrives whenever the key is ready.
+
+Nothing here touches sockets: callers hand in bytes and get values back, so the
+proxy, the raw benchmark client and the tests share one implementation.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+VALIDATION_MAGIC = 0x3C85F7CE
+
+# Server-side limits of the libuv backend; a request beyond them makes the
+# stock server drop the connection, so the proxy rejects it the same way.
+MAX_KEY_LEN = 8 * 1024
+MAX_PAYLOAD_LEN = 8 * 1024 * 1024
+MAX_KEY_COUNT = 128 * 1024
+
+
+class Op(enum.IntEnum):
+    VALIDATE = 0
+    SET = 1
+    COMPARE_SET = 2
+    GET = 3
+    ADD = 4
+    CHECK = 5
+    WAIT = 6
+    GETNUMKEYS = 7
+    DELETE_KEY = 8
+    APPEND = 9
+    MULTI_GET = 10
+    MULTI_SET = 11
+    CANCEL_WAIT = 12
+    PING = 13
+    QUEUE_PUSH = 14
+    QUEUE_POP = 15
+    QUEUE_LEN = 16
+    LIST_KEYS = 17
+    BARRIER = 18
+
+
+class WaitReply(enum.IntEnum):
+    STOP_WAITING = 0
+    WAIT_CANCELED = 1
+
+
+class CheckReply(enum.IntEnum):
+    READY = 0
+    NOT_READY = 1
+
+
+NO_REPLY_OPS = frozenset({Op.VALIDATE, Op.SET, Op.APPEND, Op.MULTI_SET, Op.QUEUE_PUSH})
+BLOCKING_OPS = frozenset({Op.WAIT, Op.BARRIER})
+# Ops after which the stored value of each named key may differ.
+WRITE_OPS = frozenset(
+    {Op.SET, Op.COMPARE_SET, Op.ADD, Op.DELETE_KEY, Op.APPEND, Op.MULTI_SET,
+     Op.QUEUE_PUSH, Op.QUEUE_POP, Op.BARRIER}
+)
+QUEUE_OPS = frozenset({Op.QUEUE_PUSH, Op.QUEUE_POP, Op.QUEUE_LEN})
+
+
+class ProtocolError(ValueError):
+    """Bytes that no stock client would send (unknown opcode, bad magic, oversize field)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One decoded request.
+
+    ``keys``/``values`` hold the strings in wire order (MULTI_SET: keys[i] gets
+    values[i]; COMPARE_SET: values = (expected, desired)). ``number`` carries the
+    single integer field: VALIDATE magic, PING nonce, ADD delta, BARRIER world size.
+    """
+
+    op: Op
+    keys: Tuple[bytes, ...] = ()
+    values: Tuple[bytes, ...] = ()
+    number: int = 0
+
+
+@dataclass(frozen=True)
+class QueuePopReply:
+    """QUEUE_POP answers the queue length before the pop, then the value if it was > 0."""
+
+    length: int
+    value: Optional[bytes] = None
+
+
+ReplyValue = Union[None, int, bytes, Tuple[bytes, ...], QueuePopReply]
+
+_U8 = struct.Struct("<B")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def _string(data: bytes) -> bytes:
+    return _U64.pack(len(data)) + data
+
+
+def encode_request(request: Request) -> bytes:
+    op = request.op
+    head = _U8.pack(op)
+    if op in (Op.VALIDATE, Op.PING):
+        return head + _U32.pack(request.number)
+    if op in (Op.GETNUMKEYS, Op.CANCEL_WAIT, Op.LIST_KEYS):
+        return head
+    if op in (Op.GET, Op.DELETE_KEY, Op.QUEUE_POP, Op.QUEUE_LEN):
+        return head + _string(request.keys[0])
+    if op in (Op.SET, Op.APPEND, Op.QUEUE_PUSH):
+        return head + _string(request.keys[0]) + _string(request.values[0])
+    if op == Op.COMPARE_SET:
+        expected, desired = request.values
+        return head + _string(request.keys[0]) + _string(expected) + _string(desired)
+    if op in (Op.ADD, Op.BARRIER):
+        return head + _string(request.keys[0]) + _I64.pack(request.number)
+    if op in (Op.CHECK, Op.WAIT, Op.MULTI_GET):
+        return head + _U64.pack(len(request.keys)) + b"".join(_string(k) for k in request.keys)
+    if op == Op.MULTI_SET:
+        parts = [head, _U64.pack(len(request.keys))]
+        for key, value in zip(request.keys, request.values):
+            parts += [_string(key), _string(value)]
+        return b"".join(parts)
+    raise ProtocolError(f"cannot encode opcode {op}")
+
+
+def encode_reply(op: Op, value: ReplyValue) -> bytes:
+    """Bytes the server sends for ``op`` with result ``value`` (b"" for no-reply ops)."""
+    if op in NO_REPLY_OPS:
+        return b""
+    if op in (Op.GET, Op.COMPARE_SET):
+        return _string(value)  # type: ignore[arg-type]
+    if op in (Op.ADD, Op.GETNUMKEYS, Op.DELETE_KEY, Op.QUEUE_LEN):
+        return _I64.pack(value)  # type: ignore[arg-type]
+    if op in (Op.CHECK, Op.WAIT, Op.BARRIER, Op.CANCEL_WAIT):
+        return _U8.pack(value)  # type: ignore[arg-type]
+    if op == Op.PING:
+        return _U32.pack(value)  # type: ignore[arg-type]
+    if op == Op.MULTI_GET:
+        return b"".join(_string(v) for v in value)  # type: ignore[union-attr]
+    if op == Op.LIST_KEYS:
+        keys = value  # type: ignore[assignment]
+        return _I64.pack(len(keys)) + b"".join(_string(k) for k in keys)  # type: ignore[arg-type]
+    if op == Op.QUEUE_POP:
+        assert isinstance(value, QueuePopReply)
+        out = _I64.pack(value.length)
+        return out + _string(value.value or b"") if value.length > 0 else out
+    raise ProtocolError(f"cannot encode reply for opcode {op}")
+
+
+# ---------------------------------------------------------------- decoding
+
+
+class _Incomplete(Exception):
+    """More bytes are needed; the caller keeps its buffer and retries later."""
+
+
+class _Cursor:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: Union[bytes, bytearray, memoryview], pos: int) -> None:
+        self.buf = buf
+        self.pos = pos
+
+    def take(self, n: int) -> bytes:
+        end = self.pos + n
+        if end > len(self.buf):
+            raise _Incomplete
+        out = bytes(self.buf[self.pos:end])
+        self.pos = end
+        return out
+
+    def unpack(self, fmt: struct.Struct) -> int:
+        end = self.pos + fmt.size
+        if end > len(self.buf):
+            raise _Incomplete
+        (value,) = fmt.unpack_from(self.buf, self.pos)
+        self.pos = end
+        return value
+
+    def string(self, limit: int, what: str) -> bytes:
+        size = self.unpack(_U64)
+        if size > limit:
+            raise ProtocolError(f"{what} of {size} bytes exceeds the server limit of {limit}")
+        return self.take(size)
+
+    def count(self) -> int:
+        count = self.unpack(_U64)
+        if count > MAX_KEY_COUNT:
+            raise ProtocolError(f"{count} keys exceed the server limit of {MAX_KEY_COUNT}")
+        return count
+
+
+def decode_request(
+    buf: Union[bytes, bytearray, memoryview], pos: int = 0
+) -> Optional[Tuple[Request, int]]:
+    """Decode one request at ``buf[pos:]``; None if incomplete, else (request, next pos)."""
+    cur = _Cursor(buf, pos)
+    try:
+        code = cur.unpack(_U8)
+        try:
+            op = Op(code)
+        except ValueError:
+            raise ProtocolError(f"unknown opcode {code}") from None
+        key = lambda: cur.string(MAX_KEY_LEN, "key")  # noqa: E731
+        payload = lambda: cur.string(MAX_PAYLOAD_LEN, "value")  # noqa: E731
+        if op in (Op.VALIDATE, Op.PING):
+            request = Request(op, number=cur.unpack(_U32))
+        elif op in (Op.GETNUMKEYS, Op.CANCEL_WAIT, Op.LIST_KEYS):
+            request = Request(op)
+        elif op in (Op.GET, Op.DELETE_KEY, Op.QUEUE_POP, Op.QUEUE_LEN):
+            request = Request(op, keys=(key(),))
+        elif op in (Op.SET, Op.APPEND, Op.QUEUE_PUSH):
+            k = key()
+            request = Request(op, keys=(k,), values=(payload(),))
+        elif op == Op.COMPARE_SET:
+            k = key()
+            expected = payload()
+            request = Request(op, keys=(k,), values=(expected, payload()))
+        elif op in (Op.ADD, Op.BARRIER):
+            k = key()
+            request = Request(op, keys=(k,), number=cur.unpack(_I64))
+        elif op in (Op.CHECK, Op.WAIT, Op.MULTI_GET):
+            n = cur.count()
+            request = Request(op, keys=tuple(key() for _ in range(n)))
+        else:  # MULTI_SET
+            n = cur.count()
+            keys, values = [], []
+            for _ in range(n):
+                keys.append(key())
+                values.append(payload())
+            request = Request(op, keys=tuple(keys), values=tuple(values))
+    except _Incomplete:
+        return None
+    if op == Op.VALIDATE and request.number != VALIDATION_MAGIC:
+        raise ProtocolError(f"bad validation magic {request.number:#x}")
+    return request, cur.pos
+
+
+def decode_reply(
+    request: Request, buf: Union[bytes, bytearray, memoryview], pos: int = 0
+) -> Optional[Tuple[ReplyValue, int]]:
+    """Decode the reply to ``request`` at ``buf[pos:]``; None if incomplete."""
+    op = request.op
+    cur = _Cursor(buf, pos)
+    try:
+        if op in NO_REPLY_OPS:
+            value: ReplyValue = None
+        elif op in (Op.GET, Op.COMPARE_SET):
+            value = cur.string(1 << 62, "value")
+        elif op in (Op.ADD, Op.GETNUMKEYS, Op.DELETE_KEY, Op.QUEUE_LEN):
+            value = cur.unpack(_I64)
+        elif op in (Op.CHECK, Op.WAIT, Op.BARRIER, Op.CANCEL_WAIT):
+            value = cur.unpack(_U8)
+        elif op == Op.PING:
+            value = cur.unpack(_U32)
+        elif op == Op.MULTI_GET:
+            value = tuple(cur.string(1 << 62, "value") for _ in request.keys)
+        elif op == Op.LIST_KEYS:
+            n = cur.unpack(_I64)
+            value = tuple(cur.string(1 << 62, "key") for _ in range(n))
+        elif op == Op.QUEUE_POP:
+            length = cur.unpack(_I64)
+            value = QueuePopReply(length, cur.string(1 << 62, "value") if length > 0 else None)
+        else:
+            raise ProtocolError(f"no reply shape for opcode {op}")
+    except _Incomplete:
+        return None
+    return value, cur.pos
+
+
+def decode_wait_byte(buf: Union[bytes, bytearray, memoryview], pos: int = 0) -> Optional[Tuple[int, int]]:
+    """A WAIT/BARRIER/CANCEL_WAIT connection answers single bytes: (byte, next pos) or None."""
+    if pos >= len(buf):
+        return None
+    return buf[pos], pos + 1

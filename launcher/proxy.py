@@ -1,0 +1,893 @@
+"""The per-node store proxy: local TCPStore clients in, a few coalesced connections to the root out.
+
+Local workers connect to ``127.0.0.1:<port>`` with unmodified torch clients (``TCPStore(...,
+is_master=False)`` and the C++ client that ``init_process_group`` creates) and speak the native
+wire protocol (:mod:`npu_job.launcher.protocol`). The proxy talks to the root store (a stock torch
+``TCPStore`` server) over a small, bounded set of upstream connections, whatever the number of
+local workers:
+
+* one **main** connection carries every non-blocking request, pipelined. Replies come back in
+  request order, so futures are matched FIFO, and a worker's own SET-then-GET is ordered by the
+  single stream (read-your-writes);
+* a pool of ``wait_connections`` (default 2) **wait** connections each carries one blocking WAIT
+  (the root holds a connection while it waits, so WAITs cannot share the main stream). Distinct
+  waits beyond the pool are queued, polled with CHECK on the main connection (backoff) so a full
+  pool never deadlocks, and promoted when a wait connection frees up.
+
+So the root sees 1 + ``wait_connections`` connections per node (3 by default; 4 with the agent's
+own). BARRIER, which no torch code path uses and which cannot be merged (every arrival must count
+once at the root), takes an idle wait connection or, if none is idle, a short-lived extra one.
+
+Coalescing (what a one-for-one forwarder cannot do):
+
+* identical concurrent WAITs (same key list) share one upstream WAIT; identical concurrent GETs
+  and CHECKs share one upstream request. A request may join an in-flight one only if no local
+  write to any of its keys went out after it (WAITs: no DELETE_KEY/QUEUE_POP), so every answer is
+  one the root could have given at some instant between the request's arrival and its reply;
+* concurrent ADDs to one key are summed into one upstream ADD (group commit: while one ADD to a
+  key is in flight, later ones accumulate); with root reply ``total`` for a batch of deltas
+  ``d1..dn`` the i-th caller gets ``total - sum(d) + d1 + ... + di`` - distinct values, as if the
+  ADDs ran alone in arrival order;
+* PING is answered locally. Nothing is cached across time.
+
+Keys used with QUEUE_* ops are never coalesced for WAIT (a queue push wakes one waiter only).
+
+Faults: an upstream connection that breaks fails the requests in flight on it (their clients'
+connections are closed, so torch raises naming the proxy's address); if the root cannot be reached
+again at once, every client connection is closed. New requests reconnect with backoff and jitter
+until ``timeout``. A client that disconnects has its waits dropped (and cancelled upstream with
+CANCEL_WAIT when no other local worker shares them), so the proxy survives worker restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ipaddress
+import itertools
+import logging
+import random
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Deque, Dict, List, Optional, Set, Tuple
+
+from npu_job.launcher.protocol import (
+    BLOCKING_OPS,
+    NO_REPLY_OPS,
+    QUEUE_OPS,
+    WRITE_OPS,
+    CheckReply,
+    Op,
+    ProtocolError,
+    Request,
+    ReplyValue,
+    VALIDATION_MAGIC,
+    WaitReply,
+    decode_reply,
+    decode_request,
+    encode_reply,
+    encode_request,
+)
+
+logger = logging.getLogger(__name__)
+
+LISTEN_BACKLOG = 65535  # the kernel caps it at net.core.somaxconn
+DEFAULT_WAIT_CONNECTIONS = 2
+_READ_CHUNK = 1 << 16
+_POLL_FIRST = 0.005
+_POLL_MAX = 0.25
+_PROBE_TIMEOUT = 2.0
+
+
+class UpstreamLost(ConnectionError):
+    """The root store connection broke or could not be opened."""
+
+
+@dataclass(frozen=True)
+class ProxyStats:
+    """A snapshot of the proxy's counters."""
+
+    client_connections: int  # accepted since start
+    clients_open: int
+    requests_received: int  # decoded from local clients (VALIDATE included)
+    requests_upstream: int  # written to the root (handshakes included)
+    upstream_connections: int  # opened to the root since start
+    upstream_open: int
+    coalesced: int  # client requests answered by joining another request or batch
+
+
+class _Counters:
+    __slots__ = ("client_connections", "requests_received", "requests_upstream",
+                 "upstream_connections", "coalesced")
+
+    def __init__(self) -> None:
+        self.client_connections = 0
+        self.requests_received = 0
+        self.requests_upstream = 0
+        self.upstream_connections = 0
+        self.coalesced = 0
+
+
+def _set_nodelay(sock: Optional[socket.socket]) -> None:
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class _Upstream:
+    """One connection to the root: writes batched per loop iteration, replies matched FIFO."""
+
+    def __init__(self, proxy: "AsyncStoreProxy", kind: str) -> None:
+        self._proxy = proxy
+        self.kind = kind
+        self._writer: Optional[asyncio.StreamWriter] = None
+        self._pending: Deque[Tuple[Request, asyncio.Future]] = collections.deque()
+        self._out: List[bytes] = []
+        self._flush_scheduled = False
+        self._reader_task: Optional[asyncio.Task] = None
+        self.closed = False
+
+    async def open(self, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        host, port = self._proxy.upstream
+        delay = 0.05
+        while True:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port), timeout=max(0.1, min(10.0, deadline - loop.time()))
+                )
+                break
+            except (OSError, asyncio.TimeoutError) as exc:
+                if loop.time() + delay > deadline:
+                    raise UpstreamLost(f"cannot connect to the root store at {host}:{port}: {exc}") from exc
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # full jitter keeps nodes apart
+                delay = min(delay * 2, 2.0)
+        _set_nodelay(writer.get_extra_info("socket"))
+        self._writer = writer
+        self._proxy.counters.upstream_connections += 1
+        self._proxy.upstream_open.add(self)
+        self._reader_task = asyncio.ensure_future(self._read_replies(reader))
+        nonce = random.getrandbits(32)
+        self.send(Request(Op.VALIDATE, number=VALIDATION_MAGIC))
+        pong = self.send(Request(Op.PING, number=nonce))
+        assert pong is not None
+        try:
+            echoed = await asyncio.wait_for(asyncio.shield(pong), timeout=max(0.1, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            self.close()
+            raise UpstreamLost(f"the root store at {host}:{port} did not answer PING") from None
+        if echoed != nonce:
+            self.close()
+            raise UpstreamLost(f"{host}:{port} is not a TCPStore (PING answered {echoed}, sent {nonce})")
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._pending)
+
+    def send(self, request: Request) -> Optional[asyncio.Future]:
+        """Queue ``request``; returns the future of its reply (None for no-reply ops)."""
+        if self.closed:
+            raise UpstreamLost(f"connection to the root store {self._proxy.upstream_text} is closed")
+        self._out.append(encode_request(request))
+        self._proxy.counters.requests_upstream += 1
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        if request.op in NO_REPLY_OPS:
+            return None
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future))
+        return future
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self._writer is not None and not self.closed:
+            data = b"".join(self._out)
+            self._out.clear()
+            self._writer.write(data)
+
+    async def _read_replies(self, reader: asyncio.StreamReader) -> None:
+        buf = bytearray()
+        error: Optional[BaseException] = None
+        try:
+            while True:
+                chunk = await reader.read(_READ_CHUNK)
+                if not chunk:
+                    break
+                buf += chunk
+                pos = 0
+                while self._pending:
+                    request, future = self._pending[0]
+                    decoded = decode_reply(request, buf, pos)
+                    if decoded is None:
+                        break
+                    value, pos = decoded
+                    self._pending.popleft()
+                    if request.op in BLOCKING_OPS and value == WaitReply.WAIT_CANCELED:
+                        # The root cancelled the wait without waking it: the single byte is
+                        # the reply to the CANCEL_WAIT queued right behind it.
+                        if self._pending and self._pending[0][0].op == Op.CANCEL_WAIT:
+                            _resolve(self._pending.popleft()[1], value)
+                    _resolve(future, value)
+                if pos:
+                    del buf[:pos]
+                if buf and not self._pending:
+                    error = ProtocolError(f"unexpected bytes from the root store: {bytes(buf[:16]).hex()}")
+                    break
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            error = exc
+        except asyncio.CancelledError:
+            error = UpstreamLost("proxy stopping")
+        finally:
+            was_open = not self.closed
+            self.close()
+            lost = UpstreamLost(
+                f"lost the connection to the root store {self._proxy.upstream_text}"
+                + (f": {error}" if error else "")
+            )
+            while self._pending:
+                _, future = self._pending.popleft()
+                if not future.done():
+                    future.set_exception(lost)
+                    future.exception()  # mark retrieved; joiners still see it
+            if was_open:
+                self._proxy.on_upstream_lost(self)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._proxy.upstream_open.discard(self)
+        if self._writer is not None:
+            self._writer.close()
+        if self._reader_task is not None and self._reader_task is not asyncio.current_task():
+            self._reader_task.cancel()
+
+
+def _resolve(future: asyncio.Future, value: ReplyValue) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+class _Client:
+    """One local worker connection."""
+
+    _ids = itertools.count()
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.id = next(self._ids)
+        self.writer = writer
+        self.wait: Optional[Tuple["_WaitGroup", asyncio.Future]] = None
+        self.barrier: Optional[Tuple[_Upstream, asyncio.Future]] = None
+
+    def write(self, data: bytes) -> None:
+        if data and not self.writer.is_closing():
+            self.writer.write(data)
+
+    def abort(self) -> None:
+        transport = self.writer.transport
+        if not transport.is_closing():
+            transport.abort()
+
+
+class _WaitGroup:
+    """Local waiters of one key list, served by one upstream WAIT (or CHECK polls while queued)."""
+
+    __slots__ = ("keys", "waiters", "state", "conn", "joinable", "poll_delay")
+
+    def __init__(self, keys: Tuple[bytes, ...]) -> None:
+        self.keys = keys
+        self.waiters: Dict[int, asyncio.Future] = {}
+        self.state = "queued"  # queued -> active -> done | cancelling
+        self.conn: Optional[_Upstream] = None
+        self.joinable = True
+        self.poll_delay = _POLL_FIRST
+
+
+class AsyncStoreProxy:
+    """The proxy on an asyncio loop (the benchmark runs many of these on one loop)."""
+
+    def __init__(
+        self,
+        upstream_host: str,
+        upstream_port: int,
+        *,
+        timeout: float = 300.0,
+        wait_connections: int = DEFAULT_WAIT_CONNECTIONS,
+    ) -> None:
+        if wait_connections < 1:
+            raise ValueError(f"wait_connections must be >= 1, got {wait_connections}")
+        self.upstream = (upstream_host, int(upstream_port))
+        self.upstream_text = _format_address(upstream_host, upstream_port)
+        self.timeout = float(timeout)
+        self.wait_connections = wait_connections
+        self.counters = _Counters()
+        self.upstream_open: Set[_Upstream] = set()
+        self._server: Optional[asyncio.AbstractServer] = None
+        self._clients: Dict[int, _Client] = {}
+        self._main: Optional[_Upstream] = None
+        self._main_opening: Optional[asyncio.Future] = None
+        self._idle_wait: List[_Upstream] = []
+        self._wait_pool: Set[_Upstream] = set()
+        self._wait_opening = 0
+        self._queued: Deque[_WaitGroup] = collections.deque()
+        self._wait_groups: Dict[Tuple[bytes, ...], _WaitGroup] = {}
+        self._get_inflight: Dict[bytes, asyncio.Future] = {}
+        self._check_inflight: Dict[Tuple[bytes, ...], asyncio.Future] = {}
+        self._add_busy: Set[bytes] = set()
+        self._add_next: Dict[bytes, List[Tuple[int, asyncio.Future]]] = {}
+        self._queue_keys: Set[bytes] = set()
+        self._tasks: Set[asyncio.Task] = set()
+        self._closing = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self, sock: socket.socket) -> None:
+        """Serve local clients on an already listening socket."""
+        self._server = await asyncio.start_server(self._serve_client, sock=sock, backlog=LISTEN_BACKLOG)
+        self._spawn(self._warm_up())
+
+    async def _warm_up(self) -> None:
+        try:
+            await self._get_main()
+        except UpstreamLost as exc:
+            logger.warning("store proxy: %s (will retry on the first request)", exc)
+
+    async def aclose(self) -> None:
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        for client in list(self._clients.values()):
+            client.abort()
+        for conn in list(self.upstream_open):
+            conn.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    def snapshot(self) -> ProxyStats:
+        c = self.counters
+        return ProxyStats(
+            client_connections=c.client_connections,
+            clients_open=len(self._clients),
+            requests_received=c.requests_received,
+            requests_upstream=c.requests_upstream,
+            upstream_connections=c.upstream_connections,
+            upstream_open=len(self.upstream_open),
+            coalesced=c.coalesced,
+        )
+
+    def _spawn(self, coro) -> asyncio.Task:  # type: ignore[no-untyped-def]
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ------------------------------------------------------------ upstream
+
+    async def _get_main(self) -> _Upstream:
+        main = self._main
+        if main is not None and not main.closed:
+            return main
+        if self._main_opening is None:
+            self._main_opening = asyncio.ensure_future(self._open_main())
+        return await asyncio.shield(self._main_opening)
+
+    async def _open_main(self) -> _Upstream:
+        try:
+            conn = _Upstream(self, "main")
+            await conn.open(asyncio.get_running_loop().time() + self.timeout)
+            self._main = conn
+            return conn
+        finally:
+            self._main_opening = None
+
+    def on_upstream_lost(self, conn: _Upstream) -> None:
+        if self._closing:
+            return
+        logger.warning("store proxy: lost %s connection to the root store %s", conn.kind, self.upstream_text)
+        if conn is self._main:
+            self._main = None
+        if conn in self._wait_pool:
+            self._wait_pool.discard(conn)
+            if conn in self._idle_wait:
+                self._idle_wait.remove(conn)
+        self._spawn(self._probe_root())
+
+    async def _probe_root(self) -> None:
+        """After a broken connection: if the root is gone, close every client so none hangs."""
+        try:
+            probe = _Upstream(self, "main")
+            await probe.open(asyncio.get_running_loop().time() + _PROBE_TIMEOUT)
+        except UpstreamLost as exc:
+            logger.error("store proxy: root store unreachable (%s); closing %d local client(s)",
+                         exc, len(self._clients))
+            for client in list(self._clients.values()):
+                client.abort()
+            for conn in list(self.upstream_open):
+                conn.close()
+            return
+        if self._main is None or self._main.closed:
+            self._main = probe
+        else:
+            probe.close()
+        self._pump_waits()
+
+    async def _open_wait_conn(self) -> None:
+        try:
+            conn = _Upstream(self, "wait")
+            await conn.open(asyncio.get_running_loop().time() + self.timeout)
+        except UpstreamLost as exc:
+            logger.warning("store proxy: %s", exc)
+            self._fail_queued(exc)
+            return
+        finally:
+            self._wait_opening -= 1
+        self._wait_pool.add(conn)
+        self._release_wait_conn(conn)
+
+    def _release_wait_conn(self, conn: _Upstream) -> None:
+        if conn.closed:
+            return
+        if conn not in self._wait_pool:  # an extra connection a BARRIER borrowed
+            conn.close()
+            return
+        self._idle_wait.append(conn)
+        self._pump_waits()
+
+    # ------------------------------------------------------------ clients
+
+    async def _serve_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _set_nodelay(writer.get_extra_info("socket"))
+        client = _Client(writer)
+        self._clients[client.id] = client
+        self.counters.client_connections += 1
+        buf = bytearray()
+        validated = False
+        try:
+            while True:
+                chunk = await reader.read(_READ_CHUNK)
+                if not chunk:
+                    break
+                buf += chunk
+                pos = 0
+                while True:
+                    decoded = decode_request(buf, pos)
+                    if decoded is None:
+                        break
+                    request, pos = decoded
+                    self.counters.requests_received += 1
+                    if request.op == Op.VALIDATE:
+                        if validated:
+                            raise ProtocolError("VALIDATE sent twice")
+                        validated = True
+                        continue
+                    if not validated:
+                        raise ProtocolError(f"{request.op.name} before VALIDATE")
+                    await self._dispatch(client, request)
+                if pos:
+                    del buf[:pos]
+        except ProtocolError as exc:
+            logger.warning("store proxy: closing client %d: %s", client.id, exc)
+        except (UpstreamLost, OSError) as exc:
+            logger.warning("store proxy: closing client %d: %s", client.id, exc)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._drop_client(client)
+
+    def _drop_client(self, client: _Client) -> None:
+        self._clients.pop(client.id, None)
+        self._leave_wait(client)
+        self._leave_barrier(client)
+        client.abort()
+
+    async def _dispatch(self, client: _Client, request: Request) -> None:
+        op = request.op
+        if op == Op.PING:
+            client.write(encode_reply(op, request.number))
+        elif op == Op.CANCEL_WAIT:
+            self._leave_wait(client)
+            self._leave_barrier(client)
+            client.write(encode_reply(op, WaitReply.WAIT_CANCELED))
+        elif op == Op.WAIT:
+            self._client_wait(client, request.keys)
+        elif op == Op.BARRIER:
+            self._note_write(request)
+            await self._client_barrier(client, request)
+        else:
+            value = await self._forward(request)
+            client.write(encode_reply(op, value))
+
+    # ------------------------------------------------------------ non-blocking requests
+
+    async def _forward(self, request: Request) -> ReplyValue:
+        op = request.op
+        if op in WRITE_OPS:
+            self._note_write(request)
+        if op in QUEUE_OPS:
+            self._queue_keys.update(request.keys)
+        main = await self._get_main()
+        if op == Op.GET:
+            future = self._join_or_send(main, request, self._get_inflight, request.keys[0])
+        elif op == Op.CHECK:
+            future = self._join_or_send(main, request, self._check_inflight, request.keys)
+        elif op == Op.ADD:
+            future = self._add(main, request.keys[0], request.number)
+        else:
+            future = main.send(request)
+            if future is None:
+                return None
+        return await asyncio.shield(future)
+
+    def _join_or_send(self, main: _Upstream, request: Request, table: dict, key: object) -> asyncio.Future:
+        future = table.get(key)
+        if future is not None:
+            self.counters.coalesced += 1
+            return future
+        future = main.send(request)
+        assert future is not None
+        table[key] = future
+        future.add_done_callback(lambda f: table.pop(key) if table.get(key) is f else None)
+        return future
+
+    def _note_write(self, request: Request) -> None:
+        """Later reads of these keys must not join requests that went out before this write."""
+        keys = set(request.keys)
+        for key in keys:
+            self._get_inflight.pop(key, None)
+        for check_keys in [ks for ks in self._check_inflight if keys.intersection(ks)]:
+            del self._check_inflight[check_keys]
+        if request.op in (Op.DELETE_KEY, Op.QUEUE_POP):
+            for wait_keys in [ks for ks in self._wait_groups if keys.intersection(ks)]:
+                self._wait_groups.pop(wait_keys).joinable = False
+
+    def _add(self, main: _Upstream, key: bytes, delta: int) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        if key in self._add_busy:
+            self._add_next.setdefault(key, []).append((delta, future))
+            self.counters.coalesced += 1
+        else:
+            self._send_adds(main, key, [(delta, future)])
+        return future
+
+    def _send_adds(self, main: _Upstream, key: bytes, batch: List[Tuple[int, asyncio.Future]]) -> None:
+        total = sum(delta for delta, _ in batch)
+        if not -(1 << 63) <= total < (1 << 63):  # the merged delta must fit the wire's i64
+            for delta, future in batch[1:]:
+                self._add_next.setdefault(key, []).insert(0, (delta, future))
+            batch = batch[:1]
+            total = batch[0][0]
+        self._add_busy.add(key)
+        try:
+            upstream = main.send(Request(Op.ADD, keys=(key,), number=total))
+        except UpstreamLost as exc:
+            self._add_busy.discard(key)
+            for _, future in batch + self._add_next.pop(key, []):
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        assert upstream is not None
+
+        def done(reply: asyncio.Future) -> None:
+            if reply.cancelled() or reply.exception() is not None:
+                exc = reply.exception() if not reply.cancelled() else UpstreamLost("cancelled")
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+            else:
+                running = reply.result() - total
+                for delta, future in batch:
+                    running += delta
+                    _resolve(future, running)
+            waiting = self._add_next.pop(key, [])
+            self._add_busy.discard(key)
+            if waiting:
+                self._send_adds(main, key, waiting)
+
+        upstream.add_done_callback(done)
+
+    # ------------------------------------------------------------ WAIT
+
+    def _client_wait(self, client: _Client, keys: Tuple[bytes, ...]) -> None:
+        self._leave_wait(client)  # the root keeps one wait per connection, the latest
+        group = self._wait_groups.get(keys)
+        if group is not None and group.joinable and group.state in ("queued", "active"):
+            self.counters.coalesced += 1
+        else:
+            group = _WaitGroup(keys)
+            if self._queue_keys.intersection(keys):
+                group.joinable = False
+            else:
+                self._wait_groups[keys] = group
+            self._queued.append(group)
+            self._pump_waits()
+            if group.state == "queued":
+                self._spawn(self._poll_group(group))
+        future = asyncio.get_running_loop().create_future()
+        group.waiters[client.id] = future
+        client.wait = (group, future)
+
+        def reply(f: asyncio.Future) -> None:
+            if client.wait is not None and client.wait[1] is f:
+                client.wait = None
+            if f.cancelled():
+                return
+            if f.exception() is not None:
+                client.abort()
+            else:
+                client.write(encode_reply(Op.WAIT, WaitReply.STOP_WAITING))
+
+        future.add_done_callback(reply)
+
+    def _pump_waits(self) -> None:
+        """Give idle (or newly opened) wait connections to queued groups, oldest first."""
+        while self._queued:
+            group = self._queued[0]
+            if group.state != "queued":
+                self._queued.popleft()
+                continue
+            if self._idle_wait:
+                conn = self._idle_wait.pop()
+                if conn.closed:
+                    continue
+                self._queued.popleft()
+                self._activate(group, conn)
+                continue
+            if len(self._wait_pool) + self._wait_opening < self.wait_connections:
+                self._wait_opening += 1
+                self._spawn(self._open_wait_conn())
+            break
+
+    def _activate(self, group: _WaitGroup, conn: _Upstream) -> None:
+        group.state = "active"
+        group.conn = conn
+        try:
+            upstream = conn.send(Request(Op.WAIT, keys=group.keys))
+        except UpstreamLost as exc:
+            self._finish_group(group, exc)
+            return
+        assert upstream is not None
+
+        def done(reply: asyncio.Future) -> None:
+            if reply.cancelled() or reply.exception() is not None:
+                self._finish_group(group, reply.exception() or UpstreamLost("cancelled"))
+                return
+            if reply.result() == WaitReply.STOP_WAITING and group.state == "active":
+                self._finish_group(group, None)
+                self._release_wait_conn(conn)
+            # WAIT_CANCELED or a wake-up racing our CANCEL_WAIT: the cancel reply frees the conn
+
+        upstream.add_done_callback(done)
+
+    async def _poll_group(self, group: _WaitGroup) -> None:
+        """A queued group asks CHECK (coalesced, on the main stream) until ready or promoted."""
+        try:
+            while group.state == "queued":
+                main = await self._get_main()
+                ready = await asyncio.shield(
+                    self._join_or_send(main, Request(Op.CHECK, keys=group.keys), self._check_inflight, group.keys)
+                )
+                if group.state != "queued":
+                    return
+                if ready == CheckReply.READY:
+                    self._finish_group(group, None)
+                    return
+                await asyncio.sleep(group.poll_delay)
+                group.poll_delay = min(group.poll_delay * 2, _POLL_MAX)
+        except UpstreamLost as exc:
+            if group.state == "queued":
+                self._finish_group(group, exc)
+
+    def _finish_group(self, group: _WaitGroup, error: Optional[BaseException]) -> None:
+        group.state = "done"
+        if self._wait_groups.get(group.keys) is group:
+            del self._wait_groups[group.keys]
+        waiters, group.waiters = group.waiters, {}
+        for future in waiters.values():
+            if future.done():
+                continue
+            if error is None:
+                future.set_result(WaitReply.STOP_WAITING)
+            else:
+                future.set_exception(error)
+                future.exception()
+
+    def _fail_queued(self, error: BaseException) -> None:
+        if self._wait_pool or self._wait_opening:
+            return  # another connection will serve the queue
+        while self._queued:
+            self._finish_group(self._queued.popleft(), error)
+
+    def _leave_wait(self, client: _Client) -> None:
+        if client.wait is None:
+            return
+        group, future = client.wait
+        client.wait = None
+        group.waiters.pop(client.id, None)
+        future.cancel()
+        if group.waiters or group.state not in ("queued", "active"):
+            return
+        if self._wait_groups.get(group.keys) is group:
+            del self._wait_groups[group.keys]
+        if group.state == "queued":
+            group.state = "done"
+            return
+        group.state = "cancelling"
+        conn = group.conn
+        assert conn is not None
+        self._cancel_upstream(conn)
+
+    def _cancel_upstream(self, conn: _Upstream) -> None:
+        try:
+            cancelled = conn.send(Request(Op.CANCEL_WAIT))
+        except UpstreamLost:
+            return
+        assert cancelled is not None
+        cancelled.add_done_callback(
+            lambda f: self._release_wait_conn(conn) if not f.cancelled() and f.exception() is None else None
+        )
+
+    # ------------------------------------------------------------ BARRIER
+
+    async def _client_barrier(self, client: _Client, request: Request) -> None:
+        self._leave_barrier(client)
+        conn: Optional[_Upstream] = None
+        while self._idle_wait and conn is None:
+            candidate = self._idle_wait.pop()
+            conn = None if candidate.closed else candidate
+        if conn is None:
+            conn = _Upstream(self, "barrier")
+            await conn.open(asyncio.get_running_loop().time() + self.timeout)
+        upstream = conn.send(request)
+        assert upstream is not None
+        client.barrier = (conn, upstream)
+
+        def done(reply: asyncio.Future) -> None:
+            if client.barrier is not None and client.barrier[1] is reply:
+                client.barrier = None
+            else:
+                return  # cancelled by the client: the CANCEL_WAIT reply frees the conn
+            if reply.cancelled() or reply.exception() is not None:
+                client.abort()
+                return
+            client.write(encode_reply(Op.BARRIER, reply.result()))
+            self._release_wait_conn(conn)
+
+        upstream.add_done_callback(done)
+
+    def _leave_barrier(self, client: _Client) -> None:
+        if client.barrier is None:
+            return
+        conn, _ = client.barrier
+        client.barrier = None
+        self._cancel_upstream(conn)
+
+
+def _format_address(host: str, port: int) -> str:
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            return f"[{host}]:{port}"
+    except ValueError:
+        pass
+    return f"{host}:{port}"
+
+
+class StoreProxy:
+    """A :class:`AsyncStoreProxy` on its own event loop in a background thread.
+
+    >>> with StoreProxy("10.0.0.1", 29500) as proxy:   # doctest: +SKIP
+    ...     os.environ["MASTER_PORT"] = str(proxy.port)
+    """
+
+    def __init__(
+        self,
+        upstream_host: str,
+        upstream_port: int,
+        *,
+        listen_host: str = "127.0.0.1",
+        listen_port: int = 0,
+        timeout: float = 300.0,
+        wait_connections: int = DEFAULT_WAIT_CONNECTIONS,
+    ) -> None:
+        try:
+            ipaddress.ip_address(listen_host)
+        except ValueError:
+            raise ValueError(f"listen_host must be a literal IP address, got {listen_host!r}") from None
+        self._listen = (listen_host, int(listen_port))
+        self._proxy = AsyncStoreProxy(upstream_host, upstream_port, timeout=timeout,
+                                      wait_connections=wait_connections)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self._port: Optional[int] = None
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("StoreProxy.start() has not been called")
+        return self._port
+
+    @property
+    def host(self) -> str:
+        return self._listen[0]
+
+    @property
+    def stats(self) -> ProxyStats:
+        return self._proxy.snapshot()
+
+    def start(self) -> int:
+        """Bind, start serving on a background thread, and return the listening port."""
+        with self._lock:
+            if self._thread is not None:
+                return self.port
+            if self._stopped:
+                raise RuntimeError("a stopped StoreProxy cannot be restarted")
+            host, port = self._listen
+            family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((host, port))
+                sock.listen(LISTEN_BACKLOG)
+                sock.setblocking(False)
+            except OSError:
+                sock.close()
+                raise
+            self._port = sock.getsockname()[1]
+            loop = asyncio.new_event_loop()
+            started = threading.Event()
+            failure: List[BaseException] = []
+
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                try:
+                    loop.run_until_complete(self._proxy.start(sock))
+                except BaseException as exc:  # surfaced to start()'s caller
+                    failure.append(exc)
+                    sock.close()
+                    started.set()
+                    loop.close()
+                    return
+                started.set()
+                try:
+                    loop.run_forever()
+                finally:
+                    loop.run_until_complete(self._proxy.aclose())
+                    loop.run_until_complete(loop.shutdown_asyncgens())
+                    loop.close()
+
+            self._loop = loop
+            self._thread = threading.Thread(target=run, name=f"npu-store-proxy-{self._port}", daemon=True)
+            self._thread.start()
+            started.wait()
+            if failure:
+                self._thread.join()
+                self._thread = None
+                raise failure[0]
+            logger.info("store proxy listening on %s, upstream %s",
+                        _format_address(host, self._port), self._proxy.upstream_text)
+            return self._port
+
+    def stop(self) -> None:
+        """Close the listener, client and upstream connections, and join the thread (idempotent)."""
+        with self._lock:
+            self._stopped = True
+            thread, loop = self._thread, self._loop
+            self._thread = None
+            if thread is None or loop is None:
+                return
+            if thread.is_alive():
+                loop.call_soon_threadsafe(loop.stop)
+                thread.join()
+
+    def __enter__(self) -> "StoreProxy":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
