@@ -28,8 +28,8 @@ from npu_job.bootstrap.model import Collective, Placement, RankTable, Server, To
 IdKey = Tuple[Union[int, str, Tuple[Union[int, str], ...]], ...]
 
 _DIGITS = re.compile(r"(\d+)", re.ASCII)
-_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"  # 0..255 without leading zeros
-_IPV4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}", re.ASCII)
+_inet_aton = socket.inet_aton
+_inet_ntoa = socket.inet_ntoa
 SwitchPath = Tuple[Tuple[str, ...], Tuple[str, ...], Optional[int]]  # (tiers, tors, slot)
 
 
@@ -40,8 +40,13 @@ def id_sort_key(identifier: str) -> IdKey:
     id; ties between spellings that mean the same number (``"07"`` and ``"7"``, ``"::1"`` and
     ``"0::1"``) are broken by the raw string so the order is total.
     """
-    if _IPV4.fullmatch(identifier):  # canonical dotted quad only, so inet_aton reads no octal
-        return (0, 4, int.from_bytes(socket.inet_aton(identifier), "big"), identifier)
+    try:
+        packed: Optional[bytes] = _inet_aton(identifier)
+    except (OSError, ValueError):
+        packed = None
+    # Only the canonical dotted quad counts as an address (inet_aton also takes "10.1", octal, hex).
+    if packed is not None and _inet_ntoa(packed) == identifier:
+        return (0, 4, int.from_bytes(packed, "big"), identifier)
     if ":" in identifier:
         import ipaddress  # only IPv6 ids pay for this import
 

@@ -292,3 +292,16 @@ def test_every_reason_is_reported_at_once():
 )
 def test_hccl_algo_maps_the_inter_server_algorithm(value, expected):
     assert collective_from_hccl_algo(value) is expected
+
+
+# --- canonical id order ------------------------------------------------------------------------------
+
+
+def test_ids_sort_as_numbers_when_they_are_ips_and_naturally_otherwise():
+    ids = ["tor-10", "10.0.0.10", "::1", "tor-2", "10.0.0.9", "010.0.0.1", "tor-02", "2.0.0.1", "1.2.3", "0::1"]
+    assert sorted(ids, key=canonical.id_sort_key) == [
+        "2.0.0.1", "10.0.0.9", "10.0.0.10",  # IPv4 by value
+        "0::1", "::1",  # IPv6 by value, equal values by spelling
+        "1.2.3", "010.0.0.1",  # not canonical addresses: natural order
+        "tor-02", "tor-2", "tor-10",
+    ]
