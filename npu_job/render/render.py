@@ -7,8 +7,9 @@ comment per document, the scripts ConfigMap before the Job that mounts it) and
 
 Escaping, the one thing that must never go wrong:
 
-* every YAML value goes through ``tojson`` (JSON is YAML; ASCII-only with DEL escaped, so that
-  PyYAML and kubectl read every string back exactly, line breaks and all);
+* every YAML value goes through ``tojson`` (:func:`yaml_scalar`: JSON, which is YAML, with the
+  characters YAML would not keep verbatim escaped, so that PyYAML and kubectl read every string
+  back exactly, line breaks and all);
 * the scripts in the ConfigMap go through ``yaml_block`` (a literal block scalar, checked by
   parsing it back; a JSON string where a block cannot hold the text exactly);
 * every shell word goes through ``shquote`` (:func:`shlex.quote`);
@@ -21,6 +22,7 @@ template and line. Each rendered document is parsed back before it is returned.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -95,8 +97,18 @@ class RenderedJob:
 
 
 def yaml_scalar(value: Any) -> str:
-    """JSON text of ``value`` that YAML reads back exactly (ASCII only, DEL escaped)."""
-    return json.dumps(value, ensure_ascii=True).replace("\x7f", "\\u007f")
+    """``value`` as JSON text that YAML reads back exactly: a double-quoted scalar for strings.
+
+    JSON escapes quotes, backslashes and control characters; on top of that every character YAML
+    would not keep verbatim inside double quotes (DEL, C1 controls with NEL, the line and paragraph
+    separators, BOM, non-characters) is written as a ``\\uXXXX`` escape, which means the same in
+    JSON and YAML. Other non-ASCII text stays readable. (JSON's surrogate-pair escapes for
+    characters beyond U+FFFF are avoided: YAML reads them as two lone surrogates.)
+    """
+    return _QUOTED_UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", json.dumps(value, ensure_ascii=False))
+
+
+_QUOTED_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
 
 
 def yaml_block(text: str, indent: int) -> str:
@@ -144,11 +156,14 @@ def shquote(value: Any) -> str:
 # --- rendering -------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1)
 def _environment() -> Any:
+    """The Jinja environment (cached: templates are package data and compile once per process)."""
     import jinja2
 
-    def load(name: str) -> Optional[str]:
-        return _package_text(name)
+    def load(name: str) -> Tuple[str, str, Any]:
+        # a file name lets Jinja map errors in rendering back to the template's line
+        return _package_text(name), f"templates/{name}", lambda: True
 
     env = jinja2.Environment(
         loader=jinja2.FunctionLoader(load),

@@ -268,6 +268,12 @@ class _Checker:
             hint = " (quote it to keep it exactly as written)" if isinstance(value, (bool, int, float)) else ""
             self.problem(path, f"expected a string, got {_describe(value)}{hint}")
             return None
+        if re.search("[\ud800-\udfff]", value):
+            self.problem(path, "is not valid UTF-8 text")
+            return None
+        if "\x00" in value:
+            self.problem(path, "contains a NUL character, which no process argument or environment value can carry")
+            return None
         if pattern is not None and not pattern.match(value):
             self.problem(path, f"{_describe(value)} is not {rule}")
             return None

@@ -1,0 +1,215 @@
+"""The rendered manifests: every element the platform asks for, and nothing NPU-only elsewhere.
+
+The Volcano Job's structure is checked against what the Volcano Job CRD's openAPIV3Schema
+requires of the fields used here (integers, string lists, the policy event enum); the pod
+template is checked by Kubernetes' own schema (kubernetes-validate), wrapped as a Pod.
+"""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from npu_job.errors import RenderError
+from npu_job.render import render as render_module
+from npu_job.render.render import render
+
+from .conftest import BOOTSTRAP_STAND_IN, container, env_of, job_of, names, parsed, pod_spec, render_values, spec_from, with_keys
+
+DESIGN_POD_COMMAND = (
+    "bash bootstrap.sh; export RANK_AFTER_ACC=${VC_TASK_INDEX}; "
+    "rank_acc=$(cat /tmp/RANK_AFTER_ACC 2>/dev/null); [ -n \"${rank_acc}\" ] && export RANK_AFTER_ACC=${rank_acc}; "
+    "export MA_MASTER_INDEX=$(cat /tmp/MASTER_INDEX 2>/dev/null || echo 0); bash train.sh"
+)
+NPU_HOST_PATHS = [
+    "/usr/local/Ascend/driver",
+    "/usr/local/Ascend/add-ons",
+    "/etc/localtime",
+    "/etc/hccn.conf",
+    "/usr/local/sbin/npu-smi",
+]
+
+
+@pytest.fixture(scope="module")
+def routed():
+    return render_values(with_keys(name="llm", nodes=6, queue="train-q", max_retry=5, hccl={"connect_timeout": 1800}))
+
+
+def test_stream_lists_the_scripts_configmap_before_the_job(routed):
+    stream = routed.stream()
+    assert stream.startswith("---\n# Source: npu-job/templates/configmap.yaml.j2\n")
+    assert "\n---\n# Source: npu-job/templates/job.yaml.j2\n" in stream
+    kinds = [(doc["kind"], doc["metadata"]["name"]) for doc in parsed(routed)]
+    assert kinds == [("ConfigMap", "llm-scripts"), ("Job", "llm")]
+    configmap = parsed(routed)[0]
+    assert configmap["data"] == {"train.sh": routed.scripts[0][1], "bootstrap.sh": BOOTSTRAP_STAND_IN}
+
+
+def test_routed_npu_job_has_every_element_of_the_platform_example(routed):
+    job = job_of(routed)
+    assert job["apiVersion"] == "batch.volcano.sh/v1alpha1"
+    assert job["metadata"]["labels"]["ring-controller.cce"] == "ascend-1980"
+    assert job["metadata"]["labels"]["fault-scheduling"] == "force"
+    spec = job["spec"]
+    assert spec["schedulerName"] == "volcano"
+    assert spec["minAvailable"] == spec["tasks"][0]["replicas"] == 6
+    assert spec["policies"] == [{"event": "PodEvicted", "action": "RestartJob"}]
+    assert spec["plugins"] == {
+        "configmap1980": ["--rank-table-version=v2"],
+        "env": [],
+        "svc": ["--publish-not-ready-addresses=true"],
+    }
+    assert (spec["maxRetry"], spec["queue"]) == (5, "train-q")
+    template = spec["tasks"][0]["template"]
+    assert template["metadata"]["annotations"] == {"cabinet": "cabinet"}
+    pod = template["spec"]
+    anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti == [
+        {
+            "labelSelector": {"matchExpressions": [{"key": "volcano.sh/job-name", "operator": "In", "values": ["llm"]}]},
+            "topologyKey": "kubernetes.io/hostname",
+        }
+    ]
+    env = env_of(job)
+    assert env["MA_CURRENT_HOST_IP"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+    assert env["MA_VJ_NAME"] == {"fieldRef": {"fieldPath": "metadata.annotations['volcano.sh/job-name']"}}
+    assert env["MA_TASK_NAME"] == {"fieldRef": {"fieldPath": "metadata.annotations['volcano.sh/task-spec']"}}
+    assert (env["MA_NUM_GPUS"], env["MA_NUM_HOSTS"], env["HCCL_CONNECT_TIMEOUT"]) == ("8", "6", "1800")
+    resources = container(job)["resources"]
+    assert resources["requests"] == resources["limits"] == {"huawei.com/ascend-1980": 8}
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounted = {m["name"]: m["mountPath"] for m in container(job)["volumeMounts"]}
+    assert sorted(host_paths.values()) == sorted(NPU_HOST_PATHS)
+    assert all(mounted[name] == path for name, path in host_paths.items())
+    assert pod["nodeSelector"] == {"accelerator/huawei-npu": "ascend-1980"}
+    assert pod["restartPolicy"] == "OnFailure"
+
+
+def test_pod_command_is_the_platform_pattern_run_in_the_scripts_mount(routed):
+    command = container(job_of(routed))["command"]
+    assert command[:2] == ["/bin/bash", "-c"]
+    assert command[2] == "cd /opt/npu-job || exit 1; " + DESIGN_POD_COMMAND
+    assert routed.pod_command == command[2]
+    scripts = next(v for v in pod_spec(job_of(routed))["volumes"] if v["name"] == "npu-job-scripts")
+    assert scripts["configMap"]["name"] == "llm-scripts"
+    assert {"name": "npu-job-scripts", "mountPath": "/opt/npu-job", "readOnly": True} in container(job_of(routed))["volumeMounts"]
+
+
+def test_routing_off_runs_no_bootstrap_and_keeps_scheduler_order():
+    rendered = render_values(with_keys(nodes=2))
+    job = job_of(rendered)
+    assert rendered.pod_command == (
+        "cd /opt/npu-job || exit 1; export RANK_AFTER_ACC=${VC_TASK_INDEX}; export MA_MASTER_INDEX=0; bash train.sh"
+    )
+    assert [name for name, _ in rendered.scripts] == ["train.sh"]
+    assert "configmap1980" not in job["spec"]["plugins"]
+    assert "ring-controller.cce" not in job["metadata"]["labels"]
+    assert "annotations" not in job["spec"]["tasks"][0]["template"]["metadata"]
+
+
+@pytest.mark.parametrize("device, resource", [("gpu", "nvidia.com/gpu"), ("cpu", None)])
+def test_gpu_and_cpu_jobs_have_no_npu_only_pieces(device, resource):
+    rendered = render_values(with_keys(device=device, nodes=3, npus_per_node=4, launcher="torchrun"))
+    job = job_of(rendered)
+    text = rendered.stream()
+    for npu_only in ["configmap1980", "ring-controller", "cabinet", "ascend", "hccn", "npu-smi", "HCCL_", "accelerator/huawei-npu"]:
+        assert npu_only not in text, npu_only
+    requests = container(job)["resources"]["requests"] if resource else {}
+    assert requests == ({resource: 4} if resource else {})
+    assert "resources" in container(job) or resource is None
+    assert env_of(job)["MA_NUM_GPUS"] == "4"
+    assert ("affinity" in pod_spec(job)) is (device == "gpu")
+    assert "nodeSelector" not in pod_spec(job)
+
+
+def test_user_volumes_mounts_selectors_labels_and_resources_are_added_to_ours():
+    values = with_keys(
+        nodes=3,
+        volumes=[{"name": "data", "nfs": {"server": "10.0.0.9", "path": "/export/data"}}],
+        mounts=[{"name": "data", "mountPath": "/data", "readOnly": True}],
+        node_selector={"accelerator/huawei-npu": "ascend-1980-b", "pool": "a"},
+        labels={"team": "llm"},
+        annotations={"note": "a: b # c"},
+        resources={"cpu": 190, "memory": "1500Gi"},
+        priority_class="high-priority",
+        image_pull_secrets=["swr-secret"],
+        host_network=True,
+    )
+    job = job_of(render_values(values))
+    pod = pod_spec(job)
+    assert names(pod["volumes"])[-1] == "data" and pod["volumes"][-1]["nfs"]["server"] == "10.0.0.9"
+    assert container(job)["volumeMounts"][-1] == {"name": "data", "mountPath": "/data", "readOnly": True}
+    assert pod["nodeSelector"] == {"accelerator/huawei-npu": "ascend-1980-b", "pool": "a"}
+    assert job["metadata"]["labels"]["team"] == job["spec"]["tasks"][0]["template"]["metadata"]["labels"]["team"] == "llm"
+    assert job["spec"]["tasks"][0]["template"]["metadata"]["annotations"] == {"cabinet": "cabinet", "note": "a: b # c"}
+    assert container(job)["resources"]["limits"] == {"huawei.com/ascend-1980": 8, "cpu": "190", "memory": "1500Gi"}
+    assert job["spec"]["priorityClassName"] == pod["priorityClassName"] == "high-priority"
+    assert pod["imagePullSecrets"] == [{"name": "swr-secret"}]
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(with_keys(), id="single-npu"),
+        pytest.param(with_keys(nodes=6, env={"A": "1"}, resources={"cpu": "8", "memory": "64Gi"}), id="routed-npu"),
+        pytest.param(with_keys(device="gpu", nodes=2, host_network=True, shm_size=None), id="gpu"),
+        pytest.param(with_keys(device="cpu", nodes=3, volumes=[{"name": "d", "emptyDir": {}}], mounts=[{"name": "d", "mountPath": "/d"}]), id="cpu"),
+    ],
+)
+def test_manifests_pass_kubernetes_and_volcano_schemas(values):
+    """Pod template: Kubernetes' own schema (strict: unknown fields fail). Job: the CRD's rules we use."""
+    documents = parsed(render_values(values))
+    version = kubernetes_validate.latest_version()
+    kubernetes_validate.validate(documents[0], version, strict=True)
+    job = documents[1]
+    template = job["spec"]["tasks"][0]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": dict(template["metadata"], name="p"), "spec": template["spec"]}
+    kubernetes_validate.validate(pod, version, strict=True)
+    # Volcano Job CRD (v1alpha1 openAPIV3Schema): the fields used and their types/constraints
+    spec = job["spec"]
+    assert set(spec) <= {"schedulerName", "minAvailable", "maxRetry", "queue", "priorityClassName", "policies", "plugins", "tasks"}
+    assert isinstance(spec["minAvailable"], int) and spec["minAvailable"] >= 0
+    assert isinstance(spec["maxRetry"], int) and spec["maxRetry"] >= 0
+    assert len(spec["schedulerName"]) <= 63
+    assert all(isinstance(v, list) and all(isinstance(a, str) for a in v) for v in spec["plugins"].values())
+    assert all(p["event"] in {"*", "PodPending", "PodRunning", "PodFailed", "PodEvicted", "Unknown"} for p in spec["policies"])
+    assert len(spec["tasks"]) >= 1
+    assert set(spec["tasks"][0]) == {"name", "replicas", "template"}
+    assert isinstance(spec["tasks"][0]["replicas"], int)
+
+
+def test_template_errors_name_the_template_and_line(monkeypatch):
+    broken = {"job.yaml.j2": "a: 1\nb: {{ spec.no_such_key }}\n", "configmap.yaml.j2": "x: {% if %}\n"}
+    real = render_module._package_text
+    spec = spec_from(with_keys())
+    monkeypatch.setattr(render_module, "_package_text", lambda name: broken.get(name) or real(name))
+    render_module._environment.cache_clear()  # compiled templates are cached per process
+    monkeypatch.setattr(render_module, "_environment", render_module._environment.__wrapped__)
+    with pytest.raises(RenderError, match=r"templates/configmap.yaml.j2, line 1: .*"):
+        render(spec)
+    broken.pop("configmap.yaml.j2")
+    with pytest.raises(RenderError, match=r"templates/job.yaml.j2, line 2: .*no_such_key"):
+        render(spec)
+
+
+def test_render_is_deterministic():
+    values = with_keys(nodes=6, env={"B": "2", "A": "1"}, labels={"z": "1", "a": "2"})
+    assert render_values(values).stream() == render_values(values).stream()
+
+
+def test_bundled_bootstrap_is_shipped_verbatim():
+    from importlib import resources
+
+    bundled = resources.files("npu_job.templates").joinpath("bootstrap.sh").read_text()
+    rendered = render(spec_from(with_keys(nodes=3)))
+    assert dict(rendered.scripts)["bootstrap.sh"] == bundled
+    assert yaml.safe_load_all(rendered.stream()).__next__()["data"]["bootstrap.sh"] == bundled
+
+
+def test_bootstrap_url_ships_a_fetcher_instead():
+    rendered = render_values(with_keys(nodes=3, bootstrap={"url": "https://obs.example.com/x/bootstrap.sh?a=1&b=$(x)"}))
+    fetcher = dict(rendered.scripts)["bootstrap.sh"]
+    assert "url='https://obs.example.com/x/bootstrap.sh?a=1&b=$(x)'" in fetcher
+    assert fetcher != BOOTSTRAP_STAND_IN
