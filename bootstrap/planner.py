@@ -21,12 +21,21 @@ id — MindCluster's ToR-major, slot-sorted numbering, so boundary flows line up
 *Ring / NHR* use the switch-contiguous order: each group's nodes get consecutive ranks, which for a
 ring reaches the lower bound of cross-switch edges (one per group touched, none for one group).
 
-*RHD* (halving-doubling, far-first) also considers the interleaved order, dealing one node from
-each ToR group in turn (``rank = slot_in_tor * T + tor`` when all T groups are equal), so the
-first, largest XOR step ``r <-> r ^ n/2`` stays inside a ToR. Uneven groups drop out of the deal
-as they run empty; nodes without placement still go last. Both candidates are scored with
-:func:`npu_job.bootstrap.scorer.cross_switch_volume` (data volume crossing a ToR, then the best
-possible max uplink load) and the cheaper one wins; ties keep the contiguous order.
+*RHD* (halving-doubling, far-first) wants the big early steps ``r <-> r ^ n/2``, ``r ^ n/4``...
+inside a ToR. Three candidates are scored with
+:func:`npu_job.bootstrap.scorer.cross_switch_volume` (data crossing ToRs, then the phase time with
+perfect path control) and the cheapest wins, ties going to the earlier one:
+
+1. the switch-contiguous order above;
+2. the interleaved order: deal one node from each ToR group in turn (``rank = slot_in_tor * T +
+   tor`` when all T groups are equal), so the ToR index sits in the low bits of the rank; groups
+   that run empty drop out of the deal;
+3. the bit-reversed contiguous order (:func:`bit_reversed`): far-first XOR steps seen in
+   bit-reversed rank space pair contiguous neighbours, so every big step stays inside a group
+   except at group boundaries, whatever the group sizes — the one that wins on uneven ToRs.
+
+Nodes without placement stay last in every candidate except the bit-reversed one, which permutes
+the whole contiguous order.
 
 Preconditions (platform rule): at least 3 nodes, full nodes (equal device counts, none empty, and
 ``full_node_devices`` when given), a completed rank table with pod indices 0..n-1 and unique
