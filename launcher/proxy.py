@@ -42,15 +42,20 @@ CANCEL_WAIT when no other local worker shares them), so the proxy survives worke
 from __future__ import annotations
 
 import asyncio
+import argparse
 import collections
+import concurrent.futures
+import json
+import sys
 import ipaddress
 import itertools
 import logging
 import random
 import socket
 import threading
-from dataclasses import dataclass
-from typing import Deque, Dict, List, Optional, Set, Tuple
+import types
+from dataclasses import dataclass, field
+from typing import Deque, Dict, List, Mapping, Optional, Set, Tuple
 
 from npu_job.launcher.protocol import (
     BLOCKING_OPS,
@@ -95,11 +100,15 @@ class ProxyStats:
     upstream_connections: int  # opened to the root since start
     upstream_open: int
     coalesced: int  # client requests answered by joining another request or batch
+    waits_active: int  # upstream WAITs in flight (at most wait_connections)
+    waits_queued: int  # distinct waits queued behind a full pool (polled with CHECK)
+    received_by_op: Mapping[str, int] = field(default_factory=dict)
+    upstream_by_op: Mapping[str, int] = field(default_factory=dict)
 
 
 class _Counters:
     __slots__ = ("client_connections", "requests_received", "requests_upstream",
-                 "upstream_connections", "coalesced")
+                 "upstream_connections", "coalesced", "received_by_op", "upstream_by_op")
 
     def __init__(self) -> None:
         self.client_connections = 0
@@ -107,6 +116,8 @@ class _Counters:
         self.requests_upstream = 0
         self.upstream_connections = 0
         self.coalesced = 0
+        self.received_by_op: Dict[str, int] = collections.Counter()
+        self.upstream_by_op: Dict[str, int] = collections.Counter()
 
 
 def _set_nodelay(sock: Optional[socket.socket]) -> None:
@@ -169,7 +180,9 @@ class _Upstream:
         if self.closed:
             raise UpstreamLost(f"connection to the root store {self._proxy.upstream_text} is closed")
         self._out.append(encode_request(request))
-        self._proxy.counters.requests_upstream += 1
+        counters = self._proxy.counters
+        counters.requests_upstream += 1
+        counters.upstream_by_op[request.op.name] += 1
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -328,10 +341,15 @@ class AsyncStoreProxy:
         self._spawn(self._warm_up())
 
     async def _warm_up(self) -> None:
+        """Open the main and wait connections before the workers need them."""
         try:
             await self._get_main()
         except UpstreamLost as exc:
             logger.warning("store proxy: %s (will retry on the first request)", exc)
+            return
+        while len(self._wait_pool) + self._wait_opening < self.wait_connections:
+            self._wait_opening += 1
+            self._spawn(self._open_wait_conn())
 
     async def aclose(self) -> None:
         self._closing = True
@@ -358,6 +376,10 @@ class AsyncStoreProxy:
             upstream_connections=c.upstream_connections,
             upstream_open=len(self.upstream_open),
             coalesced=c.coalesced,
+            waits_active=sum(1 for conn in self.upstream_open if conn.kind != "main" and conn.busy),
+            waits_queued=sum(1 for group in self._queued if group.state == "queued"),
+            received_by_op=types.MappingProxyType(dict(c.received_by_op)),
+            upstream_by_op=types.MappingProxyType(dict(c.upstream_by_op)),
         )
 
     def _spawn(self, coro) -> asyncio.Task:  # type: ignore[no-untyped-def]
@@ -460,6 +482,7 @@ class AsyncStoreProxy:
                         break
                     request, pos = decoded
                     self.counters.requests_received += 1
+                    self.counters.received_by_op[request.op.name] += 1
                     if request.op == Op.VALIDATE:
                         if validated:
                             raise ProtocolError("VALIDATE sent twice")
@@ -818,7 +841,20 @@ class StoreProxy:
 
     @property
     def stats(self) -> ProxyStats:
-        return self._proxy.snapshot()
+        """A consistent snapshot, taken on the proxy's loop while it runs."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or not thread.is_alive() or threading.current_thread() is thread:
+            return self._proxy.snapshot()
+        result: "concurrent.futures.Future[ProxyStats]" = concurrent.futures.Future()
+
+        def take() -> None:
+            try:
+                result.set_result(self._proxy.snapshot())
+            except BaseException as exc:  # reported to the caller's thread
+                result.set_exception(exc)
+
+        loop.call_soon_threadsafe(take)
+        return result.result(timeout=10)
 
     def start(self) -> int:
         """Bind, start serving on a background thread, and return the listening port."""
@@ -891,3 +927,39 @@ class StoreProxy:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m npu_job.launcher.proxy HOST:PORT``: serve one proxy (tests, debugging).
+
+    Prints ``{"version": 1, "port": N}`` once listening; then each ``stats`` line on stdin
+    prints the counters as JSON; EOF or ``stop`` stops it.
+    """
+    parser = argparse.ArgumentParser(prog="python -m npu_job.launcher.proxy", description=main.__doc__)
+    parser.add_argument("upstream", help="root store address, HOST:PORT (literal IP preferred)")
+    parser.add_argument("--listen-host", default="127.0.0.1")
+    parser.add_argument("--listen-port", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to keep retrying the root")
+    parser.add_argument("--wait-connections", type=int, default=DEFAULT_WAIT_CONNECTIONS)
+    args = parser.parse_args(argv)
+    host, sep, port = args.upstream.rpartition(":")
+    if not sep or not port.isdigit():
+        parser.error(f"upstream: expected HOST:PORT, got {args.upstream!r}")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    with StoreProxy(host.strip("[]"), int(port), listen_host=args.listen_host, listen_port=args.listen_port,
+                    timeout=args.timeout, wait_connections=args.wait_connections) as proxy:
+        print(json.dumps({"version": 1, "port": proxy.port}), flush=True)
+        for line in sys.stdin:
+            command = line.strip()
+            if command == "stop":
+                break
+            if command == "stats":
+                stats = proxy.stats
+                payload = {name: getattr(stats, name) for name in stats.__dataclass_fields__}
+                payload = {k: dict(v) if isinstance(v, Mapping) else v for k, v in payload.items()}
+                print(json.dumps({"version": 1, **payload}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""A small raw-protocol TCPStore client (blocking and asyncio) for tests and the benchmark.
+
+torch's own client is the real thing and the tests use it wherever they can. This one exists
+for what it cannot do: pipeline several requests or send them from many simulated ranks in one
+process without a thread (and a GIL-holding C++ call) per rank, and hand-craft bytes. It speaks
+exactly :mod:`npu_job.launcher.protocol`, connecting as torch does (VALIDATE, then PING).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+from typing import Optional
+
+from npu_job.launcher.protocol import (
+    NO_REPLY_OPS,
+    VALIDATION_MAGIC,
+    Op,
+    ProtocolError,
+    ReplyValue,
+    Request,
+    decode_reply,
+    encode_request,
+)
+
+
+class RawStoreClient:
+    """Blocking client: ``send`` requests (pipelining allowed), ``receive`` replies in order."""
+
+    def __init__(self, host: str, port: int, timeout: float = 30.0) -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._buf = bytearray()
+        self.send(Request(Op.VALIDATE, number=VALIDATION_MAGIC))
+        nonce = random.getrandbits(32)
+        if self.call(Request(Op.PING, number=nonce)) != nonce:
+            raise ProtocolError("PING was not echoed")
+
+    def send(self, *requests: Request) -> None:
+        self.sock.sendall(b"".join(encode_request(r) for r in requests))
+
+    def receive(self, request: Request) -> ReplyValue:
+        if request.op in NO_REPLY_OPS:
+            return None
+        while True:
+            decoded = decode_reply(request, self._buf)
+            if decoded is not None:
+                value, pos = decoded
+                del self._buf[:pos]
+                return value
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("store closed the connection")
+            self._buf += chunk
+
+    def call(self, request: Request) -> ReplyValue:
+        self.send(request)
+        return self.receive(request)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "RawStoreClient":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AsyncRawStoreClient:
+    """asyncio client, one request at a time (like torch's client)."""
+
+    def __init__(self) -> None:
+        self._reader: Optional[asyncio.StreamReader] = None
+        self._writer: Optional[asyncio.StreamWriter] = None
+        self._buf = bytearray()
+        self.requests_sent = 0
+
+    @classmethod
+    async def connect(cls, host: str, port: int, retry_until: float = 0.0) -> "AsyncRawStoreClient":
+        self = cls()
+        loop = asyncio.get_running_loop()
+        delay = 0.01
+        while True:
+            try:
+                self._reader, self._writer = await asyncio.open_connection(host, port)
+                break
+            except OSError:
+                if loop.time() > retry_until:
+                    raise
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, 1.0)
+        await self.call(Request(Op.VALIDATE, number=VALIDATION_MAGIC))
+        await self.call(Request(Op.PING, number=1))
+        return self
+
+    async def call(self, request: Request) -> ReplyValue:
+        assert self._writer is not None and self._reader is not None
+        self._writer.write(encode_request(request))
+        self.requests_sent += 1
+        if request.op in NO_REPLY_OPS:
+            return None
+        while True:
+            decoded = decode_reply(request, self._buf)
+            if decoded is not None:
+                value, pos = decoded
+                del self._buf[:pos]
+                return value
+            chunk = await self._reader.read(1 << 16)
+            if not chunk:
+                raise ConnectionError("store closed the connection")
+            self._buf += chunk
+
+    async def get(self, key: bytes) -> bytes:
+        """torch's ``get``: WAIT for the key, then GET it."""
+        await self.call(Request(Op.WAIT, keys=(key,)))
+        value = await self.call(Request(Op.GET, keys=(key,)))
+        assert isinstance(value, bytes)
+        return value
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            try:
+                await self._writer.wait_closed()
+            except OSError:
+                pass

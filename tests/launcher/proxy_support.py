@@ -1,0 +1,97 @@
+"""Test helpers for the store proxy: a proxy in its own process, root-side connection counts.
+
+The proxy runs in a child process (``python -m npu_job.launcher.proxy``) because some torch
+client calls (``list_keys``, ``queue_len``, ``queue_pop``) hold the GIL while they block on the
+socket: a proxy thread in the test process would starve. Roots are stock ``TCPStore`` servers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Dict, Optional
+
+LOOPBACK = "127.0.0.1"
+
+
+def tcp_store(port: int, *, master: bool = False, timeout: float = 5.0):  # type: ignore[no-untyped-def]
+    import torch.distributed as dist
+
+    return dist.TCPStore(
+        LOOPBACK, port, is_master=master, wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+
+
+class ProxyProcess:
+    """``python -m npu_job.launcher.proxy`` as a child; ``stats()`` asks it for its counters."""
+
+    def __init__(self, upstream_port: int, *, timeout: float = 10.0, wait_connections: int = 2) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "npu_job.launcher.proxy", f"{LOOPBACK}:{upstream_port}",
+             "--timeout", str(timeout), "--wait-connections", str(wait_connections)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"proxy exited with {self.proc.wait()}")
+        self.port: int = json.loads(line)["port"]
+
+    def stats(self) -> Dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("stats\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def pause(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> Optional[int]:
+        if self.proc.poll() is None:
+            self.resume()
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write("stop\n")
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+        return self.proc.returncode
+
+    def __enter__(self) -> "ProxyProcess":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def established_connections(port: int) -> int:
+    """Sockets in ESTABLISHED state whose local port is ``port`` (server side of a listener)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as handle:
+                next(handle)
+                for line in handle:
+                    fields = line.split()
+                    local_port = int(fields[1].rsplit(":", 1)[1], 16)
+                    if local_port == port and fields[3] == "01":
+                        count += 1
+        except FileNotFoundError:
+            continue
+    return count
