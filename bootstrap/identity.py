@@ -25,7 +25,7 @@ def parse_task_index(value: Optional[str], name: str = "VC_TASK_INDEX") -> Optio
         return None
     text = value.strip()
     if not (text.isdigit() and text.isascii()):
-        raise InputError("environment", name, f"a non-negative integer pod index, got {value!r}")
+        raise InputError("environment", name, f"expected a non-negative integer pod index, got {value!r}")
     return int(text)
 
 
@@ -65,5 +65,5 @@ def find_pod_index(table: RankTable, host_ip: Optional[str], task_index: Optiona
     raise InputError(
         "environment",
         "MA_CURRENT_HOST_IP",
-        "this host's IP (or VC_TASK_INDEX, or --host-ip/--pod-index), neither is set",
+        "expected this host's IP (or VC_TASK_INDEX, or --host-ip/--pod-index), neither is set",
     )

@@ -28,7 +28,6 @@ from typing import Any, Dict, List, NoReturn
 from npu_job.errors import InputError
 
 MAX_INPUT_BYTES = 64 * 1024 * 1024
-MAX_INPUT_DESCRIPTION = "64 MiB"
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _BASE64_TEXT = re.compile(rb"[A-Za-z0-9+/=\s]+")
@@ -38,9 +37,12 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 def check_size(size: int, source: str) -> None:
     """Reject inputs over :data:`MAX_INPUT_BYTES` with a message that states the cap."""
     if size > MAX_INPUT_BYTES:
-        raise InputError(
-            source, "size", f"at most {MAX_INPUT_DESCRIPTION} ({MAX_INPUT_BYTES} bytes), got {size} bytes"
-        )
+        raise InputError(source, "size", f"expected at most {_cap_text()}, got {size} bytes")
+
+
+def _cap_text() -> str:
+    mib, rest = divmod(MAX_INPUT_BYTES, 1 << 20)
+    return f"{mib} MiB ({MAX_INPUT_BYTES} bytes)" if mib and not rest else f"{MAX_INPUT_BYTES} bytes"
 
 
 def decode_document(data: bytes, source: str, *, allow_yaml: bool = False) -> Any:
@@ -53,7 +55,7 @@ def decode_document(data: bytes, source: str, *, allow_yaml: bool = False) -> An
     if body.startswith(_UTF8_BOM):
         body = body[len(_UTF8_BOM):].lstrip()
     if not body:
-        raise InputError(source, "content", "a JSON document, got an empty input")
+        raise InputError(source, "content", "expected a JSON document, got an empty input")
     if body.startswith(_GZIP_MAGIC):
         return _parse_json(_gunzip(body, source, "gzip"), source)
     if body[:1] in b"{[":
@@ -69,7 +71,7 @@ def decode_document(data: bytes, source: str, *, allow_yaml: bool = False) -> An
     raise InputError(
         source,
         "content",
-        f"JSON or base64(gzip(JSON)), got data starting with {_preview(body)}",
+        f"expected JSON or base64(gzip(JSON)), got data starting with {_preview(body)}",
     )
 
 
@@ -85,12 +87,12 @@ def _b64decode(body: bytes, source: str) -> bytes:
     try:
         raw = base64.b64decode(compact, validate=True)
     except (binascii.Error, ValueError) as error:
-        raise InputError(source, "content", f"valid base64 (StdEncoding) of gzip(JSON): {error}") from None
+        raise InputError(source, "content", f"expected valid base64 (StdEncoding) of gzip(JSON): {error}") from None
     if not raw.startswith(_GZIP_MAGIC):
         raise InputError(
             source,
             "content",
-            f"base64 of gzip data (magic 1f8b), got base64 of bytes starting with {raw[:4].hex() or 'nothing'}",
+            f"expected base64 of gzip data (magic 1f8b), got base64 of bytes starting with {raw[:4].hex() or 'nothing'}",
         )
     return raw
 
@@ -100,13 +102,13 @@ def _gunzip(raw: bytes, source: str, what: str) -> bytes:
     try:
         out = decompressor.decompress(raw, MAX_INPUT_BYTES + 1)
     except zlib.error as error:
-        raise InputError(source, "content", f"a valid {what} stream: {error}") from None
+        raise InputError(source, "content", f"expected a valid {what} stream: {error}") from None
     if len(out) > MAX_INPUT_BYTES:
         raise InputError(
-            source, "content", f"at most {MAX_INPUT_DESCRIPTION} after decompression ({what})"
+            source, "content", f"expected at most {_cap_text()} after decompression ({what})"
         )
     if not decompressor.eof:
-        raise InputError(source, "content", f"a complete {what} stream, got a truncated one")
+        raise InputError(source, "content", f"expected a complete {what} stream, got a truncated one")
     return out
 
 
@@ -115,12 +117,12 @@ def _parse_json(text: bytes, source: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise InputError(
-            source, f"line {error.lineno} column {error.colno}", f"valid JSON ({error.msg})"
+            source, f"line {error.lineno} column {error.colno}", f"expected valid JSON ({error.msg})"
         ) from None
     except UnicodeDecodeError as error:
-        raise InputError(source, "content", f"UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise InputError(source, "content", f"expected UTF-8 text ({error.reason} at byte {error.start})") from None
     except RecursionError:
-        raise InputError(source, "content", "JSON nested less deeply") from None
+        raise InputError(source, "content", "expected JSON nested less deeply") from None
 
 
 def _parse_yaml(text: bytes, source: str) -> Any:
@@ -133,9 +135,9 @@ def _parse_yaml(text: bytes, source: str) -> Any:
         mark = getattr(error, "problem_mark", None)
         where = f"line {mark.line + 1} column {mark.column + 1}" if mark is not None else "content"
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise InputError(source, where, f"valid JSON or YAML ({problem})") from None
+        raise InputError(source, where, f"expected valid JSON or YAML ({problem})") from None
     except UnicodeDecodeError as error:
-        raise InputError(source, "content", f"UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise InputError(source, "content", f"expected UTF-8 text ({error.reason} at byte {error.start})") from None
 
 
 def _preview(body: bytes) -> str:
@@ -170,7 +172,7 @@ def fail(source: str, path: str, expected: str, value: Any = ...) -> NoReturn:
     """Raise the reader error; with ``value``, append what was found instead."""
     if value is not ...:
         expected = f"{expected}, got {describe(value)}"
-    raise InputError(source, path, expected)
+    raise InputError(source, path, f"expected {expected}")
 
 
 def require(mapping: Dict[str, Any], key: str, source: str, path: str) -> Any:

@@ -82,7 +82,7 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
         except ValueError:
             number = -1.0
         if not number >= 0:  # also rejects nan
-            raise InputError("environment", name, f"a number of seconds >= 0, got {text!r}")
+            raise InputError("environment", name, f"expected a number of seconds >= 0, got {text!r}")
         return number
 
     strict_flag = flags.get("strict")
@@ -224,7 +224,7 @@ def choose_collective(flag: Optional[str], env: Mapping[str, str]) -> Collective
             return Collective(flag.strip().lower())
         except ValueError:
             choices = ", ".join(c.value for c in Collective)
-            raise InputError("--collective", "", f"one of {choices}, got {flag!r}") from None
+            raise InputError("--collective", "", f"expected one of {choices}, got {flag!r}") from None
     from npu_job.bootstrap import planner
 
     algo = env.get("HCCL_ALGO")
@@ -266,7 +266,7 @@ def _read_candidate(candidate: TopologyCandidate, env: Mapping[str, str],
         if api is None:
             if candidate.required:
                 raise InputError("Kubernetes API", "KUBERNETES_SERVICE_HOST",
-                                 "in-cluster credentials (service host and a service account token)")
+                                 "expected in-cluster credentials (service host and a service account token)")
             return None
         try:
             return api.node_list(), f"{api.base_url}/api/v1/nodes"

@@ -69,11 +69,11 @@ def read_file(path: Union[str, os.PathLike]) -> bytes:
             check_size(size, name)
             data = handle.read(MAX_INPUT_BYTES + 1)
     except FileNotFoundError:
-        raise InputError(name, "file", "an existing file (not found)") from None
+        raise InputError(name, "file", "expected an existing file (not found)") from None
     except IsADirectoryError:
-        raise InputError(name, "file", "a file, got a directory") from None
+        raise InputError(name, "file", "expected a file, got a directory") from None
     except PermissionError:
-        raise InputError(name, "file", "a readable file (permission denied)") from None
+        raise InputError(name, "file", "expected a readable file (permission denied)") from None
     check_size(len(data), name)  # /proc-like files report size 0
     return data
 
@@ -121,9 +121,9 @@ def fetch_url(
         with http.get(url, headers=dict(headers or {}), params=params, verify=verify,
                       timeout=timeout, stream=True) as response:
             if response.status_code >= 500 or response.status_code == 429:
-                raise SourceUnavailable(label, "HTTP status", f"200 OK, got {response.status_code} {response.reason}")
+                raise SourceUnavailable(label, "HTTP status", f"expected 200 OK, got {response.status_code} {response.reason}")
             if response.status_code != 200:
-                raise InputError(label, "HTTP status", f"200 OK, got {response.status_code} {response.reason}")
+                raise InputError(label, "HTTP status", f"expected 200 OK, got {response.status_code} {response.reason}")
             length = response.headers.get("Content-Length")
             if length is not None and length.isdigit():
                 check_size(int(length), label)
@@ -135,9 +135,9 @@ def fetch_url(
                 chunks.append(chunk)
             return b"".join(chunks)
     except requests.exceptions.SSLError as error:
-        raise InputError(label, "TLS", f"a certificate trusted by the CA bundle ({_first_line(error)})") from None
+        raise InputError(label, "TLS", f"expected a certificate trusted by the CA bundle ({_first_line(error)})") from None
     except requests.exceptions.RequestException as error:
-        raise SourceUnavailable(label, "connection", f"a reachable server ({_first_line(error)})") from None
+        raise SourceUnavailable(label, "connection", f"expected a reachable server ({_first_line(error)})") from None
     finally:
         if session is None:
             http.close()
@@ -208,7 +208,7 @@ def locate_rank_table(explicit: Optional[str], env: Mapping[str, str],
     raise InputError(
         "rank table",
         "location",
-        f"$RANK_TABLE_FILE or one of {', '.join(DEFAULT_RANK_TABLES)} (none is set or exists)",
+        f"expected $RANK_TABLE_FILE or one of {', '.join(DEFAULT_RANK_TABLES)} (none is set or exists)",
         tip="is routing acceleration enabled for this job (the configmap1980 plugin)?",
     )
 

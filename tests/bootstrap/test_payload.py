@@ -1,0 +1,121 @@
+"""Decoding by content: JSON, base64(gzip(JSON)) with any wrapping, raw gzip, YAML only if allowed;
+and every way bytes can be wrong gives one InputError naming the source and what was expected."""
+
+import base64
+import gzip
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from npu_job.bootstrap import payload
+from npu_job.bootstrap.payload import decode_document, describe, encode_b64_gzip
+from npu_job.errors import InputError
+
+from .documents import b64_gzip, v1_0
+
+DOC = v1_0()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        json.dumps(DOC).encode(),
+        b"\xef\xbb\xbf  \n" + json.dumps(DOC, indent=4).encode() + b"\n\n",
+        b64_gzip(DOC),
+        b64_gzip(DOC, wrap=76),
+        b"  " + b64_gzip(DOC, wrap=64).replace(b"\n", b"\r\n") + b"\t",
+        gzip.compress(json.dumps(DOC).encode()),
+        encode_b64_gzip(DOC),
+    ],
+    ids=["json", "bom-and-indent", "b64-gzip", "b64-gzip-wrapped-76", "b64-gzip-crlf", "raw-gzip", "our-encoder"],
+)
+def test_every_encoding_is_detected_by_content(data):
+    assert decode_document(data, "jobstart_hccl.json") == DOC
+
+
+def test_yaml_only_where_the_caller_allows_it():
+    text = b"servers:\n  '10.0.0.1': [spine-a, tor-1]\n"
+    assert decode_document(text, "topo.yaml", allow_yaml=True) == {"servers": {"10.0.0.1": ["spine-a", "tor-1"]}}
+    with pytest.raises(InputError, match=r"^topo.yaml: content: expected JSON or base64\(gzip\(JSON\)\), got data starting with"):
+        decode_document(text, "topo.yaml")
+
+
+def test_our_encoder_is_deterministic_gzip_with_stdencoding():
+    encoded = encode_b64_gzip(DOC)
+    assert encoded == encode_b64_gzip(DOC)
+    assert json.loads(gzip.decompress(base64.b64decode(encoded, validate=True))) == DOC
+
+
+_GZIPPED = gzip.compress(json.dumps(DOC).encode())
+
+BAD_INPUTS = [
+    ("empty", b"  \n", "content: expected a JSON document, got an empty input"),
+    ("truncated-json", json.dumps(DOC).encode()[:57], "line 1 column 58: expected valid JSON ("),
+    ("trailing-garbage", json.dumps(DOC).encode() + b"}", "expected valid JSON (Extra data)"),
+    ("garbage-base64", b"H4sI!!!notbase64", "content: expected JSON or base64(gzip(JSON)), got data starting with"),
+    ("bad-base64-padding", b"H4sIAAAAAAAA/w", "content: expected valid base64 (StdEncoding) of gzip(JSON)"),
+    ("base64-of-not-gzip", base64.b64encode(b"hello world"), "content: expected base64 of gzip data (magic 1f8b), got"),
+    ("truncated-gzip", base64.b64encode(_GZIPPED[: len(_GZIPPED) // 2]), "expected a complete base64(gzip(JSON)) stream"),
+    ("corrupt-gzip", base64.b64encode(_GZIPPED[:10] + b"\xff" * 40), "expected a valid base64(gzip(JSON)) stream"),
+    ("gzip-of-bad-json", base64.b64encode(gzip.compress(b'{"status": ')), "expected valid JSON ("),
+    ("not-utf8", b'{"status": "\xff\xfe"}', "content: expected UTF-8 text"),
+    ("binary", b"\x00\x01\x02", "content: expected JSON or base64(gzip(JSON)), got data starting with"),
+]
+
+
+@pytest.mark.parametrize("data, expected", [case[1:] for case in BAD_INPUTS], ids=[case[0] for case in BAD_INPUTS])
+def test_bad_bytes_give_one_line_naming_source_and_expectation(data, expected):
+    with pytest.raises(InputError) as caught:
+        decode_document(data, "/user/config/jobstart_hccl.json")
+    message = caught.value.message
+    assert message.startswith("/user/config/jobstart_hccl.json: ")
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_bad_yaml_names_line_and_column():
+    with pytest.raises(InputError, match=r"^t.yaml: line \d+ column \d+: expected valid JSON or YAML \(did not find expected"):
+        decode_document(b"servers:\n  a: [b, c\n", "t.yaml", allow_yaml=True)
+
+
+def test_huge_input_and_gzip_bomb_are_refused_at_the_cap(monkeypatch):
+    monkeypatch.setattr(payload, "MAX_INPUT_BYTES", 1000)
+    with pytest.raises(InputError, match=r"^big.json: size: expected at most 1000 bytes, got 1001 bytes$"):
+        decode_document(b" " * 1001, "big.json")
+    bomb = base64.b64encode(gzip.compress(b'{"a": "' + b"x" * 5000 + b'"}'))
+    assert len(bomb) < 1000
+    with pytest.raises(InputError, match=r"^bomb: content: expected at most 1000 bytes after decompression"):
+        decode_document(bomb, "bomb")
+
+
+def test_the_real_cap_is_64_mib():
+    assert payload.MAX_INPUT_BYTES == 64 * 1024 * 1024
+    with pytest.raises(InputError, match=r"size: expected at most 64 MiB \(67108864 bytes\), got 67108865 bytes"):
+        payload.check_size(64 * 1024 * 1024 + 1, "x")
+
+
+@given(
+    document=st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+        max_leaves=20,
+    ).filter(lambda value: isinstance(value, (dict, list))),
+    wrap=st.sampled_from([0, 1, 4, 64, 76]),
+)
+def test_b64_gzip_round_trips_whatever_the_wrapping(document, wrap):
+    encoded = encode_b64_gzip(document)
+    if wrap:
+        encoded = b"\n".join(encoded[i:i + wrap] for i in range(0, len(encoded), wrap))
+    assert decode_document(encoded, "x") == document
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [("x", 'a string "x"'), (3, "a number 3"), (None, "null"), ([1], "an array"), ({}, "an object"), (True, "a boolean"),
+     ("y" * 60, 'a string "' + "y" * 36 + '..."')],
+    ids=["string", "number", "null", "array", "object", "boolean", "long-string"],
+)
+def test_values_are_described_in_json_terms(value, shown):
+    assert describe(value) == shown
