@@ -63,10 +63,10 @@ print(json.dumps(report))
 """
 
 
-def make_fake_bin(directory: Path) -> Path:
-    """A bin dir whose npu-run, torchrun and python3 print their argv/env as JSON."""
+def make_fake_bin(directory: Path, names=("npu-run", "torchrun", "python3")) -> Path:
+    """A bin dir whose launchers (npu-run, torchrun, python3) print their argv/env as JSON."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name in ("npu-run", "torchrun", "python3"):
+    for name in names:
         path = directory / name
         path.write_text(FAKE_LAUNCHER.format(python=sys.executable))
         path.chmod(0o755)

@@ -1,0 +1,36 @@
+"""Golden manifests of the example specs: any change to the rendered output shows up as a diff.
+
+Regenerate after an intended change with ``NPU_JOB_UPDATE_GOLDEN=1 python -m pytest
+tests/render/test_golden.py`` and review the diff of ``tests/golden/``. The bundled bootstrap.sh
+is replaced by a stand-in so that its own changes (owned by the bootstrap part) don't churn these.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from npu_job.render.render import render
+from npu_job.render.spec import validate
+from npu_job.render.values import SpecInput, load_yaml_values, merge_values
+
+from .conftest import BOOTSTRAP_STAND_IN
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden"
+EXAMPLES = ["job-npu-1node", "job-npu-6node", "job-gpu", "job-cpu"]
+UPDATE = os.environ.get("NPU_JOB_UPDATE_GOLDEN") == "1"
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_example_renders_to_its_golden_stream(example):
+    source = f"examples/{example}.yaml"
+    values = load_yaml_values((ROOT / source).read_text(), source)
+    stream = render(validate(merge_values([SpecInput(source, values=values)])), bootstrap=BOOTSTRAP_STAND_IN).stream()
+    golden = GOLDEN / f"{example}.yaml"
+    if UPDATE:
+        golden.write_text(stream)
+    assert golden.exists(), f"no golden file {golden}; create it with NPU_JOB_UPDATE_GOLDEN=1"
+    assert stream == golden.read_text(), f"{golden} differs; if intended, rerun with NPU_JOB_UPDATE_GOLDEN=1"
