@@ -116,8 +116,11 @@ def violations(row: Row) -> List[str]:
     where = f"{row.case.name}/{row.collective}"
     if row.status != str(PlanStatus.SUCCESS):
         found.append(f"{where}: plan {row.status}")
-    if row.collective is Collective.RING and ours.ring_cross_edges != ours.ring_lower_bound:
-        found.append(f"{where}: ring cross edges {ours.ring_cross_edges} > lower bound {ours.ring_lower_bound}")
+    if row.collective is Collective.RING and ours.ring_cross_edges_by_tier != ours.ring_lower_bound_by_tier:
+        found.append(
+            f"{where}: ring cross edges per tier {ours.ring_cross_edges_by_tier}"
+            f" above the lower bounds {ours.ring_lower_bound_by_tier}"
+        )
     for attribute, label, higher_is_better in METRICS[row.collective]:
         mine, theirs = getattr(ours, attribute), getattr(sched, attribute)
         worse = mine < theirs - 1e-9 if higher_is_better else mine > theirs + 1e-9
@@ -164,6 +167,12 @@ def summary_lines(rows: Sequence[Row]) -> List[str]:
     found = [message for row in rows for message in violations(row)]
     lines = ["", "summary"]
     lines.append(f"  ours at the cross-ToR ring-edge lower bound: {at_bound}/{len(ring_rows)} ring cases")
+    tiered = [row for row in ring_rows if len(row.scores["ours"].ring_lower_bound_by_tier) > 1]
+    at_tier_bounds = sum(
+        1 for row in tiered
+        if row.scores["ours"].ring_cross_edges_by_tier == row.scores["ours"].ring_lower_bound_by_tier
+    )
+    lines.append(f"  ours at the lower bound on every outer tier too: {at_tier_bounds}/{len(tiered)} multi-tier ring cases")
     for collective in Collective:
         chosen = [row for row in rows if row.collective is collective]
         if not chosen:
