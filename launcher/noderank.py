@@ -25,12 +25,13 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
+from npu_job.bootstrap.run import DEFAULT_OUTPUT_DIR
+from npu_job.bootstrap.writers import RANK_FILE
 from npu_job.errors import LaunchError
 
-RANK_AFTER_ACC = "RANK_AFTER_ACC"
+RANK_AFTER_ACC = "RANK_AFTER_ACC"  # the pod command's variable (same name as the bootstrap's file)
 VC_TASK_INDEX = "VC_TASK_INDEX"
 OUTPUT_DIR_ENV = "NPU_JOB_OUTPUT_DIR"
-DEFAULT_OUTPUT_DIR = "/tmp"
 AUTO = "auto"
 
 
@@ -44,7 +45,7 @@ class NodeRankChoice:
 
 def rank_file_path(env: Mapping[str, str]) -> str:
     """The bootstrap's ``RANK_AFTER_ACC`` file for this environment."""
-    return os.path.join(env.get(OUTPUT_DIR_ENV) or DEFAULT_OUTPUT_DIR, RANK_AFTER_ACC)
+    return os.path.join(env.get(OUTPUT_DIR_ENV) or DEFAULT_OUTPUT_DIR, RANK_FILE)
 
 
 def read_text_if_exists(path: str) -> Optional[str]:

@@ -167,10 +167,6 @@ class _Keys:
     def departed(self) -> str:
         return f"{self.base}/departed"
 
-    @property
-    def all_departed(self) -> str:
-        return f"{self.base}/all_departed"
-
     def round(self, number: int) -> str:
         return f"{self.base}/round{number}"
 
@@ -227,6 +223,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
         self._rounds_done = 0
         self._next_watch = 0.0
         self._root_lost = False
+        self._round_entered: Optional[int] = None
 
     # -- RendezvousHandler -------------------------------------------------------------------
 
@@ -254,6 +251,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
         store = self._connect()
         with self._root_errors(f"joining round {number}"):
             self._raise_if_closed(store)
+            self._round_entered = number
             if store.add(self._keys.node(number, settings.node_rank), 1) > 1:
                 raise RendezvousStateError(
                     f"node rank {settings.node_rank} joined round {number} of {settings.run_id!r} "
@@ -308,17 +306,19 @@ class ParallelRendezvousHandler(RendezvousHandler):
         return self._settings.run_id
 
     def shutdown(self) -> bool:
-        """Close the rendezvous, sign off, and (node rank 0) keep the root up for the others."""
+        """Close the rendezvous and sign off; node rank 0 keeps the root up for the others.
+
+        torch calls this at the end of every run except one ended by a signal.
+        """
         if self._store is None or self._root_lost:
             self.close()
             return not self._root_lost
         try:
             store = self._store
             store.set(self._keys.closed, str(self._settings.node_rank))
-            if store.add(self._keys.departed, 1) >= self._settings.nnodes:
-                store.set(self._keys.all_departed, "1")
-            if self._settings.node_rank == 0:
-                self._linger_for_departures(store)
+            store.add(self._keys.departed, 1)
+            if self._settings.node_rank == 0 and self._round_entered is not None:
+                self._linger_for_departures(store, self._round_entered)
             return True
         except DistError as error:
             logger.warning("could not sign off at the root store %s: %s", self._settings.root, error)
@@ -483,22 +483,26 @@ class ParallelRendezvousHandler(RendezvousHandler):
             except Exception as error:
                 raise LaunchError(f"node rank {settings.node_rank} cannot start its store proxy: {error}") from None
             self._proxy = proxy
-            logger.info(
+            logger.debug(
                 "store proxy for this node's workers on %s:%d -> root %s:%d",
                 LOOPBACK, self._proxy_port, upstream, settings.master_port,
             )
         return RendezvousStoreInfo(LOOPBACK, self._proxy_port)
 
-    def _linger_for_departures(self, store: Store) -> None:
-        """Keep the root up until every agent signed off (bounded by ``close_timeout``)."""
+    def _linger_for_departures(self, store: Store, number: int) -> None:
+        """Keep the root up until the agents of our last round signed off (``close_timeout``).
+
+        They may still be in torch's exit barrier or about to sign off; closing under them would
+        turn a clean finish into "lost the root store". Nodes that never joined are not awaited.
+        """
+        expected = int(store.add(self._keys.joined(number), 0))
         deadline = time.monotonic() + self._settings.close_timeout
         delay = 0.01
-        while not store.check([self._keys.all_departed]):
+        while (departed := int(store.add(self._keys.departed, 0))) < expected:
             if time.monotonic() >= deadline:
-                departed = int(store.add(self._keys.departed, 0))
                 logger.warning(
                     "closing the root store %s although only %d of %d agents signed off",
-                    self._settings.root, departed, self._settings.nnodes,
+                    self._settings.root, departed, expected,
                 )
                 return
             time.sleep(delay)

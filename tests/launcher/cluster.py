@@ -1,0 +1,223 @@
+"""Test helpers: several real ``npu-run`` processes on loopback acting as the nodes of one job.
+
+Every process a test starts carries a unique ``NPU_RUN_TEST_TAG`` in its environment, and the
+workers inherit it; :meth:`LocalCluster.kill_all` finds them by that tag in ``/proc`` (workers run
+in their own sessions and outlive a killed agent), so a failing test leaves nothing behind.
+Connection counts come from ``/proc/net/tcp*`` joined with each process's socket inodes: the
+same view ``ss -tnp`` gives, asserted from outside the launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+TAG_VARIABLE = "NPU_RUN_TEST_TAG"
+ESTABLISHED = "01"
+LISTEN = "0A"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def port_is_free(port: int) -> bool:
+    """Nothing listens on ``port`` (no LISTEN socket in /proc/net/tcp or tcp6)."""
+    return not any(state == LISTEN and local == port for _, local, _, state in _tcp_sockets())
+
+
+def _tcp_sockets() -> Iterable[tuple]:
+    """``(inode, local_port, remote_port, state)`` of every TCP socket on this host."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            yield int(fields[9]), local_port, remote_port, fields[3]
+
+
+def _socket_inodes(pid: int) -> Set[int]:
+    inodes = set()
+    try:
+        for entry in os.scandir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(entry.path)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    except (FileNotFoundError, PermissionError, ProcessLookupError):
+        pass
+    return inodes
+
+
+def _parent_of(pid: int) -> Optional[int]:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def descendants(pid: int) -> List[int]:
+    """``pid`` and every living process below it."""
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            parent = _parent_of(int(entry))
+            if parent is not None:
+                children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return found
+
+
+def tagged_processes(tag: str) -> List[int]:
+    """Living processes whose environment carries ``NPU_RUN_TEST_TAG=tag``."""
+    needle = f"{TAG_VARIABLE}={tag}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def connections_to(port: int, pids: Iterable[int]) -> int:
+    """Established TCP connections from ``pids`` to ``port`` (the client ends)."""
+    inodes: Set[int] = set()
+    for pid in pids:
+        inodes |= _socket_inodes(pid)
+    return sum(
+        1 for inode, _, remote, state in _tcp_sockets()
+        if state == ESTABLISHED and remote == port and inode in inodes
+    )
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@dataclass
+class Node:
+    node_rank_label: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"node {self.node_rank_label} still running after {timeout}s:\n{self.log()}")
+
+
+@dataclass
+class LocalCluster:
+    """Start ``npu-run`` nodes of one job on loopback; :meth:`kill_all` in a ``finally``."""
+
+    workdir: Path
+    nnodes: int
+    nproc_per_node: int = 2
+    master_port: int = field(default_factory=free_port)
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex)
+    nodes: List[Node] = field(default_factory=list)
+
+    def start(
+        self,
+        node_rank: str,
+        script: str,
+        script_args: Sequence[str] = (),
+        *,
+        launcher_args: Sequence[str] = (),
+        env: Optional[Mapping[str, str]] = None,
+    ) -> Node:
+        command = [
+            sys.executable, "-m", "npu_job.launcher",
+            f"--nnodes={self.nnodes}",
+            f"--nproc_per_node={self.nproc_per_node}",
+            f"--node_rank={node_rank}",
+            "--rdzv_backend=parallel",
+            "--master_addr=127.0.0.1",
+            f"--master_port={self.master_port}",
+            "--monitor_interval=0.1",
+            *launcher_args,
+            str(WORKERS / script),
+            *script_args,
+        ]
+        full_env = {
+            key: value for key, value in os.environ.items()
+            if not key.startswith(("PET_", "TORCHELASTIC_")) and key not in ("RANK_AFTER_ACC", "VC_TASK_INDEX")
+        }
+        full_env.update(env or {})
+        full_env[TAG_VARIABLE] = self.tag
+        full_env.setdefault("NPU_JOB_OUTPUT_DIR", str(self.workdir / "no-bootstrap-output"))
+        full_env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "5")
+        log_path = self.workdir / f"npu-run-{len(self.nodes)}.log"
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+            )
+        node = Node(node_rank, process, log_path)
+        self.nodes.append(node)
+        return node
+
+    def wait_all(self, timeout: float) -> List[int]:
+        deadline = time.monotonic() + timeout
+        return [node.wait(max(0.1, deadline - time.monotonic())) for node in self.nodes]
+
+    def logs(self) -> str:
+        return "\n".join(f"--- node {n.node_rank_label} ---\n{n.log()}" for n in self.nodes)
+
+    def kill_all(self) -> None:
+        for node in self.nodes:
+            if node.process.poll() is None:
+                for pid in descendants(node.process.pid):
+                    _kill(pid)
+        for pid in tagged_processes(self.tag):
+            _kill(pid)
+        for node in self.nodes:
+            try:
+                node.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,246 @@
+"""npu-run as several nodes of one job: real agents, real gloo workers, real sockets on loopback.
+
+Each test starts ``npu-run`` processes (one per simulated node) with ``--rdzv_backend=parallel``;
+the workers (``workers/record_env.py``) join the default process group the way unmodified scripts
+do and write ``<dir>/<rank>.json`` with their environment, which the tests check from outside.
+Every test kills all its processes in ``finally`` (see ``cluster.LocalCluster.kill_all``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from .cluster import LocalCluster, connections_to, descendants, port_is_free, wait_for
+
+NPROC = 2
+NNODES = 3
+MAX_ROOT_CONNECTIONS_PER_NODE = 4
+
+
+@pytest.fixture
+def cluster_factory(tmp_path):
+    made: List[LocalCluster] = []
+
+    def make(nnodes: int = NNODES, nproc_per_node: int = NPROC) -> LocalCluster:
+        cluster = LocalCluster(tmp_path, nnodes=nnodes, nproc_per_node=nproc_per_node)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.kill_all()
+
+
+def read_records(directory: Path, world_size: int) -> Dict[int, dict]:
+    return {rank: json.loads((directory / f"{rank}.json").read_text()) for rank in range(world_size)}
+
+
+def records_written(directory: Path, world_size: int) -> bool:
+    return all((directory / f"{rank}.json").exists() for rank in range(world_size))
+
+
+def tiered_flag(tiered: bool) -> str:
+    return f"--enable_tiered_parallel_tcpstore={'true' if tiered else 'false'}"
+
+
+@pytest.mark.parametrize(
+    "tiered, by_auto",
+    [pytest.param(False, False, id="flat-explicit-node-rank"), pytest.param(True, True, id="tiered-node-rank-auto")],
+)
+def test_three_nodes_get_torchrun_env_in_node_rank_order(cluster_factory, tmp_path, tiered, by_auto):
+    """Nodes started in the order 2, 0, 1 still get RANK = node_rank * nproc + LOCAL_RANK.
+
+    In the ``auto`` case each node finds its rank in a different place: the RANK_AFTER_ACC
+    variable, the bootstrap's file, and VC_TASK_INDEX (which the other two must outrank).
+    """
+    cluster = cluster_factory()
+    out = tmp_path / "records"
+    out.mkdir()
+    release = tmp_path / "release"
+    bootstrap_dir = tmp_path / "bootstrap-out"
+    bootstrap_dir.mkdir()
+    (bootstrap_dir / "RANK_AFTER_ACC").write_text("0")
+    auto_env = {
+        2: {"RANK_AFTER_ACC": "2", "VC_TASK_INDEX": "0"},
+        0: {"NPU_JOB_OUTPUT_DIR": str(bootstrap_dir), "VC_TASK_INDEX": "1"},
+        1: {"VC_TASK_INDEX": "1"},
+    }
+    nodes = {}
+    try:
+        for node_rank in (2, 0, 1):
+            nodes[node_rank] = cluster.start(
+                "auto" if by_auto else str(node_rank),
+                "record_env.py",
+                [str(out), "--hold-until", str(release)],
+                launcher_args=[tiered_flag(tiered), "--rdzv_id=job-42", "--rdzv_conf=join_timeout=60"],
+                env=auto_env[node_rank] if by_auto else None,
+            )
+        wait_for(lambda: records_written(out, NNODES * NPROC) or any(
+            n.process.poll() is not None for n in cluster.nodes), 90, "all workers' records")
+        assert records_written(out, NNODES * NPROC), cluster.logs()
+
+        # While every worker still holds its process group: who is connected to the root store?
+        per_node = {
+            rank: connections_to(cluster.master_port, descendants(node.process.pid))
+            for rank, node in nodes.items()
+        }
+        release.write_text("go")
+        assert cluster.wait_all(60) == [0] * NNODES, cluster.logs()
+    finally:
+        cluster.kill_all()
+
+    records = read_records(out, NNODES * NPROC)
+    for rank, record in records.items():
+        node_rank, local_rank = divmod(rank, NPROC)
+        assert record["RANK"] == str(rank)
+        assert record["LOCAL_RANK"] == str(local_rank)
+        assert record["GROUP_RANK"] == str(node_rank)
+        assert record["ROLE_RANK"] == str(rank)
+        assert record["WORLD_SIZE"] == record["ROLE_WORLD_SIZE"] == str(NNODES * NPROC)
+        assert record["LOCAL_WORLD_SIZE"] == str(NPROC)
+        assert record["GROUP_WORLD_SIZE"] == str(NNODES)
+        assert record["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert record["TORCHELASTIC_MAX_RESTARTS"] == "0"
+        assert record["TORCHELASTIC_RUN_ID"] == "job-42"
+        assert record["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert record["pg_rank"] == rank and record["pg_world_size"] == NNODES * NPROC
+        assert record["sum"] == sum(range(1, NNODES * NPROC + 1))
+        assert record["MASTER_ADDR"] == "127.0.0.1"
+    store_ports = {rank: records[rank]["MASTER_PORT"] for rank in records}
+    if tiered:
+        for node_rank in range(NNODES):  # one proxy per node, shared by its workers, not the root
+            ports = {store_ports[node_rank * NPROC + local] for local in range(NPROC)}
+            assert len(ports) == 1 and ports != {str(cluster.master_port)}
+        assert len(set(store_ports.values())) == NNODES
+        assert all(count <= MAX_ROOT_CONNECTIONS_PER_NODE for count in per_node.values()), per_node
+    else:  # torchrun's fan-in: the agent and every worker connect to the root
+        assert set(store_ports.values()) == {str(cluster.master_port)}
+        assert per_node == {rank: 1 + NPROC for rank in range(NNODES)}, per_node
+    if by_auto:
+        log = cluster.logs()
+        assert "node rank 2 (--node_rank=auto: from environment RANK_AFTER_ACC)" in log
+        assert f"node rank 0 (--node_rank=auto: from bootstrap file {bootstrap_dir / 'RANK_AFTER_ACC'})" in log
+        assert "node rank 1 (--node_rank=auto: from environment VC_TASK_INDEX" in log
+
+
+def test_tiered_root_connections_do_not_grow_with_workers_per_node(cluster_factory, tmp_path):
+    """4 workers per node: flat would be 5 root connections per node; tiered stays <= 4."""
+    nproc = 4
+    cluster = cluster_factory(nnodes=2, nproc_per_node=nproc)
+    out = tmp_path / "records"
+    out.mkdir()
+    release = tmp_path / "release"
+    try:
+        nodes = [
+            cluster.start(str(rank), "record_env.py", [str(out), "--hold-until", str(release)],
+                          launcher_args=[tiered_flag(True)])
+            for rank in (1, 0)
+        ]
+        wait_for(lambda: records_written(out, 2 * nproc) or any(
+            n.process.poll() is not None for n in nodes), 90, "all workers' records")
+        assert records_written(out, 2 * nproc), cluster.logs()
+        per_node = [connections_to(cluster.master_port, descendants(n.process.pid)) for n in nodes]
+        release.write_text("go")
+        assert cluster.wait_all(60) == [0, 0], cluster.logs()
+    finally:
+        cluster.kill_all()
+    assert all(1 <= count <= MAX_ROOT_CONNECTIONS_PER_NODE for count in per_node), per_node
+    assert sum(per_node) < 2 * (1 + nproc)
+
+
+def test_worker_crash_restarts_the_whole_group_with_the_same_ranks(cluster_factory, tmp_path):
+    """Rank 3 (node rank 1) fails on its first run; with --max_restarts=1 the job succeeds.
+
+    Node rank 1's agent restarts its workers (restart count 1); the other agents see it waiting
+    in the next round and restart theirs too (as under torch's c10d backend, this does not use
+    up their restarts, so their workers still see restart count 0).
+    """
+    cluster = cluster_factory()
+    out = tmp_path / "records"
+    out.mkdir()
+    try:
+        for node_rank in (2, 0, 1):
+            cluster.start(str(node_rank), "record_env.py", [str(out), "--fail-rank", "3"],
+                          launcher_args=[tiered_flag(True), "--max_restarts=1", "--rdzv_conf=join_timeout=60"])
+        codes = cluster.wait_all(120)
+    finally:
+        cluster.kill_all()
+    assert codes == [0] * NNODES, cluster.logs()
+    records = read_records(out, NNODES * NPROC)
+    assert {rank: r["TORCHELASTIC_RESTART_COUNT"] for rank, r in records.items()} == {
+        0: "0", 1: "0", 2: "1", 3: "1", 4: "0", 5: "0"}
+    assert all(r["sum"] == 21 and r["RANK"] == str(rank) for rank, r in records.items())
+    log = cluster.logs()
+    assert "worker rank 3 fails on purpose before restart 1" in log
+    assert "round 1: cleared" in log
+
+
+def test_missing_node_fails_every_node_naming_it(cluster_factory):
+    """Node rank 1 of 3 never starts: both others fail within join_timeout and name rank 1."""
+    cluster = cluster_factory()
+    try:
+        for node_rank in (2, 0):
+            cluster.start(str(node_rank), "record_env.py", ["/nonexistent"],
+                          launcher_args=["--rdzv_conf=join_timeout=3"])
+        started = time.monotonic()
+        codes = cluster.wait_all(45)
+        elapsed = time.monotonic() - started
+    finally:
+        cluster.kill_all()
+    assert codes == [8, 8], cluster.logs()
+    for node in cluster.nodes:
+        log = node.log()
+        assert "missing node ranks [1] of --nnodes=3" in log, log
+        assert f"127.0.0.1:{cluster.master_port}" in log
+        assert "Traceback" not in log, log
+    assert elapsed < 30
+
+
+def test_sigterm_stops_workers_and_proxy_and_peers_fail_naming_the_root(cluster_factory, tmp_path):
+    """SIGTERM to node rank 0 (root host): it stops its workers and proxy, frees its ports; node
+    rank 1 loses the root store and fails with a message naming it, stopping its own workers."""
+    cluster = cluster_factory(nnodes=2)
+    out = tmp_path / "records"
+    out.mkdir()
+    never = tmp_path / "never-created"
+    try:
+        root, other = [
+            cluster.start(str(rank), "record_env.py", [str(out), "--hold-until", str(never)],
+                          launcher_args=[tiered_flag(True)])
+            for rank in (0, 1)
+        ]
+        wait_for(lambda: records_written(out, 2 * NPROC) or root.process.poll() is not None,
+                 90, "all workers' records")
+        assert records_written(out, 2 * NPROC), cluster.logs()
+        records = read_records(out, 2 * NPROC)
+        root_tree = descendants(root.process.pid)
+        other_tree = descendants(other.process.pid)
+        proxy_ports = {int(records[rank]["MASTER_PORT"]) for rank in records}
+        assert len(root_tree) >= 1 + NPROC and len(other_tree) >= 1 + NPROC
+
+        root.process.send_signal(signal.SIGTERM)
+        assert root.wait(30) == 128 + signal.SIGTERM, root.log()
+        other_code = other.wait(30)
+        survivors = [pid for pid in root_tree + other_tree if _alive(pid)]
+    finally:
+        cluster.kill_all()
+    assert survivors == [], cluster.logs()
+    assert other_code == 8, other.log()
+    assert f"lost the root store 127.0.0.1:{cluster.master_port}" in other.log()
+    assert "received SIGTERM" in root.log()
+    assert port_is_free(cluster.master_port)
+    assert all(port_is_free(port) for port in proxy_ports), proxy_ports
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
