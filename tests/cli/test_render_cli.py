@@ -1,0 +1,131 @@
+"""``npu-job render`` from the command line: inputs helm-style, outputs for kubectl, errors as one line."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from npu_job.cli import main
+
+SPEC = "name: demo\nimage: registry.example.com/train:1\nscript: train.py\nnodes: 2\n"
+
+
+@pytest.fixture
+def spec_file(tmp_path: Path) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(SPEC)
+    return path
+
+
+def run_cli(*argv: str, capsys) -> tuple:
+    code = main(["render", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def the_job(stream: str) -> dict:
+    return [doc for doc in yaml.safe_load_all(stream) if doc["kind"] == "Job"][0]
+
+
+def test_stream_on_stdout_is_configmap_then_job(spec_file, capsys):
+    code, out, err = run_cli(str(spec_file), capsys=capsys)
+    assert code == 0, err
+    assert [doc["kind"] for doc in yaml.safe_load_all(out)] == ["ConfigMap", "Job"]
+    assert out.count("# Source: npu-job/templates/") == 2
+
+
+def test_files_and_set_override_in_order(spec_file, tmp_path, capsys):
+    more = tmp_path / "more.yaml"
+    more.write_text("nodes: 4\nenv: {A: from-more}\n")
+    code, out, err = run_cli(
+        str(spec_file), "-f", str(more), "--set", "nodes=5,env.B=true", "--set-string", "env.C=007",
+        "--set", "args={--lr,0.1}", capsys=capsys,
+    )
+    assert code == 0, err
+    job = the_job(out)
+    assert job["spec"]["minAvailable"] == 5
+    env = {e["name"]: e.get("value") for e in job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"]}
+    assert (env["A"], env["B"], env["C"]) == ("from-more", "true", "007")
+    train_sh = next(yaml.safe_load_all(out))["data"]["train.sh"]
+    assert "  --lr\n  0.1\n" in train_sh
+
+
+def test_set_order_relative_to_files_is_kept(spec_file, tmp_path, capsys):
+    later = tmp_path / "later.yaml"
+    later.write_text("nodes: 7\n")
+    code, out, _ = run_cli(str(spec_file), "--set", "nodes=3", "-f", str(later), capsys=capsys)
+    assert code == 0 and the_job(out)["spec"]["minAvailable"] == 7
+
+
+def test_spec_from_stdin(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(SPEC))
+    code, out, _ = run_cli("-", capsys=capsys)
+    assert code == 0 and the_job(out)["metadata"]["name"] == "demo"
+
+
+def test_output_dir_writes_files_and_says_so(spec_file, tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    code, out, err = run_cli(str(spec_file), "--set", "nodes=3", "--output-dir", str(out_dir), capsys=capsys)
+    assert code == 0, err
+    assert out.splitlines() == [f"wrote {out_dir / name}" for name in ("config.yaml", "train.sh", "bootstrap.sh")]
+    stream = (out_dir / "config.yaml").read_text()
+    assert next(yaml.safe_load_all(stream))["data"]["train.sh"] == (out_dir / "train.sh").read_text()
+    assert os.access(out_dir / "train.sh", os.X_OK)
+    assert sorted(p.name for p in out_dir.iterdir()) == ["bootstrap.sh", "config.yaml", "train.sh"], "no temp files left"
+
+
+def test_bad_spec_writes_nothing(spec_file, tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    code, out, err = run_cli(str(spec_file), "--set", "nodes=0", "--output-dir", str(out_dir), capsys=capsys)
+    assert code == 5 and out == "" and not out_dir.exists()
+
+
+@pytest.mark.parametrize(
+    "extra_args, spec_text, code, message",
+    [
+        pytest.param([], SPEC + "nodez: 3\n", 5, "npu-job: error: job.yaml: nodez: unknown key (did you mean 'nodes'?)", id="unknown-key"),
+        pytest.param([], SPEC.replace("demo", "Demo_1"), 5, "npu-job: error: job.yaml: name: 'Demo_1' is not a DNS-1123 label", id="bad-name"),
+        pytest.param(["--set", "device=tpu"], SPEC, 5, "device (from --set): expected one of npu, gpu, cpu", id="bad-set-value"),
+        pytest.param([], "name: [x\n", 3, "npu-job: error: job.yaml: line 2, column 1: not valid YAML", id="yaml-syntax"),
+        pytest.param([], SPEC + "nodes: 3\n", 3, "duplicate key 'nodes'", id="duplicate-key"),
+        pytest.param(["--set", "nodes"], SPEC, 2, "argument --set: 'nodes': at character 6: expected '='", id="set-syntax"),
+        pytest.param(["-f", "/nonexistent/more.yaml"], SPEC, 3, "npu-job: error: /nonexistent/more.yaml: no such file", id="missing-file"),
+    ],
+)
+def test_errors_are_one_message_with_a_distinct_exit_code_and_no_traceback(tmp_path, extra_args, spec_text, code, message):
+    (tmp_path / "job.yaml").write_text(spec_text)
+    done = subprocess.run(
+        [sys.executable, "-m", "npu_job", "render", "job.yaml", *extra_args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == code, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_all_problems_are_listed_at_once(tmp_path, capsys):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: x\nnodes: -1\nlauncher: mpirun\n")
+    code, out, err = run_cli(str(spec), capsys=capsys)
+    assert code == 5 and out == ""
+    assert err.splitlines()[0].endswith("job.yaml: 4 problems:")
+    assert len([line for line in err.splitlines() if line.startswith("  - ")]) == 4
+
+
+def test_warnings_go_to_stderr_and_output_still_renders(spec_file, capsys):
+    code, out, err = run_cli(str(spec_file), "--set", "routing=true", "--set", "npus_per_node=4", capsys=capsys)
+    assert code == 0 and "kind: Job" in out
+    assert "npu-job: warning: routing is on with 2 node(s)" in err
+    assert "npu-job: warning: npus_per_node is 4, below a full node (8)" in err
+
+
+def test_help_explains_the_set_syntax(capsys):
+    assert main(["render", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--set" in out and "--output-dir" in out and "a={x,y}" in out
