@@ -69,7 +69,7 @@ class RenderedJob:
 
     spec: JobSpec
     documents: Tuple[Document, ...]  # ConfigMap first, then the Job
-    scripts: Tuple[Tuple[str, str], ...]  # (file name, text): train.sh, bootstrap.sh
+    scripts: Tuple[Tuple[str, str], ...]  # (file name, text): train.sh, [install.sh], [bootstrap.sh]
     warnings: Tuple[str, ...] = ()
 
     def stream(self) -> str:
@@ -267,6 +267,8 @@ def render(spec: JobSpec, *, bootstrap: Optional[str] = None) -> RenderedJob:
     context = _context(spec)
     context["pod_command"] = _render_template(env, "pod-command.sh.j2", context).strip()
     scripts: List[Tuple[str, str]] = [("train.sh", _render_template(env, "train.sh.j2", context))]
+    if spec.pip_install:
+        scripts.append(("install.sh", _render_template(env, "install.sh.j2", context)))
     if spec.routing:
         if spec.bootstrap_url:
             scripts.append(("bootstrap.sh", _render_template(env, "bootstrap-url.sh.j2", context)))

@@ -139,6 +139,7 @@ class JobSpec:
     anti_affinity: bool = True
     scripts_dir: str = "/opt/npu-job"
     bootstrap_url: Optional[str] = None
+    pip_install: Tuple[str, ...] = ()
     #: what is valid but will disappoint (see :func:`spec_warnings`); the renderer logs these
     warnings: Tuple[str, ...] = field(default=(), compare=False)
 
@@ -196,6 +197,7 @@ SPEC_KEYS: Tuple[KeyDoc, ...] = (
     KeyDoc("anti_affinity", "`true` (`false` for cpu)", "At most one pod of the job per node (kubernetes.io/hostname)."),
     KeyDoc("scripts_dir", "`/opt/npu-job`", "Where the scripts ConfigMap is mounted; the pod command runs there."),
     KeyDoc("bootstrap.url", "none", "Fetch bootstrap.sh from this http(s) URL at pod start instead of the bundled one."),
+    KeyDoc("pip_install", "`[]`", "pip requirements installed at pod start before anything else (e.g. `npu-job==0.1.0`), for images without npu-job."),
 )
 
 _TOP_KEYS = tuple(sorted({doc.key.split(".")[0] for doc in SPEC_KEYS}))
@@ -505,6 +507,14 @@ def validate(merged: MergedValues, source: Optional[str] = None) -> JobSpec:
             values["bootstrap_url"] = check.string(
                 bootstrap["url"], ("bootstrap", "url"), pattern=_URL, rule="an http:// or https:// URL without spaces"
             )
+    if present("pip_install"):
+        requirements = tree["pip_install"]
+        if isinstance(requirements, (str, SetScalar)):
+            requirements = [requirements]
+        values["pip_install"] = check.string_list(
+            requirements, ("pip_install",), pattern=re.compile(r"[^\s-][^\x00-\x1f\x7f]*\Z"),
+            rule="a pip requirement such as npu-job==0.1.0 (not an option)",
+        )
     volume_names = _check_volumes(check, tree.get("volumes"), values) if present("volumes") else ()
     if present("mounts"):
         _check_mounts(check, tree["mounts"], volume_names, values)

@@ -231,7 +231,7 @@ def test_any_args_reach_the_launcher_exactly(tmp_path, args):
 
 SHELL_SPECS = {
     "npu-routed": with_keys(nodes=6, workdir="/w s", args=HOSTILE),
-    "npu-url-bootstrap": with_keys(nodes=3, bootstrap={"url": "https://example.com/b.sh?x=$(y)"}),
+    "npu-url-bootstrap": with_keys(nodes=3, bootstrap={"url": "https://example.com/b.sh?x=$(y)"}, pip_install=["npu-job==0.1", "x @ git+https://h/x?$(y)"]),
     "gpu-torchrun": with_keys(device="gpu", launcher="torchrun", nodes=2, launcher_args=["--max_restarts=3"]),
     "cpu-launch": with_keys(device="cpu", launcher="torch.distributed.launch"),
 }
@@ -255,3 +255,20 @@ def test_rendered_shell_passes_bash_n_and_shellcheck(name, tmp_path):
         excluded = ["--exclude=SC2155"] if file_name == "pod-command.sh" else []
         lint = subprocess.run([shellcheck, "--shell=bash", *excluded, str(path)], capture_output=True, text=True)
         assert lint.returncode == 0, (file_name, lint.stdout)
+
+
+@pytest.mark.parametrize("pip_exit", [0, 1])
+def test_install_sh_runs_pip_with_the_requirements_and_never_fails(pip_exit, tmp_path):
+    requirements = ["npu-job==0.1.0", "extra @ git+https://example.com/x.git?a=$(b)"]
+    rendered = render_values(with_keys(pip_install=requirements))
+    assert rendered.pod_command.startswith("cd /opt/npu-job || exit 1; bash install.sh; export RANK_AFTER_ACC=")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f"#!/usr/bin/env bash\nprintf '%s\\0' \"$@\" > {tmp_path}/argv\nexit {pip_exit}\n")
+    (bin_dir / "python3").chmod(0o755)
+    (tmp_path / "install.sh").write_text(parsed(rendered)[0]["data"]["install.sh"])
+    done = subprocess.run(["bash", str(tmp_path / "install.sh")], env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, capture_output=True, text=True)
+    assert done.returncode == 0
+    argv = (tmp_path / "argv").read_text().split("\0")[:-1]
+    assert argv == ["-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements]
+    assert ("failed; continuing" in done.stderr) is bool(pip_exit)

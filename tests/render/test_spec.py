@@ -106,6 +106,7 @@ BAD_SPECS = [
     ("mount-key-typo", {"volumes": [{"name": "d", "emptyDir": {}}], "mounts": [{"name": "d", "mount_path": "/d"}]}, r"^mounts\[0\]\.mount_path: unknown key \(did you mean 'mountPath'\?\)$"),
     ("pull-policy-typo", {"image_pull_policy": "ifnotpresent"}, r"^image_pull_policy: expected one of .*got 'ifnotpresent' \(did you mean 'IfNotPresent'\?\)$"),
     ("bootstrap-url-scheme", {"bootstrap": {"url": "ftp://x/b.sh"}}, r"^bootstrap\.url: 'ftp://x/b.sh' is not an http:// or https:// URL"),
+    ("pip-install-option", {"pip_install": ["-r", "req.txt"]}, r"^pip_install\[0\]: '-r' is not a pip requirement"),
     ("image-with-space", {"image": "a b"}, r"^image: 'a b' is not an image reference"),
     ("max-retry-negative", {"max_retry": -1}, r"^max_retry: expected an integer from 0 to 2147483647, got -1$"),
 ]
@@ -181,9 +182,10 @@ def test_every_documented_key_is_accepted():
         "node_selector": {"k": "v"}, "labels": {"team": "x"}, "annotations": {"note": "x y"},
         "resources": {"cpu": "1", "memory": "1Gi"}, "image_pull_policy": "Always", "image_pull_secrets": ["s"],
         "shm_size": "1Gi", "host_network": True, "anti_affinity": False, "scripts_dir": "/opt/x",
-        "bootstrap": {"url": "https://example.com/bootstrap.sh"},
+        "bootstrap": {"url": "https://example.com/bootstrap.sh"}, "pip_install": "npu-job==0.1.0",
     }
     assert documented - {"name", "image", "script"} == set(samples)
     values.update(samples)
     spec = spec_from(values)
     assert spec.hccl.base_port == 61000 and spec.bootstrap_url == "https://example.com/bootstrap.sh"
+    assert spec.pip_install == ("npu-job==0.1.0",)
