@@ -89,6 +89,7 @@ def http_session(retries: int = HTTP_RETRIES, backoff: float = HTTP_BACKOFF) -> 
         connect=retries,
         read=retries,
         status=retries,
+        other=0,  # e.g. a certificate error: retrying cannot fix it
         backoff_factor=backoff,
         status_forcelist=(429, 500, 502, 503, 504),
         allowed_methods=frozenset({"GET"}),

@@ -1,0 +1,138 @@
+"""A real HTTPS server on loopback for the URL and Kubernetes API sources.
+
+The certificate is self-signed and generated per test session with the ``cryptography`` package
+(subjectAltName ``IP:127.0.0.1``), so ``requests`` verifies it for real against the CA file we hand
+it; nothing is mocked below the socket. Routes are plain callables ``(handler) -> (status, headers,
+body)`` so each test states exactly what the server says.
+
+:class:`FakeKubernetesAPI` is a *fake written from the documented format*: there is no Kubernetes
+API server here, so it serves ``GET /api/v1/nodes`` as a ``NodeList`` (``kind``, ``apiVersion``,
+``metadata``, ``items`` of Nodes with ``metadata.labels`` and ``status.addresses``) per the
+Kubernetes API reference, checks the ``Authorization: Bearer <token>`` header the way the API
+server does (401 with a ``Status`` object otherwise), and nothing more.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Tuple
+
+Response = Tuple[int, Dict[str, str], bytes]
+Route = Callable[[BaseHTTPRequestHandler], Response]
+
+
+def make_self_signed(directory: Path) -> Tuple[Path, Path]:
+    """(cert.pem, key.pem) for 127.0.0.1, valid for a day; the cert is its own CA."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "npu-job test server")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+class HTTPSServer:
+    """``with HTTPSServer(cert, key) as server: server.routes["/x"] = ...; server.url("/x")``."""
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        self.routes: Dict[str, Route] = {}
+        self.requests: List[Tuple[str, Dict[str, str]]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                path = self.path.split("?", 1)[0]
+                outer.requests.append((self.path, dict(self.headers.items())))
+                route = outer.routes.get(path)
+                status, headers, body = route(self) if route else (404, {}, b"not found")
+                self.send_response(status)
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:  # keep test output clean
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+
+    def url(self, path: str) -> str:
+        return f"https://127.0.0.1:{self.port}{path}"
+
+    def __enter__(self) -> "HTTPSServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve_bytes(body: bytes, status: int = 200) -> Route:
+    return lambda handler: (status, {"Content-Type": "application/json"}, body)
+
+
+def serve_sequence(*responses: Response) -> Route:
+    """Answer with each response in turn, then keep repeating the last one."""
+    queue = list(responses)
+
+    def route(handler: BaseHTTPRequestHandler) -> Response:
+        return queue.pop(0) if len(queue) > 1 else queue[0]
+
+    return route
+
+
+class FakeKubernetesAPI:
+    """``/api/v1/nodes`` on an :class:`HTTPSServer`, with bearer-token checking (see module doc)."""
+
+    def __init__(self, server: HTTPSServer, token: str, nodes: List[Dict[str, Any]]) -> None:
+        self.token = token
+        self.nodes = nodes
+        server.routes["/api/v1/nodes"] = self._nodes
+
+    def _nodes(self, handler: BaseHTTPRequestHandler) -> Response:
+        if handler.headers.get("Authorization") != f"Bearer {self.token}":
+            status = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                      "message": "Unauthorized", "reason": "Unauthorized", "code": 401}
+            return 401, {"Content-Type": "application/json"}, json.dumps(status).encode()
+        body = {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "12345"},
+                "items": self.nodes}
+        return 200, {"Content-Type": "application/json"}, json.dumps(body).encode()
+
+
+def tls_files_fixture(tmp_path_factory: Any) -> Tuple[Path, Path]:
+    """Body of a module-scoped fixture: one self-signed certificate per test module."""
+    return make_self_signed(tmp_path_factory.mktemp("tls"))

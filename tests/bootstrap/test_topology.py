@@ -1,0 +1,191 @@
+"""Switch topologies: four formats, detected by content (or forced), all read into one model; a
+node on several ToRs keeps them all; every malformed field is named precisely."""
+
+import json
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npu_job.bootstrap.model import Placement, Topology
+from npu_job.bootstrap.synthetic import synthetic_cluster
+from npu_job.bootstrap.topology import (
+    BASIC_TOR_NODE_CM,
+    CCE_RANKTABLE_TOR,
+    K8S_NODE_LABELS,
+    PLAIN_FILE,
+    encode_ranktable_tor,
+    parse_topology,
+    plain_topology_document,
+)
+from npu_job.errors import InputError
+
+from .documents import as_json, b64_gzip, node, node_list, ranktable_tor, tor_info
+
+CCE = ranktable_tor({
+    "192.168.0.11": ["10.0.1.1", "10.0.1.1"],
+    "192.168.0.12": ["10.0.1.2", "10.0.1.2"],
+    "192.168.0.13": ["10.0.1.2", "10.0.1.3"],  # NICs on two ToRs
+    "192.168.0.14": ["", ""],  # the plugin knew no switch for this node
+})
+
+
+def test_cce_ranktable_tor_is_base64_gzip_and_tor_set_comes_from_devices():
+    topology = parse_topology(b64_gzip(CCE, wrap=76), "/user/config/ranktable_tor.json")
+    assert topology.source == CCE_RANKTABLE_TOR
+    assert dict(topology.placements) == {
+        "192.168.0.11": Placement(tors=("10.0.1.1",)),
+        "192.168.0.12": Placement(tors=("10.0.1.2",)),
+        "192.168.0.13": Placement(tors=("10.0.1.2", "10.0.1.3")),
+    }
+
+
+def test_cce_ranktable_tor_status_is_not_waited_on():
+    initializing = dict(CCE, status="initializing")
+    assert parse_topology(b64_gzip(initializing), "t").placements == parse_topology(b64_gzip(CCE), "t").placements
+
+
+def test_tor_info_slice_id_is_the_slot_and_tor_count_is_slots_per_tor():
+    topology = parse_topology(as_json(tor_info()), "tor_info")
+    assert topology.source == BASIC_TOR_NODE_CM
+    assert topology.placement_of("1.1.0.2") == Placement(tors=("1.0.0.0",), slot=2)
+    assert topology.placement_of("1.1.0.4") == Placement(tors=("1.0.0.1",), slot=3)
+    assert len(topology.placements) == 7
+
+
+def test_tor_info_without_tor_ip_names_the_tor_by_id():
+    document = tor_info()
+    del document["server_list"][1]["tor_ip"]
+    assert parse_topology(as_json(document), "t").placement_of("1.1.0.5").tors == ("tor-1",)
+
+
+@pytest.mark.parametrize("dump", [json.dumps, yaml.safe_dump], ids=["kubectl-json", "kubectl-yaml"])
+def test_whole_basic_tor_node_cm_configmap_is_unwrapped(dump):
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": "basic-tor-node-cm", "namespace": "kube-system"},
+                 "data": {"tor_level": "double_layer", "tor_info": json.dumps(tor_info(), indent=2)}}
+    topology = parse_topology(dump(configmap).encode(), "cm.yaml")
+    assert topology == parse_topology(as_json(tor_info()), "x")
+
+
+def test_node_labels_cabinet_lists_tor_ips_joined_by_dashes_and_internal_ip_is_the_key():
+    nodes = node_list(
+        node("n1", "10.0.0.1", {"cce.kubectl.kubernetes.io/cabinet": "10.9.0.1"}),
+        node("n2", "10.0.0.2", {"cce.kubectl.kubernetes.io/cabinet": "10.9.0.2-10.9.0.1"}),
+        node("n3", "10.0.0.3", {"volcano.sh/tor": "tor-b", "volcano.sh/hypercluster": "hc-1"}),
+        node("n4", "10.0.0.4", {"volcano.sh/hypernode": "hn-7"}),
+        node("n5", "10.0.0.5", {}),  # no topology label: not placed
+    )
+    topology = parse_topology(as_json(nodes), "https://10.247.0.1:443/api/v1/nodes")
+    assert topology.source == K8S_NODE_LABELS
+    assert topology.placement_of("10.0.0.2") == Placement(tors=("10.9.0.1", "10.9.0.2"))
+    assert topology.placement_of("10.0.0.3") == Placement(tiers=("hc-1",), tors=("tor-b",))
+    assert topology.placement_of("10.0.0.4") == Placement(tors=("hn-7",))
+    assert topology.placement_of("n1") == topology.placement_of("10.0.0.1") == Placement(tors=("10.9.0.1",))
+    assert topology.placement_of("10.0.0.5") is None
+
+
+PLAIN_YAML = b"""\
+# hand-written: server id -> switch path, outermost first, the ToR last
+version: 1
+servers:
+  "10.0.0.1": [spine-a, tor-1]
+  "10.0.0.2": {path: [spine-a, tor-1], slot: 3}
+  "10.0.0.3": {path: [spine-a], tors: [tor-1, tor-2]}
+  "10.0.0.4": tor-2
+  "10.0.0.5": [7]
+"""
+
+
+def test_plain_file_short_and_long_forms():
+    topology = parse_topology(PLAIN_YAML, "topology.yaml")
+    assert topology.source == PLAIN_FILE
+    assert dict(topology.placements) == {
+        "10.0.0.1": Placement(tiers=("spine-a",), tors=("tor-1",)),
+        "10.0.0.2": Placement(tiers=("spine-a",), tors=("tor-1",), slot=3),
+        "10.0.0.3": Placement(tiers=("spine-a",), tors=("tor-1", "tor-2")),
+        "10.0.0.4": Placement(tors=("tor-2",)),
+        "10.0.0.5": Placement(tors=("7",)),
+    }
+    as_json_text = json.dumps(yaml.safe_load(PLAIN_YAML)).encode()
+    assert parse_topology(as_json_text, "topology.json") == topology
+
+
+def test_format_override_beats_detection():
+    with pytest.raises(InputError, match=r"^t: server_list: expected only the keys 'version' and 'servers'"):
+        parse_topology(as_json(tor_info()), "t", fmt=PLAIN_FILE)
+
+
+BAD_TOPOLOGIES = [
+    ("unknown-shape", {"hello": 1}, None, "document: expected a topology: CCE ranktable_tor.json"),
+    ("not-an-object", [1, 2], None, "document: expected a topology"),
+    ("cce-missing-tor-ip", ranktable_tor({"a": ["t"]}), "del:server_list.0.device.0.tor_ip",
+     "server_list[0].device[0].tor_ip: expected a required field (missing)"),
+    ("cce-duplicate-server", {"server_list": CCE["server_list"] + CCE["server_list"][:1]}, None,
+     "server_list[4].server_id: expected a unique server id; '192.168.0.11' is also server_list[0]"),
+    ("tor-info-slot-too-big", tor_info(), "set:server_list.1.server.0.slice_id=4",
+     "server_list[1].server[0].slice_id: expected a slot below tor_count (4 slots per ToR), got 4"),
+    ("tor-info-slot-text", tor_info(), "set:server_list.1.server.0.slice_id=x",
+     "server_list[1].server[0].slice_id: expected a non-negative integer"),
+    ("tor-info-duplicate-tor", tor_info(), "set:server_list.1.tor_ip=1.0.0.0",
+     "server_list[1].tor_id: expected a unique ToR; '1.0.0.0' is also server_list[0]"),
+    ("tor-info-no-tor-count", tor_info(), "del:tor_count", "tor_count: expected a required field (missing)"),
+    ("nodes-label-not-string", node_list(node("n", "1.1.1.1", {"volcano.sh/tor": 5})), None,
+     "items[0].metadata.labels.volcano.sh/tor: expected a string, got a number 5"),
+    ("nodes-no-name", {"kind": "NodeList", "items": [{"metadata": {}}]}, None,
+     "items[0].metadata.name: expected a required field (missing)"),
+    ("plain-unknown-top-key", {"servers": {}, "tors": {}}, None,
+     "tors: expected only the keys 'version' and 'servers' at the top level"),
+    ("plain-empty-path", {"servers": {"10.0.0.1": []}}, None,
+     "servers.10.0.0.1: expected at least one switch id (the ToR last)"),
+    ("plain-bad-slot", {"servers": {"10.0.0.1": {"path": ["t"], "slot": -1}}}, None,
+     "servers.10.0.0.1.slot: expected a non-negative integer"),
+    ("plain-unknown-key", {"servers": {"10.0.0.1": {"path": ["t"], "rack": 1}}}, None,
+     "servers.10.0.0.1.rack: expected only the keys 'path', 'slot' and 'tors'"),
+    ("plain-switch-not-string", {"servers": {"10.0.0.1": [["a"]]}}, None,
+     "servers.10.0.0.1[0]: expected a string, got an array"),
+    ("plain-server-list", {"servers": ["10.0.0.1"]}, None, "servers: expected an object, got an array"),
+]
+
+
+def _apply(document, edit):
+    if edit is None:
+        return document
+    action, _, rest = edit.partition(":")
+    path, _, value = rest.partition("=")
+    keys = [int(k) if k.isdigit() else k for k in path.split(".")]
+    target = document
+    for key in keys[:-1]:
+        target = target[key]
+    if action == "del":
+        del target[keys[-1]]
+    else:
+        target[keys[-1]] = int(value) if value.isdigit() else value
+    return document
+
+
+@pytest.mark.parametrize("document, edit, expected", [c[1:] for c in BAD_TOPOLOGIES], ids=[c[0] for c in BAD_TOPOLOGIES])
+def test_bad_topology_names_the_exact_field(document, edit, expected):
+    with pytest.raises(InputError) as caught:
+        parse_topology(as_json(_apply(json.loads(json.dumps(document)), edit)), "topo")
+    assert caught.value.message.startswith(f"topo: {expected}")
+
+
+def test_yaml_server_ids_must_be_strings():
+    with pytest.raises(InputError, match=r"servers.1: expected server ids as strings \(quote them in YAML\)"):
+        parse_topology(b"servers:\n  1: [tor-a]\n", "t.yaml")
+
+
+@settings(max_examples=12, deadline=None)
+@given(nodes=st.integers(2, 40), seed=st.integers(0, 500), multi=st.booleans(), tiers=st.booleans())
+def test_serialisers_read_back_as_the_same_topology(nodes, seed, multi, tiers):
+    tors = max(2, nodes // 5)
+    table, topology = synthetic_cluster(nodes, tors, seed=seed, multi_tor=1 if multi else 0,
+                                        spine_groups=2 if tiers else 0, missing_topology=1)
+    plain = parse_topology(yaml.safe_dump(plain_topology_document(topology)).encode(), "t.yaml")
+    assert dict(plain.placements) == dict(topology.placements)
+    cce = parse_topology(encode_ranktable_tor(table, topology), "ranktable_tor.json")
+    # ranktable_tor.json carries ToRs only (no tiers, no slots)
+    assert dict(cce.placements) == {sid: Placement(tors=p.tors) for sid, p in topology.placements.items()}
+    assert isinstance(cce, Topology)
