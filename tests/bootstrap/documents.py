@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from npu_job.bootstrap.model import RankTable, Topology
 from npu_job.bootstrap.ranktable import rank_table_document
 from npu_job.bootstrap.synthetic import synthetic_cluster
-from npu_job.bootstrap.topology import encode_ranktable_tor
+from npu_job.bootstrap.topology import encode_ranktable_tor, parse_topology
 
 
 def devices(node: int, count: int = 2, *, first_rank: Optional[int] = None, **extra: str) -> List[Dict[str, str]]:
@@ -158,11 +158,16 @@ def as_json(document: Any) -> bytes:
 
 def write_cce_job(directory: Path, nodes: int, tors: int, *, seed: int = 3,
                   compress_rank_table: bool = False) -> Tuple[RankTable, Topology, Path]:
-    """A generated CCE job as mounted in a pod: ``<dir>/jobstart_hccl.json`` + ``ranktable_tor.json``."""
+    """A generated CCE job as mounted in a pod: ``<dir>/jobstart_hccl.json`` + ``ranktable_tor.json``.
+
+    Returns ``(table, topology, rank table path)`` where ``topology`` is what a pod reads back from
+    ``ranktable_tor.json`` (ToRs only: that format carries no slots or outer tiers).
+    """
     table, topology = synthetic_cluster(nodes, tors, seed=seed, npus_per_node=2)
     directory.mkdir(parents=True, exist_ok=True)
     document = rank_table_document(table)
     data = b64_gzip(document) if compress_rank_table else as_json(document)
     (directory / "jobstart_hccl.json").write_bytes(data)
-    (directory / "ranktable_tor.json").write_bytes(encode_ranktable_tor(table, topology))
-    return table, topology, directory / "jobstart_hccl.json"
+    tor_file = encode_ranktable_tor(table, topology)
+    (directory / "ranktable_tor.json").write_bytes(tor_file)
+    return table, parse_topology(tor_file, "ranktable_tor.json"), directory / "jobstart_hccl.json"

@@ -1,0 +1,304 @@
+"""The whole bootstrap in-process: real files, a real HTTPS server, the real planner. Every failure
+falls back to scheduler order (exit 0, no rank files, one error line) unless strict."""
+
+import json
+import logging
+import os
+
+import pytest
+
+from npu_job.bootstrap import planner
+from npu_job.bootstrap.identity import find_pod_index, parse_task_index
+from npu_job.bootstrap.model import Collective
+from npu_job.bootstrap.ranktable import parse_rank_table
+from npu_job.bootstrap.run import bootstrap
+from npu_job.bootstrap.writers import MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN_FILE
+from npu_job.errors import InconsistentError, InputError, NotReadyError
+
+from .documents import node, v1_0, write_cce_job
+from .https_server import FakeKubernetesAPI, HTTPSServer, serve_bytes, tls_files_fixture
+
+tls_files = pytest.fixture(scope="module")(tls_files_fixture)
+
+
+@pytest.fixture
+def logs():
+    records = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    logger = logging.getLogger("npu_job")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield lambda level=logging.INFO: [r.getMessage() for r in records if r.levelno >= level]
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+
+
+@pytest.fixture
+def job(tmp_path):
+    """An 8-node CCE job over 3 ToRs, mounted at <tmp>/config, and pod 5's environment."""
+    table, topology, rank_table = write_cce_job(tmp_path / "config", 8, 3)
+    me = table.servers[5]
+    env = {"RANK_TABLE_FILE": str(tmp_path / "config"), "MA_CURRENT_HOST_IP": me.server_id,
+           "VC_TASK_INDEX": "5", "NPU_JOB_OUTPUT_DIR": str(tmp_path / "out"), "NPU_JOB_K8S_TOPOLOGY": "0"}
+    return table, topology, rank_table, env
+
+
+def _out(env):
+    return env["NPU_JOB_OUTPUT_DIR"]
+
+
+def test_pod_gets_the_planners_rank_and_all_files(job, logs):
+    table, topology, _, env = job
+    result = bootstrap({}, env)
+    expected = planner.plan(table, topology, Collective.RING)
+    assert result.exit_code == 0 and result.route_plan["status"] == "success"
+    assert open(os.path.join(_out(env), RANK_FILE)).read() == str(expected.node_rank_of_pod[5])
+    assert open(os.path.join(_out(env), MASTER_FILE)).read() == str(expected.master_index)
+    assert result.route_plan["rank_mapping"] == expected.rank_mapping
+    copy = parse_rank_table(open(os.path.join(_out(env), RANK_TABLE_COPY), "rb").read(), "copy")
+    assert [s.server_id for s in copy.servers] == [table.servers[p].server_id for p in expected.pod_of_node_rank]
+    lines = logs()
+    assert f"input sha256 {expected.input_digest}, mapping sha256 {expected.mapping_digest}" in lines
+    assert any(line.startswith(f"node rank {expected.node_rank_of_pod[5]} of 8 (pod index 5)") for line in lines)
+
+
+def test_every_pod_computes_the_same_plan(job):
+    table, _, _, env = job
+    mappings, ranks = set(), []
+    for server in table.servers:
+        pod_env = dict(env, MA_CURRENT_HOST_IP=server.server_id, VC_TASK_INDEX=str(server.pod_index))
+        result = bootstrap({}, pod_env)
+        mappings.add((result.route_plan["rank_mapping"], result.route_plan["mapping_digest"]))
+        ranks.append(result.route_plan["node_rank"])
+    assert len(mappings) == 1 and sorted(ranks) == list(range(8))
+
+
+def test_compressed_rank_table_and_flags_over_env(tmp_path):
+    table, _, rank_table = write_cce_job(tmp_path / "cfg", 5, 2, compress_rank_table=True)
+    flags = {"rank_table": str(rank_table), "host_ip": table.servers[1].server_id, "pod_index": "1",
+             "output_dir": str(tmp_path / "o")}
+    result = bootstrap(flags, {"RANK_TABLE_FILE": "/nowhere", "VC_TASK_INDEX": "4", "NPU_JOB_K8S_TOPOLOGY": "0"})
+    assert result.route_plan["status"] == "success" and result.route_plan["pod_index"] == 1
+
+
+@pytest.mark.parametrize(
+    "hccl_algo, flag, expected",
+    [(None, None, "ring"), ("level0:NA;level1:H-D_R", None, "rhd"), ("level0:NA;level1:NHR", None, "nhr"),
+     ("level0:NA;level1:H-D_R", "ring", "ring")],
+    ids=["default-ring", "hccl-algo-rhd", "hccl-algo-nhr", "flag-wins"],
+)
+def test_collective_from_flag_else_hccl_algo_else_ring(job, hccl_algo, flag, expected):
+    _, _, _, env = job
+    if hccl_algo:
+        env = dict(env, HCCL_ALGO=hccl_algo)
+    assert bootstrap({"collective": flag}, env).route_plan["collective"] == expected
+
+
+def _stale(env):
+    os.makedirs(_out(env), exist_ok=True)
+    for name in (RANK_FILE, MASTER_FILE):
+        with open(os.path.join(_out(env), name), "w") as handle:
+            handle.write("99")
+
+
+def _no_rank_table(tmp, env):
+    env.pop("RANK_TABLE_FILE")
+
+
+def _truncated_json(tmp, env):
+    path = os.path.join(env["RANK_TABLE_FILE"], "jobstart_hccl.json")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])
+    env["NPU_JOB_WAIT_TIMEOUT"] = "0"
+
+
+def _stuck_initializing(tmp, env):
+    open(os.path.join(env["RANK_TABLE_FILE"], "jobstart_hccl.json"), "w").write('{"status": "initializing"}')
+    env["NPU_JOB_WAIT_TIMEOUT"] = "0.2"
+    env["NPU_JOB_POLL_INTERVAL"] = "0.05"
+
+
+def _host_not_in_table(tmp, env):
+    env["MA_CURRENT_HOST_IP"] = "10.99.99.99"
+
+
+def _index_mismatch(tmp, env):
+    env["VC_TASK_INDEX"] = "2"
+
+
+def _two_nodes(tmp, env):
+    table, _, _ = write_cce_job(tmp / "small", 2, 1)
+    env.update(RANK_TABLE_FILE=str(tmp / "small"), MA_CURRENT_HOST_IP=table.servers[1].server_id, VC_TASK_INDEX="1")
+
+
+def _no_topology(tmp, env):
+    os.unlink(os.path.join(env["RANK_TABLE_FILE"], "ranktable_tor.json"))
+
+
+def _bad_topology(tmp, env):
+    open(os.path.join(env["RANK_TABLE_FILE"], "ranktable_tor.json"), "w").write("H4sI garbage")
+
+
+def _bad_env(tmp, env):
+    env["NPU_JOB_WAIT_TIMEOUT"] = "soon"
+
+
+FALLBACKS = [
+    ("no-rank-table", _no_rank_table, "rank table: location: expected $RANK_TABLE_FILE or one of", InputError),
+    ("truncated-json", _truncated_json, "jobstart_hccl.json: line ", InputError),
+    ("stuck-initializing", _stuck_initializing, 'status: expected "completed" within 0 s, last seen status=initializing', NotReadyError),
+    ("host-not-in-table", _host_not_in_table, "server_list: expected this host's IP 10.99.99.99 (MA_CURRENT_HOST_IP)", InconsistentError),
+    ("index-mismatch", _index_mismatch, "in the rank table, but VC_TASK_INDEX is 2", InconsistentError),
+    ("fewer-than-3-nodes", _two_nodes, "only 2 node(s); reordering needs at least 3", InputError),
+    ("no-topology", _no_topology, "no switch topology available", InputError),
+    ("bad-topology", _bad_topology, "ranktable_tor.json: content: expected", InputError),
+    ("bad-env-value", _bad_env, "environment: NPU_JOB_WAIT_TIMEOUT: expected a number of seconds >= 0, got 'soon'", InputError),
+]
+
+
+@pytest.mark.parametrize("breakage, message, error", [c[1:] for c in FALLBACKS], ids=[c[0] for c in FALLBACKS])
+def test_failure_falls_back_to_scheduler_order(job, tmp_path, logs, breakage, message, error):
+    _, _, _, env = job
+    env = dict(env)
+    breakage(tmp_path, env)
+    _stale(env)
+    result = bootstrap({}, env)
+    assert result.exit_code == 0
+    assert sorted(os.listdir(_out(env))) == [ROUTE_PLAN_FILE], "no rank files: the pod uses VC_TASK_INDEX / 0"
+    plan = json.load(open(os.path.join(_out(env), ROUTE_PLAN_FILE)))
+    assert plan["status"] == "failed" and message in plan["reason"]
+    errors = logs(logging.ERROR)
+    assert len(errors) == 1 and message in errors[0] and "\n" not in errors[0]
+    assert errors[0].startswith(("rank table: ", "environment: ", env.get("RANK_TABLE_FILE", "-")))
+    with pytest.raises(error) as caught:
+        bootstrap({"strict": True}, env)
+    assert message in caught.value.message
+    with pytest.raises(error):
+        bootstrap({}, dict(env, NPU_JOB_STRICT="1"))
+
+
+def test_a_bug_of_ours_does_not_break_the_job_either(job, logs, monkeypatch):
+    _, _, _, env = job
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(planner, "plan", broken)
+    _stale(env)
+    result = bootstrap({}, env)
+    assert result.exit_code == 0 and result.route_plan["status"] == "failed"
+    assert sorted(os.listdir(_out(env))) == [ROUTE_PLAN_FILE]
+    assert logs(logging.ERROR) == ["internal error (a bug, please report it): RuntimeError: boom"]
+    with pytest.raises(RuntimeError):
+        bootstrap({"strict": True}, env)
+
+
+def test_rank_table_and_topology_over_https(tmp_path, tls_files):
+    table, topology, rank_table = write_cce_job(tmp_path / "served", 6, 2)
+    with HTTPSServer(*tls_files) as server:
+        server.routes["/jobstart_hccl.json"] = serve_bytes(rank_table.read_bytes())
+        server.routes["/ranktable_tor.json"] = serve_bytes((tmp_path / "served" / "ranktable_tor.json").read_bytes())
+        env = {"RANK_TABLE_FILE": server.url("/jobstart_hccl.json"), "NPU_JOB_TOPOLOGY": server.url("/ranktable_tor.json"),
+               "NPU_JOB_CA_BUNDLE": str(tls_files[0]), "MA_CURRENT_HOST_IP": table.servers[0].server_id,
+               "NPU_JOB_OUTPUT_DIR": str(tmp_path / "out")}
+        result = bootstrap({}, env)
+    assert result.route_plan["status"] == "success"
+    assert result.route_plan["rank_mapping"] == planner.plan(table, topology).rank_mapping
+
+
+def _nodes_for(topology):
+    return [node(f"node-{i}", server_id, {"cce.kubectl.kubernetes.io/cabinet": "-".join(p.tors)})
+            for i, (server_id, p) in enumerate(topology.placements.items())]
+
+
+def _in_cluster(tmp_path, tls_files, server, token):
+    account = tmp_path / "sa"
+    account.mkdir(exist_ok=True)
+    (account / "token").write_text(token)
+    (account / "ca.crt").write_bytes(tls_files[0].read_bytes())
+    return {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(server.port),
+            "NPU_JOB_K8S_SA_DIR": str(account)}
+
+
+def test_topology_from_kubernetes_node_labels(job, tmp_path, tls_files):
+    table, topology, _, env = job
+    os.unlink(os.path.join(env["RANK_TABLE_FILE"], "ranktable_tor.json"))
+    with HTTPSServer(*tls_files) as server:
+        FakeKubernetesAPI(server, "tok", _nodes_for(topology))
+        env = dict(env, **_in_cluster(tmp_path, tls_files, server, "tok"))
+        env.pop("NPU_JOB_K8S_TOPOLOGY")  # on by default when in a cluster
+        result = bootstrap({}, env)
+        explicit = bootstrap({"topology": "k8s"}, dict(env, NPU_JOB_K8S_TOPOLOGY="0"))
+    assert result.route_plan["status"] == "success"
+    assert result.route_plan["topology"].endswith("/api/v1/nodes (k8s-node-labels)")
+    assert result.route_plan["rank_mapping"] == planner.plan(table, topology).rank_mapping
+    assert explicit.route_plan["rank_mapping"] == result.route_plan["rank_mapping"]
+
+
+def test_refused_kubernetes_api_is_skipped_in_the_chain_but_fatal_when_asked_for(job, tmp_path, tls_files, logs):
+    _, topology, _, env = job
+    os.unlink(os.path.join(env["RANK_TABLE_FILE"], "ranktable_tor.json"))
+    with HTTPSServer(*tls_files) as server:
+        FakeKubernetesAPI(server, "the-real-token", _nodes_for(topology))
+        env = dict(env, **_in_cluster(tmp_path, tls_files, server, "not-the-token"))
+        env.pop("NPU_JOB_K8S_TOPOLOGY")
+        chained = bootstrap({}, env)
+        asked = bootstrap({"topology": "k8s"}, env)
+    assert chained.route_plan["reason"] == "no switch topology available"
+    assert any("skipping Kubernetes node labels" in line and "401" in line for line in logs())
+    assert "HTTP status: expected 200 OK, got 401 Unauthorized" in asked.route_plan["reason"]
+
+
+def test_json_flag_prints_the_route_plan(job, capsys):
+    _, _, _, env = job
+    bootstrap({"json": True}, env)
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["version"] == 1 and printed["status"] == "success"
+
+
+# --- who am I -------------------------------------------------------------------------------
+
+
+TABLE = parse_rank_table(json.dumps(v1_0()).encode(), "t.json")
+
+
+@pytest.mark.parametrize(
+    "host_ip, task_index, expected",
+    [("192.168.0.12", 1, 1), ("192.168.0.13", None, 2), (None, 0, 0), ("", 2, 2)],
+    ids=["ip-and-index-agree", "ip-only", "index-only", "empty-ip"],
+)
+def test_find_pod_index(host_ip, task_index, expected):
+    assert find_pod_index(TABLE, host_ip, task_index, "t.json") == expected
+
+
+@pytest.mark.parametrize(
+    "host_ip, task_index, error, message",
+    [("10.0.0.9", 1, InconsistentError, "t.json: server_list: expected this host's IP 10.0.0.9 (MA_CURRENT_HOST_IP) among the 3 server ids"),
+     ("192.168.0.12", 2, InconsistentError, "t.json: server_list[1]: this host 192.168.0.12 is pod index 1 in the rank table, but VC_TASK_INDEX is 2"),
+     (None, 3, InconsistentError, "t.json: server_list: expected an entry for VC_TASK_INDEX 3, the table has 3 servers"),
+     (None, None, InputError, "environment: MA_CURRENT_HOST_IP: expected this host's IP")],
+    ids=["ip-not-in-table", "index-mismatch", "index-out-of-range", "neither-set"],
+)
+def test_identity_inconsistencies_are_reported_not_guessed(host_ip, task_index, error, message):
+    with pytest.raises(error) as caught:
+        find_pod_index(TABLE, host_ip, task_index, "t.json")
+    assert caught.value.message.startswith(message)
+
+
+def test_host_ip_also_matches_a_v1_2_host_ip_field():
+    from .documents import v1_2_super_pods
+
+    table = parse_rank_table(json.dumps(v1_2_super_pods()).encode(), "t")
+    assert find_pod_index(table, "10.0.0.3", 2, "t") == 2
+
+
+@pytest.mark.parametrize("value, expected", [(None, None), ("", None), (" 7 ", 7)], ids=["unset", "empty", "spaces"])
+def test_task_index_parsing(value, expected):
+    assert parse_task_index(value) == expected
+
+
+def test_task_index_must_be_a_number():
+    with pytest.raises(InputError, match=r"^environment: VC_TASK_INDEX: expected a non-negative integer pod index, got '-1'$"):
+        parse_task_index("-1")
