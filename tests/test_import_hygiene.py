@@ -17,6 +17,9 @@ POD_SIDE_MODULES = [
     "npu_job.cli.bootstrap",
     "npu_job.cli.plan",
     *(f"npu_job.render.{name}" for name in ("values", "spec", "render")), "npu_job.cli.render",
+    # npu-run's torch-free helpers (torch only inside the functions that need it)
+    "npu_job.launcher.noderank",
+    "npu_job.launcher.devices",
 ]
 
 

@@ -1,0 +1,232 @@
+"""The ``parallel`` rendezvous backend, driven in-process: real TCPStore root, real StoreProxy.
+
+Each "node" is a handler in its own thread, as torch's agent would drive it; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Sequence
+
+import pytest
+from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+from npu_job.errors import LaunchError
+from npu_job.launcher import rendezvous
+from npu_job.launcher.rendezvous import ParallelRendezvousHandler, ParallelSettings
+
+from .cluster import free_port, port_is_free
+
+
+def make_handlers(nnodes: int, ranks: Sequence[int], **overrides) -> Dict[int, ParallelRendezvousHandler]:
+    port = free_port()
+    options = dict(join_timeout=10.0, close_timeout=5.0, store_timeout=10.0, watch_interval=0.01)
+    options.update(overrides)
+    return {
+        rank: ParallelRendezvousHandler(
+            ParallelSettings(run_id="job", master_addr="127.0.0.1", master_port=port,
+                             node_rank=rank, nnodes=nnodes, **options)
+        )
+        for rank in ranks
+    }
+
+
+def join_all(handlers: Sequence[ParallelRendezvousHandler]) -> List:
+    """Call next_rendezvous on every handler concurrently; results or exceptions, in order."""
+    def attempt(handler):
+        try:
+            return handler.next_rendezvous()
+        except Exception as error:  # returned, so the test can assert on each node's outcome
+            return error
+
+    with ThreadPoolExecutor(len(handlers)) as pool:
+        return list(pool.map(attempt, handlers))
+
+
+@pytest.fixture
+def closing():
+    opened: List[ParallelRendezvousHandler] = []
+    yield opened.extend
+    for handler in opened:
+        handler.close()
+
+
+def test_round_keeps_node_ranks_and_points_workers_at_the_root(closing):
+    handlers = make_handlers(3, [2, 1, 0])
+    closing(handlers.values())
+    infos = join_all([handlers[2], handlers[1], handlers[0]])  # the root host arrives last
+    for node_rank, info in zip([2, 1, 0], infos):
+        assert isinstance(info, RendezvousInfo), info
+        assert (info.rank, info.world_size) == (node_rank, 3)
+        assert info.bootstrap_store_info.master_addr == "127.0.0.1"
+        assert info.bootstrap_store_info.master_port == handlers[0].settings.master_port
+    infos[0].store.set("from-node-2", "hello")  # the agents share one (prefixed) store
+    assert infos[2].store.get("from-node-2") == b"hello"
+    assert all(h.use_agent_store for h in handlers.values())
+
+
+def test_tiered_round_hands_workers_this_nodes_proxy(closing):
+    handlers = make_handlers(2, [0, 1], tiered=True)
+    closing(handlers.values())
+    infos = join_all([handlers[0], handlers[1]])
+    root_port = handlers[0].settings.master_port
+    proxy_ports = {info.bootstrap_store_info.master_port for info in infos}
+    assert {info.bootstrap_store_info.master_addr for info in infos} == {"127.0.0.1"}
+    assert len(proxy_ports) == 2 and root_port not in proxy_ports
+    timeout = datetime.timedelta(seconds=5)
+    via_proxy = TCPStore("127.0.0.1", infos[1].bootstrap_store_info.master_port, None, False, timeout)
+    via_proxy.set("worker-key", "through the proxy")
+    direct = TCPStore("127.0.0.1", root_port, None, False, timeout)
+    assert direct.get("worker-key") == b"through the proxy"
+    del via_proxy
+    handlers[1].close()
+    assert port_is_free(infos[1].bootstrap_store_info.master_port)
+
+
+def test_missing_node_times_out_naming_it(closing):
+    handlers = make_handlers(3, [0, 2], join_timeout=1.0)
+    closing(handlers.values())
+    outcomes = join_all([handlers[0], handlers[2]])
+    for outcome in outcomes:
+        assert isinstance(outcome, RendezvousTimeoutError), outcome
+        assert "missing node ranks [1] of --nnodes=3" in str(outcome)
+        assert f"127.0.0.1:{handlers[0].settings.master_port}" in str(outcome)
+
+
+def test_absent_root_times_out_naming_node_rank_0_and_its_address(closing):
+    handlers = make_handlers(2, [1], join_timeout=0.5)
+    closing(handlers.values())
+    with pytest.raises(RendezvousTimeoutError, match=r"root store 127\.0\.0\.1:\d+ \(missing node ranks: \[0\]"):
+        handlers[1].next_rendezvous()
+
+
+def test_two_nodes_with_the_same_rank_are_refused(closing):
+    first = make_handlers(2, [0, 1], join_timeout=1.0)
+    twin = ParallelRendezvousHandler(first[1].settings)
+    closing([*first.values(), twin])
+    outcomes = join_all([first[0], first[1], twin])
+    duplicate = [o for o in outcomes if isinstance(o, RendezvousStateError)]
+    assert len(duplicate) == 1 and "two nodes were started with --node_rank=1" in str(duplicate[0])
+
+
+def test_restarting_node_pulls_the_others_into_a_clean_round_with_the_same_ranks(closing):
+    handlers = make_handlers(2, [0, 1])
+    closing(handlers.values())
+    first = join_all([handlers[0], handlers[1]])
+    first[0].store.set("agent-state", "kept")
+    root = handlers[0]._connect()
+    root.set("default_pg/0//cpu/rank_1", "address of a dead worker")  # what workers leave behind
+    assert handlers[0].num_nodes_waiting() == 0
+
+    restarting = ThreadPoolExecutor(1)
+    node1_round1 = restarting.submit(handlers[1].next_rendezvous)  # node 1's workers failed
+    deadline = time.monotonic() + 5
+    while handlers[0].num_nodes_waiting() == 0:
+        assert time.monotonic() < deadline, "node 0 never saw node 1 waiting"
+        time.sleep(0.02)
+    second0 = handlers[0].next_rendezvous()
+    second1 = node1_round1.result(timeout=10)
+    restarting.shutdown()
+    assert (second0.rank, second1.rank) == (0, 1)
+    assert root.list_keys() and not any(key.startswith("default_pg/") for key in root.list_keys())
+    assert first[1].store.get("agent-state") == b"kept"  # round 0's agent keys are untouched
+    assert handlers[0].num_nodes_waiting() == 0
+
+
+def test_closed_rendezvous_refuses_the_next_round(closing):
+    handlers = make_handlers(2, [0, 1])
+    closing(handlers.values())
+    join_all([handlers[0], handlers[1]])
+    handlers[1].set_closed()
+    assert handlers[0].is_closed()
+    with pytest.raises(RendezvousClosedError, match="closed by node rank 1"):
+        handlers[0].next_rendezvous()
+
+
+def test_lost_root_is_reported_with_its_address(closing):
+    handlers = make_handlers(2, [0, 1])
+    closing(handlers.values())
+    infos = join_all([handlers[0], handlers[1]])
+    port = handlers[0].settings.master_port
+    handlers[0].close()
+    del infos
+    gc.collect()  # the last reference to the root TCPStore server goes: node 0 is gone
+    with pytest.raises(RendezvousConnectionError, match=rf"lost the root store 127\.0\.0\.1:{port}"):
+        for _ in range(50):
+            handlers[1].num_nodes_waiting()
+            time.sleep(0.02)
+    assert handlers[1].shutdown() is False  # nothing to sign off from; no hang, no raise
+
+
+def test_root_host_keeps_the_root_until_the_other_agents_signed_off(closing):
+    handlers = make_handlers(2, [0, 1])
+    closing(handlers.values())
+    join_all([handlers[0], handlers[1]])
+    root_done = threading.Event()
+    threading.Thread(target=lambda: (handlers[0].shutdown(), root_done.set()), daemon=True).start()
+    assert not root_done.wait(0.5), "node 0 closed the root while node 1 was still running"
+    assert handlers[1].shutdown() is True
+    assert root_done.wait(5)
+
+
+def params(**overrides) -> RendezvousParameters:
+    values = dict(backend="parallel", endpoint="10.0.0.1:29500", run_id="job", min_nodes=4, max_nodes=4, rank=2)
+    values.update(overrides)
+    return RendezvousParameters(**values)
+
+
+def test_settings_come_from_torchs_rendezvous_parameters():
+    settings = rendezvous.settings_from_params(
+        params(timeout="60", join_timeout="5", enable_tiered_parallel_tcpstore=True)
+    )
+    assert settings == ParallelSettings(
+        run_id="job", master_addr="10.0.0.1", master_port=29500, node_rank=2, nnodes=4,
+        tiered=True, store_timeout=60.0, join_timeout=5.0,
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        pytest.param(dict(min_nodes=2, max_nodes=4), "static membership", id="elastic-range"),
+        pytest.param(dict(rank=4), "expected 0..3", id="rank-too-big"),
+        pytest.param(dict(rank="x"), "expected an integer", id="rank-not-a-number"),
+        pytest.param(dict(endpoint=""), "--master_addr/--master_port", id="no-endpoint"),
+        pytest.param(dict(endpoint="10.0.0.1"), "port 1..65535", id="no-port"),
+        pytest.param(dict(join_timeout="soon"), "join_timeout: expected seconds", id="bad-join-timeout"),
+        pytest.param(dict(timeout="-1"), "timeout: expected a positive", id="negative-timeout"),
+        pytest.param(dict(enable_tiered_parallel_tcpstore="maybe"), "expected true or false", id="bad-tiered"),
+    ],
+)
+def test_bad_settings_are_one_line_launch_errors(overrides, message):
+    with pytest.raises(LaunchError, match=message) as caught:
+        rendezvous.settings_from_params(params(**overrides))
+    assert "\n" not in str(caught.value)
+
+
+def test_missing_rank_is_a_launch_error():
+    values = dict(backend="parallel", endpoint="10.0.0.1:29500", run_id="job", min_nodes=1, max_nodes=1)
+    with pytest.raises(LaunchError, match="pass --node_rank"):
+        rendezvous.settings_from_params(RendezvousParameters(**values))
+
+
+def test_backend_is_registered_with_torch_elastic():
+    rendezvous.register()
+    rendezvous.register()  # idempotent
+    handler = get_rendezvous_handler(params(endpoint="127.0.0.1:29500"))
+    assert isinstance(handler, ParallelRendezvousHandler) and handler.get_backend() == "parallel"
+    assert rendezvous.torchrun_handler() is rendezvous.create_handler
+    rendezvous.close_all()

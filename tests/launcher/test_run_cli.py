@@ -1,0 +1,233 @@
+"""``npu-run``'s command line: torchrun's flags and PET_* variables, npu-run's additions, its errors.
+
+Bad command lines run ``main()`` in-process (they fail before anything starts); two cases run the
+installed ``npu-run`` console script for real (single node, gloo workers).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from npu_job.errors import LaunchError
+from npu_job.launcher import devices, noderank, run
+
+from .cluster import WORKERS, free_port
+
+SCRIPT = str(WORKERS / "record_env.py")
+
+
+@pytest.fixture(autouse=True)
+def clean_launcher_env(monkeypatch, tmp_path):
+    """No PET_* or bootstrap variables from the surrounding shell; no real /tmp/RANK_AFTER_ACC."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("PET_") or name in ("RANK_AFTER_ACC", "VC_TASK_INDEX"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("NPU_JOB_OUTPUT_DIR", str(tmp_path / "bootstrap-out"))
+
+
+def parse(argv):
+    return run.build_parser().parse_args(argv)
+
+
+def test_help_shows_torchrun_flags_and_the_additions(capsys):
+    assert run.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    for flag in ("--nproc-per-node", "--nproc_per_node", "--rdzv-backend", "--max-restarts", "--standalone",
+                 "--node-rank N|auto", "--enable_tiered_parallel_tcpstore", "parallel", "npu"):
+        assert flag in text, flag
+
+
+def test_dashed_and_underscored_spellings_mean_the_same():
+    dashed = parse(["--nproc-per-node=2", "--node-rank=1", "--master-port=1234", "--rdzv-conf=join_timeout=5",
+                    "--enable-tiered-parallel-tcpstore=true", "--max-restarts=2", "train.py", "--lr", "1"])
+    underscored = parse(["--nproc_per_node=2", "--node_rank=1", "--master_port=1234", "--rdzv_conf=join_timeout=5",
+                         "--enable_tiered_parallel_tcpstore=true", "--max_restarts=2", "train.py", "--lr", "1"])
+    assert vars(dashed) == vars(underscored)
+    assert dashed.training_script_args == ["--lr", "1"]
+
+
+def test_pet_variables_stand_in_for_flags(monkeypatch):
+    monkeypatch.setenv("PET_NNODES", "3")
+    monkeypatch.setenv("PET_NODE_RANK", "auto")
+    monkeypatch.setenv("PET_ENABLE_TIERED_PARALLEL_TCPSTORE", "true")
+    monkeypatch.setenv("PET_MASTER_ADDR", "10.1.2.3")
+    monkeypatch.setenv("RANK_AFTER_ACC", "2")
+    args = run.prepare(parse(["--nproc_per_node=2", "train.py"]), {"RANK_AFTER_ACC": "2"})
+    assert (args.nnodes, args.node_rank, args.enable_tiered_parallel_tcpstore) == ("3", 2, True)
+    assert args.rdzv_backend == "parallel"  # tiering implies the parallel backend
+    assert args.rdzv_endpoint == "10.1.2.3:29500"  # torchrun's default port
+
+
+def test_flags_win_over_pet_variables(monkeypatch):
+    monkeypatch.setenv("PET_ENABLE_TIERED_PARALLEL_TCPSTORE", "true")
+    args = parse(["--enable_tiered_parallel_tcpstore=false", "train.py"])
+    assert run.prepare(args, {}).enable_tiered_parallel_tcpstore is False
+
+
+def test_parallel_launch_config_carries_node_rank_and_tiering():
+    args = run.prepare(parse(["--nnodes=4", "--node_rank=3", "--nproc_per_node=2", "--rdzv_backend=parallel",
+                              "--master_addr=127.0.0.1", "--master_port=29999",
+                              "--enable_tiered_parallel_tcpstore=true", "--rdzv_conf=join_timeout=7",
+                              "train.py", "--x"]), {})
+    config, command, command_args = run.launch_config(args)
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (4, 4, 2)
+    assert config.rdzv_backend == "parallel" and config.rdzv_endpoint == "127.0.0.1:29999"
+    assert config.rdzv_configs["rank"] == 3 and config.rdzv_configs["enable_tiered_parallel_tcpstore"] is True
+    assert config.rdzv_configs["join_timeout"] == "7"
+    assert command == sys.executable and command_args == ["-u", "train.py", "--x"]
+
+
+def test_single_node_static_without_port_becomes_c10d_like_torchrun():
+    args = run.prepare(parse(["--nproc_per_node=1", "train.py"]), {})
+    assert (args.rdzv_backend, args.rdzv_endpoint) == ("c10d", "localhost:0")
+
+
+USAGE = 2
+LAUNCH = LaunchError.exit_code
+
+
+@pytest.mark.parametrize(
+    "argv, env, code, message",
+    [
+        pytest.param(["--node_rank=first"], {}, USAGE, "--node_rank: expected a non-negative integer or 'auto'",
+                     id="node-rank-word"),
+        pytest.param(["--nnodes=0"], {}, USAGE, "--nnodes: expected 0 < MIN <= MAX", id="zero-nodes"),
+        pytest.param(["--nnodes=3:1"], {}, USAGE, "--nnodes: expected 0 < MIN <= MAX", id="min-above-max"),
+        pytest.param(["--nnodes=a:b"], {}, USAGE, "--nnodes: expected N or MIN:MAX", id="nnodes-words"),
+        pytest.param(["--max_restarts=-1"], {}, USAGE, "--max_restarts: expected 0 or more", id="negative-restarts"),
+        pytest.param(["--enable_tiered_parallel_tcpstore=maybe"], {}, USAGE, "expected true or false",
+                     id="tiered-not-a-bool"),
+        pytest.param(["--enable_tiered_parallel_tcpstore=true", "--rdzv_backend=c10d"], {}, USAGE,
+                     "needs --rdzv_backend=parallel", id="tiered-with-c10d"),
+        pytest.param(["--no-python", "--module"], {}, USAGE, "--no-python", id="no-python-and-module"),
+        pytest.param(["--nnodes=3", "--node_rank=3", "--rdzv_backend=parallel"], {}, LAUNCH,
+                     "node rank 3 is outside 0..2 for --nnodes=3", id="node-rank-too-big"),
+        pytest.param(["--nnodes=2", "--node_rank=auto", "--rdzv_backend=parallel"], {"RANK_AFTER_ACC": "x1"},
+                     LAUNCH, "environment RANK_AFTER_ACC: node rank: expected a non-negative integer, got 'x1'",
+                     id="auto-bad-rank-after-acc"),
+        pytest.param(["--nnodes=2", "--node_rank=auto", "--rdzv_backend=parallel"], {"RANK_AFTER_ACC": "5"},
+                     LAUNCH, "node rank 5 is outside 0..1", id="auto-rank-too-big"),
+        pytest.param(["--nnodes=1:3", "--rdzv_backend=parallel"], {}, LAUNCH, "static membership",
+                     id="parallel-elastic-range"),
+        pytest.param(["--nnodes=2", "--rdzv_backend=parallel", "--rdzv_conf=join_timeout=later"], {}, LAUNCH,
+                     "join_timeout: expected seconds", id="bad-join-timeout"),
+        pytest.param(["--nproc_per_node=npu"], {}, LAUNCH, "this node has no NPU", id="npu-without-torch-npu"),
+        pytest.param(["--nproc_per_node=0"], {}, LAUNCH, "expected at least 1 worker", id="zero-workers"),
+        pytest.param(["--nproc_per_node=lots"], {}, LAUNCH, "--nproc_per_node=lots", id="nproc-word"),
+    ],
+)
+def test_bad_command_lines_are_one_line_errors(capsys, monkeypatch, argv, env, code, message):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert run.main([*argv, "train.py"]) == code
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("npu-run: error:")] == [
+        line for line in err.splitlines() if "error" in line
+    ]
+
+
+# -- --node_rank=auto ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env, file_text, rank, source",
+    [
+        pytest.param({"RANK_AFTER_ACC": "3", "VC_TASK_INDEX": "1"}, "2", 3, "environment RANK_AFTER_ACC",
+                     id="env-beats-file-and-scheduler"),
+        pytest.param({"VC_TASK_INDEX": "1"}, "2\n", 2, "bootstrap file", id="file-beats-scheduler"),
+        pytest.param({"RANK_AFTER_ACC": " ", "VC_TASK_INDEX": "1"}, "", 1, "environment VC_TASK_INDEX",
+                     id="empty-values-are-skipped"),
+        pytest.param({}, None, 0, "default", id="nothing-means-0"),
+    ],
+)
+def test_auto_node_rank_sources_in_order(tmp_path, env, file_text, rank, source):
+    if file_text is not None:
+        (tmp_path / "RANK_AFTER_ACC").write_text(file_text)
+    choice = noderank.resolve_node_rank({**env, "NPU_JOB_OUTPUT_DIR": str(tmp_path)})
+    assert choice.rank == rank and choice.source.startswith(source)
+
+
+def test_auto_node_rank_reads_tmp_by_default():
+    assert noderank.rank_file_path({}) == "/tmp/RANK_AFTER_ACC"
+    assert noderank.rank_file_path({"NPU_JOB_OUTPUT_DIR": "/out"}) == "/out/RANK_AFTER_ACC"
+
+
+@pytest.mark.parametrize(
+    "env, file_text, named",
+    [
+        pytest.param({"RANK_AFTER_ACC": "-1"}, None, "environment RANK_AFTER_ACC", id="negative-env"),
+        pytest.param({}, "two", "RANK_AFTER_ACC: node rank", id="word-in-file"),
+        pytest.param({"VC_TASK_INDEX": "1.5"}, None, "environment VC_TASK_INDEX", id="fraction-index"),
+    ],
+)
+def test_auto_node_rank_rejects_bad_values_naming_their_source(tmp_path, env, file_text, named):
+    if file_text is not None:
+        (tmp_path / "RANK_AFTER_ACC").write_text(file_text)
+    with pytest.raises(LaunchError, match=named):
+        noderank.resolve_node_rank({**env, "NPU_JOB_OUTPUT_DIR": str(tmp_path)})
+
+
+# -- --nproc_per_node ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, counts, expected",
+    [
+        pytest.param("auto", devices.DeviceCounts(npu=8, gpu=2, cpu=64), (8, "npu"), id="auto-prefers-npu"),
+        pytest.param("auto", devices.DeviceCounts(npu=0, gpu=2, cpu=64), (2, "gpu"), id="auto-then-gpu"),
+        pytest.param("auto", devices.DeviceCounts(npu=0, gpu=0, cpu=6), (6, "cpu"), id="auto-then-cpu"),
+        pytest.param("npu", devices.DeviceCounts(npu=16, gpu=0, cpu=6), (16, "npu"), id="npu"),
+        pytest.param("cpu", devices.DeviceCounts(npu=8, gpu=0, cpu=6), (6, "cpu"), id="cpu-even-with-npus"),
+        pytest.param("4", devices.DeviceCounts(npu=8, gpu=0, cpu=6), (4, "fixed"), id="number"),
+    ],
+)
+def test_nproc_per_node_choice(value, counts, expected):
+    assert devices.resolve_nproc_per_node(value, lambda: counts) == expected
+
+
+def test_a_number_never_probes_devices():
+    def probe():
+        raise AssertionError("probed")
+
+    assert devices.resolve_nproc_per_node("2", probe) == (2, "fixed")
+
+
+def test_probe_counts_this_machine_without_torch_npu():
+    found = devices.probe_devices()
+    assert found.npu == 0 and found.cpu >= 1
+
+
+# -- the real console script --------------------------------------------------------------------
+
+
+def npu_run(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    executable = shutil.which("npu-run")
+    assert executable, "the npu-run console script is not installed (pip install -e .)"
+    return subprocess.run([executable, *argv], capture_output=True, text=True, timeout=timeout)
+
+
+def test_console_script_runs_unmodified_workers_standalone(tmp_path):
+    done = npu_run("--standalone", "--nproc-per-node=2", SCRIPT, str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    records = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
+    assert [r["RANK"] for r in records] == ["0", "1"] and {r["sum"] for r in records} == {3.0}
+
+
+def test_worker_failure_prints_torchruns_summary_with_the_root_cause(tmp_path):
+    done = npu_run("--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=parallel",
+                   f"--master_port={free_port()}", SCRIPT, str(tmp_path), "--fail-rank", "1")
+    assert done.returncode == run.EXIT_WORKERS_FAILED, done.stderr
+    assert "npu-run: error: ChildFailedError:" in done.stderr
+    assert "Root Cause (first observed failure)" in done.stderr
+    assert "RuntimeError: worker rank 1 fails on purpose" in done.stderr  # the worker's @record traceback
+    assert not Path(tmp_path, "0.json").exists()
