@@ -1,0 +1,125 @@
+"""``npu-job bootstrap``, ``python -m npu_job.bootstrap`` and ``bash bootstrap.sh``: one set of
+options, one error line, exit 0 in the fallback and the error's code with --strict."""
+
+import filecmp
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from npu_job.cli import main
+from tests.bootstrap.documents import write_cce_job
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "bootstrap.sh"
+
+
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NPU_JOB_", "KUBERNETES_", "MA_", "VC_", "RANK_TABLE"))}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def job(tmp_path):
+    table, _, _ = write_cce_job(tmp_path / "config", 5, 2)
+    flags = ["--rank-table", str(tmp_path / "config"), "--host-ip", table.servers[2].server_id,
+             "--pod-index", "2", "--output-dir", str(tmp_path / "out")]
+    return flags, tmp_path / "out"
+
+
+def test_help_explains_flags_files_and_environment(capsys):
+    assert main(["bootstrap", "--help"]) == 0
+    text = capsys.readouterr().out
+    for word in ("--rank-table", "--topology", "--host-ip", "--pod-index", "--collective", "--output-dir",
+                 "--wait-timeout", "--poll-interval", "--strict", "--json", "RANK_AFTER_ACC", "MASTER_INDEX",
+                 "route_plan.json", "NPU_JOB_WAIT_TIMEOUT", "MA_CURRENT_HOST_IP", "HCCL_ALGO"):
+        assert word in text, word
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--collective", "tree"], ["--wait-timeout", "soon"], ["--poll-interval", "-1"], ["--topology-format", "xml"]],
+    ids=["bad-collective", "bad-timeout", "negative-interval", "bad-format"],
+)
+def test_bad_flags_are_usage_errors(argv, capsys):
+    assert main(["bootstrap", *argv]) == 2
+    assert "npu-job bootstrap: error:" in capsys.readouterr().err
+
+
+def test_success_in_process_with_json_output(job, capsys):
+    flags, out = job
+    assert main(["bootstrap", *flags, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["status"] == "success" and printed["pod_index"] == 2
+    assert (out / "RANK_AFTER_ACC").read_text() == str(printed["node_rank"])
+
+
+def test_fallback_exits_0_and_strict_exits_with_the_error_code(tmp_path, capsys, monkeypatch):
+    for name in list(os.environ):
+        if name.startswith(("RANK_TABLE", "NPU_JOB_")):
+            monkeypatch.delenv(name)
+    missing = ["--rank-table", str(tmp_path / "nope.json"), "--output-dir", str(tmp_path / "out")]
+    assert main(["bootstrap", *missing]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if "error" in line] == [
+        f"npu-job: error: {tmp_path / 'nope.json'}: file: expected an existing file (not found)"]
+    assert main(["bootstrap", *missing, "--strict"]) == 3
+    strict_err = capsys.readouterr().err
+    assert strict_err.startswith(f"npu-job: error: {tmp_path / 'nope.json'}: file:") and "Traceback" not in strict_err
+
+
+def test_python_dash_m_takes_the_same_options_and_verbosity(job):
+    flags, out = job
+    done = subprocess.run([sys.executable, "-m", "npu_job.bootstrap", "-v", *flags], env=_clean_env(),
+                          capture_output=True, text=True, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert "npu-job: debug: rank table:" in done.stderr
+    assert (out / "MASTER_INDEX").exists()
+
+
+def test_bootstrap_sh_works_from_any_directory(job, tmp_path):
+    flags, out = job
+    elsewhere = tmp_path / "somewhere" / "else"
+    elsewhere.mkdir(parents=True)
+    done = subprocess.run(["bash", str(SCRIPT), *flags], env=_clean_env(), capture_output=True, text=True, cwd=elsewhere)
+    assert done.returncode == 0, done.stderr
+    assert (out / "RANK_AFTER_ACC").exists()
+
+
+def _no_npu_job_python(tmp_path):
+    wrapper = tmp_path / "bare-python3"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+@pytest.mark.parametrize(
+    "python, message",
+    [(_no_npu_job_python, "the npu_job package is not importable"), (lambda tmp: "no-such-python3", "no-such-python3: not found")],
+    ids=["npu-job-not-installed", "no-python"],
+)
+def test_bootstrap_sh_without_npu_job_says_so_and_keeps_the_job_alive(tmp_path, python, message):
+    env = _clean_env(NPU_JOB_PYTHON=python(tmp_path))
+    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0
+    assert done.stderr.startswith("npu-job: error: bootstrap.sh: ") and message in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    strict = subprocess.run(["bash", str(SCRIPT), "--strict"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert strict.returncode == 3
+
+
+def test_installed_script_and_template_are_this_script():
+    installed = Path(sys.executable).parent / "bootstrap.sh"
+    if not installed.exists():
+        pytest.skip("npu-job is not installed into this interpreter's bin directory")
+    assert filecmp.cmp(installed, SCRIPT, shallow=False), "stale copy: re-run pip install -e ."
+    assert (REPO / "templates" / "bootstrap.sh").resolve() == SCRIPT.resolve()
+
+
+def test_script_passes_shellcheck():
+    done = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
