@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Tuple
 
 from npu_job.errors import LaunchError
+from npu_job.launcher.noderank import is_count
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def resolve_nproc_per_node(value: str, counts: Callable[[], DeviceCounts]) -> Tu
     ``torch_npu``. Raises :class:`LaunchError` for a kind this node does not have.
     """
     text = value.strip()
-    if text.isdigit():
+    if is_count(text):
         if int(text) < 1:
             raise LaunchError(f"--nproc_per_node: expected at least 1 worker, got {value!r}")
         return int(text), "fixed"

@@ -22,6 +22,7 @@ pure function over an environment mapping and a file reader, so tests need no re
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
@@ -33,6 +34,12 @@ RANK_AFTER_ACC = "RANK_AFTER_ACC"  # the pod command's variable (same name as th
 VC_TASK_INDEX = "VC_TASK_INDEX"
 OUTPUT_DIR_ENV = "NPU_JOB_OUTPUT_DIR"
 AUTO = "auto"
+_COUNT = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also accepts "²", which int() refuses
+
+
+def is_count(text: str) -> bool:
+    """``text`` is a non-negative decimal integer in ASCII digits (a rank, a node or worker count)."""
+    return _COUNT.fullmatch(text) is not None
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,7 @@ def read_text_if_exists(path: str) -> Optional[str]:
 def parse_node_rank(text: str, source: str) -> int:
     """``text`` as a node rank; ``source`` names where it came from in the error."""
     value = text.strip()
-    if not value.isdigit():
+    if not is_count(value):
         raise LaunchError(
             f"{source}: node rank: expected a non-negative integer, got {text.strip()!r}"
         )

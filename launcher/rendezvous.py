@@ -379,26 +379,24 @@ class ParallelRendezvousHandler(RendezvousHandler):
         keeps the pod log readable while node rank 0 is still starting.
         """
         settings = self._settings
-        deadline = time.monotonic() + settings.join_timeout
-        next_progress = time.monotonic() + PROGRESS_INTERVAL
-        delay = 0.05
-        while True:
+        last_error: List[OSError] = []
+
+        def listening() -> bool:
             try:
                 with socket.create_connection((settings.master_addr, settings.master_port), timeout=5):
-                    return
+                    return True
             except OSError as error:
-                now = time.monotonic()
-                if now >= deadline:
-                    raise RendezvousTimeoutError(
-                        f"node rank {settings.node_rank} timed out after {settings.join_timeout:g}s "
-                        f"waiting for the root store {settings.root} (missing node ranks: [0]; "
-                        f"last error: {error})"
-                    ) from None
-                if now >= next_progress:
-                    logger.info("still waiting for node rank 0's root store at %s (%s)", settings.root, error)
-                    next_progress = now + PROGRESS_INTERVAL
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())) * random.uniform(0.8, 1.2))
-            delay = min(delay * 2, 1.0)
+                last_error[:] = [error]
+                return False
+
+        progress = _Every(PROGRESS_INTERVAL, lambda: logger.info(
+            "still waiting for node rank 0's root store at %s (%s)", settings.root, last_error[-1]))
+        if not poll_until(listening, settings.join_timeout, first=0.05, cap=1.0, tick=progress):
+            raise RendezvousTimeoutError(
+                f"node rank {settings.node_rank} timed out after {settings.join_timeout:g}s "
+                f"waiting for the root store {settings.root} (missing node ranks: [0]; "
+                f"last error: {last_error[-1] if last_error else 'none'})"
+            )
 
     def _raise_if_closed(self, store: Store) -> None:
         if store.check([self._keys.closed]):
@@ -418,32 +416,23 @@ class ParallelRendezvousHandler(RendezvousHandler):
         """Poll until the round's ``complete`` key exists; name the missing nodes on timeout."""
         settings = self._settings
         started = time.monotonic()
-        deadline = started + settings.join_timeout
-        next_progress = started + PROGRESS_INTERVAL
-        next_closed_check = started + 1.0
-        delay = 0.005
         complete = self._keys.complete(number)
-        while not store.check([complete]):
-            now = time.monotonic()
-            if now >= deadline:
-                missing = self._missing_nodes(store, number)
-                raise RendezvousTimeoutError(
-                    f"node rank {settings.node_rank} timed out after {settings.join_timeout:g}s in "
-                    f"round {number} at the root store {settings.root}: missing node ranks "
-                    f"{format_ranks(missing)} of --nnodes={settings.nnodes}"
-                )
-            if now >= next_closed_check:
-                self._raise_if_closed(store)
-                next_closed_check = now + 1.0
-            if now >= next_progress:
-                joined = int(store.add(self._keys.joined(number), 0))
-                logger.info(
-                    "round %d: %d of %d nodes joined after %.0fs", number, joined, settings.nnodes,
-                    now - started,
-                )
-                next_progress = now + PROGRESS_INTERVAL
-            time.sleep(delay * random.uniform(0.8, 1.2))
-            delay = min(delay * 1.5, 0.25)
+
+        def progress() -> None:
+            joined = int(store.add(self._keys.joined(number), 0))
+            logger.info("round %d: %d of %d nodes joined after %.0fs", number, joined,
+                        settings.nnodes, time.monotonic() - started)
+
+        closed_check = _Every(1.0, lambda: self._raise_if_closed(store))
+        progress_line = _Every(PROGRESS_INTERVAL, progress)
+        if not poll_until(lambda: bool(store.check([complete])), settings.join_timeout,
+                          tick=lambda: (closed_check(), progress_line())):
+            missing = self._missing_nodes(store, number)
+            raise RendezvousTimeoutError(
+                f"node rank {settings.node_rank} timed out after {settings.join_timeout:g}s in "
+                f"round {number} at the root store {settings.root}: missing node ranks "
+                f"{format_ranks(missing)} of --nnodes={settings.nnodes}"
+            )
 
     def _clear_previous_workers(self, store: TCPStore, number: int) -> None:
         """Node rank 0 deletes what the previous round's workers left; the others wait for it.
@@ -454,16 +443,11 @@ class ParallelRendezvousHandler(RendezvousHandler):
         """
         ready = self._keys.ready(number)
         if self._settings.node_rank != 0:
-            deadline = time.monotonic() + self._settings.join_timeout
-            delay = 0.005
-            while not store.check([ready]):
-                if time.monotonic() >= deadline:
-                    raise RendezvousTimeoutError(
-                        f"node rank 0 did not clear the root store {self._settings.root} for round "
-                        f"{number} within {self._settings.join_timeout:g}s"
-                    )
-                time.sleep(delay)
-                delay = min(delay * 1.5, 0.25)
+            if not poll_until(lambda: bool(store.check([ready])), self._settings.join_timeout):
+                raise RendezvousTimeoutError(
+                    f"node rank 0 did not clear the root store {self._settings.root} for round "
+                    f"{number} within {self._settings.join_timeout:g}s"
+                )
             return
         stale = [key for key in store.list_keys() if not key.startswith(f"{KEY_ROOT}/")]
         for key in stale:
@@ -496,17 +480,51 @@ class ParallelRendezvousHandler(RendezvousHandler):
         turn a clean finish into "lost the root store". Nodes that never joined are not awaited.
         """
         expected = int(store.add(self._keys.joined(number), 0))
-        deadline = time.monotonic() + self._settings.close_timeout
-        delay = 0.01
-        while (departed := int(store.add(self._keys.departed, 0))) < expected:
-            if time.monotonic() >= deadline:
-                logger.warning(
-                    "closing the root store %s although only %d of %d agents signed off",
-                    self._settings.root, departed, expected,
-                )
-                return
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.25)
+
+        def departed() -> int:
+            return int(store.add(self._keys.departed, 0))
+
+        if not poll_until(lambda: departed() >= expected, self._settings.close_timeout, first=0.01):
+            logger.warning("closing the root store %s although only %d of %d agents signed off",
+                           self._settings.root, departed(), expected)
+
+
+def poll_until(
+    condition: Callable[[], bool],
+    timeout: float,
+    *,
+    first: float = 0.005,
+    cap: float = 0.25,
+    tick: Optional[Callable[[], object]] = None,
+) -> bool:
+    """Call ``condition`` with jittered exponential backoff until it holds (True) or ``timeout``
+    seconds pass (False); ``tick`` runs between attempts (progress lines, the closed check)."""
+    deadline = time.monotonic() + timeout
+    delay = first
+    while not condition():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        if tick is not None:
+            tick()
+        time.sleep(min(delay * random.uniform(0.8, 1.2), remaining))
+        delay = min(delay * 1.5, cap)
+    return True
+
+
+class _Every:
+    """A callable that runs ``action`` at most once per ``interval`` seconds (first after one)."""
+
+    def __init__(self, interval: float, action: Callable[[], object]) -> None:
+        self._interval = interval
+        self._action = action
+        self._next = time.monotonic() + interval
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self._interval
+            self._action()
 
 
 class _RootErrors:

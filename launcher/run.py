@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import sys
+import textwrap
 import uuid
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
@@ -50,10 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = get_args_parser()
     parser.prog = PROG
-    parser.description = (
+    parser.description = textwrap.fill(
         "Launch PyTorch distributed workers like torchrun (same flags, same PET_* variables, same "
         "worker environment), plus --node_rank=auto, --nproc_per_node=npu and the tiered "
-        "'parallel' rendezvous of torch_npu_run."
+        "'parallel' rendezvous of torch_npu_run (--enable_tiered_parallel_tcpstore).",
+        width=90,
     )
     parser.epilog = (
         "Examples:\n"
@@ -109,7 +111,7 @@ def parse_bool(value: Any, flag: str) -> bool:
 def parse_nnodes(value: str) -> Tuple[int, int]:
     """``N`` or ``MIN:MAX`` -> ``(min, max)``, checked (torch asserts; we explain)."""
     parts = str(value).split(":")
-    if len(parts) not in (1, 2) or not all(part.strip().isdigit() for part in parts):
+    if len(parts) not in (1, 2) or not all(noderank.is_count(part.strip()) for part in parts):
         raise UsageError(f"--nnodes: expected N or MIN:MAX with positive integers, got {value!r}")
     low, high = int(parts[0]), int(parts[-1])
     if not 0 < low <= high:
@@ -124,7 +126,7 @@ def resolve_node_rank(value: Any, env: Mapping[str, str]) -> int:
         choice = noderank.resolve_node_rank(env)
         logger.info("node rank %d (--node_rank=auto: from %s)", choice.rank, choice.source)
         return choice.rank
-    if not text.lstrip("-").isdigit():
+    if not noderank.is_count(text):
         raise UsageError(f"--node_rank: expected a non-negative integer or 'auto', got {value!r}")
     return int(text)
 
@@ -134,7 +136,7 @@ def resolve_nproc(value: str) -> int:
     from . import devices
 
     text = str(value).strip()
-    if text.isdigit() or text.lower() in devices.DEVICE_KINDS:
+    if noderank.is_count(text) or text.lower() in devices.DEVICE_KINDS:
         count, kind = devices.resolve_nproc_per_node(text, devices.probe_devices)
         if kind != "fixed":
             logger.info("--nproc_per_node=%s: %d worker(s), one per %s", text, count, kind)
@@ -265,7 +267,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     except RendezvousError as error:
         raise LaunchError(f"rendezvous failed: {error}") from None
     except SignalException as caught:
-        logger.warning("received %s: workers stopped", caught.sigval.name)
+        logger.warning("received %s: stopped the workers and the store", caught.sigval.name)
         return 128 + int(caught.sigval)
     finally:
         rendezvous.close_all()

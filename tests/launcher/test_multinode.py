@@ -179,6 +179,7 @@ def test_worker_crash_restarts_the_whole_group_with_the_same_ranks(cluster_facto
     log = cluster.logs()
     assert "worker rank 3 fails on purpose before restart 1" in log
     assert "round 1: cleared" in log
+    assert log.count("store proxy listening on") == NNODES  # each node's proxy survived the restart
 
 
 def test_missing_node_fails_every_node_naming_it(cluster_factory):

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from npu_job.errors import LaunchError
 from npu_job.launcher import devices, noderank, run
@@ -99,6 +101,10 @@ LAUNCH = LaunchError.exit_code
     [
         pytest.param(["--node_rank=first"], {}, USAGE, "--node_rank: expected a non-negative integer or 'auto'",
                      id="node-rank-word"),
+        pytest.param(["--node_rank=-1"], {}, USAGE, "--node_rank: expected a non-negative integer or 'auto'",
+                     id="node-rank-negative"),
+        pytest.param(["--node_rank=\u00b2"], {}, USAGE, "--node_rank: expected a non-negative integer or 'auto'",
+                     id="node-rank-superscript-digit"),
         pytest.param(["--nnodes=0"], {}, USAGE, "--nnodes: expected 0 < MIN <= MAX", id="zero-nodes"),
         pytest.param(["--nnodes=3:1"], {}, USAGE, "--nnodes: expected 0 < MIN <= MAX", id="min-above-max"),
         pytest.param(["--nnodes=a:b"], {}, USAGE, "--nnodes: expected N or MIN:MAX", id="nnodes-words"),
@@ -155,6 +161,23 @@ def test_auto_node_rank_sources_in_order(tmp_path, env, file_text, rank, source)
         (tmp_path / "RANK_AFTER_ACC").write_text(file_text)
     choice = noderank.resolve_node_rank({**env, "NPU_JOB_OUTPUT_DIR": str(tmp_path)})
     assert choice.rank == rank and choice.source.startswith(source)
+
+
+@given(st.integers(min_value=0, max_value=10**6), st.sampled_from(["", " ", "\n", "\r\n"]))
+def test_any_written_node_rank_reads_back(rank, padding):
+    assert noderank.parse_node_rank(f"{padding}{rank}{padding}", "file") == rank
+
+
+@given(st.text().filter(lambda text: not noderank.is_count(text.strip())))
+def test_anything_but_digits_is_refused(text):
+    with pytest.raises(LaunchError):
+        noderank.parse_node_rank(text, "file")
+
+
+@given(st.integers(1, 64), st.integers(0, 64))
+def test_nnodes_range_round_trips(low, extra):
+    assert run.parse_nnodes(f"{low}:{low + extra}") == (low, low + extra)
+    assert run.parse_nnodes(str(low)) == (low, low)
 
 
 def test_auto_node_rank_reads_tmp_by_default():
