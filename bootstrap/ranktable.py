@@ -323,14 +323,16 @@ def reordered_document(document: Dict[str, Any], table: RankTable, plan: Plan) -
         legacy = RankTable("1.0", table.status, tuple(table.servers[pod] for pod in order))
         return rank_table_document(legacy)
     originals = document["server_list"]
+    rank_texts = list(map(str, range(sum(len(server.devices) for server in table.servers))))
     server_list = []
     next_rank = 0
     for pod in order:
         entry = originals[pod]
         devices = entry["device"]
-        ranks = map(str, range(next_rank, next_rank + len(devices)))
-        next_rank += len(devices)
-        server_list.append({**entry, "device": [{**device, "rank_id": rank} for device, rank in zip(devices, ranks)]})
+        count = len(devices)
+        renumbered = [{**device, "rank_id": rank} for device, rank in zip(devices, rank_texts[next_rank:next_rank + count])]
+        next_rank += count
+        server_list.append({**entry, "device": renumbered})
     result = dict(document)
     result["server_list"] = server_list
     if "super_pod_list" in document:
