@@ -76,8 +76,8 @@ class DemoOptions:
 class SimulatedCluster:
     """The cluster the scheduler gave the job: rank table, topology, and what CCE mounts."""
 
-    table: Any  # npu_job.bootstrap.model.RankTable
-    topology: Any  # npu_job.bootstrap.model.Topology
+    table: Any  # npu_job.bootstrap.model.RankTable, as the pods will read it
+    topology: Any  # npu_job.bootstrap.model.Topology, as the pods will read it (no slots in CCE's format)
     rank_table_json: str
     ranktable_tor_b64: str
 
@@ -91,9 +91,9 @@ def loopback_ips(count: int) -> Tuple[str, ...]:
 def simulated_cluster(options: DemoOptions, host_ips: Sequence[str]) -> SimulatedCluster:
     """A CCE cluster for ``options`` whose server ids are the pods' host addresses (pure)."""
     from npu_job.bootstrap.model import Placement, Server, Topology
-    from npu_job.bootstrap.ranktable import rank_table_document
+    from npu_job.bootstrap.ranktable import parse_rank_table, rank_table_document
     from npu_job.bootstrap.synthetic import synthetic_cluster
-    from npu_job.bootstrap.topology import encode_ranktable_tor
+    from npu_job.bootstrap.topology import encode_ranktable_tor, parse_topology
 
     tors = min(max(1, options.tors), options.nodes)
     table, topology = synthetic_cluster(
@@ -109,7 +109,11 @@ def simulated_cluster(options: DemoOptions, host_ips: Sequence[str]) -> Simulate
     topology = Topology(placements, source=topology.source)
     rank_table = json.dumps(rank_table_document(table), indent=1, sort_keys=True) + "\n"
     tor = encode_ranktable_tor(table, topology, lambda index: f"{JOB_NAME}-{TASK_NAME}-{index}")
-    return SimulatedCluster(table, topology, rank_table, tor.decode("ascii"))
+    # What the pods see is what these files say, not what the generator knew (e.g. slots): the
+    # expected plan comes from the bootstrap's own readers applied to the same bytes.
+    seen_table = parse_rank_table(rank_table.encode(), "jobstart_hccl.json")
+    seen_topology = parse_topology(tor, "ranktable_tor.json")
+    return SimulatedCluster(seen_table, seen_topology, rank_table, tor.decode("ascii"))
 
 
 def demo_spec_values(options: DemoOptions, master_port: int, shared_dir: str) -> Dict[str, Any]:
@@ -132,7 +136,6 @@ def demo_spec_values(options: DemoOptions, master_port: int, shared_dir: str) ->
         "task_name": TASK_NAME,
         "routing": options.routing,
         "master_port": master_port,
-        "shm_size": None,
         "env": {"NPU_JOB_WAIT_TIMEOUT": "20", "PYTHONUNBUFFERED": "1"},
         "volumes": [{"name": "demo-shared", "hostPath": {"path": shared_dir, "type": "Directory"}}],
         "mounts": [{"name": "demo-shared", "mountPath": SHARED_MOUNT}],
@@ -443,6 +446,9 @@ class Supervisor:
                     self._restart(index)
                     running = True
                 else:
+                    if self.exit_codes[index] is None:
+                        elapsed = time.monotonic() - self.phases.marks.get("start", pod.started)
+                        self.progress(f"pod {index}: exited {code} at {elapsed:.1f} s")
                     self.exit_codes[index] = code
             if not running:
                 self.poll_logs()

@@ -83,6 +83,7 @@ class HostMount:
     mount_path: str
     host_path: str  # "" = a fresh empty directory (emptyDir)
     read_only: bool = False
+    memory: bool = False  # emptyDir with medium Memory: a tmpfs
 
 
 @dataclass(frozen=True)
@@ -277,7 +278,8 @@ def _volume_mounts(
                 host_path = str(Path(host_path) / sub_path)
             host_mounts.append(HostMount(mount_path, host_path, read_only))
         elif "emptyDir" in volume:
-            host_mounts.append(HostMount(mount_path, "", False))
+            medium = str((volume["emptyDir"] or {}).get("medium") or "")
+            host_mounts.append(HostMount(mount_path, "", False, medium == "Memory"))
         else:
             kinds = sorted(set(volume) - {"name"})
             raise InputError(source, f"volumes[{name}]",
@@ -417,15 +419,19 @@ def unshare_unavailable_reason() -> Optional[str]:
     """Why pods cannot get their own mount namespace here, or None when they can."""
     if shutil.which("unshare") is None:
         return "the 'unshare' command (util-linux) is not installed"
-    probe = subprocess.run(_unshare_prefix() + ["true"], capture_output=True, text=True)
+    probe = subprocess.run(unshare_prefix() + ["true"], capture_output=True, text=True)
     if probe.returncode != 0:
-        return f"'{' '.join(_unshare_prefix())} true' failed: {probe.stderr.strip() or probe.returncode}"
+        return f"'{' '.join(unshare_prefix())} true' failed: {probe.stderr.strip() or probe.returncode}"
     return None
 
 
-def _unshare_prefix() -> List[str]:
-    prefix = ["unshare", "--mount", "--uts", "--propagation", "private"]
-    if os.geteuid() != 0:
+def unshare_prefix(user_namespace: Optional[bool] = None) -> List[str]:
+    """``unshare ... --``; with a user namespace when not root (or when asked to)."""
+    # A PID namespace makes the pod a container: when its first process dies (or ``unshare`` is
+    # killed: --kill-child), the kernel kills every process left in it, workers that called
+    # setsid() included, so a killed pod leaves nothing behind.
+    prefix = ["unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child", "--propagation", "private"]
+    if user_namespace if user_namespace is not None else os.geteuid() != 0:
         prefix[1:1] = ["--user", "--map-root-user"]
     return prefix + ["--"]
 
@@ -455,9 +461,10 @@ def reset_pod_tmp(directory: Path) -> None:
     (directory / "tmp").chmod(0o1777)
 
 
-def pod_argv(spec_file: Path, prefix: Sequence[str] = ()) -> List[str]:
+def pod_argv(spec_file: Path, prefix: Sequence[str] = (), user_namespace: Optional[bool] = None) -> List[str]:
     """The command that starts a staged pod (``prefix`` e.g. ``ip netns exec NS``)."""
-    return [*prefix, *_unshare_prefix(), sys.executable, "-m", "npu_job.podsim", "enter", str(spec_file)]
+    return [*prefix, *unshare_prefix(user_namespace), sys.executable, "-m", "npu_job.podsim", "enter",
+            str(spec_file)]
 
 
 class PodProcess:
@@ -474,7 +481,7 @@ class PodProcess:
         return self.process.poll()
 
     def kill(self) -> None:
-        """SIGKILL the pod's whole process group (what a node failure looks like)."""
+        """SIGKILL the pod (what a node failure looks like): unshare dies, so does its PID namespace."""
         if self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -484,22 +491,25 @@ class PodProcess:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
             pass
-        # workers may have left the group (setsid); the pod is gone only when all are gone
-        _kill_stragglers(self.process.pid)
 
 
-def _kill_stragglers(pgid: int) -> None:
+def processes_inside(directory: Path) -> List[int]:
+    """PIDs of live processes whose root is a pod root under ``directory`` (leak check)."""
+    prefix = str(directory.resolve())
+    found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.getpgid(int(entry.name)) == pgid:
-                    os.kill(int(entry.name), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError, OSError):
-                pass
+                root = os.readlink(entry / "root")
+            except OSError:
+                continue
+            if root.startswith(prefix):
+                found.append(int(entry.name))
+    return found
 
 
 def start_pod(spec_file: Path, *, attempt: int = 0, prefix: Sequence[str] = (),
-              log_file: Optional[Path] = None) -> PodProcess:
+              log_file: Optional[Path] = None, user_namespace: Optional[bool] = None) -> PodProcess:
     """Start a staged pod; its stdout+stderr go to ``log_file`` (appended) or ``<dir>/pod.log``."""
     spec = PodSpec.from_json(spec_file.read_text())
     directory = spec_file.parent
@@ -510,14 +520,15 @@ def start_pod(spec_file: Path, *, attempt: int = 0, prefix: Sequence[str] = (),
         handle.write(f"--- {spec.name} attempt {attempt}\n".encode())
         handle.flush()
         process = subprocess.Popen(
-            pod_argv(spec_file, prefix), stdin=subprocess.DEVNULL, stdout=handle,
+            pod_argv(spec_file, prefix, user_namespace), stdin=subprocess.DEVNULL, stdout=handle,
             stderr=subprocess.STDOUT, start_new_session=True, env={"PATH": os.environ.get("PATH", "")},
         )
     return PodProcess(spec, directory, process, attempt)
 
 
 # -- inside the pod's namespaces (runs as root of its user namespace) -------------------------
-_MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_MOVE, _MS_REC = 1, 32, 4096, 8192, 16384
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
+_MS_BIND, _MS_MOVE, _MS_REC = 4096, 8192, 16384
 
 
 def _mount(source: str, target: str, fstype: Optional[str], flags: int, data: Optional[str] = None) -> None:
@@ -554,6 +565,9 @@ class _RootBuilder:
             if entry.name == "tmp":
                 target.mkdir(mode=0o1777)
                 _mount(str(private_tmp), str(target), None, _MS_BIND)
+            elif entry.name == "proc":  # this pod's PID namespace, not the host's processes
+                target.mkdir()
+                _mount("proc", str(target), "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
             elif entry.is_symlink():
                 os.symlink(os.readlink(entry), target)
             else:
@@ -629,6 +643,9 @@ def enter_pod(spec_file: Path) -> None:
             staged.mkdir(parents=True, exist_ok=True)
         builder.bind(source, mount.mount_path, read_only=mount.read_only)
     for number, host_mount in enumerate(spec.host_mounts):
+        if host_mount.memory:
+            _mount("tmpfs", str(builder.ensure(host_mount.mount_path, directory=True)), "tmpfs", 0, "mode=1777")
+            continue
         source = Path(host_mount.host_path) if host_mount.host_path else directory / "emptydir" / str(number)
         if not source.exists():  # a hostPath without a type: the runtime creates an empty directory
             source = directory / "emptydir" / f"missing-{number}"

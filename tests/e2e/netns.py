@@ -85,6 +85,11 @@ class NetnsCluster:
         self.close()
 
     def _create(self) -> None:
+        # A veth whose peer namespace is still pinned elsewhere (e.g. a mount namespace that copied
+        # /run/netns while an earlier run was up) outlives that run; clear our names first.
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        for host in self.hosts:
+            subprocess.run(["ip", "link", "del", self._veth(host)], capture_output=True)
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.subnet_prefix}.1/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
@@ -94,7 +99,7 @@ class NetnsCluster:
         for host in self.hosts:
             host.tmp_dir.mkdir(parents=True)
             host.tmp_dir.chmod(0o1777)
-            veth = f"npjv{self.tag}x{host.index}"[:15]
+            veth = self._veth(host)
             _ip("netns", "add", host.namespace)
             _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host.namespace)
             _ip("link", "set", veth, "master", self.bridge, "up")
@@ -104,6 +109,9 @@ class NetnsCluster:
             etc = NETNS_ETC / host.namespace
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(hosts_text + f"{host.ip} {host.namespace}\n")
+
+    def _veth(self, host: Host) -> str:
+        return f"npjv{self.tag}x{host.index}"[:15]
 
     def close(self) -> None:
         """Kill every process started here, then remove namespaces, bridge and files."""
@@ -141,6 +149,10 @@ class NetnsCluster:
             time.sleep(0.05)
 
     # -- running ---------------------------------------------------------------------------
+    def prefix(self, index: int) -> List[str]:
+        """Words that run a command on host ``index`` (its network namespace, nothing else)."""
+        return ["ip", "netns", "exec", self.hosts[index].namespace]
+
     def popen(
         self,
         index: int,

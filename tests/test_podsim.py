@@ -1,0 +1,198 @@
+"""podsim: a rendered Volcano Job becomes the pods a cluster would start, and each runs isolated.
+
+The pure half is checked against the renderer's real output (what the kubelet would pass to the
+container: env from field refs, Kubernetes' $(VAR) expansion, the svc plugin's names and files).
+The edge half starts real pods under `unshare` (as root, and in a user namespace as an
+unprivileged user gets) and checks from inside what they see, and from outside that the host was
+not touched.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from npu_job import podsim
+from npu_job.errors import InputError
+
+IPS = ("127.0.0.20", "127.0.0.21", "127.0.0.22")
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("$(A)", "a"),
+        ("x$(A)y$(B)z", "xayb-z"),
+        ("$$(A)", "$(A)"),
+        ("$$", "$"),
+        ("$(NOPE)", "$(NOPE)"),
+        ("$(cat /tmp/RANK_AFTER_ACC 2>/dev/null)", "$(cat /tmp/RANK_AFTER_ACC 2>/dev/null)"),
+        ("${A}", "${A}"),
+        ("$A", "$A"),
+        ("$", "$"),
+        ("a$", "a$"),
+        ("$(A", "$(A"),
+        ("$$$(A)", "$a"),
+    ],
+    ids=["ref", "refs-in-text", "escaped-ref", "escaped-dollar", "unknown-kept", "command-substitution-kept",
+         "braces-are-shell", "bare-dollar-name", "lone-dollar", "trailing-dollar", "unclosed", "escape-then-ref"],
+)
+def test_kubelet_reference_expansion(text, expected):
+    assert podsim.expand_references(text, {"A": "a", "B": "b-"}) == expected
+
+
+def rendered_job(**overrides):
+    from npu_job.render.render import render
+    from npu_job.render.spec import validate
+    from npu_job.render.values import SpecInput, merge_values
+
+    values = {"name": "job", "image": "img", "script": "/code/train.py", "nodes": 3, "npus_per_node": 8,
+              "device": "npu", **overrides}
+    return render(validate(merge_values([SpecInput("test", values)])))
+
+
+def specs_of(rendered, **kwargs):
+    import yaml
+
+    documents = [doc for doc in yaml.safe_load_all(rendered.stream()) if doc]
+    return podsim.pod_specs(documents, IPS, **kwargs)
+
+
+def test_rendered_job_gives_each_pod_the_volcano_env_names_and_files():
+    rendered = rendered_job()
+    specs = specs_of(rendered, image_env=podsim.image_environment(
+        {"PATH": "/usr/bin", "RANK": "9", "VC_TASK_INDEX": "7", "MASTER_ADDR": "elsewhere"}))
+    assert [spec.name for spec in specs] == ["job-worker-0", "job-worker-1", "job-worker-2"]
+    for index, spec in enumerate(specs):
+        env = spec.env_dict()
+        assert env["PATH"] == "/usr/bin" and "RANK" not in env and "MASTER_ADDR" not in env
+        assert env["VC_TASK_INDEX"] == env["VK_TASK_INDEX"] == str(index)
+        assert env["MA_CURRENT_HOST_IP"] == IPS[index]
+        assert env["MA_VJ_NAME"] == "job" and env["MA_TASK_NAME"] == "worker"
+        assert env["VC_WORKER_HOSTS"] == "job-worker-0.job,job-worker-1.job,job-worker-2.job"
+        assert env["VC_WORKER_NUM"] == "3"
+        assert spec.argv == ("/bin/bash", "-c", rendered.pod_command)  # exactly as rendered
+        assert spec.restart_policy == "OnFailure"
+        hosts = podsim.hosts_file_text(spec)
+        for other, ip in enumerate(IPS):
+            assert f"{ip}\tjob-worker-{other}.job" in hosts
+        mounted = {mount.mount_path: dict(mount.files) for mount in spec.file_mounts}
+        assert mounted[rendered.spec.scripts_dir] == dict(rendered.scripts)
+        assert "worker.host" in mounted["/etc/volcano"]
+
+
+def test_hostile_env_values_reach_the_process_exactly_as_written():
+    hostile = "$(MA_VJ_NAME) $$ `id` $(id) \"q\" 'q' \n# - : x"
+    spec = specs_of(rendered_job(env={"HOSTILE": hostile}))[0]
+    assert spec.env_dict()["HOSTILE"] == hostile
+
+
+def test_cluster_files_are_mounted_where_the_plugin_puts_them():
+    files = podsim.cce_cluster_files('{"status": "completed"}', "H4sI")
+    spec = specs_of(rendered_job(), cluster_files=files)[0]
+    mounted = {mount.mount_path: mount for mount in spec.file_mounts}
+    assert mounted["/user/config/jobstart_hccl.json"].files == (("jobstart_hccl.json", '{"status": "completed"}'),)
+    assert mounted["/user/config/ranktable_tor.json"].single_file
+
+
+def job_document(container=None, volumes=(), replicas=3):
+    container = {"name": "c", "image": "i", "command": ["true"], **(container or {})}
+    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "j"},
+            "spec": {"plugins": {"env": [], "svc": []}, "tasks": [{"name": "w", "replicas": replicas, "template": {
+                "spec": {"containers": [container], "volumes": list(volumes)}}}]}}
+
+
+@pytest.mark.parametrize(
+    "documents, field",
+    [
+        ([job_document({"env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "status.phase"}}}]})],
+         "spec.tasks[0].template.spec.containers[0].env[0].valueFrom.fieldRef.fieldPath"),
+        ([job_document({"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]})],
+         "spec.tasks[0].template.spec.containers[0].env[0].valueFrom"),
+        ([job_document({"volumeMounts": [{"name": "v", "mountPath": "/v"}]}, [{"name": "v", "configMap": {"name": "absent"}}])],
+         "volumes[v].configMap.name"),
+        ([job_document({"volumeMounts": [{"name": "v", "mountPath": "/v"}]}, [{"name": "v", "nfs": {"server": "x"}}])],
+         "volumes[v]"),
+        ([job_document({"volumeMounts": [{"name": "nope", "mountPath": "/v"}]})],
+         "spec.tasks[0].template.spec.containers[0].volumeMounts[0].name"),
+        ([job_document(replicas=2)], "spec.tasks[*].replicas"),
+        ([], "kind"),
+    ],
+    ids=["unsupported-fieldref", "secret-ref", "missing-configmap", "nfs-volume", "undeclared-volume",
+         "pods-vs-addresses", "no-job"],
+)
+def test_what_a_cluster_could_not_start_is_a_precise_input_error(documents, field):
+    with pytest.raises(InputError) as error:
+        podsim.pod_specs(documents, IPS)
+    assert error.value.field == field
+
+
+# -- edge: real pods -------------------------------------------------------------------------
+UNSHARE = podsim.unshare_unavailable_reason()
+
+PROBE = r"""
+hostname; cat /etc/hosts; echo "tmp=[$(ls -A /tmp)]"; touch /tmp/mine
+cat /user/config/jobstart_hccl.json; echo; ls /opt/npu-job; cat /etc/volcano/VC_W_HOSTS; echo
+echo "shared=$(cat /job/in.txt)"; echo out > /job/out.txt; pwd; echo "pid=$$"
+setsid sleep 300 &
+"""
+
+
+@pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
+@pytest.mark.parametrize("user_namespace", [False, True], ids=["root", "user-namespace"])
+def test_a_pod_sees_its_own_host_and_leaves_the_machine_untouched(tmp_path, user_namespace):
+    if not user_namespace and os.geteuid() != 0:
+        pytest.skip("mount namespaces without a user namespace need root")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "in.txt").write_text("from the host")
+    documents = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "scripts"}, "data": {"probe.sh": PROBE}},
+        job_document({"command": ["/bin/bash", "-c"], "args": ["bash /opt/npu-job/probe.sh"],
+                      "workingDir": "/home/ma-user/work",
+                      "volumeMounts": [{"name": "scripts", "mountPath": "/opt/npu-job"},
+                                       {"name": "shared", "mountPath": "/job"}]},
+                     [{"name": "scripts", "configMap": {"name": "scripts"}},
+                      {"name": "shared", "hostPath": {"path": str(shared)}}], replicas=2),
+    ]
+    specs = podsim.pod_specs(documents, IPS[:2], image_env={"PATH": os.environ["PATH"]},
+                             cluster_files=podsim.cce_cluster_files('{"table": 1}', None))
+    outputs = []
+    for attempt in range(2):  # the second attempt is a container restart: /tmp starts empty again
+        spec_file = podsim.stage_pod(specs[1], tmp_path / "pods" / specs[1].name)
+        pod = podsim.start_pod(spec_file, attempt=attempt, user_namespace=user_namespace)
+        assert pod.process.wait(timeout=60) == 0, (spec_file.parent / "pod.log").read_text()
+        outputs.append((spec_file.parent / "pod.log").read_text().split(f"attempt {attempt}\n")[-1])
+    out = outputs[-1]
+    assert out.splitlines()[0] == "j-w-1"
+    assert "127.0.0.20\tj-w-0.j" in out and "127.0.0.21\tj-w-1.j j-w-1" in out
+    assert "tmp=[]" in out  # private and fresh on restart
+    assert '{"table": 1}' in out and "probe.sh" in out and "j-w-0.j,j-w-1.j" in out
+    assert "shared=from the host" in out and "/home/ma-user/work" in out and "pid=1" in out
+    assert (shared / "out.txt").read_text() == "out\n"
+    assert (tmp_path / "pods" / "j-w-1" / "tmp" / "mine").exists()
+    for path in ("/user", "/opt/npu-job", "/home/ma-user", "/etc/volcano", "/tmp/mine"):
+        assert not Path(path).exists(), f"the pod touched the host: {path}"
+    assert podsim.processes_inside(tmp_path) == []  # the setsid'd sleep died with the pod
+
+
+@pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
+def test_killing_a_pod_kills_every_process_in_it(tmp_path):
+    documents = [job_document({"command": ["/bin/bash", "-c", "setsid sleep 300 & sleep 300"]}, replicas=1)]
+    spec = podsim.pod_specs(documents, IPS[:1], image_env={"PATH": os.environ["PATH"]})[0]
+    pod = podsim.start_pod(podsim.stage_pod(spec, tmp_path / spec.name))
+    for _ in range(100):
+        if len(podsim.processes_inside(tmp_path)) >= 3:
+            break
+        subprocess.run(["sleep", "0.05"])
+    assert len(podsim.processes_inside(tmp_path)) >= 3
+    pod.kill()
+    for _ in range(100):
+        if not podsim.processes_inside(tmp_path):
+            break
+        subprocess.run(["sleep", "0.05"])
+    assert podsim.processes_inside(tmp_path) == []
+    assert pod.poll() == -9
