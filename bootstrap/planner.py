@@ -154,8 +154,9 @@ def precondition_failures(
 
 def _partial_node_reasons(table: RankTable, full_node_devices: Optional[int]) -> List[str]:
     servers = table.servers
-    if not servers:
-        return []
+    sizes = {len(server.devices) for server in servers}
+    if len(sizes) <= 1 and 0 not in sizes and full_node_devices in (None, *sizes):
+        return []  # the common case: all nodes full, nothing to list
     empty = [server.server_id for server in servers if not server.devices]
     reasons: List[str] = []
     if empty:
