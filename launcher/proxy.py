@@ -395,7 +395,7 @@ class AsyncStoreProxy:
         if main is not None and not main.closed:
             return main
         if self._main_opening is None:
-            self._main_opening = asyncio.ensure_future(self._open_main())
+            self._main_opening = self._spawn(self._open_main())
         return await asyncio.shield(self._main_opening)
 
     async def _open_main(self) -> _Upstream:
@@ -529,11 +529,12 @@ class AsyncStoreProxy:
 
     async def _forward(self, request: Request) -> ReplyValue:
         op = request.op
+        main = await self._get_main()
+        # No await from here to the send: the invalidation and the send are one atomic step.
         if op in WRITE_OPS:
             self._note_write(request)
         if op in QUEUE_OPS:
             self._queue_keys.update(request.keys)
-        main = await self._get_main()
         if op == Op.GET:
             future = self._join_or_send(main, request, self._get_inflight, request.keys[0])
         elif op == Op.CHECK:

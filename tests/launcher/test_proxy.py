@@ -1,0 +1,331 @@
+"""The store proxy, specified against a real torch ``TCPStore`` root and real torch clients.
+
+Clients are unmodified ``torch.distributed.TCPStore(..., is_master=False)`` objects (or the raw
+client where a test needs several requests to arrive at once). The proxy runs as a child process
+(``ProxyProcess``) except where the in-process ``StoreProxy`` API itself is under test.
+Coalescing tests freeze the proxy with SIGSTOP, send the requests, and let it go: the requests
+then arrive together, so the merge is deterministic.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from npu_job.launcher.protocol import Op, Request
+from npu_job.launcher.proxy import StoreProxy
+from npu_job.launcher.storeclient import RawStoreClient
+from tests.launcher.proxy_support import LOOPBACK, ProxyProcess, established_connections, tcp_store
+
+torch_dist = pytest.importorskip("torch.distributed")
+
+
+@pytest.fixture
+def root():
+    store = tcp_store(0, master=True)
+    yield store
+    del store
+
+
+@pytest.fixture
+def proxy(root):
+    with ProxyProcess(root.port) as process:
+        yield process
+
+
+def wait_until(predicate, timeout=10.0, interval=0.02):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def test_every_opcode_a_stock_client_sends_works_through_the_proxy(root, proxy):
+    s = tcp_store(proxy.port)
+    s.set("k", "v")
+    assert s.get("k") == b"v"
+    assert root.get("k") == b"v"  # keys pass through unchanged, with torch's "/" prefix
+    assert [s.add("n", 3), s.add("n", 4)] == [3, 7]
+    assert s.check(["k", "n"]) and not s.check(["k", "missing"])
+    assert s.compare_set("k", "v", "w") == b"w"
+    assert s.compare_set("k", "nope", "x") == b"w"
+    s.append("k", "!")
+    s.multi_set(["a", "b"], ["1", "2"])
+    assert s.multi_get(["k", "a", "b"]) == [b"w!", b"1", b"2"]
+    assert s.num_keys() == root.num_keys()
+    assert sorted(s.list_keys()) == ["a", "b", "k", "n"]
+    assert s.delete_key("a") and not s.delete_key("a")
+    s.queue_push("q", "x")
+    s.queue_push("q", "y")
+    assert s.queue_len("q") == 2
+    assert [s.queue_pop("q"), s.queue_pop("q", block=False)] == [b"x", b"y"]
+    with pytest.raises(torch_dist.QueueEmptyError):
+        s.queue_pop("q", block=False)
+    s.wait(["k", "b"])
+    s.barrier("solo", 1)
+    other = tcp_store(proxy.port)
+    worker = threading.Thread(target=other.barrier, args=("pair", 2))
+    worker.start()
+    s.barrier("pair", 2)
+    worker.join(10)
+    assert not worker.is_alive()
+
+
+def test_wait_timeout_cancels_upstream_and_the_connection_stays_usable(root, proxy):
+    s = tcp_store(proxy.port)
+    started = time.monotonic()
+    with pytest.raises(torch_dist.DistStoreError, match="wait timeout"):
+        s.wait(["never"], datetime.timedelta(milliseconds=300))
+    assert time.monotonic() - started < 3
+    with pytest.raises(torch_dist.DistStoreError, match="barrier timeout"):
+        s.barrier("half", 2, datetime.timedelta(milliseconds=300))
+    s.set("after", "1")
+    assert s.get("after") == b"1"
+    stats = proxy.stats()
+    assert stats["upstream_by_op"]["CANCEL_WAIT"] == 2
+    assert wait_until(lambda: proxy.stats()["waits_active"] == 0)
+    root.set("never", "now")  # a stale upstream wake-up must not reach the client
+    s.wait(["never"])
+    assert s.get("never") == b"now"
+
+
+def test_identical_concurrent_waits_share_one_upstream_wait(root, proxy):
+    clients = [tcp_store(proxy.port) for _ in range(6)]
+    before = proxy.stats()["upstream_by_op"].get("WAIT", 0)
+    done = []
+    threads = [threading.Thread(target=lambda c=c: (c.wait(["go"]), done.append(1))) for c in clients]
+    for thread in threads:
+        thread.start()
+    assert wait_until(lambda: proxy.stats()["received_by_op"].get("WAIT", 0) == 6)
+    root.set("go", "1")
+    for thread in threads:
+        thread.join(10)
+    assert len(done) == 6
+    stats = proxy.stats()
+    assert stats["upstream_by_op"].get("WAIT", 0) - before == 1
+    assert stats["coalesced"] >= 5
+
+
+def test_a_timed_out_waiter_leaves_the_others_waiting(root, proxy):
+    patient, impatient = tcp_store(proxy.port), tcp_store(proxy.port)
+    result = []
+    thread = threading.Thread(target=lambda: (patient.wait(["late"]), result.append("woken")))
+    thread.start()
+    assert wait_until(lambda: proxy.stats()["received_by_op"].get("WAIT", 0) == 1)
+    with pytest.raises(torch_dist.DistStoreError, match="wait timeout"):
+        impatient.wait(["late"], datetime.timedelta(milliseconds=200))
+    assert proxy.stats()["upstream_by_op"].get("CANCEL_WAIT", 0) == 0
+    root.set("late", "1")
+    thread.join(10)
+    assert result == ["woken"]
+
+
+def _frozen_burst(proxy, clients, requests):
+    """Send one request per client while the proxy is stopped, so all arrive together."""
+    proxy.pause()
+    try:
+        for client, request in zip(clients, requests):
+            client.send(request)
+    finally:
+        proxy.resume()
+    return [client.receive(request) for client, request in zip(clients, requests)]
+
+
+def test_identical_concurrent_gets_become_one_upstream_get(root, proxy):
+    root.set("nccl_id", "x" * 128)
+    clients = [RawStoreClient(LOOPBACK, proxy.port) for _ in range(8)]
+    before = proxy.stats()["upstream_by_op"].get("GET", 0)
+    replies = _frozen_burst(proxy, clients, [Request(Op.GET, (b"/nccl_id",))] * 8)
+    assert replies == [b"x" * 128] * 8
+    assert proxy.stats()["upstream_by_op"]["GET"] - before == 1
+
+
+def test_concurrent_adds_merge_into_one_batch_with_distinct_serial_results(root, proxy):
+    root.add("counter", 100)
+    clients = [RawStoreClient(LOOPBACK, proxy.port) for _ in range(8)]
+    deltas = [1, 2, 3, 4, 5, 6, 7, 8]
+    replies = _frozen_burst(proxy, clients, [Request(Op.ADD, (b"/counter",), number=d) for d in deltas])
+    assert root.add("counter", 0) == 100 + sum(deltas)
+    # some serial order of the ADDs yields exactly these results
+    order = sorted(zip(replies, deltas))
+    running = 100
+    for reply, delta in order:
+        running += delta
+        assert reply == running
+    assert proxy.stats()["upstream_by_op"]["ADD"] <= 2  # the first goes alone, the rest as one batch
+
+
+def test_a_worker_reads_its_own_write_even_when_a_get_for_it_is_in_flight(root, proxy):
+    root.set("k", "old")
+    reader, writer = RawStoreClient(LOOPBACK, proxy.port), RawStoreClient(LOOPBACK, proxy.port)
+    get = Request(Op.GET, (b"/k",))
+    proxy.pause()
+    try:
+        reader.send(get)
+        writer.send(Request(Op.SET, (b"/k",), (b"new",)), get)
+    finally:
+        proxy.resume()
+    assert reader.receive(get) in (b"old", b"new")
+    assert writer.receive(get) == b"new"
+
+
+@pytest.mark.parametrize("clients", [4, 16], ids=["4-clients", "16-clients"])
+def test_root_connections_stay_bounded_whatever_the_number_of_clients(root, proxy, clients):
+    stores = [tcp_store(proxy.port) for _ in range(clients)]
+    done = []
+    threads = [
+        threading.Thread(target=lambda i=i, s=s: (s.wait([f"key{i}"]), done.append(i)))
+        for i, s in enumerate(stores)
+    ]
+    for thread in threads:
+        thread.start()
+    assert wait_until(lambda: proxy.stats()["received_by_op"].get("WAIT", 0) == clients)
+    # the root's own client + the proxy's main and two wait connections
+    assert established_connections(root.port) <= 1 + 3
+    for i in range(clients):
+        root.set(f"key{i}", "1")
+    for thread in threads:
+        thread.join(15)
+    assert sorted(done) == list(range(clients))
+    assert proxy.stats()["upstream_connections"] == 3
+
+
+def test_a_dead_worker_has_its_waits_dropped_and_cancelled_upstream(root, proxy):
+    code = (
+        "import sys, datetime, torch.distributed as d\n"
+        f"s = d.TCPStore('{LOOPBACK}', {proxy.port}, is_master=False, timeout=datetime.timedelta(seconds=60))\n"
+        "print('ready', flush=True)\n"
+        "s.wait(['never'])\n"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert worker.stdout.readline().strip() == "ready"
+        assert wait_until(lambda: proxy.stats()["waits_active"] == 1, timeout=30)
+        worker.kill()
+        worker.wait()
+    finally:
+        worker.kill()
+        worker.stdout.close()
+    assert wait_until(lambda: proxy.stats()["waits_active"] == 0 and proxy.stats()["clients_open"] == 0)
+    assert proxy.stats()["upstream_by_op"]["CANCEL_WAIT"] == 1
+    survivor = tcp_store(proxy.port)  # the proxy survives worker restarts
+    survivor.set("x", "1")
+    assert survivor.get("x") == b"1"
+
+
+def test_unknown_opcode_closes_that_client_only(root, proxy):
+    bad, good = RawStoreClient(LOOPBACK, proxy.port), tcp_store(proxy.port)
+    bad.sock.sendall(b"\x63")
+    bad.sock.settimeout(5)
+    assert bad.sock.recv(1) == b""
+    good.set("still", "fine")
+    assert good.get("still") == b"fine"
+
+
+ROOT_CODE = (
+    "import datetime, time, torch.distributed as d\n"
+    "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
+    "print(s.port, flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+DOOMED_WORKER = """
+import datetime, sys, threading, time, torch.distributed as d
+port = int(sys.argv[1])
+waiting = d.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+idle = d.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+idle.set("a", "1")
+failures = []
+def blocked():
+    try:
+        waiting.wait(["never"])
+    except Exception as exc:
+        failures.append(type(exc).__name__)
+thread = threading.Thread(target=blocked)
+thread.start()
+print("waiting", flush=True)
+thread.join()
+try:
+    idle.get("a")
+except Exception as exc:
+    failures.append(type(exc).__name__)
+print(" ".join(failures), flush=True)
+"""
+
+
+def test_root_death_fails_every_client_promptly_naming_the_store_address():
+    root_proc = subprocess.Popen([sys.executable, "-c", ROOT_CODE], stdout=subprocess.PIPE, text=True)
+    try:
+        root_port = int(root_proc.stdout.readline())
+        with ProxyProcess(root_port, timeout=3) as proxy:
+            worker = subprocess.Popen([sys.executable, "-c", DOOMED_WORKER, str(proxy.port)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            assert worker.stdout.readline().strip() == "waiting"
+            assert wait_until(lambda: proxy.stats()["waits_active"] == 1)
+            started = time.monotonic()
+            root_proc.kill()
+            out, err = worker.communicate(timeout=60)
+            assert time.monotonic() - started < 20
+            assert out.split() == ["DistNetworkError", "DistNetworkError"]
+            # torch's own report names the address it was talking to: the proxy's
+            assert f"remote=[::ffff:127.0.0.1]:{proxy.port}" in err
+            assert "Connection was likely closed" in err
+    finally:
+        root_proc.kill()
+        root_proc.wait()
+        root_proc.stdout.close()
+
+
+def test_in_process_store_proxy_starts_stops_idempotently_and_leaks_nothing(root):
+    threads_before = set(threading.enumerate())
+    proxy = StoreProxy(LOOPBACK, root.port, timeout=5)
+    port = proxy.start()
+    assert proxy.start() == port
+    client = tcp_store(port)
+    client.set("via", "thread")
+    assert root.get("via") == b"thread"
+    assert proxy.stats.client_connections == 1
+    assert wait_until(lambda: proxy.stats.upstream_open == 3)
+    proxy.stop()
+    proxy.stop()
+    assert set(threading.enumerate()) <= threads_before
+    with socket.socket() as probe:
+        assert probe.connect_ex((LOOPBACK, port)) != 0
+    assert wait_until(lambda: established_connections(root.port) == 1)  # only the root's own client
+
+
+WORKER = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(dist.get_rank(), dist.get_world_size(), int(t.item()), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_unmodified_init_process_group_works_through_the_proxy(root, proxy):
+    world = 3
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, MASTER_ADDR=LOOPBACK, MASTER_PORT=str(proxy.port), RANK=str(rank),
+                   WORLD_SIZE=str(world), LOCAL_RANK=str(rank), TORCHELASTIC_USE_AGENT_STORE="True")
+        procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=env, stdout=subprocess.PIPE, text=True))
+    outputs = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        outputs.append(out.split())
+    assert sorted(outputs) == [[str(r), str(world), str(sum(range(1, world + 1)))] for r in range(world)]
+    stats = proxy.stats()
+    assert stats["client_connections"] == world and stats["upstream_connections"] == 3
