@@ -9,7 +9,7 @@ collide, mounts of undeclared volumes, pod names too long for a hostname).
 The validator is a small explicit one rather than JSON Schema: the messages must name the key,
 the value and the fix, the cross-key rules need code anyway, and it keeps render free of a
 runtime dependency the package does not otherwise need. :data:`SPEC_KEYS` documents every key
-with its default; the README table is written from it.
+with its default; the README table is generated from it (:func:`spec_keys_markdown`).
 
 :func:`spec_warnings` lists what is valid but will disappoint (routing with fewer than 3 nodes,
 part of a node, a launcher option that assigns ranks by arrival).
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from npu_job.errors import SpecError
-from npu_job.render.values import MergedValues, Path, SetScalar, format_path
+from npu_job.render.values import MergedValues, Path, SetScalar, format_path, typed
 
 # --- constants the templates and validation share ---------------------------------------------
 
@@ -186,7 +186,7 @@ SPEC_KEYS: Tuple[KeyDoc, ...] = (
     KeyDoc("max_retry", "`3`", "Volcano `maxRetry`."),
     KeyDoc("priority_class", "none", "priorityClassName of the Job and its pods."),
     KeyDoc("node_selector", "`{}`", "Extra nodeSelector; npu adds `accelerator/huawei-npu: ascend-1980` (yours wins)."),
-    KeyDoc("labels", "`{}`", "Labels of the Job and its pods."),
+    KeyDoc("labels", "`{}`", "Labels of the Job, its pods and the scripts ConfigMap."),
     KeyDoc("annotations", "`{}`", "Annotations of the Job and its pods."),
     KeyDoc("resources.cpu", "none", "CPU per pod (a Kubernetes quantity); requests = limits."),
     KeyDoc("resources.memory", "none", "Memory per pod (a Kubernetes quantity); requests = limits."),
@@ -199,6 +199,14 @@ SPEC_KEYS: Tuple[KeyDoc, ...] = (
     KeyDoc("bootstrap.url", "none", "Fetch bootstrap.sh from this http(s) URL at pod start instead of the bundled one."),
     KeyDoc("pip_install", "`[]`", "pip requirements installed at pod start before anything else (e.g. `npu-job==0.1.0`), for images without npu-job."),
 )
+
+
+
+def spec_keys_markdown() -> str:
+    """The README's spec key table (Markdown), generated from :data:`SPEC_KEYS`."""
+    rows = [f"| `{doc.key}` | {doc.default} | {doc.meaning} |" for doc in SPEC_KEYS]
+    return "\n".join(["| key | default | meaning |", "| --- | --- | --- |", *rows])
+
 
 _TOP_KEYS = tuple(sorted({doc.key.split(".")[0] for doc in SPEC_KEYS}))
 _SUB_KEYS: Mapping[str, Tuple[str, ...]] = {
@@ -213,9 +221,6 @@ _MOUNT_KEYS = ("name", "mountPath", "readOnly", "subPath", "subPathExpr", "mount
 
 
 # --- the checker: one pass, all problems ----------------------------------------------------
-
-
-_MISSING = object()
 
 
 def _describe(value: Any) -> str:
@@ -404,10 +409,6 @@ class _Checker:
 # --- validation -------------------------------------------------------------------------------
 
 
-def _get(tree: Mapping[str, Any], key: str) -> Any:
-    return tree.get(key, _MISSING)
-
-
 def validate(merged: MergedValues, source: Optional[str] = None) -> JobSpec:
     """Check the merged values and return the :class:`JobSpec`; raise SpecError listing all problems."""
     check = _Checker(merged)
@@ -522,8 +523,8 @@ def validate(merged: MergedValues, source: Optional[str] = None) -> JobSpec:
     if check.problems:
         raise SpecError(source or " + ".join(merged.sources) or "job spec", check.problems)
 
-    spec = _resolve_defaults(values, hccl_values, resource_values, explicit=tree)
-    _check_across_keys(check, spec, tree)
+    spec = _resolve_defaults(values, hccl_values, resource_values)
+    _check_across_keys(check, spec)
     if check.problems:
         raise SpecError(source or " + ".join(merged.sources) or "job spec", check.problems)
     return replace(spec, warnings=spec_warnings(spec, explicit_keys=[key for key in tree if tree[key] is not None]))
@@ -549,7 +550,7 @@ def _check_volumes(check: _Checker, value: Any, values: Dict[str, Any]) -> Tuple
         if len(volume) < 2:
             check.problem(path, "expected a volume source beside 'name' (for example hostPath, nfs, persistentVolumeClaim)")
         names.append(name)
-        volumes.append(_plain(volume))
+        volumes.append(typed(volume))
     values["volumes"] = tuple(volumes)
     return tuple(names)
 
@@ -581,23 +582,12 @@ def _check_mounts(check: _Checker, value: Any, volume_names: Sequence[str], valu
         for key in ("subPath", "subPathExpr", "mountPropagation"):
             if mount.get(key) is not None:
                 check.string(mount[key], path + (key,))
-        mounts.append(_plain(mount))
+        mounts.append(typed(mount))
     values["mounts"] = tuple(mounts)
 
 
-def _plain(value: Any) -> Any:
-    """Pass-through values (volumes, mounts): --set scalars become their typed reading."""
-    if isinstance(value, SetScalar):
-        return value.typed
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_plain(item) for item in value]
-    return value
-
-
 def _resolve_defaults(
-    values: Mapping[str, Any], hccl: Mapping[str, int], resources: Mapping[str, Optional[str]], explicit: Mapping[str, Any]
+    values: Mapping[str, Any], hccl: Mapping[str, int], resources: Mapping[str, Optional[str]]
 ) -> JobSpec:
     settled = {key: value for key, value in values.items() if value is not None or key in ("shm_size",)}
     device = settled.get("device", "npu")
@@ -609,7 +599,7 @@ def _resolve_defaults(
     return JobSpec(hccl=HcclSpec(**hccl), resources=ResourceSpec(**resources), **settled)
 
 
-def _check_across_keys(check: _Checker, spec: JobSpec, tree: Mapping[str, Any]) -> None:
+def _check_across_keys(check: _Checker, spec: JobSpec) -> None:
     longest = f"{spec.name}-{spec.task_name}-{spec.nodes - 1}"
     if len(longest) > 63:
         check.problem(
@@ -640,7 +630,7 @@ def _check_across_keys(check: _Checker, spec: JobSpec, tree: Mapping[str, Any]) 
         ):
             if key in dict(getattr(spec, path[0])):
                 check.problem(path + (key,), f"set by npu-job for routing ({owner}); remove it")
-    ours = {spec.scripts_dir, "/dev/shm"} | ({host for _, host in NPU_HOST_MOUNTS} if spec.device == "npu" else set())
+    ours = {spec.scripts_dir} | ({"/dev/shm"} if spec.shm_size else set()) | ({host for _, host in NPU_HOST_MOUNTS} if spec.device == "npu" else set())
     for index, mount in enumerate(spec.mounts):
         if mount.get("mountPath") in ours:
             check.problem(("mounts", index, "mountPath"), f"{mount['mountPath']!r} is mounted by npu-job itself")

@@ -313,6 +313,17 @@ def _store(node: Any, item: PathItem, value: Any) -> None:
     node[item] = value
 
 
+def typed(value: Any) -> Any:
+    """``value`` with every :class:`SetScalar` replaced by helm's typed reading (pass-through values)."""
+    if isinstance(value, SetScalar):
+        return value.typed
+    if isinstance(value, dict):
+        return {key: typed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [typed(item) for item in value]
+    return value
+
+
 def format_path(path: Path) -> str:
     """``("labels", "app.kubernetes.io/name")`` -> ``labels.app\\.kubernetes\\.io/name`` (--set syntax)."""
     out = ""

@@ -13,23 +13,14 @@ from npu_job.render.values import (
     load_yaml_values,
     merge_values,
     parse_set,
+    typed,
 )
 
 
 def _tree(*sets: str, base=None):
     inputs = [SpecInput("base.yaml", values=base or {})]
     inputs += [SpecInput("--set", assignments=parse_set(text)) for text in sets]
-    return _plain(merge_values(inputs).tree)
-
-
-def _plain(value):
-    if isinstance(value, SetScalar):
-        return value.typed
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
+    return typed(merge_values(inputs).tree)
 
 
 @pytest.mark.parametrize(
@@ -85,7 +76,7 @@ def test_later_layers_win_maps_merge_lists_replace_null_deletes():
         SpecInput("--set", assignments=parse_set("nodes=4")),
     ]
     merged = merge_values(inputs)
-    assert _plain(merged.tree) == {"nodes": 4, "env": {"A": "1", "B": "3"}, "args": ["c"]}
+    assert typed(merged.tree) == {"nodes": 4, "env": {"A": "1", "B": "3"}, "args": ["c"]}
     assert merged.origin_of(("nodes",)) == "--set"
     assert merged.origin_of(("env", "A")) == "base.yaml"
     assert merged.origin_of(("env", "B")) == "more.yaml"
