@@ -197,7 +197,8 @@ def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], 
         options.output_dir,
         node_rank=node_rank,
         master_index=plan.master_index,
-        reordered_table=reordered_document(loaded.document, table, plan),
+        # the run owns this freshly decoded document and only serialises the result
+        reordered_table=reordered_document(loaded.document, table, plan, in_place=True),
         route_plan=route_plan,
         original_rank_table=None if is_url(location) else location,
     )

@@ -106,20 +106,12 @@ def detect_format(document: Any, source: str) -> str:
 def _read_cce(document: Any, source: str) -> Topology:
     doc = expect_object(document, source, "")
     server_list = expect_list(require(doc, "server_list", source, ""), source, "server_list")
+    tor_sets = _cce_tor_sets_fast(server_list)
+    if tor_sets is None:
+        tor_sets = _cce_tor_sets_checked(server_list, source)
     placements: Dict[str, Placement] = {}
-    seen: Dict[str, int] = {}
     shared: Dict[FrozenSet[str], Placement] = {}  # placements are immutable: one per ToR set
-    for index, entry in enumerate(server_list):
-        path = f"server_list[{index}]"
-        expect_object(entry, source, path)
-        server_id = expect_str(require(entry, "server_id", source, path), source, f"{path}.server_id")
-        if server_id in seen:
-            fail(source, f"{path}.server_id",
-                 f"a unique server id; {server_id!r} is also server_list[{seen[server_id]}]")
-        seen[server_id] = index
-        tors = _tor_ips_fast(entry.get("device"))
-        if tors is None:
-            tors = _tor_ips_checked(entry, path, source)
+    for server_id, tors in tor_sets:
         tors.discard("")  # "" = the plugin did not know this NIC's switch
         if tors:
             key = frozenset(tors)
@@ -130,13 +122,38 @@ def _read_cce(document: Any, source: str) -> Topology:
     return Topology(placements, source=CCE_RANKTABLE_TOR)
 
 
-def _tor_ips_fast(devices: Any) -> Optional[Set[str]]:
-    """The ``tor_ip`` set of a well-formed device list at C speed; None: check one by one."""
+def _cce_tor_sets_fast(server_list: List[Any]) -> Optional[List[Tuple[str, Set[str]]]]:
+    """(server_id, tor_ip set) per entry of a well-formed file at C speed; None: check each."""
     try:
-        tors = {device["tor_ip"] for device in devices}
+        ids = [entry["server_id"] for entry in server_list]
+        tor_sets = [{device["tor_ip"] for device in entry["device"]} for entry in server_list]
     except (TypeError, KeyError):
         return None
-    return tors if set(map(type, tors)) <= {str} else None
+    if set(map(type, ids)) - _STR or "" in ids or len(set(ids)) != len(ids):
+        return None
+    if not all(set(map(type, tors)) <= _STR for tors in tor_sets):
+        return None
+    if set(map(type, (entry["device"] for entry in server_list))) - {list}:
+        return None
+    return list(zip(ids, tor_sets))
+
+
+def _cce_tor_sets_checked(server_list: List[Any], source: str) -> List[Tuple[str, Set[str]]]:
+    result = []
+    seen: Dict[str, int] = {}
+    for index, entry in enumerate(server_list):
+        path = f"server_list[{index}]"
+        expect_object(entry, source, path)
+        server_id = expect_str(require(entry, "server_id", source, path), source, f"{path}.server_id")
+        if server_id in seen:
+            fail(source, f"{path}.server_id",
+                 f"a unique server id; {server_id!r} is also server_list[{seen[server_id]}]")
+        seen[server_id] = index
+        result.append((server_id, _tor_ips_checked(entry, path, source)))
+    return result
+
+
+_STR = {str}
 
 
 def _tor_ips_checked(entry: Dict[str, Any], path: str, source: str) -> Set[str]:

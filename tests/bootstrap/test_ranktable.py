@@ -198,6 +198,13 @@ def test_reordered_copy_moves_servers_rewrites_rank_ids_and_keeps_unknown_fields
     assert [s.server_id for s in reread.servers] == [table.servers[p].server_id for p in plan.pod_of_node_rank]
 
 
+def test_in_place_reordering_gives_the_same_document():
+    document = v1_4_cce()
+    table = rank_table_from_document(document, SOURCE)
+    copied = reordered_document(document, table, _plan([2, 0, 1]))
+    assert reordered_document(document, table, _plan([2, 0, 1]), in_place=True) == copied
+
+
 def test_reordered_super_pod_members_follow_the_new_order():
     document = v1_2_super_pods()
     table = rank_table_from_document(document, SOURCE)
