@@ -57,7 +57,7 @@ class _SetArgument:
 
 
 class _Ordered(argparse.Action):
-    """Keep -f/--set/--set-string in one list, so that their relative order is kept too."""
+    """Collect -f/--set/--set-string in one list (each kind keeps its command-line order)."""
 
     def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
         items = list(getattr(namespace, self.dest) or [])
@@ -114,7 +114,10 @@ def run(args: argparse.Namespace) -> int:
 
     stdin_used: List[bool] = []
     inputs: List[SpecInput] = []
-    for kind, value in [("file", args.spec)] + list(args.layers or []):
+    layers = list(args.layers or [])
+    # as helm: every file first (in order), then every --set/--set-string (in order)
+    ordered = [("file", args.spec)] + [item for item in layers if item[0] == "file"] + [item for item in layers if item[0] == "set"]
+    for kind, value in ordered:
         if kind == "file":
             source, text = _read(value, stdin_used)
             inputs.append(SpecInput(source, values=load_yaml_values(text, source)))

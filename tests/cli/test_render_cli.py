@@ -56,11 +56,12 @@ def test_files_and_set_override_in_order(spec_file, tmp_path, capsys):
     assert "  --lr\n  0.1\n" in train_sh
 
 
-def test_set_order_relative_to_files_is_kept(spec_file, tmp_path, capsys):
+def test_set_wins_over_files_wherever_it_is_given(spec_file, tmp_path, capsys):
+    """As helm: every -f file is merged first, then the --set values, whatever the argument order."""
     later = tmp_path / "later.yaml"
     later.write_text("nodes: 7\n")
     code, out, _ = run_cli(str(spec_file), "--set", "nodes=3", "-f", str(later), capsys=capsys)
-    assert code == 0 and the_job(out)["spec"]["minAvailable"] == 7
+    assert code == 0 and the_job(out)["spec"]["minAvailable"] == 3
 
 
 def test_spec_from_stdin(monkeypatch, capsys):
