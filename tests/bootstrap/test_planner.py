@@ -305,3 +305,28 @@ def test_ids_sort_as_numbers_when_they_are_ips_and_naturally_otherwise():
         "1.2.3", "010.0.0.1",  # not canonical addresses: natural order
         "tor-02", "tor-2", "tor-10",
     ]
+
+
+def test_every_process_computes_the_same_plan_whatever_its_hash_seed():
+    """Pods are separate interpreters: set/dict/hash() order must not leak into the plan."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from npu_job.bootstrap.synthetic import synthetic_cluster\n"
+        "from npu_job.bootstrap.model import Collective, Placement, Topology\n"
+        "from npu_job.bootstrap.planner import plan\n"
+        "table, topology = synthetic_cluster(60, 7, seed=11, occupancy='uneven', missing_topology=3, multi_tor=4)\n"
+        "named = Topology({sid: Placement(tiers=('spine-' + p.tors[0][-1],), tors=tuple('tor-' + t.replace('.', '') for t in p.tors), slot=p.slot)\n"
+        "                  for sid, p in topology.placements.items()})\n"
+        "for collective in Collective:\n"
+        "    result = plan(table, named, collective)\n"
+        "    print(result.rank_mapping, result.input_digest, result.mapping_digest)\n"
+    )
+    outputs = set()
+    for hash_seed in ("0", "1", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=True)
+        outputs.add(done.stdout)
+    assert len(outputs) == 1
