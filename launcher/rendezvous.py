@@ -247,10 +247,12 @@ class ParallelRendezvousHandler(RendezvousHandler):
 
     def next_rendezvous(self) -> RendezvousInfo:
         settings = self._settings
-        number = self._rounds_done
         store = self._connect()
+        number = self._rounds_done
         with self._root_errors(f"joining round {number}"):
             self._raise_if_closed(store)
+            if number == 0:
+                number = self._first_open_round(store)
             self._round_entered = number
             if store.add(self._keys.node(number, settings.node_rank), 1) > 1:
                 raise RendezvousStateError(
@@ -267,7 +269,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
             if number > 0:
                 self._clear_previous_workers(store, number)
         bootstrap = self._bootstrap_store_info()
-        self._rounds_done += 1
+        self._rounds_done = number + 1
         logger.info(
             "round %d complete: node rank %d of %d; workers use the store at %s:%d%s",
             number, settings.node_rank, settings.nnodes, bootstrap.master_addr,
@@ -405,6 +407,20 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 f"the rendezvous {self._settings.run_id!r} was closed by node rank {closer} "
                 "(it finished or gave up); not starting new workers"
             )
+
+    def _first_open_round(self, store: Store) -> int:
+        """The round a freshly started agent joins: 0, or the first one not yet complete.
+
+        A node whose pod was replaced while the job runs comes back as a fresh agent; joining
+        round 0 again would look like a duplicate node rank. It joins the next round instead,
+        and the running agents see it waiting and restart their workers around it.
+        """
+        number = 0
+        while store.check([self._keys.complete(number)]):
+            number += 1
+        if number > 0:
+            logger.info("node rank %d rejoins a running job at round %d", self._settings.node_rank, number)
+        return number
 
     def _missing_nodes(self, store: Store, number: int) -> List[int]:
         return [

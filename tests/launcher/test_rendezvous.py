@@ -114,7 +114,7 @@ def test_absent_root_times_out_naming_node_rank_0_and_its_address(closing):
 
 
 def test_two_nodes_with_the_same_rank_are_refused(closing):
-    first = make_handlers(2, [0, 1], join_timeout=1.0)
+    first = make_handlers(3, [0, 1], join_timeout=1.0)  # node rank 2 never comes: one open round
     twin = ParallelRendezvousHandler(first[1].settings)
     closing([*first.values(), twin])
     outcomes = join_all([first[0], first[1], twin])
@@ -144,6 +144,24 @@ def test_restarting_node_pulls_the_others_into_a_clean_round_with_the_same_ranks
     assert root.list_keys() and not any(key.startswith("default_pg/") for key in root.list_keys())
     assert first[1].store.get("agent-state") == b"kept"  # round 0's agent keys are untouched
     assert handlers[0].num_nodes_waiting() == 0
+
+
+def test_replaced_node_rejoins_a_running_job_in_the_next_round(closing):
+    """A pod restarted by the scheduler comes back as a fresh agent with the same node rank."""
+    handlers = make_handlers(2, [0, 1])
+    replacement = ParallelRendezvousHandler(handlers[1].settings)
+    closing([*handlers.values(), replacement])
+    join_all([handlers[0], handlers[1]])
+    handlers[1].close()  # the old pod is gone
+
+    with ThreadPoolExecutor(1) as pool:
+        rejoined = pool.submit(replacement.next_rendezvous)
+        deadline = time.monotonic() + 5
+        while handlers[0].num_nodes_waiting() == 0:
+            assert time.monotonic() < deadline, "node 0 never saw the replacement waiting"
+            time.sleep(0.02)
+        again = handlers[0].next_rendezvous()
+        assert (again.rank, rejoined.result(timeout=10).rank) == (0, 1)
 
 
 def test_closed_rendezvous_refuses_the_next_round(closing):
