@@ -236,3 +236,18 @@ def test_serialised_table_reads_back_as_the_same_cluster(nodes, seed, super_pods
     for mine, theirs in zip(table.servers, back.servers):
         assert (theirs.server_id, theirs.pod_index, theirs.devices, theirs.host_ip, theirs.super_pod_id) == (
             mine.server_id, mine.pod_index, mine.devices, mine.host_ip, mine.super_pod_id)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [v1_0(), v1_2_super_pods(), v1_4_cce(),
+     {**v1_0(), "server_list": [{**s, "host_ip": "", "device": [{k: v for k, v in d.items() if k != "device_ip"} for d in s["device"]]}
+                                for s in v1_0()["server_list"]]}],
+    ids=["v1.0", "v1.2", "v1.4", "no-device-ip-empty-host-ip"],
+)
+def test_fast_path_and_field_by_field_path_agree(document, monkeypatch):
+    from npu_job.bootstrap import ranktable
+
+    fast = rank_table_from_document(document, SOURCE)
+    monkeypatch.setattr(ranktable, "_all_devices_fast", lambda server_list: None)
+    assert rank_table_from_document(document, SOURCE) == fast

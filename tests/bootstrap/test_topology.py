@@ -189,3 +189,11 @@ def test_serialisers_read_back_as_the_same_topology(nodes, seed, multi, tiers):
     # ranktable_tor.json carries ToRs only (no tiers, no slots)
     assert dict(cce.placements) == {sid: Placement(tors=p.tors) for sid, p in topology.placements.items()}
     assert isinstance(cce, Topology)
+
+
+def test_cce_fast_path_and_field_by_field_path_agree(monkeypatch):
+    from npu_job.bootstrap import topology as module
+
+    fast = parse_topology(b64_gzip(CCE), "t")
+    monkeypatch.setattr(module, "_cce_tor_sets_fast", lambda server_list: None)
+    assert parse_topology(b64_gzip(CCE), "t") == fast
