@@ -34,3 +34,19 @@ def test_example_renders_to_its_golden_stream(example):
         golden.write_text(stream)
     assert golden.exists(), f"no golden file {golden}; create it with NPU_JOB_UPDATE_GOLDEN=1"
     assert stream == golden.read_text(), f"{golden} differs; if intended, rerun with NPU_JOB_UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_example_manifests_pass_the_kubernetes_schema(example):
+    """The examples users copy must be accepted: ConfigMap as is, the pod template as a Pod."""
+    import kubernetes_validate
+    import yaml
+
+    source = f"examples/{example}.yaml"
+    values = load_yaml_values((ROOT / source).read_text(), source)
+    configmap, job = yaml.safe_load_all(render(validate(merge_values([SpecInput(source, values=values)]))).stream())
+    version = kubernetes_validate.latest_version()
+    kubernetes_validate.validate(configmap, version, strict=True)
+    template = job["spec"]["tasks"][0]["template"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": dict(template["metadata"], name="p"), "spec": template["spec"]}
+    kubernetes_validate.validate(pod, version, strict=True)
