@@ -238,12 +238,16 @@ def _terminate_on(signum: int, frame: Any) -> None:
     raise SignalException(f"{PROG} got signal {signal.Signals(signum).name}", sigval=signal.Signals(signum))
 
 
-def _install_early_signal_handlers() -> None:
-    """SIGTERM before the workers start (torch installs its handler only then) still unwinds."""
+def _install_early_signal_handler() -> Optional[Any]:
+    """SIGTERM before the workers start (torch installs its handler only then) still unwinds.
+
+    Returns the previous handler (None off the main thread, where signals cannot be handled).
+    """
     import threading
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _terminate_on)
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _terminate_on)
 
 
 def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -257,7 +261,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     prepare(args, env)
     config, cmd, cmd_args = launch_config(args)
     rendezvous.register()
-    _install_early_signal_handlers()
+    previous_handler = _install_early_signal_handler()
     try:
         _recorded_launch()(config, cmd, cmd_args)
         return 0
@@ -271,6 +275,8 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         return 128 + int(caught.sigval)
     finally:
         rendezvous.close_all()
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

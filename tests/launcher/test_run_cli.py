@@ -239,11 +239,13 @@ def npu_run(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([executable, *argv], capture_output=True, text=True, timeout=timeout)
 
 
-def test_console_script_runs_unmodified_workers_standalone(tmp_path):
-    done = npu_run("--standalone", "--nproc-per-node=2", SCRIPT, str(tmp_path))
+def test_console_script_runs_unmodified_workers_standalone_with_torchs_log_options(tmp_path):
+    logs = tmp_path / "logs"
+    done = npu_run("--standalone", "--nproc-per-node=2", f"--log-dir={logs}", "--redirects=3", SCRIPT, str(tmp_path))
     assert done.returncode == 0, done.stderr
     records = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
     assert [r["RANK"] for r in records] == ["0", "1"] and {r["sum"] for r in records} == {3.0}
+    assert len(list(logs.glob("**/attempt_0/*/stderr.log"))) == 2  # torch's per-worker log files
 
 
 def test_worker_failure_prints_torchruns_summary_with_the_root_cause(tmp_path):
