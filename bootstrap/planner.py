@@ -201,15 +201,18 @@ def switch_groups(
     """
     if paths is None:
         paths = canonical.switch_paths(table, topology)
-    keyed: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], List[Tuple[tuple, int]]] = {}
-    unplaced: List[Tuple[tuple, int]] = []
-    for server, (tiers, tors, slot) in zip(table.servers, paths):
-        id_key = canonical.id_sort_key(server.server_id)
+    servers = table.servers
+    id_keys = [canonical.id_sort_key(server.server_id) for server in servers]
+    # One sort by server id; grouping and the stable slot sort below keep that order for ties.
+    by_id = sorted(range(len(servers)), key=id_keys.__getitem__)
+    keyed: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], List[int]] = {}
+    unplaced: List[int] = []
+    for index in by_id:
+        tiers, tors, _slot = paths[index]
         if tiers or tors:
-            member_key = (slot is None, slot if slot is not None else 0, id_key)
-            keyed.setdefault((tiers, tors), []).append((member_key, server.pod_index))
+            keyed.setdefault((tiers, tors), []).append(index)
         else:
-            unplaced.append((id_key, server.pod_index))
+            unplaced.append(index)
     # Switch ids repeat across many servers: build each group's sort key once.
     switch_key: Dict[str, canonical.IdKey] = {}
     for tiers, tors in keyed:
@@ -220,8 +223,13 @@ def switch_groups(
         keyed,
         key=lambda path: (tuple(switch_key[t] for t in path[0]), tuple(sorted(switch_key[t] for t in path[1]))),
     )
-    groups = [tuple(pod for _key, pod in sorted(keyed[path])) for path in group_order]
-    groups.extend((pod,) for _key, pod in sorted(unplaced))
+
+    def slot_key(index: int) -> Tuple[bool, int]:  # known slots first, in slot order
+        slot = paths[index][2]
+        return (slot is None, 0 if slot is None else slot)
+
+    groups = [tuple(servers[i].pod_index for i in sorted(keyed[path], key=slot_key)) for path in group_order]
+    groups.extend((servers[i].pod_index,) for i in unplaced)
     return tuple(groups), len(keyed)
 
 
