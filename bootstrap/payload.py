@@ -212,5 +212,15 @@ def expect_count(value: Any, source: str, path: str) -> int:
     fail(source, path, "a non-negative integer (as a string, e.g. \"0\")", value)
 
 
+def require_unique_id(mapping: Dict[str, Any], key: str, source: str, path: str, seen: Dict[str, str]) -> str:
+    """``mapping[key]`` as a non-empty string not yet in ``seen`` (id -> path where it was first)."""
+    where = join(path, key)
+    value = expect_str(require(mapping, key, source, path), source, where)
+    if value in seen:
+        fail(source, where, f"a unique {key.replace('_', ' ')}; {value!r} is also {seen[value]}")
+    seen[value] = path
+    return value
+
+
 def join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key

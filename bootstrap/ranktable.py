@@ -35,6 +35,7 @@ from npu_job.bootstrap.payload import (
     expect_str,
     fail,
     require,
+    require_unique_id,
 )
 
 LEGACY_VERSION = "0"
@@ -80,18 +81,11 @@ def _servers(server_list: List[Any], super_pods: Dict[str, str], source: str) ->
         if servers is not None:
             return servers
     servers: List[Server] = []
-    index_of_server: Dict[str, int] = {}
+    seen: Dict[str, str] = {}
     for index, entry in enumerate(server_list):
         path = f"server_list[{index}]"
-        if type(entry) is not dict:
-            expect_object(entry, source, path)
-        server_id = entry.get("server_id")
-        if type(server_id) is not str or not server_id:
-            expect_str(require(entry, "server_id", source, path), source, f"{path}.server_id")
-        if server_id in index_of_server:
-            fail(source, f"{path}.server_id",
-                 f"a unique server id; {server_id!r} is also server_list[{index_of_server[server_id]}]")
-        index_of_server[server_id] = index
+        expect_object(entry, source, path)
+        server_id = require_unique_id(entry, "server_id", source, path, seen)
         devices = fast[index] if fast is not None else _devices_checked(entry, f"{path}.device", source)
         host_ip = entry.get("host_ip")
         container_ip = entry.get("container_ip")
@@ -251,10 +245,7 @@ def _legacy_table(doc: Dict[str, Any], status: str, source: str) -> RankTable:
         suffix = int(match.group(1))
         if suffix in by_suffix:
             fail(source, f"{path}.pod_name", f"a unique pod index; {suffix} is also {by_suffix[suffix][0]}")
-        server_id = expect_str(require(instance, "server_id", source, path), source, f"{path}.server_id")
-        if server_id in ids:
-            fail(source, f"{path}.server_id", f"a unique server id; {server_id!r} is also {ids[server_id]}")
-        ids[server_id] = path
+        server_id = require_unique_id(instance, "server_id", source, path, ids)
         raw_devices = expect_list(require(instance, "devices", source, path), source, f"{path}.devices")
         if not raw_devices:
             fail(source, f"{path}.devices", "at least one device, got an empty array")

@@ -47,6 +47,7 @@ from npu_job.bootstrap.payload import (
     expect_str,
     fail,
     require,
+    require_unique_id,
 )
 
 CCE_RANKTABLE_TOR = "cce-ranktable-tor"
@@ -140,15 +141,11 @@ def _cce_tor_sets_fast(server_list: List[Any]) -> Optional[List[Tuple[str, Set[s
 
 def _cce_tor_sets_checked(server_list: List[Any], source: str) -> List[Tuple[str, Set[str]]]:
     result = []
-    seen: Dict[str, int] = {}
+    seen: Dict[str, str] = {}
     for index, entry in enumerate(server_list):
         path = f"server_list[{index}]"
         expect_object(entry, source, path)
-        server_id = expect_str(require(entry, "server_id", source, path), source, f"{path}.server_id")
-        if server_id in seen:
-            fail(source, f"{path}.server_id",
-                 f"a unique server id; {server_id!r} is also server_list[{seen[server_id]}]")
-        seen[server_id] = index
+        server_id = require_unique_id(entry, "server_id", source, path, seen)
         result.append((server_id, _tor_ips_checked(entry, path, source)))
     return result
 
