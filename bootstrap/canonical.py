@@ -20,7 +20,7 @@ import hashlib
 import json
 import re
 import socket
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 from npu_job.bootstrap.model import Collective, Placement, RankTable, Server, Topology
 
