@@ -1,0 +1,167 @@
+"""Differential test: the same random operations straight to a stock TCPStore and through the proxy.
+
+Two worlds, each with a fresh stock torch ``TCPStore`` root and three unmodified torch clients:
+``direct`` (clients -> root) and ``proxied`` (clients -> proxy -> root). A seeded generator draws
+a sequence of steps over every client-visible opcode (set, get, add, compare_set, check, wait,
+num_keys, delete_key, append, multi_get, multi_set, list_keys, queue push/pop/len, barrier),
+timed-out waits on missing or deleted keys (CANCEL_WAIT), and concurrent blocks where several
+clients wait at once on shared keys (coalesced in the proxy) while another client sets them.
+Each step runs in both worlds and every result, including the exception type, must be equal.
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+import threading
+import time
+from typing import Callable, List, Tuple
+
+import pytest
+
+from tests.launcher.proxy_support import ProxyProcess, tcp_store
+
+torch_dist = pytest.importorskip("torch.distributed")
+
+KEYS = ["k0", "k1", "k2", "k3"]
+COUNTERS = ["c0", "c1"]
+QUEUES = ["q0", "q1"]
+CLIENTS = 3
+SHORT = datetime.timedelta(milliseconds=150)
+
+
+class World:
+    def __init__(self, name: str, port: int) -> None:
+        self.name = name
+        self.clients = [tcp_store(port, timeout=3) for _ in range(CLIENTS)]
+
+
+def outcome(call: Callable[[], object]) -> object:
+    try:
+        result = call()
+    except (torch_dist.DistError, RuntimeError) as exc:
+        return ("raised", type(exc).__name__)
+    if isinstance(result, list):  # list_keys order is the root's hash order; compare contents
+        return sorted(result) if all(isinstance(r, str) for r in result) else result
+    return result
+
+
+Step = Tuple[str, Callable[[World], object]]
+
+
+def random_steps(rng: random.Random, count: int) -> List[Step]:
+    """Steps valid in any state (no ADD on non-numbers, no unbounded blocking)."""
+    steps: List[Step] = []
+    known = set()  # keys set so far (so a plain get never blocks on a missing key)
+    queued = {q: 0 for q in QUEUES}
+    for _ in range(count):
+        c = rng.randrange(CLIENTS)
+        key, counter, queue = rng.choice(KEYS), rng.choice(COUNTERS), rng.choice(QUEUES)
+        value = rng.choice(["", "v", "w" * 5, "\x00\xff"]) + str(rng.randrange(100))
+        kind = rng.choice(
+            ["set", "get", "add", "compare_set", "check", "wait", "num_keys", "delete", "append",
+             "multi_get", "multi_set", "list_keys", "queue_push", "queue_len", "queue_pop",
+             "queue_pop_nonblock", "barrier", "wait_timeout", "concurrent_waits"]
+        )
+        if kind == "set":
+            known.add(key)
+            steps.append((f"{c}.set({key})", lambda w, c=c, k=key, v=value: w.clients[c].set(k, v)))
+        elif kind == "get" and key in known:
+            steps.append((f"{c}.get({key})", lambda w, c=c, k=key: w.clients[c].get(k)))
+        elif kind == "add":
+            delta = rng.randrange(-5, 10)
+            steps.append((f"{c}.add({counter},{delta})", lambda w, c=c, k=counter, d=delta: w.clients[c].add(k, d)))
+        elif kind == "compare_set":
+            expected = rng.choice(["", value, "v1"])
+            known.add(key) if expected == "" else None
+            steps.append((f"{c}.compare_set({key})",
+                          lambda w, c=c, k=key, e=expected, v=value: w.clients[c].compare_set(k, e, v)))
+        elif kind == "check":
+            keys = rng.sample(KEYS + COUNTERS, 2)
+            steps.append((f"{c}.check({keys})", lambda w, c=c, ks=keys: w.clients[c].check(ks)))
+        elif kind == "wait" and key in known:
+            steps.append((f"{c}.wait({key})", lambda w, c=c, k=key: w.clients[c].wait([k])))
+        elif kind == "num_keys":
+            steps.append((f"{c}.num_keys", lambda w, c=c: w.clients[c].num_keys()))
+        elif kind == "delete":
+            known.discard(key)
+            steps.append((f"{c}.delete_key({key})", lambda w, c=c, k=key: w.clients[c].delete_key(k)))
+        elif kind == "append":
+            known.add(key)
+            steps.append((f"{c}.append({key})", lambda w, c=c, k=key, v=value: w.clients[c].append(k, v)))
+        elif kind == "multi_get":
+            present = sorted(known)[:2]
+            if present:
+                steps.append((f"{c}.multi_get({present})", lambda w, c=c, ks=present: w.clients[c].multi_get(ks)))
+        elif kind == "multi_set":
+            keys = rng.sample(KEYS, 2)
+            known.update(keys)
+            steps.append((f"{c}.multi_set({keys})",
+                          lambda w, c=c, ks=keys, v=value: w.clients[c].multi_set(ks, [v, v + "!"])))
+        elif kind == "list_keys":
+            steps.append((f"{c}.list_keys", lambda w, c=c: w.clients[c].list_keys()))
+        elif kind == "queue_push":
+            queued[queue] += 1
+            steps.append((f"{c}.queue_push({queue})", lambda w, c=c, q=queue, v=value: w.clients[c].queue_push(q, v)))
+        elif kind == "queue_len":
+            steps.append((f"{c}.queue_len({queue})", lambda w, c=c, q=queue: w.clients[c].queue_len(q)))
+        elif kind == "queue_pop" and queued[queue] > 0:
+            queued[queue] -= 1
+            steps.append((f"{c}.queue_pop({queue})", lambda w, c=c, q=queue: w.clients[c].queue_pop(q)))
+        elif kind == "queue_pop_nonblock":
+            queued[queue] = max(0, queued[queue] - 1)
+            steps.append((f"{c}.queue_pop({queue},block=False)",
+                          lambda w, c=c, q=queue: w.clients[c].queue_pop(q, block=False)))
+        elif kind == "barrier":
+            name = f"b{rng.randrange(1000)}"
+            steps.append((f"{c}.barrier({name},1)", lambda w, c=c, b=name: w.clients[c].barrier(b, 1)))
+        elif kind == "wait_timeout":
+            missing = key if key not in known else f"missing{rng.randrange(3)}"
+            steps.append((f"{c}.wait({missing},150ms)", lambda w, c=c, k=missing: w.clients[c].wait([k], SHORT)))
+        elif kind == "concurrent_waits":
+            fresh = [f"cw{len(steps)}a", f"cw{len(steps)}b"]
+            known.update(fresh)
+            steps.append((f"concurrent_waits({fresh})", lambda w, ks=fresh: concurrent_waits(w, ks)))
+    return steps
+
+
+def concurrent_waits(world: World, keys: List[str]) -> object:
+    """Clients 0 and 1 wait on the same key list, client 1 also on a key nobody sets (timeout);
+    client 2 sets the keys 100 ms later. Returns each waiter's fate."""
+    fates = {}
+
+    def waiter(index: int, wait_keys: List[str], timeout: datetime.timedelta) -> None:
+        fates[index] = outcome(lambda: world.clients[index].wait(wait_keys, timeout))
+
+    threads = [
+        threading.Thread(target=waiter, args=(0, keys, datetime.timedelta(seconds=5))),
+        threading.Thread(target=waiter, args=(1, keys + ["never"], datetime.timedelta(milliseconds=400))),
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.1)
+    for key in keys:
+        world.clients[2].set(key, "set-by-2")
+    for thread in threads:
+        thread.join(10)
+    return sorted(fates.items())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_proxy_answers_exactly_like_the_root(seed):
+    direct_root = tcp_store(0, master=True)
+    proxied_root = tcp_store(0, master=True)
+    with ProxyProcess(proxied_root.port) as proxy:
+        direct = World("direct", direct_root.port)
+        proxied = World("proxied", proxy.port)
+        steps = random_steps(random.Random(seed), 45)
+        for index, (label, step) in enumerate(steps):
+            expected = outcome(lambda: step(direct))
+            actual = outcome(lambda: step(proxied))
+            assert actual == expected, f"seed {seed} step {index} {label}: proxy {actual!r} != root {expected!r}"
+        # the stores end up identical, key by key
+        keys = sorted(direct.clients[0].list_keys())
+        assert sorted(proxied.clients[0].list_keys()) == keys
+        assert direct.clients[0].multi_get(keys) == proxied.clients[0].multi_get(keys)
+        stats = proxy.stats()
+        assert stats["upstream_connections"] <= 3
