@@ -1,0 +1,150 @@
+"""The whole pipeline with every pod on its own simulated host: render -> bootstrap -> npu-run -> DDP.
+
+Each pod runs in its own network namespace (its own IP on a bridge; the pod DNS names of Volcano's
+svc plugin resolve through the pod's /etc/hosts) and its own mount namespace (private /tmp, the
+rank table at /user/config as CCE's configmap1980 plugin mounts it), so the root store, the
+per-node store proxies and gloo's connections really cross "hosts". The pod command is exactly the
+one in the rendered Volcano Job. Nothing is mocked: the only stand-ins are the cluster itself
+(``npu_job.podsim`` does what the Volcano controller and the kubelet would do before the
+container starts) and the fabric (ToRs exist only in the generated ranktable_tor.json).
+
+Every case asserts the final global ranks against the plan the bootstrap had to compute, that all
+ranks ended with identical parameters and a lower loss (the example script's per-rank reports),
+and that no process, namespace or bridge is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from npu_job import demo, podsim
+from tests.e2e.netns import NetnsCluster, leftovers, netns_unavailable_reason
+
+REASON = netns_unavailable_reason()
+pytestmark = [pytest.mark.netns, pytest.mark.torch, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+
+
+def namespace_pids(cluster: NetnsCluster) -> List[str]:
+    """Processes still running in any of the cluster's hosts (after the run's own clean-up)."""
+    deadline = time.monotonic() + 5
+    while True:
+        pids = [pid for host in cluster.hosts for pid in subprocess.run(
+            ["ip", "netns", "pids", host.namespace], capture_output=True, text=True).stdout.split()]
+        if not pids or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.1)
+
+
+def run_on_hosts(options: demo.DemoOptions, workspace: Path, case: str, fault=None) -> demo.DemoResult:
+    tag = f"{case}{os.getpid() % 10000}"  # unique per run: names must not collide with a crashed run's
+    hostnames = {f"{demo.JOB_NAME}-{demo.TASK_NAME}-{i}.{demo.JOB_NAME}": i for i in range(options.nodes)}
+    lines: List[str] = []
+    with NetnsCluster(options.nodes, hostnames=hostnames, tag=tag) as cluster:
+        result = demo.run(options, workspace, host_ips=[host.ip for host in cluster.hosts],
+                          prefix_of=cluster.prefix, progress=lines.append, fault=fault)
+        assert namespace_pids(cluster) == [], "the run left processes on its hosts"
+    result.progress = lines  # for failure messages
+    assert leftovers(tag) == []
+    assert podsim.processes_inside(workspace) == []
+    return result
+
+
+def explain(result: demo.DemoResult) -> str:
+    logs = []
+    for spec_file in result.prepared.spec_files:
+        text = (spec_file.parent / "pod.log").read_text(errors="replace")
+        logs.append(f"== {spec_file.parent.name}\n{text[-3000:]}")
+    return "\n".join(result.problems + getattr(result, "progress", []) + logs)
+
+
+def assert_trained_by_plan(result: demo.DemoResult, node_rank_of_pod, nproc: int) -> None:
+    """Every worker sits at node_rank(pod) * nproc + local_rank; one model; loss down."""
+    options = result.options
+    reports = sorted(result.reports, key=lambda r: r["rank"])
+    assert [r["rank"] for r in reports] == list(range(options.nodes * nproc))
+    for report in reports:
+        assert report["rank"] == node_rank_of_pod[report["pod_index"]] * nproc + report["local_rank"]
+        assert report["host"] == f"{demo.JOB_NAME}-{demo.TASK_NAME}-{report['pod_index']}"
+        assert report["eval_loss_final"] < report["eval_loss_initial"]
+        assert report["problems"] == []
+    assert len({r["param_digest"] for r in reports}) == 1
+
+
+def test_routing_moves_rank_zero_and_the_master_to_another_pod(tmp_path):
+    options = demo.DemoOptions(nodes=6, nproc_per_node=1, tors=3, seed=0, steps=8, timeout=150)
+    result = run_on_hosts(options, tmp_path, "pr")
+    assert result.ok, explain(result)
+    plan = result.prepared.plan
+    assert str(plan.status) == "success"
+    assert plan.master_index != 0, "pick a seed whose plan moves rank 0 off pod 0"
+    assert result.score.cross_after == result.score.lower_bound < result.score.cross_before
+    for pod in result.pods:
+        assert pod.rank_after_acc == str(plan.node_rank_of_pod[pod.index])
+        assert pod.master_index == str(plan.master_index)
+        assert pod.route_plan["rank_mapping"] == plan.rank_mapping
+    assert_trained_by_plan(result, plan.node_rank_of_pod, 1)
+    master = f"{demo.JOB_NAME}-{demo.TASK_NAME}-{plan.master_index}.{demo.JOB_NAME}"
+    rank0_pod = result.prepared.specs[plan.master_index]
+    rank0_log = (result.prepared.spec_files[plan.master_index].parent / "pod.log").read_text()
+    assert f"master {master}:" in rank0_log and "hosting the root store" in rank0_log
+    assert rank0_pod.host_ip != result.prepared.specs[0].host_ip
+
+
+def test_routing_off_keeps_the_scheduler_order(tmp_path):
+    options = demo.DemoOptions(nodes=3, nproc_per_node=2, tors=3, routing=False, steps=6, timeout=150)
+    result = run_on_hosts(options, tmp_path, "po")
+    assert result.ok, explain(result)
+    assert "bootstrap.sh" not in result.prepared.specs[0].argv[-1]
+    assert all(pod.route_plan is None and pod.rank_after_acc is None for pod in result.pods)
+    assert_trained_by_plan(result, list(range(3)), 2)
+
+
+def test_fewer_than_three_pods_fall_back_and_still_train(tmp_path):
+    options = demo.DemoOptions(nodes=2, nproc_per_node=1, tors=2, steps=6, timeout=150)
+    result = run_on_hosts(options, tmp_path, "pf")
+    assert result.ok, explain(result)
+    for pod in result.pods:
+        assert pod.route_plan["status"] == "failed"
+        assert any("at least 3" in reason for reason in pod.route_plan["reasons"]), pod.route_plan
+        assert pod.rank_after_acc is None and pod.master_index is None
+    assert_trained_by_plan(result, [0, 1], 1)
+
+
+def test_missing_bootstrap_inputs_fall_back_to_scheduler_order(tmp_path):
+    options = demo.DemoOptions(nodes=3, nproc_per_node=1, tors=3, deliver_rank_table=False, steps=6,
+                               timeout=150)
+    result = run_on_hosts(options, tmp_path, "pm")
+    assert result.ok, explain(result)
+    for pod, spec_file in zip(result.pods, result.prepared.spec_files):
+        assert pod.rank_after_acc is None and pod.master_index is None
+        assert "bootstrap.sh" in result.prepared.specs[pod.index].argv[-1]
+        pod_log = (spec_file.parent / "pod.log").read_text()
+        assert "npu-job: error:" in pod_log and "Traceback" not in pod_log.split("train_ddp")[0]
+    assert_trained_by_plan(result, [0, 1, 2], 1)
+
+
+def test_a_pod_killed_mid_training_restarts_and_the_job_resumes(tmp_path):
+    options = demo.DemoOptions(nodes=3, nproc_per_node=1, tors=3, seed=0, steps=14, checkpoint_every=2,
+                               step_delay=0.4, timeout=200, max_restarts=3)
+    checkpoint = tmp_path / "shared" / "output" / "checkpoint" / "checkpoint.pt"
+    killed: List[int] = []
+
+    def kill_a_worker_pod(supervisor: demo.Supervisor) -> None:
+        assert supervisor.wait(until=checkpoint.exists), "no checkpoint before the deadline"
+        victim = next(i for i in range(options.nodes) if i != supervisor.prepared.plan.master_index)
+        killed.append(victim)
+        supervisor.kill(victim)
+
+    started = time.monotonic()
+    result = run_on_hosts(options, tmp_path, "pk", fault=kill_a_worker_pod)
+    assert result.ok, explain(result)
+    assert killed and result.pods[killed[0]].restarts >= 1
+    assert all(report["start_step"] > 0 for report in result.reports), "the restarted job did not resume"
+    assert_trained_by_plan(result, result.prepared.plan.node_rank_of_pod, 1)
+    assert time.monotonic() - started < options.timeout

@@ -1,0 +1,150 @@
+"""`npu-job demo`: the whole pipeline on this machine, and the checks that make its exit status mean
+something.
+
+One real run (3 pods x 1 worker, loopback addresses, each pod in its own mount/UTS/PID namespace,
+no network namespaces: what a user without root gets) proves the command end to end; the pure
+checks are then fed doctored outcomes to show that every kind of inconsistency fails the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from npu_job import demo, podsim
+from npu_job.bootstrap.model import Collective, Plan, PlanStatus
+from npu_job.cli import main
+
+UNSHARE = podsim.unshare_unavailable_reason()
+
+
+def test_simulated_cluster_is_what_the_pods_will_read():
+    options = demo.DemoOptions(nodes=6, tors=3, nproc_per_node=2)
+    ips = demo.loopback_ips(6)
+    cluster = demo.simulated_cluster(options, ips)
+    assert [server.server_id for server in cluster.table.servers] == list(ips)
+    assert all(len(server.devices) == 2 for server in cluster.table.servers)
+    assert len(set(demo.tor_of_pod(cluster))) == 3
+    plan = demo.expected_plan(cluster, options)
+    score = demo.ring_score(cluster, plan)
+    assert str(plan.status) == "success" and plan.master_index != 0  # the default demo moves the master
+    assert score.cross_after == score.lower_bound == 3 < score.cross_before  # scattered, then fixed
+
+
+def test_the_demo_spec_renders_the_routing_job_a_user_would_apply():
+    rendered = demo.render_job(demo.demo_spec_values(demo.DemoOptions(), 29500, "/srv/shared"))
+    command = rendered.pod_command
+    assert "bash bootstrap.sh" in command and "bash train.sh" in command
+    assert "configmap1980" in rendered.job.text and '"cabinet"' in rendered.job.text
+
+
+def plan_of(mapping):
+    return Plan(PlanStatus.SUCCESS, tuple(mapping), Collective.RING)
+
+
+def report(rank, pod, local, **extra):
+    return {"rank": rank, "pod_index": pod, "local_rank": local, "world_size": 4, "param_digest": "d",
+            "problems": [], "loss_decreased": True, **extra}
+
+
+def outcome(index, **extra):
+    values = {"exit_code": 0, "restarts": 0, "route_plan": {"status": "success", "rank_mapping": "0-1,1-0"},
+              "rank_after_acc": str(1 - index), "master_index": "1", **extra}
+    return demo.PodOutcome(index, **values)
+
+
+GOOD_REPORTS = [report(0, 1, 0), report(1, 1, 1), report(2, 0, 0), report(3, 0, 1)]
+
+
+@pytest.mark.parametrize(
+    "pods, reports, expected",
+    [
+        ([outcome(0), outcome(1)], GOOD_REPORTS, None),
+        ([outcome(0, exit_code=1), outcome(1)], GOOD_REPORTS, "pod 0: exited with 1"),
+        ([outcome(0, rank_after_acc="0"), outcome(1)], GOOD_REPORTS, "pod 0: /tmp/RANK_AFTER_ACC is '0', expected 1"),
+        ([outcome(0, master_index="0"), outcome(1)], GOOD_REPORTS, "pod 0: /tmp/MASTER_INDEX is '0'"),
+        ([outcome(0, route_plan={"status": "success", "rank_mapping": "0-0,1-1"}), outcome(1)], GOOD_REPORTS,
+         "bootstrap mapping '0-0,1-1' != expected '0-1,1-0'"),
+        ([outcome(0), outcome(1)], GOOD_REPORTS[:3], "no report from rank(s) [3]"),
+        ([outcome(0), outcome(1)], [report(0, 0, 0)] + GOOD_REPORTS[1:], "rank 0 runs on pod 0 local rank 0; the plan gives 2"),
+        ([outcome(0), outcome(1)], GOOD_REPORTS[:3] + [report(3, 0, 1, param_digest="e")], "disagree on the trained parameters"),
+        ([outcome(0), outcome(1)], GOOD_REPORTS[:3] + [report(3, 0, 1, loss_decreased=False)], "rank 3: the loss did not go down"),
+        ([outcome(0), outcome(1)], GOOD_REPORTS[:3] + [report(3, 0, 1, problems=["RANK env 3 != 2"])], "rank 3: RANK env 3 != 2"),
+    ],
+    ids=["consistent", "pod-failed", "wrong-rank-file", "wrong-master", "other-mapping", "missing-worker",
+         "rank-off-plan", "parameters-differ", "loss-not-down", "worker-own-check"],
+)
+def test_every_inconsistency_in_the_chain_is_reported(pods, reports, expected):
+    options = demo.DemoOptions(nodes=2, nproc_per_node=2, tors=2)
+    problems = demo.check_outcome(plan_of([1, 0]), options, pods, reports, expect_routing=True)
+    if expected is None:
+        assert problems == []
+    else:
+        assert any(expected in problem for problem in problems), problems
+
+
+def test_a_fallback_that_still_wrote_rank_files_is_reported():
+    options = demo.DemoOptions(nodes=2, nproc_per_node=2, tors=2)
+    identity = Plan(PlanStatus.FAILED, (0, 1), Collective.RING)
+    pods = [outcome(0, rank_after_acc="0", route_plan=None), outcome(1, rank_after_acc=None, route_plan=None)]
+    reports = [report(0, 0, 0), report(1, 0, 1), report(2, 1, 0), report(3, 1, 1)]
+    problems = demo.check_outcome(identity, options, pods, reports, expect_routing=False)
+    assert problems == ["pod 0: fallback expected, but /tmp/RANK_AFTER_ACC is '0'"]
+
+
+# -- the command ------------------------------------------------------------------------------
+@pytest.mark.torch
+@pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
+def test_demo_runs_the_whole_chain_and_says_so(tmp_path, capsys):
+    keep = tmp_path / "demo"
+    code = main(["demo", "--nodes", "3", "--tors", "3", "--nproc-per-node", "1", "--steps", "4",
+                 "--seed", "0", "--keep", str(keep), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["version"] == 1 and summary["ok"] is True and summary["problems"] == []
+    node_rank = {pod["pod_index"]: pod["node_rank"] for pod in summary["plan"]["pods"]}
+    assert sorted(node_rank.values()) == [0, 1, 2]
+    assert [w["rank"] for w in summary["workers"]] == [0, 1, 2]
+    assert all(w["rank"] == node_rank[w["pod_index"]] for w in summary["workers"])
+    assert len({w["param_digest"] for w in summary["workers"]}) == 1
+    assert summary["loss"]["eval_final"] < summary["loss"]["eval_initial"]
+    assert summary["ring"]["cross_tor_edges_planned"] == summary["ring"]["lower_bound"]
+    assert set(summary["phases_s"]) >= {"cluster+render", "bootstrap", "launch+rendezvous", "training", "total"}
+    for line in ("route plan (success)", "cross-ToR ring edges", "train.sh: node rank", "training: step 4/4",
+                 "ranks: 3/3 workers", "parameters: identical", "phases:", "OK: the whole chain is consistent"):
+        assert line in err
+    assert (keep / "rendered" / "config.yaml").is_file()
+    assert podsim.processes_inside(keep) == []
+
+
+@pytest.mark.parametrize(
+    "argv, code, message",
+    [
+        (["--nodes", "3", "--tors", "4"], 7, "--tors 4: cannot spread 3 node(s) over more ToRs than nodes"),
+        (["--nodes", "0"], 2, "expected a number >= 1, got 0"),
+        (["--steps", "x"], 2, "expected a whole number, got 'x'"),
+    ],
+    ids=["more-tors-than-nodes", "no-nodes", "steps-not-a-number"],
+)
+def test_bad_options_are_one_line_errors(argv, code, message, capsys):
+    assert main(["demo", *argv]) == code
+    assert message in capsys.readouterr().err
+
+
+def test_a_non_empty_keep_directory_is_never_overwritten(tmp_path, capsys):
+    (tmp_path / "precious").write_text("x")
+    assert main(["demo", "--keep", str(tmp_path)]) == 7
+    err = capsys.readouterr().err
+    assert "--keep directory is not empty" in err and "TIP:" in err and "Traceback" not in err
+    assert (tmp_path / "precious").read_text() == "x"
+
+
+def test_without_unshare_the_demo_says_what_to_install(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no unshare on PATH
+    assert main(["demo"]) == 8
+    err = capsys.readouterr().err
+    assert "cannot give each pod its own mount namespace" in err and "TIP:" in err
+    assert os.listdir(tmp_path) == []
