@@ -92,6 +92,11 @@ class HcclSpec:
 
     connect_timeout: int = 1200  # HCCL_CONNECT_TIMEOUT, seconds
     base_port: int = 60000  # HCCL_IF_BASE_PORT; HCCL uses 16 ports from here
+    reserve_ports: bool = False  # pod sysctl net.ipv4.ip_local_reserved_ports for those 16 ports
+
+    @property
+    def port_range(self) -> str:
+        return f"{self.base_port}-{self.base_port + HCCL_PORT_COUNT - 1}"
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,7 @@ SPEC_KEYS: Tuple[KeyDoc, ...] = (
     KeyDoc("master_port", "`29500`", "Rendezvous / TCPStore port on the master node."),
     KeyDoc("hccl.connect_timeout", "`1200`", "`HCCL_CONNECT_TIMEOUT` in seconds (120..7200); npu only."),
     KeyDoc("hccl.base_port", "`60000`", "`HCCL_IF_BASE_PORT`; HCCL uses 16 ports from it; npu only."),
+    KeyDoc("hccl.reserve_ports", "`false`", "Reserve those 16 ports in the pod (sysctl `net.ipv4.ip_local_reserved_ports`, a safe sysctl from Kubernetes 1.27); not with host_network."),
     KeyDoc("volumes", "`[]`", "Extra Kubernetes volumes (passed through), on top of the NPU driver mounts."),
     KeyDoc("mounts", "`[]`", "Extra volumeMounts (`name`, `mountPath`, `readOnly`, `subPath`) of `volumes`."),
     KeyDoc("max_retry", "`3`", "Volcano `maxRetry`."),
@@ -489,13 +495,15 @@ def validate(merged: MergedValues, source: Optional[str] = None) -> JobSpec:
         values["shm_size"] = None if tree["shm_size"] is None else check.quantity(tree["shm_size"], ("shm_size",))
 
     # nested records
-    hccl_values: Dict[str, int] = {}
+    hccl_values: Dict[str, Any] = {}
     if present("hccl"):
         hccl = check.mapping(tree["hccl"], ("hccl",), _SUB_KEYS["hccl"])
         if hccl.get("connect_timeout") is not None:
             hccl_values["connect_timeout"] = check.integer(hccl["connect_timeout"], ("hccl", "connect_timeout"), 120, 7200)
         if hccl.get("base_port") is not None:
             hccl_values["base_port"] = check.integer(hccl["base_port"], ("hccl", "base_port"), 1024, 65536 - HCCL_PORT_COUNT)
+        if hccl.get("reserve_ports") is not None:
+            hccl_values["reserve_ports"] = check.boolean(hccl["reserve_ports"], ("hccl", "reserve_ports"))
     resource_values: Dict[str, Optional[str]] = {}
     if present("resources"):
         resources = check.mapping(tree["resources"], ("resources",), _SUB_KEYS["resources"], _ACCELERATOR_HINTS)
@@ -587,7 +595,7 @@ def _check_mounts(check: _Checker, value: Any, volume_names: Sequence[str], valu
 
 
 def _resolve_defaults(
-    values: Mapping[str, Any], hccl: Mapping[str, int], resources: Mapping[str, Optional[str]]
+    values: Mapping[str, Any], hccl: Mapping[str, Any], resources: Mapping[str, Optional[str]]
 ) -> JobSpec:
     settled = {key: value for key, value in values.items() if value is not None or key in ("shm_size",)}
     device = settled.get("device", "npu")
@@ -620,8 +628,14 @@ def _check_across_keys(check: _Checker, spec: JobSpec) -> None:
         if low <= spec.master_port < low + HCCL_PORT_COUNT:
             check.problem(
                 ("master_port",),
-                f"{spec.master_port} collides with HCCL's ports {low}-{low + HCCL_PORT_COUNT - 1} "
+                f"{spec.master_port} collides with HCCL's ports {spec.hccl.port_range} "
                 f"(hccl.base_port); choose another port",
+            )
+        if spec.hccl.reserve_ports and spec.host_network:
+            check.problem(
+                ("hccl", "reserve_ports"),
+                "a pod in the host network cannot set net.* sysctls; reserve the ports on the nodes "
+                "(net.ipv4.ip_local_reserved_ports) or turn host_network off",
             )
     if spec.routing:
         for path, key, owner in (

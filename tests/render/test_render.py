@@ -153,7 +153,7 @@ def test_user_volumes_mounts_selectors_labels_and_resources_are_added_to_ours():
     "values",
     [
         pytest.param(with_keys(), id="single-npu"),
-        pytest.param(with_keys(nodes=6, env={"A": "1"}, resources={"cpu": "8", "memory": "64Gi"}), id="routed-npu"),
+        pytest.param(with_keys(nodes=6, env={"A": "1"}, resources={"cpu": "8", "memory": "64Gi"}, hccl={"reserve_ports": True}), id="routed-npu"),
         pytest.param(with_keys(device="gpu", nodes=2, host_network=True, shm_size=None), id="gpu"),
         pytest.param(with_keys(device="cpu", nodes=3, volumes=[{"name": "d", "emptyDir": {}}], mounts=[{"name": "d", "mountPath": "/d"}]), id="cpu"),
     ],
@@ -213,3 +213,9 @@ def test_bootstrap_url_ships_a_fetcher_instead():
     fetcher = dict(rendered.scripts)["bootstrap.sh"]
     assert "url='https://obs.example.com/x/bootstrap.sh?a=1&b=$(x)'" in fetcher
     assert fetcher != BOOTSTRAP_STAND_IN
+
+
+def test_hccl_ports_can_be_reserved_in_the_pod():
+    pod = pod_spec(job_of(render_values(with_keys(hccl={"base_port": 61000, "reserve_ports": True}))))
+    assert pod["securityContext"]["sysctls"] == [{"name": "net.ipv4.ip_local_reserved_ports", "value": "61000-61015"}]
+    assert "securityContext" not in pod_spec(job_of(render_values(with_keys())))
