@@ -435,7 +435,7 @@ def validate(merged: MergedValues, source: Optional[str] = None) -> JobSpec:
         values["name"] = check.string(tree["name"], ("name",), pattern=_DNS_LABEL, rule=DNS_LABEL_RULE, max_length=63)
     if present("image"):
         values["image"] = check.string(
-            tree["image"], ("image",), pattern=re.compile(r"[^\s]+\Z"), rule="an image reference (no spaces or control characters)"
+            tree["image"], ("image",), pattern=re.compile(r"[^\s\x00-\x1f\x7f]+\Z"), rule="an image reference (no spaces or control characters)"
         )
     if present("script"):
         values["script"] = check.string(tree["script"], ("script",), pattern=_NO_CONTROL, rule="a path (no control characters)")
@@ -528,13 +528,13 @@ def validate(merged: MergedValues, source: Optional[str] = None) -> JobSpec:
     if present("mounts"):
         _check_mounts(check, tree["mounts"], volume_names, values)
 
+    where = source or " + ".join(merged.sources) or "job spec"
     if check.problems:
-        raise SpecError(source or " + ".join(merged.sources) or "job spec", check.problems)
-
+        raise SpecError(where, check.problems)
     spec = _resolve_defaults(values, hccl_values, resource_values)
     _check_across_keys(check, spec)
     if check.problems:
-        raise SpecError(source or " + ".join(merged.sources) or "job spec", check.problems)
+        raise SpecError(where, check.problems)
     return replace(spec, warnings=spec_warnings(spec, explicit_keys=[key for key in tree if tree[key] is not None]))
 
 
