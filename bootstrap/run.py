@@ -193,15 +193,19 @@ def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], 
     route_plan = writers.route_plan_document(
         plan, node_count=table.node_count, pod_index=pod_index, rank_table=location, topology=topology_source
     )
-    written = writers.write_plan_outputs(
-        options.output_dir,
-        node_rank=node_rank,
-        master_index=plan.master_index,
-        # the run owns this freshly decoded document and only serialises the result
-        reordered_table=reordered_document(loaded.document, table, plan, in_place=True),
-        route_plan=route_plan,
-        original_rank_table=None if is_url(location) else location,
-    )
+    try:
+        written = writers.write_plan_outputs(
+            options.output_dir,
+            node_rank=node_rank,
+            master_index=plan.master_index,
+            # the run owns this freshly decoded document and only serialises the result
+            reordered_table=reordered_document(loaded.document, table, plan, in_place=True),
+            route_plan=route_plan,
+            original_rank_table=None if is_url(location) else location,
+        )
+    except OSError as error:
+        raise InputError(options.output_dir, "output directory",
+                         f"expected a writable directory ({error.strerror or error})") from None
     for note in plan.reasons:
         log.info("note: %s", note)
     log.info(
