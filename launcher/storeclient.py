@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
-from typing import Optional
+from typing import Optional, Tuple
 
 from npu_job.launcher.protocol import (
     NO_REPLY_OPS,
@@ -126,3 +126,31 @@ class AsyncRawStoreClient:
                 await self._writer.wait_closed()
             except OSError:
                 pass
+
+
+def root_listen_socket(host: str = "127.0.0.1", backlog: int = 4096) -> Tuple[socket.socket, int]:
+    """A listening IPv4 socket for a test/benchmark root store, on a port below the ephemeral range.
+
+    Hand its fd to ``TCPStore(..., master_listen_fd=sock.detach())``. IPv4 keeps the stock server's
+    per-accept reverse lookup on /etc/hosts (its default dual-stack listener sees
+    ``::ffff:127.0.0.1`` and asks the DNS server). A port outside the ephemeral range means no
+    outgoing connection elsewhere on the machine can share it, so counting the root's
+    connections by local port in /proc/net/tcp is exact.
+    """
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+            low = int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((host, port))
+            sock.listen(backlog)
+            return sock, port
+        except OSError:
+            sock.close()
+    raise OSError(f"no free port below {low} on {host}")

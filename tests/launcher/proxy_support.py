@@ -15,15 +15,28 @@ import subprocess
 import sys
 from typing import Dict, Optional
 
+from npu_job.launcher.storeclient import root_listen_socket
+
 LOOPBACK = "127.0.0.1"
 
 
 def tcp_store(port: int, *, master: bool = False, timeout: float = 5.0):  # type: ignore[no-untyped-def]
+    """A torch TCPStore client, or (``master=True``) a root listening on 127.0.0.1 only.
+
+    A root on torch's default dual-stack listener sees peers as ``::ffff:127.0.0.1`` and reverse
+    resolves each through the DNS server (traffic off the machine, milliseconds per accept); the
+    IPv4 listener from :func:`root_listen_socket` resolves them through /etc/hosts.
+    """
     import torch.distributed as dist
 
+    kwargs = {}
+    if master:
+        assert port == 0, "roots take a free port below the ephemeral range"
+        sock, port = root_listen_socket(LOOPBACK)
+        kwargs["master_listen_fd"] = sock.detach()
     return dist.TCPStore(
         LOOPBACK, port, is_master=master, wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=timeout),
+        timeout=datetime.timedelta(seconds=timeout), **kwargs,
     )
 
 

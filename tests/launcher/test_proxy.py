@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,7 @@ from npu_job.launcher.storeclient import RawStoreClient
 from tests.launcher.proxy_support import LOOPBACK, ProxyProcess, established_connections, tcp_store
 
 torch_dist = pytest.importorskip("torch.distributed")
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -232,8 +234,9 @@ def test_unknown_opcode_closes_that_client_only(root, proxy):
 
 
 ROOT_CODE = (
-    "import datetime, time, torch.distributed as d\n"
-    "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
+    "import sys, time\n"
+    "from tests.launcher.proxy_support import tcp_store\n"
+    "s = tcp_store(0, master=True)\n"
     "print(s.port, flush=True)\n"
     "time.sleep(600)\n"
 )
@@ -264,7 +267,7 @@ print(" ".join(failures), flush=True)
 
 
 def test_root_death_fails_every_client_promptly_naming_the_store_address():
-    root_proc = subprocess.Popen([sys.executable, "-c", ROOT_CODE], stdout=subprocess.PIPE, text=True)
+    root_proc = subprocess.Popen([sys.executable, "-c", ROOT_CODE], stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         root_port = int(root_proc.stdout.readline())
         with ProxyProcess(root_port, timeout=3) as proxy:

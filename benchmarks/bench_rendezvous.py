@@ -1,0 +1,323 @@
+"""Start-up store traffic, flat vs tiered: a stock torch TCPStore root alone, or behind per-node proxies.
+
+Simulates ``nodes x workers`` ranks on this machine and replays the store traffic of a real
+start-up against a stock ``torch.distributed.TCPStore`` root running in its own process:
+
+1. agent join and rank assignment (agents always talk to the root): ADD a join counter, SET the
+   node's record, the last agent SETs "closed", every agent gets "closed" and node 0's record;
+2. every worker connects (VALIDATE, PING) - to the root (flat) or to its node's proxy (tiered);
+3. init: every worker ADDs the init counter; NCCL-style: rank 0 SETs a 128-byte id, all get it;
+4. gloo-style: every rank SETs its address and gets every other rank's (``--gloo-peers`` limits
+   the peers each rank reads to ranks ``0..P-1``, the order gloo reads them in);
+5. a store-based barrier: every rank ADDs "done", the last SETs "done_all", all get it.
+
+A torch ``get`` is WAIT then GET, as torch's client sends it. Clients are raw-protocol asyncio
+clients (``npu_job.launcher.storeclient``), two host processes holding half the nodes each:
+one Python process per rank would need 2048 interpreters with torch (~300 MB each) on 2 cores,
+and a thread per rank would serialise on the GIL; a raw client sends exactly the bytes torch's
+client sends (golden-tested in ``tests/launcher/test_protocol.py``). In tiered mode each node's
+proxy (``AsyncStoreProxy``, the same code ``StoreProxy`` runs) lives on its host process's loop.
+
+Measured per case: wall time (first connect to last reply), connections the root holds (counted
+in /proc/net/tcp while every client is still connected), requests reaching the root (flat: every
+client request; tiered: agents' requests + proxies' upstream requests, counted by the senders),
+and the root process's CPU seconds (utime+stime from /proc/<pid>/stat). Reverse DNS: the stock
+server formats each peer address on accept; every client here connects from 127.0.0.1, which
+``/etc/hosts`` maps to localhost (``files`` before ``dns`` in nsswitch.conf), so no resolver is
+consulted - the script measures ``getnameinfo(127.0.0.1)`` and prints it.
+
+    python benchmarks/bench_rendezvous.py                 # 8x8, 64x8, 128x16
+    python benchmarks/bench_rendezvous.py --cases 8x8 --output results.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Tuple
+
+from npu_job.fileio import write_atomic
+from npu_job.launcher.protocol import Op, Request
+from npu_job.launcher.proxy import AsyncStoreProxy
+from npu_job.launcher.storeclient import AsyncRawStoreClient
+
+LOOPBACK = "127.0.0.1"
+HOSTS = 2
+PROJECT_RANKS = 16384
+PROJECT_WORKERS = 16
+# The root listens on an IPv4 socket handed over by fd (see root_listen_socket): on torch's default
+# dual-stack "::" listener peers appear as ::ffff:127.0.0.1, whose reverse lookup goes to the DNS
+# server (2-30 ms each here, serialised on the root's loop) - the artefact DESIGN §6 warns about.
+ROOT_CODE = (
+    "import time, torch.distributed as d\n"
+    "from npu_job.launcher.storeclient import root_listen_socket\n"
+    "sock, port = root_listen_socket()\n"
+    "s = d.TCPStore('127.0.0.1', port, is_master=True, wait_for_workers=False, master_listen_fd=sock.detach())\n"
+    "print(port, flush=True)\n"
+    "time.sleep(3600)\n"
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    nodes: int
+    workers: int
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.workers
+
+    def __str__(self) -> str:
+        return f"{self.nodes}x{self.workers}"
+
+
+@dataclass(frozen=True)
+class Result:
+    case: Case
+    mode: str
+    wall: float
+    root_connections: int
+    root_requests: int
+    root_cpu: float
+    client_requests: int
+    coalesced: int
+
+
+def k(text: str) -> bytes:
+    return ("/" + text).encode()
+
+
+# ------------------------------------------------------------------ simulated node
+
+
+async def run_node(node: int, case: Case, root_port: int, tiered: bool, peers: int, deadline: float,
+                   keep: List) -> Tuple[int, int, int]:
+    """One node: agent, optional proxy, workers. Returns (agent reqs, worker reqs, proxy upstream reqs)."""
+    agent = await AsyncRawStoreClient.connect(LOOPBACK, root_port, retry_until=deadline)
+    keep.append(agent)
+    order = await agent.call(Request(Op.ADD, (k("rdzv/joined"),), number=1))
+    await agent.call(Request(Op.SET, (k(f"rdzv/node/{node}"),), (f"10.0.{node // 256}.{node % 256}".encode(),)))
+    if order == case.nodes:
+        await agent.call(Request(Op.SET, (k("rdzv/closed"),), (b"1",)))
+    await agent.get(k("rdzv/closed"))
+    await agent.get(k("rdzv/node/0"))
+    port = root_port
+    proxy = None
+    if tiered:
+        proxy = AsyncStoreProxy(LOOPBACK, root_port, timeout=300)
+        sock = socket.socket()
+        sock.bind((LOOPBACK, 0))
+        sock.listen(4096)
+        sock.setblocking(False)
+        port = sock.getsockname()[1]
+        await proxy.start(sock)
+        keep.append(proxy)
+    clients = await asyncio.gather(*(
+        run_worker(node * case.workers + local, case, port, peers, deadline, keep) for local in range(case.workers)
+    ))
+    upstream = proxy.snapshot().requests_upstream if proxy else 0
+    return agent.requests_sent, sum(clients), upstream
+
+
+async def run_worker(rank: int, case: Case, port: int, peers: int, deadline: float, keep: List) -> int:
+    c = await AsyncRawStoreClient.connect(LOOPBACK, port, retry_until=deadline)
+    keep.append(c)
+    await c.call(Request(Op.ADD, (k("init/count"),), number=1))
+    if rank == 0:
+        await c.call(Request(Op.SET, (k("nccl/id"),), (os.urandom(128),)))
+    await c.get(k("nccl/id"))
+    await c.call(Request(Op.SET, (k(f"gloo/{rank}"),), (f"[10.1.{rank // 256}.{rank % 256}]:{40000 + rank}".encode(),)))
+    for peer in range(min(peers, case.ranks)):
+        if peer != rank:
+            await c.get(k(f"gloo/{peer}"))
+    done = await c.call(Request(Op.ADD, (k("done"),), number=1))
+    if done == case.ranks:
+        await c.call(Request(Op.SET, (k("done_all"),), (b"1",)))
+    await c.get(k("done_all"))
+    return c.requests_sent
+
+
+def host_main(nodes: Sequence[int], case: Case, root_port: int, tiered: bool, peers: int, start_at: float,
+              conn) -> None:  # type: ignore[no-untyped-def]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+    async def main() -> None:
+        keep: List = []
+        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+        results = await asyncio.gather(*(
+            run_node(n, case, root_port, tiered, peers, start_at + 600, keep) for n in nodes
+        ))
+        end = time.monotonic()
+        coalesced = sum(p.snapshot().coalesced for p in keep if isinstance(p, AsyncStoreProxy))
+        conn.send((end, [sum(r[i] for r in results) for i in range(3)], coalesced))
+        await asyncio.get_running_loop().run_in_executor(None, conn.recv)  # hold connections until counted
+        for item in keep:
+            if isinstance(item, AsyncStoreProxy):
+                await item.aclose()
+            else:
+                await item.close()
+
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------------ root side
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def established_connections(port: int) -> int:
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as handle:
+            next(handle)
+            for line in handle:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                    count += 1
+    return count
+
+
+def run_case(case: Case, tiered: bool, peers: int) -> Result:
+    root = subprocess.Popen([sys.executable, "-c", ROOT_CODE], stdout=subprocess.PIPE, text=True)
+    try:
+        assert root.stdout is not None
+        root_port = int(root.stdout.readline())
+        baseline_connections = established_connections(root_port)  # the root's own client
+        ctx = multiprocessing.get_context("fork")
+        start_at = time.monotonic() + 1.0
+        pipes, procs = [], []
+        for h in range(HOSTS):
+            parent, child = ctx.Pipe()
+            nodes = list(range(h, case.nodes, HOSTS))
+            proc = ctx.Process(target=host_main, args=(nodes, case, root_port, tiered, peers, start_at, child))
+            proc.start()
+            pipes.append(parent)
+            procs.append(proc)
+        while time.monotonic() < start_at - 0.05:
+            time.sleep(0.01)
+        cpu_before = cpu_seconds(root.pid)
+        reports = [pipe.recv() for pipe in pipes]
+        cpu_after = cpu_seconds(root.pid)
+        connections = established_connections(root_port) - baseline_connections
+        for pipe in pipes:
+            pipe.send("close")
+        for proc in procs:
+            proc.join(60)
+        wall = max(r[0] for r in reports) - start_at
+        agent_reqs = sum(r[1][0] for r in reports)
+        worker_reqs = sum(r[1][1] for r in reports)
+        upstream = sum(r[1][2] for r in reports)
+        root_requests = agent_reqs + (upstream if tiered else worker_reqs)
+        return Result(case, "tiered" if tiered else "flat", wall, connections, root_requests,
+                      cpu_after - cpu_before, agent_reqs + worker_reqs, sum(r[2] for r in reports))
+    finally:
+        root.kill()
+        root.wait()
+        if root.stdout is not None:
+            root.stdout.close()
+
+
+# ------------------------------------------------------------------ report
+
+
+def reverse_dns_seconds(address: Tuple) -> float:
+    """Mean time of the reverse lookup the stock server does per accepted peer (after a warm-up)."""
+    socket.getnameinfo(address, socket.NI_NUMERICSERV)
+    started = time.perf_counter()
+    for _ in range(20):
+        socket.getnameinfo(address, socket.NI_NUMERICSERV)
+    return (time.perf_counter() - started) / 20
+
+
+def format_table(results: List[Result], peers: int, dns: Tuple[float, float]) -> str:
+    by_case: Dict[str, Dict[str, Result]] = {}
+    for r in results:
+        by_case.setdefault(str(r.case), {})[r.mode] = r
+    lines = [
+        f"# bench_rendezvous: stock torch TCPStore root, flat vs tiered (gloo peers read per rank: {peers})",
+        "",
+        "| case | ranks | mode | wall s | root conns | root requests | root CPU s | client requests | coalesced |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.case} | {r.case.ranks} | {r.mode} | {r.wall:.2f} | {r.root_connections} | {r.root_requests} "
+            f"| {r.root_cpu:.2f} | {r.client_requests} | {r.coalesced} |"
+        )
+    lines += ["", "| case | conns tiered/nodes | requests tiered/flat | root CPU tiered/flat | wall tiered/flat |",
+              "|---|---:|---:|---:|---:|"]
+    for name, modes in by_case.items():
+        if "flat" in modes and "tiered" in modes:
+            f, t = modes["flat"], modes["tiered"]
+            lines.append(
+                f"| {name} | {t.root_connections / t.case.nodes:.2f} | {t.root_requests / f.root_requests:.3f} "
+                f"| {_ratio(t.root_cpu, f.root_cpu)} | {t.wall / f.wall:.2f} |"
+            )
+    largest = max(by_case.values(), key=lambda modes: next(iter(modes.values())).case.ranks)
+    if "flat" in largest and "tiered" in largest:
+        lines += ["", f"Projection to {PROJECT_RANKS} ranks ({PROJECT_RANKS // PROJECT_WORKERS}x{PROJECT_WORKERS}), "
+                  f"same traffic mix (gloo peers = {peers}), from the largest case's per-rank requests and "
+                  "the root's measured CPU per request:", "",
+                  "| mode | root requests | root CPU s | root conns |", "|---|---:|---:|---:|"]
+        for mode in ("flat", "tiered"):
+            r = largest[mode]
+            requests = r.root_requests / r.case.ranks * PROJECT_RANKS
+            per_request = r.root_cpu / r.root_requests if r.root_requests else 0.0
+            conns = (PROJECT_RANKS + PROJECT_RANKS // PROJECT_WORKERS if mode == "flat"
+                     else r.root_connections / r.case.nodes * PROJECT_RANKS // PROJECT_WORKERS)
+            lines.append(f"| {mode} | {requests:.0f} | {requests * per_request:.1f} | {conns:.0f} |")
+    lines += ["", f"Reverse DNS per accepted peer: 127.0.0.1 (this root's IPv4 listener, /etc/hosts) {dns[0] * 1e3:.3f} ms; "
+              f"::ffff:127.0.0.1 (torch's default dual-stack listener, goes to DNS) {dns[1] * 1e3:.3f} ms."]
+    return "\n".join(lines) + "\n"
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.3f}" if b > 0 else "n/a"
+
+
+def parse_case(text: str) -> Case:
+    nodes, _, workers = text.partition("x")
+    if not nodes.isdigit() or not workers.isdigit():
+        raise argparse.ArgumentTypeError(f"expected NODESxWORKERS like 64x8, got {text!r}")
+    return Case(int(nodes), int(workers))
+
+
+def main(argv: Sequence[str] = None) -> int:  # type: ignore[assignment]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", nargs="+", type=parse_case, default=[Case(8, 8), Case(64, 8), Case(128, 16)],
+                        help="NODESxWORKERS cases (default: 8x8 64x8 128x16)")
+    parser.add_argument("--gloo-peers", type=int, default=64,
+                        help="peers each rank reads in the gloo phase (default 64; all = the ranks count)")
+    parser.add_argument("--modes", nargs="+", choices=["flat", "tiered"], default=["flat", "tiered"])
+    parser.add_argument("--output", help="also write the table to this file")
+    args = parser.parse_args(argv)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    results = []
+    for case in args.cases:
+        for mode in args.modes:
+            print(f"running {case} {mode} ...", file=sys.stderr, flush=True)
+            results.append(run_case(case, mode == "tiered", args.gloo_peers))
+    dns = (reverse_dns_seconds((LOOPBACK, 1)), reverse_dns_seconds(("::ffff:127.0.0.1", 1, 0, 0)))
+    table = format_table(results, args.gloo_peers, dns)
+    sys.stdout.write(table)
+    if args.output:
+        write_atomic(args.output, table.encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
