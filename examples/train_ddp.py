@@ -41,10 +41,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 REPORT_VERSION = 1
-try:  # the bootstrap's own name for the file, when npu-job is installed in the image
-    from npu_job.bootstrap.writers import ROUTE_PLAN_FILE as ROUTE_PLAN_NAME
-except ImportError:
-    ROUTE_PLAN_NAME = "npu_job_route_plan.json"
+from npu_job.bootstrap.writers import RANK_FILE, ROUTE_PLAN_FILE  # npu-run's package is in the image
+from npu_job.fileio import write_atomic
 CHECKPOINT_NAME = "checkpoint.pt"
 
 
@@ -60,7 +58,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="write rank-<RANK>.json here (default $NPU_JOB_REPORT_DIR; none if unset)")
     parser.add_argument("--route-plan", default=os.environ.get("NPU_JOB_ROUTE_PLAN"),
                         help="the bootstrap's route-plan JSON (default "
-                             f"$NPU_JOB_ROUTE_PLAN, else $NPU_JOB_OUTPUT_DIR or /tmp / {ROUTE_PLAN_NAME})")
+                             f"$NPU_JOB_ROUTE_PLAN, else $NPU_JOB_OUTPUT_DIR or /tmp / {ROUTE_PLAN_FILE})")
     parser.add_argument("--checkpoint-dir", default=None,
                         help="shared directory for checkpoint/resume (rank 0 writes)")
     parser.add_argument("--checkpoint-every", type=int, default=5, help="steps between checkpoints")
@@ -174,13 +172,6 @@ def parameter_digest(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 # -- checkpoint -------------------------------------------------------------------------------
 def load_checkpoint(directory: Optional[str], model: nn.Module) -> int:
     """Load rank 0's checkpoint (parameters reach the others via DDP's broadcast); next step."""
@@ -212,8 +203,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     group_rank = env_int("GROUP_RANK")
     pod_index = env_int("VC_TASK_INDEX")
     output_dir = Path(os.environ.get("NPU_JOB_OUTPUT_DIR") or "/tmp")
-    route_plan = Path(args.route_plan) if args.route_plan else output_dir / ROUTE_PLAN_NAME
-    node_rank, source, problems = planned_node_rank(pod_index, route_plan, output_dir / "RANK_AFTER_ACC")
+    route_plan = Path(args.route_plan) if args.route_plan else output_dir / ROUTE_PLAN_FILE
+    node_rank, source, problems = planned_node_rank(pod_index, route_plan, output_dir / RANK_FILE)
 
     device_type, backend = pick_device(args.device)
     if device_type != "cpu":
@@ -223,7 +214,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     device = torch.device(device_type, local_rank) if device_type != "cpu" else torch.device("cpu")
 
     expected_rank = node_rank * local_world + local_rank if node_rank is not None else None
-    plan_problems = len(problems)
     if env_rank != rank:
         problems.append(f"RANK env {env_rank} != process group rank {rank}")
     if expected_rank is not None and rank != expected_rank:
@@ -231,7 +221,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         f"so expected {node_rank}*{local_world}+{local_rank}={expected_rank}")
     if node_rank is not None and group_rank is not None and group_rank != node_rank:
         problems.append(f"GROUP_RANK {group_rank} != planned node rank {node_rank}")
-    rank_ok = len(problems) == plan_problems
+    rank_ok = not problems  # so far: reading the plan and checking the rank against it
 
     model = make_model(args.hidden, args.seed)
     initial_eval = evaluate(model, args.seed, torch.device("cpu"))  # the untrained model
@@ -290,8 +280,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "seconds": round(time.monotonic() - started, 3),
     }
     if args.report_dir:
-        write_atomic(Path(args.report_dir) / f"rank-{rank}.json",
-                     (json.dumps(report, indent=1, sort_keys=True) + "\n").encode())
+        write_atomic(Path(args.report_dir) / f"rank-{rank}.json", json.dumps(report, indent=1, sort_keys=True) + "\n")
     for problem in problems:
         print(f"train_ddp: rank {rank}: FAILED: {problem}", file=sys.stderr, flush=True)
     if rank == 0 and not problems:

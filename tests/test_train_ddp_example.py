@@ -1,0 +1,42 @@
+"""examples/train_ddp.py holds the launch to the plan: a rank that contradicts the bootstrap's route
+plan fails the run, so the demo and the e2e tests (where the consistent case runs) cannot pass with
+wrong ranks. Real torchrun, one gloo worker (the rank check is per worker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py"
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    "rank_mapping, rank_file, problem",
+    [("0-1,1-0", "1", "rank 0 but the plan (route-plan) gives node rank 1"),
+     ("0-0,1-1", "1", "RANK_AFTER_ACC says 1 but the route plan says 0")],
+    ids=["pod-should-be-node-1", "rank-file-contradicts-plan"],
+)
+def test_a_rank_off_the_route_plan_fails_the_run(tmp_path, rank_mapping, rank_file, problem):
+    from npu_job.bootstrap.writers import RANK_FILE, ROUTE_PLAN_FILE
+
+    (tmp_path / ROUTE_PLAN_FILE).write_text(json.dumps({"status": "success", "rank_mapping": rank_mapping}))
+    (tmp_path / RANK_FILE).write_text(rank_file)
+    env = {**os.environ, "VC_TASK_INDEX": "0", "NPU_JOB_OUTPUT_DIR": str(tmp_path)}
+    reports = tmp_path / "reports"
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+         str(EXAMPLE), "--steps", "6", "--report-dir", str(reports)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode != 0
+    report = json.loads((reports / "rank-0.json").read_text())
+    assert report["rank_ok"] is False and report["ok"] is False
+    assert any(problem in line for line in report["problems"]), report["problems"]
+    assert f"FAILED: {report['problems'][0]}" in run.stderr
+    assert report["eval_loss_final"] < report["eval_loss_initial"]  # it trained; only the rank is wrong
