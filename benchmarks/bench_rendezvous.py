@@ -47,7 +47,7 @@ from typing import Dict, List, Sequence, Tuple
 from npu_job.fileio import write_atomic
 from npu_job.launcher.protocol import Op, Request
 from npu_job.launcher.proxy import AsyncStoreProxy
-from npu_job.launcher.storeclient import AsyncRawStoreClient
+from npu_job.launcher.storeclient import AsyncRawStoreClient, established_connections
 
 LOOPBACK = "127.0.0.1"
 HOSTS = 2
@@ -176,18 +176,6 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as handle:
         fields = handle.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def established_connections(port: int) -> int:
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as handle:
-            next(handle)
-            for line in handle:
-                fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
-                    count += 1
-    return count
 
 
 def run_case(case: Case, tiered: bool, peers: int) -> Result:

@@ -154,3 +154,19 @@ def root_listen_socket(host: str = "127.0.0.1", backlog: int = 4096) -> Tuple[so
         except OSError:
             sock.close()
     raise OSError(f"no free port below {low} on {host}")
+
+
+def established_connections(port: int) -> int:
+    """Server-side sockets of a local listener on ``port`` in ESTABLISHED state (/proc/net/tcp*)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as handle:
+                next(handle)
+                for line in handle:
+                    fields = line.split()
+                    if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                        count += 1
+        except FileNotFoundError:
+            continue
+    return count

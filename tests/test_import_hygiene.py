@@ -20,6 +20,8 @@ POD_SIDE_MODULES = [
     # npu-run's torch-free helpers (torch only inside the functions that need it)
     "npu_job.launcher.noderank",
     "npu_job.launcher.devices",
+    # the store proxy runs in the agent but needs no torch (wire protocol only)
+    *(f"npu_job.launcher.{name}" for name in ("protocol", "proxy", "storeclient")),
 ]
 
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from typing import Dict, Optional
 
-from npu_job.launcher.storeclient import root_listen_socket
+from npu_job.launcher.storeclient import established_connections, root_listen_socket  # noqa: F401
 
 LOOPBACK = "127.0.0.1"
 
@@ -91,20 +91,3 @@ class ProxyProcess:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-
-def established_connections(port: int) -> int:
-    """Sockets in ESTABLISHED state whose local port is ``port`` (server side of a listener)."""
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as handle:
-                next(handle)
-                for line in handle:
-                    fields = line.split()
-                    local_port = int(fields[1].rsplit(":", 1)[1], 16)
-                    if local_port == port and fields[3] == "01":
-                        count += 1
-        except FileNotFoundError:
-            continue
-    return count
