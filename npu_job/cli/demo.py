@@ -24,6 +24,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text}")
+    return value
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Simulate a CCE cluster (rank table + ranktable_tor.json, pods scattered over ToRs), render "
@@ -45,7 +55,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="render with routing acceleration off (pods keep the scheduler's order)")
     parser.add_argument("--keep", metavar="DIR", default=None,
                         help="keep everything (rendered job, pod logs, private /tmp of each pod, reports) in DIR")
-    parser.add_argument("--timeout", type=float, default=240.0, help="seconds before every pod is killed (default 240)")
+    parser.add_argument("--timeout", type=_seconds, default=240.0, help="seconds before every pod is killed (default 240)")
     parser.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
 
 
@@ -73,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(workspace, ignore_errors=True)
     _report(result, keep=None if remove else workspace, seconds=time.monotonic() - started)
     if args.json:
-        json.dump(result.summary(), sys.stdout, indent=2, sort_keys=True)
+        summary = result.summary()
+        summary["workspace"] = None if remove else str(workspace)
+        json.dump(summary, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     if not result.ok:
         shown = "; ".join(result.problems[:3]) + (f" (+{len(result.problems) - 3} more)" if len(result.problems) > 3 else "")
