@@ -147,10 +147,11 @@ def _bootstrap(flags: Mapping[str, Any], env: Optional[Mapping[str, str]],
             log.info("TIP: %s", error.tip)
         log.info("continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX); --strict makes this fatal")
     except Exception as error:  # a bug of ours must not stop the training job either
-        route_plan = _fall_back(output_dir, f"internal error: {type(error).__name__}: {error}", context)
+        summary = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+        route_plan = _fall_back(output_dir, f"internal error: {summary}", context)
         if strict:
             raise
-        log.error("internal error (a bug, please report it): %s: %s", type(error).__name__, error)
+        log.error("internal error (a bug, please report it): %s", summary)
         log.debug("traceback", exc_info=True)
         log.info("continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX)")
     if flags.get("json"):

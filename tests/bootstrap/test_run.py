@@ -193,7 +193,7 @@ def test_a_bug_of_ours_does_not_break_the_job_either(job, logs, monkeypatch):
     _, _, _, env = job
 
     def broken(*args, **kwargs):
-        raise RuntimeError("boom")
+        raise RuntimeError("boom\nsecond line")
 
     monkeypatch.setattr(planner, "plan", broken)
     _stale(env)
