@@ -5,7 +5,7 @@ is imported only when a URL or the API is actually used (it costs ~100 ms of sta
 of the pod-side budget).
 
 Rank table location (first that applies): ``--rank-table``, ``$RANK_TABLE_FILE`` (a file, a
-directory holding ``jobstart_hccl.json``, or an ``http(s)://`` URL), ``/user/config/
+directory holding ``jobstart_hccl.json`` (or MindX's ``hccl.json``), or an ``http(s)://`` URL), ``/user/config/
 jobstart_hccl.json`` (CCE), ``/user/serverid/devindex/config/hccl.json`` (MindX).
 
 Topology, first found wins (see :func:`topology_candidates`): ``--topology`` or
@@ -29,6 +29,7 @@ from npu_job.errors import InputError
 log = logging.getLogger(__name__)
 
 RANK_TABLE_NAME = "jobstart_hccl.json"
+MINDX_RANK_TABLE_NAME = "hccl.json"
 DEFAULT_RANK_TABLES = ("/user/config/jobstart_hccl.json", "/user/serverid/devindex/config/hccl.json")
 RANKTABLE_TOR_NAME = "ranktable_tor.json"
 DEFAULT_PLAIN_TOPOLOGIES = ("/etc/npu-job/topology.yaml", "/etc/npu-job/topology.json")
@@ -201,7 +202,9 @@ def locate_rank_table(explicit: Optional[str], env: Mapping[str, str],
         if is_url(given):
             return given
         if os.path.isdir(given):
-            return os.path.join(given, RANK_TABLE_NAME)
+            inside = os.path.join(given, RANK_TABLE_NAME)
+            mindx = os.path.join(given, MINDX_RANK_TABLE_NAME)  # a rings-config-<job> mount
+            return mindx if not exists(inside) and exists(mindx) else inside
         return given
     for candidate in DEFAULT_RANK_TABLES:
         if exists(candidate):

@@ -47,7 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = _EPILOG
     inputs = parser.add_argument_group("inputs")
     inputs.add_argument("--rank-table", "--rank_table", dest="rank_table", metavar="PATH|URL",
-                        help="rank table file, directory holding jobstart_hccl.json, or http(s) URL "
+                        help="rank table file, directory holding jobstart_hccl.json (or hccl.json), or http(s) URL "
                              "(default: $RANK_TABLE_FILE, /user/config/jobstart_hccl.json, "
                              "/user/serverid/devindex/config/hccl.json)")
     inputs.add_argument("--topology", metavar="PATH|URL|k8s",

@@ -46,6 +46,10 @@ def test_rank_table_file_may_be_a_file_a_directory_or_a_url(tmp_path):
     assert locate_rank_table(None, {"RANK_TABLE_FILE": str(tmp_path)}) == str(tmp_path / "jobstart_hccl.json")
     assert locate_rank_table(None, {"RANK_TABLE_FILE": "https://h/t.json"}) == "https://h/t.json"
     assert locate_rank_table("/flag.json", {"RANK_TABLE_FILE": "/env.json"}) == "/flag.json"
+    (tmp_path / "hccl.json").write_text("{}")  # a MindX rings-config mount holds hccl.json
+    assert locate_rank_table(None, {"RANK_TABLE_FILE": str(tmp_path)}) == str(tmp_path / "hccl.json")
+    (tmp_path / "jobstart_hccl.json").write_text("{}")
+    assert locate_rank_table(None, {"RANK_TABLE_FILE": str(tmp_path)}) == str(tmp_path / "jobstart_hccl.json")
 
 
 @pytest.mark.parametrize(
