@@ -130,56 +130,55 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(cluster_factory, tmp_pa
 
 
 def test_tiered_root_connections_do_not_grow_with_workers_per_node(cluster_factory, tmp_path):
-    """4 workers per node: flat would be 5 root connections per node; tiered stays <= 4."""
+    """4 workers on a node: flat would open 5 root connections from it; tiered stays <= 4.
+
+    One node keeps the test cheap; node rank 0's workers use its proxy like any other node's.
+    """
     nproc = 4
-    cluster = cluster_factory(nnodes=2, nproc_per_node=nproc)
+    cluster = cluster_factory(nnodes=1, nproc_per_node=nproc)
     out = tmp_path / "records"
     out.mkdir()
     release = tmp_path / "release"
     try:
-        nodes = [
-            cluster.start(str(rank), "record_env.py", [str(out), "--hold-until", str(release)],
-                          launcher_args=[tiered_flag(True)])
-            for rank in (1, 0)
-        ]
-        wait_for(lambda: records_written(out, 2 * nproc) or any(
-            n.process.poll() is not None for n in nodes), 90, "all workers' records")
-        assert records_written(out, 2 * nproc), cluster.logs()
-        per_node = [connections_to(cluster.master_port, descendants(n.process.pid)) for n in nodes]
+        node = cluster.start("0", "record_env.py", [str(out), "--hold-until", str(release)],
+                             launcher_args=[tiered_flag(True)])
+        wait_for(lambda: records_written(out, nproc) or node.process.poll() is not None, 90,
+                 "all workers' records")
+        assert records_written(out, nproc), cluster.logs()
+        root_connections = connections_to(cluster.master_port, descendants(node.process.pid))
         release.write_text("go")
-        assert cluster.wait_all(60) == [0, 0], cluster.logs()
+        assert cluster.wait_all(60) == [0], cluster.logs()
     finally:
         cluster.kill_all()
-    assert all(1 <= count <= MAX_ROOT_CONNECTIONS_PER_NODE for count in per_node), per_node
-    assert sum(per_node) < 2 * (1 + nproc)
+    assert 1 <= root_connections <= MAX_ROOT_CONNECTIONS_PER_NODE < 1 + nproc, root_connections
 
 
 def test_worker_crash_restarts_the_whole_group_with_the_same_ranks(cluster_factory, tmp_path):
     """Rank 3 (node rank 1) fails on its first run; with --max_restarts=1 the job succeeds.
 
-    Node rank 1's agent restarts its workers (restart count 1); the other agents see it waiting
-    in the next round and restart theirs too (as under torch's c10d backend, this does not use
-    up their restarts, so their workers still see restart count 0).
+    Node rank 1's agent restarts its workers (restart count 1); node rank 0's agent sees it
+    waiting in the next round and restarts its own (as under torch's c10d backend, that does not
+    use up its restarts, so its workers still see restart count 0).
     """
-    cluster = cluster_factory()
+    cluster = cluster_factory(nnodes=2)
     out = tmp_path / "records"
     out.mkdir()
     try:
-        for node_rank in (2, 0, 1):
+        for node_rank in (1, 0):
             cluster.start(str(node_rank), "record_env.py", [str(out), "--fail-rank", "3"],
                           launcher_args=[tiered_flag(True), "--max_restarts=1", "--rdzv_conf=join_timeout=60"])
         codes = cluster.wait_all(120)
     finally:
         cluster.kill_all()
-    assert codes == [0] * NNODES, cluster.logs()
-    records = read_records(out, NNODES * NPROC)
+    assert codes == [0, 0], cluster.logs()
+    records = read_records(out, 2 * NPROC)
     assert {rank: r["TORCHELASTIC_RESTART_COUNT"] for rank, r in records.items()} == {
-        0: "0", 1: "0", 2: "1", 3: "1", 4: "0", 5: "0"}
-    assert all(r["sum"] == 21 and r["RANK"] == str(rank) for rank, r in records.items())
+        0: "0", 1: "0", 2: "1", 3: "1"}
+    assert all(r["sum"] == 10 and r["RANK"] == str(rank) for rank, r in records.items())
     log = cluster.logs()
     assert "worker rank 3 fails on purpose before restart 1" in log
     assert "round 1: cleared" in log
-    assert log.count("store proxy listening on") == NNODES  # each node's proxy survived the restart
+    assert log.count("store proxy listening on") == 2  # each node's proxy survived the restart
 
 
 def test_missing_node_fails_every_node_naming_it(cluster_factory):
