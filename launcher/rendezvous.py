@@ -33,7 +33,7 @@ import socket
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Protocol, Sequence
 
 from torch.distributed import DistError, PrefixStore, Store, TCPStore
 from torch.distributed.elastic.rendezvous import (
@@ -201,10 +201,18 @@ def literal_ip(host: str, port: int) -> str:
         raise RendezvousConnectionError(f"cannot resolve the root store host {host!r}: {error}") from None
 
 
-ProxyFactory = Callable[[str, int, float], object]
+class NodeStoreProxy(Protocol):
+    """What the handler needs of :class:`~npu_job.launcher.proxy.StoreProxy`."""
+
+    def start(self) -> int: ...
+
+    def stop(self) -> None: ...
 
 
-def _start_store_proxy(upstream_host: str, upstream_port: int, timeout: float) -> object:
+ProxyFactory = Callable[[str, int, float], NodeStoreProxy]
+
+
+def _start_store_proxy(upstream_host: str, upstream_port: int, timeout: float) -> NodeStoreProxy:
     from npu_job.launcher.proxy import StoreProxy  # the store engineer's module; imported when used
 
     return StoreProxy(upstream_host, upstream_port, listen_host=LOOPBACK, listen_port=0, timeout=timeout)
@@ -218,7 +226,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
         self._keys = _Keys(settings.run_id)
         self._proxy_factory = proxy_factory
         self._store: Optional[TCPStore] = None
-        self._proxy: Optional[object] = None
+        self._proxy: Optional[NodeStoreProxy] = None
         self._proxy_port = 0
         self._rounds_done = 0
         self._next_watch = 0.0
@@ -241,7 +249,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
         return self._settings
 
     @property
-    def proxy(self) -> Optional[object]:
+    def proxy(self) -> Optional[NodeStoreProxy]:
         """This node's store proxy (tiered mode, after the first round), else None."""
         return self._proxy
 
@@ -335,7 +343,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
         proxy, self._proxy = self._proxy, None
         if proxy is not None:
             try:
-                proxy.stop()  # type: ignore[attr-defined]
+                proxy.stop()
             except Exception as error:  # closing must go on whatever the proxy says
                 logger.warning("stopping the store proxy failed: %s", error)
         self._store = None
@@ -479,7 +487,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
             upstream = literal_ip(settings.master_addr, settings.master_port)
             proxy = self._proxy_factory(upstream, settings.master_port, settings.store_timeout)
             try:
-                self._proxy_port = int(proxy.start())  # type: ignore[attr-defined]
+                self._proxy_port = int(proxy.start())
             except Exception as error:
                 raise LaunchError(f"node rank {settings.node_rank} cannot start its store proxy: {error}") from None
             self._proxy = proxy
