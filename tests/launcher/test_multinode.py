@@ -238,6 +238,28 @@ def test_sigterm_stops_workers_and_proxy_and_peers_fail_naming_the_root(cluster_
     assert all(port_is_free(port) for port in proxy_ports), proxy_ports
 
 
+def test_sigint_stops_a_single_node_like_ctrl_c(cluster_factory, tmp_path):
+    """Ctrl-C on an interactive npu-run: exit 130, no worker, proxy or root port left behind."""
+    cluster = cluster_factory(nnodes=1)
+    out = tmp_path / "records"
+    out.mkdir()
+    try:
+        node = cluster.start("0", "record_env.py", [str(out), "--hold-until", str(tmp_path / "never")],
+                             launcher_args=[tiered_flag(True)])
+        wait_for(lambda: records_written(out, NPROC) or node.process.poll() is not None, 90, "records")
+        assert records_written(out, NPROC), cluster.logs()
+        tree = descendants(node.process.pid)
+        proxy_port = int(read_records(out, NPROC)[0]["MASTER_PORT"])
+        node.process.send_signal(signal.SIGINT)
+        code = node.wait(30)
+        survivors = [pid for pid in tree if _alive(pid)]
+    finally:
+        cluster.kill_all()
+    assert code == 128 + signal.SIGINT, node.log()
+    assert survivors == []
+    assert port_is_free(cluster.master_port) and port_is_free(proxy_port)
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
