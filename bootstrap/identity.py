@@ -25,11 +25,14 @@ def parse_task_index(value: Optional[str], name: str = "VC_TASK_INDEX") -> Optio
         return None
     text = value.strip()
     if not (text.isdigit() and text.isascii()):
-        raise InputError("environment", name, f"expected a non-negative integer pod index, got {value!r}")
+        raise InputError("environment", name,
+                         f"expected a non-negative integer pod index, got {value!r}")
     return int(text)
 
 
-def find_pod_index(table: RankTable, host_ip: Optional[str], task_index: Optional[int], source: str) -> int:
+def find_pod_index(
+    table: RankTable, host_ip: Optional[str], task_index: Optional[int], source: str
+) -> int:
     """The pod index of this pod in ``table``; see the module docstring for the rules."""
     count = table.node_count
     if host_ip:
@@ -44,14 +47,17 @@ def find_pod_index(table: RankTable, host_ip: Optional[str], task_index: Optiona
             )
         if len(matches) > 1:
             raise InconsistentError(
-                f"{source}: server_list: expected one server with host IP {host_ip}, found {len(matches)}"
+                f"{source}: server_list: expected one server with host IP {host_ip}, "
+                f"found {len(matches)}"
             )
         index = matches[0]
         if task_index is not None and task_index != index:
             raise InconsistentError(
-                f"{source}: server_list[{index}]: this host {host_ip} is pod index {index} in the rank "
+                f"{source}: server_list[{index}]: this host {host_ip} is pod index {index} "
+                "in the rank "
                 f"table, but VC_TASK_INDEX is {task_index}",
-                tip="the rank table may be stale or out of pod order; --pod-index/--host-ip override",
+                tip="the rank table may be stale or out of pod order; "
+                    "--pod-index/--host-ip override",
             )
         return index
     if task_index is not None:

@@ -42,7 +42,9 @@ def check_size(size: int, source: str) -> None:
 
 def _cap_text() -> str:
     mib, rest = divmod(MAX_INPUT_BYTES, 1 << 20)
-    return f"{mib} MiB ({MAX_INPUT_BYTES} bytes)" if mib and not rest else f"{MAX_INPUT_BYTES} bytes"
+    if mib and not rest:
+        return f"{mib} MiB ({MAX_INPUT_BYTES} bytes)"
+    return f"{MAX_INPUT_BYTES} bytes"
 
 
 def decode_document(data: bytes, source: str, *, allow_yaml: bool = False) -> Any:
@@ -62,7 +64,8 @@ def decode_document(data: bytes, source: str, *, allow_yaml: bool = False) -> An
         return _parse_json(body, source)
     if _BASE64_TEXT.fullmatch(body):
         try:
-            return _parse_json(_gunzip(_b64decode(body, source), source, "base64(gzip(JSON))"), source)
+            raw = _b64decode(body, source)
+            return _parse_json(_gunzip(raw, source, "base64(gzip(JSON))"), source)
         except InputError:
             if not allow_yaml:
                 raise
@@ -87,12 +90,15 @@ def _b64decode(body: bytes, source: str) -> bytes:
     try:
         raw = base64.b64decode(compact, validate=True)
     except (binascii.Error, ValueError) as error:
-        raise InputError(source, "content", f"expected valid base64 (StdEncoding) of gzip(JSON): {error}") from None
+        raise InputError(
+            source, "content", f"expected valid base64 (StdEncoding) of gzip(JSON): {error}"
+        ) from None
     if not raw.startswith(_GZIP_MAGIC):
         raise InputError(
             source,
             "content",
-            f"expected base64 of gzip data (magic 1f8b), got base64 of bytes starting with {raw[:4].hex() or 'nothing'}",
+            "expected base64 of gzip data (magic 1f8b), got base64 of bytes starting with "
+            f"{raw[:4].hex() or 'nothing'}",
         )
     return raw
 
@@ -108,7 +114,9 @@ def _gunzip(raw: bytes, source: str, what: str) -> bytes:
             source, "content", f"expected at most {_cap_text()} after decompression ({what})"
         )
     if not decompressor.eof:
-        raise InputError(source, "content", f"expected a complete {what} stream, got a truncated one")
+        raise InputError(
+            source, "content", f"expected a complete {what} stream, got a truncated one"
+        )
     return out
 
 
@@ -116,11 +124,10 @@ def _parse_json(text: bytes, source: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
-        raise InputError(
-            source, f"line {error.lineno} column {error.colno}", f"expected valid JSON ({error.msg})"
-        ) from None
+        where = f"line {error.lineno} column {error.colno}"
+        raise InputError(source, where, f"expected valid JSON ({error.msg})") from None
     except UnicodeDecodeError as error:
-        raise InputError(source, "content", f"expected UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise _not_utf8(source, error) from None
     except RecursionError:
         raise InputError(source, "content", "expected JSON nested less deeply") from None
 
@@ -137,7 +144,12 @@ def _parse_yaml(text: bytes, source: str) -> Any:
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise InputError(source, where, f"expected valid JSON or YAML ({problem})") from None
     except UnicodeDecodeError as error:
-        raise InputError(source, "content", f"expected UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise _not_utf8(source, error) from None
+
+
+def _not_utf8(source: str, error: UnicodeDecodeError) -> InputError:
+    reason = f"{error.reason} at byte {error.start}"
+    return InputError(source, "content", f"expected UTF-8 text ({reason})")
 
 
 def _preview(body: bytes) -> str:
@@ -212,10 +224,22 @@ def expect_count(value: Any, source: str, path: str) -> int:
     fail(source, path, "a non-negative integer (as a string, e.g. \"0\")", value)
 
 
-def require_unique_id(mapping: Dict[str, Any], key: str, source: str, path: str, seen: Dict[str, str]) -> str:
-    """``mapping[key]`` as a non-empty string not yet in ``seen`` (id -> path where it was first)."""
+def require_str(mapping: Dict[str, Any], key: str, source: str, path: str) -> str:
+    """``mapping[key]``, which must be there and be a non-empty string."""
+    return expect_str(require(mapping, key, source, path), source, join(path, key))
+
+
+def require_list(mapping: Dict[str, Any], key: str, source: str, path: str) -> List[Any]:
+    """``mapping[key]``, which must be there and be an array."""
+    return expect_list(require(mapping, key, source, path), source, join(path, key))
+
+
+def require_unique_id(
+    mapping: Dict[str, Any], key: str, source: str, path: str, seen: Dict[str, str]
+) -> str:
+    """``mapping[key]``: a non-empty string not yet in ``seen`` (id -> where it was first)."""
     where = join(path, key)
-    value = expect_str(require(mapping, key, source, path), source, where)
+    value = require_str(mapping, key, source, path)
     if value in seen:
         fail(source, where, f"a unique {key.replace('_', ' ')}; {value!r} is also {seen[value]}")
     seen[value] = path

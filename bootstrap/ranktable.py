@@ -35,6 +35,8 @@ from npu_job.bootstrap.payload import (
     expect_str,
     fail,
     require,
+    require_list,
+    require_str,
     require_unique_id,
 )
 
@@ -50,7 +52,7 @@ def parse_rank_table(data: bytes, source: str) -> RankTable:
 def rank_table_from_document(document: Any, source: str) -> RankTable:
     """Validate an already decoded rank table document (see the module docstring)."""
     doc = expect_object(document, source, "")
-    status = expect_str(require(doc, "status", source, ""), source, "status")
+    status = require_str(doc, "status", source, "")
     if "server_list" not in doc and "group_list" in doc:
         return _legacy_table(doc, status, source)
     version = doc.get("version")
@@ -61,16 +63,18 @@ def rank_table_from_document(document: Any, source: str) -> RankTable:
     version = expect_str(version, source, "version")
     if "server_list" not in doc and status != "completed":
         return RankTable(version=version, status=status, servers=())
-    server_list = expect_list(require(doc, "server_list", source, ""), source, "server_list")
+    server_list = require_list(doc, "server_list", source, "")
     super_pods = _super_pods(doc, source)
     servers = _servers(server_list, super_pods, source)
     if "server_count" in doc:
         count = expect_count(doc["server_count"], source, "server_count")
         if count != len(servers):
-            fail(source, "server_count", f'"{len(servers)}" (the number of entries in server_list), got "{count}"')
+            fail(source, "server_count",
+                 f'"{len(servers)}" (the number of entries in server_list), got "{count}"')
     unknown = set(super_pods) - {server.server_id for server in servers}
     if unknown:
-        fail(source, "super_pod_list", f"only server ids of server_list, got unknown {sorted(unknown)[0]!r}")
+        fail(source, "super_pod_list",
+             f"only server ids of server_list, got unknown {sorted(unknown)[0]!r}")
     return RankTable(version=version, status=status, servers=servers)
 
 
@@ -86,17 +90,19 @@ def _servers(server_list: List[Any], super_pods: Dict[str, str], source: str) ->
         path = f"server_list[{index}]"
         expect_object(entry, source, path)
         server_id = require_unique_id(entry, "server_id", source, path, seen)
-        devices = fast[index] if fast is not None else _devices_checked(entry, f"{path}.device", source)
-        host_ip = entry.get("host_ip")
-        container_ip = entry.get("container_ip")
-        pod_name = entry.get("pod_name")
-        if not (type(host_ip) is str or host_ip is None) or not (type(container_ip) is str or container_ip is None) \
-                or not (type(pod_name) is str or pod_name is None):
-            host_ip = _optional_str(entry, "host_ip", path, source)
-            container_ip = _optional_str(entry, "container_ip", path, source)
-            pod_name = _optional_str(entry, "pod_name", path, source)
-        servers.append(Server(server_id, index, devices, host_ip or None, container_ip or None,
-                              pod_name or None, super_pods.get(server_id)))
+        if fast is not None:
+            devices = fast[index]
+        else:
+            devices = _devices_checked(entry, f"{path}.device", source)
+        servers.append(Server(
+            server_id,
+            index,
+            devices,
+            host_ip=_optional_str(entry, "host_ip", path, source),
+            container_ip=_optional_str(entry, "container_ip", path, source),
+            pod_name=_optional_str(entry, "pod_name", path, source),
+            super_pod_id=super_pods.get(server_id),
+        ))
     if fast is None:  # the fast path has checked rank ids already
         _check_unique_ranks(servers, source)
     return tuple(servers)
@@ -177,7 +183,7 @@ def _devices_checked(entry: Dict[str, Any], path: str, source: str) -> Tuple[Dev
     for position, item in enumerate(raw):
         here = f"{path}[{position}]"
         expect_object(item, source, here)
-        device_id = expect_str(require(item, "device_id", source, here), source, f"{here}.device_id")
+        device_id = require_str(item, "device_id", source, here)
         rank_id = expect_count(require(item, "rank_id", source, here), source, f"{here}.rank_id")
         device_ip = item.get("device_ip")
         if device_ip is not None:
@@ -196,7 +202,8 @@ def _check_unique_ranks(servers: List[Server], source: str) -> None:
             here = f"server_list[{index}].device[{position}]"
             if device.rank_id in where:
                 fail(source, f"{here}.rank_id",
-                     f'a rank id unique in the table; "{device.rank_id}" is also {where[device.rank_id]}')
+                     f'a rank id unique in the table; "{device.rank_id}" is also '
+                     f"{where[device.rank_id]}")
             where[device.rank_id] = here
 
 
@@ -209,12 +216,12 @@ def _super_pods(doc: Dict[str, Any], source: str) -> Dict[str, str]:
     for index, pod in enumerate(expect_list(doc["super_pod_list"], source, "super_pod_list")):
         path = f"super_pod_list[{index}]"
         expect_object(pod, source, path)
-        pod_id = expect_str(require(pod, "super_pod_id", source, path), source, f"{path}.super_pod_id")
-        members = expect_list(require(pod, "server_list", source, path), source, f"{path}.server_list")
+        pod_id = require_str(pod, "super_pod_id", source, path)
+        members = require_list(pod, "server_list", source, path)
         for position, member in enumerate(members):
             here = f"{path}.server_list[{position}]"
             expect_object(member, source, here)
-            server_id = expect_str(require(member, "server_id", source, here), source, f"{here}.server_id")
+            server_id = require_str(member, "server_id", source, here)
             if server_id in where:
                 fail(source, f"{here}.server_id",
                      f"each server in one super pod; {server_id!r} is also in {where[server_id]}")
@@ -230,30 +237,30 @@ def _legacy_table(doc: Dict[str, Any], status: str, source: str) -> RankTable:
     if len(groups) != 1:
         fail(source, "group_list", f"exactly one group (one task), got {len(groups)}")
     group = expect_object(groups[0], source, "group_list[0]")
-    instances = expect_list(
-        require(group, "instance_list", source, "group_list[0]"), source, "group_list[0].instance_list"
-    )
+    instances = require_list(group, "instance_list", source, "group_list[0]")
     by_suffix: Dict[int, Tuple[str, Server]] = {}
     ids: Dict[str, str] = {}
     for index, instance in enumerate(instances):
         path = f"group_list[0].instance_list[{index}]"
         expect_object(instance, source, path)
-        pod_name = expect_str(require(instance, "pod_name", source, path), source, f"{path}.pod_name")
+        pod_name = require_str(instance, "pod_name", source, path)
         match = _POD_SUFFIX.search(pod_name)
         if match is None:
-            fail(source, f"{path}.pod_name", "a pod name ending in its index (e.g. job-worker-0)", pod_name)
+            fail(source, f"{path}.pod_name",
+                 "a pod name ending in its index (e.g. job-worker-0)", pod_name)
         suffix = int(match.group(1))
         if suffix in by_suffix:
-            fail(source, f"{path}.pod_name", f"a unique pod index; {suffix} is also {by_suffix[suffix][0]}")
+            fail(source, f"{path}.pod_name",
+                 f"a unique pod index; {suffix} is also {by_suffix[suffix][0]}")
         server_id = require_unique_id(instance, "server_id", source, path, ids)
-        raw_devices = expect_list(require(instance, "devices", source, path), source, f"{path}.devices")
+        raw_devices = require_list(instance, "devices", source, path)
         if not raw_devices:
             fail(source, f"{path}.devices", "at least one device, got an empty array")
         devices = []
         for position, item in enumerate(raw_devices):
             here = f"{path}.devices[{position}]"
             expect_object(item, source, here)
-            device_id = expect_str(require(item, "device_id", source, here), source, f"{here}.device_id")
+            device_id = require_str(item, "device_id", source, here)
             device_ip = item.get("device_ip")
             if device_ip is not None:
                 expect_str(device_ip, source, f"{here}.device_ip")

@@ -82,7 +82,8 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
         except ValueError:
             number = -1.0
         if not number >= 0:  # also rejects nan
-            raise InputError("environment", name, f"expected a number of seconds >= 0, got {text!r}")
+            raise InputError("environment", name,
+                             f"expected a number of seconds >= 0, got {text!r}")
         return number
 
     strict_flag = flags.get("strict")
@@ -145,7 +146,8 @@ def _bootstrap(flags: Mapping[str, Any], env: Optional[Mapping[str, str]],
         log.error("%s", error.message)
         if error.tip:
             log.info("TIP: %s", error.tip)
-        log.info("continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX); --strict makes this fatal")
+        log.info("continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX); "
+                 "--strict makes this fatal")
     except Exception as error:  # a bug of ours must not stop the training job either
         summary = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
         route_plan = _fall_back(output_dir, f"internal error: {summary}", context)
@@ -192,7 +194,8 @@ def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], 
         raise InputError(location, "plan", "; ".join(plan.reasons) or "no usable order")
     node_rank = plan.node_rank_of_pod[pod_index]
     route_plan = writers.route_plan_document(
-        plan, node_count=table.node_count, pod_index=pod_index, rank_table=location, topology=topology_source
+        plan, node_count=table.node_count, pod_index=pod_index, rank_table=location,
+        topology=topology_source,
     )
     try:
         written = writers.write_plan_outputs(
@@ -230,7 +233,8 @@ def choose_collective(flag: Optional[str], env: Mapping[str, str]) -> Collective
             return Collective(flag.strip().lower())
         except ValueError:
             choices = ", ".join(c.value for c in Collective)
-            raise InputError("--collective", "", f"expected one of {choices}, got {flag!r}") from None
+            raise InputError("--collective", "",
+                             f"expected one of {choices}, got {flag!r}") from None
     from npu_job.bootstrap import planner
 
     algo = env.get("HCCL_ALGO")
@@ -250,7 +254,8 @@ def load_topology(options: BootstrapOptions, rank_table: str, env: Mapping[str, 
     """
     from npu_job.bootstrap.topology import parse_topology
 
-    for candidate in topology_candidates(options.topology, options.topology_format, rank_table, env):
+    chain = topology_candidates(options.topology, options.topology_format, rank_table, env)
+    for candidate in chain:
         found = _read_candidate(candidate, env, verify)
         if found is None:
             continue
@@ -272,7 +277,8 @@ def _read_candidate(candidate: TopologyCandidate, env: Mapping[str, str],
         if api is None:
             if candidate.required:
                 raise InputError("Kubernetes API", "KUBERNETES_SERVICE_HOST",
-                                 "expected in-cluster credentials (service host and a service account token)")
+                                 "expected in-cluster credentials "
+                                 "(service host and a service account token)")
             return None
         try:
             return api.node_list(), f"{api.base_url}/api/v1/nodes"
@@ -281,7 +287,8 @@ def _read_candidate(candidate: TopologyCandidate, env: Mapping[str, str],
                 raise
             log.info("topology: skipping Kubernetes node labels: %s", error.message)
             return None
-    if not is_url(candidate.location) and not os.path.exists(candidate.location) and not candidate.required:
+    absent = not is_url(candidate.location) and not os.path.exists(candidate.location)
+    if absent and not candidate.required:
         return None
     return read_bytes(candidate.location, verify=verify), candidate.location
 

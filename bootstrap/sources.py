@@ -5,8 +5,8 @@ is imported only when a URL or the API is actually used (it costs ~100 ms of sta
 of the pod-side budget).
 
 Rank table location (first that applies): ``--rank-table``, ``$RANK_TABLE_FILE`` (a file, a
-directory holding ``jobstart_hccl.json`` (or MindX's ``hccl.json``), or an ``http(s)://`` URL), ``/user/config/
-jobstart_hccl.json`` (CCE), ``/user/serverid/devindex/config/hccl.json`` (MindX).
+directory holding ``jobstart_hccl.json`` or MindX's ``hccl.json``, or an ``http(s)://`` URL),
+``/user/config/jobstart_hccl.json`` (CCE), ``/user/serverid/devindex/config/hccl.json`` (MindX).
 
 Topology, first found wins (see :func:`topology_candidates`): ``--topology`` or
 ``$NPU_JOB_TOPOLOGY`` (path, URL, or ``k8s`` for the API), ``ranktable_tor.json`` beside a local
@@ -30,7 +30,10 @@ log = logging.getLogger(__name__)
 
 RANK_TABLE_NAME = "jobstart_hccl.json"
 MINDX_RANK_TABLE_NAME = "hccl.json"
-DEFAULT_RANK_TABLES = ("/user/config/jobstart_hccl.json", "/user/serverid/devindex/config/hccl.json")
+DEFAULT_RANK_TABLES = (
+    "/user/config/jobstart_hccl.json",  # CCE configmap1980 plugin, ConfigMap ranktable-<job>
+    "/user/serverid/devindex/config/hccl.json",  # MindX, ConfigMap rings-config-<job>
+)
 RANKTABLE_TOR_NAME = "ranktable_tor.json"
 DEFAULT_PLAIN_TOPOLOGIES = ("/etc/npu-job/topology.yaml", "/etc/npu-job/topology.json")
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -80,7 +83,7 @@ def read_file(path: Union[str, os.PathLike]) -> bytes:
 
 
 def http_session(retries: int = HTTP_RETRIES, backoff: float = HTTP_BACKOFF) -> Any:
-    """A ``requests`` session that retries connection errors and 429/5xx with exponential backoff."""
+    """A ``requests`` session retrying connection errors and 429/5xx with exponential backoff."""
     import requests
     from requests.adapters import HTTPAdapter
     from urllib3.util.retry import Retry
@@ -122,10 +125,11 @@ def fetch_url(
     try:
         with http.get(url, headers=dict(headers or {}), params=params, verify=verify,
                       timeout=timeout, stream=True) as response:
+            got = f"expected 200 OK, got {response.status_code} {response.reason}"
             if response.status_code >= 500 or response.status_code == 429:
-                raise SourceUnavailable(label, "HTTP status", f"expected 200 OK, got {response.status_code} {response.reason}")
+                raise SourceUnavailable(label, "HTTP status", got)
             if response.status_code != 200:
-                raise InputError(label, "HTTP status", f"expected 200 OK, got {response.status_code} {response.reason}")
+                raise InputError(label, "HTTP status", got)
             length = response.headers.get("Content-Length")
             if length is not None and length.isdigit():
                 check_size(int(length), label)
@@ -137,9 +141,11 @@ def fetch_url(
                 chunks.append(chunk)
             return b"".join(chunks)
     except requests.exceptions.SSLError as error:
-        raise InputError(label, "TLS", f"expected a certificate trusted by the CA bundle ({_first_line(error)})") from None
+        trusted = f"expected a certificate trusted by the CA bundle ({_first_line(error)})"
+        raise InputError(label, "TLS", trusted) from None
     except requests.exceptions.RequestException as error:
-        raise SourceUnavailable(label, "connection", f"expected a reachable server ({_first_line(error)})") from None
+        reachable = f"expected a reachable server ({_first_line(error)})"
+        raise SourceUnavailable(label, "connection", reachable) from None
     finally:
         if session is None:
             http.close()
@@ -155,14 +161,16 @@ def _first_line(error: BaseException) -> str:
 
 @dataclass(frozen=True)
 class KubernetesAPI:
-    """In-cluster API access: ``KUBERNETES_SERVICE_HOST/PORT`` and the service account's token+CA."""
+    """In-cluster API access: ``KUBERNETES_SERVICE_HOST/PORT`` + the service account token/CA."""
 
     base_url: str
     token_path: str
     ca_path: str
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], account_dir: str = SERVICE_ACCOUNT_DIR) -> Optional["KubernetesAPI"]:
+    def from_env(
+        cls, env: Mapping[str, str], account_dir: str = SERVICE_ACCOUNT_DIR
+    ) -> Optional["KubernetesAPI"]:
         """The in-cluster API, or None when not in a cluster (no service host or no token)."""
         host = env.get("KUBERNETES_SERVICE_HOST")
         port = env.get("KUBERNETES_SERVICE_PORT", "443")
@@ -212,7 +220,8 @@ def locate_rank_table(explicit: Optional[str], env: Mapping[str, str],
     raise InputError(
         "rank table",
         "location",
-        f"expected $RANK_TABLE_FILE or one of {', '.join(DEFAULT_RANK_TABLES)} (none is set or exists)",
+        f"expected $RANK_TABLE_FILE or one of {', '.join(DEFAULT_RANK_TABLES)} "
+        "(none is set or exists)",
         tip="is routing acceleration enabled for this job (the configmap1980 plugin)?",
     )
 
@@ -236,8 +245,8 @@ def topology_candidates(explicit: Optional[str], fmt: Optional[str], rank_table:
         return [TopologyCandidate(given, fmt, required=True)]
     candidates = []
     if not is_url(rank_table):
-        candidates.append(TopologyCandidate(os.path.join(os.path.dirname(rank_table) or ".", RANKTABLE_TOR_NAME),
-                                            fmt or "cce-ranktable-tor"))
+        beside = os.path.join(os.path.dirname(rank_table) or ".", RANKTABLE_TOR_NAME)
+        candidates.append(TopologyCandidate(beside, fmt or "cce-ranktable-tor"))
     tor_info = env.get("NPU_JOB_TOR_INFO")
     if tor_info:
         candidates.append(TopologyCandidate(tor_info, fmt or "basic-tor-node-cm"))

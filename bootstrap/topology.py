@@ -47,6 +47,8 @@ from npu_job.bootstrap.payload import (
     expect_str,
     fail,
     require,
+    require_list,
+    require_str,
     require_unique_id,
 )
 
@@ -66,7 +68,8 @@ def parse_topology(data: bytes, source: str, fmt: Optional[str] = None) -> Topol
     """Decode ``data`` and read it as ``fmt`` (one of :data:`FORMATS`), detected when None."""
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"unknown topology format {fmt!r}")
-    document = decode_document(data, source, allow_yaml=fmt in (None, PLAIN_FILE, BASIC_TOR_NODE_CM))
+    yaml_ok = fmt in (None, PLAIN_FILE, BASIC_TOR_NODE_CM)  # formats people write or kubectl prints
+    document = decode_document(data, source, allow_yaml=yaml_ok)
     return topology_from_document(document, source, fmt)
 
 
@@ -106,7 +109,7 @@ def detect_format(document: Any, source: str) -> str:
 
 def _read_cce(document: Any, source: str) -> Topology:
     doc = expect_object(document, source, "")
-    server_list = expect_list(require(doc, "server_list", source, ""), source, "server_list")
+    server_list = require_list(doc, "server_list", source, "")
     tor_sets = _cce_tor_sets_fast(server_list)
     if tor_sets is None:
         tor_sets = _cce_tor_sets_checked(server_list, source)
@@ -154,12 +157,13 @@ _STR = {str}
 
 
 def _tor_ips_checked(entry: Dict[str, Any], path: str, source: str) -> Set[str]:
-    devices = expect_list(require(entry, "device", source, path), source, f"{path}.device")
+    devices = require_list(entry, "device", source, path)
     tors: Set[str] = set()
     for position, device in enumerate(devices):
         here = f"{path}.device[{position}]"
         expect_object(device, source, here)
-        tors.add(expect_str(require(device, "tor_ip", source, here), source, f"{here}.tor_ip", empty_ok=True))
+        tor_ip = require(device, "tor_ip", source, here)
+        tors.add(expect_str(tor_ip, source, f"{here}.tor_ip", empty_ok=True))
     return tors
 
 
@@ -204,18 +208,19 @@ def _read_tor_info(document: Any, source: str) -> Topology:
     doc = expect_object(document, source, "")
     if doc.get("kind") == "ConfigMap":  # the whole ConfigMap, as kubectl prints it
         data = expect_object(require(doc, "data", source, ""), source, "data")
-        raw = expect_str(require(data, "tor_info", source, "data"), source, "data.tor_info")
+        raw = require_str(data, "tor_info", source, "data")
         level = data.get("tor_level")
         if level is not None:
             expect_str(level, source, "data.tor_level")
         inner = decode_document(raw.encode("utf-8"), f"{source}: data.tor_info")
-        return _tor_info(expect_object(inner, f"{source}: data.tor_info", ""), f"{source}: data.tor_info")
+        inner_source = f"{source}: data.tor_info"
+        return _tor_info(expect_object(inner, inner_source, ""), inner_source)
     return _tor_info(doc, source)
 
 
 def _tor_info(doc: Dict[str, Any], source: str) -> Topology:
     slots = expect_count(require(doc, "tor_count", source, ""), source, "tor_count")
-    tor_list = expect_list(require(doc, "server_list", source, ""), source, "server_list")
+    tor_list = require_list(doc, "server_list", source, "")
     tors_of: Dict[str, Set[str]] = {}
     slot_of: Dict[str, int] = {}
     seen_tor: Dict[str, str] = {}
@@ -224,16 +229,20 @@ def _tor_info(doc: Dict[str, Any], source: str) -> Topology:
         expect_object(tor, source, path)
         tor_id = _switch_id(require(tor, "tor_id", source, path), source, f"{path}.tor_id")
         tor_ip = tor.get("tor_ip")
-        name = expect_str(tor_ip, source, f"{path}.tor_ip") if tor_ip is not None else f"tor-{tor_id}"
+        if tor_ip is not None:
+            name = expect_str(tor_ip, source, f"{path}.tor_ip")
+        else:
+            name = f"tor-{tor_id}"
         if name in seen_tor:
             fail(source, f"{path}.tor_id", f"a unique ToR; {name!r} is also {seen_tor[name]}")
         seen_tor[name] = path
-        members = expect_list(require(tor, "server", source, path), source, f"{path}.server")
+        members = require_list(tor, "server", source, path)
         for position, member in enumerate(members):
             here = f"{path}.server[{position}]"
             expect_object(member, source, here)
-            server_ip = expect_str(require(member, "server_ip", source, here), source, f"{here}.server_ip")
-            slot = expect_count(require(member, "slice_id", source, here), source, f"{here}.slice_id")
+            server_ip = require_str(member, "server_ip", source, here)
+            slot = expect_count(require(member, "slice_id", source, here), source,
+                                f"{here}.slice_id")
             if slot >= slots:
                 fail(source, f"{here}.slice_id",
                      f"a slot below tor_count ({slots} slots per ToR), got {slot}")
@@ -248,13 +257,14 @@ def _tor_info(doc: Dict[str, Any], source: str) -> Topology:
 
 def _read_node_list(document: Any, source: str) -> Topology:
     doc = expect_object(document, source, "")
-    items = expect_list(require(doc, "items", source, ""), source, "items")
+    items = require_list(doc, "items", source, "")
     placements: Dict[str, Placement] = {}
     for index, node in enumerate(items):
         path = f"items[{index}]"
         expect_object(node, source, path)
-        metadata = expect_object(require(node, "metadata", source, path), source, f"{path}.metadata")
-        name = expect_str(require(metadata, "name", source, f"{path}.metadata"), source, f"{path}.metadata.name")
+        metadata = expect_object(require(node, "metadata", source, path), source,
+                                 f"{path}.metadata")
+        name = require_str(metadata, "name", source, f"{path}.metadata")
         labels = metadata.get("labels") or {}
         expect_object(labels, source, f"{path}.metadata.labels")
         placement = _placement_from_labels(labels, source, f"{path}.metadata.labels")
@@ -268,7 +278,7 @@ def _read_node_list(document: Any, source: str) -> Topology:
             here = f"{path}.status.addresses[{position}]"
             expect_object(address, source, here)
             if address.get("type") == "InternalIP":
-                keys.append(expect_str(require(address, "address", source, here), source, f"{here}.address"))
+                keys.append(require_str(address, "address", source, here))
         for key in keys:
             if key in placements and placements[key] != placement:
                 fail(source, path, f"one placement per node address; {key!r} is claimed twice")
@@ -279,7 +289,9 @@ def _read_node_list(document: Any, source: str) -> Topology:
 def _placement_from_labels(labels: Dict[str, Any], source: str, path: str) -> Optional[Placement]:
     def label(key: str) -> str:
         value = labels.get(key)
-        return expect_str(value, source, f"{path}.{key}", empty_ok=True) if value is not None else ""
+        if value is None:
+            return ""
+        return expect_str(value, source, f"{path}.{key}", empty_ok=True)
 
     cabinet = label(CABINET_LABEL)
     tors: Tuple[str, ...] = tuple(part for part in cabinet.split("-") if part)
@@ -317,7 +329,8 @@ def _plain_placement(spec: Any, source: str, path: str) -> Placement:
         switches = _switch_path(spec, source, path)
         return Placement(tiers=switches[:-1], tors=switches[-1:])
     if type(spec) is not dict:
-        fail(source, path, "a switch path list, a ToR id, or {path: [...], slot: N, tors: [...]}", spec)
+        fail(source, path,
+             "a switch path list, a ToR id, or {path: [...], slot: N, tors: [...]}", spec)
     unknown = sorted(set(spec) - {"path", "slot", "tors"})
     if unknown:
         fail(source, f"{path}.{unknown[0]}", "only the keys 'path', 'slot' and 'tors'")
@@ -326,7 +339,9 @@ def _plain_placement(spec: Any, source: str, path: str) -> Placement:
         slot = expect_count(slot, source, f"{path}.slot")
     if "tors" in spec:
         tors = _switch_path(spec["tors"], source, f"{path}.tors")
-        tiers = _switch_path(spec["path"], source, f"{path}.path", empty_ok=True) if "path" in spec else ()
+        tiers: Tuple[str, ...] = ()
+        if "path" in spec:
+            tiers = _switch_path(spec["path"], source, f"{path}.path", empty_ok=True)
         return Placement(tiers=tiers, tors=tors, slot=slot)
     switches = _switch_path(require(spec, "path", source, path), source, f"{path}.path")
     return Placement(tiers=switches[:-1], tors=switches[-1:], slot=slot)

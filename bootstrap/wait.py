@@ -60,21 +60,23 @@ def wait_for_rank_table(
         elapsed = clock() - start
         if elapsed >= timeout:
             break
-        log.info("waiting for rank table: %s, %.0f s of %.0f s", _short(last_seen), elapsed, timeout)
+        log.info("waiting for rank table: %s, %.0f s of %.0f s",
+                 _short(last_seen), elapsed, timeout)
         sleep(max(0.0, min(interval, timeout - elapsed)))
     if last_error is not None:  # the bytes never decoded: say what is wrong with them
         last_error.tip = f"it stayed like this for {timeout:.0f} s (NPU_JOB_WAIT_TIMEOUT)"
         raise last_error
     raise NotReadyError(
         f"{source}: status: expected \"completed\" within {timeout:.0f} s, last seen {last_seen}",
-        tip="raise NPU_JOB_WAIT_TIMEOUT (or --wait-timeout) if the platform is slow to fill the rank table",
+        tip="raise NPU_JOB_WAIT_TIMEOUT (or --wait-timeout) if the platform is slow to fill "
+            "the rank table",
     )
 
 
 def _attempt(
     fetch: Callable[[], bytes], source: str
 ) -> Tuple[Optional[LoadedRankTable], str, Optional[InputError]]:
-    """One poll: (the table if completed, what was seen, the decoding error if it did not decode)."""
+    """One poll: (the table if completed, what was seen, the error if it did not decode)."""
     try:
         data = fetch()  # a missing file, a 404 or a bad certificate raises: polling will not help
     except SourceUnavailable as error:

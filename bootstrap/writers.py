@@ -124,7 +124,9 @@ def _json_text(document: Dict[str, Any]) -> str:
 
 def _same_file(path: Path, other: str) -> bool:
     try:
-        return path.resolve() == Path(other).resolve() or (path.exists() and os.path.samefile(path, other))
+        if path.resolve() == Path(other).resolve():
+            return True
+        return path.exists() and os.path.samefile(path, other)
     except OSError:
         return False
 

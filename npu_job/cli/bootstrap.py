@@ -47,12 +47,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = _EPILOG
     inputs = parser.add_argument_group("inputs")
     inputs.add_argument("--rank-table", "--rank_table", dest="rank_table", metavar="PATH|URL",
-                        help="rank table file, directory holding jobstart_hccl.json (or hccl.json), or http(s) URL "
+                        help="rank table file, directory holding jobstart_hccl.json "
+                             "(or hccl.json), or http(s) URL "
                              "(default: $RANK_TABLE_FILE, /user/config/jobstart_hccl.json, "
                              "/user/serverid/devindex/config/hccl.json)")
     inputs.add_argument("--topology", metavar="PATH|URL|k8s",
-                        help="switch topology: a file, a URL, or 'k8s' for the Kubernetes node labels "
-                             "(default: $NPU_JOB_TOPOLOGY, else the first found of ranktable_tor.json "
+                        help="switch topology: a file, a URL, or 'k8s' for the Kubernetes node "
+                             "labels (default: $NPU_JOB_TOPOLOGY, else the first found of "
+                             "ranktable_tor.json "
                              "beside the rank table, $NPU_JOB_TOR_INFO, the Kubernetes API, "
                              "/etc/npu-job/topology.yaml)")
     inputs.add_argument("--topology-format", "--topology_format", dest="topology_format",
@@ -68,7 +70,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                      help="this pod's scheduler index, a cross-check (default: $VC_TASK_INDEX)")
     planning = parser.add_argument_group("planning and output")
     planning.add_argument("--collective", choices=("ring", "nhr", "rhd"),
-                          help="collective to optimise the order for (default: from $HCCL_ALGO, else ring)")
+                          help="collective to optimise the order for "
+                               "(default: from $HCCL_ALGO, else ring)")
     planning.add_argument("--output-dir", "--output_dir", dest="output_dir", metavar="DIR",
                           help="where to write the files (default: $NPU_JOB_OUTPUT_DIR, else /tmp)")
     planning.add_argument("--wait-timeout", "--wait_timeout", dest="wait_timeout", type=_seconds,
@@ -77,9 +80,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                "(default: $NPU_JOB_WAIT_TIMEOUT, else 300)")
     planning.add_argument("--poll-interval", "--poll_interval", dest="poll_interval", type=_seconds,
                           metavar="SECONDS",
-                          help="seconds between rank table polls (default: $NPU_JOB_POLL_INTERVAL, else 5)")
+                          help="seconds between rank table polls "
+                               "(default: $NPU_JOB_POLL_INTERVAL, else 5)")
     planning.add_argument("--strict", action="store_true", default=None,
-                          help="exit with the error's code instead of falling back to scheduler order "
+                          help="exit with the error's code instead of falling back to "
+                               "scheduler order "
                                "(also NPU_JOB_STRICT=1)")
     planning.add_argument("--json", action="store_true",
                           help="print the route plan (JSON, with a version field) on stdout")
