@@ -46,7 +46,6 @@ too (e.g. servers without topology that were placed last).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -223,13 +222,15 @@ def switch_groups(
         keyed,
         key=lambda path: (tuple(switch_key[t] for t in path[0]), tuple(sorted(switch_key[t] for t in path[1]))),
     )
-
-    def slot_key(index: int) -> Tuple[bool, int]:  # known slots first, in slot order
-        slot = paths[index][2]
-        return (slot is None, 0 if slot is None else slot)
-
-    groups = [tuple(servers[i].pod_index for i in sorted(keyed[path], key=slot_key)) for path in group_order]
-    groups.extend((servers[i].pod_index,) for i in unplaced)
+    pods = [server.pod_index for server in servers]
+    if any(path[2] is not None for path in paths):
+        # known slots first, in slot order; the sort is stable, so ties keep the id order
+        slot_keys = [(slot is None, 0 if slot is None else slot) for _tiers, _tors, slot in paths]
+        members = [sorted(keyed[path], key=slot_keys.__getitem__) for path in group_order]
+    else:  # no slots at all (e.g. CCE ranktable_tor.json): id order it is
+        members = [keyed[path] for path in group_order]
+    groups = [tuple([pods[i] for i in group]) for group in members]
+    groups.extend((pods[i],) for i in unplaced)
     return tuple(groups), len(keyed)
 
 
@@ -261,7 +262,7 @@ def plan(
     count = len(table.servers)
     reasons = precondition_failures(table, topology, full_node_devices=full_node_devices, paths=paths)
     if reasons:
-        return _finish(Plan(PlanStatus.FAILED, tuple(range(count)), collective, reasons, digest))
+        return _finish(PlanStatus.FAILED, tuple(range(count)), collective, reasons, digest)
 
     groups, placed = switch_groups(table, topology, paths)
     contiguous = tuple(pod for group in groups for pod in group)
@@ -272,10 +273,7 @@ def plan(
         notes.append(f"{unplaced} of {count} servers have no topology entry; placed last")
     if collective is Collective.RHD and placed > 1:
         order = _better_for_rhd(table, topology, paths, contiguous, groups, placed, notes)
-    node_rank_of_pod = [0] * count
-    for rank, pod in enumerate(order):
-        node_rank_of_pod[pod] = rank
-    return _finish(Plan(PlanStatus.SUCCESS, tuple(node_rank_of_pod), collective, tuple(notes), digest))
+    return _finish(PlanStatus.SUCCESS, order, collective, tuple(notes), digest)
 
 
 def bit_reversed(contiguous: Sequence[int]) -> Tuple[int, ...]:
@@ -345,11 +343,18 @@ def _better_for_rhd(
     return order
 
 
-def _finish(result: Plan) -> Plan:
-    finished = dataclasses.replace(result, mapping_digest=canonical.mapping_digest(result.rank_mapping))
+def _finish(
+    status: PlanStatus, order: Sequence[int], collective: Collective, reasons: Tuple[str, ...], digest: str
+) -> Plan:
+    """The :class:`Plan` for ``order`` (``order[rank]`` = pod index), with its mapping digest."""
+    node_rank_of_pod = [0] * len(order)
+    for rank, pod in enumerate(order):
+        node_rank_of_pod[pod] = rank
+    # Plan.rank_mapping spelled out here so the mapping is built once, not via a second Plan.
+    mapping = ",".join([f"{rank}-{pod}" for rank, pod in enumerate(order)])
+    result = Plan(status, tuple(node_rank_of_pod), collective, reasons, digest, canonical.mapping_digest(mapping))
     log.debug(
         "plan %s for %d nodes (%s): input sha256 %s, mapping sha256 %s",
-        finished.status, len(finished.node_rank_of_pod), finished.collective,
-        finished.input_digest, finished.mapping_digest,
+        result.status, len(order), result.collective, result.input_digest, result.mapping_digest,
     )
-    return finished
+    return result
