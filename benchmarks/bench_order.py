@@ -1,4 +1,4 @@
-"""How good is the routing-affine order? Scheduler order vs a random order vs ours, on generated fabrics.
+"""How good is the routing-affine order? Scheduler vs random vs ours, on generated fabrics.
 
 For every case (a generated cluster: nodes, ToRs, occupancy, missing topology entries, multi-ToR
 nodes, outer tiers) and every collective, the planner computes our order and the scorer measures
@@ -29,6 +29,7 @@ from typing import Dict, List, Sequence, Tuple
 from npu_job.bootstrap import planner, scorer
 from npu_job.bootstrap.model import Collective, PlanStatus
 from npu_job.bootstrap.synthetic import synthetic_cluster
+
 from npu_job.fileio import write_atomic
 
 
@@ -89,8 +90,15 @@ class Row:
 
 def run_case(case: Case, collective: Collective, uplinks: int, samples: int, seed: int) -> Row:
     table, topology = synthetic_cluster(
-        case.nodes, case.tors, seed=seed, occupancy=case.occupancy, missing_topology=case.missing,
-        multi_tor=case.multi_tor, spine_groups=case.spine_groups, super_pods=case.super_pods, scatter=case.scatter,
+        case.nodes,
+        case.tors,
+        seed=seed,
+        occupancy=case.occupancy,
+        missing_topology=case.missing,
+        multi_tor=case.multi_tor,
+        spine_groups=case.spine_groups,
+        super_pods=case.super_pods,
+        scatter=case.scatter,
     )
     timings = []
     for _ in range(5):  # shared, noisy machine: CPU time (not wall), best of five
@@ -100,23 +108,32 @@ def run_case(case: Case, collective: Collective, uplinks: int, samples: int, see
     plan_ms = min(timings)
     shuffled = list(range(case.nodes))
     random.Random(seed).shuffle(shuffled)
-    orders = {"sched": tuple(range(case.nodes)), "random": tuple(shuffled), "ours": result.pod_of_node_rank}
+    orders = {
+        "sched": tuple(range(case.nodes)),
+        "random": tuple(shuffled),
+        "ours": result.pod_of_node_rank,
+    }
     keys = scorer.switch_keys(table, topology)
     scores = {
-        name: scorer.score_order(order, keys, collective, uplinks=uplinks, samples=samples, seed=seed)
+        name: scorer.score_order(
+            order, keys, collective, uplinks=uplinks, samples=samples, seed=seed
+        )
         for name, order in orders.items()
     }
     return Row(case, collective, plan_ms, str(result.status), scores)
 
 
 def violations(row: Row) -> List[str]:
-    """Where ours misses a target: ring bound (ring only) or worse than the scheduler on a metric."""
+    """Where ours misses a target: a ring bound, or worse than the scheduler on a metric."""
     found: List[str] = []
     ours, sched = row.scores["ours"], row.scores["sched"]
     where = f"{row.case.name}/{row.collective}"
     if row.status != str(PlanStatus.SUCCESS):
         found.append(f"{where}: plan {row.status}")
-    if row.collective is Collective.RING and ours.ring_cross_edges_by_tier != ours.ring_lower_bound_by_tier:
+    if (
+        row.collective is Collective.RING
+        and ours.ring_cross_edges_by_tier != ours.ring_lower_bound_by_tier
+    ):
         found.append(
             f"{where}: ring cross edges per tier {ours.ring_cross_edges_by_tier}"
             f" above the lower bounds {ours.ring_lower_bound_by_tier}"
@@ -137,12 +154,15 @@ def _fmt(value: float) -> str:
 
 def table_lines(rows: Sequence[Row], uplinks: int, samples: int) -> List[str]:
     lines = [
-        f"bench_order: uplinks per ToR U={uplinks}, Monte-Carlo samples={samples}; cells are sched / random / ours",
+        f"bench_order: uplinks per ToR U={uplinks}, Monte-Carlo samples={samples};"
+        " cells are sched / random / ours",
         "",
-        "x-data = data leaving ToRs (sum over phases of volume x crossing flows); max out, E[collide] ="
-        " most flows out of one ToR and expected colliding flow pairs under ECMP, data-weighted over phases",
+        "x-data = data leaving ToRs (sum over phases of volume x crossing flows);"
+        " max out, E[collide] = most flows out of one ToR and expected colliding flow pairs"
+        " under ECMP, data-weighted over phases",
         "",
-        f"{'case':<28} {'coll':<4} {'plan cpu ms':>11}  {'ring x-edges (bound)':<24} {'x-data':<20} "
+        f"{'case':<28} {'coll':<4} {'plan cpu ms':>11}  {'ring x-edges (bound)':<24} "
+        f"{'x-data':<20} "
         f"{'max out':<18} {'E[collide]':<24} {'busbw fraction':<20}",
     ]
     for row in rows:
@@ -155,7 +175,8 @@ def table_lines(rows: Sequence[Row], uplinks: int, samples: int) -> List[str]:
             " / ".join(f"{x.busbw_fraction:.2f}" for x in s),
         ]
         lines.append(
-            f"{row.case.name:<28} {row.collective.value:<4} {row.plan_ms:>11.1f}  {edges:<24} {cells[0]:<20} "
+            f"{row.case.name:<28} {row.collective.value:<4} {row.plan_ms:>11.1f}  {edges:<24} "
+            f"{cells[0]:<20} "
             f"{cells[1]:<18} {cells[2]:<24} {cells[3]:<20}"
         )
     return lines
@@ -163,21 +184,34 @@ def table_lines(rows: Sequence[Row], uplinks: int, samples: int) -> List[str]:
 
 def summary_lines(rows: Sequence[Row]) -> List[str]:
     ring_rows = [row for row in rows if row.collective is Collective.RING]
-    at_bound = sum(1 for row in ring_rows if row.scores["ours"].ring_cross_edges == row.scores["ours"].ring_lower_bound)
+    at_bound = sum(
+        1
+        for row in ring_rows
+        if row.scores["ours"].ring_cross_edges == row.scores["ours"].ring_lower_bound
+    )
     found = [message for row in rows for message in violations(row)]
     lines = ["", "summary"]
-    lines.append(f"  ours at the cross-ToR ring-edge lower bound: {at_bound}/{len(ring_rows)} ring cases")
+    lines.append(
+        f"  ours at the cross-ToR ring-edge lower bound: {at_bound}/{len(ring_rows)} ring cases"
+    )
     tiered = [row for row in ring_rows if len(row.scores["ours"].ring_lower_bound_by_tier) > 1]
     at_tier_bounds = sum(
-        1 for row in tiered
-        if row.scores["ours"].ring_cross_edges_by_tier == row.scores["ours"].ring_lower_bound_by_tier
+        1
+        for row in tiered
+        if row.scores["ours"].ring_cross_edges_by_tier
+        == row.scores["ours"].ring_lower_bound_by_tier
     )
-    lines.append(f"  ours at the lower bound on every outer tier too: {at_tier_bounds}/{len(tiered)} multi-tier ring cases")
+    lines.append(
+        f"  ours at the lower bound on every outer tier too: {at_tier_bounds}/{len(tiered)}"
+        " multi-tier ring cases"
+    )
     for collective in Collective:
         chosen = [row for row in rows if row.collective is collective]
         if not chosen:
             continue
-        ratios = [row.scores["ours"].busbw_fraction / row.scores["sched"].busbw_fraction for row in chosen]
+        ratios = [
+            row.scores["ours"].busbw_fraction / row.scores["sched"].busbw_fraction for row in chosen
+        ]
         geo = 1.0
         for ratio in ratios:
             geo *= ratio
@@ -185,18 +219,24 @@ def summary_lines(rows: Sequence[Row]) -> List[str]:
         worst_plan = max(row.plan_ms for row in chosen)
         lines.append(
             f"  {collective.value}: predicted busbw ours/sched geometric mean x{geo:.2f}"
-            f" (min x{min(ratios):.2f}, max x{max(ratios):.2f}); slowest plan {worst_plan:.1f} ms CPU"
+            f" (min x{min(ratios):.2f}, max x{max(ratios):.2f});"
+            f" slowest plan {worst_plan:.1f} ms CPU"
         )
-    lines.append(f"  violations (ours worse than scheduler on a metric, or above the ring bound): {len(found)}")
+    lines.append(
+        "  violations (ours worse than scheduler on a metric, or above the ring bound):"
+        f" {len(found)}"
+    )
     lines.extend(f"    - {message}" for message in found)
     raw = [
-        row for row in rows
+        row
+        for row in rows
         if row.collective is not Collective.RING
         and row.scores["ours"].max_flows_out > row.scores["sched"].max_flows_out
     ]
     lines.append(
-        f"  for information: unweighted per-phase peak of flows out of one ToR is higher for ours in"
-        f" {len(raw)}/{len(rows) - len(ring_rows)} nhr/rhd cases (the far, small-data phases send a whole"
+        "  for information: unweighted per-phase peak of flows out of one ToR is higher for ours"
+        f" in {len(raw)}/{len(rows) - len(ring_rows)} nhr/rhd cases (the far, small-data phases"
+        " send a whole"
         " ToR out in any order; ours keeps the big phases inside ToRs, see x-data and busbw)"
     )
     return lines
@@ -204,11 +244,25 @@ def summary_lines(rows: Sequence[Row]) -> List[str]:
 
 def main(argv: Sequence[str] = ()) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--uplinks", type=int, default=scorer.DEFAULT_UPLINKS, help="uplinks per ToR (default %(default)s)")
-    parser.add_argument("--samples", type=int, default=8, help="Monte-Carlo ECMP draws per order (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for clusters, random order and ECMP draws")
     parser.add_argument(
-        "--collectives", default="ring,nhr,rhd", help="comma-separated subset of ring,nhr,rhd (default %(default)s)"
+        "--uplinks",
+        type=int,
+        default=scorer.DEFAULT_UPLINKS,
+        help="uplinks per ToR (default %(default)s)",
+    )
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=8,
+        help="Monte-Carlo ECMP draws per order (default %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed for clusters, random order and ECMP draws"
+    )
+    parser.add_argument(
+        "--collectives",
+        default="ring,nhr,rhd",
+        help="comma-separated subset of ring,nhr,rhd (default %(default)s)",
     )
     parser.add_argument("--max-nodes", type=int, default=None, help="skip cases larger than this")
     parser.add_argument("--output", metavar="FILE", help="also write the table to FILE")

@@ -93,7 +93,14 @@ def canonical_input(
     if paths is None:
         paths = switch_paths(table, topology)
     servers = [
-        (server.pod_index, server.server_id, len(server.devices), tiers, tors, slot)  # tuples dump as lists
+        (
+            server.pod_index,
+            server.server_id,
+            len(server.devices),
+            tiers,
+            tors,
+            slot,
+        )  # tuples dump as lists
         for server, (tiers, tors, slot) in zip(table.servers, paths)
     ]
     document = {"collective": collective.value, "servers": servers}

@@ -126,14 +126,17 @@ def precondition_failures(
     if not table.is_completed:
         reasons.append(f"rank table status is {table.status!r}, not 'completed'")
     if count < MIN_NODES:
-        reasons.append(f"only {count} node(s); reordering needs at least {MIN_NODES} (platform rule)")
+        reasons.append(
+            f"only {count} node(s); reordering needs at least {MIN_NODES} (platform rule)"
+        )
     if any(server.pod_index != index for index, server in enumerate(servers)):
         reasons.append(f"pod indices are not 0..{count - 1} in order")
     first_pod: Dict[str, int] = {}
     for server in servers:
         if server.server_id in first_pod:
             reasons.append(
-                f"duplicate server_id {server.server_id!r} (pod indices {first_pod[server.server_id]}"
+                f"duplicate server_id {server.server_id!r}"
+                f" (pod indices {first_pod[server.server_id]}"
                 f" and {server.pod_index})"
             )
         else:
@@ -176,8 +179,13 @@ def _partial_node_reasons(table: RankTable, full_node_devices: Optional[int]) ->
             )
     elif len(counts) > 1:
         full = max(counts)
-        short = sorted((sid for size, ids in counts.items() if size != full for sid in ids), key=canonical.id_sort_key)
-        spread = ", ".join(f"{size} on {len(counts[size])}" for size in sorted(counts, reverse=True))
+        short = sorted(
+            (sid for size, ids in counts.items() if size != full for sid in ids),
+            key=canonical.id_sort_key,
+        )
+        spread = ", ".join(
+            f"{size} on {len(counts[size])}" for size in sorted(counts, reverse=True)
+        )
         reasons.append(f"partial nodes: device counts differ ({spread}; short: {_few(short)})")
     return reasons
 
@@ -220,7 +228,10 @@ def switch_groups(
                 switch_key[switch] = canonical.id_sort_key(switch)
     group_order = sorted(
         keyed,
-        key=lambda path: (tuple(switch_key[t] for t in path[0]), tuple(sorted(switch_key[t] for t in path[1]))),
+        key=lambda path: (
+            tuple(switch_key[t] for t in path[0]),
+            tuple(sorted(switch_key[t] for t in path[1])),
+        ),
     )
     pods = [server.pod_index for server in servers]
     if any(path[2] is not None for path in paths):
@@ -260,7 +271,9 @@ def plan(
     paths = canonical.switch_paths(table, topology)
     digest = canonical.input_digest(table, topology, collective, paths)
     count = len(table.servers)
-    reasons = precondition_failures(table, topology, full_node_devices=full_node_devices, paths=paths)
+    reasons = precondition_failures(
+        table, topology, full_node_devices=full_node_devices, paths=paths
+    )
     if reasons:
         return _finish(PlanStatus.FAILED, tuple(range(count)), collective, reasons, digest)
 
@@ -322,7 +335,7 @@ def _better_for_rhd(
     placed: int,
     notes: List[str],
 ) -> Tuple[int, ...]:
-    """The cheapest of the contiguous, interleaved and bit-reversed orders for RHD (ties: earlier)."""
+    """The cheapest of the contiguous, interleaved and bit-reversed orders (ties: earlier)."""
     from npu_job.bootstrap import scorer  # only RHD plans pay for the scorer import
 
     unplaced_tail = tuple(pod for group in groups[placed:] for pod in group)
@@ -339,12 +352,19 @@ def _better_for_rhd(
     ]
     best = min(range(len(candidates)), key=lambda index: (costs[index], index))
     name, order = candidates[best]
-    notes.append(f"rhd: {name} order chosen (cross-ToR data {costs[best][0]:g} vs contiguous {costs[0][0]:g})")
+    notes.append(
+        f"rhd: {name} order chosen"
+        f" (cross-ToR data {costs[best][0]:g} vs contiguous {costs[0][0]:g})"
+    )
     return order
 
 
 def _finish(
-    status: PlanStatus, order: Sequence[int], collective: Collective, reasons: Tuple[str, ...], digest: str
+    status: PlanStatus,
+    order: Sequence[int],
+    collective: Collective,
+    reasons: Tuple[str, ...],
+    digest: str,
 ) -> Plan:
     """The :class:`Plan` for ``order`` (``order[rank]`` = pod index), with its mapping digest."""
     node_rank_of_pod = [0] * len(order)
@@ -352,9 +372,20 @@ def _finish(
         node_rank_of_pod[pod] = rank
     # Plan.rank_mapping spelled out here so the mapping is built once, not via a second Plan.
     mapping = ",".join([f"{rank}-{pod}" for rank, pod in enumerate(order)])
-    result = Plan(status, tuple(node_rank_of_pod), collective, reasons, digest, canonical.mapping_digest(mapping))
+    result = Plan(
+        status,
+        tuple(node_rank_of_pod),
+        collective,
+        reasons,
+        digest,
+        canonical.mapping_digest(mapping),
+    )
     log.debug(
         "plan %s for %d nodes (%s): input sha256 %s, mapping sha256 %s",
-        result.status, len(order), result.collective, result.input_digest, result.mapping_digest,
+        result.status,
+        len(order),
+        result.collective,
+        result.input_digest,
+        result.mapping_digest,
     )
     return result

@@ -23,8 +23,8 @@ carries, in units of the allreduce buffer:
 * ``rhd``: recursive halving-doubling, far-first: ``r <-> r ^ 2^k`` for ``k`` from the highest
   bit down, volume ``2 * 2^-(j+1)`` for the j-th step. For ``n`` not a power of two the first
   ``2(n-p)`` ranks fold in pairs (Rabenseifner / MPICH): even ``r`` sends its whole buffer to
-  ``r+1`` before and gets it back after (volume 1 each way), and the power-of-two ``p`` survivors run
-  the exchange.
+  ``r+1`` before and gets it back after (volume 1 each way), and the power-of-two ``p``
+  survivors run the exchange.
 
 Metrics per phase: cross-ToR edges, flows out of / into each ToR, the best possible max link load
 with perfect path control ``max_t ceil(max(out_t, in_t) / U)``, the expected number of colliding
@@ -136,7 +136,14 @@ def phases(nodes: int, collective: Collective) -> Tuple[Phase, ...]:
         step = 0
         while (1 << step) < nodes:
             distance = 1 << step  # r -> r - distance (mod n)
-            result.append(Phase(f"nhr d={distance}", 2.0 / (2 << step), ranks, ranks[-distance:] + ranks[:-distance]))
+            result.append(
+                Phase(
+                    f"nhr d={distance}",
+                    2.0 / (2 << step),
+                    ranks,
+                    ranks[-distance:] + ranks[:-distance],
+                )
+            )
             step += 1
         return tuple(result)
     return _rhd_phases(nodes)
@@ -145,7 +152,9 @@ def phases(nodes: int, collective: Collective) -> Tuple[Phase, ...]:
 def _rhd_phases(nodes: int) -> Tuple[Phase, ...]:
     power = 1 << (nodes.bit_length() - 1)
     extra = nodes - power
-    real = tuple(2 * v + 1 if v < extra else v + extra for v in range(power))  # virtual -> real rank
+    real = tuple(
+        2 * v + 1 if v < extra else v + extra for v in range(power)
+    )  # virtual -> real rank
     evens = tuple(range(0, 2 * extra, 2))
     odds = tuple(range(1, 2 * extra, 2))
     result: List[Phase] = []
@@ -156,26 +165,34 @@ def _rhd_phases(nodes: int) -> Tuple[Phase, ...]:
         distance = 1 << k
         partners: List[int] = []  # real[v ^ distance] for every v, by swapping neighbouring blocks
         for start in range(0, power, 2 * distance):
-            partners.extend(real[start + distance:start + 2 * distance])
-            partners.extend(real[start:start + distance])
+            partners.extend(real[start + distance : start + 2 * distance])
+            partners.extend(real[start : start + distance])
         result.append(Phase(f"rhd d={distance}", 2.0 / (2 << j), real, tuple(partners)))
     if extra:
         result.append(Phase("rhd unfold", 1.0, odds, evens))
     return tuple(result)
 
 
-def ring_cross_edges(order: Sequence[int], switch_of_pod: Sequence[SwitchKey], depth: Optional[int] = None) -> int:
+def ring_cross_edges(
+    order: Sequence[int], switch_of_pod: Sequence[SwitchKey], depth: Optional[int] = None
+) -> int:
     """Ring edges ``r -> r+1`` whose nodes differ in their switch path (up to ``depth`` levels)."""
-    labels = [switch_of_pod[pod][:depth] if depth is not None else switch_of_pod[pod] for pod in order]
+    labels = [
+        switch_of_pod[pod][:depth] if depth is not None else switch_of_pod[pod] for pod in order
+    ]
     count = len(labels)
     if count < 2:
         return 0
     return sum(1 for r in range(count) if labels[r] != labels[(r + 1) % count])
 
 
-def ring_lower_bound(pods: Sequence[int], switch_of_pod: Sequence[SwitchKey], depth: Optional[int] = None) -> int:
+def ring_lower_bound(
+    pods: Sequence[int], switch_of_pod: Sequence[SwitchKey], depth: Optional[int] = None
+) -> int:
     """Fewest cross edges any ring over ``pods`` can have: groups touched, or 0 for one group."""
-    groups = {switch_of_pod[pod][:depth] if depth is not None else switch_of_pod[pod] for pod in pods}
+    groups = {
+        switch_of_pod[pod][:depth] if depth is not None else switch_of_pod[pod] for pod in pods
+    }
     return len(groups) if len(groups) > 1 else 0
 
 
@@ -185,7 +202,7 @@ def cross_switch_volume(
     collective: Collective,
     phase_list: Optional[Sequence[Phase]] = None,
 ) -> Tuple[float, float]:
-    """``(data leaving ToRs, phase time with perfect path control and one uplink)``, lower is better.
+    """``(data leaving ToRs, phase time with perfect paths and one uplink)``; lower is better.
 
     Cheap enough for the planner to compare candidate orders (no sampling; the loops run in C via
     ``map``/``Counter``); ``phase_list`` may pass precomputed :func:`phases`.
@@ -230,7 +247,11 @@ def score_order(
     crossing: List[List[Tuple[SwitchKey, SwitchKey]]] = []
     scores: List[PhaseScore] = []
     for phase in phase_list:
-        pairs = [(labels[s], labels[d]) for s, d in zip(phase.sources, phase.targets) if labels[s] != labels[d]]
+        pairs = [
+            (labels[s], labels[d])
+            for s, d in zip(phase.sources, phase.targets)
+            if labels[s] != labels[d]
+        ]
         crossing.append(pairs)
         scores.append(_phase_score(phase, pairs, uplinks))
     ideal = sum(phase.volume for phase in phase_list)
@@ -240,7 +261,10 @@ def score_order(
         rng = random.Random(seed)
         total = 0.0
         for _ in range(samples):
-            total += sum(p.volume * _sampled_load(pairs, uplinks, rng) for p, pairs in zip(phase_list, crossing))
+            total += sum(
+                p.volume * _sampled_load(pairs, uplinks, rng)
+                for p, pairs in zip(phase_list, crossing)
+            )
         busbw = ideal / (total / samples) if total else 1.0
     ring_edges = ring_cross_edges(order, switch_of_pod)
     return OrderScore(
@@ -266,14 +290,20 @@ def score_order(
 
 def _weighted(phase_list: Sequence[Phase], values: Sequence[float]) -> float:
     total = sum(phase.volume for phase in phase_list)
-    return sum(phase.volume * value for phase, value in zip(phase_list, values)) / total if total else 0.0
+    return (
+        sum(phase.volume * value for phase, value in zip(phase_list, values)) / total
+        if total
+        else 0.0
+    )
 
 
 def _pairs(count: int) -> int:
     return count * (count - 1) // 2
 
 
-def _phase_score(phase: Phase, pairs: Sequence[Tuple[SwitchKey, SwitchKey]], uplinks: int) -> PhaseScore:
+def _phase_score(
+    phase: Phase, pairs: Sequence[Tuple[SwitchKey, SwitchKey]], uplinks: int
+) -> PhaseScore:
     out: Dict[SwitchKey, int] = {}
     into: Dict[SwitchKey, int] = {}
     between: Dict[Tuple[SwitchKey, SwitchKey], int] = {}
@@ -282,7 +312,11 @@ def _phase_score(phase: Phase, pairs: Sequence[Tuple[SwitchKey, SwitchKey]], upl
         into[dst] = into.get(dst, 0) + 1
         between[(src, dst)] = between.get((src, dst), 0) + 1
     busiest = max([*out.values(), *into.values()], default=0)
-    colliding = sum(map(_pairs, out.values())) + sum(map(_pairs, into.values())) - sum(map(_pairs, between.values()))
+    colliding = (
+        sum(map(_pairs, out.values()))
+        + sum(map(_pairs, into.values()))
+        - sum(map(_pairs, between.values()))
+    )
     return PhaseScore(
         label=phase.label,
         volume=phase.volume,
@@ -294,7 +328,9 @@ def _phase_score(phase: Phase, pairs: Sequence[Tuple[SwitchKey, SwitchKey]], upl
     )
 
 
-def _sampled_load(pairs: Sequence[Tuple[SwitchKey, SwitchKey]], uplinks: int, rng: random.Random) -> int:
+def _sampled_load(
+    pairs: Sequence[Tuple[SwitchKey, SwitchKey]], uplinks: int, rng: random.Random
+) -> int:
     """Load of the busiest link when each cross flow hashes to a uniformly random spine."""
     if not pairs:
         return 1

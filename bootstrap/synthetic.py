@@ -56,7 +56,11 @@ def synthetic_cluster(
         raise ValueError(f"need 1 <= tors <= nodes, got nodes={nodes}, tors={tors}")
     if occupancy not in OCCUPANCIES:
         raise ValueError(f"occupancy must be one of {OCCUPANCIES}, got {occupancy!r}")
-    for name, value in (("missing_topology", missing_topology), ("multi_tor", multi_tor), ("partial_nodes", partial_nodes)):
+    for name, value in (
+        ("missing_topology", missing_topology),
+        ("multi_tor", multi_tor),
+        ("partial_nodes", partial_nodes),
+    ):
         if not 0 <= value <= nodes:
             raise ValueError(f"{name} must be within 0..{nodes}, got {value}")
     if multi_tor and tors < 2:
@@ -82,7 +86,9 @@ def synthetic_cluster(
         rng.shuffle(pod_order)  # pod_order[pod_index] = seat index
 
     without = set(rng.sample(range(nodes), missing_topology))
-    with_two = set(rng.sample(sorted(set(range(nodes)) - without), min(multi_tor, nodes - len(without))))
+    with_two = set(
+        rng.sample(sorted(set(range(nodes)) - without), min(multi_tor, nodes - len(without)))
+    )
     shorts = set(rng.sample(range(nodes), partial_nodes))
 
     placements: Dict[str, Placement] = {}
@@ -95,7 +101,9 @@ def synthetic_cluster(
             tor_set = (tor_ids[tor],)
             if seat in with_two:
                 tor_set += (tor_ids[(tor + 1) % tors],)
-            placements[server_id] = Placement(tiers=_tiers(tor, tors, super_pods, spine_groups), tors=tor_set, slot=slot)
+            placements[server_id] = Placement(
+                tiers=_tiers(tor, tors, super_pods, spine_groups), tors=tor_set, slot=slot
+            )
         count = npus_per_node // 2 if pod_index in shorts else npus_per_node
         devices = []
         for position in range(count):
@@ -103,7 +111,7 @@ def synthetic_cluster(
             devices.append(
                 Device(
                     device_id=str(position),
-                    device_ip=f"29.{device_octet >> 16 & 255}.{device_octet >> 8 & 255}.{device_octet & 255}",
+                    device_ip="29." + ".".join(str(device_octet >> s & 255) for s in (16, 8, 0)),
                     rank_id=pod_index * npus_per_node + position,
                 )
             )
@@ -135,7 +143,11 @@ def _tor_sizes(nodes: int, tors: int, occupancy: str, rng: random.Random) -> Lis
 def _host_ips(count: int, rng: random.Random) -> List[str]:
     """``count`` distinct host IPs over a few subnets, in random order."""
     subnets = max(1, (count + 199) // 200)
-    pool = [f"10.{subnet + 1}.{host // 250}.{host % 250 + 1}" for subnet in range(subnets) for host in range(250)]
+    pool = [
+        f"10.{subnet + 1}.{host // 250}.{host % 250 + 1}"
+        for subnet in range(subnets)
+        for host in range(250)
+    ]
     return rng.sample(pool, count)
 
 

@@ -53,25 +53,58 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
-    parser.add_argument("--rank-table", "--rank_table", dest="rank_table", required=True, metavar="PATH|URL",
-                        help="rank table: a file, a directory holding jobstart_hccl.json, or an http(s) URL "
-                             "(any format the bootstrap reads; plain JSON or base64+gzip)")
-    parser.add_argument("--topology", metavar="PATH|URL",
-                        help="switch topology file or URL (ranktable_tor.json, basic-tor-node-cm tor_info, "
-                             "a Kubernetes NodeList, or a plain YAML/JSON topology; default: "
-                             "ranktable_tor.json beside the rank table if it exists)")
-    parser.add_argument("--topology-format", "--topology_format", dest="topology_format",
-                        choices=("cce-ranktable-tor", "basic-tor-node-cm", "k8s-node-labels", "file"),
-                        help="read --topology as this format (default: detect by content)")
-    parser.add_argument("--collective", choices=("ring", "nhr", "rhd"),
-                        help="collective to optimise and score for (default: from $HCCL_ALGO, else ring)")
-    parser.add_argument("--uplinks", type=_int_at_least(1), default=DEFAULT_UPLINKS, metavar="U",
-                        help="uplinks per ToR in the fabric model (default: %(default)s)")
-    parser.add_argument("--samples", type=_int_at_least(0), default=DEFAULT_SAMPLES, metavar="N",
-                        help="Monte-Carlo ECMP draws per order; 0 skips the simulation (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, metavar="S",
-                        help="seed of the random order and of the ECMP draws (default: %(default)s)")
-    parser.add_argument("--json", action="store_true", help=f"print JSON (with \"version\": {JSON_VERSION})")
+    parser.add_argument(
+        "--rank-table",
+        "--rank_table",
+        dest="rank_table",
+        required=True,
+        metavar="PATH|URL",
+        help="rank table: a file, a directory holding jobstart_hccl.json, or an http(s) URL "
+        "(any format the bootstrap reads; plain JSON or base64+gzip)",
+    )
+    parser.add_argument(
+        "--topology",
+        metavar="PATH|URL",
+        help="switch topology file or URL (ranktable_tor.json, basic-tor-node-cm tor_info, "
+        "a Kubernetes NodeList, or a plain YAML/JSON topology; default: "
+        "ranktable_tor.json beside the rank table if it exists)",
+    )
+    parser.add_argument(
+        "--topology-format",
+        "--topology_format",
+        dest="topology_format",
+        choices=("cce-ranktable-tor", "basic-tor-node-cm", "k8s-node-labels", "file"),
+        help="read --topology as this format (default: detect by content)",
+    )
+    parser.add_argument(
+        "--collective",
+        choices=("ring", "nhr", "rhd"),
+        help="collective to optimise and score for (default: from $HCCL_ALGO, else ring)",
+    )
+    parser.add_argument(
+        "--uplinks",
+        type=_int_at_least(1),
+        default=DEFAULT_UPLINKS,
+        metavar="U",
+        help="uplinks per ToR in the fabric model (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--samples",
+        type=_int_at_least(0),
+        default=DEFAULT_SAMPLES,
+        metavar="N",
+        help="Monte-Carlo ECMP draws per order; 0 skips the simulation (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="S",
+        help="seed of the random order and of the ECMP draws (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help=f'print JSON (with "version": {JSON_VERSION})'
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,9 +117,15 @@ def run(args: argparse.Namespace) -> int:
     keys = scorer.switch_keys(table, topology)
     shuffled = list(range(table.node_count))
     random.Random(args.seed).shuffle(shuffled)
-    orders = {"scheduler": tuple(range(table.node_count)), "random": tuple(shuffled), "ours": plan.pod_of_node_rank}
+    orders = {
+        "scheduler": tuple(range(table.node_count)),
+        "random": tuple(shuffled),
+        "ours": plan.pod_of_node_rank,
+    }
     scores = {
-        name: scorer.score_order(order, keys, collective, uplinks=args.uplinks, samples=args.samples, seed=args.seed)
+        name: scorer.score_order(
+            order, keys, collective, uplinks=args.uplinks, samples=args.samples, seed=args.seed
+        )
         for name, order in orders.items()
     }
     report = _report(table, topology, plan, scores, args, table_source, topology_source)
@@ -112,7 +151,9 @@ def _load(args: argparse.Namespace):
             topology_source = beside
     topology = None
     if topology_source is not None:
-        topology = parse_topology(read_bytes(topology_source), topology_source, args.topology_format)
+        topology = parse_topology(
+            read_bytes(topology_source), topology_source, args.topology_format
+        )
     return table, table_source, topology, topology_source
 
 
@@ -125,17 +166,25 @@ def _score_fields(score) -> Dict[str, Any]:
     return fields
 
 
-def _report(table, topology, plan, scores, args, table_source: str, topology_source: Optional[str]) -> Dict[str, Any]:
+def _report(
+    table, topology, plan, scores, args, table_source: str, topology_source: Optional[str]
+) -> Dict[str, Any]:
     from npu_job.bootstrap.canonical import switch_path
 
     order: List[Dict[str, Any]] = []
     for rank, pod in enumerate(plan.pod_of_node_rank):
         server = table.servers[pod]
         tiers, tors, slot = switch_path(server, topology)
-        order.append({
-            "node_rank": rank, "pod_index": pod, "server_id": server.server_id,
-            "tiers": list(tiers), "tors": list(tors), "slot": slot,
-        })
+        order.append(
+            {
+                "node_rank": rank,
+                "pod_index": pod,
+                "server_id": server.server_id,
+                "tiers": list(tiers),
+                "tors": list(tors),
+                "slot": slot,
+            }
+        )
     return {
         "version": JSON_VERSION,
         "rank_table": table_source,
@@ -178,39 +227,61 @@ def _text(report: Dict[str, Any]) -> List[str]:
     ours = report["scores"]["ours"]
     lines = [
         f"plan: {report['status']} ({report['collective']}), {report['node_count']} nodes on"
-        f" {ours['switches']} switch group(s); master index {report['master_index']} (pod of new rank 0)",
+        f" {ours['switches']} switch group(s);"
+        f" master index {report['master_index']} (pod of new rank 0)",
         f"input sha256 {report['input_digest']}",
         f"mapping sha256 {report['mapping_digest']}",
     ]
-    lines.extend(f"{'reason' if report['status'] == 'failed' else 'note'}: {reason}" for reason in report["reasons"])
+    lines.extend(
+        f"{'reason' if report['status'] == 'failed' else 'note'}: {reason}"
+        for reason in report["reasons"]
+    )
     rows: List[Tuple[str, str, str, str]] = [("new rank", "pod index", "server", "switch path")]
     rows.extend(
-        (str(e["node_rank"]), str(e["pod_index"]), e["server_id"], _path_text(e)) for e in report["order"]
+        (str(e["node_rank"]), str(e["pod_index"]), e["server_id"], _path_text(e))
+        for e in report["order"]
     )
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines.append("")
     for row in rows:
-        lines.append(f"{row[0]:>{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:<{widths[2]}}  {row[3]}")
+        lines.append(
+            f"{row[0]:>{widths[0]}}  {row[1]:>{widths[1]}}  {row[2]:<{widths[2]}}  {row[3]}"
+        )
 
     model = report["model"]
     scores = [report["scores"][name] for name in ORDER_NAMES]
     weighted = report["collective"] != "ring"
     suffix = " (data-weighted)" if weighted else ""
     metrics: List[Tuple[str, Sequence[str]]] = [
-        (f"cross-ToR edges of a ring r->r+1 (lower bound {ours['ring_lower_bound']})",
-         [str(s["ring_cross_edges"]) for s in scores]),
+        (
+            f"cross-ToR edges of a ring r->r+1 (lower bound {ours['ring_lower_bound']})",
+            [str(s["ring_cross_edges"]) for s in scores],
+        ),
         ("cross-ToR data (buffer units)", [_number(s["cross_volume"]) for s in scores]),
-        (f"max flows out of one ToR{suffix}", [_number(s["weighted_max_flows_out"]) for s in scores]),
-        (f"expected colliding flow pairs{suffix}", [_number(s["weighted_collisions"]) for s in scores]),
-        ("busbw fraction, perfect path control", [_fraction(s["best_busbw_fraction"]) for s in scores]),
+        (
+            f"max flows out of one ToR{suffix}",
+            [_number(s["weighted_max_flows_out"]) for s in scores],
+        ),
+        (
+            f"expected colliding flow pairs{suffix}",
+            [_number(s["weighted_collisions"]) for s in scores],
+        ),
+        (
+            "busbw fraction, perfect path control",
+            [_fraction(s["best_busbw_fraction"]) for s in scores],
+        ),
         ("busbw fraction, ECMP Monte-Carlo", [_fraction(s["busbw_fraction"]) for s in scores]),
     ]
     if len(ours["ring_cross_edges_by_tier"]) > 1:
-        metrics.insert(1, (
-            "ring edges crossing each tier, outermost first (bounds "
-            + " ".join(str(x) for x in ours["ring_lower_bound_by_tier"]) + ")",
-            [" ".join(str(x) for x in s["ring_cross_edges_by_tier"]) for s in scores],
-        ))
+        metrics.insert(
+            1,
+            (
+                "ring edges crossing each tier, outermost first (bounds "
+                + " ".join(str(x) for x in ours["ring_lower_bound_by_tier"])
+                + ")",
+                [" ".join(str(x) for x in s["ring_cross_edges_by_tier"]) for s in scores],
+            ),
+        )
     label_width = max(len(label) for label, _ in metrics)
     cell = max(10, *(len(v) for _, values in metrics for v in values))
     lines.append("")
@@ -220,5 +291,7 @@ def _text(report: Dict[str, Any]) -> List[str]:
     )
     lines.append(f"{'':<{label_width}}  " + "  ".join(f"{name:>{cell}}" for name in ORDER_NAMES))
     for label, values in metrics:
-        lines.append(f"{label:<{label_width}}  " + "  ".join(f"{value:>{cell}}" for value in values))
+        lines.append(
+            f"{label:<{label_width}}  " + "  ".join(f"{value:>{cell}}" for value in values)
+        )
     return lines

@@ -1,4 +1,4 @@
-"""The planner: switch-contiguous by default, RHD-aware, deterministic, identity when it must not plan."""
+"""The planner: switch-contiguous by default, RHD-aware, deterministic, identity when it cannot."""
 
 from __future__ import annotations
 
@@ -9,16 +9,27 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from npu_job.bootstrap import canonical, scorer
-from npu_job.bootstrap.model import Collective, Device, Placement, PlanStatus, RankTable, Server, Topology
+from npu_job.bootstrap.model import (
+    Collective,
+    Device,
+    Placement,
+    PlanStatus,
+    RankTable,
+    Server,
+    Topology,
+)
 from npu_job.bootstrap.planner import bit_reversed, collective_from_hccl_algo, interleave, plan
 from npu_job.bootstrap.synthetic import synthetic_cluster
 
-PROPERTY_SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY_SETTINGS = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
-def make_table(server_ids: Sequence[str], devices: Optional[Sequence[int]] = None, status: str = "completed") -> RankTable:
+def make_table(
+    server_ids: Sequence[str], devices: Optional[Sequence[int]] = None, status: str = "completed"
+) -> RankTable:
     counts = devices if devices is not None else [8] * len(server_ids)
     servers = tuple(
         Server(
@@ -74,10 +85,13 @@ def test_small_cluster_is_sorted_by_tor_then_slot_then_numeric_ip_with_unplaced_
     result = plan(table, topology)
     assert result.status is PlanStatus.SUCCESS
     assert [ids[pod] for pod in order_of(result)] == [
-        "10.0.1.1", "10.0.0.9",  # ToR .9, by slot (not by id)
+        "10.0.1.1",
+        "10.0.0.9",  # ToR .9, by slot (not by id)
         "10.0.0.2",  # the (.9, .10) pair sorts right after ToR .9
-        "10.0.0.10", "10.0.0.100",  # ToR .10, no slots: by numeric id
-        "10.0.0.3", "10.0.0.50",  # no topology: singletons by numeric id
+        "10.0.0.10",
+        "10.0.0.100",  # ToR .10, no slots: by numeric id
+        "10.0.0.3",
+        "10.0.0.50",  # no topology: singletons by numeric id
     ]
     assert result.master_index == ids.index("10.0.1.1")
     assert any("2 of 7 servers have no topology entry" in note for note in result.reasons)
@@ -85,23 +99,46 @@ def test_small_cluster_is_sorted_by_tor_then_slot_then_numeric_ip_with_unplaced_
 
 def test_known_slots_come_before_unknown_slots_within_a_tor():
     table = make_table(["h1", "h2", "h3"])
-    topology = Topology({"h1": Placement(tors=("t",)), "h2": Placement(tors=("t",), slot=5), "h3": Placement(tors=("t",), slot=0)})
-    assert [table.servers[p].server_id for p in order_of(plan(table, topology))] == ["h3", "h2", "h1"]
+    topology = Topology(
+        {
+            "h1": Placement(tors=("t",)),
+            "h2": Placement(tors=("t",), slot=5),
+            "h3": Placement(tors=("t",), slot=0),
+        }
+    )
+    assert [table.servers[p].server_id for p in order_of(plan(table, topology))] == [
+        "h3",
+        "h2",
+        "h1",
+    ]
 
 
 def test_super_pod_from_the_rank_table_is_the_outermost_tier():
     table = make_table(["a", "b", "c", "d"])
-    servers = tuple(dataclasses.replace(s, super_pod_id=sp) for s, sp in zip(table.servers, ["1", "0", "1", "0"]))
+    servers = tuple(
+        dataclasses.replace(s, super_pod_id=sp)
+        for s, sp in zip(table.servers, ["1", "0", "1", "0"])
+    )
     table = dataclasses.replace(table, servers=servers)
-    topology = Topology({sid: Placement(tors=(tor,)) for sid, tor in zip("abcd", ["t0", "t9", "t0", "t9"])})
+    topology = Topology(
+        {sid: Placement(tors=(tor,)) for sid, tor in zip("abcd", ["t0", "t9", "t0", "t9"])}
+    )
     # super pod 0 (b, d on t9) before super pod 1 (a, c on t0), although t0 < t9
-    assert [table.servers[p].server_id for p in order_of(plan(table, topology))] == ["b", "d", "a", "c"]
+    assert [table.servers[p].server_id for p in order_of(plan(table, topology))] == [
+        "b",
+        "d",
+        "a",
+        "c",
+    ]
 
 
 def test_super_pods_alone_are_enough_to_plan():
     table = make_table(["a", "b", "c"])
     table = dataclasses.replace(
-        table, servers=tuple(dataclasses.replace(s, super_pod_id=sp) for s, sp in zip(table.servers, ["2", "1", "2"]))
+        table,
+        servers=tuple(
+            dataclasses.replace(s, super_pod_id=sp) for s, sp in zip(table.servers, ["2", "1", "2"])
+        ),
     )
     result = plan(table, None)
     assert result.status is PlanStatus.SUCCESS
@@ -110,7 +147,9 @@ def test_super_pods_alone_are_enough_to_plan():
 
 @PROPERTY_SETTINGS
 @given(cluster=clusters)
-def test_plan_is_a_permutation_with_each_switch_group_contiguous_and_the_ring_bound_reached(cluster):
+def test_plan_is_a_permutation_with_each_switch_group_contiguous_and_the_ring_bound_reached(
+    cluster,
+):
     table, topology = cluster
     result = plan(table, topology)
     assert result.status is PlanStatus.SUCCESS
@@ -128,20 +167,31 @@ def test_plan_is_a_permutation_with_each_switch_group_contiguous_and_the_ring_bo
 
 
 @PROPERTY_SETTINGS
-@given(cluster=clusters, shuffle_seed=st.integers(0, 2**16), collective=st.sampled_from(list(Collective)))
-def test_the_same_cluster_in_any_input_order_gets_the_same_ranks_per_server(cluster, shuffle_seed, collective):
+@given(
+    cluster=clusters,
+    shuffle_seed=st.integers(0, 2**16),
+    collective=st.sampled_from(list(Collective)),
+)
+def test_the_same_cluster_in_any_input_order_gets_the_same_ranks_per_server(
+    cluster, shuffle_seed, collective
+):
     table, topology = cluster
     rng = random.Random(shuffle_seed)
     servers = list(table.servers)
     rng.shuffle(servers)  # another pod order: the same machines, scheduled differently
     reordered = tuple(
-        dataclasses.replace(server, pod_index=index, devices=tuple(rng.sample(server.devices, len(server.devices))))
+        dataclasses.replace(
+            server, pod_index=index, devices=tuple(rng.sample(server.devices, len(server.devices)))
+        )
         for index, server in enumerate(servers)
     )
     items = list(topology.placements.items())
     rng.shuffle(items)
     shuffled_topology = Topology(
-        {sid: Placement(tiers=p.tiers, tors=tuple(rng.sample(p.tors, len(p.tors))), slot=p.slot) for sid, p in items},
+        {
+            sid: Placement(tiers=p.tiers, tors=tuple(rng.sample(p.tors, len(p.tors))), slot=p.slot)
+            for sid, p in items
+        },
         source=topology.source,
     )
     first = plan(table, topology, collective)
@@ -150,16 +200,24 @@ def test_the_same_cluster_in_any_input_order_gets_the_same_ranks_per_server(clus
     def by_server(result, t: RankTable) -> Dict[str, int]:
         return {server.server_id: rank for server, rank in zip(t.servers, result.node_rank_of_pod)}
 
-    assert by_server(first, table) == by_server(second, dataclasses.replace(table, servers=reordered))
+    assert by_server(first, table) == by_server(
+        second, dataclasses.replace(table, servers=reordered)
+    )
 
 
 @PROPERTY_SETTINGS
 @given(cluster=clusters, shuffle_seed=st.integers(0, 2**16))
-def test_digests_ignore_device_order_and_topology_order_but_not_the_collective(cluster, shuffle_seed):
+def test_digests_ignore_device_order_and_topology_order_but_not_the_collective(
+    cluster, shuffle_seed
+):
     table, topology = cluster
     rng = random.Random(shuffle_seed)
     shuffled_devices = dataclasses.replace(
-        table, servers=tuple(dataclasses.replace(s, devices=tuple(rng.sample(s.devices, len(s.devices)))) for s in table.servers)
+        table,
+        servers=tuple(
+            dataclasses.replace(s, devices=tuple(rng.sample(s.devices, len(s.devices))))
+            for s in table.servers
+        ),
     )
     items = list(topology.placements.items())
     rng.shuffle(items)
@@ -179,12 +237,14 @@ def test_digests_are_pinned_for_a_fixed_cluster():
     assert result.rank_mapping == plan(table, topology).rank_mapping
 
 
-# --- halving-doubling ------------------------------------------------------------------------------
+# --- halving-doubling -----------------------------------------------------------------------------
 
 
 @PROPERTY_SETTINGS
 @given(tor_bits=st.integers(1, 3), size_bits=st.integers(1, 3), seed=st.integers(0, 2**16))
-def test_rhd_first_and_largest_step_stays_inside_a_tor_for_even_power_of_two_tors(tor_bits, size_bits, seed):
+def test_rhd_first_and_largest_step_stays_inside_a_tor_for_even_power_of_two_tors(
+    tor_bits, size_bits, seed
+):
     tors, size = 1 << tor_bits, 1 << size_bits
     table, topology = synthetic_cluster(tors * size, tors, seed=seed)
     result = plan(table, topology, Collective.RHD)
@@ -200,7 +260,9 @@ def test_rhd_first_and_largest_step_stays_inside_a_tor_for_even_power_of_two_tor
 def test_rhd_choice_never_moves_more_data_across_tors_than_the_contiguous_order(cluster):
     table, topology = cluster
     keys = scorer.switch_keys(table, topology)
-    rhd = scorer.cross_switch_volume(order_of(plan(table, topology, Collective.RHD)), keys, Collective.RHD)
+    rhd = scorer.cross_switch_volume(
+        order_of(plan(table, topology, Collective.RHD)), keys, Collective.RHD
+    )
     contiguous = scorer.cross_switch_volume(order_of(plan(table, topology)), keys, Collective.RHD)
     assert rhd <= contiguous
 
@@ -229,18 +291,56 @@ PLACED = Topology({sid: Placement(tors=(f"t{i % 2}",)) for i, sid in enumerate(F
     [
         (make_table(FOUR[:2]), PLACED, {}, "only 2 node(s); reordering needs at least 3"),
         (make_table([]), PLACED, {}, "only 0 node(s)"),
-        (make_table(FOUR, devices=[8, 8, 4, 8]), PLACED, {}, "partial nodes: device counts differ (8 on 3, 4 on 1; short: 10.0.0.3)"),
-        (make_table(FOUR, devices=[8, 0, 8, 8]), PLACED, {}, "partial nodes: 1 server(s) list no devices (10.0.0.2)"),
-        (make_table(FOUR, devices=[4, 4, 4, 4]), PLACED, {"full_node_devices": 8}, "do not have the full 8 devices"),
+        (
+            make_table(FOUR, devices=[8, 8, 4, 8]),
+            PLACED,
+            {},
+            "partial nodes: device counts differ (8 on 3, 4 on 1; short: 10.0.0.3)",
+        ),
+        (
+            make_table(FOUR, devices=[8, 0, 8, 8]),
+            PLACED,
+            {},
+            "partial nodes: 1 server(s) list no devices (10.0.0.2)",
+        ),
+        (
+            make_table(FOUR, devices=[4, 4, 4, 4]),
+            PLACED,
+            {"full_node_devices": 8},
+            "do not have the full 8 devices",
+        ),
         (make_table(FOUR), None, {}, "no switch topology available"),
         (make_table(FOUR), Topology({}), {}, "no switch topology available"),
-        (make_table(FOUR), Topology({"node-1": Placement(tors=("t",))}, source="file"), {}, "topology (file) has no entry for any of the 4 servers"),
-        (make_table(FOUR, status="initializing"), PLACED, {}, "status is 'initializing', not 'completed'"),
-        (make_table(FOUR[:3] + FOUR[:1]), PLACED, {}, "duplicate server_id '10.0.0.1' (pod indices 0 and 3)"),
+        (
+            make_table(FOUR),
+            Topology({"node-1": Placement(tors=("t",))}, source="file"),
+            {},
+            "topology (file) has no entry for any of the 4 servers",
+        ),
+        (
+            make_table(FOUR, status="initializing"),
+            PLACED,
+            {},
+            "status is 'initializing', not 'completed'",
+        ),
+        (
+            make_table(FOUR[:3] + FOUR[:1]),
+            PLACED,
+            {},
+            "duplicate server_id '10.0.0.1' (pod indices 0 and 3)",
+        ),
     ],
     ids=[
-        "two-nodes", "no-nodes", "partial-node", "node-without-devices", "not-full-nodes",
-        "no-topology", "empty-topology", "topology-ids-do-not-match", "not-completed", "duplicate-server-id",
+        "two-nodes",
+        "no-nodes",
+        "partial-node",
+        "node-without-devices",
+        "not-full-nodes",
+        "no-topology",
+        "empty-topology",
+        "topology-ids-do-not-match",
+        "not-completed",
+        "duplicate-server-id",
     ],
 )
 def test_cannot_plan_gives_the_identity_with_the_reason(table, topology, kwargs, reason):
@@ -248,14 +348,18 @@ def test_cannot_plan_gives_the_identity_with_the_reason(table, topology, kwargs,
     assert result.status is PlanStatus.FAILED
     assert result.is_identity and result.master_index == 0
     assert any(reason in line for line in result.reasons), result.reasons
-    assert len(result.input_digest) == 64 and result.mapping_digest == canonical.mapping_digest(result.rank_mapping)
+    assert len(result.input_digest) == 64 and result.mapping_digest == canonical.mapping_digest(
+        result.rank_mapping
+    )
 
 
 def test_pod_indices_out_of_order_are_refused():
     table = make_table(FOUR)
     swapped = (table.servers[1], table.servers[0]) + table.servers[2:]
     result = plan(dataclasses.replace(table, servers=swapped), PLACED)
-    assert result.status is PlanStatus.FAILED and "pod indices are not 0..3 in order" in result.reasons
+    assert (
+        result.status is PlanStatus.FAILED and "pod indices are not 0..3 in order" in result.reasons
+    )
 
 
 def test_every_reason_is_reported_at_once():
@@ -263,7 +367,7 @@ def test_every_reason_is_reported_at_once():
     assert len(result.reasons) == 4
 
 
-# --- HCCL_ALGO -------------------------------------------------------------------------------------
+# --- HCCL_ALGO ------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -294,16 +398,33 @@ def test_hccl_algo_maps_the_inter_server_algorithm(value, expected):
     assert collective_from_hccl_algo(value) is expected
 
 
-# --- canonical id order ------------------------------------------------------------------------------
+# --- canonical id order ---------------------------------------------------------------------------
 
 
 def test_ids_sort_as_numbers_when_they_are_ips_and_naturally_otherwise():
-    ids = ["tor-10", "10.0.0.10", "::1", "tor-2", "10.0.0.9", "010.0.0.1", "tor-02", "2.0.0.1", "1.2.3", "0::1"]
+    ids = [
+        "tor-10",
+        "10.0.0.10",
+        "::1",
+        "tor-2",
+        "10.0.0.9",
+        "010.0.0.1",
+        "tor-02",
+        "2.0.0.1",
+        "1.2.3",
+        "0::1",
+    ]
     assert sorted(ids, key=canonical.id_sort_key) == [
-        "2.0.0.1", "10.0.0.9", "10.0.0.10",  # IPv4 by value
-        "0::1", "::1",  # IPv6 by value, equal values by spelling
-        "1.2.3", "010.0.0.1",  # not canonical addresses: natural order
-        "tor-02", "tor-2", "tor-10",
+        "2.0.0.1",
+        "10.0.0.9",
+        "10.0.0.10",  # IPv4 by value
+        "0::1",
+        "::1",  # IPv6 by value, equal values by spelling
+        "1.2.3",
+        "010.0.0.1",  # not canonical addresses: natural order
+        "tor-02",
+        "tor-2",
+        "tor-10",
     ]
 
 
@@ -317,9 +438,12 @@ def test_every_process_computes_the_same_plan_whatever_its_hash_seed():
         "from npu_job.bootstrap.synthetic import synthetic_cluster\n"
         "from npu_job.bootstrap.model import Collective, Placement, Topology\n"
         "from npu_job.bootstrap.planner import plan\n"
-        "table, topology = synthetic_cluster(60, 7, seed=11, occupancy='uneven', missing_topology=3, multi_tor=4)\n"
-        "named = Topology({sid: Placement(tiers=('spine-' + p.tors[0][-1],), tors=tuple('tor-' + t.replace('.', '') for t in p.tors), slot=p.slot)\n"
-        "                  for sid, p in topology.placements.items()})\n"
+        "table, topology = synthetic_cluster(\n"
+        "    60, 7, seed=11, occupancy='uneven', missing_topology=3, multi_tor=4)\n"
+        "def renamed(p):\n"
+        "    tors = tuple('tor-' + t.replace('.', '') for t in p.tors)\n"
+        "    return Placement(tiers=('spine-' + p.tors[0][-1],), tors=tors, slot=p.slot)\n"
+        "named = Topology({sid: renamed(p) for sid, p in topology.placements.items()})\n"
         "for collective in Collective:\n"
         "    result = plan(table, named, collective)\n"
         "    print(result.rank_mapping, result.input_digest, result.mapping_digest)\n"
@@ -327,6 +451,13 @@ def test_every_process_computes_the_same_plan_whatever_its_hash_seed():
     outputs = set()
     for hash_seed in ("0", "1", "12345"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed)
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=True,
+        )
         outputs.add(done.stdout)
     assert len(outputs) == 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from npu_job.bootstrap import scorer
 from npu_job.bootstrap.model import Collective, Device, Placement, RankTable, Server, Topology
 
@@ -42,7 +41,9 @@ def test_one_uplink_makes_every_pair_collide_and_halves_busbw():
     assert score.expected_collisions == pytest.approx(2.0)
     assert score.best_max_link_load == 2
     # two flows share the only uplink in every draw: each phase takes twice as long
-    assert score.busbw_fraction == pytest.approx(0.5) and score.best_busbw_fraction == pytest.approx(0.5)
+    assert score.busbw_fraction == pytest.approx(
+        0.5
+    ) and score.best_busbw_fraction == pytest.approx(0.5)
 
 
 def test_monte_carlo_is_seeded_and_between_worst_and_best():
@@ -57,7 +58,11 @@ def test_monte_carlo_is_seeded_and_between_worst_and_best():
 
 def test_single_tor_job_has_a_zero_lower_bound():
     score = scorer.score_order(range(3), keys_of("A", "A", "A"), samples=2)
-    assert (score.ring_cross_edges, score.ring_lower_bound, score.expected_collisions) == (0, 0, 0.0)
+    assert (score.ring_cross_edges, score.ring_lower_bound, score.expected_collisions) == (
+        0,
+        0,
+        0.0,
+    )
     assert score.busbw_fraction == 1.0
 
 
@@ -89,7 +94,7 @@ def test_rhd_power_of_two_goes_far_first():
 
 def test_rhd_folds_the_extra_ranks_of_a_non_power_of_two():
     result = scorer.phases(6, Collective.RHD)
-    # p = 4 survivors: virtual 0,1 are real 1,3 (their even partners 0,2 fold in); virtual 2,3 are 4,5
+    # p = 4 survivors: virtual 0,1 are real 1,3 (even partners 0,2 fold in); virtual 2,3 are 4,5
     assert [p.label for p in result] == ["rhd fold", "rhd d=2", "rhd d=1", "rhd unfold"]
     assert result[0].flows == ((0, 1), (2, 3))
     assert result[1].flows == ((1, 4), (3, 5), (4, 1), (5, 3))
@@ -108,7 +113,9 @@ def test_cross_switch_volume_weights_crossing_flows_by_their_data():
 def test_switch_keys_give_multi_tor_and_unplaced_nodes_their_own_switch():
     servers = tuple(Server(sid, i, (Device("0"),)) for i, sid in enumerate(["a", "b", "c"]))
     table = RankTable("1.0", "completed", servers)
-    topology = Topology({"a": Placement(tiers=("s",), tors=("t2", "t1")), "b": Placement(tors=("t1",))})
+    topology = Topology(
+        {"a": Placement(tiers=("s",), tors=("t2", "t1")), "b": Placement(tors=("t1",))}
+    )
     keys = scorer.switch_keys(table, topology)
     assert keys[0] == ("s", "t1+t2") and keys[1] == ("t1",)
     assert len(set(keys)) == 3 and keys[2] != ("c",)

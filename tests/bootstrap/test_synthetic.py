@@ -7,7 +7,6 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from npu_job.bootstrap.synthetic import synthetic_cluster
 
 
@@ -21,13 +20,17 @@ from npu_job.bootstrap.synthetic import synthetic_cluster
 )
 def test_v1_rank_table_shape_and_every_tor_used(nodes, tors, npus, seed, occupancy):
     tors = min(tors, nodes)
-    table, topology = synthetic_cluster(nodes, tors, npus_per_node=npus, seed=seed, occupancy=occupancy)
+    table, topology = synthetic_cluster(
+        nodes, tors, npus_per_node=npus, seed=seed, occupancy=occupancy
+    )
     assert table.version == "1.0" and table.is_completed and table.node_count == nodes
     assert [s.pod_index for s in table.servers] == list(range(nodes))
     assert len({s.server_id for s in table.servers}) == nodes
     for server in table.servers:
         assert [d.device_id for d in server.devices] == [str(i) for i in range(npus)]
-        assert [d.rank_id for d in server.devices] == [server.pod_index * npus + i for i in range(npus)]
+        assert [d.rank_id for d in server.devices] == [
+            server.pod_index * npus + i for i in range(npus)
+        ]
         assert server.pod_name == f"job-worker-{server.pod_index}"
     assert len({d.device_ip for s in table.servers for d in s.devices}) == nodes * npus
     sizes = Counter(topology.placement_of(s.server_id).tors for s in table.servers)
@@ -61,7 +64,15 @@ def test_uneven_occupancy_is_skewed():
 
 def test_missing_multi_tor_partial_and_outer_tiers():
     table, topology = synthetic_cluster(
-        30, 6, seed=9, missing_topology=4, multi_tor=3, partial_nodes=2, spine_groups=2, super_pods=1, npus_per_node=8
+        30,
+        6,
+        seed=9,
+        missing_topology=4,
+        multi_tor=3,
+        partial_nodes=2,
+        spine_groups=2,
+        super_pods=1,
+        npus_per_node=8,
     )
     assert len(topology.placements) == 26
     assert sum(1 for p in topology.placements.values() if len(p.tors) == 2) == 3
@@ -87,7 +98,15 @@ def test_server_ids_do_not_follow_switch_order():
         {"nodes": 8, "tors": 2, "spine_groups": 3},
         {"nodes": 8, "tors": 2, "slots_per_tor": 3},
     ],
-    ids=["more-tors-than-nodes", "empty", "unknown-occupancy", "too-many-missing", "multi-tor-needs-two", "too-many-spine-groups", "too-few-slots"],
+    ids=[
+        "more-tors-than-nodes",
+        "empty",
+        "unknown-occupancy",
+        "too-many-missing",
+        "multi-tor-needs-two",
+        "too-many-spine-groups",
+        "too-few-slots",
+    ],
 )
 def test_impossible_requests_are_refused(kwargs):
     with pytest.raises(ValueError):

@@ -12,19 +12,21 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from npu_job.bootstrap import planner
 from npu_job.bootstrap.model import Collective
 from npu_job.bootstrap.ranktable import rank_table_document
 from npu_job.bootstrap.synthetic import synthetic_cluster
 from npu_job.bootstrap.topology import encode_ranktable_tor, plain_topology_document
+
 from npu_job.cli import main
 
 
 @pytest.fixture()
 def cluster_dir(tmp_path: Path) -> Path:
     """A 24-node job on 4 ToRs (2 spine groups), one node without topology, one on two ToRs."""
-    table, topology = synthetic_cluster(24, 4, seed=3, missing_topology=1, multi_tor=1, spine_groups=2)
+    table, topology = synthetic_cluster(
+        24, 4, seed=3, missing_topology=1, multi_tor=1, spine_groups=2
+    )
     (tmp_path / "jobstart_hccl.json").write_text(json.dumps(rank_table_document(table)))
     (tmp_path / "ranktable_tor.json").write_bytes(encode_ranktable_tor(table, topology))
     (tmp_path / "topology.json").write_text(json.dumps(plain_topology_document(topology)))
@@ -37,13 +39,24 @@ def run_json(capsys, *argv: str) -> dict:
 
 
 def test_text_output_lists_the_new_order_and_compares_three_orders(cluster_dir, capsys):
-    assert main(["plan", "--rank-table", str(cluster_dir / "jobstart_hccl.json"), "--topology", str(cluster_dir / "topology.json")]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--rank-table",
+                str(cluster_dir / "jobstart_hccl.json"),
+                "--topology",
+                str(cluster_dir / "topology.json"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.startswith("plan: success (ring), 24 nodes on")
     assert "new rank  pod index  server" in out
     assert out.count("spine-") >= 23  # switch path of every placed node, outermost tier first
     assert "- (no topology)" in out
-    comparison = out[out.index("comparison for ring: U=8 uplinks per ToR"):]
+    comparison = out[out.index("comparison for ring: U=8 uplinks per ToR") :]
     for label in (
         "cross-ToR edges of a ring r->r+1 (lower bound 6)",
         "ring edges crossing each tier, outermost first",
@@ -52,13 +65,27 @@ def test_text_output_lists_the_new_order_and_compares_three_orders(cluster_dir, 
         "busbw fraction, ECMP Monte-Carlo",
     ):
         assert label in comparison
-    ring_row = next(line for line in comparison.splitlines() if line.startswith("cross-ToR edges of a ring"))
-    assert ring_row.split()[-1] == "6"  # ours reaches the bound: 4 ToRs + the two-ToR node + the unplaced node
+    ring_row = next(
+        line for line in comparison.splitlines() if line.startswith("cross-ToR edges of a ring")
+    )
+    assert (
+        ring_row.split()[-1] == "6"
+    )  # ours reaches the bound: 4 ToRs + the two-ToR node + the unplaced node
 
 
 def test_json_matches_the_planner_and_reaches_the_ring_bound(cluster_dir, capsys):
-    report = run_json(capsys, "--rank-table", str(cluster_dir), "--topology", str(cluster_dir / "topology.json"), "--seed", "4")
-    assert report["version"] == 1 and report["status"] == "success" and report["collective"] == "ring"
+    report = run_json(
+        capsys,
+        "--rank-table",
+        str(cluster_dir),
+        "--topology",
+        str(cluster_dir / "topology.json"),
+        "--seed",
+        "4",
+    )
+    assert (
+        report["version"] == 1 and report["status"] == "success" and report["collective"] == "ring"
+    )
     assert [entry["node_rank"] for entry in report["order"]] == list(range(24))
     assert sorted(entry["pod_index"] for entry in report["order"]) == list(range(24))
     assert set(report["scores"]) == {"scheduler", "random", "ours"}
@@ -69,9 +96,14 @@ def test_json_matches_the_planner_and_reaches_the_ring_bound(cluster_dir, capsys
     assert report["scores"]["scheduler"]["ring_cross_edges"] > 6
     assert report["model"] == {"uplinks": 8, "samples": 16, "seed": 4}
 
-    table, topology = synthetic_cluster(24, 4, seed=3, missing_topology=1, multi_tor=1, spine_groups=2)
+    table, topology = synthetic_cluster(
+        24, 4, seed=3, missing_topology=1, multi_tor=1, spine_groups=2
+    )
     expected = planner.plan(table, topology)
-    assert (report["rank_mapping"], report["input_digest"]) == (expected.rank_mapping, expected.input_digest)
+    assert (report["rank_mapping"], report["input_digest"]) == (
+        expected.rank_mapping,
+        expected.input_digest,
+    )
 
 
 def test_ranktable_tor_beside_the_rank_table_is_used_by_default(cluster_dir, capsys):
@@ -83,7 +115,10 @@ def test_ranktable_tor_beside_the_rank_table_is_used_by_default(cluster_dir, cap
 def test_collective_comes_from_hccl_algo_unless_given(cluster_dir, capsys, monkeypatch):
     monkeypatch.setenv("HCCL_ALGO", "level0:NA;level1:H-D_R")
     assert run_json(capsys, "--rank-table", str(cluster_dir))["collective"] == "rhd"
-    assert run_json(capsys, "--rank-table", str(cluster_dir), "--collective", "nhr")["collective"] == "nhr"
+    assert (
+        run_json(capsys, "--rank-table", str(cluster_dir), "--collective", "nhr")["collective"]
+        == "nhr"
+    )
 
 
 def test_uplinks_and_samples_shape_the_model(cluster_dir, capsys):
@@ -107,13 +142,23 @@ def test_a_job_that_cannot_be_planned_is_shown_with_its_reason(tmp_path, capsys)
     ("files", "argv", "expected"),
     [
         ({}, ["--rank-table", "{d}/missing.json"], "{d}/missing.json: file: "),
-        ({"t.json": '{"status": "completed", "server_list": ['}, ["--rank-table", "{d}/t.json"], "{d}/t.json: line 1"),
+        (
+            {"t.json": '{"status": "completed", "server_list": ['},
+            ["--rank-table", "{d}/t.json"],
+            "{d}/t.json: line 1",
+        ),
         ({"t.json": "[1, 2]"}, ["--rank-table", "{d}/t.json"], "{d}/t.json"),
-        ({"topo.json": "{not json"}, ["--rank-table", "{rt}", "--topology", "{d}/topo.json"], "{d}/topo.json"),
+        (
+            {"topo.json": "{not json"},
+            ["--rank-table", "{rt}", "--topology", "{d}/topo.json"],
+            "{d}/topo.json",
+        ),
     ],
     ids=["missing-rank-table", "truncated-json", "not-a-rank-table", "bad-topology"],
 )
-def test_bad_input_is_one_line_exit_3_without_traceback(cluster_dir, tmp_path, files, argv, expected):
+def test_bad_input_is_one_line_exit_3_without_traceback(
+    cluster_dir, tmp_path, files, argv, expected
+):
     bad = tmp_path / "bad"
     bad.mkdir()
     for name, text in files.items():
@@ -121,7 +166,9 @@ def test_bad_input_is_one_line_exit_3_without_traceback(cluster_dir, tmp_path, f
     fill = {"d": str(bad), "rt": str(cluster_dir / "jobstart_hccl.json")}
     result = subprocess.run(
         [sys.executable, "-m", "npu_job", "plan", *(arg.format(**fill) for arg in argv)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 3, result.stderr
     assert result.stdout == ""
@@ -132,14 +179,37 @@ def test_bad_input_is_one_line_exit_3_without_traceback(cluster_dir, tmp_path, f
 
 def test_subprocess_json_and_usage_errors(cluster_dir):
     ok = subprocess.run(
-        [sys.executable, "-m", "npu_job", "plan", "--rank-table", str(cluster_dir), "--json", "--collective", "rhd"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "npu_job",
+            "plan",
+            "--rank-table",
+            str(cluster_dir),
+            "--json",
+            "--collective",
+            "rhd",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert ok.returncode == 0, ok.stderr
     report = json.loads(ok.stdout)
     assert report["version"] == 1 and report["collective"] == Collective.RHD.value
     usage = subprocess.run(
-        [sys.executable, "-m", "npu_job", "plan", "--rank-table", str(cluster_dir), "--uplinks", "0"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "npu_job",
+            "plan",
+            "--rank-table",
+            str(cluster_dir),
+            "--uplinks",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert usage.returncode == 2 and "expected an integer >= 1, got '0'" in usage.stderr
