@@ -33,6 +33,12 @@ def cluster_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def plan_subprocess(*argv: str) -> subprocess.CompletedProcess:
+    """``python -m npu_job plan ARGV`` as a separate process, as a user would run it."""
+    command = [sys.executable, "-m", "npu_job", "plan", *argv]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
 def run_json(capsys, *argv: str) -> dict:
     assert main(["plan", *argv, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
@@ -164,12 +170,7 @@ def test_bad_input_is_one_line_exit_3_without_traceback(
     for name, text in files.items():
         (bad / name).write_text(text)
     fill = {"d": str(bad), "rt": str(cluster_dir / "jobstart_hccl.json")}
-    result = subprocess.run(
-        [sys.executable, "-m", "npu_job", "plan", *(arg.format(**fill) for arg in argv)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = plan_subprocess(*(arg.format(**fill) for arg in argv))
     assert result.returncode == 3, result.stderr
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
@@ -178,38 +179,9 @@ def test_bad_input_is_one_line_exit_3_without_traceback(
 
 
 def test_subprocess_json_and_usage_errors(cluster_dir):
-    ok = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "npu_job",
-            "plan",
-            "--rank-table",
-            str(cluster_dir),
-            "--json",
-            "--collective",
-            "rhd",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    ok = plan_subprocess("--rank-table", str(cluster_dir), "--json", "--collective", "rhd")
     assert ok.returncode == 0, ok.stderr
     report = json.loads(ok.stdout)
     assert report["version"] == 1 and report["collective"] == Collective.RHD.value
-    usage = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "npu_job",
-            "plan",
-            "--rank-table",
-            str(cluster_dir),
-            "--uplinks",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    usage = plan_subprocess("--rank-table", str(cluster_dir), "--uplinks", "0")
     assert usage.returncode == 2 and "expected an integer >= 1, got '0'" in usage.stderr
