@@ -101,7 +101,7 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(cluster_factory, tmp_pa
         assert record["RANK"] == str(rank)
         assert record["LOCAL_RANK"] == str(local_rank)
         assert record["GROUP_RANK"] == str(node_rank)
-        assert record["ROLE_RANK"] == str(rank)
+        assert record["ROLE_RANK"] == str(rank) and record["ROLE_NAME"] == "default"
         assert record["WORLD_SIZE"] == record["ROLE_WORLD_SIZE"] == str(NNODES * NPROC)
         assert record["LOCAL_WORLD_SIZE"] == str(NPROC)
         assert record["GROUP_WORLD_SIZE"] == str(NNODES)
