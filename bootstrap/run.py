@@ -281,7 +281,9 @@ def _read_candidate(candidate: TopologyCandidate, env: Mapping[str, str],
                                  "(service host and a service account token)")
             return None
         try:
-            return api.node_list(), f"{api.base_url}/api/v1/nodes"
+            # in the automatic chain the API is optional: do not hold the pod up for it
+            data = api.node_list(quick=not candidate.required)
+            return data, f"{api.base_url}/api/v1/nodes"
         except InputError as error:
             if candidate.required:
                 raise

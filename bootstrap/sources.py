@@ -43,6 +43,8 @@ HTTP_CONNECT_TIMEOUT = 5.0
 HTTP_READ_TIMEOUT = 30.0
 HTTP_RETRIES = 3
 HTTP_BACKOFF = 0.5  # seconds; doubles per retry (urllib3 Retry)
+QUICK_CONNECT_TIMEOUT = 2.0  # an optional source (the API in the automatic chain)
+QUICK_READ_TIMEOUT = 10.0
 
 Verify = Union[bool, str]
 
@@ -182,21 +184,31 @@ class KubernetesAPI:
             host = f"[{host}]"  # IPv6 literal
         return cls(f"https://{host}:{port}", str(token), str(account / "ca.crt"))
 
-    def get(self, api_path: str, params: Optional[Mapping[str, str]] = None) -> bytes:
+    def get(self, api_path: str, params: Optional[Mapping[str, str]] = None, *,
+            quick: bool = False) -> bytes:
+        """GET ``api_path`` with the bearer token; ``quick``: one retry and short timeouts, for
+        an optional source that must not hold up a pod when the API is unreachable."""
         token = read_file(self.token_path).decode("utf-8", "replace").strip()
         verify: Verify = self.ca_path if Path(self.ca_path).is_file() else True
-        return fetch_url(
-            f"{self.base_url}{api_path}",
-            verify=verify,
-            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
-            params=params,
-            name=f"{self.base_url}{api_path}",
-        )
+        if quick:
+            session, timeout = http_session(1, 0.2), (QUICK_CONNECT_TIMEOUT, QUICK_READ_TIMEOUT)
+        else:
+            session, timeout = http_session(), (HTTP_CONNECT_TIMEOUT, HTTP_READ_TIMEOUT)
+        with session:
+            return fetch_url(
+                f"{self.base_url}{api_path}",
+                verify=verify,
+                headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+                params=params,
+                name=f"{self.base_url}{api_path}",
+                session=session,
+                timeout=timeout,
+            )
 
-    def node_list(self) -> bytes:
+    def node_list(self, *, quick: bool = False) -> bytes:
         # resourceVersion=0 lets the API server answer from its watch cache instead of etcd:
         # every pod of a big job asks at once.
-        return self.get("/api/v1/nodes", params={"resourceVersion": "0"})
+        return self.get("/api/v1/nodes", params={"resourceVersion": "0"}, quick=quick)
 
 
 # --- locating inputs ------------------------------------------------------------------------------

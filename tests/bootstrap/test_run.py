@@ -4,6 +4,7 @@ falls back to scheduler order (exit 0, no rank files, one error line) unless str
 import json
 import logging
 import os
+import time
 
 import pytest
 
@@ -259,6 +260,19 @@ def test_refused_kubernetes_api_is_skipped_in_the_chain_but_fatal_when_asked_for
     assert chained.route_plan["reason"] == "no switch topology available"
     assert any("skipping Kubernetes node labels" in line and "401" in line for line in logs())
     assert "HTTP status: expected 200 OK, got 401 Unauthorized" in asked.route_plan["reason"]
+
+
+def test_unreachable_kubernetes_api_does_not_hold_the_pod_up(job, tmp_path, tls_files, logs):
+    _, _, _, env = job
+    os.unlink(os.path.join(env["RANK_TABLE_FILE"], "ranktable_tor.json"))
+    with HTTPSServer(*tls_files) as server:
+        env = dict(env, **_in_cluster(tmp_path, tls_files, server, "tok"))
+    env.pop("NPU_JOB_K8S_TOPOLOGY")  # the server is gone now: connection refused
+    started = time.monotonic()
+    result = bootstrap({}, env)
+    assert time.monotonic() - started < 1.5, "the optional API source retried too long (3 s without quick)"
+    assert result.route_plan["reason"] == "no switch topology available"
+    assert any("skipping Kubernetes node labels" in line and "reachable" in line for line in logs())
 
 
 def test_json_flag_prints_the_route_plan(job, capsys):
