@@ -351,8 +351,10 @@ class Supervisor:
     """Runs the staged pods like a kubelet with ``restartPolicy: OnFailure``, and watches their logs."""
 
     def __init__(self, prepared: Prepared, *, prefix_of: Callable[[int], Sequence[str]] = lambda index: (),
-                 progress: Callable[[str], None] = lambda line: None, phases: Optional[Phases] = None) -> None:
+                 progress: Callable[[str], None] = lambda line: None, phases: Optional[Phases] = None,
+                 user_namespace: Optional[bool] = None) -> None:
         self.prepared = prepared
+        self.user_namespace = user_namespace  # None: only when not root (podsim.unshare_prefix)
         self.prefix_of = prefix_of
         self.progress = progress
         self.phases = phases or Phases()
@@ -369,7 +371,8 @@ class Supervisor:
         from npu_job import podsim
 
         for index, spec_file in enumerate(self.prepared.spec_files):
-            self.pods.append(podsim.start_pod(spec_file, prefix=self.prefix_of(index)))
+            self.pods.append(podsim.start_pod(spec_file, prefix=self.prefix_of(index),
+                                              user_namespace=self.user_namespace))
         self.phases.mark("pods_started")
 
     def kill(self, index: int) -> None:
@@ -384,7 +387,7 @@ class Supervisor:
         self.progress(f"pod {index}: exited {self.pods[index].poll()}; restartPolicy OnFailure: "
                       f"restart {self.restarts[index]}/{self.prepared.options.max_restarts}")
         self.pods[index] = podsim.start_pod(self.prepared.spec_files[index], attempt=self.restarts[index],
-                                            prefix=self.prefix_of(index))
+                                            prefix=self.prefix_of(index), user_namespace=self.user_namespace)
 
     def poll_logs(self) -> None:
         for index, pod in enumerate(self.pods):
@@ -553,8 +556,12 @@ class DemoResult:
 def run(options: DemoOptions, workspace: Path, *, host_ips: Optional[Sequence[str]] = None,
         prefix_of: Callable[[int], Sequence[str]] = lambda index: (),
         progress: Callable[[str], None] = lambda line: None,
-        fault: Optional[Callable[[Supervisor], None]] = None) -> DemoResult:
-    """The whole pipeline; ``fault(supervisor)`` may inject a failure while the pods run."""
+        fault: Optional[Callable[[Supervisor], None]] = None,
+        user_namespace: Optional[bool] = None) -> DemoResult:
+    """The whole pipeline; ``fault(supervisor)`` may inject a failure while the pods run.
+
+    ``user_namespace=True`` runs the pods as an unprivileged user would (the default when not root).
+    """
     phases = Phases()
     phases.mark("start")
     ips = tuple(host_ips) if host_ips is not None else loopback_ips(options.nodes)
@@ -566,7 +573,8 @@ def run(options: DemoOptions, workspace: Path, *, host_ips: Optional[Sequence[st
     if score is not None:
         progress(f"cross-ToR ring edges: scheduler order {score.cross_before}, planned {score.cross_after}, "
                  f"lower bound {score.lower_bound}")
-    supervisor = Supervisor(prepared, prefix_of=prefix_of, progress=progress, phases=phases)
+    supervisor = Supervisor(prepared, prefix_of=prefix_of, progress=progress, phases=phases,
+                            user_namespace=user_namespace)
     progress(f"starting {options.nodes} pods x {options.nproc_per_node} workers "
              f"(workspace {workspace})")
     try:

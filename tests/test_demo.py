@@ -97,7 +97,10 @@ def test_a_fallback_that_still_wrote_rank_files_is_reported():
 # -- the command ------------------------------------------------------------------------------
 @pytest.mark.torch
 @pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
-def test_demo_runs_the_whole_chain_and_says_so(tmp_path, capsys):
+def test_demo_runs_the_whole_chain_and_says_so(tmp_path, capsys, monkeypatch):
+    """As a user without root runs it: the pods get user namespaces (``unshare --user``)."""
+    monkeypatch.setattr(podsim.os, "geteuid", lambda: 1000)
+    assert "--user" in podsim.unshare_prefix()
     keep = tmp_path / "demo"
     code = main(["demo", "--nodes", "3", "--tors", "3", "--nproc-per-node", "1", "--steps", "4",
                  "--seed", "0", "--keep", str(keep), "--json"])
