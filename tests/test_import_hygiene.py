@@ -22,6 +22,8 @@ POD_SIDE_MODULES = [
     "npu_job.launcher.devices",
     # the store proxy runs in the agent but needs no torch (wire protocol only)
     *(f"npu_job.launcher.{name}" for name in ("protocol", "proxy", "storeclient")),
+    # the demo's pod simulator and orchestration (torch only inside the pods it starts)
+    "npu_job.podsim", "npu_job.demo", "npu_job.cli.demo",
 ]
 
 
