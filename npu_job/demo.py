@@ -366,6 +366,7 @@ class Supervisor:
         self.losses: List[Tuple[int, float]] = []
         self.node_rank_lines: Dict[int, str] = {}
         self.log_tail: Dict[int, List[str]] = {i: [] for i in range(len(prepared.specs))}
+        self.setup_error: Optional[str] = None  # a pod could not get its namespaces: no retry helps
 
     def start(self) -> None:
         from npu_job import podsim
@@ -406,9 +407,13 @@ class Supervisor:
                 self._on_line(index, line)
 
     def _on_line(self, index: int, line: str) -> None:
+        from npu_job.podsim import SETUP_FAILED
+
         tail = self.log_tail[index]
         tail.append(line)
         del tail[:-40]
+        if line.startswith(SETUP_FAILED) and self.setup_error is None:
+            self.setup_error = f"pod {index}: {line[len(SETUP_FAILED):].strip()}"
         match = _NODE_RANK.search(line)
         if match:
             self.node_rank_lines[index] = line
@@ -439,6 +444,11 @@ class Supervisor:
             self.poll_logs()
             if until is not None and until():
                 return True
+            if self.setup_error is not None:
+                self.stop()
+                raise LaunchError(f"cannot start the pods: {self.setup_error}",
+                                  tip="pods need mount, UTS and PID namespaces: run as root, or allow "
+                                      "unprivileged user namespaces")
             running = False
             for index, pod in enumerate(self.pods):
                 code = pod.poll()

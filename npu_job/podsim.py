@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 JOB_API_VERSION = "batch.volcano.sh/v1alpha1"
 SVC_MOUNT_PATH = "/etc/volcano"
+SETUP_FAILED = "podsim: cannot set up the pod:"  # the line a pod prints when its namespaces fail
 DEFAULT_CONFIGMAP_MODE = 0o644
 
 # Variables a Volcano pod never inherits from the machine that runs the demo: a pod starts from
@@ -464,7 +465,7 @@ def reset_pod_tmp(directory: Path) -> None:
 def pod_argv(spec_file: Path, prefix: Sequence[str] = (), user_namespace: Optional[bool] = None) -> List[str]:
     """The command that starts a staged pod (``prefix`` e.g. ``ip netns exec NS``)."""
     return [*prefix, *unshare_prefix(user_namespace), sys.executable, "-m", "npu_job.podsim", "enter",
-            str(spec_file)]
+            str(spec_file), os.readlink("/proc/self/ns/mnt")]
 
 
 class PodProcess:
@@ -627,12 +628,15 @@ class _RootBuilder:
             _mount("", str(target), None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY)
 
 
-def enter_pod(spec_file: Path) -> None:
+def enter_pod(spec_file: Path, host_mount_namespace: str) -> None:
     """Inside fresh mount+UTS namespaces: build the pod's filesystem view, then exec its command."""
     import socket
 
     spec = PodSpec.from_json(spec_file.read_text())
     directory = spec_file.parent.resolve()
+    if os.readlink("/proc/self/ns/mnt") == host_mount_namespace:
+        # Never mount anything in the launching machine's namespace (pod_argv runs us under unshare).
+        raise LaunchError("not inside a private mount namespace; refusing to touch the host's mounts")
     builder = _RootBuilder(directory / "root")
     builder.populate(directory / "tmp")
     builder.bind(directory / "hosts", "/etc/hosts", read_only=True)
@@ -665,13 +669,13 @@ def enter_pod(spec_file: Path) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2 or args[0] != "enter":
-        sys.stderr.write("usage: python -m npu_job.podsim enter POD_JSON  (run inside unshare)\n")
+    if len(args) != 3 or args[0] != "enter":
+        sys.stderr.write("usage: python -m npu_job.podsim enter POD_JSON HOST_MNT_NS  (see pod_argv)\n")
         return 2
     try:
-        enter_pod(Path(args[1]))
+        enter_pod(Path(args[1]), args[2])
     except (OSError, LaunchError) as error:
-        sys.stderr.write(f"podsim: cannot set up the pod: {error}\n")
+        sys.stderr.write(f"{SETUP_FAILED} {error}\n")
         return 126
     return 0  # not reached: enter_pod execs
 

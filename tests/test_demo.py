@@ -151,3 +151,12 @@ def test_without_unshare_the_demo_says_what_to_install(tmp_path, monkeypatch, ca
     err = capsys.readouterr().err
     assert "cannot give each pod its own mount namespace" in err and "TIP:" in err
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
+def test_pods_that_cannot_get_namespaces_fail_fast_with_one_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(podsim, "unshare_prefix", lambda user_namespace=None: [])  # pods without namespaces
+    assert main(["demo", "--nodes", "3", "--nproc-per-node", "1", "--keep", str(tmp_path / "d")]) == 8
+    err = capsys.readouterr().err
+    assert "cannot start the pods: pod " in err and "private mount namespace" in err and "TIP:" in err
+    assert "Traceback" not in err

@@ -196,3 +196,14 @@ def test_killing_a_pod_kills_every_process_in_it(tmp_path):
         subprocess.run(["sleep", "0.05"])
     assert podsim.processes_inside(tmp_path) == []
     assert pod.poll() == -9
+
+
+def test_entering_a_pod_outside_its_namespaces_refuses_to_touch_the_host(tmp_path):
+    import sys
+
+    spec = podsim.pod_specs([job_document(replicas=1)], IPS[:1])[0]
+    spec_file = podsim.stage_pod(spec, tmp_path / spec.name)
+    argv = podsim.pod_argv(spec_file)
+    run = subprocess.run(argv[argv.index(sys.executable):], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 126
+    assert run.stderr.startswith(podsim.SETUP_FAILED) and "private mount namespace" in run.stderr
