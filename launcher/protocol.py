@@ -204,50 +204,99 @@ class _Cursor:
         return count
 
 
+def _key(buf: Union[bytes, bytearray, memoryview], pos: int, limit: int = MAX_KEY_LEN,
+         what: str = "key") -> Tuple[bytes, int]:
+    if pos + 8 > len(buf):
+        raise _Incomplete
+    (size,) = _U64.unpack_from(buf, pos)
+    if size > limit:
+        raise ProtocolError(f"{what} of {size} bytes exceeds the server limit of {limit}")
+    start, end = pos + 8, pos + 8 + size
+    if end > len(buf):
+        raise _Incomplete
+    return bytes(buf[start:end]), end
+
+
+def _payload(buf: Union[bytes, bytearray, memoryview], pos: int) -> Tuple[bytes, int]:
+    return _key(buf, pos, MAX_PAYLOAD_LEN, "value")
+
+
+def _number(buf: Union[bytes, bytearray, memoryview], pos: int, fmt: struct.Struct) -> Tuple[int, int]:
+    end = pos + fmt.size
+    if end > len(buf):
+        raise _Incomplete
+    return fmt.unpack_from(buf, pos)[0], end
+
+
+def _keys(buf: Union[bytes, bytearray, memoryview], pos: int) -> Tuple[Tuple[bytes, ...], int]:
+    count, pos = _number(buf, pos, _U64)
+    if count > MAX_KEY_COUNT:
+        raise ProtocolError(f"{count} keys exceed the server limit of {MAX_KEY_COUNT}")
+    keys = []
+    for _ in range(count):
+        key, pos = _key(buf, pos)
+        keys.append(key)
+    return tuple(keys), pos
+
+
+_OPS = {int(op): op for op in Op}
+_KEY_ONLY = frozenset({Op.GET, Op.DELETE_KEY, Op.QUEUE_POP, Op.QUEUE_LEN})
+_KEY_VALUE = frozenset({Op.SET, Op.APPEND, Op.QUEUE_PUSH})
+_KEY_LIST = frozenset({Op.CHECK, Op.WAIT, Op.MULTI_GET})
+_BARE = frozenset({Op.GETNUMKEYS, Op.CANCEL_WAIT, Op.LIST_KEYS})
+
+
 def decode_request(
     buf: Union[bytes, bytearray, memoryview], pos: int = 0
 ) -> Optional[Tuple[Request, int]]:
     """Decode one request at ``buf[pos:]``; None if incomplete, else (request, next pos)."""
-    cur = _Cursor(buf, pos)
+    if pos >= len(buf):
+        return None
+    op = _OPS.get(buf[pos])
+    if op is None:
+        raise ProtocolError(f"unknown opcode {buf[pos]}")
+    pos += 1
     try:
-        code = cur.unpack(_U8)
-        try:
-            op = Op(code)
-        except ValueError:
-            raise ProtocolError(f"unknown opcode {code}") from None
-        key = lambda: cur.string(MAX_KEY_LEN, "key")  # noqa: E731
-        payload = lambda: cur.string(MAX_PAYLOAD_LEN, "value")  # noqa: E731
-        if op in (Op.VALIDATE, Op.PING):
-            request = Request(op, number=cur.unpack(_U32))
-        elif op in (Op.GETNUMKEYS, Op.CANCEL_WAIT, Op.LIST_KEYS):
-            request = Request(op)
-        elif op in (Op.GET, Op.DELETE_KEY, Op.QUEUE_POP, Op.QUEUE_LEN):
-            request = Request(op, keys=(key(),))
-        elif op in (Op.SET, Op.APPEND, Op.QUEUE_PUSH):
-            k = key()
-            request = Request(op, keys=(k,), values=(payload(),))
-        elif op == Op.COMPARE_SET:
-            k = key()
-            expected = payload()
-            request = Request(op, keys=(k,), values=(expected, payload()))
+        if op in _KEY_ONLY:
+            key, pos = _key(buf, pos)
+            request = Request(op, (key,))
+        elif op in _KEY_LIST:
+            keys, pos = _keys(buf, pos)
+            request = Request(op, keys)
+        elif op in _KEY_VALUE:
+            key, pos = _key(buf, pos)
+            value, pos = _payload(buf, pos)
+            request = Request(op, (key,), (value,))
         elif op in (Op.ADD, Op.BARRIER):
-            k = key()
-            request = Request(op, keys=(k,), number=cur.unpack(_I64))
-        elif op in (Op.CHECK, Op.WAIT, Op.MULTI_GET):
-            n = cur.count()
-            request = Request(op, keys=tuple(key() for _ in range(n)))
+            key, pos = _key(buf, pos)
+            number, pos = _number(buf, pos, _I64)
+            request = Request(op, (key,), number=number)
+        elif op in (Op.VALIDATE, Op.PING):
+            number, pos = _number(buf, pos, _U32)
+            if op == Op.VALIDATE and number != VALIDATION_MAGIC:
+                raise ProtocolError(f"bad validation magic {number:#x}")
+            request = Request(op, number=number)
+        elif op in _BARE:
+            request = Request(op)
+        elif op == Op.COMPARE_SET:
+            key, pos = _key(buf, pos)
+            expected, pos = _payload(buf, pos)
+            desired, pos = _payload(buf, pos)
+            request = Request(op, (key,), (expected, desired))
         else:  # MULTI_SET
-            n = cur.count()
+            count, pos = _number(buf, pos, _U64)
+            if count > MAX_KEY_COUNT:
+                raise ProtocolError(f"{count} keys exceed the server limit of {MAX_KEY_COUNT}")
             keys, values = [], []
-            for _ in range(n):
-                keys.append(key())
-                values.append(payload())
-            request = Request(op, keys=tuple(keys), values=tuple(values))
+            for _ in range(count):
+                key, pos = _key(buf, pos)
+                value, pos = _payload(buf, pos)
+                keys.append(key)
+                values.append(value)
+            request = Request(op, tuple(keys), tuple(values))
     except _Incomplete:
         return None
-    if op == Op.VALIDATE and request.number != VALIDATION_MAGIC:
-        raise ProtocolError(f"bad validation magic {request.number:#x}")
-    return request, cur.pos
+    return request, pos
 
 
 def decode_reply(

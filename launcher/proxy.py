@@ -83,6 +83,8 @@ _READ_CHUNK = 1 << 16
 _POLL_FIRST = 0.005
 _POLL_MAX = 0.25
 _PROBE_TIMEOUT = 2.0
+# Answered by the proxy itself or served by wait connections; everything else goes on the main one.
+_LOCAL_OPS = frozenset({Op.WAIT, Op.PING, Op.CANCEL_WAIT, Op.BARRIER})
 
 
 class UpstreamLost(ConnectionError):
@@ -510,42 +512,45 @@ class AsyncStoreProxy:
 
     async def _dispatch(self, client: _Client, request: Request) -> None:
         op = request.op
-        if op == Op.PING:
+        if op not in _LOCAL_OPS:
+            main = self._main
+            if main is None or main.closed:
+                main = await self._get_main()
+            future = self._submit(main, request)
+            if future is not None:
+                # Not shielded: only aclose() cancels a client task, and then every joiner goes too.
+                client.write(encode_reply(op, await future))
+        elif op == Op.WAIT:
+            self._client_wait(client, request.keys)
+        elif op == Op.PING:
             client.write(encode_reply(op, request.number))
         elif op == Op.CANCEL_WAIT:
             self._leave_wait(client)
             self._leave_barrier(client)
             client.write(encode_reply(op, WaitReply.WAIT_CANCELED))
-        elif op == Op.WAIT:
-            self._client_wait(client, request.keys)
-        elif op == Op.BARRIER:
+        else:  # BARRIER
             self._note_write(request)
             await self._client_barrier(client, request)
-        else:
-            value = await self._forward(request)
-            client.write(encode_reply(op, value))
 
     # ------------------------------------------------------------ non-blocking requests
 
-    async def _forward(self, request: Request) -> ReplyValue:
+    def _submit(self, main: _Upstream, request: Request) -> Optional[asyncio.Future]:
+        """Send (or join) ``request`` on the main connection; the reply's future, None if no reply.
+
+        Synchronous on purpose: the write invalidation and the send are one atomic step.
+        """
         op = request.op
-        main = await self._get_main()
-        # No await from here to the send: the invalidation and the send are one atomic step.
         if op in WRITE_OPS:
             self._note_write(request)
         if op in QUEUE_OPS:
             self._queue_keys.update(request.keys)
         if op == Op.GET:
-            future = self._join_or_send(main, request, self._get_inflight, request.keys[0])
-        elif op == Op.CHECK:
-            future = self._join_or_send(main, request, self._check_inflight, request.keys)
-        elif op == Op.ADD:
-            future = self._add(main, request.keys[0], request.number)
-        else:
-            future = main.send(request)
-            if future is None:
-                return None
-        return await asyncio.shield(future)
+            return self._join_or_send(main, request, self._get_inflight, request.keys[0])
+        if op == Op.CHECK:
+            return self._join_or_send(main, request, self._check_inflight, request.keys)
+        if op == Op.ADD:
+            return self._add(main, request.keys[0], request.number)
+        return main.send(request)
 
     def _join_or_send(self, main: _Upstream, request: Request, table: dict, key: object) -> asyncio.Future:
         future = table.get(key)

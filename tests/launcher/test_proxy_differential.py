@@ -49,6 +49,14 @@ def outcome(call: Callable[[], object]) -> object:
 Step = Tuple[str, Callable[[World], object]]
 
 
+def fenced(world: World, client: int, op: Callable[..., object], *args: object) -> object:
+    """A no-reply op, then a round trip on the same connection: the root has applied it before
+    another client's next request (even straight to the root, two connections are not ordered)."""
+    result = op(*args)
+    world.clients[client].check(["fence"])
+    return result
+
+
 def random_steps(rng: random.Random, count: int) -> List[Step]:
     """Steps valid in any state (no ADD on non-numbers, no unbounded blocking)."""
     steps: List[Step] = []
@@ -65,7 +73,7 @@ def random_steps(rng: random.Random, count: int) -> List[Step]:
         )
         if kind == "set":
             known.add(key)
-            steps.append((f"{c}.set({key})", lambda w, c=c, k=key, v=value: w.clients[c].set(k, v)))
+            steps.append((f"{c}.set({key})", lambda w, c=c, k=key, v=value: fenced(w, c, w.clients[c].set, k, v)))
         elif kind == "get" and key in known:
             steps.append((f"{c}.get({key})", lambda w, c=c, k=key: w.clients[c].get(k)))
         elif kind == "add":
@@ -88,7 +96,7 @@ def random_steps(rng: random.Random, count: int) -> List[Step]:
             steps.append((f"{c}.delete_key({key})", lambda w, c=c, k=key: w.clients[c].delete_key(k)))
         elif kind == "append":
             known.add(key)
-            steps.append((f"{c}.append({key})", lambda w, c=c, k=key, v=value: w.clients[c].append(k, v)))
+            steps.append((f"{c}.append({key})", lambda w, c=c, k=key, v=value: fenced(w, c, w.clients[c].append, k, v)))
         elif kind == "multi_get":
             present = sorted(known)[:2]
             if present:
@@ -97,12 +105,12 @@ def random_steps(rng: random.Random, count: int) -> List[Step]:
             keys = rng.sample(KEYS, 2)
             known.update(keys)
             steps.append((f"{c}.multi_set({keys})",
-                          lambda w, c=c, ks=keys, v=value: w.clients[c].multi_set(ks, [v, v + "!"])))
+                          lambda w, c=c, ks=keys, v=value: fenced(w, c, w.clients[c].multi_set, ks, [v, v + "!"])))
         elif kind == "list_keys":
             steps.append((f"{c}.list_keys", lambda w, c=c: w.clients[c].list_keys()))
         elif kind == "queue_push":
             queued[queue] += 1
-            steps.append((f"{c}.queue_push({queue})", lambda w, c=c, q=queue, v=value: w.clients[c].queue_push(q, v)))
+            steps.append((f"{c}.queue_push({queue})", lambda w, c=c, q=queue, v=value: fenced(w, c, w.clients[c].queue_push, q, v)))
         elif kind == "queue_len":
             steps.append((f"{c}.queue_len({queue})", lambda w, c=c, q=queue: w.clients[c].queue_len(q)))
         elif kind == "queue_pop" and queued[queue] > 0:
