@@ -90,7 +90,7 @@ def loopback_ips(count: int) -> Tuple[str, ...]:
 
 def simulated_cluster(options: DemoOptions, host_ips: Sequence[str]) -> SimulatedCluster:
     """A CCE cluster for ``options`` whose server ids are the pods' host addresses (pure)."""
-    from npu_job.bootstrap.model import Placement, Server, Topology
+    from npu_job.bootstrap.model import Placement, Topology
     from npu_job.bootstrap.ranktable import parse_rank_table, rank_table_document
     from npu_job.bootstrap.synthetic import synthetic_cluster
     from npu_job.bootstrap.topology import encode_ranktable_tor, parse_topology
