@@ -28,7 +28,37 @@ Route = Callable[[BaseHTTPRequestHandler], Response]
 
 
 def make_self_signed(directory: Path) -> Tuple[Path, Path]:
-    """(cert.pem, key.pem) for 127.0.0.1, valid for a day; the cert is its own CA."""
+    """(cert.pem, key.pem) for 127.0.0.1, valid for a day; the cert is its own CA.
+
+    Uses the ``cryptography`` package when installed, else the ``openssl`` command.
+    """
+    try:
+        import cryptography  # noqa: F401
+    except ImportError:
+        return _make_self_signed_with_openssl(directory)
+    return _make_self_signed_with_cryptography(directory)
+
+
+def _make_self_signed_with_openssl(directory: Path) -> Tuple[Path, Path]:
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the cryptography package or the openssl command to make a certificate")
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "1", "-subj", "/CN=npu-job test server",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-addext", "basicConstraints=critical,CA:TRUE",
+         "-keyout", str(key_path), "-out", str(cert_path)],
+        check=True, capture_output=True,
+    )
+    return cert_path, key_path
+
+
+def _make_self_signed_with_cryptography(directory: Path) -> Tuple[Path, Path]:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec

@@ -200,3 +200,16 @@ def test_wrong_token_is_an_input_error(server, tmp_path, ca):
     with pytest.raises(InputError, match=r"/api/v1/nodes: HTTP status: expected 200 OK, got 401 Unauthorized"):
         api.node_list()
     assert os.path.exists(account / "token")
+
+
+def test_a_certificate_made_with_the_openssl_command_verifies_too(tmp_path):
+    import shutil
+
+    from .https_server import _make_self_signed_with_openssl
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command")
+    cert, key = _make_self_signed_with_openssl(tmp_path)
+    with HTTPSServer(cert, key) as running:
+        running.routes["/x"] = serve_bytes(b"ok")
+        assert read_bytes(running.url("/x"), verify=str(cert)) == b"ok"
