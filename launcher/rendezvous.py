@@ -60,7 +60,8 @@ LOOPBACK = "127.0.0.1"
 
 DEFAULT_STORE_TIMEOUT = 900.0  # torch's LaunchConfig default for rdzv_configs["timeout"]
 DEFAULT_JOIN_TIMEOUT = 600.0  # torch's c10d join_timeout
-DEFAULT_CLOSE_TIMEOUT = 30.0
+DEFAULT_CLOSE_TIMEOUT = 10.0
+BIND_GRACE = 2.0  # on top of close_timeout: how long node rank 0 retries a busy root port
 DEFAULT_WATCH_INTERVAL = 1.0
 PROGRESS_INTERVAL = 30.0
 MAX_LISTED_NODES = 16
@@ -255,8 +256,8 @@ class ParallelRendezvousHandler(RendezvousHandler):
 
     def next_rendezvous(self) -> RendezvousInfo:
         settings = self._settings
-        store = self._connect()
         number = self._rounds_done
+        store = self._connect_to_open_run() if number == 0 and settings.node_rank != 0 else self._connect()
         with self._root_errors(f"joining round {number}"):
             self._raise_if_closed(store)
             if number == 0:
@@ -357,30 +358,82 @@ class ParallelRendezvousHandler(RendezvousHandler):
     def _connect(self) -> TCPStore:
         if self._store is not None:
             return self._store
+        if self._settings.node_rank == 0:
+            self._store = self._host_root()
+        else:
+            self._await_root_listening()
+            self._store = self._open_client()
+        return self._store
+
+    def _host_root(self) -> TCPStore:
+        """Start the root store server; retry while the port is still held by a finishing run.
+
+        After a pod restart, the previous node rank 0 agent of this job may still hold the port
+        for up to ``close_timeout`` (it waits for the other agents to sign off); a port held
+        longer than that belongs to something else and is reported.
+        """
         settings = self._settings
         timeout = datetime.timedelta(seconds=settings.store_timeout)
-        if settings.node_rank == 0:
+        servers: List[TCPStore] = []
+        errors: List[BaseException] = []
+
+        def bound() -> bool:
             try:
-                self._store = TCPStore(
-                    settings.master_addr, settings.master_port, None, True, timeout,
-                    wait_for_workers=False, multi_tenant=True,
-                )
+                servers.append(TCPStore(settings.master_addr, settings.master_port, None, True, timeout,
+                                        wait_for_workers=False, multi_tenant=True))
+                return True
             except (DistError, RuntimeError) as error:
-                raise LaunchError(
-                    f"node rank 0 cannot host the root store on port {settings.master_port}: {error}",
-                    tip="pick a free --master_port, or stop the process that holds it",
-                ) from None
-            logger.info("hosting the root store on %s", settings.root)
-            return self._store
-        self._await_root_listening()
+                errors[:] = [error]
+                return False
+
+        if not poll_until(bound, settings.close_timeout + BIND_GRACE, first=0.1, cap=1.0):
+            raise LaunchError(
+                f"node rank 0 cannot host the root store on port {settings.master_port}: {errors[-1]}",
+                tip="pick a free --master_port, or stop the process that holds it",
+            ) from None
+        logger.info("hosting the root store on %s", settings.root)
+        return servers[0]
+
+    def _open_client(self) -> TCPStore:
+        settings = self._settings
+        timeout = datetime.timedelta(seconds=settings.store_timeout)
         try:
-            store = TCPStore(settings.master_addr, settings.master_port, None, False, timeout)
+            return TCPStore(settings.master_addr, settings.master_port, None, False, timeout)
         except (DistError, RuntimeError) as error:
             raise RendezvousConnectionError(
                 f"node rank {settings.node_rank} cannot connect to the root store {settings.root}: {error}"
             ) from None
-        self._store = store
-        return store
+
+    def _connect_to_open_run(self) -> TCPStore:
+        """Connect for a fresh agent; if the root belongs to a finished run, wait for a new root.
+
+        When pods restart, a replacement agent can reach the previous node rank 0 agent while it
+        still lingers with its run closed. That root is not this run's: drop it and wait (up to
+        ``join_timeout``) for node rank 0's new one instead of failing the pod again.
+        """
+        settings = self._settings
+        deadline = time.monotonic() + settings.join_timeout
+        announced = False
+        while True:
+            store = self._connect()
+            try:
+                closed = bool(store.check([self._keys.closed]))
+            except DistError:
+                closed = True  # that root went away while we connected: also not ours
+            if not closed:
+                return store
+            self._store = None
+            del store
+            if not announced:
+                logger.info("the root store %s belongs to a finished run; waiting for node rank 0 to "
+                            "start a new one", settings.root)
+                announced = True
+            if time.monotonic() >= deadline:
+                raise RendezvousClosedError(
+                    f"node rank {settings.node_rank}: the root store {settings.root} only served a "
+                    f"finished run for {settings.join_timeout:g}s"
+                )
+            time.sleep(0.5)
 
     def _await_root_listening(self) -> None:
         """Wait (quietly, with progress lines) until node rank 0's root store accepts connections.

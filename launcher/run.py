@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     options["--rdzv-conf"].help += (
         " parallel understands timeout (store operations, s), join_timeout (all nodes per round, "
-        "s, default 600), close_timeout (s, default 30) and watch_interval (s, default 1)."
+        "s, default 600), close_timeout (s, default 10) and watch_interval (s, default 1)."
     )
     parser.add_argument(
         "--enable-tiered-parallel-tcpstore",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -162,6 +163,38 @@ def test_replaced_node_rejoins_a_running_job_in_the_next_round(closing):
             time.sleep(0.02)
         again = handlers[0].next_rendezvous()
         assert (again.rank, rejoined.result(timeout=10).rank) == (0, 1)
+
+
+def test_fresh_agent_waits_out_a_finished_runs_root_and_joins_the_new_one(closing):
+    """Pods restarted after a failed run can reach the old node rank 0 agent while it lingers."""
+    old = make_handlers(2, [0, 1])
+    closing(old.values())
+    old_infos = join_all([old[0], old[1]])
+    old[1].shutdown()  # the old run is over (node 1 failed and signed off)
+    fresh = ParallelRendezvousHandler(old[1].settings)
+    closing([fresh])
+
+    with ThreadPoolExecutor(1) as pool:
+        joined = pool.submit(fresh.next_rendezvous)
+        time.sleep(1.0)
+        assert not joined.done(), "the fresh agent joined a finished run"
+        old[0].close()  # the old node rank 0 agent exits ...
+        del old_infos
+        gc.collect()
+        new_root = ParallelRendezvousHandler(old[0].settings)  # ... and its pod starts a new one
+        closing([new_root])
+        assert new_root.next_rendezvous().rank == 0
+        assert joined.result(timeout=10).rank == 1
+
+
+def test_root_port_held_by_something_else_is_a_launch_error(closing):
+    handlers = make_handlers(1, [0], close_timeout=0.2)
+    closing(handlers.values())
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", handlers[0].settings.master_port))
+        squatter.listen()
+        with pytest.raises(LaunchError, match="cannot host the root store on port"):
+            handlers[0].next_rendezvous()
 
 
 def test_closed_rendezvous_refuses_the_next_round(closing):
