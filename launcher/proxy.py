@@ -264,24 +264,129 @@ def _resolve(future: asyncio.Future, value: ReplyValue) -> None:
         future.set_result(value)
 
 
-class _Client:
-    """One local worker connection."""
+class _Client(asyncio.Protocol):
+    """One local worker connection, callback-driven (no task per client: the proxy's CPU per
+    request is what a single machine running many proxies pays twice over).
+
+    Requests are handled in arrival order; replies to non-blocking requests are written in the
+    same order (a joined GET may finish before an earlier request of the same client). WAIT and
+    BARRIER replies are written when they happen, as the root does.
+    """
 
     _ids = itertools.count()
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, proxy: "AsyncStoreProxy") -> None:
         self.id = next(self._ids)
-        self.writer = writer
+        self.proxy = proxy
+        self.transport: Optional[asyncio.Transport] = None
         self.wait: Optional[Tuple["_WaitGroup", asyncio.Future]] = None
         self.barrier: Optional[Tuple[_Upstream, asyncio.Future]] = None
+        self._buf = bytearray()
+        self._validated = False
+        self._blocked = False
+        self._replies: Deque[Tuple[Op, object]] = collections.deque()
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        _set_nodelay(transport.get_extra_info("socket"))
+        self.proxy.add_client(self)
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        if not self._blocked:
+            self._process()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.proxy.drop_client(self)
+
+    # requests
+    def _process(self) -> None:
+        buf, pos = self._buf, 0
+        proxy = self.proxy
+        try:
+            while not self._blocked:
+                decoded = decode_request(buf, pos)
+                if decoded is None:
+                    break
+                request, end = decoded
+                if request.op == Op.VALIDATE:
+                    if self._validated:
+                        raise ProtocolError("VALIDATE sent twice")
+                    self._validated = True
+                elif not self._validated:
+                    raise ProtocolError(f"{request.op.name} before VALIDATE")
+                else:
+                    waiting_for = proxy.handle(self, request)
+                    if waiting_for is not None:  # retried once the connection it needs is open
+                        self._block(waiting_for)
+                        break
+                proxy.counters.requests_received += 1
+                proxy.counters.received_by_op[request.op.name] += 1
+                pos = end
+        except ProtocolError as exc:
+            logger.warning("store proxy: closing client %d: %s", self.id, exc)
+            self.abort()
+        if pos:
+            del buf[:pos]
+
+    def _block(self, awaitable: "asyncio.Future[object]") -> None:
+        self._blocked = True
+        assert self.transport is not None
+        self.transport.pause_reading()
+
+        async def resume() -> None:
+            try:
+                await awaitable
+            except UpstreamLost as exc:
+                logger.warning("store proxy: closing client %d: %s", self.id, exc)
+                self.abort()
+                return
+            self._blocked = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
+                self._process()
+
+        self.proxy.spawn(resume())
+
+    # replies
+    def reply(self, op: Op, value: object) -> None:
+        """Queue the reply to a non-blocking request: bytes, or a future of the reply value."""
+        if not self._replies and not isinstance(value, asyncio.Future):
+            self.write(value)  # type: ignore[arg-type]
+            return
+        self._replies.append((op, value))
+        if isinstance(value, asyncio.Future):
+            value.add_done_callback(self._flush_replies)
+        else:
+            self._flush_replies()
+
+    def _flush_replies(self, _: object = None) -> None:
+        replies = self._replies
+        while replies:
+            op, item = replies[0]
+            if isinstance(item, asyncio.Future):
+                if not item.done():
+                    return
+                if item.cancelled() or item.exception() is not None:
+                    replies.clear()
+                    self.abort()
+                    return
+                data = encode_reply(op, item.result())
+            else:
+                data = item  # type: ignore[assignment]
+            replies.popleft()
+            self.write(data)
 
     def write(self, data: bytes) -> None:
-        if data and not self.writer.is_closing():
-            self.writer.write(data)
+        transport = self.transport
+        if data and transport is not None and not transport.is_closing():
+            transport.write(data)
 
     def abort(self) -> None:
-        transport = self.writer.transport
-        if not transport.is_closing():
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
             transport.abort()
 
 
@@ -333,14 +438,16 @@ class AsyncStoreProxy:
         self._add_next: Dict[bytes, List[Tuple[int, asyncio.Future]]] = {}
         self._queue_keys: Set[bytes] = set()
         self._tasks: Set[asyncio.Task] = set()
+        self._spare_barrier_conns: List[_Upstream] = []
         self._closing = False
 
     # ------------------------------------------------------------ lifecycle
 
     async def start(self, sock: socket.socket) -> None:
         """Serve local clients on an already listening socket."""
-        self._server = await asyncio.start_server(self._serve_client, sock=sock, backlog=LISTEN_BACKLOG)
-        self._spawn(self._warm_up())
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Client(self), sock=sock, backlog=LISTEN_BACKLOG)
+        self.spawn(self._warm_up())
 
     async def _warm_up(self) -> None:
         """Open the main and wait connections before the workers need them."""
@@ -351,7 +458,7 @@ class AsyncStoreProxy:
             return
         while len(self._wait_pool) + self._wait_opening < self.wait_connections:
             self._wait_opening += 1
-            self._spawn(self._open_wait_conn())
+            self.spawn(self._open_wait_conn())
 
     async def aclose(self) -> None:
         self._closing = True
@@ -384,7 +491,7 @@ class AsyncStoreProxy:
             upstream_by_op=types.MappingProxyType(dict(c.upstream_by_op)),
         )
 
-    def _spawn(self, coro) -> asyncio.Task:  # type: ignore[no-untyped-def]
+    def spawn(self, coro) -> asyncio.Task:  # type: ignore[no-untyped-def]
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -397,7 +504,7 @@ class AsyncStoreProxy:
         if main is not None and not main.closed:
             return main
         if self._main_opening is None:
-            self._main_opening = self._spawn(self._open_main())
+            self._main_opening = self.spawn(self._open_main())
         return await asyncio.shield(self._main_opening)
 
     async def _open_main(self) -> _Upstream:
@@ -419,7 +526,7 @@ class AsyncStoreProxy:
             self._wait_pool.discard(conn)
             if conn in self._idle_wait:
                 self._idle_wait.remove(conn)
-        self._spawn(self._probe_root())
+        self.spawn(self._probe_root())
 
     async def _probe_root(self) -> None:
         """After a broken connection: if the root is gone, close every client so none hangs."""
@@ -464,73 +571,45 @@ class AsyncStoreProxy:
 
     # ------------------------------------------------------------ clients
 
-    async def _serve_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        _set_nodelay(writer.get_extra_info("socket"))
-        client = _Client(writer)
+    def add_client(self, client: _Client) -> None:
+        if self._closing:
+            client.abort()
+            return
         self._clients[client.id] = client
         self.counters.client_connections += 1
-        buf = bytearray()
-        validated = False
-        try:
-            while True:
-                chunk = await reader.read(_READ_CHUNK)
-                if not chunk:
-                    break
-                buf += chunk
-                pos = 0
-                while True:
-                    decoded = decode_request(buf, pos)
-                    if decoded is None:
-                        break
-                    request, pos = decoded
-                    self.counters.requests_received += 1
-                    self.counters.received_by_op[request.op.name] += 1
-                    if request.op == Op.VALIDATE:
-                        if validated:
-                            raise ProtocolError("VALIDATE sent twice")
-                        validated = True
-                        continue
-                    if not validated:
-                        raise ProtocolError(f"{request.op.name} before VALIDATE")
-                    await self._dispatch(client, request)
-                if pos:
-                    del buf[:pos]
-        except ProtocolError as exc:
-            logger.warning("store proxy: closing client %d: %s", client.id, exc)
-        except (UpstreamLost, OSError) as exc:
-            logger.warning("store proxy: closing client %d: %s", client.id, exc)
-        except asyncio.CancelledError:
-            pass
-        finally:
-            self._drop_client(client)
 
-    def _drop_client(self, client: _Client) -> None:
+    def drop_client(self, client: _Client) -> None:
         self._clients.pop(client.id, None)
         self._leave_wait(client)
         self._leave_barrier(client)
         client.abort()
 
-    async def _dispatch(self, client: _Client, request: Request) -> None:
+    def handle(self, client: _Client, request: Request) -> Optional["asyncio.Future[object]"]:
+        """Act on one client request; returns an awaitable to retry after if it cannot go yet."""
         op = request.op
         if op not in _LOCAL_OPS:
             main = self._main
             if main is None or main.closed:
-                main = await self._get_main()
-            future = self._submit(main, request)
+                return self.spawn(self._get_main())
+            try:
+                future = self._submit(main, request)
+            except UpstreamLost as exc:
+                logger.warning("store proxy: closing client %d: %s", client.id, exc)
+                client.abort()
+                return None
             if future is not None:
-                # Not shielded: only aclose() cancels a client task, and then every joiner goes too.
-                client.write(encode_reply(op, await future))
+                client.reply(op, future)
         elif op == Op.WAIT:
             self._client_wait(client, request.keys)
         elif op == Op.PING:
-            client.write(encode_reply(op, request.number))
+            client.reply(op, encode_reply(op, request.number))
         elif op == Op.CANCEL_WAIT:
             self._leave_wait(client)
             self._leave_barrier(client)
-            client.write(encode_reply(op, WaitReply.WAIT_CANCELED))
+            client.reply(op, encode_reply(op, WaitReply.WAIT_CANCELED))
         else:  # BARRIER
-            self._note_write(request)
-            await self._client_barrier(client, request)
+            return self._client_barrier(client, request)
+        return None
 
     # ------------------------------------------------------------ non-blocking requests
 
@@ -635,7 +714,7 @@ class AsyncStoreProxy:
             self._queued.append(group)
             self._pump_waits()
             if group.state == "queued":
-                self._spawn(self._poll_group(group))
+                self.spawn(self._poll_group(group))
         future = asyncio.get_running_loop().create_future()
         group.waiters[client.id] = future
         client.wait = (group, future)
@@ -668,7 +747,7 @@ class AsyncStoreProxy:
                 continue
             if len(self._wait_pool) + self._wait_opening < self.wait_connections:
                 self._wait_opening += 1
-                self._spawn(self._open_wait_conn())
+                self.spawn(self._open_wait_conn())
             break
 
     def _activate(self, group: _WaitGroup, conn: _Upstream) -> None:
@@ -762,15 +841,18 @@ class AsyncStoreProxy:
 
     # ------------------------------------------------------------ BARRIER
 
-    async def _client_barrier(self, client: _Client, request: Request) -> None:
-        self._leave_barrier(client)
+    def _client_barrier(self, client: _Client, request: Request) -> Optional["asyncio.Future[object]"]:
         conn: Optional[_Upstream] = None
         while self._idle_wait and conn is None:
             candidate = self._idle_wait.pop()
             conn = None if candidate.closed else candidate
-        if conn is None:
-            conn = _Upstream(self, "barrier")
-            await conn.open(asyncio.get_running_loop().time() + self.timeout)
+        while self._spare_barrier_conns and conn is None:
+            candidate = self._spare_barrier_conns.pop()
+            conn = None if candidate.closed else candidate
+        if conn is None:  # no idle connection: open a short-lived one, then retry
+            return self.spawn(self._open_spare_barrier_conn())
+        self._leave_barrier(client)
+        self._note_write(request)
         upstream = conn.send(request)
         assert upstream is not None
         client.barrier = (conn, upstream)
@@ -787,6 +869,12 @@ class AsyncStoreProxy:
             self._release_wait_conn(conn)
 
         upstream.add_done_callback(done)
+        return None
+
+    async def _open_spare_barrier_conn(self) -> None:
+        conn = _Upstream(self, "barrier")
+        await conn.open(asyncio.get_running_loop().time() + self.timeout)
+        self._spare_barrier_conns.append(conn)
 
     def _leave_barrier(self, client: _Client) -> None:
         if client.barrier is None:

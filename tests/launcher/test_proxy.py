@@ -332,3 +332,15 @@ def test_unmodified_init_process_group_works_through_the_proxy(root, proxy):
     assert sorted(outputs) == [[str(r), str(world), str(sum(range(1, world + 1)))] for r in range(world)]
     stats = proxy.stats()
     assert stats["client_connections"] == world and stats["upstream_connections"] == 3
+
+
+def test_a_barrier_wider_than_the_wait_pool_completes_on_short_lived_extra_connections(root, proxy):
+    stores = [tcp_store(proxy.port) for _ in range(4)]
+    threads = [threading.Thread(target=s.barrier, args=("wide", 4)) for s in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert not any(thread.is_alive() for thread in threads)
+    assert root.get("wide") == b"4"  # the barrier's counter, as the root keeps it
+    assert wait_until(lambda: proxy.stats()["upstream_open"] == 3)  # the extras are closed again
