@@ -13,6 +13,10 @@ nodes hanging in collectives. ``parallel`` keeps both properties that matter:
   agents see it in :meth:`num_nodes_waiting` and restart theirs (that does not use up their
   ``--max_restarts``, as in torch). Before the workers of a new round start, node rank 0 deletes
   the keys the previous workers left in the root store, so no worker reads a dead peer's address.
+* **Pod restarts.** A replacement agent (fresh process, same node rank) joins the first round
+  that is not complete, so the running agents restart around it; one that reaches the previous
+  run's node rank 0 while it lingers with the run closed waits for the new root instead of
+  failing again.
 * **Tiering** (``--enable_tiered_parallel_tcpstore=true``): each agent runs a
   :class:`~npu_job.launcher.proxy.StoreProxy` on ``127.0.0.1:<free port>`` and hands it to its
   workers as ``MASTER_ADDR``/``MASTER_PORT``, so the root sees a few connections per node instead of
