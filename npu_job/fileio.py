@@ -2,7 +2,9 @@
 
 A reader (another pod step, ``source``-ing shell, kubectl) must never see a half-written file, and a
 failed run must never clobber a good one, so every write goes to a temporary file in the target's
-directory, is flushed and fsync'ed, then renamed over the target.
+directory and is then renamed over the target. By default the data is fsync'ed before the rename,
+so the file also survives a machine crash; ``durable=False`` skips that for scratch outputs that
+die with their container anyway (the rename alone keeps readers from seeing partial data).
 """
 
 from __future__ import annotations
@@ -13,10 +15,17 @@ from pathlib import Path
 from typing import Union
 
 
-def write_atomic(path: Union[str, os.PathLike], data: Union[str, bytes], mode: int = 0o644) -> Path:
+def write_atomic(
+    path: Union[str, os.PathLike],
+    data: Union[str, bytes],
+    mode: int = 0o644,
+    *,
+    durable: bool = True,
+) -> Path:
     """Write ``data`` to ``path`` atomically (temp file + rename) and return the path.
 
-    Text is encoded as UTF-8. Parent directories are created. The file gets ``mode``.
+    Text is encoded as UTF-8. Parent directories are created. The file gets ``mode``. With
+    ``durable`` (the default) the data reaches the disk before the rename.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -25,8 +34,9 @@ def write_atomic(path: Union[str, os.PathLike], data: Union[str, bytes], mode: i
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException:

@@ -1,0 +1,33 @@
+"""Atomic writes: a reader sees the old file or the new one, never a part, and no debris is left."""
+
+import os
+import stat
+
+import pytest
+
+from npu_job import fileio
+from npu_job.fileio import write_atomic
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "rename-only"])
+def test_replaces_content_creates_parents_and_sets_mode(tmp_path, durable):
+    target = tmp_path / "a" / "b" / "out.txt"
+    write_atomic(target, "first", durable=durable)
+    write_atomic(target, b"second\xff", mode=0o600, durable=durable)
+    assert target.read_bytes() == b"second\xff"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert sorted(p.name for p in target.parent.iterdir()) == ["out.txt"]
+
+
+def test_a_failed_write_keeps_the_old_file_and_removes_its_temp_file(tmp_path, monkeypatch):
+    target = tmp_path / "plan.json"
+    write_atomic(target, "good")
+
+    def failing_replace(src, dst):  # the last step fails, e.g. the disk filled up
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fileio.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="No space"):
+        write_atomic(target, "half")
+    assert target.read_text() == "good"
+    assert os.listdir(tmp_path) == ["plan.json"]
