@@ -137,13 +137,17 @@ def assert_consistent_job(reports: List[Dict[str, Any]]) -> None:
 
 
 def test_real_bootstrap_then_train_sh_for_three_pods(workspace):
-    """The bundled bootstrap (whatever it decides) never breaks the job, and the ranks it leaves
-    are exactly what reaches the launcher."""
+    """The bundled bootstrap plans (pod 1 is alone under tor-a, which sorts first, so it becomes
+    node rank 0 and the master moves to it), the ranks it leaves are exactly what reaches the
+    launcher, and HCCL is pointed at the reordered rank table."""
     reports = run_pods(render(routed_spec()), workspace)
+    assert [(r.get("file_RANK_AFTER_ACC") or "").strip() for r in reports] == ["1", "0", "2"]
     for index, report in enumerate(reports):
         assert report["prog"] == "npu-run"
         for key, value in expected_from_files(report, index).items():
             assert report["env"][key] == value, (index, key, report["stderr"])
+        assert report["env"]["MASTER_ADDR"] == "llm-worker-1.llm"
+        assert report["env"]["RANK_TABLE_FILE"] == "/tmp/jobstart_hccl.reordered.json"
         assert report["argv"][:10] == [
             "--nnodes", "3", "--nproc_per_node", "8", "--node_rank", report["env"]["NODE_RANK"],
             "--master_addr", report["env"]["MASTER_ADDR"], "--master_port", "29500",
@@ -166,6 +170,8 @@ def test_pod_command_takes_ranks_from_the_files_or_falls_back(name, workspace):
     for index, report in enumerate(reports):
         rank, master = expected(index)
         assert (report["env"]["NODE_RANK"], report["env"]["MASTER_ADDR"]) == (rank, f"llm-worker-{master}.llm")
+        # no npu_job_env.sh was written: HCCL keeps the platform's rank table
+        assert report["env"]["RANK_TABLE_FILE"] == f"{POD_ROOT}/hccl.json"
     assert_consistent_job(reports)
 
 

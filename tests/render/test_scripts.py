@@ -50,7 +50,7 @@ HOSTILE = [
 FAKE_LAUNCHER = """#!{python}
 import json, os, sys
 names = ["NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NNODES", "NPUS_PER_NODE", "HCCL_CONNECT_TIMEOUT",
-         "HCCL_IF_BASE_PORT", "PWD_CHECK"]
+         "HCCL_IF_BASE_PORT", "PWD_CHECK", "RANK_TABLE_FILE"]
 report = {{"prog": os.path.basename(sys.argv[0]), "argv": sys.argv[1:], "cwd": os.getcwd(),
           "env": {{n: os.environ[n] for n in names if n in os.environ}}}}
 for name in ("RANK_AFTER_ACC", "MASTER_INDEX"):
