@@ -41,13 +41,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
 
-from npu_job.fileio import write_atomic
 from npu_job.launcher.protocol import Op, Request
 from npu_job.launcher.proxy import AsyncStoreProxy
 from npu_job.launcher.storeclient import AsyncRawStoreClient, established_connections
+
+from npu_job.fileio import write_atomic
 
 LOOPBACK = "127.0.0.1"
 HOSTS = 2
@@ -99,7 +100,7 @@ def k(text: str) -> bytes:
 
 
 async def run_node(node: int, case: Case, root_port: int, tiered: bool, peers: int, deadline: float,
-                   keep: List) -> Tuple[int, int, int]:
+                   keep: list) -> tuple[int, int, int]:
     """One node: agent, optional proxy, workers. Returns (agent reqs, worker reqs, proxy upstream reqs)."""
     agent = await AsyncRawStoreClient.connect(LOOPBACK, root_port, retry_until=deadline)
     keep.append(agent)
@@ -127,7 +128,7 @@ async def run_node(node: int, case: Case, root_port: int, tiered: bool, peers: i
     return agent.requests_sent, sum(clients), upstream
 
 
-async def run_worker(rank: int, case: Case, port: int, peers: int, deadline: float, keep: List) -> int:
+async def run_worker(rank: int, case: Case, port: int, peers: int, deadline: float, keep: list) -> int:
     c = await AsyncRawStoreClient.connect(LOOPBACK, port, retry_until=deadline)
     keep.append(c)
     await c.call(Request(Op.ADD, (k("init/count"),), number=1))
@@ -147,11 +148,11 @@ async def run_worker(rank: int, case: Case, port: int, peers: int, deadline: flo
 
 def host_main(nodes: Sequence[int], case: Case, root_port: int, tiered: bool, peers: int, start_at: float,
               conn) -> None:  # type: ignore[no-untyped-def]
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
     async def main() -> None:
-        keep: List = []
+        keep: list = []
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         results = await asyncio.gather(*(
             run_node(n, case, root_port, tiered, peers, start_at + 600, keep) for n in nodes
@@ -221,7 +222,7 @@ def run_case(case: Case, tiered: bool, peers: int) -> Result:
 # ------------------------------------------------------------------ report
 
 
-def reverse_dns_seconds(address: Tuple) -> float:
+def reverse_dns_seconds(address: tuple) -> float:
     """Mean time of the reverse lookup the stock server does per accepted peer (after a warm-up)."""
     socket.getnameinfo(address, socket.NI_NUMERICSERV)
     started = time.perf_counter()
@@ -230,8 +231,8 @@ def reverse_dns_seconds(address: Tuple) -> float:
     return (time.perf_counter() - started) / 20
 
 
-def format_table(results: List[Result], peers: int, dns: Tuple[float, float]) -> str:
-    by_case: Dict[str, Dict[str, Result]] = {}
+def format_table(results: list[Result], peers: int, dns: tuple[float, float]) -> str:
+    by_case: dict[str, dict[str, Result]] = {}
     for r in results:
         by_case.setdefault(str(r.case), {})[r.mode] = r
     lines = [
@@ -256,9 +257,9 @@ def format_table(results: List[Result], peers: int, dns: Tuple[float, float]) ->
             )
     largest = max(by_case.values(), key=lambda modes: next(iter(modes.values())).case.ranks)
     if "flat" in largest and "tiered" in largest:
-        lines += ["", f"Projection to {PROJECT_RANKS} ranks ({PROJECT_RANKS // PROJECT_WORKERS}x{PROJECT_WORKERS}), "
+        lines += ["", (f"Projection to {PROJECT_RANKS} ranks ({PROJECT_RANKS // PROJECT_WORKERS}x{PROJECT_WORKERS}), "
                   f"same traffic mix (gloo peers = {peers}), from the largest case's per-rank requests and "
-                  "the root's measured CPU per request:", "",
+                  "the root's measured CPU per request:"), "",
                   "| mode | root requests | root CPU s | root conns |", "|---|---:|---:|---:|"]
         for mode in ("flat", "tiered"):
             r = largest[mode]
@@ -267,8 +268,8 @@ def format_table(results: List[Result], peers: int, dns: Tuple[float, float]) ->
             conns = (PROJECT_RANKS + PROJECT_RANKS // PROJECT_WORKERS if mode == "flat"
                      else r.root_connections / r.case.nodes * PROJECT_RANKS // PROJECT_WORKERS)
             lines.append(f"| {mode} | {requests:.0f} | {requests * per_request:.1f} | {conns:.0f} |")
-    lines += ["", f"Reverse DNS per accepted peer: 127.0.0.1 (this root's IPv4 listener, /etc/hosts) {dns[0] * 1e3:.3f} ms; "
-              f"::ffff:127.0.0.1 (torch's default dual-stack listener, goes to DNS) {dns[1] * 1e3:.3f} ms."]
+    lines += ["", (f"Reverse DNS per accepted peer: 127.0.0.1 (this root's IPv4 listener, /etc/hosts) {dns[0] * 1e3:.3f} ms; "
+              f"::ffff:127.0.0.1 (torch's default dual-stack listener, goes to DNS) {dns[1] * 1e3:.3f} ms.")]
     return "\n".join(lines) + "\n"
 
 
@@ -283,7 +284,7 @@ def parse_case(text: str) -> Case:
     return Case(int(nodes), int(workers))
 
 
-def main(argv: Sequence[str] = None) -> int:  # type: ignore[assignment]
+def main(argv: Sequence[str] | None = None) -> int:  # type: ignore[assignment]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", nargs="+", type=parse_case, default=[Case(8, 8), Case(64, 8), Case(128, 16)],
                         help="NODESxWORKERS cases (default: 8x8 64x8 128x16)")
@@ -292,7 +293,7 @@ def main(argv: Sequence[str] = None) -> int:  # type: ignore[assignment]
     parser.add_argument("--modes", nargs="+", choices=["flat", "tiered"], default=["flat", "tiered"])
     parser.add_argument("--output", help="also write the table to this file")
     args = parser.parse_args(argv)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     results = []
     for case in args.cases:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import Union
 
 VALIDATION_MAGIC = 0x3C85F7CE
 
@@ -83,8 +83,8 @@ class Request:
     """
 
     op: Op
-    keys: Tuple[bytes, ...] = ()
-    values: Tuple[bytes, ...] = ()
+    keys: tuple[bytes, ...] = ()
+    values: tuple[bytes, ...] = ()
     number: int = 0
 
 
@@ -93,10 +93,10 @@ class QueuePopReply:
     """QUEUE_POP answers the queue length before the pop, then the value if it was > 0."""
 
     length: int
-    value: Optional[bytes] = None
+    value: bytes | None = None
 
 
-ReplyValue = Union[None, int, bytes, Tuple[bytes, ...], QueuePopReply]
+ReplyValue = Union[None, int, bytes, tuple[bytes, ...], QueuePopReply]
 
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
@@ -171,7 +171,7 @@ class _Incomplete(Exception):
 class _Cursor:
     __slots__ = ("buf", "pos")
 
-    def __init__(self, buf: Union[bytes, bytearray, memoryview], pos: int) -> None:
+    def __init__(self, buf: bytes | bytearray | memoryview, pos: int) -> None:
         self.buf = buf
         self.pos = pos
 
@@ -204,8 +204,8 @@ class _Cursor:
         return count
 
 
-def _key(buf: Union[bytes, bytearray, memoryview], pos: int, limit: int = MAX_KEY_LEN,
-         what: str = "key") -> Tuple[bytes, int]:
+def _key(buf: bytes | bytearray | memoryview, pos: int, limit: int = MAX_KEY_LEN,
+         what: str = "key") -> tuple[bytes, int]:
     if pos + 8 > len(buf):
         raise _Incomplete
     (size,) = _U64.unpack_from(buf, pos)
@@ -217,18 +217,18 @@ def _key(buf: Union[bytes, bytearray, memoryview], pos: int, limit: int = MAX_KE
     return bytes(buf[start:end]), end
 
 
-def _payload(buf: Union[bytes, bytearray, memoryview], pos: int) -> Tuple[bytes, int]:
+def _payload(buf: bytes | bytearray | memoryview, pos: int) -> tuple[bytes, int]:
     return _key(buf, pos, MAX_PAYLOAD_LEN, "value")
 
 
-def _number(buf: Union[bytes, bytearray, memoryview], pos: int, fmt: struct.Struct) -> Tuple[int, int]:
+def _number(buf: bytes | bytearray | memoryview, pos: int, fmt: struct.Struct) -> tuple[int, int]:
     end = pos + fmt.size
     if end > len(buf):
         raise _Incomplete
     return fmt.unpack_from(buf, pos)[0], end
 
 
-def _keys(buf: Union[bytes, bytearray, memoryview], pos: int) -> Tuple[Tuple[bytes, ...], int]:
+def _keys(buf: bytes | bytearray | memoryview, pos: int) -> tuple[tuple[bytes, ...], int]:
     count, pos = _number(buf, pos, _U64)
     if count > MAX_KEY_COUNT:
         raise ProtocolError(f"{count} keys exceed the server limit of {MAX_KEY_COUNT}")
@@ -247,8 +247,8 @@ _BARE = frozenset({Op.GETNUMKEYS, Op.CANCEL_WAIT, Op.LIST_KEYS})
 
 
 def decode_request(
-    buf: Union[bytes, bytearray, memoryview], pos: int = 0
-) -> Optional[Tuple[Request, int]]:
+    buf: bytes | bytearray | memoryview, pos: int = 0
+) -> tuple[Request, int] | None:
     """Decode one request at ``buf[pos:]``; None if incomplete, else (request, next pos)."""
     if pos >= len(buf):
         return None
@@ -300,8 +300,8 @@ def decode_request(
 
 
 def decode_reply(
-    request: Request, buf: Union[bytes, bytearray, memoryview], pos: int = 0
-) -> Optional[Tuple[ReplyValue, int]]:
+    request: Request, buf: bytes | bytearray | memoryview, pos: int = 0
+) -> tuple[ReplyValue, int] | None:
     """Decode the reply to ``request`` at ``buf[pos:]``; None if incomplete."""
     op = request.op
     cur = _Cursor(buf, pos)
@@ -331,7 +331,7 @@ def decode_reply(
     return value, cur.pos
 
 
-def decode_wait_byte(buf: Union[bytes, bytearray, memoryview], pos: int = 0) -> Optional[Tuple[int, int]]:
+def decode_wait_byte(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int, int] | None:
     """A WAIT/BARRIER/CANCEL_WAIT connection answers single bytes: (byte, next pos) or None."""
     if pos >= len(buf):
         return None

@@ -31,6 +31,14 @@ Coalescing (what a one-for-one forwarder cannot do):
 * PING is answered locally. Nothing is cached across time.
 
 Keys used with QUEUE_* ops are never coalesced for WAIT (a queue push wakes one waiter only).
+Limit: a key first used as a queue by two workers' simultaneous blocking ``queue_pop`` (WAIT is
+the first thing the proxy sees of it) can still be merged once; no torch code path does that.
+
+Threading: ``StoreProxy`` runs the asyncio loop on a background thread. Some torch client calls
+(``list_keys``, ``queue_len``, ``queue_pop``) hold the GIL while blocked on their socket: made in
+the same process against this proxy they deadlock it, and against any store they pause it for
+that round trip. Clients are ``asyncio.Protocol`` callbacks, not tasks: the proxy's CPU per
+relayed request is the price of tiering when many proxies share a machine.
 
 Faults: an upstream connection that breaks fails the requests in flight on it (their clients'
 connections are closed, so torch raises naming the proxy's address); if the root cannot be reached
@@ -41,39 +49,40 @@ CANCEL_WAIT when no other local worker shares them), so the proxy survives worke
 
 from __future__ import annotations
 
-import asyncio
 import argparse
+import asyncio
 import collections
 import concurrent.futures
-import json
-import sys
 import ipaddress
 import itertools
+import json
 import logging
 import random
 import socket
+import sys
 import threading
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Deque, Dict, List, Mapping, Optional, Set, Tuple
 
 from npu_job.launcher.protocol import (
     BLOCKING_OPS,
     NO_REPLY_OPS,
     QUEUE_OPS,
+    VALIDATION_MAGIC,
     WRITE_OPS,
     CheckReply,
     Op,
     ProtocolError,
-    Request,
     ReplyValue,
-    VALIDATION_MAGIC,
+    Request,
     WaitReply,
     decode_reply,
     decode_request,
     encode_reply,
     encode_request,
 )
+from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +118,15 @@ class ProxyStats:
 
 
 class _Counters:
-    __slots__ = ("client_connections", "requests_received", "requests_upstream",
-                 "upstream_connections", "coalesced", "received_by_op", "upstream_by_op")
+    __slots__ = (
+        "client_connections",
+        "coalesced",
+        "received_by_op",
+        "requests_received",
+        "requests_upstream",
+        "upstream_by_op",
+        "upstream_connections",
+    )
 
     def __init__(self) -> None:
         self.client_connections = 0
@@ -118,11 +134,11 @@ class _Counters:
         self.requests_upstream = 0
         self.upstream_connections = 0
         self.coalesced = 0
-        self.received_by_op: Dict[str, int] = collections.Counter()
-        self.upstream_by_op: Dict[str, int] = collections.Counter()
+        self.received_by_op: dict[str, int] = collections.Counter()
+        self.upstream_by_op: dict[str, int] = collections.Counter()
 
 
-def _set_nodelay(sock: Optional[socket.socket]) -> None:
+def _set_nodelay(sock: socket.socket | None) -> None:
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -130,14 +146,14 @@ def _set_nodelay(sock: Optional[socket.socket]) -> None:
 class _Upstream:
     """One connection to the root: writes batched per loop iteration, replies matched FIFO."""
 
-    def __init__(self, proxy: "AsyncStoreProxy", kind: str) -> None:
+    def __init__(self, proxy: AsyncStoreProxy, kind: str) -> None:
         self._proxy = proxy
         self.kind = kind
-        self._writer: Optional[asyncio.StreamWriter] = None
-        self._pending: Deque[Tuple[Request, asyncio.Future]] = collections.deque()
-        self._out: List[bytes] = []
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: collections.deque[tuple[Request, asyncio.Future]] = collections.deque()
+        self._out: list[bytes] = []
         self._flush_scheduled = False
-        self._reader_task: Optional[asyncio.Task] = None
+        self._reader_task: asyncio.Task | None = None
         self.closed = False
 
     async def open(self, deadline: float) -> None:
@@ -177,7 +193,7 @@ class _Upstream:
     def busy(self) -> bool:
         return bool(self._pending)
 
-    def send(self, request: Request) -> Optional[asyncio.Future]:
+    def send(self, request: Request) -> asyncio.Future | None:
         """Queue ``request``; returns the future of its reply (None for no-reply ops)."""
         if self.closed:
             raise UpstreamLost(f"connection to the root store {self._proxy.upstream_text} is closed")
@@ -203,7 +219,7 @@ class _Upstream:
 
     async def _read_replies(self, reader: asyncio.StreamReader) -> None:
         buf = bytearray()
-        error: Optional[BaseException] = None
+        error: BaseException | None = None
         try:
             while True:
                 chunk = await reader.read(_READ_CHUNK)
@@ -218,11 +234,11 @@ class _Upstream:
                         break
                     value, pos = decoded
                     self._pending.popleft()
-                    if request.op in BLOCKING_OPS and value == WaitReply.WAIT_CANCELED:
-                        # The root cancelled the wait without waking it: the single byte is
-                        # the reply to the CANCEL_WAIT queued right behind it.
-                        if self._pending and self._pending[0][0].op == Op.CANCEL_WAIT:
-                            _resolve(self._pending.popleft()[1], value)
+                    # A wait the root cancelled without waking it: its single byte is the
+                    # reply to the CANCEL_WAIT queued right behind it.
+                    if (request.op in BLOCKING_OPS and value == WaitReply.WAIT_CANCELED
+                            and self._pending and self._pending[0][0].op == Op.CANCEL_WAIT):
+                        _resolve(self._pending.popleft()[1], value)
                     _resolve(future, value)
                 if pos:
                     del buf[:pos]
@@ -275,16 +291,16 @@ class _Client(asyncio.Protocol):
 
     _ids = itertools.count()
 
-    def __init__(self, proxy: "AsyncStoreProxy") -> None:
+    def __init__(self, proxy: AsyncStoreProxy) -> None:
         self.id = next(self._ids)
         self.proxy = proxy
-        self.transport: Optional[asyncio.Transport] = None
-        self.wait: Optional[Tuple["_WaitGroup", asyncio.Future]] = None
-        self.barrier: Optional[Tuple[_Upstream, asyncio.Future]] = None
+        self.transport: asyncio.Transport | None = None
+        self.wait: tuple[_WaitGroup, asyncio.Future] | None = None
+        self.barrier: tuple[_Upstream, asyncio.Future] | None = None
         self._buf = bytearray()
         self._validated = False
         self._blocked = False
-        self._replies: Deque[Tuple[Op, object]] = collections.deque()
+        self._replies: collections.deque[tuple[Op, object]] = collections.deque()
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -298,7 +314,7 @@ class _Client(asyncio.Protocol):
         if not self._blocked:
             self._process()
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.proxy.drop_client(self)
 
     # requests
@@ -331,7 +347,7 @@ class _Client(asyncio.Protocol):
         if pos:
             del buf[:pos]
 
-    def _block(self, awaitable: "asyncio.Future[object]") -> None:
+    def _block(self, awaitable: asyncio.Future[object]) -> None:
         self._blocked = True
         assert self.transport is not None
         self.transport.pause_reading()
@@ -393,13 +409,13 @@ class _Client(asyncio.Protocol):
 class _WaitGroup:
     """Local waiters of one key list, served by one upstream WAIT (or CHECK polls while queued)."""
 
-    __slots__ = ("keys", "waiters", "state", "conn", "joinable", "poll_delay")
+    __slots__ = ("conn", "joinable", "keys", "poll_delay", "state", "waiters")
 
-    def __init__(self, keys: Tuple[bytes, ...]) -> None:
+    def __init__(self, keys: tuple[bytes, ...]) -> None:
         self.keys = keys
-        self.waiters: Dict[int, asyncio.Future] = {}
+        self.waiters: dict[int, asyncio.Future] = {}
         self.state = "queued"  # queued -> active -> done | cancelling
-        self.conn: Optional[_Upstream] = None
+        self.conn: _Upstream | None = None
         self.joinable = True
         self.poll_delay = _POLL_FIRST
 
@@ -422,23 +438,23 @@ class AsyncStoreProxy:
         self.timeout = float(timeout)
         self.wait_connections = wait_connections
         self.counters = _Counters()
-        self.upstream_open: Set[_Upstream] = set()
-        self._server: Optional[asyncio.AbstractServer] = None
-        self._clients: Dict[int, _Client] = {}
-        self._main: Optional[_Upstream] = None
-        self._main_opening: Optional[asyncio.Future] = None
-        self._idle_wait: List[_Upstream] = []
-        self._wait_pool: Set[_Upstream] = set()
+        self.upstream_open: set[_Upstream] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._clients: dict[int, _Client] = {}
+        self._main: _Upstream | None = None
+        self._main_opening: asyncio.Future | None = None
+        self._idle_wait: list[_Upstream] = []
+        self._wait_pool: set[_Upstream] = set()
         self._wait_opening = 0
-        self._queued: Deque[_WaitGroup] = collections.deque()
-        self._wait_groups: Dict[Tuple[bytes, ...], _WaitGroup] = {}
-        self._get_inflight: Dict[bytes, asyncio.Future] = {}
-        self._check_inflight: Dict[Tuple[bytes, ...], asyncio.Future] = {}
-        self._add_busy: Set[bytes] = set()
-        self._add_next: Dict[bytes, List[Tuple[int, asyncio.Future]]] = {}
-        self._queue_keys: Set[bytes] = set()
-        self._tasks: Set[asyncio.Task] = set()
-        self._spare_barrier_conns: List[_Upstream] = []
+        self._queued: collections.deque[_WaitGroup] = collections.deque()
+        self._wait_groups: dict[tuple[bytes, ...], _WaitGroup] = {}
+        self._get_inflight: dict[bytes, asyncio.Future] = {}
+        self._check_inflight: dict[tuple[bytes, ...], asyncio.Future] = {}
+        self._add_busy: set[bytes] = set()
+        self._add_next: dict[bytes, list[tuple[int, asyncio.Future]]] = {}
+        self._queue_keys: set[bytes] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._spare_barrier_conns: list[_Upstream] = []
         self._closing = False
 
     # ------------------------------------------------------------ lifecycle
@@ -584,7 +600,7 @@ class AsyncStoreProxy:
         self._leave_barrier(client)
         client.abort()
 
-    def handle(self, client: _Client, request: Request) -> Optional["asyncio.Future[object]"]:
+    def handle(self, client: _Client, request: Request) -> asyncio.Future[object] | None:
         """Act on one client request; returns an awaitable to retry after if it cannot go yet."""
         op = request.op
         if op not in _LOCAL_OPS:
@@ -613,7 +629,7 @@ class AsyncStoreProxy:
 
     # ------------------------------------------------------------ non-blocking requests
 
-    def _submit(self, main: _Upstream, request: Request) -> Optional[asyncio.Future]:
+    def _submit(self, main: _Upstream, request: Request) -> asyncio.Future | None:
         """Send (or join) ``request`` on the main connection; the reply's future, None if no reply.
 
         Synchronous on purpose: the write invalidation and the send are one atomic step.
@@ -662,7 +678,7 @@ class AsyncStoreProxy:
             self._send_adds(main, key, [(delta, future)])
         return future
 
-    def _send_adds(self, main: _Upstream, key: bytes, batch: List[Tuple[int, asyncio.Future]]) -> None:
+    def _send_adds(self, main: _Upstream, key: bytes, batch: list[tuple[int, asyncio.Future]]) -> None:
         total = sum(delta for delta, _ in batch)
         if not -(1 << 63) <= total < (1 << 63):  # the merged delta must fit the wire's i64
             for delta, future in batch[1:]:
@@ -700,7 +716,7 @@ class AsyncStoreProxy:
 
     # ------------------------------------------------------------ WAIT
 
-    def _client_wait(self, client: _Client, keys: Tuple[bytes, ...]) -> None:
+    def _client_wait(self, client: _Client, keys: tuple[bytes, ...]) -> None:
         self._leave_wait(client)  # the root keeps one wait per connection, the latest
         group = self._wait_groups.get(keys)
         if group is not None and group.joinable and group.state in ("queued", "active"):
@@ -790,7 +806,7 @@ class AsyncStoreProxy:
             if group.state == "queued":
                 self._finish_group(group, exc)
 
-    def _finish_group(self, group: _WaitGroup, error: Optional[BaseException]) -> None:
+    def _finish_group(self, group: _WaitGroup, error: BaseException | None) -> None:
         group.state = "done"
         if self._wait_groups.get(group.keys) is group:
             del self._wait_groups[group.keys]
@@ -841,8 +857,8 @@ class AsyncStoreProxy:
 
     # ------------------------------------------------------------ BARRIER
 
-    def _client_barrier(self, client: _Client, request: Request) -> Optional["asyncio.Future[object]"]:
-        conn: Optional[_Upstream] = None
+    def _client_barrier(self, client: _Client, request: Request) -> asyncio.Future[object] | None:
+        conn: _Upstream | None = None
         while self._idle_wait and conn is None:
             candidate = self._idle_wait.pop()
             conn = None if candidate.closed else candidate
@@ -917,9 +933,9 @@ class StoreProxy:
         self._listen = (listen_host, int(listen_port))
         self._proxy = AsyncStoreProxy(upstream_host, upstream_port, timeout=timeout,
                                       wait_connections=wait_connections)
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._thread: Optional[threading.Thread] = None
-        self._port: Optional[int] = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._port: int | None = None
         self._lock = threading.Lock()
         self._stopped = False
 
@@ -939,12 +955,12 @@ class StoreProxy:
         loop, thread = self._loop, self._thread
         if loop is None or thread is None or not thread.is_alive() or threading.current_thread() is thread:
             return self._proxy.snapshot()
-        result: "concurrent.futures.Future[ProxyStats]" = concurrent.futures.Future()
+        result: concurrent.futures.Future[ProxyStats] = concurrent.futures.Future()
 
         def take() -> None:
             try:
                 result.set_result(self._proxy.snapshot())
-            except BaseException as exc:  # reported to the caller's thread
+            except BaseException as exc:  # noqa: BLE001 - reported to the caller's thread
                 result.set_exception(exc)
 
         loop.call_soon_threadsafe(take)
@@ -971,13 +987,13 @@ class StoreProxy:
             self._port = sock.getsockname()[1]
             loop = asyncio.new_event_loop()
             started = threading.Event()
-            failure: List[BaseException] = []
+            failure: list[BaseException] = []
 
             def run() -> None:
                 asyncio.set_event_loop(loop)
                 try:
                     loop.run_until_complete(self._proxy.start(sock))
-                except BaseException as exc:  # surfaced to start()'s caller
+                except BaseException as exc:  # noqa: BLE001 - surfaced to start()'s caller
                     failure.append(exc)
                     sock.close()
                     started.set()
@@ -1015,7 +1031,7 @@ class StoreProxy:
                 loop.call_soon_threadsafe(loop.stop)
                 thread.join()
 
-    def __enter__(self) -> "StoreProxy":
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -1023,7 +1039,7 @@ class StoreProxy:
         self.stop()
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """``python -m npu_job.launcher.proxy HOST:PORT``: serve one proxy (tests, debugging).
 
     Prints ``{"version": 1, "port": N}`` once listening; then each ``stats`` line on stdin

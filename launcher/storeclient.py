@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
-from typing import Optional, Tuple
 
 from npu_job.launcher.protocol import (
     NO_REPLY_OPS,
@@ -23,6 +22,7 @@ from npu_job.launcher.protocol import (
     decode_reply,
     encode_request,
 )
+from typing_extensions import Self
 
 
 class RawStoreClient:
@@ -61,7 +61,7 @@ class RawStoreClient:
     def close(self) -> None:
         self.sock.close()
 
-    def __enter__(self) -> "RawStoreClient":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -72,13 +72,13 @@ class AsyncRawStoreClient:
     """asyncio client, one request at a time (like torch's client)."""
 
     def __init__(self) -> None:
-        self._reader: Optional[asyncio.StreamReader] = None
-        self._writer: Optional[asyncio.StreamWriter] = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
         self._buf = bytearray()
         self.requests_sent = 0
 
     @classmethod
-    async def connect(cls, host: str, port: int, retry_until: float = 0.0) -> "AsyncRawStoreClient":
+    async def connect(cls, host: str, port: int, retry_until: float = 0.0) -> AsyncRawStoreClient:
         self = cls()
         loop = asyncio.get_running_loop()
         delay = 0.01
@@ -128,7 +128,7 @@ class AsyncRawStoreClient:
                 pass
 
 
-def root_listen_socket(host: str = "127.0.0.1", backlog: int = 4096) -> Tuple[socket.socket, int]:
+def root_listen_socket(host: str = "127.0.0.1", backlog: int = 4096) -> tuple[socket.socket, int]:
     """A listening IPv4 socket for a test/benchmark root store, on a port below the ephemeral range.
 
     Hand its fd to ``TCPStore(..., master_listen_fd=sock.detach())``. IPv4 keeps the stock server's

@@ -13,9 +13,9 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Dict, Optional
 
 from npu_job.launcher.storeclient import established_connections, root_listen_socket  # noqa: F401
+from typing_extensions import Self
 
 LOOPBACK = "127.0.0.1"
 
@@ -55,7 +55,7 @@ class ProxyProcess:
             raise RuntimeError(f"proxy exited with {self.proc.wait()}")
         self.port: int = json.loads(line)["port"]
 
-    def stats(self) -> Dict:
+    def stats(self) -> dict:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write("stats\n")
         self.proc.stdin.flush()
@@ -67,7 +67,7 @@ class ProxyProcess:
     def resume(self) -> None:
         os.kill(self.proc.pid, signal.SIGCONT)
 
-    def stop(self) -> Optional[int]:
+    def stop(self) -> int | None:
         if self.proc.poll() is None:
             self.resume()
             try:
@@ -86,7 +86,7 @@ class ProxyProcess:
                 stream.close()
         return self.proc.returncode
 
-    def __enter__(self) -> "ProxyProcess":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

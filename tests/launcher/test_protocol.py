@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from npu_job.launcher.protocol import (
     MAX_KEY_LEN,
     VALIDATION_MAGIC,

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from npu_job.launcher.protocol import Op, Request
 from npu_job.launcher.proxy import StoreProxy
 from npu_job.launcher.storeclient import RawStoreClient
+
 from tests.launcher.proxy_support import LOOPBACK, ProxyProcess, established_connections, tcp_store
 
 torch_dist = pytest.importorskip("torch.distributed")

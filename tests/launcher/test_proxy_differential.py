@@ -15,7 +15,7 @@ import datetime
 import random
 import threading
 import time
-from typing import Callable, List, Tuple
+from typing import Callable
 
 import pytest
 
@@ -46,7 +46,7 @@ def outcome(call: Callable[[], object]) -> object:
     return result
 
 
-Step = Tuple[str, Callable[[World], object]]
+Step = tuple[str, Callable[[World], object]]
 
 
 def fenced(world: World, client: int, op: Callable[..., object], *args: object) -> object:
@@ -57,9 +57,9 @@ def fenced(world: World, client: int, op: Callable[..., object], *args: object) 
     return result
 
 
-def random_steps(rng: random.Random, count: int) -> List[Step]:
+def random_steps(rng: random.Random, count: int) -> list[Step]:
     """Steps valid in any state (no ADD on non-numbers, no unbounded blocking)."""
-    steps: List[Step] = []
+    steps: list[Step] = []
     known = set()  # keys set so far (so a plain get never blocks on a missing key)
     queued = {q: 0 for q in QUEUES}
     for _ in range(count):
@@ -133,12 +133,12 @@ def random_steps(rng: random.Random, count: int) -> List[Step]:
     return steps
 
 
-def concurrent_waits(world: World, keys: List[str]) -> object:
+def concurrent_waits(world: World, keys: list[str]) -> object:
     """Clients 0 and 1 wait on the same key list, client 1 also on a key nobody sets (timeout);
     client 2 sets the keys 100 ms later. Returns each waiter's fate."""
     fates = {}
 
-    def waiter(index: int, wait_keys: List[str], timeout: datetime.timedelta) -> None:
+    def waiter(index: int, wait_keys: list[str], timeout: datetime.timedelta) -> None:
         fates[index] = outcome(lambda: world.clients[index].wait(wait_keys, timeout))
 
     threads = [
@@ -155,7 +155,7 @@ def concurrent_waits(world: World, keys: List[str]) -> object:
     return sorted(fates.items())
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(4))
 def test_proxy_answers_exactly_like_the_root(seed):
     direct_root = tcp_store(0, master=True)
     proxied_root = tcp_store(0, master=True)
@@ -164,8 +164,8 @@ def test_proxy_answers_exactly_like_the_root(seed):
         proxied = World("proxied", proxy.port)
         steps = random_steps(random.Random(seed), 45)
         for index, (label, step) in enumerate(steps):
-            expected = outcome(lambda: step(direct))
-            actual = outcome(lambda: step(proxied))
+            expected = outcome(lambda step=step: step(direct))
+            actual = outcome(lambda step=step: step(proxied))
             assert actual == expected, f"seed {seed} step {index} {label}: proxy {actual!r} != root {expected!r}"
         # the stores end up identical, key by key
         keys = sorted(direct.clients[0].list_keys())
