@@ -82,7 +82,6 @@ from npu_job.launcher.protocol import (
     encode_reply,
     encode_request,
 )
-from typing_extensions import Self
 
 logger = logging.getLogger(__name__)
 
@@ -1031,7 +1030,7 @@ class StoreProxy:
                 loop.call_soon_threadsafe(loop.stop)
                 thread.join()
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> StoreProxy:  # noqa: PYI034 - typing.Self needs 3.11 or typing_extensions
         self.start()
         return self
 

@@ -22,7 +22,6 @@ from npu_job.launcher.protocol import (
     decode_reply,
     encode_request,
 )
-from typing_extensions import Self
 
 
 class RawStoreClient:
@@ -61,7 +60,7 @@ class RawStoreClient:
     def close(self) -> None:
         self.sock.close()
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> RawStoreClient:  # noqa: PYI034 - typing.Self needs 3.11 or typing_extensions
         return self
 
     def __exit__(self, *exc_info: object) -> None:

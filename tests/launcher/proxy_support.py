@@ -15,7 +15,6 @@ import subprocess
 import sys
 
 from npu_job.launcher.storeclient import established_connections, root_listen_socket  # noqa: F401
-from typing_extensions import Self
 
 LOOPBACK = "127.0.0.1"
 
@@ -86,7 +85,7 @@ class ProxyProcess:
                 stream.close()
         return self.proc.returncode
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> ProxyProcess:  # noqa: PYI034 - typing.Self needs 3.11 or typing_extensions
         return self
 
     def __exit__(self, *exc_info: object) -> None:
