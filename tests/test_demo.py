@@ -127,8 +127,8 @@ def test_demo_runs_the_whole_chain_and_says_so(tmp_path, capsys, monkeypatch):
     "argv, code, message",
     [
         (["--nodes", "3", "--tors", "4"], 7, "--tors 4: cannot spread 3 node(s) over more ToRs than nodes"),
-        (["--nodes", "0"], 2, "expected a number >= 1, got 0"),
-        (["--steps", "x"], 2, "expected a whole number, got 'x'"),
+        (["--nodes", "0"], 2, "expected an integer >= 1, got '0'"),
+        (["--steps", "x"], 2, "expected an integer >= 1, got 'x'"),
     ],
     ids=["more-tors-than-nodes", "no-nodes", "steps-not-a-number"],
 )

@@ -9,19 +9,12 @@ import shutil
 import sys
 import time
 
+from npu_job.cli._args import int_at_least
+
 HELP = "run the whole pipeline on a simulated cluster on this machine"
 
 log = logging.getLogger("npu_job.demo")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
+POSITIVE = int_at_least(1)
 
 
 def _seconds(text: str) -> float:
@@ -45,12 +38,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "'unshare --user --map-root-user')."
     )
     parser.epilog = "Exit status: 0 when the whole chain is consistent, 7 when a check failed, 8 when pods cannot run."
-    parser.add_argument("--nodes", type=_positive, default=6, help="pods (nodes) of the job (default 6)")
-    parser.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=_positive,
+    parser.add_argument("--nodes", type=POSITIVE, default=6, help="pods (nodes) of the job (default 6)")
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=POSITIVE,
                         default=2, help="workers per pod (default 2)")
-    parser.add_argument("--tors", type=_positive, default=3, help="ToR switches the pods are spread over (default 3)")
+    parser.add_argument("--tors", type=POSITIVE, default=3, help="ToR switches the pods are spread over (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the simulated cluster and the training (default 0)")
-    parser.add_argument("--steps", type=_positive, default=20, help="training steps (default 20)")
+    parser.add_argument("--steps", type=POSITIVE, default=20, help="training steps (default 20)")
     parser.add_argument("--no-routing", dest="routing", action="store_false",
                         help="render with routing acceleration off (pods keep the scheduler's order)")
     parser.add_argument("--keep", metavar="DIR", default=None,

@@ -17,6 +17,8 @@ import random
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from npu_job.cli._args import int_at_least
+
 HELP = "show the routing-affine order for a rank table and how it scores"
 JSON_VERSION = 1
 ORDER_NAMES = ("scheduler", "random", "ours")
@@ -31,21 +33,6 @@ Examples:
   npu-job plan --rank-table jobstart_hccl.json --topology ranktable_tor.json
   npu-job plan --rank-table hccl.json --topology topology.yaml --collective rhd --uplinks 16 --json
 """
-
-
-def _int_at_least(minimum: int):
-    """An argparse type for integers >= ``minimum``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
-        return value
-
-    return parse
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -83,14 +70,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--uplinks",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=DEFAULT_UPLINKS,
         metavar="U",
         help="uplinks per ToR in the fabric model (default: %(default)s)",
     )
     parser.add_argument(
         "--samples",
-        type=_int_at_least(0),
+        type=int_at_least(0),
         default=DEFAULT_SAMPLES,
         metavar="N",
         help="Monte-Carlo ECMP draws per order; 0 skips the simulation (default: %(default)s)",
