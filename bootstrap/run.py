@@ -56,6 +56,7 @@ class BootstrapOptions:
     poll_interval: float = DEFAULT_POLL_INTERVAL
     strict: bool = False
     ca_bundle: Optional[str] = None  # CA file for https:// inputs; None: the system's
+    full_node_devices: Optional[int] = None  # devices of a full node; None: only equal counts
 
 
 def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOptions:
@@ -86,6 +87,17 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
                              f"expected a number of seconds >= 0, got {text!r}")
         return number
 
+    def count(flag: str, name: str) -> Optional[int]:
+        value = flags.get(flag)
+        if value is not None:
+            return int(value)
+        text = env.get(name, "").strip()
+        if not text:
+            return None
+        if not (text.isascii() and text.isdigit()) or int(text) < 1:
+            raise InputError("environment", name, f"expected a whole number >= 1, got {text!r}")
+        return int(text)
+
     strict_flag = flags.get("strict")
     return BootstrapOptions(
         rank_table=pick("rank_table"),
@@ -99,6 +111,7 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
         poll_interval=seconds("poll_interval", "NPU_JOB_POLL_INTERVAL", DEFAULT_POLL_INTERVAL),
         strict=bool(strict_flag) or env.get("NPU_JOB_STRICT", "").strip().lower() in _TRUE,
         ca_bundle=pick("ca_bundle", "NPU_JOB_CA_BUNDLE"),
+        full_node_devices=count("full_node_devices", "NPU_JOB_FULL_NODE_DEVICES"),
     )
 
 
@@ -187,7 +200,7 @@ def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], 
     topology, topology_source = load_topology(options, location, env, verify)
     context["topology"] = topology_source
     collective = choose_collective(options.collective, env)
-    plan = _plan(table, topology, collective)
+    plan = _plan(table, topology, collective, options.full_node_devices)
     context["plan"] = plan
     log.info("input sha256 %s, mapping sha256 %s", plan.input_digest, plan.mapping_digest)
     if plan.status is not PlanStatus.SUCCESS:
@@ -220,10 +233,11 @@ def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], 
     return route_plan
 
 
-def _plan(table: RankTable, topology: Optional[Topology], collective: Collective) -> Plan:
+def _plan(table: RankTable, topology: Optional[Topology], collective: Collective,
+          full_node_devices: Optional[int]) -> Plan:
     from npu_job.bootstrap import planner
 
-    return planner.plan(table, topology, collective)
+    return planner.plan(table, topology, collective, full_node_devices=full_node_devices)
 
 
 def choose_collective(flag: Optional[str], env: Mapping[str, str]) -> Collective:

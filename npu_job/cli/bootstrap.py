@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 
+from npu_job.cli._args import int_at_least
+
 HELP = "compute this pod's routing-affine node rank (pod step 1)"
 
 _EPILOG = """\
@@ -25,7 +27,8 @@ used, only route_plan.json is written (status "failed"), stale rank files are re
 
 Environment: RANK_TABLE_FILE, NPU_JOB_TOPOLOGY, NPU_JOB_TOPOLOGY_FORMAT, NPU_JOB_TOR_INFO,
 NPU_JOB_K8S_TOPOLOGY (0 = do not ask the Kubernetes API), MA_CURRENT_HOST_IP, VC_TASK_INDEX,
-HCCL_ALGO, NPU_JOB_OUTPUT_DIR, NPU_JOB_WAIT_TIMEOUT, NPU_JOB_POLL_INTERVAL, NPU_JOB_STRICT,
+HCCL_ALGO, NPU_JOB_FULL_NODE_DEVICES, NPU_JOB_OUTPUT_DIR, NPU_JOB_WAIT_TIMEOUT,
+NPU_JOB_POLL_INTERVAL, NPU_JOB_STRICT,
 NPU_JOB_CA_BUNDLE.
 """
 
@@ -72,6 +75,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     planning.add_argument("--collective", choices=("ring", "nhr", "rhd"),
                           help="collective to optimise the order for "
                                "(default: from $HCCL_ALGO, else ring)")
+    planning.add_argument("--full-node-devices", "--full_node_devices", dest="full_node_devices",
+                          type=int_at_least(1), metavar="N",
+                          help="devices of a full node: a rank table with any server holding another "
+                               "count is not reordered (partial nodes; platform rule) "
+                               "(default: $NPU_JOB_FULL_NODE_DEVICES, else only equal counts on "
+                               "every server are required)")
     planning.add_argument("--output-dir", "--output_dir", dest="output_dir", metavar="DIR",
                           help="where to write the files (default: $NPU_JOB_OUTPUT_DIR, else /tmp)")
     planning.add_argument("--wait-timeout", "--wait_timeout", dest="wait_timeout", type=_seconds,

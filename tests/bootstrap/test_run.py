@@ -326,3 +326,60 @@ def test_task_index_parsing(value, expected):
 def test_task_index_must_be_a_number():
     with pytest.raises(InputError, match=r"^environment: VC_TASK_INDEX: expected a non-negative integer pod index, got '-1'$"):
         parse_task_index("-1")
+
+
+def _partial_node_job(tmp_path):
+    """3 pods of 4-device servers (half an ascend-1980 node each) over 3 ToRs, as CCE mounts it."""
+    from npu_job.bootstrap.ranktable import rank_table_document
+    from npu_job.bootstrap.synthetic import synthetic_cluster
+    from npu_job.bootstrap.topology import encode_ranktable_tor
+
+    table, topology = synthetic_cluster(3, 3, npus_per_node=4, seed=1)
+    config = tmp_path / "config"
+    config.mkdir()
+    (config / "jobstart_hccl.json").write_text(json.dumps(rank_table_document(table)))
+    (config / "ranktable_tor.json").write_bytes(encode_ranktable_tor(table, topology))
+    me = table.servers[1]
+    return {"RANK_TABLE_FILE": str(config), "MA_CURRENT_HOST_IP": me.server_id, "VC_TASK_INDEX": "1",
+            "NPU_JOB_OUTPUT_DIR": str(tmp_path / "out"), "NPU_JOB_K8S_TOPOLOGY": "0"}
+
+
+@pytest.mark.parametrize("how", ["env", "flag"])
+def test_partial_nodes_below_the_full_node_size_fall_back_with_the_reason(tmp_path, logs, how):
+    """The rule render warns about: with the full node size known, 4 of 8 devices is a partial node."""
+    env = _partial_node_job(tmp_path)
+    assert bootstrap({}, env).route_plan["status"] == "success"  # equal counts alone are planned
+    flags = {"full_node_devices": 8} if how == "flag" else {}
+    if how == "env":
+        env["NPU_JOB_FULL_NODE_DEVICES"] = "8"
+    result = bootstrap(flags, env)
+    assert result.exit_code == 0 and result.route_plan["status"] == "failed"
+    reason = "partial nodes: 3 server(s) do not have the full 8 devices"
+    assert any(reason in line for line in result.route_plan["reasons"]), result.route_plan
+    assert sorted(os.listdir(_out(env))) == [ROUTE_PLAN_FILE], "no rank files: the pod keeps VC_TASK_INDEX"
+    assert any(reason in line for line in logs(logging.ERROR))
+
+
+def test_full_node_devices_matching_the_servers_is_planned(tmp_path):
+    env = dict(_partial_node_job(tmp_path), NPU_JOB_FULL_NODE_DEVICES="4")
+    assert bootstrap({}, env).route_plan["status"] == "success"
+
+
+@pytest.mark.parametrize("value", ["0", "eight", "-8", "８"], ids=["zero", "word", "negative", "fullwidth-digit"])
+def test_a_bad_full_node_size_is_a_one_line_error(tmp_path, value):
+    env = dict(_partial_node_job(tmp_path), NPU_JOB_FULL_NODE_DEVICES=value)
+    with pytest.raises(InputError) as caught:
+        bootstrap({"strict": True}, env)
+    assert caught.value.message == (
+        f"environment: NPU_JOB_FULL_NODE_DEVICES: expected a whole number >= 1, got {value!r}")
+
+
+def test_the_full_node_flag_reaches_the_planner_from_the_command_line(tmp_path, monkeypatch, capsys):
+    from npu_job.cli import main
+
+    for name, value in _partial_node_job(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    assert main(["bootstrap", "--full-node-devices", "8", "--json"]) == 0
+    assert "do not have the full 8 devices" in " ".join(json.loads(capsys.readouterr().out)["reasons"])
+    assert main(["bootstrap", "--full-node-devices", "0"]) == 2
+    assert "expected an integer >= 1, got '0'" in capsys.readouterr().err
