@@ -32,8 +32,12 @@ LAUNCHERS = ("npu-run", "torchrun", "torch.distributed.launch")
 PULL_POLICIES = ("IfNotPresent", "Always", "Never")
 #: resource name per device (None: no accelerator is requested)
 DEVICE_RESOURCE = {"npu": "huawei.com/ascend-1980", "gpu": "nvidia.com/gpu", "cpu": None}
-#: how many accelerators make a full node; below it routing keeps scheduler order
+#: default of ``full_node_npus``: accelerators of a full node (ascend-1980: 8; Atlas A3 super-pod
+#: nodes have 16 and set the key); with routing on, a pod with fewer keeps the scheduler's order
 FULL_NODE = {"npu": 8, "gpu": 8}
+MAX_NODE_ACCELERATORS = 16
+#: the bootstrap's env var for the full node size (``--full-node-devices``)
+FULL_NODE_ENV = "NPU_JOB_FULL_NODE_DEVICES"
 MIN_ROUTING_NODES = 3
 HCCL_PORT_COUNT = 16  # HCCL uses HCCL_IF_BASE_PORT .. +15
 
@@ -66,6 +70,7 @@ RESERVED_ENV: Mapping[str, str] = {
     "NPUS_PER_NODE": "use the npus_per_node key",
     "HCCL_CONNECT_TIMEOUT": "use the hccl.connect_timeout key",
     "HCCL_IF_BASE_PORT": "use the hccl.base_port key",
+    FULL_NODE_ENV: "use the full_node_npus key",
 }
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
@@ -117,6 +122,7 @@ class JobSpec:
     args: Tuple[str, ...] = ()
     nodes: int = 1
     npus_per_node: int = 8
+    full_node_npus: Optional[int] = 8  # accelerators of a full node; None: no full-node rule (cpu)
     device: str = "npu"
     namespace: str = "default"
     queue: str = "default"
@@ -173,6 +179,7 @@ SPEC_KEYS: Tuple[KeyDoc, ...] = (
     KeyDoc("args", "`[]`", "Arguments of the script (strings; integers are written in decimal)."),
     KeyDoc("nodes", "`1`", "Number of pods (one per node): replicas = minAvailable = `MA_NUM_HOSTS`."),
     KeyDoc("npus_per_node", "`8` (`1` for cpu)", "Accelerators (cpu: processes) per pod: `--nproc_per_node`, `MA_NUM_GPUS`."),
+    KeyDoc("full_node_npus", "`8` (npu, gpu); none for cpu", f"Accelerators of a full node: 8 on ascend-1980 nodes, 16 on Atlas A3 super-pod nodes. `npus_per_node` may not exceed it. With routing on, the pods' bootstrap gets it as `{FULL_NODE_ENV}` and keeps the scheduler's order when any server of the rank table lists another device count (the platform routes full nodes only)."),
     KeyDoc("device", "`npu`", "`npu` (huawei.com/ascend-1980), `gpu` (nvidia.com/gpu) or `cpu` (none)."),
     KeyDoc("namespace", "`default`", "Namespace of the Job and its ConfigMap."),
     KeyDoc("queue", "`default`", "Volcano queue."),
@@ -444,7 +451,9 @@ def validate(merged: MergedValues, source: Optional[str] = None) -> JobSpec:
             values[key] = check.string_list(tree[key], (key,), allow_int=True)
     if present("nodes"):
         values["nodes"] = check.integer(tree["nodes"], ("nodes",), 1, 100_000)
-    max_per_node = 16 if device in FULL_NODE else 1024
+    max_per_node = MAX_NODE_ACCELERATORS if device in FULL_NODE else 1024
+    if present("full_node_npus"):
+        values["full_node_npus"] = check.integer(tree["full_node_npus"], ("full_node_npus",), 1, MAX_NODE_ACCELERATORS)
     if present("npus_per_node"):
         values["npus_per_node"] = check.integer(tree["npus_per_node"], ("npus_per_node",), 1, max_per_node)
     elif device == "cpu":
@@ -604,6 +613,10 @@ def _resolve_defaults(
     settled.setdefault("routing", device == "npu" and nodes >= MIN_ROUTING_NODES)
     settled.setdefault("tiered_store", launcher == "npu-run")
     settled.setdefault("anti_affinity", device != "cpu")
+    if device in FULL_NODE:
+        settled.setdefault("full_node_npus", FULL_NODE[device])
+    else:  # cpu: processes, not accelerators; there is no full node to fill
+        settled["full_node_npus"] = None
     return JobSpec(hccl=HcclSpec(**hccl), resources=ResourceSpec(**resources), **settled)
 
 
@@ -620,6 +633,12 @@ def _check_across_keys(check: _Checker, spec: JobSpec) -> None:
             ("routing",),
             f"routing acceleration needs device npu (the rank table comes from CCE's configmap1980 "
             f"plugin); device is {spec.device}",
+        )
+    if spec.full_node_npus is not None and spec.npus_per_node > spec.full_node_npus:
+        check.problem(
+            ("npus_per_node",),
+            f"{spec.npus_per_node} is more than a full node (full_node_npus {spec.full_node_npus}); "
+            f"on nodes with {spec.npus_per_node} accelerators (e.g. Atlas A3) set full_node_npus: {spec.npus_per_node}",
         )
     if spec.tiered_store and spec.launcher != "npu-run":
         check.problem(("tiered_store",), f"the tiered store needs launcher npu-run; launcher is {spec.launcher}")
@@ -654,21 +673,28 @@ def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str
     """What is valid but will disappoint, one sentence each (the renderer logs them)."""
     warnings: List[str] = []
     explicit = set(explicit_keys)
-    full = FULL_NODE.get(spec.device)
+    full = spec.full_node_npus
     if spec.routing and spec.nodes < MIN_ROUTING_NODES:
         warnings.append(
             f"routing is on with {spec.nodes} node(s): the bootstrap needs at least {MIN_ROUTING_NODES} "
             f"and will keep the scheduler's order"
         )
     if full is not None and spec.npus_per_node < full:
-        tail = "; routing acceleration needs full nodes and will keep the scheduler's order" if spec.routing else ""
-        warnings.append(f"npus_per_node is {spec.npus_per_node}, below a full node ({full}){tail}")
+        tail = (
+            f"; each pod's bootstrap ({FULL_NODE_ENV}={full}) will find partial nodes in the rank table, "
+            f"write a failed route_plan.json and keep the scheduler's order (NODE_RANK = VC_TASK_INDEX, "
+            f"master index 0): routing acceleration needs full nodes"
+            if spec.routing else ""
+        )
+        warnings.append(f"npus_per_node is {spec.npus_per_node}, below a full node (full_node_npus {full}){tail}")
     arrival = _arrival_order_flags(spec.launcher_args)
     if spec.routing and arrival:
         warnings.append(
             f"launcher_args {' '.join(arrival)} assigns node ranks by arrival, so the launcher "
             f"cannot apply the bootstrap's new ranks (use the default static/parallel rendezvous)"
         )
+    if spec.full_node_npus is None and "full_node_npus" in explicit:
+        warnings.append(f"full_node_npus is ignored for device {spec.device}: it has no full node")
     if spec.device != "npu" and "hccl" in explicit:
         warnings.append(f"hccl settings are ignored for device {spec.device}")
     if spec.bootstrap_url and not spec.routing:

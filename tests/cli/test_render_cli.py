@@ -123,7 +123,7 @@ def test_warnings_go_to_stderr_and_output_still_renders(spec_file, capsys):
     code, out, err = run_cli(str(spec_file), "--set", "routing=true", "--set", "npus_per_node=4", capsys=capsys)
     assert code == 0 and "kind: Job" in out
     assert "npu-job: warning: routing is on with 2 node(s)" in err
-    assert "npu-job: warning: npus_per_node is 4, below a full node (8)" in err
+    assert "npu-job: warning: npus_per_node is 4, below a full node (full_node_npus 8); each pod's bootstrap" in err
 
 
 def test_help_explains_the_set_syntax(capsys):

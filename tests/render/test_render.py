@@ -108,6 +108,21 @@ def test_routing_off_runs_no_bootstrap_and_keeps_scheduler_order():
     assert "annotations" not in job["spec"]["tasks"][0]["template"]["metadata"]
 
 
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        pytest.param({"nodes": 6}, "8", id="ascend-1980-default"),
+        pytest.param({"nodes": 6, "npus_per_node": 16, "full_node_npus": 16}, "16", id="a3-super-pod-node"),
+        pytest.param({"nodes": 3, "npus_per_node": 4}, "8", id="partial-nodes-the-bootstrap-will-refuse"),
+        pytest.param({"nodes": 6, "routing": False}, None, id="routing-off-no-bootstrap"),
+    ],
+)
+def test_routed_pods_tell_the_bootstrap_the_full_node_size(values, expected):
+    """One rule: the bootstrap refuses partial nodes by the same full_node_npus render warns with."""
+    env = env_of(job_of(render_values(with_keys(**values))))
+    assert env.get("NPU_JOB_FULL_NODE_DEVICES") == expected
+
+
 @pytest.mark.parametrize("device, resource", [("gpu", "nvidia.com/gpu"), ("cpu", None)])
 def test_gpu_and_cpu_jobs_have_no_npu_only_pieces(device, resource):
     rendered = render_values(with_keys(device=device, nodes=3, npus_per_node=4, launcher="torchrun"))

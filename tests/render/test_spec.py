@@ -75,6 +75,9 @@ BAD_SPECS = [
     ("nodes-boolean", {"nodes": True}, r"^nodes: expected an integer, got true \(a boolean\)$"),
     ("nodes-text", {"nodes": "six"}, r"^nodes: expected an integer, got 'six'$"),
     ("npus-too-many", {"npus_per_node": 32}, r"^npus_per_node: expected an integer from 1 to 16, got 32$"),
+    ("npus-more-than-a-full-node", {"npus_per_node": 16}, r"^npus_per_node: 16 is more than a full node \(full_node_npus 8\); on nodes with 16 accelerators \(e\.g\. Atlas A3\) set full_node_npus: 16$"),
+    ("full-node-range", {"full_node_npus": 32}, r"^full_node_npus: expected an integer from 1 to 16, got 32$"),
+    ("env-full-node-reserved", {"env": {"NPU_JOB_FULL_NODE_DEVICES": "4"}}, r"^env\.NPU_JOB_FULL_NODE_DEVICES: reserved: use the full_node_npus key$"),
     ("device-typo", {"device": "nup"}, r"^device: expected one of npu, gpu, cpu; got 'nup' \(did you mean 'npu'\?\)$"),
     ("launcher-unknown", {"launcher": "torch-run"}, r"^launcher: expected one of npu-run, torchrun, torch.distributed.launch; got 'torch-run' \(did you mean 'torchrun'\?\)$"),
     ("routing-not-bool", {"routing": "yes please"}, r"^routing: expected true or false, got 'yes please'$"),
@@ -152,7 +155,15 @@ def test_all_problems_are_listed_at_once_with_their_origin():
     "extra, expected",
     [
         pytest.param({"nodes": 2, "routing": True}, ["routing is on with 2 node(s)"], id="routing-below-3-nodes"),
-        pytest.param({"npus_per_node": 4}, ["npus_per_node is 4, below a full node (8)"], id="part-of-a-node"),
+        pytest.param({"npus_per_node": 4}, ["npus_per_node is 4, below a full node (full_node_npus 8)"], id="part-of-a-node"),
+        pytest.param(
+            {"nodes": 3, "npus_per_node": 4},
+            ["npus_per_node is 4, below a full node (full_node_npus 8); each pod's bootstrap (NPU_JOB_FULL_NODE_DEVICES=8) "
+             "will find partial nodes in the rank table, write a failed route_plan.json and keep the scheduler's order"],
+            id="part-of-a-node-with-routing",
+        ),
+        pytest.param({"npus_per_node": 16, "full_node_npus": 16, "nodes": 3}, [], id="a3-full-node-no-warning"),
+        pytest.param({"device": "cpu", "full_node_npus": 8}, ["full_node_npus is ignored for device cpu"], id="full-node-on-cpu"),
         pytest.param(
             {"nodes": 4, "launcher": "torchrun", "launcher_args": ["--rdzv_backend=c10d"]},
             ["launcher_args --rdzv_backend=c10d assigns node ranks by arrival"],
@@ -175,7 +186,7 @@ def test_every_documented_key_is_accepted():
     documented = {doc.key.split(".")[0] for doc in SPEC_KEYS}
     values = with_keys(nodes=3)
     samples = {
-        "args": ["a"], "nodes": 3, "npus_per_node": 8, "device": "npu", "namespace": "ns", "queue": "q",
+        "args": ["a"], "nodes": 3, "npus_per_node": 8, "full_node_npus": 8, "device": "npu", "namespace": "ns", "queue": "q",
         "task_name": "trainer", "workdir": "/w", "env": {"A": "1"}, "routing": True, "launcher": "npu-run",
         "launcher_args": ["--max_restarts=0"], "tiered_store": True, "master_port": 29400,
         "hccl": {"connect_timeout": 600, "base_port": 61000, "reserve_ports": False}, "volumes": [{"name": "v", "emptyDir": {}}],
