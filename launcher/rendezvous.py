@@ -117,7 +117,10 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
             "membership; give one node count (e.g. --nnodes=4)"
         )
     if "rank" not in params.config:
-        raise LaunchError("the parallel rendezvous needs this node's rank: pass --node_rank")
+        raise LaunchError(
+            "the parallel rendezvous needs this node's rank: pass --node_rank to npu-run "
+            "(plain torchrun hands --node_rank only to its static backend: pass --rdzv_conf rank=N)"
+        )
     try:
         node_rank = int(params.config["rank"])
     except (TypeError, ValueError):
