@@ -23,10 +23,17 @@ from __future__ import annotations
 
 import operator
 import re
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any, Dict, List, Optional, Tuple
 
-from npu_job.bootstrap.model import Device, Plan, RankTable, Server
+from npu_job.bootstrap.model import (
+    Device,
+    Plan,
+    RankTable,
+    Server,
+    devices_from_columns,
+    servers_from_columns,
+)
 from npu_job.bootstrap.payload import (
     decode_document,
     expect_count,
@@ -123,13 +130,14 @@ def _servers_fast(server_list: List[Any], devices: List[Tuple[Device, ...]],
         if set(map(type, values)) not in _STR_OR_NONE:
             return None
         columns.append([value or None for value in values])
-    return tuple(map(Server, ids, range(len(ids)), devices, *columns, map(super_pods.get, ids)))
+    return tuple(servers_from_columns(ids, range(len(ids)), devices, *columns,
+                                      map(super_pods.get, ids)))
 
 
 _STR = {str}
 _STR_OR_NONE = ({str}, {type(None)}, {str, type(None)})
-_DEVICE_FIELDS = operator.itemgetter("device_id", "device_ip", "rank_id", "super_device_id")
-_DEVICE_FIELDS_V1_0 = operator.itemgetter("device_id", "device_ip", "rank_id")
+_DEVICE_ID = operator.itemgetter("device_id")
+_RANK_ID = operator.itemgetter("rank_id")
 
 
 def _all_devices_fast(server_list: List[Any]) -> Optional[List[Tuple[Device, ...]]]:
@@ -147,11 +155,12 @@ def _all_devices_fast(server_list: List[Any]) -> Optional[List[Tuple[Device, ...
         if 0 in counts:
             return None
         flat = list(chain.from_iterable(device_lists))
-        try:
-            ids, ips, ranks, supers = zip(*map(_DEVICE_FIELDS, flat))
-        except KeyError:
-            ids, ips, ranks = zip(*map(_DEVICE_FIELDS_V1_0, flat))
-            supers = (None,) * len(ids)
+        # required fields by key (KeyError: missing), optional ones as the slow path reads them;
+        # dict.get also rejects a device that is not an object (TypeError)
+        ids = list(map(_DEVICE_ID, flat))
+        ranks = list(map(_RANK_ID, flat))
+        ips = list(map(dict.get, flat, repeat("device_ip")))
+        supers = list(map(dict.get, flat, repeat("super_device_id")))
     except (TypeError, KeyError, ValueError):
         return None
     if set(map(type, ids)) != _STR or "" in ids or set(map(type, ranks)) != _STR or "" in ranks:
@@ -164,7 +173,9 @@ def _all_devices_fast(server_list: List[Any]) -> Optional[List[Tuple[Device, ...
     rank_ids = list(map(int, ranks))
     if len(set(rank_ids)) != len(rank_ids):
         return None
-    devices = list(map(Device, ids, ips, rank_ids, supers))
+    devices = devices_from_columns(ids, ips, rank_ids, supers)
+    if len(set(counts)) == 1:  # full nodes, the usual case: cut into equal tuples at C speed
+        return list(zip(*[iter(devices)] * counts[0]))
     result = []
     start = 0
     for count in counts:

@@ -1,8 +1,22 @@
 """The domain model: plans are permutations and say where rank 0 went."""
 
+import dataclasses
+import inspect
+import pickle
+
 import pytest
 
-from npu_job.bootstrap.model import Collective, Placement, Plan, PlanStatus, Topology
+from npu_job.bootstrap.model import (
+    Collective,
+    Device,
+    Placement,
+    Plan,
+    PlanStatus,
+    Server,
+    Topology,
+    devices_from_columns,
+    servers_from_columns,
+)
 
 
 def test_plan_inverse_master_index_and_platform_mapping_string():
@@ -32,3 +46,31 @@ def test_placement_canonicalises_tors_and_topology_is_read_only_and_sorted():
     with pytest.raises(TypeError):
         topo.placements["x"] = Placement()  # type: ignore[index]
     assert hash(topo) == hash(Topology(dict(reversed(list(topo.placements.items())))))
+
+
+def test_column_builders_make_the_same_frozen_objects_as_the_constructors():
+    columns = (["0", "1"], ["29.0.0.1", None], [0, 1], [None, "sd-1"])
+    built = devices_from_columns(*columns)
+    assert built == [Device(*row) for row in zip(*columns)]
+    assert [repr(d) for d in built] == [repr(Device(*row)) for row in zip(*columns)]
+    assert [hash(d) for d in built] == [hash(Device(*row)) for row in zip(*columns)]
+    assert pickle.loads(pickle.dumps(built)) == built
+    server_columns = (["10.0.0.1"], [0], [tuple(built)], ["10.0.0.1"], [None], ["w-0"], ["sp"])
+    servers = servers_from_columns(*server_columns)
+    assert servers == [Server(*row) for row in zip(*server_columns)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built[0].rank_id = 5  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        servers[0].pod_index = 5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "cls, builder", [(Device, devices_from_columns), (Server, servers_from_columns)],
+    ids=["Device", "Server"],
+)
+def test_column_builders_cover_every_field_and_nothing_they_skip(cls, builder):
+    """The builders bypass __init__: one column per field (the test above checks each lands in
+    its field), and no __post_init__ or default factory that __init__ would have run."""
+    assert len(inspect.signature(builder).parameters) == len(dataclasses.fields(cls))
+    assert not hasattr(cls, "__post_init__")
+    assert all(f.default_factory is dataclasses.MISSING for f in dataclasses.fields(cls))

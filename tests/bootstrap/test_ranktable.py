@@ -242,8 +242,14 @@ def test_serialised_table_reads_back_as_the_same_cluster(nodes, seed, super_pods
     "document",
     [v1_0(), v1_2_super_pods(), v1_4_cce(),
      {**v1_0(), "server_list": [{**s, "host_ip": "", "device": [{k: v for k, v in d.items() if k != "device_ip"} for d in s["device"]]}
-                                for s in v1_0()["server_list"]]}],
-    ids=["v1.0", "v1.2", "v1.4", "no-device-ip-empty-host-ip"],
+                                for s in v1_0()["server_list"]]},
+     {**v1_0(), "server_list": [{**s, "device": [{**d, "super_device_id": "7"} if i == 1 else d
+                                                 for i, d in enumerate(s["device"])]}
+                                for s in v1_0()["server_list"]]},
+     {**v1_0(), "server_list": [{**s, "device": s["device"][:i + 1]}
+                                for i, s in enumerate(v1_0()["server_list"])]}],
+    ids=["v1.0", "v1.2", "v1.4", "no-device-ip-empty-host-ip", "some-super-device-ids",
+         "uneven-device-counts"],
 )
 def test_fast_path_and_field_by_field_path_agree(document, monkeypatch):
     from npu_job.bootstrap import ranktable
