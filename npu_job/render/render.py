@@ -220,7 +220,9 @@ def _pairs(*groups: Tuple[Tuple[str, str], ...]) -> Tuple[Tuple[str, str], ...]:
 
 
 def _context(spec: JobSpec) -> Dict[str, Any]:
-    npu_routing = spec.routing  # validation allows routing only on npu
+    # CCE delivers the rank table (configmap1980) and the ToR topology (cabinet) to NPU jobs only;
+    # a routed gpu/cpu job runs the same bootstrap on a rank table it brings itself
+    npu_routing = spec.routing and spec.device == "npu"
     job_labels = _pairs(
         (MANAGED_BY,),
         (("fault-scheduling", "force"),) if spec.device == "npu" else (),
@@ -244,6 +246,7 @@ def _context(spec: JobSpec) -> Dict[str, Any]:
         "full_node_env": FULL_NODE_ENV,
         "launcher_command": LAUNCHER_COMMANDS[spec.launcher],
         "job_labels": job_labels,
+        "cce_routing": npu_routing,
         "configmap_labels": _pairs((MANAGED_BY,), spec.labels),
         "pod_labels": _pairs((MANAGED_BY,), spec.labels),
         "pod_annotations": _pairs((("cabinet", "cabinet"),) if npu_routing else (), spec.annotations),

@@ -628,12 +628,6 @@ def _check_across_keys(check: _Checker, spec: JobSpec) -> None:
             f"too long for the pod names: {longest!r} has {len(longest)} characters; a pod's hostname "
             f"'<name>-<task_name>-<index>' must have at most 63",
         )
-    if spec.routing and spec.device != "npu":
-        check.problem(
-            ("routing",),
-            f"routing acceleration needs device npu (the rank table comes from CCE's configmap1980 "
-            f"plugin); device is {spec.device}",
-        )
     if spec.full_node_npus is not None and spec.npus_per_node > spec.full_node_npus:
         check.problem(
             ("npus_per_node",),
@@ -656,7 +650,7 @@ def _check_across_keys(check: _Checker, spec: JobSpec) -> None:
                 "a pod in the host network cannot set net.* sysctls; reserve the ports on the nodes "
                 "(net.ipv4.ip_local_reserved_ports) or turn host_network off",
             )
-    if spec.routing:
+    if spec.routing and spec.device == "npu":
         for path, key, owner in (
             (("labels",), "ring-controller.cce", "the configmap1980 rank table"),
             (("annotations",), "cabinet", "ToR topology delivery"),
@@ -674,6 +668,13 @@ def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str
     warnings: List[str] = []
     explicit = set(explicit_keys)
     full = spec.full_node_npus
+    if spec.routing and spec.device != "npu" and not _brings_a_rank_table(spec):
+        warnings.append(
+            f"routing is on for device {spec.device}, but no rank table source is configured (CCE's "
+            f"configmap1980 plugin serves NPU jobs only): set env RANK_TABLE_FILE (a file in one of "
+            f"volumes, or an http(s) URL) or mount one at {_default_rank_table_dirs()[0]}; without it each "
+            f"pod's bootstrap finds no rank table and keeps the scheduler's order"
+        )
     if spec.routing and spec.nodes < MIN_ROUTING_NODES:
         warnings.append(
             f"routing is on with {spec.nodes} node(s): the bootstrap needs at least {MIN_ROUTING_NODES} "
@@ -700,6 +701,27 @@ def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str
     if spec.bootstrap_url and not spec.routing:
         warnings.append("bootstrap.url is ignored: routing is off, so the pod runs no bootstrap")
     return tuple(warnings)
+
+
+def _default_rank_table_dirs() -> Tuple[str, ...]:
+    """Where the bootstrap looks for a rank table when ``RANK_TABLE_FILE`` is not set."""
+    import posixpath
+
+    from npu_job.bootstrap.sources import DEFAULT_RANK_TABLES
+
+    return tuple(posixpath.dirname(path) for path in DEFAULT_RANK_TABLES)
+
+
+def _brings_a_rank_table(spec: JobSpec) -> bool:
+    """Whether the pods get a rank table without CCE: ``RANK_TABLE_FILE`` or a default location."""
+    if "RANK_TABLE_FILE" in dict(spec.env):
+        return True
+    for mount in spec.mounts:
+        path = str(mount.get("mountPath", "")).rstrip("/")
+        if any(place == path or place.startswith(path + "/") or path.startswith(place + "/")
+               for place in _default_rank_table_dirs()):
+            return True
+    return False
 
 
 def _arrival_order_flags(args: Sequence[str]) -> List[str]:

@@ -123,6 +123,34 @@ def test_routed_pods_tell_the_bootstrap_the_full_node_size(values, expected):
     assert env.get("NPU_JOB_FULL_NODE_DEVICES") == expected
 
 
+@pytest.mark.parametrize("device", ["gpu", "cpu"])
+def test_routed_gpu_and_cpu_jobs_run_the_bootstrap_without_the_cce_pieces(device):
+    """The bootstrap is device-independent; only CCE's delivery of its inputs is NPU-only."""
+    rendered = render_values(with_keys(device=device, nodes=3, npus_per_node=4, routing=True,
+                                       env={"RANK_TABLE_FILE": "/rt/jobstart_hccl.json"}))
+    job = job_of(rendered)
+    assert rendered.pod_command == "cd /opt/npu-job || exit 1; " + DESIGN_POD_COMMAND
+    assert [name for name, _ in rendered.scripts] == ["train.sh", "bootstrap.sh"]
+    assert "configmap1980" not in job["spec"]["plugins"]
+    assert "ring-controller.cce" not in job["metadata"]["labels"]
+    assert "cabinet" not in (job["spec"]["tasks"][0]["template"]["metadata"].get("annotations") or {})
+    assert env_of(job)["RANK_TABLE_FILE"] == "/rt/jobstart_hccl.json"
+    assert env_of(job).get("NPU_JOB_FULL_NODE_DEVICES") == ("8" if device == "gpu" else None)
+    if device == "gpu":  # 4 of a full node's 8 GPUs: the one warning says the bootstrap will refuse
+        assert len(rendered.warnings) == 1 and "NPU_JOB_FULL_NODE_DEVICES=8" in rendered.warnings[0]
+    else:
+        assert rendered.warnings == ()
+
+
+def test_a_routed_cpu_job_without_a_rank_table_source_logs_that_it_will_fall_back(caplog):
+    with caplog.at_level("WARNING", logger="npu_job.render"):
+        rendered = render_values(with_keys(device="cpu", nodes=3, routing=True))
+    assert "bash bootstrap.sh" in rendered.pod_command
+    assert [r.getMessage() for r in caplog.records] == list(rendered.warnings)
+    assert "no rank table source is configured" in rendered.warnings[0]
+    assert "keeps the scheduler's order" in rendered.warnings[0]
+
+
 @pytest.mark.parametrize("device, resource", [("gpu", "nvidia.com/gpu"), ("cpu", None)])
 def test_gpu_and_cpu_jobs_have_no_npu_only_pieces(device, resource):
     rendered = render_values(with_keys(device=device, nodes=3, npus_per_node=4, launcher="torchrun"))

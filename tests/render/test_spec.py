@@ -29,6 +29,9 @@ def test_defaults_of_a_minimal_spec():
         pytest.param({"nodes": 3, "routing": False}, False, id="explicitly-off"),
         pytest.param({"nodes": 1, "routing": True}, True, id="explicitly-on"),
         pytest.param({"nodes": 4, "device": "gpu"}, False, id="gpu-off"),
+        pytest.param({"nodes": 4, "device": "cpu"}, False, id="cpu-off"),
+        pytest.param({"nodes": 4, "device": "gpu", "routing": True}, True, id="gpu-explicitly-on"),
+        pytest.param({"nodes": 4, "device": "cpu", "routing": True}, True, id="cpu-explicitly-on"),
     ],
 )
 def test_routing_defaults_to_on_from_3_npu_nodes(extra, routing):
@@ -81,7 +84,6 @@ BAD_SPECS = [
     ("device-typo", {"device": "nup"}, r"^device: expected one of npu, gpu, cpu; got 'nup' \(did you mean 'npu'\?\)$"),
     ("launcher-unknown", {"launcher": "torch-run"}, r"^launcher: expected one of npu-run, torchrun, torch.distributed.launch; got 'torch-run' \(did you mean 'torchrun'\?\)$"),
     ("routing-not-bool", {"routing": "yes please"}, r"^routing: expected true or false, got 'yes please'$"),
-    ("routing-on-gpu", {"routing": True, "device": "gpu"}, r"^routing: routing acceleration needs device npu"),
     ("tiered-store-with-torchrun", {"launcher": "torchrun", "tiered_store": True}, r"^tiered_store: the tiered store needs launcher npu-run; launcher is torchrun$"),
     ("master-port-range", {"master_port": 70000}, r"^master_port: expected an integer from 1 to 65535, got 70000$"),
     ("master-port-in-hccl-range", {"master_port": 60003}, r"^master_port: 60003 collides with HCCL's ports 60000-60015"),
@@ -172,6 +174,27 @@ def test_all_problems_are_listed_at_once_with_their_origin():
         pytest.param({"nodes": 4, "launcher": "torchrun", "launcher_args": ["--rdzv-backend", "static"]}, [], id="static-is-fine"),
         pytest.param({"device": "gpu", "hccl": {"connect_timeout": 300}}, ["hccl settings are ignored for device gpu"], id="hccl-on-gpu"),
         pytest.param({"nodes": 6}, [], id="six-full-nodes-no-warning"),
+        pytest.param(
+            {"nodes": 3, "device": "cpu", "routing": True},
+            ["routing is on for device cpu, but no rank table source is configured (CCE's configmap1980 plugin "
+             "serves NPU jobs only): set env RANK_TABLE_FILE (a file in one of volumes, or an http(s) URL) or mount "
+             "one at /user/config; without it each pod's bootstrap finds no rank table and keeps the scheduler's order"],
+            id="routed-cpu-without-rank-table",
+        ),
+        pytest.param({"nodes": 3, "device": "gpu", "routing": True}, ["routing is on for device gpu, but no rank table"],
+                     id="routed-gpu-without-rank-table"),
+        pytest.param({"nodes": 3, "device": "cpu", "routing": True, "env": {"RANK_TABLE_FILE": "https://x/rt.json"}}, [],
+                     id="routed-cpu-rank-table-from-env"),
+        pytest.param(
+            {"nodes": 3, "device": "cpu", "routing": True, "volumes": [{"name": "rt", "configMap": {"name": "rt"}}],
+             "mounts": [{"name": "rt", "mountPath": "/user/config"}]},
+            [], id="routed-cpu-rank-table-mounted-where-the-bootstrap-looks",
+        ),
+        pytest.param(
+            {"nodes": 3, "device": "cpu", "routing": True, "volumes": [{"name": "rt", "configMap": {"name": "rt"}}],
+             "mounts": [{"name": "rt", "mountPath": "/data"}]},
+            ["routing is on for device cpu, but no rank table"], id="routed-cpu-volume-elsewhere",
+        ),
     ],
 )
 def test_warnings(extra, expected):
