@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import operator
 import re
+from collections import deque
 from itertools import chain, repeat
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -360,21 +361,21 @@ def reordered_document(
         legacy = RankTable("1.0", table.status, tuple(table.servers[pod] for pod in order))
         return rank_table_document(legacy)
     originals = document["server_list"]
-    rank_texts = list(map(str, range(sum(len(server.devices) for server in table.servers))))
-    server_list = []
-    next_rank = 0
-    for pod in order:
-        entry = originals[pod]
-        devices = entry["device"]
-        count = len(devices)
-        ranks = rank_texts[next_rank:next_rank + count]
-        next_rank += count
-        if in_place:
-            for device, rank in zip(devices, ranks):
-                device["rank_id"] = rank
-            server_list.append(entry)
-        else:
-            renumbered = [{**device, "rank_id": rank} for device, rank in zip(devices, ranks)]
+    if in_place:
+        server_list = [originals[pod] for pod in order]
+        # every device in new order gets the running counter, at C speed (32k devices at 4096)
+        devices = list(chain.from_iterable(entry["device"] for entry in server_list))
+        deque(map(operator.setitem, devices, repeat("rank_id"), map(str, range(len(devices)))), 0)
+    else:
+        rank_texts = list(map(str, range(sum(len(server.devices) for server in table.servers))))
+        server_list = []
+        next_rank = 0
+        for pod in order:
+            entry = originals[pod]
+            count = len(entry["device"])
+            ranks = rank_texts[next_rank:next_rank + count]
+            next_rank += count
+            renumbered = [{**device, "rank_id": rank} for device, rank in zip(entry["device"], ranks)]
             server_list.append({**entry, "device": renumbered})
     result = dict(document)
     result["server_list"] = server_list
