@@ -16,20 +16,33 @@ device order inside a server, ``hash()`` salt, timestamps). This module owns tho
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-import socket
 from typing import Optional, Sequence, Tuple, Union
 
 from npu_job.bootstrap.model import Collective, Placement, RankTable, Server, Topology
+
+# Start-up matters on the pod (DESIGN: the bootstrap runs before training): take sha256 and
+# inet_aton/inet_ntoa from the C modules themselves. ``hashlib`` would load OpenSSL's libcrypto
+# (~2.5 ms) and ``socket`` builds its enums (~2.5 ms); the functions are the same ones.
+try:
+    from _sha2 import sha256 as _sha256  # Python >= 3.12
+except ImportError:
+    try:
+        from _sha256 import sha256 as _sha256  # Python 3.9-3.11
+    except ImportError:  # an interpreter built without its own hashes
+        from hashlib import sha256 as _sha256
+try:
+    from _socket import inet_aton as _inet_aton
+    from _socket import inet_ntoa as _inet_ntoa
+except ImportError:
+    from socket import inet_aton as _inet_aton
+    from socket import inet_ntoa as _inet_ntoa
 
 # (kind, ...) tuples; kind 0 = IP address (then version, integer value), kind 1 = natural order.
 IdKey = Tuple[Union[int, str, Tuple[Union[int, str], ...]], ...]
 
 _DIGITS = re.compile(r"(\d+)", re.ASCII)
-_inet_aton = socket.inet_aton
-_inet_ntoa = socket.inet_ntoa
 SwitchPath = Tuple[Tuple[str, ...], Tuple[str, ...], Optional[int]]  # (tiers, tors, slot)
 
 
@@ -114,9 +127,9 @@ def input_digest(
     paths: Optional[Sequence[SwitchPath]] = None,
 ) -> str:
     """sha256 hex of :func:`canonical_input`."""
-    return hashlib.sha256(canonical_input(table, topology, collective, paths)).hexdigest()
+    return _sha256(canonical_input(table, topology, collective, paths)).hexdigest()
 
 
 def mapping_digest(rank_mapping: str) -> str:
     """sha256 hex of a plan's ``"newRank-podIndex,..."`` mapping string."""
-    return hashlib.sha256(rank_mapping.encode("ascii")).hexdigest()
+    return _sha256(rank_mapping.encode("ascii")).hexdigest()

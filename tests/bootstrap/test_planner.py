@@ -428,6 +428,36 @@ def test_ids_sort_as_numbers_when_they_are_ips_and_naturally_otherwise():
     ]
 
 
+def test_digests_are_plain_sha256_of_the_canonical_bytes():
+    import hashlib
+
+    table, topology = synthetic_cluster(6, 2, seed=3)
+    data = canonical.canonical_input(table, topology, Collective.RING)
+    assert canonical.input_digest(table, topology, Collective.RING) == hashlib.sha256(data).hexdigest()
+    assert canonical.mapping_digest("0-1,1-0") == hashlib.sha256(b"0-1,1-0").hexdigest()
+
+
+def test_planning_an_ipv4_cluster_loads_no_heavy_module():
+    """The pod-side start-up budget: hashlib (OpenSSL), socket, requests and yaml stay unloaded
+    on the common path (IPv4 ids, local files). (Not ipaddress: pathlib's urllib may load it.)"""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from npu_job.bootstrap import run, planner, writers, wait, identity, topology, ranktable\n"
+        "from npu_job.bootstrap.model import Collective, Device, Placement, RankTable, Server, Topology\n"
+        "servers = tuple(Server(f'10.0.0.{i}', i, (Device('0', rank_id=i),)) for i in range(4))\n"
+        "tors = Topology({f'10.0.0.{i}': Placement(tors=(f'172.16.0.{i % 2}',)) for i in range(4)})\n"
+        "result = planner.plan(RankTable('1.0', 'completed', servers), tors, Collective.RHD)\n"
+        "assert result.status.value == 'success', result\n"
+        "heavy = ('hashlib', 'socket', 'requests', 'yaml', 'torch')\n"
+        "print(','.join(name for name in heavy if name in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
 def test_every_process_computes_the_same_plan_whatever_its_hash_seed():
     """Pods are separate interpreters: set/dict/hash() order must not leak into the plan."""
     import os
