@@ -8,6 +8,7 @@ needs root, as CI has), so the command's literal ``/tmp/RANK_AFTER_ACC`` is per 
 separate containers. Without root the test falls back to running the same command text with
 ``/tmp/`` pointed at the pod's directory (and says so in the test id)."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -130,3 +131,28 @@ def test_set_e_pod_commands_survive_a_failed_bootstrap(tmp_path):
     rank, master, stderr = run_pod(pod_dir, 4, "10.0.0.4", with_rank_table=False,
                                    command="set -e; bash bootstrap.sh; export RANK_AFTER_ACC=4 MA_MASTER_INDEX=0; bash train.sh")
     assert (rank, master) == (4, 0) and "npu-job: error: rank table: location" in stderr
+
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bootstrap.sh"
+
+
+def test_bootstrap_sh_ends_without_losing_output_or_exit_code(tmp_path):
+    """bootstrap.sh skips the interpreter's teardown (os._exit): stdout and stderr must still be
+    flushed whole, through a pipe too, and --strict's exit code must survive."""
+    table, _, rank_table = write_cce_job(tmp_path / "config", 8, 2)
+    me = table.servers[3]
+    env = _pod_env(tmp_path, me.pod_index, me.server_id, str(rank_table))
+    env["NPU_JOB_OUTPUT_DIR"] = str(tmp_path / "out")
+    env.pop("PYTHONUNBUFFERED", None)  # buffered, as in a pod
+    done = subprocess.run(f"bash {SCRIPT} --json | cat", shell=True, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed == json.loads((tmp_path / "out" / "route_plan.json").read_text())
+    assert printed["status"] == "success" and printed["pod_index"] == 3
+    assert "npu-job: node rank" in done.stderr  # the last log line made it out
+    env["MA_CURRENT_HOST_IP"] = "192.0.2.1"
+    strict = subprocess.run(["bash", str(SCRIPT), "--strict"], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert strict.returncode == 7, strict.stderr
+    assert strict.stderr.startswith("npu-job: error: ") and "192.0.2.1" in strict.stderr
