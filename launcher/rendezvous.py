@@ -109,6 +109,35 @@ def _seconds(params: RendezvousParameters, key: str, default: float) -> float:
     return value
 
 
+ROOT_LISTEN_BACKLOG = 16384  # the kernel caps it at net.core.somaxconn
+
+
+def ipv4_listen_fd(master_addr: str, port: int) -> Optional[int]:
+    """A listening IPv4 socket (as an fd for ``TCPStore(master_listen_fd=...)``), or None.
+
+    The stock store server reverse-resolves every accepted peer. On its default dual-stack
+    listener an IPv4 peer shows up as ``::ffff:a.b.c.d``, which /etc/hosts never answers, so each
+    accept costs a DNS query (seconds with a slow resolver, DESIGN §6). When the master address is
+    IPv4 the root listens on IPv4 instead, on every interface as the stock server does; for IPv6
+    or unresolvable names the stock listener is kept (None).
+    """
+    try:
+        families = {info[0] for info in socket.getaddrinfo(master_addr, port, type=socket.SOCK_STREAM)}
+    except OSError:
+        return None
+    if families != {socket.AF_INET}:
+        return None
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("0.0.0.0", port))
+        sock.listen(ROOT_LISTEN_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock.detach()
+
+
 def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
     """Check torch's rendezvous parameters for the ``parallel`` backend (LaunchError if wrong)."""
     if params.min_nodes != params.max_nodes:
@@ -386,10 +415,12 @@ class ParallelRendezvousHandler(RendezvousHandler):
 
         def bound() -> bool:
             try:
+                listen_fd = ipv4_listen_fd(settings.master_addr, settings.master_port)
                 servers.append(TCPStore(settings.master_addr, settings.master_port, None, True, timeout,
-                                        wait_for_workers=False, multi_tenant=True))
+                                        wait_for_workers=False, multi_tenant=True,
+                                        master_listen_fd=listen_fd))
                 return True
-            except (DistError, RuntimeError) as error:
+            except (DistError, RuntimeError, OSError) as error:
                 errors[:] = [error]
                 return False
 

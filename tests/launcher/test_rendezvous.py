@@ -281,3 +281,29 @@ def test_backend_is_registered_with_torch_elastic():
     assert isinstance(handler, ParallelRendezvousHandler) and handler.get_backend() == "parallel"
     assert rendezvous.torchrun_handler() is rendezvous.create_handler
     rendezvous.close_all()
+
+
+def _listening_ports(path: str) -> set:
+    """Local ports in LISTEN state (st 0A) of /proc/net/tcp or /proc/net/tcp6."""
+    with open(path) as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    return {int(row[1].rsplit(":", 1)[1], 16) for row in rows if row[3] == "0A"}
+
+
+@pytest.mark.parametrize("master_addr", ["127.0.0.1", "localhost"], ids=["ipv4-literal", "name"])
+def test_root_listens_on_ipv4_so_accepts_need_no_dns(closing, master_addr):
+    """The stock server reverse-resolves each accepted peer; on a dual-stack listener loopback
+    peers appear as ::ffff:127.0.0.1, which only a DNS server answers. An IPv4 listener keeps
+    those lookups in /etc/hosts."""
+    if {info[0] for info in socket.getaddrinfo(master_addr, 1, type=socket.SOCK_STREAM)} != {socket.AF_INET}:
+        pytest.skip(f"{master_addr} resolves to IPv6 here: the stock listener is kept")
+    port = free_port()
+    handler = ParallelRendezvousHandler(ParallelSettings(
+        run_id="job", master_addr=master_addr, master_port=port, node_rank=0, nnodes=1,
+        join_timeout=10.0, close_timeout=1.0, store_timeout=10.0, watch_interval=0.01,
+    ))
+    closing([handler])
+    info = handler.next_rendezvous()
+    assert info.rank == 0
+    assert port in _listening_ports("/proc/net/tcp")
+    assert port not in _listening_ports("/proc/net/tcp6")
