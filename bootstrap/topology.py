@@ -35,6 +35,8 @@ Serialisers for ``ranktable_tor.json`` are here too (tests, benchmarks and the d
 
 from __future__ import annotations
 
+import operator
+from itertools import chain
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from npu_job.bootstrap.model import Placement, RankTable, Topology
@@ -116,40 +118,44 @@ def _read_cce(document: Any, source: str) -> Topology:
     placements: Dict[str, Placement] = {}
     shared: Dict[FrozenSet[str], Placement] = {}  # placements are immutable: one per ToR set
     for server_id, tors in tor_sets:
-        tors.discard("")  # "" = the plugin did not know this NIC's switch
+        if "" in tors:  # "" = the plugin did not know this NIC's switch
+            tors = tors - _UNKNOWN_TOR
         if tors:
-            key = frozenset(tors)
-            placement = shared.get(key)
+            placement = shared.get(tors)
             if placement is None:
-                placement = shared[key] = Placement(tors=tuple(key))
+                placement = shared[tors] = Placement(tors=tuple(tors))
             placements[server_id] = placement
     return Topology(placements, source=CCE_RANKTABLE_TOR)
 
 
-def _cce_tor_sets_fast(server_list: List[Any]) -> Optional[List[Tuple[str, Set[str]]]]:
+_UNKNOWN_TOR = frozenset({""})
+_TOR_IP = operator.itemgetter("tor_ip")
+
+
+def _cce_tor_sets_fast(server_list: List[Any]) -> Optional[List[Tuple[str, FrozenSet[str]]]]:
     """(server_id, tor_ip set) per entry of a well-formed file at C speed; None: check each."""
     try:
         ids = [entry["server_id"] for entry in server_list]
-        tor_sets = [{device["tor_ip"] for device in entry["device"]} for entry in server_list]
-    except (TypeError, KeyError):
+        device_lists = [entry["device"] for entry in server_list]
+        if set(map(type, device_lists)) - {list}:
+            return None
+        tor_sets = [frozenset(map(_TOR_IP, devices)) for devices in device_lists]
+        tor_types = set(map(type, chain.from_iterable(tor_sets)))
+    except (TypeError, KeyError):  # also a device that is not an object
         return None
-    if set(map(type, ids)) - _STR or "" in ids or len(set(ids)) != len(ids):
-        return None
-    if not all(set(map(type, tors)) <= _STR for tors in tor_sets):
-        return None
-    if set(map(type, (entry["device"] for entry in server_list))) - {list}:
+    if set(map(type, ids)) - _STR or "" in ids or len(set(ids)) != len(ids) or tor_types - _STR:
         return None
     return list(zip(ids, tor_sets))
 
 
-def _cce_tor_sets_checked(server_list: List[Any], source: str) -> List[Tuple[str, Set[str]]]:
+def _cce_tor_sets_checked(server_list: List[Any], source: str) -> List[Tuple[str, FrozenSet[str]]]:
     result = []
     seen: Dict[str, str] = {}
     for index, entry in enumerate(server_list):
         path = f"server_list[{index}]"
         expect_object(entry, source, path)
         server_id = require_unique_id(entry, "server_id", source, path, seen)
-        result.append((server_id, _tor_ips_checked(entry, path, source)))
+        result.append((server_id, frozenset(_tor_ips_checked(entry, path, source))))
     return result
 
 
