@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import repeat
 from types import MappingProxyType
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -143,7 +144,7 @@ class Topology:
     source: str = "none"
 
     def __post_init__(self) -> None:
-        ordered = {key: self.placements[key] for key in sorted(self.placements)}
+        ordered = dict(sorted(self.placements.items()))  # keys are unique: values never compared
         object.__setattr__(self, "placements", MappingProxyType(ordered))
 
     def placement_of(self, server_id: str) -> Optional[Placement]:
@@ -195,7 +196,7 @@ class Plan:
         object.__setattr__(self, "node_rank_of_pod", ranks)
         object.__setattr__(self, "reasons", tuple(self.reasons))
 
-    @property
+    @cached_property  # read several times per run (master index, mapping, writers)
     def pod_of_node_rank(self) -> Tuple[int, ...]:
         """Inverse mapping: ``pod_of_node_rank[r]`` is the pod index holding node rank ``r``."""
         inverse = [0] * len(self.node_rank_of_pod)
