@@ -7,14 +7,18 @@ only the cluster is simulated:
    from the planner's synthetic generator, with the scheduler's pod order scattered over the ToRs
    and every ``server_id`` set to the address the pod will have here (what ``status.hostIP``
    gives, matched by the bootstrap against ``MA_CURRENT_HOST_IP``);
-2. **render** (pure, :func:`render_job`): the job spec through ``npu-job render``'s own API. The Job
-   is rendered for an NPU cluster, exactly as a user would apply it (routing acceleration needs
-   CCE's ``configmap1980`` rank table, which only NPU jobs get); the example script falls back to
-   gloo on CPU because this machine has no NPU;
+2. **render** (pure, :func:`render_job`): the job spec through ``npu-job render``'s own API, exactly
+   as a user would apply it. By default a ``device: cpu`` job with routing on (gloo workers: this
+   machine has no NPU). CCE's ``configmap1980`` plugin delivers rank tables to NPU jobs only, so
+   the CPU job brings its own, as a user on a CPU cluster would: a ConfigMap ``demo-ranktable``
+   (what ``kubectl create configmap --from-file`` makes of the two files) that the job mounts at
+   ``/user/config``, with ``RANK_TABLE_FILE`` naming the rank table in it. ``device="npu"``
+   renders the NPU job instead; then, as on CCE, the plugin's files appear at ``/user/config``;
 3. **pods** (edge, :mod:`npu_job.podsim`): each pod's container command exactly as rendered, with
-   the env, hostnames and files a Volcano pod gets (the rank table at ``/user/config``), each pod
-   in its own mount and UTS namespace with its own host address; the job's
-   ``restartPolicy: OnFailure`` is simulated by re-running a failed pod's command;
+   the env, hostnames and files a Volcano pod gets (the job's volumes, and the ``configmap1980``
+   files only when the job has that plugin), each pod in its own mount and UTS namespace with its
+   own host address; the job's ``restartPolicy: OnFailure`` is simulated by re-running a failed
+   pod's command;
 4. **checks** (pure, :func:`check_outcome`): every pod's bootstrap wrote the plan the demo expects
    (or fell back when it should), every worker's global rank follows it, all ranks ended with the
    same parameters, and the loss went down.
@@ -43,6 +47,9 @@ JOB_NAME = "demo"
 TASK_NAME = "worker"
 SHARED_MOUNT = "/job"  # the shared volume every pod mounts (code in, reports out), like the seed's /job
 EXAMPLE_SCRIPT = "train_ddp.py"
+RANK_TABLE_CONFIGMAP = f"{JOB_NAME}-ranktable"  # the CPU job's own rank table (see the module docstring)
+RANK_TABLE_DIR = "/user/config"  # where the job mounts it: where CCE puts it for NPU jobs
+DEVICES = ("cpu", "npu")
 LOOPBACK_BASE = "127.0.0."  # pod k gets 127.0.0.(10+k): all of 127/8 is local on Linux
 
 
@@ -56,7 +63,8 @@ class DemoOptions:
     seed: int = 0
     steps: int = 20
     routing: bool = True
-    deliver_rank_table: bool = True  # False: the cluster gives no rank table (bootstrap falls back)
+    deliver_rank_table: bool = True  # False: the job gets no rank table (bootstrap falls back)
+    device: str = "cpu"  # "npu": render the NPU job (CCE's configmap1980 delivers the rank table)
     checkpoint_every: int = 0  # >0: train_ddp checkpoints to the shared volume (resume after kill)
     step_delay: float = 0.0
     timeout: float = 240.0  # the whole run, seconds; past it every pod is killed
@@ -65,6 +73,8 @@ class DemoOptions:
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.nproc_per_node < 1 or self.steps < 1:
             raise ValueError("nodes, nproc_per_node and steps must be >= 1")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.routing and self.deliver_rank_table and not 1 <= self.tors <= self.nodes:
             raise ValueError(f"tors must be within 1..nodes ({self.nodes}), got {self.tors}")
 
@@ -119,26 +129,48 @@ def simulated_cluster(options: DemoOptions, host_ips: Sequence[str]) -> Simulate
 def demo_spec_values(options: DemoOptions, master_port: int, shared_dir: str) -> Dict[str, Any]:
     """The job spec a user would write for this run (``npu-job render`` input)."""
     args = ["--steps", str(options.steps), "--report-dir", f"{SHARED_MOUNT}/output/reports",
-            "--seed", str(options.seed + 1), "--timeout", "60"]
+            "--seed", str(options.seed + 1), "--timeout", "60",
+            # the NPU job runs hccl where torch_npu works and falls back to gloo here
+            "--device", "cpu" if options.device == "cpu" else "auto"]
     if options.checkpoint_every:
         args += ["--checkpoint-dir", f"{SHARED_MOUNT}/output/checkpoint",
                  "--checkpoint-every", str(options.checkpoint_every)]
     if options.step_delay:
         args += ["--step-delay", str(options.step_delay)]
-    return {
+    env = {"NPU_JOB_WAIT_TIMEOUT": "20", "PYTHONUNBUFFERED": "1"}
+    volumes: List[Dict[str, Any]] = [{"name": "demo-shared", "hostPath": {"path": shared_dir, "type": "Directory"}}]
+    mounts: List[Dict[str, Any]] = [{"name": "demo-shared", "mountPath": SHARED_MOUNT}]
+    values: Dict[str, Any] = {
         "name": JOB_NAME,
         "image": "npu-job-demo:local",
         "script": f"{SHARED_MOUNT}/code/{EXAMPLE_SCRIPT}",
         "args": args,
         "nodes": options.nodes,
         "npus_per_node": options.nproc_per_node,
-        "device": "npu",
+        "device": options.device,
         "task_name": TASK_NAME,
         "routing": options.routing,
         "master_port": master_port,
-        "env": {"NPU_JOB_WAIT_TIMEOUT": "20", "PYTHONUNBUFFERED": "1"},
-        "volumes": [{"name": "demo-shared", "hostPath": {"path": shared_dir, "type": "Directory"}}],
-        "mounts": [{"name": "demo-shared", "mountPath": SHARED_MOUNT}],
+        "env": env,
+        "volumes": volumes,
+        "mounts": mounts,
+    }
+    if options.device == "npu":
+        values["full_node_npus"] = options.nproc_per_node  # the simulated nodes are this small
+    elif options.routing and options.deliver_rank_table:
+        env["RANK_TABLE_FILE"] = f"{RANK_TABLE_DIR}/jobstart_hccl.json"
+        volumes.append({"name": "ranktable", "configMap": {"name": RANK_TABLE_CONFIGMAP}})
+        mounts.append({"name": "ranktable", "mountPath": RANK_TABLE_DIR, "readOnly": True})
+    return values
+
+
+def rank_table_configmap(cluster: SimulatedCluster) -> Dict[str, Any]:
+    """The ConfigMap a CPU job's user creates beside the job (``kubectl create configmap
+    demo-ranktable --from-file=jobstart_hccl.json --from-file=ranktable_tor.json``)."""
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": RANK_TABLE_CONFIGMAP, "namespace": "default"},
+        "data": {"jobstart_hccl.json": cluster.rank_table_json, "ranktable_tor.json": cluster.ranktable_tor_b64},
     }
 
 
@@ -341,6 +373,12 @@ def prepare(options: DemoOptions, workspace: Path, host_ips: Sequence[str]) -> P
     (workspace / "cluster").mkdir(exist_ok=True)
     (workspace / "cluster" / "jobstart_hccl.json").write_text(cluster.rank_table_json)
     (workspace / "cluster" / "ranktable_tor.json").write_text(cluster.ranktable_tor_b64)
+    pod_volumes = job["spec"]["tasks"][0]["template"]["spec"].get("volumes") or []
+    if any((volume.get("configMap") or {}).get("name") == RANK_TABLE_CONFIGMAP for volume in pod_volumes):
+        # the job mounts its own rank table: apply that ConfigMap with it, as its user would
+        configmap = rank_table_configmap(cluster)
+        (workspace / "cluster" / "ranktable-configmap.json").write_text(json.dumps(configmap, indent=1) + "\n")
+        documents.append(configmap)
     specs = podsim.pod_specs(documents, host_ips, image_env=podsim.image_environment(os.environ),
                              cluster_files=cluster_files)
     spec_files = tuple(podsim.stage_pod(spec, workspace / "pods" / spec.name) for spec in specs)

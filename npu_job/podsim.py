@@ -19,7 +19,9 @@ first instruction runs, and nothing more:
 * ConfigMap volumes (``items``, ``subPath``, ``defaultMode``) as files to place at their mount
   paths, ``hostPath`` volumes as bind mounts, ``emptyDir`` as a fresh directory;
 * files that cluster plugins deliver (``cluster_files``: e.g. CCE's ``configmap1980`` rank table
-  at ``/user/config/jobstart_hccl.json``), passed in by the caller.
+  at ``/user/config/jobstart_hccl.json``), passed in by the caller, who gives them only to a job
+  that has the plugin (CCE serves NPU jobs; a CPU or GPU job mounts its rank table from its own
+  volumes, e.g. a ConfigMap in the stream, which this module mounts like any other).
 
 **Edge** (:func:`stage_pod`, :func:`pod_argv`, :class:`PodProcess` and the ``enter`` step run by
 ``python -m npu_job.podsim enter SPEC``): gives each pod its own view of the machine without root

@@ -33,11 +33,41 @@ def test_simulated_cluster_is_what_the_pods_will_read():
     assert score.cross_after == score.lower_bound == 3 < score.cross_before  # scattered, then fixed
 
 
-def test_the_demo_spec_renders_the_routing_job_a_user_would_apply():
-    rendered = demo.render_job(demo.demo_spec_values(demo.DemoOptions(), 29500, "/srv/shared"))
+def test_the_demo_renders_a_routed_cpu_job_that_brings_its_own_rank_table():
+    """CCE delivers rank tables to NPU jobs only: the CPU job mounts its own where RANK_TABLE_FILE says."""
+    options = demo.DemoOptions()
+    rendered = demo.render_job(demo.demo_spec_values(options, 29500, "/srv/shared"))
+    assert rendered.warnings == ()
     command = rendered.pod_command
     assert "bash bootstrap.sh" in command and "bash train.sh" in command
+    documents = demo.manifest_documents(rendered)
+    _, job = podsim.find_job(documents)
+    template = job["spec"]["tasks"][0]["template"]
+    assert "configmap1980" not in job["spec"]["plugins"] and "cabinet" not in rendered.job.text
+    container = template["spec"]["containers"][0]
+    assert "resources" not in container  # no accelerator requested
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env["RANK_TABLE_FILE"] == "/user/config/jobstart_hccl.json"
+    assert {"name": "ranktable", "configMap": {"name": demo.RANK_TABLE_CONFIGMAP}} in template["spec"]["volumes"]
+    assert {"name": "ranktable", "mountPath": "/user/config", "readOnly": True} in container["volumeMounts"]
+    cluster = demo.simulated_cluster(options, demo.loopback_ips(options.nodes))
+    configmap = demo.rank_table_configmap(cluster)
+    spec = podsim.pod_specs(documents + [configmap], demo.loopback_ips(options.nodes))[0]
+    delivered = {mount.mount_path: dict(mount.files) for mount in spec.file_mounts}["/user/config"]
+    assert delivered == {"jobstart_hccl.json": cluster.rank_table_json, "ranktable_tor.json": cluster.ranktable_tor_b64}
+
+
+@pytest.mark.parametrize("deliver, routing", [(False, True), (True, False)], ids=["no-rank-table", "routing-off"])
+def test_without_a_rank_table_to_use_the_cpu_job_mounts_none(deliver, routing):
+    values = demo.demo_spec_values(demo.DemoOptions(deliver_rank_table=deliver, routing=routing), 29500, "/srv")
+    assert "RANK_TABLE_FILE" not in values["env"] and [v["name"] for v in values["volumes"]] == ["demo-shared"]
+
+
+def test_the_npu_variant_is_the_cce_job_with_nodes_of_the_simulated_size():
+    options = demo.DemoOptions(device="npu", nproc_per_node=2)
+    rendered = demo.render_job(demo.demo_spec_values(options, 29500, "/srv/shared"))
     assert "configmap1980" in rendered.job.text and '"cabinet"' in rendered.job.text
+    assert rendered.spec.full_node_npus == 2 and rendered.warnings == ()
 
 
 def plan_of(mapping):

@@ -16,6 +16,7 @@ POD_SIDE_MODULES = [
     *(f"npu_job.bootstrap.{name}" for name in ("payload", "ranktable", "topology", "sources", "wait", "identity", "writers", "run", "__main__")),
     "npu_job.cli.bootstrap",
     "npu_job.cli.plan",
+    "npu_job.cli._args",
     *(f"npu_job.render.{name}" for name in ("values", "spec", "render")), "npu_job.cli.render",
     # npu-run's torch-free helpers (torch only inside the functions that need it)
     "npu_job.launcher.noderank",

@@ -29,8 +29,10 @@ def _seconds(text: str) -> float:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "Simulate a CCE cluster (rank table + ranktable_tor.json, pods scattered over ToRs), render "
-        "the job with npu-job render, and run every pod's container command exactly as rendered, "
+        "Simulate a cluster (a CCE-format rank table + ranktable_tor.json, pods scattered over "
+        "ToRs), render a CPU job with routing on with npu-job render (its rank table comes in a "
+        "ConfigMap the job mounts at /user/config, named by RANK_TABLE_FILE: CCE delivers rank "
+        "tables to NPU jobs only), and run every pod's container command exactly as rendered, "
         "each pod in its own mount namespace with its own loopback address and /etc/hosts: "
         "bootstrap.sh, then train.sh, then npu-run with the tiered store and a small real DDP "
         "training (gloo). Checks that every worker's rank follows the route plan, that all ranks "

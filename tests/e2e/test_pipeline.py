@@ -2,7 +2,8 @@
 
 Each pod runs in its own network namespace (its own IP on a bridge; the pod DNS names of Volcano's
 svc plugin resolve through the pod's /etc/hosts) and its own mount namespace (private /tmp, the
-rank table at /user/config as CCE's configmap1980 plugin mounts it), so the root store, the
+rank table at /user/config: for the demo's CPU job from the ConfigMap the job mounts there, for the
+NPU job as CCE's configmap1980 plugin mounts it), so the root store, the
 per-node store proxies and gloo's connections really cross "hosts". The pod command is exactly the
 one in the rendered Volcano Job. Nothing is mocked: the only stand-ins are the cluster itself
 (``npu_job.podsim`` does what the Volcano controller and the kubelet would do before the
@@ -94,6 +95,20 @@ def test_routing_moves_rank_zero_and_the_master_to_another_pod(tmp_path):
     rank0_log = (result.prepared.spec_files[plan.master_index].parent / "pod.log").read_text()
     assert f"master {master}:" in rank0_log and "hosting the root store" in rank0_log
     assert rank0_pod.host_ip != result.prepared.specs[0].host_ip
+
+
+def test_the_npu_job_gets_its_rank_table_from_cce_and_follows_the_same_plan(tmp_path):
+    """The job as an NPU cluster runs it: no rank table volume of its own, configmap1980 delivers it."""
+    options = demo.DemoOptions(nodes=3, nproc_per_node=1, tors=3, seed=0, steps=4, device="npu", timeout=150)
+    result = run_on_hosts(options, tmp_path, "pn")
+    assert result.ok, explain(result)
+    spec = result.prepared.specs[0]
+    assert "RANK_TABLE_FILE" not in spec.env_dict()
+    assert {m.mount_path for m in spec.file_mounts} >= {"/user/config/jobstart_hccl.json", "/user/config/ranktable_tor.json"}
+    plan = result.prepared.plan
+    assert str(plan.status) == "success"
+    assert [pod.route_plan["rank_mapping"] for pod in result.pods] == [plan.rank_mapping] * 3
+    assert_trained_by_plan(result, plan.node_rank_of_pod, 1)
 
 
 def test_routing_off_keeps_the_scheduler_order(tmp_path):
