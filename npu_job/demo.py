@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import socket
 import tempfile
 import time
@@ -293,15 +292,19 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def example_script() -> Path:
-    """``examples/train_ddp.py`` of this checkout (the demo's workload)."""
-    import npu_job
+def example_script() -> bytes:
+    """The demo's workload, ``examples/train_ddp.py``: package data of ``npu_job.templates``.
 
-    candidate = Path(npu_job.__file__).resolve().parents[1] / "examples" / EXAMPLE_SCRIPT
-    if not candidate.is_file():
-        raise LaunchError(f"{candidate}: the demo's example script is missing",
-                          tip="install npu-job from its source tree: pip install -e .")
-    return candidate
+    ``templates/train_ddp.py`` is a symlink to it, which a wheel stores as the file's content, so
+    an installed package has it as much as a source checkout.
+    """
+    from importlib import resources
+
+    try:
+        return resources.files("npu_job.templates").joinpath(EXAMPLE_SCRIPT).read_bytes()
+    except OSError as error:
+        raise LaunchError(f"npu_job/templates/{EXAMPLE_SCRIPT}: the demo's example script is missing ({error})",
+                          tip="reinstall npu-job (the wheel ships it as package data)") from None
 
 
 @dataclass
@@ -355,7 +358,7 @@ def prepare(options: DemoOptions, workspace: Path, host_ips: Sequence[str]) -> P
     shared = workspace / "shared"
     (shared / "code").mkdir(parents=True, exist_ok=True)
     (shared / "output").mkdir(parents=True, exist_ok=True)
-    shutil.copy2(example_script(), shared / "code" / EXAMPLE_SCRIPT)
+    (shared / "code" / EXAMPLE_SCRIPT).write_bytes(example_script())
     cluster = simulated_cluster(options, host_ips)
     values = demo_spec_values(options, free_port(), str(shared.resolve()))
     rendered = render_job(values)

@@ -1,0 +1,64 @@
+"""The wheel users install carries what the commands need at run time, as real files.
+
+`templates/bootstrap.sh` and `templates/train_ddp.py` are symlinks in the source tree (one copy of
+each file); a wheel must hold their content, or `npu-job render` (bootstrap.sh in the ConfigMap)
+and `npu-job demo` (its workload) would break outside a source checkout. The wheel is built from
+a copy of the tree with the symlinks kept, exactly as a fresh clone has them.
+"""
+
+from __future__ import annotations
+
+import configparser
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ("setup.cfg", "pyproject.toml", "README.md", "npu_job", "bootstrap", "launcher", "templates",
+           "scripts", "examples")
+LINKED = {"npu_job/templates/bootstrap.sh": "scripts/bootstrap.sh",
+          "npu_job/templates/train_ddp.py": "examples/train_ddp.py"}
+
+
+def test_the_wheel_ships_the_linked_files_as_content_and_the_console_scripts(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=ignore)
+        else:
+            shutil.copy2(ROOT / name, source / name)
+    for packaged, target in LINKED.items():  # the premise: the source tree links, it does not copy
+        link = source / "templates" / Path(packaged).name
+        assert link.is_symlink() and link.resolve() == (source / target).resolve()
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
+         "-q", "-w", str(tmp_path / "dist"), str(source)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "dist").glob("npu_job-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        for packaged, target in LINKED.items():
+            info = archive.getinfo(packaged)
+            assert (info.external_attr >> 16) & 0o170000 != 0o120000, f"{packaged} is stored as a symlink"
+            assert archive.read(packaged) == (ROOT / target).read_bytes(), packaged
+        assert "npu_job/templates/job.yaml.j2" in names
+        (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
+        shipped = configparser.ConfigParser()
+        shipped.read_string(archive.read(entry_points).decode())
+    declared = configparser.ConfigParser()
+    declared.read(ROOT / "setup.cfg")
+    scripts = dict(line.split("=", 1) for line in declared["options.entry_points"]["console_scripts"].split("\n") if line)
+    expected = {name.strip(): target.strip() for name, target in scripts.items()}
+    assert dict(shipped["console_scripts"]) == expected and {"npu-job", "npu-run"} <= set(expected)
+
+
+def test_the_demo_reads_its_workload_from_the_package():
+    from npu_job import demo
+
+    assert demo.example_script() == (ROOT / "examples" / "train_ddp.py").read_bytes()
