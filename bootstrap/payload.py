@@ -23,7 +23,8 @@ import binascii
 import json
 import re
 import zlib
-from typing import Any, Dict, List, NoReturn
+from json.decoder import scanstring
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, TypeVar
 
 from npu_job.errors import InputError
 
@@ -52,30 +53,134 @@ def decode_document(data: bytes, source: str, *, allow_yaml: bool = False) -> An
 
     Raises :class:`InputError` naming ``source`` and what was expected; never anything else.
     """
+    if not allow_yaml:
+        return parse_json(json_text(data, source), source)
+    body = _body(data, source)
+    if body.startswith(_GZIP_MAGIC):
+        return parse_json(_gunzip(body, source, "gzip"), source)
+    if body[:1] in b"{[":
+        return parse_json(body, source)
+    if _BASE64_TEXT.fullmatch(body):
+        try:
+            raw = _b64decode(body, source)
+            return parse_json(_gunzip(raw, source, "base64(gzip(JSON))"), source)
+        except InputError:
+            pass
+    return _parse_yaml(body, source)
+
+
+def json_text(data: bytes, source: str) -> bytes:
+    """The JSON text inside ``data`` (plain, gzip or base64(gzip), by content), not yet parsed.
+
+    ``parse_json(json_text(data, source), source)`` is ``decode_document(data, source)``, errors
+    included; for readers that parse part by part (:func:`scan_array_member`).
+    """
+    body = _body(data, source)
+    if body.startswith(_GZIP_MAGIC):
+        return _gunzip(body, source, "gzip")
+    if body[:1] in b"{[":
+        return body
+    if _BASE64_TEXT.fullmatch(body):
+        return _gunzip(_b64decode(body, source), source, "base64(gzip(JSON))")
+    raise InputError(
+        source,
+        "content",
+        f"expected JSON or base64(gzip(JSON)), got data starting with {_preview(body)}",
+    )
+
+
+def _body(data: bytes, source: str) -> bytes:
     check_size(len(data), source)
     body = data.strip()
     if body.startswith(_UTF8_BOM):
         body = body[len(_UTF8_BOM):].lstrip()
     if not body:
         raise InputError(source, "content", "expected a JSON document, got an empty input")
-    if body.startswith(_GZIP_MAGIC):
-        return _parse_json(_gunzip(body, source, "gzip"), source)
-    if body[:1] in b"{[":
-        return _parse_json(body, source)
-    if _BASE64_TEXT.fullmatch(body):
-        try:
-            raw = _b64decode(body, source)
-            return _parse_json(_gunzip(raw, source, "base64(gzip(JSON))"), source)
-        except InputError:
-            if not allow_yaml:
-                raise
-    if allow_yaml:
-        return _parse_yaml(body, source)
-    raise InputError(
-        source,
-        "content",
-        f"expected JSON or base64(gzip(JSON)), got data starting with {_preview(body)}",
-    )
+    return body
+
+
+_T = TypeVar("_T")
+_DECODER = json.JSONDecoder()  # json.loads' own settings
+_SKIP_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace, as json.decoder skips it
+
+
+def scan_array_member(
+    text: bytes, key: str, each: Callable[[Any], Optional[_T]]
+) -> Optional[List[_T]]:
+    """``[each(item) for item in json.loads(text)[key]]``, decoding one item at a time.
+
+    For a big document of which a reader keeps little (``ranktable_tor.json``: 32k device objects
+    at 4096 nodes, read for one field each), so that only ``each``'s results are ever in memory.
+    Returns None, having decided nothing, unless ``text`` is well-formed JSON (exactly as
+    :func:`json.loads` accepts it) holding an object with one ``key`` member that is an array, and
+    ``each`` returned non-None for every item: the caller then parses the whole document the usual
+    way, which names whatever is wrong.
+    """
+    try:
+        string = text.decode(json.detect_encoding(text), "surrogatepass")  # as json.loads does
+        return _scan_array_member(string, key, each)
+    except (ValueError, StopIteration, RecursionError):  # JSONDecodeError, UnicodeDecodeError
+        return None
+
+
+def _scan_array_member(
+    string: str, key: str, each: Callable[[Any], Optional[_T]]
+) -> Optional[List[_T]]:
+    """The object walk of :func:`scan_array_member`, step for step as json.decoder's JSONObject."""
+    skip = _SKIP_SPACE.match
+    found: Optional[List[_T]] = None
+    index = skip(string, 0).end()
+    if string[index:index + 1] != "{":
+        return None
+    index = skip(string, index + 1).end()
+    while True:  # one "name": value member per turn; "{}" has no key and is left to the caller
+        if string[index:index + 1] != '"':
+            return None
+        name, index = scanstring(string, index + 1)
+        index = skip(string, index).end()
+        if string[index:index + 1] != ":":
+            return None
+        index = skip(string, index + 1).end()
+        if name != key:
+            index = _DECODER.scan_once(string, index)[1]
+        elif found is not None or string[index:index + 1] != "[":
+            return None  # a second one (json.loads would keep the last), or not an array
+        else:
+            found, index = _scan_items(string, index + 1, each)
+            if found is None:
+                return None
+        index = skip(string, index).end()
+        separator = string[index:index + 1]
+        index = skip(string, index + 1).end()
+        if separator == "}":
+            break
+        if separator != ",":
+            return None
+    return found if index == len(string) else None  # nothing may follow the object
+
+
+def _scan_items(string: str, index: int, each: Callable[[Any], Optional[_T]]
+                ) -> Tuple[Optional[List[_T]], int]:
+    """The array after ``[`` at ``index``, step for step as json.decoder's JSONArray."""
+    skip = _SKIP_SPACE.match
+    scan = _DECODER.scan_once
+    results: List[_T] = []
+    index = skip(string, index).end()
+    if string[index:index + 1] == "]":
+        return results, index + 1
+    while True:
+        item, index = scan(string, index)
+        result = each(item)
+        if result is None:
+            return None, index
+        results.append(result)
+        index = skip(string, index).end()
+        separator = string[index:index + 1]
+        if separator == "]":
+            return results, index + 1
+        if separator != ",":
+            return None, index
+        index = skip(string, index + 1).end()
 
 
 def encode_b64_gzip(document: Any) -> bytes:
@@ -120,7 +225,8 @@ def _gunzip(raw: bytes, source: str, what: str) -> bytes:
     return out
 
 
-def _parse_json(text: bytes, source: str) -> Any:
+def parse_json(text: bytes, source: str) -> Any:
+    """``json.loads(text)``; a syntax error is an :class:`InputError` naming line and column."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:

@@ -48,10 +48,13 @@ from npu_job.bootstrap.payload import (
     expect_object,
     expect_str,
     fail,
+    json_text,
+    parse_json,
     require,
     require_list,
     require_str,
     require_unique_id,
+    scan_array_member,
 )
 
 CCE_RANKTABLE_TOR = "cce-ranktable-tor"
@@ -70,6 +73,13 @@ def parse_topology(data: bytes, source: str, fmt: Optional[str] = None) -> Topol
     """Decode ``data`` and read it as ``fmt`` (one of :data:`FORMATS`), detected when None."""
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"unknown topology format {fmt!r}")
+    if fmt == CCE_RANKTABLE_TOR:
+        text = json_text(data, source)
+        # 4096 nodes: 32k device objects, read for one field each; decoded one server at a time
+        servers = scan_array_member(text, "server_list", _cce_server)
+        if servers is not None and len(dict(servers)) == len(servers):  # ids unique
+            return _cce_topology(servers)
+        return _read_cce(parse_json(text, source), source)  # names what is wrong, if anything
     yaml_ok = fmt in (None, PLAIN_FILE, BASIC_TOR_NODE_CM)  # formats people write or kubectl prints
     document = decode_document(data, source, allow_yaml=yaml_ok)
     return topology_from_document(document, source, fmt)
@@ -115,6 +125,11 @@ def _read_cce(document: Any, source: str) -> Topology:
     tor_sets = _cce_tor_sets_fast(server_list)
     if tor_sets is None:
         tor_sets = _cce_tor_sets_checked(server_list, source)
+    return _cce_topology(tor_sets)
+
+
+def _cce_topology(tor_sets: List[Tuple[str, FrozenSet[str]]]) -> Topology:
+    """The topology of checked ``(server_id, ToR set)`` pairs (unique server ids)."""
     placements: Dict[str, Placement] = {}
     shared: Dict[FrozenSet[str], Placement] = {}  # placements are immutable: one per ToR set
     for server_id, tors in tor_sets:
@@ -130,6 +145,19 @@ def _read_cce(document: Any, source: str) -> Topology:
 
 _UNKNOWN_TOR = frozenset({""})
 _TOR_IP = operator.itemgetter("tor_ip")
+
+
+def _cce_server(entry: Any) -> Optional[Tuple[str, FrozenSet[str]]]:
+    """(server_id, tor_ip set) of a well-formed server entry; None: check field by field."""
+    try:
+        server_id = entry["server_id"]
+        devices = entry["device"]
+        if type(server_id) is not str or not server_id or type(devices) is not list:
+            return None
+        tors = frozenset(map(_TOR_IP, devices))
+    except (TypeError, KeyError):  # not an object, a field missing, an unhashable tor_ip
+        return None
+    return (server_id, tors) if all(type(tor) is str for tor in tors) else None
 
 
 def _cce_tor_sets_fast(server_list: List[Any]) -> Optional[List[Tuple[str, FrozenSet[str]]]]:

@@ -1,6 +1,7 @@
 """Switch topologies: four formats, detected by content (or forced), all read into one model; a
 node on several ToRs keeps them all; every malformed field is named precisely."""
 
+import gzip
 import json
 
 import pytest
@@ -197,3 +198,36 @@ def test_cce_fast_path_and_field_by_field_path_agree(monkeypatch):
     fast = parse_topology(b64_gzip(CCE), "t")
     monkeypatch.setattr(module, "_cce_tor_sets_fast", lambda server_list: None)
     assert parse_topology(b64_gzip(CCE), "t") == fast
+
+
+CCE_BAD = [case for case in BAD_TOPOLOGIES if case[0].startswith("cce-")] + [
+    ("cce-truncated-json", None, "truncate", "line 1 column"),
+    ("cce-server-list-twice", None, "twice", "server_list[0].device[0].tor_ip: expected a string"),
+    ("cce-server-id-not-a-string", ranktable_tor({"a": ["t"]}), "set:server_list.0.server_id=7",
+     "server_list[0].server_id: expected a string, got a number 7"),
+]
+
+
+@pytest.mark.parametrize("document, edit, expected", [c[1:] for c in CCE_BAD], ids=[c[0] for c in CCE_BAD])
+def test_ranktable_tor_read_server_by_server_names_the_same_field(document, edit, expected):
+    """The automatic candidate beside the rank table is read as cce-ranktable-tor, one server at a
+    time; anything unusual falls back to the whole-document reader and its exact message."""
+    if edit == "truncate":
+        data = gzip.compress(json.dumps(CCE).encode()[:-40])
+    elif edit == "twice":  # json.loads keeps the last server_list: a bad one here
+        text = json.dumps(CCE)[:-1] + ', "server_list": [{"server_id": "x", "device": [{"tor_ip": 5}]}]}'
+        data = text.encode()
+    else:
+        data = as_json(_apply(json.loads(json.dumps(document)), edit))
+    with pytest.raises(InputError) as caught:
+        parse_topology(data, "topo", CCE_RANKTABLE_TOR)
+    assert caught.value.message.startswith("topo: ") and expected in caught.value.message
+
+
+@settings(max_examples=12, deadline=None)
+@given(nodes=st.integers(2, 40), seed=st.integers(0, 500), multi=st.booleans())
+def test_ranktable_tor_read_server_by_server_equals_the_whole_document_read(nodes, seed, multi):
+    table, topology = synthetic_cluster(nodes, max(2, nodes // 5), seed=seed, multi_tor=1 if multi else 0,
+                                        missing_topology=1)
+    data = encode_ranktable_tor(table, topology)
+    assert parse_topology(data, "t", CCE_RANKTABLE_TOR) == parse_topology(data, "t")  # detected: whole
