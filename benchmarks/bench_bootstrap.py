@@ -10,8 +10,9 @@ succeeded (route plan ``status: success``), so a fast fallback can never pass fo
 Bytecode is cached (as after ``pip install``) before timing. Repetitions are interleaved
 (baseline, 64, 1024, 4096, baseline, ...) so that the shared machine's noise hits every case
 alike. The table reports medians and the fastest run of wall time and of CPU time (user + sys of
-the child, which a busy machine inflates far less), and each median's excess over the bare
-interpreter start in the same run. Target: 4096 nodes within 0.15 s of it.
+the child from ``os.wait4``, which a busy machine inflates far less), and each median's excess
+over the bare interpreter start in the same run. Target: 4096 nodes within 0.15 s of it; the
+verdict is printed for both wall and CPU time.
 
     python benchmarks/bench_bootstrap.py [--sizes 64,1024,4096] [--repeat 11] [--output FILE]
 """
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -63,17 +63,22 @@ def write_job(directory: Path, nodes: int, seed: int = 7) -> Dict[str, str]:
 
 
 def timed(command: Sequence[str], env: Dict[str, str]) -> Tuple[float, float]:
-    """(wall seconds, CPU seconds user+sys) of one run of ``command`` and its children."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True)
-    elapsed = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return elapsed, cpu
+    """(wall seconds, CPU seconds user+sys) of one run of ``command``, children included.
+
+    CPU comes from ``os.wait4`` on the child: bash's own time and the python it execs (the same
+    process), as the kernel accounts them, unaffected by what else the machine runs.
+    """
+    with tempfile.TemporaryFile() as errors:
+        start = time.perf_counter()
+        child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=errors)
+        _, status, usage = os.wait4(child.pid, 0)
+        elapsed = time.perf_counter() - start
+        child.returncode = os.waitstatus_to_exitcode(status)
+        if child.returncode != 0:
+            errors.seek(0)
+            message = errors.read().decode(errors="replace")
+            raise SystemExit(f"{' '.join(command)} failed ({child.returncode}): {message}")
+    return elapsed, usage.ru_utime + usage.ru_stime
 
 
 def check_success(env: Dict[str, str]) -> None:
@@ -129,11 +134,19 @@ def table_text(rows: Sequence[Row], repeat: int) -> str:
                      f"{cpu:>8.3f} {cpu_min:>8.3f} "
                      f"{excess:>9.3f} {cpu - base[4]:>10.3f} {wall / base[2]:>6.2f}")
     biggest = max(rows[1:], key=lambda row: row[1])
-    verdict = "met" if biggest[6] <= TARGET_EXCESS else "NOT met"
-    lines += ["", f"target ({biggest[1]} nodes, median wall excess {biggest[6]:.3f} s "
-                  f"<= {TARGET_EXCESS:.2f} s): {verdict}; cpu excess {biggest[4] - base[4]:.3f} s "
-                  "(less sensitive to a busy machine)"]
+    cpu_excess = biggest[4] - base[4]
+    lines += [
+        "",
+        f"target ({biggest[1]} nodes within {TARGET_EXCESS:.2f} s of bare start-up):",
+        f"  wall: median excess {biggest[6]:.3f} s: {_verdict(biggest[6])}",
+        f"  cpu:  median excess {cpu_excess:.3f} s: {_verdict(cpu_excess)} "
+        "(user+sys; less sensitive to a busy machine)",
+    ]
     return "\n".join(lines) + "\n"
+
+
+def _verdict(excess: float) -> str:
+    return "met" if excess <= TARGET_EXCESS else f"NOT met (over by {excess - TARGET_EXCESS:.3f} s)"
 
 
 def main(argv: Sequence[str] = ()) -> int:
