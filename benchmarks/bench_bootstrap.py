@@ -139,8 +139,8 @@ def table_text(rows: Sequence[Row], repeat: int) -> str:
         "",
         f"target ({biggest[1]} nodes within {TARGET_EXCESS:.2f} s of bare start-up):",
         f"  wall: median excess {biggest[6]:.3f} s: {_verdict(biggest[6])}",
-        f"  cpu:  median excess {cpu_excess:.3f} s: {_verdict(cpu_excess)} "
-        "(user+sys; less sensitive to a busy machine)",
+        f"  cpu:  median excess {cpu_excess:.3f} s (user+sys; less sensitive to a busy machine): "
+        f"{_verdict(cpu_excess)}",
     ]
     return "\n".join(lines) + "\n"
 
