@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Optional, Sequence, Tuple, Union
+from itertools import repeat
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from npu_job.bootstrap.model import Collective, Placement, RankTable, Server, Topology
 
@@ -70,6 +71,24 @@ def id_sort_key(identifier: str) -> IdKey:
     pieces = _DIGITS.split(identifier)  # [text, digits, text, digits, ..., text]
     natural = tuple(int(piece) if index % 2 else piece for index, piece in enumerate(pieces))
     return (1, natural, identifier)
+
+
+def id_order(identifiers: Sequence[str]) -> List[int]:
+    """Positions of ``identifiers`` sorted by :func:`id_sort_key` (ties keep their order).
+
+    The usual job names its servers by canonical IPv4 addresses: then the addresses' integer
+    values are the whole key (distinct canonical spellings are distinct numbers), computed and
+    compared at C speed; anything else goes through :func:`id_sort_key`.
+    """
+    try:
+        packed = list(map(_inet_aton, identifiers))
+    except (OSError, ValueError, TypeError):
+        packed = None
+    if packed is not None and list(map(_inet_ntoa, packed)) == list(identifiers):
+        keys: Sequence[Any] = list(map(int.from_bytes, packed, repeat("big")))
+    else:
+        keys = list(map(id_sort_key, identifiers))
+    return sorted(range(len(keys)), key=keys.__getitem__)
 
 
 def switch_path(server: Server, topology: Optional[Topology]) -> SwitchPath:

@@ -209,9 +209,8 @@ def switch_groups(
     if paths is None:
         paths = canonical.switch_paths(table, topology)
     servers = table.servers
-    id_keys = [canonical.id_sort_key(server.server_id) for server in servers]
     # One sort by server id; grouping and the stable slot sort below keep that order for ties.
-    by_id = sorted(range(len(servers)), key=id_keys.__getitem__)
+    by_id = canonical.id_order([server.server_id for server in servers])
     keyed: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], List[int]] = {}
     unplaced: List[int] = []
     for index in by_id:

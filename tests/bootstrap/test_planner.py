@@ -428,6 +428,18 @@ def test_ids_sort_as_numbers_when_they_are_ips_and_naturally_otherwise():
     ]
 
 
+_IPV4 = st.tuples(*[st.integers(0, 255)] * 4).map(lambda parts: ".".join(map(str, parts)))
+_OTHER_IDS = st.sampled_from(["010.0.0.1", "1.2.3", "tor-2", "tor-10", "::1", "0::1", ""])
+
+
+@settings(max_examples=60, deadline=None)
+@given(ids=st.lists(_IPV4, max_size=12) | st.lists(_IPV4 | _OTHER_IDS, max_size=12))
+def test_id_order_is_the_order_of_id_sort_key(ids):
+    """The C-speed path for all-IPv4 ids must sort exactly as id_sort_key does, duplicates too."""
+    expected = sorted(range(len(ids)), key=lambda i: canonical.id_sort_key(ids[i]))
+    assert canonical.id_order(ids) == expected
+
+
 def test_digests_are_plain_sha256_of_the_canonical_bytes():
     import hashlib
 
