@@ -379,6 +379,10 @@ def test_the_full_node_flag_reaches_the_planner_from_the_command_line(tmp_path, 
 
     for name, value in _partial_node_job(tmp_path).items():
         monkeypatch.setenv(name, value)
+    package_logger = logging.getLogger("npu_job")  # the CLI sets it up; later tests' caplog needs it back
+    monkeypatch.setattr(package_logger, "handlers", list(package_logger.handlers))  # a copy it may change
+    monkeypatch.setattr(package_logger, "propagate", package_logger.propagate)
+    monkeypatch.setattr(package_logger, "level", package_logger.level)
     assert main(["bootstrap", "--full-node-devices", "8", "--json"]) == 0
     assert "do not have the full 8 devices" in " ".join(json.loads(capsys.readouterr().out)["reasons"])
     assert main(["bootstrap", "--full-node-devices", "0"]) == 2

@@ -142,11 +142,20 @@ def test_routed_gpu_and_cpu_jobs_run_the_bootstrap_without_the_cce_pieces(device
         assert rendered.warnings == ()
 
 
-def test_a_routed_cpu_job_without_a_rank_table_source_logs_that_it_will_fall_back(caplog):
-    with caplog.at_level("WARNING", logger="npu_job.render"):
+def test_a_routed_cpu_job_without_a_rank_table_source_logs_that_it_will_fall_back():
+    import logging
+
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # on the logger itself: the CLI's set-up stops propagation to caplog
+    logger = logging.getLogger("npu_job.render")
+    logger.addHandler(handler)
+    try:
         rendered = render_values(with_keys(device="cpu", nodes=3, routing=True))
+    finally:
+        logger.removeHandler(handler)
     assert "bash bootstrap.sh" in rendered.pod_command
-    assert [r.getMessage() for r in caplog.records] == list(rendered.warnings)
+    assert [r.getMessage() for r in records] == list(rendered.warnings)
     assert "no rank table source is configured" in rendered.warnings[0]
     assert "keeps the scheduler's order" in rendered.warnings[0]
 
