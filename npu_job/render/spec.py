@@ -186,7 +186,7 @@ SPEC_KEYS: Tuple[KeyDoc, ...] = (
     KeyDoc("task_name", "`worker`", "Volcano task name (`MA_TASK_NAME`)."),
     KeyDoc("workdir", "image's", "Absolute directory train.sh changes to before starting the launcher."),
     KeyDoc("env", "`{}`", "Extra container env (name: string); names npu-job sets are rejected."),
-    KeyDoc("routing", "`nodes >= 3` on npu", "Routing acceleration: the pod runs bootstrap.sh to reorder node ranks."),
+    KeyDoc("routing", "`nodes >= 3` on npu, else `false`", "Routing acceleration: the pod runs bootstrap.sh to reorder node ranks. On npu, CCE delivers its inputs (configmap1980 plugin, `cabinet` annotation); on gpu/cpu the job brings its own rank table (env `RANK_TABLE_FILE`: a file in `volumes` or an http(s) URL, or a mount at `/user/config`), else render warns and the bootstrap keeps the scheduler's order."),
     KeyDoc("launcher", "`npu-run`", "`npu-run`, `torchrun` or `torch.distributed.launch`."),
     KeyDoc("launcher_args", "`[]`", "Extra launcher flags, placed before the script."),
     KeyDoc("tiered_store", "`true` with npu-run", "npu-run's per-node store proxy (`--rdzv_backend=parallel --enable_tiered_parallel_tcpstore=true`)."),
