@@ -19,12 +19,14 @@ fi
 exec "${python}" -c '
 import os, sys
 try:
+    from npu_job.bootstrap import run as bootstrap_run
     from npu_job.bootstrap.__main__ import main
 except ImportError as error:
     print("npu-job: error: bootstrap.sh: %s: the npu_job package is not importable (%s); "
           "keeping the scheduler order" % (sys.executable, error), file=sys.stderr)
     strict = "--strict" in sys.argv[1:] or os.environ.get("NPU_JOB_STRICT", "").lower() in ("1", "true", "yes", "on")
     sys.exit(3 if strict else 0)
+bootstrap_run.KEEP_UNTIL_EXIT = []  # freed by os._exit below, not object by object
 code = main(sys.argv[1:])
 # The outputs are on disk (closed and renamed) and nothing else runs after this: skip the
 # interpreter teardown, which frees the ~10^6 objects of a big rank table one by one and runs a
