@@ -12,6 +12,10 @@ Everything is capped at :data:`MAX_INPUT_BYTES` (64 MiB, before and after decomp
 rank table is about 10 MiB of JSON, so anything bigger is a wrong file or a gzip bomb, and we would
 rather say so than exhaust a pod's memory.
 
+:func:`decode_document` is the entry point. A reader that keeps little of a big document may
+instead unwrap it with :func:`json_text` and decode it item by item with :func:`scan_array_member`,
+falling back to :func:`parse_json` (and its exact error) whenever that declines.
+
 This module also holds the small field checkers (``expect_*``) the readers share, so that every
 message reads ``<source>: <field path>: expected ...`` the same way.
 """
