@@ -128,7 +128,7 @@ def canonical_input(
         (
             server.pod_index,
             server.server_id,
-            len(server.devices),
+            server.device_count,
             tiers,
             tors,
             slot,

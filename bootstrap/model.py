@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import repeat
 from types import MappingProxyType
-from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,45 @@ class Server:
     container_ip: Optional[str] = None
     pod_name: Optional[str] = None
     super_pod_id: Optional[str] = None  # v1.2 super pod: an outer switch tier
+
+    @property
+    def device_count(self) -> int:
+        """``len(self.devices)``, without building the :class:`Device` objects of a server made by
+        :func:`servers_from_device_columns` that nobody has asked for yet."""
+        state = self.__dict__
+        devices = state.get("devices")
+        if devices is not None:
+            return len(devices)
+        columns, position = state["_device_rows"]
+        return columns.count_of(position)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """Pickles and copies hold the devices themselves, never the shared columns."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+class _DevicesFromColumns:
+    """``Server.devices`` of a server made by :func:`servers_from_device_columns`.
+
+    A non-data descriptor: a server made by its constructor (or already asked once) has
+    ``devices`` in its ``__dict__``, which wins over this. Otherwise the first access builds the
+    tuple from the server's rows of the shared :class:`DeviceColumns` and stores it there, so
+    ``devices`` reads like any other field afterwards (equality, hash, repr and pickle all read
+    the field through ``getattr`` and so see the same tuple an eagerly built server holds).
+    """
+
+    def __get__(self, server: Optional[Server], owner: Optional[type] = None) -> Tuple[Device, ...]:
+        rows = None if server is None else server.__dict__.get("_device_rows")
+        if rows is None:  # as for any field without a default
+            raise AttributeError(f"{owner.__name__ if owner else 'Server'!s} has no attribute 'devices'")
+        columns, position = rows
+        devices = columns.devices_of(position)
+        server.__dict__["devices"] = devices  # type: ignore[union-attr]
+        return devices
+
+
+# Set after @dataclass so that the field keeps no default and __init__ its signature.
+Server.devices = _DevicesFromColumns()  # type: ignore[assignment]
 
 
 def devices_from_columns(
@@ -93,6 +132,55 @@ def servers_from_columns(
     ):
         (state["server_id"], state["pod_index"], state["devices"], state["host_ip"],
          state["container_ip"], state["pod_name"], state["super_pod_id"]) = row
+    return servers
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceColumns:
+    """The devices of a run of servers as flat, already validated columns, one row per device.
+
+    Server ``i``'s devices are rows ``offsets[i]:offsets[i + 1]``. A 4096-node table has 32k
+    devices, and bootstrapping reads only how many each server has: servers made with
+    :func:`servers_from_device_columns` build their :class:`Device` objects on first access.
+    """
+
+    device_ids: Sequence[str]
+    device_ips: Sequence[Optional[str]]
+    rank_ids: Sequence[Optional[int]]
+    super_device_ids: Sequence[Optional[str]]
+    offsets: Sequence[int]  # len(servers) + 1 entries, offsets[0] == 0
+
+    def count_of(self, position: int) -> int:
+        return self.offsets[position + 1] - self.offsets[position]
+
+    def devices_of(self, position: int) -> Tuple[Device, ...]:
+        start, stop = self.offsets[position], self.offsets[position + 1]
+        return tuple(devices_from_columns(
+            self.device_ids[start:stop], self.device_ips[start:stop], self.rank_ids[start:stop],
+            self.super_device_ids[start:stop],
+        ))
+
+
+def servers_from_device_columns(
+    server_ids: Sequence[str],
+    pod_indices: Iterable[int],
+    devices: DeviceColumns,
+    host_ips: Iterable[Optional[str]],
+    container_ips: Iterable[Optional[str]],
+    pod_names: Iterable[Optional[str]],
+    super_pod_ids: Iterable[Optional[str]],
+) -> List[Server]:
+    """:func:`servers_from_columns` where server ``i`` gets ``devices.devices_of(i)``, built only
+    when first read (``device_count`` never builds them): equal, in every field, to the servers
+    :func:`servers_from_columns` makes from the materialised device tuples."""
+    servers = list(map(object.__new__, repeat(Server, len(server_ids))))
+    for position, (state, *row) in enumerate(zip(
+        map(vars, servers), server_ids, pod_indices, host_ips, container_ips, pod_names,
+        super_pod_ids,
+    )):
+        (state["server_id"], state["pod_index"], state["host_ip"], state["container_ip"],
+         state["pod_name"], state["super_pod_id"]) = row
+        state["_device_rows"] = (devices, position)
     return servers
 
 

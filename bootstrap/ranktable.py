@@ -24,16 +24,16 @@ from __future__ import annotations
 import operator
 import re
 from collections import deque
-from itertools import chain, repeat
-from typing import Any, Dict, List, Optional, Tuple
+from itertools import accumulate, chain, repeat
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from npu_job.bootstrap.model import (
     Device,
+    DeviceColumns,
     Plan,
     RankTable,
     Server,
-    devices_from_columns,
-    servers_from_columns,
+    servers_from_device_columns,
 )
 from npu_job.bootstrap.payload import (
     decode_document,
@@ -99,7 +99,7 @@ def _servers(server_list: List[Any], super_pods: Dict[str, str], source: str) ->
         expect_object(entry, source, path)
         server_id = require_unique_id(entry, "server_id", source, path, seen)
         if fast is not None:
-            devices = fast[index]
+            devices = fast.devices_of(index)
         else:
             devices = _devices_checked(entry, f"{path}.device", source)
         servers.append(Server(
@@ -116,7 +116,7 @@ def _servers(server_list: List[Any], super_pods: Dict[str, str], source: str) ->
     return tuple(servers)
 
 
-def _servers_fast(server_list: List[Any], devices: List[Tuple[Device, ...]],
+def _servers_fast(server_list: List[Any], devices: DeviceColumns,
                   super_pods: Dict[str, str]) -> Optional[Tuple[Server, ...]]:
     """The servers of a well-formed table, column by column; None: check one by one."""
     try:
@@ -131,8 +131,8 @@ def _servers_fast(server_list: List[Any], devices: List[Tuple[Device, ...]],
         if set(map(type, values)) not in _STR_OR_NONE:
             return None
         columns.append([value or None for value in values])
-    return tuple(servers_from_columns(ids, range(len(ids)), devices, *columns,
-                                      map(super_pods.get, ids)))
+    return tuple(servers_from_device_columns(ids, range(len(ids)), devices, *columns,
+                                             map(super_pods.get, ids)))
 
 
 _STR = {str}
@@ -141,7 +141,7 @@ _DEVICE_ID = operator.itemgetter("device_id")
 _RANK_ID = operator.itemgetter("rank_id")
 
 
-def _all_devices_fast(server_list: List[Any]) -> Optional[List[Tuple[Device, ...]]]:
+def _all_devices_fast(server_list: List[Any]) -> Optional[DeviceColumns]:
     """Every server's devices from a well-formed table, in a few C-speed passes; None: check each.
 
     A 4096-node table has 32k devices and the pod-side budget is a fraction of a second, so the
@@ -174,15 +174,12 @@ def _all_devices_fast(server_list: List[Any]) -> Optional[List[Tuple[Device, ...
     rank_ids = list(map(int, ranks))
     if len(set(rank_ids)) != len(rank_ids):
         return None
-    devices = devices_from_columns(ids, ips, rank_ids, supers)
-    if len(set(counts)) == 1:  # full nodes, the usual case: cut into equal tuples at C speed
-        return list(zip(*[iter(devices)] * counts[0]))
-    result = []
-    start = 0
-    for count in counts:
-        result.append(tuple(devices[start:start + count]))
-        start += count
-    return result
+    if len(set(counts)) == 1:  # full nodes, the usual case
+        offsets: Sequence[int] = range(0, len(flat) + 1, counts[0])
+    else:
+        offsets = list(accumulate(counts, initial=0))
+    # the Device objects themselves are built only if someone reads Server.devices
+    return DeviceColumns(ids, ips, rank_ids, supers, offsets)
 
 
 def _devices_checked(entry: Dict[str, Any], path: str, source: str) -> Tuple[Device, ...]:
@@ -367,7 +364,7 @@ def reordered_document(
         devices = list(chain.from_iterable(entry["device"] for entry in server_list))
         deque(map(operator.setitem, devices, repeat("rank_id"), map(str, range(len(devices)))), 0)
     else:
-        rank_texts = list(map(str, range(sum(len(server.devices) for server in table.servers))))
+        rank_texts = list(map(str, range(sum(server.device_count for server in table.servers))))
         server_list = []
         next_rank = 0
         for pod in order:

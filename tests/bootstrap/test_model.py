@@ -1,5 +1,6 @@
 """The domain model: plans are permutations and say where rank 0 went."""
 
+import copy
 import dataclasses
 import inspect
 import pickle
@@ -9,6 +10,7 @@ import pytest
 from npu_job.bootstrap.model import (
     Collective,
     Device,
+    DeviceColumns,
     Placement,
     Plan,
     PlanStatus,
@@ -16,6 +18,7 @@ from npu_job.bootstrap.model import (
     Topology,
     devices_from_columns,
     servers_from_columns,
+    servers_from_device_columns,
 )
 
 
@@ -74,3 +77,34 @@ def test_column_builders_cover_every_field_and_nothing_they_skip(cls, builder):
     assert len(inspect.signature(builder).parameters) == len(dataclasses.fields(cls))
     assert not hasattr(cls, "__post_init__")
     assert all(f.default_factory is dataclasses.MISSING for f in dataclasses.fields(cls))
+
+
+@pytest.mark.parametrize("offsets", [range(0, 5, 2), [0, 3, 4]], ids=["equal-counts", "uneven"])
+def test_servers_with_device_columns_equal_servers_built_with_their_devices(offsets):
+    columns = DeviceColumns(["0", "1", "2", "3"], ["29.0.0.1", None, "29.0.0.3", None],
+                            [0, 1, 2, 3], [None, "sd-1", None, None], offsets)
+    server_columns = (["10.0.0.1", "10.0.0.2"], [0, 1], ["10.0.0.1", None], [None, "c"],
+                      ["w-0", None], ["sp", None])
+    lazy = servers_from_device_columns(server_columns[0], server_columns[1], columns,
+                                       *server_columns[2:])
+    eager = [Server(sid, pod, columns.devices_of(pod), *rest)
+             for sid, pod, *rest in zip(*server_columns)]
+    assert [s.device_count for s in lazy] == [offsets[1] - offsets[0], offsets[2] - offsets[1]]
+    assert all("devices" not in vars(s) for s in lazy)  # counting builds no Device
+    assert pickle.loads(pickle.dumps(lazy)) == eager
+    assert [copy.copy(s) for s in lazy] == eager
+    assert lazy == eager
+    assert [hash(s) for s in lazy] == [hash(s) for s in eager]
+    assert [repr(s) for s in lazy] == [repr(s) for s in eager]
+    assert [s.devices for s in lazy] == [s.devices for s in eager]
+    assert lazy[0].devices is lazy[0].devices  # built once
+    assert [s.device_count for s in eager] == [s.device_count for s in lazy]
+    assert dataclasses.replace(lazy[1], pod_index=5) == dataclasses.replace(eager[1], pod_index=5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lazy[0].devices = ()  # type: ignore[misc]
+
+
+def test_device_column_builder_takes_one_column_per_server_field():
+    assert (len(inspect.signature(servers_from_device_columns).parameters)
+            == len(dataclasses.fields(Server)))
+    assert not hasattr(Server, "devices")  # a field without a default, as before

@@ -257,3 +257,13 @@ def test_fast_path_and_field_by_field_path_agree(document, monkeypatch):
     fast = rank_table_from_document(document, SOURCE)
     monkeypatch.setattr(ranktable, "_all_devices_fast", lambda server_list: None)
     assert rank_table_from_document(document, SOURCE) == fast
+
+
+def test_fast_path_counts_devices_without_building_them_and_builds_the_same_ones_when_read():
+    table = rank_table_from_document(v1_2_super_pods(), SOURCE)
+    assert [s.device_count for s in table.servers] == [
+        len(entry["device"]) for entry in v1_2_super_pods()["server_list"]]
+    assert all("devices" not in vars(s) for s in table.servers)
+    assert table.servers[1].devices[1].super_device_id == "37748737"
+    assert [d.rank_id for s in table.servers for d in s.devices] == list(
+        range(sum(s.device_count for s in table.servers)))
