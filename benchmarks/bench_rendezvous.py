@@ -26,8 +26,14 @@ server formats each peer address on accept; every client here connects from 127.
 ``/etc/hosts`` maps to localhost (``files`` before ``dns`` in nsswitch.conf), so no resolver is
 consulted - the script measures ``getnameinfo(127.0.0.1)`` and prints it.
 
+Also measured: the CPU seconds of the two client host processes (getrusage), so the proxies' CPU per
+relayed request is (tiered - flat) / client requests on the same event loop; ``--loop asyncio uvloop``
+runs both loops side by side (clients and proxies alike, so flat and tiered stay comparable), and
+``--repeat N`` interleaves N runs of every variant and reports the median wall.
+
     python benchmarks/bench_rendezvous.py                 # 8x8, 64x8, 128x16
     python benchmarks/bench_rendezvous.py --cases 8x8 --output results.md
+    python benchmarks/bench_rendezvous.py --cases 128x16 --loop asyncio uvloop --repeat 3
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from npu_job.launcher.protocol import Op, Request
-from npu_job.launcher.proxy import AsyncStoreProxy
+from npu_job.launcher.proxy import AsyncStoreProxy, new_event_loop
 from npu_job.launcher.storeclient import AsyncRawStoreClient, established_connections
 
 from npu_job.fileio import write_atomic
@@ -90,6 +96,8 @@ class Result:
     root_cpu: float
     client_requests: int
     coalesced: int
+    loop: str
+    host_cpu: float  # CPU seconds of the client host processes (clients, plus proxies when tiered)
 
 
 def k(text: str) -> bytes:
@@ -147,7 +155,7 @@ async def run_worker(rank: int, case: Case, port: int, peers: int, deadline: flo
 
 
 def host_main(nodes: Sequence[int], case: Case, root_port: int, tiered: bool, peers: int, start_at: float,
-              conn) -> None:  # type: ignore[no-untyped-def]
+              loop_kind: str, conn) -> None:  # type: ignore[no-untyped-def]
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
@@ -158,8 +166,10 @@ def host_main(nodes: Sequence[int], case: Case, root_port: int, tiered: bool, pe
             run_node(n, case, root_port, tiered, peers, start_at + 600, keep) for n in nodes
         ))
         end = time.monotonic()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
         coalesced = sum(p.snapshot().coalesced for p in keep if isinstance(p, AsyncStoreProxy))
-        conn.send((end, [sum(r[i] for r in results) for i in range(3)], coalesced))
+        conn.send((end, [sum(r[i] for r in results) for i in range(3)], coalesced,
+                   usage.ru_utime + usage.ru_stime - cpu_start))
         await asyncio.get_running_loop().run_in_executor(None, conn.recv)  # hold connections until counted
         for item in keep:
             if isinstance(item, AsyncStoreProxy):
@@ -167,7 +177,13 @@ def host_main(nodes: Sequence[int], case: Case, root_port: int, tiered: bool, pe
             else:
                 await item.close()
 
-    asyncio.run(main())
+    start = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_start = start.ru_utime + start.ru_stime
+    loop = new_event_loop(loop_kind)  # the same loop kind for flat and tiered: clients run on it too
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
 
 
 # ------------------------------------------------------------------ root side
@@ -179,7 +195,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_case(case: Case, tiered: bool, peers: int) -> Result:
+def run_case(case: Case, tiered: bool, peers: int, loop_kind: str = "asyncio") -> Result:
     root = subprocess.Popen([sys.executable, "-c", ROOT_CODE], stdout=subprocess.PIPE, text=True)
     try:
         assert root.stdout is not None
@@ -191,7 +207,8 @@ def run_case(case: Case, tiered: bool, peers: int) -> Result:
         for h in range(HOSTS):
             parent, child = ctx.Pipe()
             nodes = list(range(h, case.nodes, HOSTS))
-            proc = ctx.Process(target=host_main, args=(nodes, case, root_port, tiered, peers, start_at, child))
+            proc = ctx.Process(target=host_main, args=(nodes, case, root_port, tiered, peers, start_at,
+                                                           loop_kind, child))
             proc.start()
             pipes.append(parent)
             procs.append(proc)
@@ -211,7 +228,8 @@ def run_case(case: Case, tiered: bool, peers: int) -> Result:
         upstream = sum(r[1][2] for r in reports)
         root_requests = agent_reqs + (upstream if tiered else worker_reqs)
         return Result(case, "tiered" if tiered else "flat", wall, connections, root_requests,
-                      cpu_after - cpu_before, agent_reqs + worker_reqs, sum(r[2] for r in reports))
+                      cpu_after - cpu_before, agent_reqs + worker_reqs, sum(r[2] for r in reports), loop_kind,
+                      sum(r[3] for r in reports))
     finally:
         root.kill()
         root.wait()
@@ -231,29 +249,51 @@ def reverse_dns_seconds(address: tuple) -> float:
     return (time.perf_counter() - started) / 20
 
 
-def format_table(results: list[Result], peers: int, dns: tuple[float, float]) -> str:
-    by_case: dict[str, dict[str, Result]] = {}
+def median_runs(results: list[Result]) -> list[tuple[Result, list[float]]]:
+    """One row per (case, mode, loop): the run with the median wall time, and every run's wall."""
+    groups: dict[tuple[str, str, str], list[Result]] = {}
     for r in results:
-        by_case.setdefault(str(r.case), {})[r.mode] = r
+        groups.setdefault((str(r.case), r.mode, r.loop), []).append(r)
+    rows = []
+    for runs in groups.values():
+        ordered = sorted(runs, key=lambda r: r.wall)
+        rows.append((ordered[(len(ordered) - 1) // 2], [r.wall for r in runs]))
+    return rows
+
+
+def format_table(results: list[Result], peers: int, dns: tuple[float, float]) -> str:
+    rows = median_runs(results)
+    by_case: dict[tuple[str, str], dict[str, Result]] = {}
+    for r, _ in rows:
+        by_case.setdefault((str(r.case), r.loop), {})[r.mode] = r
     lines = [
         f"# bench_rendezvous: stock torch TCPStore root, flat vs tiered (gloo peers read per rank: {peers})",
         "",
-        "| case | ranks | mode | wall s | root conns | root requests | root CPU s | client requests | coalesced |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        "Each row is the median-wall run of its repetitions (all walls listed). host CPU s: the two client",
+        "host processes (simulated clients, plus every node's proxy when tiered), on the loop named.",
+        "",
+        "| case | ranks | mode | loop | wall s | walls | root conns | root requests | root CPU s | host CPU s "
+        "| client requests | coalesced |",
+        "|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in results:
+    for r, walls in rows:
         lines.append(
-            f"| {r.case} | {r.case.ranks} | {r.mode} | {r.wall:.2f} | {r.root_connections} | {r.root_requests} "
-            f"| {r.root_cpu:.2f} | {r.client_requests} | {r.coalesced} |"
+            f"| {r.case} | {r.case.ranks} | {r.mode} | {r.loop} | {r.wall:.2f} | {' '.join(f'{w:.2f}' for w in walls)} "
+            f"| {r.root_connections} | {r.root_requests} | {r.root_cpu:.2f} | {r.host_cpu:.2f} "
+            f"| {r.client_requests} | {r.coalesced} |"
         )
-    lines += ["", "| case | conns tiered/nodes | requests tiered/flat | root CPU tiered/flat | wall tiered/flat |",
-              "|---|---:|---:|---:|---:|"]
-    for name, modes in by_case.items():
+    lines += ["", "proxy CPU/request: (tiered host CPU - flat host CPU) / client requests, same loop.", "",
+              "| case | loop | conns tiered/nodes | requests tiered/flat | root CPU tiered/flat | wall tiered/flat "
+              "| proxy CPU us/request |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    for (name, loop), modes in by_case.items():
         if "flat" in modes and "tiered" in modes:
             f, t = modes["flat"], modes["tiered"]
+            proxy_us = (t.host_cpu - f.host_cpu) / t.client_requests * 1e6
             lines.append(
-                f"| {name} | {t.root_connections / t.case.nodes:.2f} | {t.root_requests / f.root_requests:.3f} "
-                f"| {_ratio(t.root_cpu, f.root_cpu)} | {t.wall / f.wall:.2f} |"
+                f"| {name} | {loop} | {t.root_connections / t.case.nodes:.2f} "
+                f"| {t.root_requests / f.root_requests:.3f} | {_ratio(t.root_cpu, f.root_cpu)} "
+                f"| {t.wall / f.wall:.2f} | {proxy_us:.1f} |"
             )
     largest = max(by_case.values(), key=lambda modes: next(iter(modes.values())).case.ranks)
     if "flat" in largest and "tiered" in largest:
@@ -269,7 +309,8 @@ def format_table(results: list[Result], peers: int, dns: tuple[float, float]) ->
                      else r.root_connections / r.case.nodes * PROJECT_RANKS // PROJECT_WORKERS)
             lines.append(f"| {mode} | {requests:.0f} | {requests * per_request:.1f} | {conns:.0f} |")
     lines += ["", (f"Reverse DNS per accepted peer: 127.0.0.1 (this root's IPv4 listener, /etc/hosts) {dns[0] * 1e3:.3f} ms; "
-              f"::ffff:127.0.0.1 (torch's default dual-stack listener, goes to DNS) {dns[1] * 1e3:.3f} ms.")]
+              f"::ffff:127.0.0.1 (torch's default dual-stack listener, goes to DNS) {dns[1] * 1e3:.3f} ms."),
+              "", f"Load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)."]
     return "\n".join(lines) + "\n"
 
 
@@ -291,15 +332,22 @@ def main(argv: Sequence[str] | None = None) -> int:  # type: ignore[assignment]
     parser.add_argument("--gloo-peers", type=int, default=64,
                         help="peers each rank reads in the gloo phase (default 64; all = the ranks count)")
     parser.add_argument("--modes", nargs="+", choices=["flat", "tiered"], default=["flat", "tiered"])
+    parser.add_argument("--loop", nargs="+", choices=["asyncio", "uvloop"], default=["asyncio"],
+                        help="event loop of the client host processes (clients and proxies) - several run side "
+                             "by side (default asyncio; uvloop must be installed)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per case, mode and loop; the median is shown")
     parser.add_argument("--output", help="also write the table to this file")
     args = parser.parse_args(argv)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     results = []
     for case in args.cases:
-        for mode in args.modes:
-            print(f"running {case} {mode} ...", file=sys.stderr, flush=True)
-            results.append(run_case(case, mode == "tiered", args.gloo_peers))
+        for repetition in range(args.repeat):  # interleaved, so drifting machine load hits every variant
+            for loop_kind in args.loop:
+                for mode in args.modes:
+                    print(f"running {case} {mode} {loop_kind} ({repetition + 1}/{args.repeat}) ...",
+                          file=sys.stderr, flush=True)
+                    results.append(run_case(case, mode == "tiered", args.gloo_peers, loop_kind))
     dns = (reverse_dns_seconds((LOOPBACK, 1)), reverse_dns_seconds(("::ffff:127.0.0.1", 1, 0, 0)))
     table = format_table(results, args.gloo_peers, dns)
     sys.stdout.write(table)
