@@ -272,8 +272,8 @@ def format_table(results: list[Result], peers: int, dns: tuple[float, float]) ->
         "Each row is the median-wall run of its repetitions (all walls listed). host CPU s: the two client",
         "host processes (simulated clients, plus every node's proxy when tiered), on the loop named.",
         "",
-        "| case | ranks | mode | loop | wall s | walls | root conns | root requests | root CPU s | host CPU s "
-        "| client requests | coalesced |",
+        ("| case | ranks | mode | loop | wall s | walls | root conns | root requests | root CPU s | host CPU s "
+         "| client requests | coalesced |"),
         "|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r, walls in rows:
@@ -283,8 +283,8 @@ def format_table(results: list[Result], peers: int, dns: tuple[float, float]) ->
             f"| {r.client_requests} | {r.coalesced} |"
         )
     lines += ["", "proxy CPU/request: (tiered host CPU - flat host CPU) / client requests, same loop.", "",
-              "| case | loop | conns tiered/nodes | requests tiered/flat | root CPU tiered/flat | wall tiered/flat "
-              "| proxy CPU us/request |",
+              ("| case | loop | conns tiered/nodes | requests tiered/flat | root CPU tiered/flat | wall tiered/flat "
+               "| proxy CPU us/request |"),
               "|---|---|---:|---:|---:|---:|---:|"]
     for (name, loop), modes in by_case.items():
         if "flat" in modes and "tiered" in modes:
