@@ -92,6 +92,7 @@ _READ_CHUNK = 1 << 16
 _POLL_FIRST = 0.005
 _POLL_MAX = 0.25
 _PROBE_TIMEOUT = 2.0
+_STOP_WAITING_REPLY = encode_reply(Op.WAIT, WaitReply.STOP_WAITING)
 # Answered by the proxy itself or served by wait connections; everything else goes on the main one.
 _LOCAL_OPS = frozenset({Op.WAIT, Op.PING, Op.CANCEL_WAIT, Op.BARRIER})
 
@@ -134,8 +135,9 @@ class _Counters:
         self.requests_upstream = 0
         self.upstream_connections = 0
         self.coalesced = 0
-        self.received_by_op: dict[str, int] = collections.Counter()
-        self.upstream_by_op: dict[str, int] = collections.Counter()
+        # keyed by Op, named in snapshots: Enum.name is a property lookup on the per-request path
+        self.received_by_op: dict[Op, int] = collections.Counter()
+        self.upstream_by_op: dict[Op, int] = collections.Counter()
 
 
 def _set_nodelay(sock: socket.socket | None) -> None:
@@ -200,7 +202,7 @@ class _Upstream:
         self._out.append(encode_request(request))
         counters = self._proxy.counters
         counters.requests_upstream += 1
-        counters.upstream_by_op[request.op.name] += 1
+        counters.upstream_by_op[request.op] += 1
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -339,7 +341,7 @@ class _Client(asyncio.Protocol):
                         self._block(waiting_for)
                         break
                 proxy.counters.requests_received += 1
-                proxy.counters.received_by_op[request.op.name] += 1
+                proxy.counters.received_by_op[request.op] += 1
                 pos = end
         except ProtocolError as exc:
             logger.warning("store proxy: closing client %d: %s", self.id, exc)
@@ -503,8 +505,8 @@ class AsyncStoreProxy:
             coalesced=c.coalesced,
             waits_active=sum(1 for conn in self.upstream_open if conn.kind != "main" and conn.busy),
             waits_queued=sum(1 for group in self._queued if group.state == "queued"),
-            received_by_op=types.MappingProxyType(dict(c.received_by_op)),
-            upstream_by_op=types.MappingProxyType(dict(c.upstream_by_op)),
+            received_by_op=types.MappingProxyType({op.name: n for op, n in c.received_by_op.items()}),
+            upstream_by_op=types.MappingProxyType({op.name: n for op, n in c.upstream_by_op.items()}),
         )
 
     def spawn(self, coro) -> asyncio.Task:  # type: ignore[no-untyped-def]
@@ -743,7 +745,7 @@ class AsyncStoreProxy:
             if f.exception() is not None:
                 client.abort()
             else:
-                client.write(encode_reply(Op.WAIT, WaitReply.STOP_WAITING))
+                client.write(_STOP_WAITING_REPLY)
 
         future.add_done_callback(reply)
 
