@@ -128,12 +128,14 @@ def canonical_input(
         (
             server.pod_index,
             server.server_id,
-            server.device_count,
+            device_count,
             tiers,
             tors,
             slot,
         )  # tuples dump as lists
-        for server, (tiers, tors, slot) in zip(table.servers, paths)
+        for server, device_count, (tiers, tors, slot) in zip(
+            table.servers, table.device_counts, paths
+        )
     ]
     document = {"collective": collective.value, "servers": servers}
     return json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode("ascii")

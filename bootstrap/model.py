@@ -200,6 +200,11 @@ class RankTable:
     def node_count(self) -> int:
         return len(self.servers)
 
+    @cached_property  # the digest and the partial-node check both read every count
+    def device_counts(self) -> Tuple[int, ...]:
+        """``server.device_count`` of every server, in pod order."""
+        return tuple(server.device_count for server in self.servers)
+
 
 @dataclass(frozen=True)
 class Placement:

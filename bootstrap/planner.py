@@ -156,17 +156,18 @@ def precondition_failures(
 
 def _partial_node_reasons(table: RankTable, full_node_devices: Optional[int]) -> List[str]:
     servers = table.servers
-    sizes = {server.device_count for server in servers}
+    device_counts = table.device_counts
+    sizes = set(device_counts)
     if len(sizes) <= 1 and 0 not in sizes and full_node_devices in (None, *sizes):
         return []  # the common case: all nodes full, nothing to list
-    empty = [server.server_id for server in servers if not server.device_count]
+    empty = [server.server_id for server, size in zip(servers, device_counts) if not size]
     reasons: List[str] = []
     if empty:
         reasons.append(f"partial nodes: {len(empty)} server(s) list no devices ({_few(empty)})")
     counts: Dict[int, List[str]] = {}
-    for server in servers:
-        if server.device_count:
-            counts.setdefault(server.device_count, []).append(server.server_id)
+    for server, size in zip(servers, device_counts):
+        if size:
+            counts.setdefault(size, []).append(server.server_id)
     if full_node_devices is not None:
         short = sorted(
             (sid for size, ids in counts.items() if size != full_node_devices for sid in ids),

@@ -14,6 +14,7 @@ from npu_job.bootstrap.model import (
     Placement,
     Plan,
     PlanStatus,
+    RankTable,
     Server,
     Topology,
     devices_from_columns,
@@ -108,3 +109,11 @@ def test_device_column_builder_takes_one_column_per_server_field():
     assert (len(inspect.signature(servers_from_device_columns).parameters)
             == len(dataclasses.fields(Server)))
     assert not hasattr(Server, "devices")  # a field without a default, as before
+
+
+def test_rank_table_device_counts_are_the_servers_device_counts_in_pod_order():
+    columns = DeviceColumns(["0", "1", "2"], [None] * 3, [0, 1, 2], [None] * 3, [0, 1, 1, 3])
+    servers = servers_from_device_columns(["a", "b", "c"], [0, 1, 2], columns,
+                                          [None] * 3, [None] * 3, [None] * 3, [None] * 3)
+    table = RankTable("1.0", "completed", tuple(servers))
+    assert table.device_counts == (1, 0, 2) == tuple(len(s.devices) for s in servers)
