@@ -297,7 +297,7 @@ class _Client(asyncio.Protocol):
         self.id = next(self._ids)
         self.proxy = proxy
         self.transport: asyncio.Transport | None = None
-        self.wait: tuple[_WaitGroup, asyncio.Future] | None = None
+        self.wait: _WaitGroup | None = None
         self.barrier: tuple[_Upstream, asyncio.Future] | None = None
         self._buf = bytearray()
         self._validated = False
@@ -415,7 +415,7 @@ class _WaitGroup:
 
     def __init__(self, keys: tuple[bytes, ...]) -> None:
         self.keys = keys
-        self.waiters: dict[int, asyncio.Future] = {}
+        self.waiters: dict[int, _Client] = {}  # by client id; answered directly, no future per waiter
         self.state = "queued"  # queued -> active -> done | cancelling
         self.conn: _Upstream | None = None
         self.joinable = True
@@ -733,21 +733,8 @@ class AsyncStoreProxy:
             self._pump_waits()
             if group.state == "queued":
                 self.spawn(self._poll_group(group))
-        future = asyncio.get_running_loop().create_future()
-        group.waiters[client.id] = future
-        client.wait = (group, future)
-
-        def reply(f: asyncio.Future) -> None:
-            if client.wait is not None and client.wait[1] is f:
-                client.wait = None
-            if f.cancelled():
-                return
-            if f.exception() is not None:
-                client.abort()
-            else:
-                client.write(_STOP_WAITING_REPLY)
-
-        future.add_done_callback(reply)
+        group.waiters[client.id] = client
+        client.wait = group
 
     def _pump_waits(self) -> None:
         """Give idle (or newly opened) wait connections to queued groups, oldest first."""
@@ -813,14 +800,13 @@ class AsyncStoreProxy:
         if self._wait_groups.get(group.keys) is group:
             del self._wait_groups[group.keys]
         waiters, group.waiters = group.waiters, {}
-        for future in waiters.values():
-            if future.done():
-                continue
+        for client in waiters.values():  # a client that left (CANCEL_WAIT, gone) is no longer here
+            if client.wait is group:
+                client.wait = None
             if error is None:
-                future.set_result(WaitReply.STOP_WAITING)
+                client.write(_STOP_WAITING_REPLY)
             else:
-                future.set_exception(error)
-                future.exception()
+                client.abort()
 
     def _fail_queued(self, error: BaseException) -> None:
         if self._wait_pool or self._wait_opening:
@@ -831,10 +817,9 @@ class AsyncStoreProxy:
     def _leave_wait(self, client: _Client) -> None:
         if client.wait is None:
             return
-        group, future = client.wait
+        group = client.wait
         client.wait = None
         group.waiters.pop(client.id, None)
-        future.cancel()
         if group.waiters or group.state not in ("queued", "active"):
             return
         if self._wait_groups.get(group.keys) is group:
