@@ -166,9 +166,11 @@ def evaluate(model: nn.Module, seed: int, device: torch.device) -> float:
 
 
 def parameter_digest(model: nn.Module) -> str:
+    """sha256 of the parameters' exact bytes (torch alone: numpy is not a dependency of torch)."""
     digest = hashlib.sha256()
     for tensor in model.state_dict().values():
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        digest.update(bytes(raw.tolist()))
     return digest.hexdigest()
 
 
@@ -249,11 +251,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             time.sleep(args.step_delay)
 
     digest = parameter_digest(model)
-    gathered: List[Optional[dict]] = [None] * world
-    mine = {"rank": rank, "pod_index": pod_index, "node_rank": node_rank, "digest": digest,
-            "host": socket.gethostname()}
-    dist.all_gather_object(gathered, mine)
-    digests_agree = len({entry["digest"] for entry in gathered if entry}) == 1
+    # The digests travel as tensors: all_gather_object would need numpy, which torch does not.
+    mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    rank_digests = [bytes(tensor.cpu().tolist()).hex() for tensor in gathered]
+    digests_agree = len(set(rank_digests)) == 1
     if not digests_agree:
         problems.append("parameters differ across ranks after all-reduce")
     final_eval = evaluate(model, args.seed, device)
@@ -275,7 +278,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "steps": args.steps, "start_step": start_step, "losses": losses,
         "eval_loss_initial": initial_eval, "eval_loss_final": final_eval,
         "loss_decreased": loss_decreased, "param_digest": digest,
-        "digests_agree": digests_agree, "ranks": gathered,
+        "digests_agree": digests_agree, "rank_digests": rank_digests,
         "problems": problems, "ok": not problems,
         "seconds": round(time.monotonic() - started, 3),
     }

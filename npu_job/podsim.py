@@ -546,6 +546,32 @@ def _mount(source: str, target: str, fstype: Optional[str], flags: int, data: Op
         raise OSError(errno, f"mount {source or '-'} on {target}: {os.strerror(errno)}")
 
 
+def software_under_tmp(tmp: str = "/tmp") -> Tuple[str, ...]:
+    """Directories of this Python and of npu-job itself that live under ``tmp``, outermost only.
+
+    A pod gets a private /tmp, which would hide a virtualenv or a checkout that happens to live
+    there (CI clones often do); a real pod has its software in the image instead. These are bound
+    read-only at the same paths inside the pod's /tmp, so the pod runs the same interpreter and
+    the same npu-job code as the machine that starts it.
+    """
+    import importlib.util
+
+    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path]
+    for package in ("npu_job", "npu_job.bootstrap", "npu_job.launcher", "npu_job.templates"):
+        spec = importlib.util.find_spec(package)
+        candidates.extend(spec.submodule_search_locations or () if spec else ())
+    root = Path(tmp).resolve()
+    inside = sorted({
+        resolved for resolved in (Path(c).resolve() for c in candidates if c and os.path.isdir(c))
+        if root in resolved.parents
+    })
+    outermost: List[Path] = []
+    for path in inside:  # sorted, so a directory comes before everything under it
+        if not any(kept in path.parents for kept in outermost):
+            outermost.append(path)
+    return tuple(str(path) for path in outermost)
+
+
 def _placeholder(like: Path, at: Path) -> None:
     if like.is_dir() and not like.is_symlink():
         at.mkdir(exist_ok=True)
@@ -568,6 +594,7 @@ class _RootBuilder:
             if entry.name == "tmp":
                 target.mkdir(mode=0o1777)
                 _mount(str(private_tmp), str(target), None, _MS_BIND)
+                self.owned.add(target)  # the pod's own /tmp: add mount points in it directly
             elif entry.name == "proc":  # this pod's PID namespace, not the host's processes
                 target.mkdir()
                 _mount("proc", str(target), "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
@@ -641,6 +668,8 @@ def enter_pod(spec_file: Path, host_mount_namespace: str) -> None:
         raise LaunchError("not inside a private mount namespace; refusing to touch the host's mounts")
     builder = _RootBuilder(directory / "root")
     builder.populate(directory / "tmp")
+    for path in software_under_tmp():
+        builder.bind(Path(path), path, read_only=True)
     builder.bind(directory / "hosts", "/etc/hosts", read_only=True)
     for number, mount in enumerate(spec.file_mounts):
         staged = directory / "volumes" / str(number)

@@ -40,3 +40,23 @@ def test_a_rank_off_the_route_plan_fails_the_run(tmp_path, rank_mapping, rank_fi
     assert any(problem in line for line in report["problems"]), report["problems"]
     assert f"FAILED: {report['problems'][0]}" in run.stderr
     assert report["eval_loss_final"] < report["eval_loss_initial"]  # it trained; only the rank is wrong
+
+
+@pytest.mark.torch
+def test_the_example_needs_torch_alone_not_numpy(tmp_path):
+    """torch does not depend on numpy, so a training image may lack it: shadow numpy with a
+    package that refuses to import and the example must still train and report."""
+    hidden = tmp_path / "no-numpy" / "numpy"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text('raise ModuleNotFoundError("numpy is hidden by the test", name="numpy")\n')
+    env = {**os.environ, "PYTHONPATH": str(hidden.parent), "VC_TASK_INDEX": "0",
+           "NPU_JOB_OUTPUT_DIR": str(tmp_path)}
+    reports = tmp_path / "reports"
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+         str(EXAMPLE), "--steps", "4", "--report-dir", str(reports)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads((reports / "rank-0.json").read_text())
+    assert report["ok"] is True and len(report["param_digest"]) == 64

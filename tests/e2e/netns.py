@@ -13,6 +13,7 @@ lets a test assert that.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
+
+from npu_job.podsim import software_under_tmp
 
 NETNS_ETC = Path("/etc/netns")
 
@@ -161,12 +164,22 @@ class NetnsCluster:
         env: Optional[Dict[str, str]] = None,
         **kwargs: object,
     ) -> subprocess.Popen:
-        """Start ``argv`` on host ``index`` with a private /tmp, in its own process group."""
+        """Start ``argv`` on host ``index`` with a private /tmp, in its own process group.
+
+        This Python and npu-job's own directories stay visible when they live under /tmp (see
+        :func:`npu_job.podsim.software_under_tmp`): they are bound into the private directory at
+        the same relative paths before it replaces /tmp.
+        """
         host = self.hosts[index]
+        carry = "".join(
+            f"mkdir -p {shlex.quote(str(host.tmp_dir) + path[len('/tmp'):])} && "
+            f"mount --bind -o ro {shlex.quote(path)} {shlex.quote(str(host.tmp_dir) + path[len('/tmp'):])} && "
+            for path in software_under_tmp()
+        )
         wrapped = [
             "ip", "netns", "exec", host.namespace,
             "unshare", "--mount", "--propagation", "private", "--",
-            "sh", "-c", 'mount --bind "$0" /tmp && exec "$@"', str(host.tmp_dir), *argv,
+            "sh", "-c", carry + 'mount --rbind "$0" /tmp && exec "$@"', str(host.tmp_dir), *argv,
         ]
         process = subprocess.Popen(wrapped, env=env, start_new_session=True, **kwargs)  # type: ignore[arg-type]
         self._processes.append(process)
