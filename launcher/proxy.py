@@ -282,9 +282,13 @@ def _resolve(future: asyncio.Future, value: ReplyValue) -> None:
         future.set_result(value)
 
 
-class _Client(asyncio.Protocol):
+class _Client(asyncio.BufferedProtocol):
     """One local worker connection, callback-driven (no task per client: the proxy's CPU per
     request is what a single machine running many proxies pays twice over).
+
+    Reads land in the proxy's shared scratch buffer (``recv_into``, no bytes object per read) and
+    are decoded in place; only the tail of a request split across reads is copied to the client's
+    own buffer.
 
     Requests are handled in arrival order; replies to non-blocking requests are written in the
     same order (a joined GET may finish before an earlier request of the same client). WAIT and
@@ -311,17 +315,32 @@ class _Client(asyncio.Protocol):
         _set_nodelay(transport.get_extra_info("socket"))
         self.proxy.add_client(self)
 
-    def data_received(self, data: bytes) -> None:
-        self._buf += data
-        if not self._blocked:
-            self._process()
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.proxy.scratch  # one loop thread: each read is consumed before the next starts
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = self.proxy.scratch[:nbytes]
+        if self._buf or self._blocked:
+            self._buf += data
+            if not self._blocked:
+                self._process()
+            return
+        pos = self._consume(data)
+        if pos < nbytes:
+            self._buf += data[pos:]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.proxy.drop_client(self)
 
     # requests
     def _process(self) -> None:
-        buf, pos = self._buf, 0
+        pos = self._consume(self._buf)
+        if pos:
+            del self._buf[:pos]
+
+    def _consume(self, buf: bytearray | memoryview) -> int:
+        """Handle the whole requests at the start of ``buf``; returns where the rest begins."""
+        pos = 0
         proxy = self.proxy
         try:
             while not self._blocked:
@@ -346,8 +365,7 @@ class _Client(asyncio.Protocol):
         except ProtocolError as exc:
             logger.warning("store proxy: closing client %d: %s", self.id, exc)
             self.abort()
-        if pos:
-            del buf[:pos]
+        return pos
 
     def _block(self, awaitable: asyncio.Future[object]) -> None:
         self._blocked = True
@@ -457,6 +475,7 @@ class AsyncStoreProxy:
         self._queue_keys: set[bytes] = set()
         self._tasks: set[asyncio.Task] = set()
         self._spare_barrier_conns: list[_Upstream] = []
+        self.scratch = memoryview(bytearray(_READ_CHUNK))  # every client's reads (see _Client)
         self._closing = False
 
     # ------------------------------------------------------------ lifecycle

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from npu_job.launcher.protocol import Op, Request
+from npu_job.launcher.protocol import Op, Request, encode_request
 from npu_job.launcher.proxy import StoreProxy
 from npu_job.launcher.storeclient import RawStoreClient
 
@@ -222,6 +222,27 @@ def test_a_dead_worker_has_its_waits_dropped_and_cancelled_upstream(root, proxy)
     survivor = tcp_store(proxy.port)  # the proxy survives worker restarts
     survivor.set("x", "1")
     assert survivor.get("x") == b"1"
+
+
+@pytest.mark.parametrize("chunk", [5, 4099, 1 << 20], ids=["5-byte-writes", "4099-byte-writes", "one-write"])
+def test_requests_split_across_reads_or_packed_into_one_are_answered_alike(root, proxy, chunk):
+    """The proxy decodes reads in place: a request may end mid-read or span many reads (a value
+    bigger than its read buffer always does), and several may arrive in one read."""
+    big = bytes(range(256)) * 384  # 96 KiB: more than the proxy reads at once
+    requests = [
+        Request(Op.SET, (b"/split/a",), (b"1",)),
+        Request(Op.SET, (b"/split/big",), (big,)),
+        Request(Op.ADD, (b"/split/n",), number=5),
+        Request(Op.GET, (b"/split/big",)),
+        Request(Op.MULTI_GET, (b"/split/a", b"/split/big")),
+        Request(Op.ADD, (b"/split/n",), number=-2),
+    ]
+    client = RawStoreClient(LOOPBACK, proxy.port)
+    data = b"".join(encode_request(r) for r in requests)
+    for start in range(0, len(data), chunk):
+        client.sock.sendall(data[start:start + chunk])
+    assert [client.receive(r) for r in requests] == [None, None, 5, big, (b"1", big), 3]
+    assert root.get("split/big") == big
 
 
 def test_unknown_opcode_closes_that_client_only(root, proxy):
