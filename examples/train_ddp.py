@@ -228,9 +228,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     model = make_model(args.hidden, args.seed)
     initial_eval = evaluate(model, args.seed, torch.device("cpu"))  # the untrained model
     start_step = load_checkpoint(args.checkpoint_dir, model) if rank == 0 else 0
-    box = [start_step]
-    dist.broadcast_object_list(box, src=0)
-    start_step = int(box[0])
+    box = torch.tensor([start_step], dtype=torch.int64, device=device)
+    dist.broadcast(box, src=0)  # a tensor, not broadcast_object_list: that one needs numpy
+    start_step = int(box.item())
     ddp = DistributedDataParallel(model.to(device))  # broadcasts rank 0's parameters
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr)
     losses: List[float] = []

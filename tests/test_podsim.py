@@ -169,7 +169,9 @@ def test_a_pod_sees_its_own_host_and_leaves_the_machine_untouched(tmp_path, user
     out = outputs[-1]
     assert out.splitlines()[0] == "j-w-1"
     assert "127.0.0.20\tj-w-0.j" in out and "127.0.0.21\tj-w-1.j j-w-1" in out
-    assert "tmp=[]" in out  # private and fresh on restart
+    # private and fresh on restart: only this machine's own Python/npu-job, when under /tmp
+    carried = sorted({Path(path).relative_to("/tmp").parts[0] for path in podsim.software_under_tmp()})
+    assert f"tmp=[{chr(10).join(carried)}]" in out
     assert '{"table": 1}' in out and "probe.sh" in out and "j-w-0.j,j-w-1.j" in out
     assert "shared=from the host" in out and "/home/ma-user/work" in out and "pid=1" in out
     assert (shared / "out.txt").read_text() == "out\n"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
+from npu_job import podsim
 from npu_job.render.render import RenderedJob, render
 
 from .conftest import container, job_of, parsed, spec_from, with_keys
@@ -69,6 +71,23 @@ def pod_env(rendered: RenderedJob, index: int) -> Dict[str, str]:
     return env
 
 
+def carry_software_into_fresh_tmp() -> str:
+    """Shell that puts a fresh tmpfs on /tmp but keeps this Python and npu-job visible there.
+
+    When they live under /tmp (a CI clone or virtualenv), they are first bound to staging points
+    in the workspace, and moved to the same paths inside the new /tmp (as podsim does).
+    """
+    steps = []
+    carried = podsim.software_under_tmp()
+    for number, path in enumerate(carried):
+        stage = f"{POD_ROOT}/.carry/{number}"
+        steps.append(f"mkdir -p {stage} && mount --bind -o ro {shlex.quote(path)} {stage}")
+    steps.append("mount -t tmpfs pod-tmp /tmp")
+    for number, path in enumerate(carried):
+        steps.append(f"mkdir -p {shlex.quote(path)} && mount --move {POD_ROOT}/.carry/{number} {shlex.quote(path)}")
+    return "".join(f"{step} && " for step in steps)
+
+
 def run_pods(rendered: RenderedJob, workspace: Path) -> List[Dict[str, Any]]:
     """Run every pod's command concurrently; return each fake launcher's report."""
     configmap = parsed(rendered)[0]
@@ -79,7 +98,7 @@ def run_pods(rendered: RenderedJob, workspace: Path) -> List[Dict[str, Any]]:
     bin_dir = make_fake_bin(workspace / "bin", names=("npu-run", "torchrun"))
     command = container(job_of(rendered))["command"]
     pod_command = kubelet_expand(command[2], {})
-    enter = 'mount --bind "$1" /mnt && mount -t tmpfs pod-tmp /tmp && shift && exec "$@"'
+    enter = 'mount --bind "$1" /mnt && ' + carry_software_into_fresh_tmp() + 'shift && exec "$@"'
     procs = []
     for index in range(rendered.spec.nodes):
         env = dict(os.environ, PATH=f"{POD_ROOT}/bin:{os.environ['PATH']}")
