@@ -106,6 +106,7 @@ def _body(data: bytes, source: str) -> bytes:
 _T = TypeVar("_T")
 _DECODER = json.JSONDecoder()  # json.loads' own settings
 _SKIP_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace, as json.decoder skips it
+_SPACE = frozenset(" \t\n\r")
 
 
 def scan_array_member(
@@ -165,10 +166,15 @@ def _scan_array_member(
 
 def _scan_items(string: str, index: int, each: Callable[[Any], Optional[_T]]
                 ) -> Tuple[Optional[List[_T]], int]:
-    """The array after ``[`` at ``index``, step for step as json.decoder's JSONArray."""
+    """The array after ``[`` at ``index``, step for step as json.decoder's JSONArray.
+
+    Whitespace is skipped only where there is some (:data:`_SPACE` is JSON's whitespace, and
+    ``""`` past the end is not in it): compact files, the usual ones, skip the regex calls.
+    """
     skip = _SKIP_SPACE.match
     scan = _DECODER.scan_once
     results: List[_T] = []
+    append = results.append
     index = skip(string, index).end()
     if string[index:index + 1] == "]":
         return results, index + 1
@@ -177,14 +183,18 @@ def _scan_items(string: str, index: int, each: Callable[[Any], Optional[_T]]
         result = each(item)
         if result is None:
             return None, index
-        results.append(result)
-        index = skip(string, index).end()
+        append(result)
         separator = string[index:index + 1]
+        if separator in _SPACE:
+            index = skip(string, index).end()
+            separator = string[index:index + 1]
         if separator == "]":
             return results, index + 1
         if separator != ",":
             return None, index
-        index = skip(string, index + 1).end()
+        index += 1
+        if string[index:index + 1] in _SPACE:
+            index = skip(string, index).end()
 
 
 def encode_b64_gzip(document: Any) -> bytes:

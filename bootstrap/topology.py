@@ -157,7 +157,7 @@ def _cce_server(entry: Any) -> Optional[Tuple[str, FrozenSet[str]]]:
         tors = frozenset(map(_TOR_IP, devices))
     except (TypeError, KeyError):  # not an object, a field missing, an unhashable tor_ip
         return None
-    return (server_id, tors) if all(type(tor) is str for tor in tors) else None
+    return (server_id, tors) if _STR.issuperset(map(type, tors)) else None
 
 
 def _cce_tor_sets_fast(server_list: List[Any]) -> Optional[List[Tuple[str, FrozenSet[str]]]]:

@@ -176,3 +176,12 @@ def test_scan_array_member_leaves_anything_unusual_to_the_full_parse(text):
 
 def test_scan_array_member_stops_when_an_item_is_refused():
     assert payload.scan_array_member(b'{"a": [1, 2, 3]}', "a", lambda item: item if item != 2 else None) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"a":[1,2,3]}', '{"a": [ 1 , 2 ,3 ] }', '{"a":[1\r\n,\t2,\n3\n]}', '{"a":[1, 2, 3 ]}'],
+    ids=["compact", "spaces-everywhere", "crlf-and-tabs", "space-before-close"],
+)
+def test_scan_array_member_reads_items_whatever_the_whitespace_between_them(text):
+    assert payload.scan_array_member(text.encode(), "a", _keep_all) == [1, 2, 3]
