@@ -184,4 +184,4 @@ def test_scan_array_member_stops_when_an_item_is_refused():
     ids=["compact", "spaces-everywhere", "crlf-and-tabs", "space-before-close"],
 )
 def test_scan_array_member_reads_items_whatever_the_whitespace_between_them(text):
-    assert payload.scan_array_member(text.encode(), "a", _keep_all) == [1, 2, 3]
+    assert payload.scan_array_member(text.encode(), "a", _keep_all) == [_keep_all(n) for n in (1, 2, 3)]
