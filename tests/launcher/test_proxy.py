@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from npu_job.launcher.protocol import Op, Request, encode_request
-from npu_job.launcher.proxy import StoreProxy
+from npu_job.launcher.proxy import StoreProxy, new_event_loop
 from npu_job.launcher.storeclient import RawStoreClient
 
 from tests.launcher.proxy_support import LOOPBACK, ProxyProcess, established_connections, tcp_store
@@ -326,6 +326,32 @@ def test_in_process_store_proxy_starts_stops_idempotently_and_leaks_nothing(root
     with socket.socket() as probe:
         assert probe.connect_ex((LOOPBACK, port)) != 0
     assert wait_until(lambda: established_connections(root.port) == 1)  # only the root's own client
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_the_proxy_serves_alike_on_the_standard_loop_and_on_optional_uvloop(root, monkeypatch, loop_kind):
+    if loop_kind == "uvloop":
+        pytest.importorskip("uvloop")  # an optional accelerator, not a dependency
+    monkeypatch.setenv("NPU_JOB_PROXY_LOOP", loop_kind)
+    loop = new_event_loop()  # what StoreProxy.start() runs on
+    assert type(loop).__module__.split(".")[0] == loop_kind
+    loop.close()
+    with StoreProxy(LOOPBACK, root.port, timeout=5) as proxy:
+        a, b = tcp_store(proxy.port), tcp_store(proxy.port)
+        waiter = threading.Thread(target=b.wait, args=(["late"],))
+        waiter.start()
+        assert wait_until(lambda: proxy.stats.waits_active == 1)
+        a.set("late", "now")
+        waiter.join(10)
+        assert not waiter.is_alive()
+        assert [a.add("n", 2), b.add("n", 3)] == [2, 5]
+        assert b.get("late") == b"now"
+
+
+def test_an_unknown_event_loop_kind_is_refused(monkeypatch):
+    monkeypatch.setenv("NPU_JOB_PROXY_LOOP", "tokio")
+    with pytest.raises(ValueError, match="auto, asyncio or uvloop"):
+        new_event_loop()
 
 
 WORKER = """
