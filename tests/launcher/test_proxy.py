@@ -144,6 +144,7 @@ def _frozen_burst(proxy, clients, requests):
 
 def test_identical_concurrent_gets_become_one_upstream_get(root, proxy):
     root.set("nccl_id", "x" * 128)
+    root.get("nccl_id")  # SET has no reply: make sure the root applied it before the proxy asks
     clients = [RawStoreClient(LOOPBACK, proxy.port) for _ in range(8)]
     before = proxy.stats()["upstream_by_op"].get("GET", 0)
     replies = _frozen_burst(proxy, clients, [Request(Op.GET, (b"/nccl_id",))] * 8)
@@ -168,6 +169,7 @@ def test_concurrent_adds_merge_into_one_batch_with_distinct_serial_results(root,
 
 def test_a_worker_reads_its_own_write_even_when_a_get_for_it_is_in_flight(root, proxy):
     root.set("k", "old")
+    root.get("k")  # SET has no reply: without this round trip the proxy's GET may overtake it (b"")
     reader, writer = RawStoreClient(LOOPBACK, proxy.port), RawStoreClient(LOOPBACK, proxy.port)
     get = Request(Op.GET, (b"/k",))
     proxy.pause()
