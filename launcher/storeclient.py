@@ -24,13 +24,34 @@ from npu_job.launcher.protocol import (
 )
 
 
+class _ReplyBuffer:
+    """Bytes received from the store but not yet decoded (one per connection, both clients)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def take(self, request: Request) -> tuple[bool, ReplyValue]:
+        """``(True, reply)`` once the reply to ``request`` is complete, else ``(False, None)``."""
+        decoded = decode_reply(request, self._buf)
+        if decoded is None:
+            return False, None
+        value, pos = decoded
+        del self._buf[:pos]
+        return True, value
+
+    def feed(self, chunk: bytes) -> None:
+        if not chunk:
+            raise ConnectionError("store closed the connection")
+        self._buf += chunk
+
+
 class RawStoreClient:
     """Blocking client: ``send`` requests (pipelining allowed), ``receive`` replies in order."""
 
     def __init__(self, host: str, port: int, timeout: float = 30.0) -> None:
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._buf = bytearray()
+        self._replies = _ReplyBuffer()
         self.send(Request(Op.VALIDATE, number=VALIDATION_MAGIC))
         nonce = random.getrandbits(32)
         if self.call(Request(Op.PING, number=nonce)) != nonce:
@@ -43,15 +64,10 @@ class RawStoreClient:
         if request.op in NO_REPLY_OPS:
             return None
         while True:
-            decoded = decode_reply(request, self._buf)
-            if decoded is not None:
-                value, pos = decoded
-                del self._buf[:pos]
+            done, value = self._replies.take(request)
+            if done:
                 return value
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise ConnectionError("store closed the connection")
-            self._buf += chunk
+            self._replies.feed(self.sock.recv(1 << 16))
 
     def call(self, request: Request) -> ReplyValue:
         self.send(request)
@@ -73,7 +89,7 @@ class AsyncRawStoreClient:
     def __init__(self) -> None:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._buf = bytearray()
+        self._replies = _ReplyBuffer()
         self.requests_sent = 0
 
     @classmethod
@@ -101,15 +117,10 @@ class AsyncRawStoreClient:
         if request.op in NO_REPLY_OPS:
             return None
         while True:
-            decoded = decode_reply(request, self._buf)
-            if decoded is not None:
-                value, pos = decoded
-                del self._buf[:pos]
+            done, value = self._replies.take(request)
+            if done:
                 return value
-            chunk = await self._reader.read(1 << 16)
-            if not chunk:
-                raise ConnectionError("store closed the connection")
-            self._buf += chunk
+            self._replies.feed(await self._reader.read(1 << 16))
 
     async def get(self, key: bytes) -> bytes:
         """torch's ``get``: WAIT for the key, then GET it."""
