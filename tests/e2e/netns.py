@@ -13,7 +13,6 @@ lets a test assert that.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from npu_job.podsim import software_under_tmp
+from npu_job.podsim import private_tmp_shell
 
 NETNS_ETC = Path("/etc/netns")
 
@@ -167,19 +166,14 @@ class NetnsCluster:
         """Start ``argv`` on host ``index`` with a private /tmp, in its own process group.
 
         This Python and npu-job's own directories stay visible when they live under /tmp (see
-        :func:`npu_job.podsim.software_under_tmp`): they are bound into the private directory at
+        :func:`npu_job.podsim.private_tmp_shell`): they are bound into the private directory at
         the same relative paths before it replaces /tmp.
         """
         host = self.hosts[index]
-        carry = "".join(
-            f"mkdir -p {shlex.quote(str(host.tmp_dir) + path[len('/tmp'):])} && "
-            f"mount --bind -o ro {shlex.quote(path)} {shlex.quote(str(host.tmp_dir) + path[len('/tmp'):])} && "
-            for path in software_under_tmp()
-        )
         wrapped = [
             "ip", "netns", "exec", host.namespace,
             "unshare", "--mount", "--propagation", "private", "--",
-            "sh", "-c", carry + 'mount --rbind "$0" /tmp && exec "$@"', str(host.tmp_dir), *argv,
+            "sh", "-c", private_tmp_shell(str(host.tmp_dir)) + ' && exec "$@"', "pod", *argv,
         ]
         process = subprocess.Popen(wrapped, env=env, start_new_session=True, **kwargs)  # type: ignore[arg-type]
         self._processes.append(process)

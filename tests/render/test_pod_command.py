@@ -1,7 +1,7 @@
 """The rendered pod command, run for a 3-pod job on this machine up to the launcher's start.
 
 Each "pod" is a real bash running the Job's container command in its own mount namespace
-(``unshare``, root) with a private tmpfs on /tmp, as a pod has, and with the env a Volcano pod gets:
+(``unshare``, root) with a private, initially empty /tmp, as a pod has, and with the env a Volcano pod gets:
 the Job's env entries (fieldRefs resolved the way the kubelet would: status.hostIP, the
 volcano.sh/job-name and volcano.sh/task-spec annotations), ``VC_TASK_INDEX`` from the env plugin,
 and the scripts ConfigMap's files at the mount path. The launcher is a fake first on PATH that
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -71,23 +70,6 @@ def pod_env(rendered: RenderedJob, index: int) -> Dict[str, str]:
     return env
 
 
-def carry_software_into_fresh_tmp() -> str:
-    """Shell that puts a fresh tmpfs on /tmp but keeps this Python and npu-job visible there.
-
-    When they live under /tmp (a CI clone or virtualenv), they are first bound to staging points
-    in the workspace, and moved to the same paths inside the new /tmp (as podsim does).
-    """
-    steps = []
-    carried = podsim.software_under_tmp()
-    for number, path in enumerate(carried):
-        stage = f"{POD_ROOT}/.carry/{number}"
-        steps.append(f"mkdir -p {stage} && mount --bind -o ro {shlex.quote(path)} {stage}")
-    steps.append("mount -t tmpfs pod-tmp /tmp")
-    for number, path in enumerate(carried):
-        steps.append(f"mkdir -p {shlex.quote(path)} && mount --move {POD_ROOT}/.carry/{number} {shlex.quote(path)}")
-    return "".join(f"{step} && " for step in steps)
-
-
 def run_pods(rendered: RenderedJob, workspace: Path) -> List[Dict[str, Any]]:
     """Run every pod's command concurrently; return each fake launcher's report."""
     configmap = parsed(rendered)[0]
@@ -98,9 +80,11 @@ def run_pods(rendered: RenderedJob, workspace: Path) -> List[Dict[str, Any]]:
     bin_dir = make_fake_bin(workspace / "bin", names=("npu-run", "torchrun"))
     command = container(job_of(rendered))["command"]
     pod_command = kubelet_expand(command[2], {})
-    enter = 'mount --bind "$1" /mnt && ' + carry_software_into_fresh_tmp() + 'shift && exec "$@"'
     procs = []
     for index in range(rendered.spec.nodes):
+        pod_tmp = workspace / f"pod-tmp-{index}"  # the pod's private, initially empty /tmp
+        pod_tmp.mkdir(mode=0o1777)
+        enter = f'mount --bind "$1" {POD_ROOT} && {podsim.private_tmp_shell(str(pod_tmp))} && shift && exec "$@"'
         env = dict(os.environ, PATH=f"{POD_ROOT}/bin:{os.environ['PATH']}")
         env.update(pod_env(rendered, index))
         procs.append(
