@@ -23,6 +23,7 @@ from npu_job.bootstrap.topology import (
 from npu_job.errors import InputError
 
 from .documents import as_json, b64_gzip, node, node_list, ranktable_tor, tor_info
+from .engines import ENGINES, json_engine
 
 CCE = ranktable_tor({
     "192.168.0.11": ["10.0.1.1", "10.0.1.1"],
@@ -208,10 +209,12 @@ CCE_BAD = [case for case in BAD_TOPOLOGIES if case[0].startswith("cce-")] + [
 ]
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("document, edit, expected", [c[1:] for c in CCE_BAD], ids=[c[0] for c in CCE_BAD])
-def test_ranktable_tor_read_server_by_server_names_the_same_field(document, edit, expected):
-    """The automatic candidate beside the rank table is read as cce-ranktable-tor, one server at a
-    time; anything unusual falls back to the whole-document reader and its exact message."""
+def test_ranktable_tor_read_server_by_server_names_the_same_field(document, edit, expected, engine):
+    """The automatic candidate beside the rank table is read as cce-ranktable-tor, two fields of
+    each server only (msgspec) or one server at a time (stdlib); anything unusual falls back to the
+    whole-document reader and its exact message."""
     if edit == "truncate":
         data = gzip.compress(json.dumps(CCE).encode()[:-40])
     elif edit == "twice":  # json.loads keeps the last server_list: a bad one here
@@ -219,7 +222,7 @@ def test_ranktable_tor_read_server_by_server_names_the_same_field(document, edit
         data = text.encode()
     else:
         data = as_json(_apply(json.loads(json.dumps(document)), edit))
-    with pytest.raises(InputError) as caught:
+    with json_engine(engine), pytest.raises(InputError) as caught:
         parse_topology(data, "topo", CCE_RANKTABLE_TOR)
     assert caught.value.message.startswith("topo: ") and expected in caught.value.message
 
@@ -230,4 +233,33 @@ def test_ranktable_tor_read_server_by_server_equals_the_whole_document_read(node
     table, topology = synthetic_cluster(nodes, max(2, nodes // 5), seed=seed, multi_tor=1 if multi else 0,
                                         missing_topology=1)
     data = encode_ranktable_tor(table, topology)
-    assert parse_topology(data, "t", CCE_RANKTABLE_TOR) == parse_topology(data, "t")  # detected: whole
+    whole = parse_topology(data, "t")  # detected, not named: read as a whole document
+    for engine in ENGINES:
+        with json_engine(engine):
+            assert parse_topology(data, "t", CCE_RANKTABLE_TOR) == whole
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"server_list": [{"server_id": "", "device": [{"tor_ip": "t"}]}]}',
+        '{"server_list": [{"server_id": "a", "device": [{"tor_ip": "t"}]}, {"server_id": "a", "device": []}]}',
+        '{"server_list": [{"server_id": "a", "device": [{"tor_ip": 1}]}]}',
+        '{"server_list": [{"server_id": "a", "device": [{"tor_ip": "t", "x": "\\u0000\\ud800"}]}]}',
+        '{"server_list": [{"server_id": "a", "device": [{"tor_ip": "t", "x": NaN}]}]}',
+        '{"server_list": [{"server_id": "a", "device": {"tor_ip": "t"}}]}',
+        '{"server_list": [], "server_list": [{"server_id": "a", "device": [{"tor_ip": "t"}]}]}',
+        '{"server_list": [{"server_id": "a", "device": [{"tor_ip": "", "tor_ip": "t"}]}]}',
+    ],
+    ids=["empty-id", "duplicate-id", "tor-not-a-string", "odd-strings-elsewhere", "nan-elsewhere",
+         "device-not-a-list", "server-list-twice", "tor-ip-twice"],
+)
+def test_ranktable_tor_engines_agree_on_unusual_documents(text):
+    outcomes = []
+    for engine in ENGINES:
+        with json_engine(engine):
+            try:
+                outcomes.append(parse_topology(text.encode(), "t", CCE_RANKTABLE_TOR))
+            except InputError as error:
+                outcomes.append(error.message)
+    assert outcomes[0] == outcomes[1]
