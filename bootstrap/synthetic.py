@@ -121,7 +121,8 @@ def synthetic_cluster(
                 pod_index=pod_index,
                 devices=tuple(devices),
                 host_ip=server_id,
-                container_ip=f"192.168.{pod_index // 250}.{pod_index % 250 + 1}",
+                container_ip=f"192.{168 + pod_index // 62500}.{pod_index % 62500 // 250}."
+                             f"{pod_index % 250 + 1}",
                 pod_name=f"{job_name}-worker-{pod_index}",
             )
         )
@@ -143,8 +144,8 @@ def _tor_sizes(nodes: int, tors: int, occupancy: str, rng: random.Random) -> Lis
 def _host_ips(count: int, rng: random.Random) -> List[str]:
     """``count`` distinct host IPs over a few subnets, in random order."""
     subnets = max(1, (count + 199) // 200)
-    pool = [
-        f"10.{subnet + 1}.{host // 250}.{host % 250 + 1}"
+    pool = [  # 250 hosts per subnet 10.<1..255>.<0..>.0/24: canonical addresses up to 16M hosts
+        f"10.{subnet % 255 + 1}.{subnet // 255}.{host + 1}"
         for subnet in range(subnets)
         for host in range(250)
     ]

@@ -81,6 +81,18 @@ def test_missing_multi_tor_partial_and_outer_tiers():
     assert set(tiers) == {("superpod-0", "spine-0"), ("superpod-0", "spine-1")}
 
 
+def test_addresses_stay_canonical_ipv4_far_beyond_a_16_bit_octet_budget():
+    """Ids are what real clusters use, so the planner's IPv4 fast path applies at every size (a
+    generator that wrote 10.270.0.1 past 51k nodes once made the planner look superlinear)."""
+    import socket
+
+    table, _ = synthetic_cluster(70_000, 700, npus_per_node=1)
+    for field in ("server_id", "container_ip"):
+        values = [getattr(server, field) for server in table.servers]
+        assert len(set(values)) == len(values)
+        assert all(socket.inet_ntoa(socket.inet_aton(value)) == value for value in values), field
+
+
 def test_server_ids_do_not_follow_switch_order():
     table, topology = synthetic_cluster(200, 10, seed=0, scatter=False)
     ids = [s.server_id for s in table.servers]
