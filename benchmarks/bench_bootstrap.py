@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
+from _report import publish
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "bootstrap.sh"
 TARGET_EXCESS = 0.15
@@ -184,9 +186,7 @@ def main(argv: Sequence[str] = ()) -> int:
     args = parser.parse_args(list(argv) or None)
     sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
     text = table_text(run(sizes, args.repeat), args.repeat)
-    sys.stdout.write(text)
-    if args.output:
-        Path(args.output).write_text(text)
+    publish(text, args.output)
     return 0
 
 

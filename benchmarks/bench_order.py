@@ -30,7 +30,7 @@ from npu_job.bootstrap import planner, scorer
 from npu_job.bootstrap.model import Collective, PlanStatus
 from npu_job.bootstrap.synthetic import synthetic_cluster
 
-from npu_job.fileio import write_atomic
+from _report import publish
 
 
 @dataclass(frozen=True)
@@ -276,9 +276,7 @@ def main(argv: Sequence[str] = ()) -> int:
             rows.append(run_case(case, collective, args.uplinks, args.samples, args.seed))
             print(f"  done {case.name} {collective}", file=sys.stderr, flush=True)
     text = "\n".join(table_lines(rows, args.uplinks, args.samples) + summary_lines(rows)) + "\n"
-    sys.stdout.write(text)
-    if args.output:
-        write_atomic(args.output, text.encode())
+    publish(text, args.output)
     return 0
 
 

@@ -25,7 +25,8 @@ from typing import List, Sequence, Tuple
 from npu_job.bootstrap import planner
 from npu_job.bootstrap.model import Collective, PlanStatus
 from npu_job.bootstrap.synthetic import synthetic_cluster
-from npu_job.fileio import write_atomic
+
+from _report import publish
 
 TOLERANCE = 1.5  # allowed growth of time / (n log2 n) from the smallest to the largest size
 
@@ -84,9 +85,7 @@ def main(argv: Sequence[str] = ()) -> int:
     args = parser.parse_args(list(argv) or None)
     sizes = sorted(int(size) for size in args.sizes.split(",") if size.strip())
     text = table_text(time_plans(sizes, args.repeat), args.repeat)
-    sys.stdout.write(text)
-    if args.output:
-        write_atomic(args.output, text.encode())
+    publish(text, args.output)
     return 0
 
 

@@ -54,7 +54,8 @@ from npu_job.launcher.protocol import Op, Request
 from npu_job.launcher.proxy import AsyncStoreProxy, new_event_loop
 from npu_job.launcher.storeclient import AsyncRawStoreClient, established_connections
 
-from npu_job.fileio import write_atomic
+from _report import publish
+
 
 LOOPBACK = "127.0.0.1"
 HOSTS = 2
@@ -353,9 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # type: ignore[assignment]
                     results.append(run_case(case, mode == "tiered", args.gloo_peers, loop_kind))
     dns = (reverse_dns_seconds((LOOPBACK, 1)), reverse_dns_seconds(("::ffff:127.0.0.1", 1, 0, 0)))
     table = format_table(results, args.gloo_peers, dns)
-    sys.stdout.write(table)
-    if args.output:
-        write_atomic(args.output, table.encode())
+    publish(table, args.output)
     return 0
 
 
