@@ -19,3 +19,19 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def seconds(*, zero_ok: bool) -> Callable[[str], float]:
+    """An argparse ``type`` for a duration in seconds, > 0 (or >= 0 with ``zero_ok``); rejects nan."""
+    bound = ">= 0" if zero_ok else "> 0"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+        if not (value >= 0 if zero_ok else value > 0):  # also false for nan
+            raise argparse.ArgumentTypeError(f"expected a number of seconds {bound}, got {text!r}")
+        return value
+
+    return parse

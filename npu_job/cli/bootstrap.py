@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from npu_job.cli._args import int_at_least
+from npu_job.cli._args import int_at_least, seconds
 
 HELP = "compute this pod's routing-affine node rank (pod step 1)"
 
@@ -33,16 +33,7 @@ NPU_JOB_CA_BUNDLE.
 """
 
 TOPOLOGY_FORMATS = ("cce-ranktable-tor", "basic-tor-node-cm", "k8s-node-labels", "file")
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
-    return value
+SECONDS = seconds(zero_ok=True)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -83,11 +74,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                "every server are required)")
     planning.add_argument("--output-dir", "--output_dir", dest="output_dir", metavar="DIR",
                           help="where to write the files (default: $NPU_JOB_OUTPUT_DIR, else /tmp)")
-    planning.add_argument("--wait-timeout", "--wait_timeout", dest="wait_timeout", type=_seconds,
+    planning.add_argument("--wait-timeout", "--wait_timeout", dest="wait_timeout", type=SECONDS,
                           metavar="SECONDS",
                           help="give up waiting for status 'completed' after this long "
                                "(default: $NPU_JOB_WAIT_TIMEOUT, else 300)")
-    planning.add_argument("--poll-interval", "--poll_interval", dest="poll_interval", type=_seconds,
+    planning.add_argument("--poll-interval", "--poll_interval", dest="poll_interval", type=SECONDS,
                           metavar="SECONDS",
                           help="seconds between rank table polls "
                                "(default: $NPU_JOB_POLL_INTERVAL, else 5)")

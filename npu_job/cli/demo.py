@@ -9,22 +9,13 @@ import shutil
 import sys
 import time
 
-from npu_job.cli._args import int_at_least
+from npu_job.cli._args import int_at_least, seconds
 
 HELP = "run the whole pipeline on a simulated cluster on this machine"
 
 log = logging.getLogger("npu_job.demo")
 POSITIVE = int_at_least(1)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text}")
-    return value
+SECONDS = seconds(zero_ok=False)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="render with routing acceleration off (pods keep the scheduler's order)")
     parser.add_argument("--keep", metavar="DIR", default=None,
                         help="keep everything (rendered job, pod logs, private /tmp of each pod, reports) in DIR")
-    parser.add_argument("--timeout", type=_seconds, default=240.0, help="seconds before every pod is killed (default 240)")
+    parser.add_argument("--timeout", type=SECONDS, default=240.0, help="seconds before every pod is killed (default 240)")
     parser.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
 
 
