@@ -17,17 +17,22 @@ in two places, which the platform's pod command forwards (DESIGN §1)::
 Empty values are skipped, like the pod command's ``[ -n ... ]``; a value that is present but not a
 non-negative integer is an error, never silently replaced by the next source. The resolution is a
 pure function over an environment mapping and a file reader, so tests need no real ``/tmp``.
+
+:func:`node_order` names the order those ranks belong to (the bootstrap's planned mapping, or the
+scheduler's), so that the rendezvous can prove every node follows the same one: pods whose
+bootstraps disagreed (one fell back, or read other inputs) would otherwise clash on ranks.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
 from npu_job.bootstrap.run import DEFAULT_OUTPUT_DIR
-from npu_job.bootstrap.writers import RANK_FILE
+from npu_job.bootstrap.writers import RANK_FILE, ROUTE_PLAN_FILE
 from npu_job.errors import LaunchError
 
 RANK_AFTER_ACC = "RANK_AFTER_ACC"  # the pod command's variable (same name as the bootstrap's file)
@@ -93,3 +98,31 @@ def resolve_node_rank(
         return NodeRankChoice(parse_node_rank(from_scheduler, f"environment {VC_TASK_INDEX}"),
                               f"environment {VC_TASK_INDEX} (scheduler order)")
     return NodeRankChoice(0, "default (no RANK_AFTER_ACC, bootstrap file or VC_TASK_INDEX)")
+
+
+SCHEDULER_ORDER = "scheduler order"
+
+
+def node_order(
+    env: Mapping[str, str], read_text: Callable[[str], Optional[str]] = read_text_if_exists
+) -> Optional[str]:
+    """The node order the bootstrap left this pod in, as text every pod of the job can compare.
+
+    ``"planned order <mapping sha256>"`` when the bootstrap's ``route_plan.json`` says it planned;
+    :data:`SCHEDULER_ORDER` when it fell back or did not run (no route plan). None when the route
+    plan cannot be read or makes no sense: the check is a diagnosis and never stops a launch.
+    """
+    path = os.path.join(env.get(OUTPUT_DIR_ENV) or DEFAULT_OUTPUT_DIR, ROUTE_PLAN_FILE)
+    try:
+        text = read_text(path)
+        if text is None:
+            return SCHEDULER_ORDER
+        plan = json.loads(text)
+    except (LaunchError, ValueError):
+        return None
+    if not isinstance(plan, dict):
+        return None
+    if plan.get("status") != "success":
+        return SCHEDULER_ORDER
+    digest = plan.get("mapping_digest")
+    return f"planned order {digest}" if isinstance(digest, str) and digest else None

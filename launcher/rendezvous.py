@@ -59,6 +59,7 @@ logger = logging.getLogger(__name__)
 
 BACKEND = "parallel"
 TIERED_OPTION = "enable_tiered_parallel_tcpstore"
+NODE_ORDER_OPTION = "node_order"  # which node order this node's rank belongs to (npu-run sets it)
 KEY_ROOT = "npu_run"
 LOOPBACK = "127.0.0.1"
 
@@ -80,6 +81,9 @@ class ParallelSettings:
     ``close_timeout`` is how long node rank 0 keeps the root alive at the end for the other
     agents to sign off; ``watch_interval`` is the least time between two looks for a restarting
     node (the agent asks every ``--monitor_interval``, which is 0.1 s by default).
+    ``node_order`` names the order this node's rank belongs to (the bootstrap's mapping digest,
+    or the scheduler order): when set, a node that follows another order than the nodes before it
+    is refused, instead of clashing on ranks later.
     """
 
     run_id: str
@@ -92,6 +96,7 @@ class ParallelSettings:
     join_timeout: float = DEFAULT_JOIN_TIMEOUT
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT
     watch_interval: float = DEFAULT_WATCH_INTERVAL
+    node_order: Optional[str] = None
 
     @property
     def root(self) -> str:
@@ -183,6 +188,7 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
         join_timeout=_seconds(params, "join_timeout", DEFAULT_JOIN_TIMEOUT),
         close_timeout=_seconds(params, "close_timeout", DEFAULT_CLOSE_TIMEOUT),
         watch_interval=_seconds(params, "watch_interval", DEFAULT_WATCH_INTERVAL),
+        node_order=str(params.get(NODE_ORDER_OPTION) or "") or None,
     )
 
 
@@ -203,6 +209,10 @@ class _Keys:
     @property
     def departed(self) -> str:
         return f"{self.base}/departed"
+
+    @property
+    def node_order(self) -> str:
+        return f"{self.base}/node_order"
 
     def round(self, number: int) -> str:
         return f"{self.base}/round{number}"
@@ -299,6 +309,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
             if number == 0:
                 number = self._first_open_round(store)
             self._round_entered = number
+            self._check_node_order(store)
             if store.add(self._keys.node(number, settings.node_rank), 1) > 1:
                 raise RendezvousStateError(
                     f"node rank {settings.node_rank} joined round {number} of {settings.run_id!r} "
@@ -326,6 +337,22 @@ class ParallelRendezvousHandler(RendezvousHandler):
             settings.nnodes,
             bootstrap,
         )
+
+    def _check_node_order(self, store: Store) -> None:
+        """Refuse to join when the nodes before this one follow another node order."""
+        mine = self._settings.node_order
+        if not mine:
+            return
+        # The first node to get here records its order; every other node compares with it.
+        theirs = store.compare_set(self._keys.node_order, "", mine).decode("utf-8", "replace")
+        if theirs != mine:
+            raise RendezvousStateError(
+                f"node rank {self._settings.node_rank} follows the {mine}, but the nodes that "
+                f"joined before it follow the {theirs}: the pods' bootstraps decided different "
+                "node orders, so their ranks would clash. Compare the 'input sha256' lines of "
+                "the pods' bootstrap logs (their rank tables or topologies differed, or one "
+                "bootstrap fell back), then restart the job"
+            )
 
     def is_closed(self) -> bool:
         if self._store is None:

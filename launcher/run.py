@@ -157,6 +157,9 @@ def prepare(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namesp
     """
     tiered = parse_bool(args.enable_tiered_parallel_tcpstore, "--enable_tiered_parallel_tcpstore")
     args.enable_tiered_parallel_tcpstore = tiered
+    auto = str(args.node_rank).strip().lower() == noderank.AUTO
+    # ranks from the bootstrap: the rendezvous checks that every node follows the same order
+    args.node_order = noderank.node_order(env) if auto else None
     args.node_rank = resolve_node_rank(args.node_rank, env)
     _, max_nodes = parse_nnodes(args.nnodes)
     if args.max_restarts < 0:
@@ -209,6 +212,8 @@ def launch_config(args: argparse.Namespace) -> Tuple[Any, Any, List[str]]:
     if args.rdzv_backend == "parallel":
         config.rdzv_configs["rank"] = args.node_rank
         config.rdzv_configs[rendezvous.TIERED_OPTION] = args.enable_tiered_parallel_tcpstore
+        if getattr(args, "node_order", None):
+            config.rdzv_configs[rendezvous.NODE_ORDER_OPTION] = args.node_order
         rendezvous.settings_from_params(  # fail here, in one line, rather than inside the agent
             RendezvousParameters(
                 backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id=config.run_id,

@@ -5,6 +5,7 @@ Each "node" is a handler in its own thread, as torch's agent would drive it; not
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gc
 import socket
@@ -233,6 +234,30 @@ def test_root_host_keeps_the_root_until_the_other_agents_signed_off(closing):
     assert root_done.wait(5)
 
 
+def test_nodes_that_follow_one_node_order_join(closing):
+    handlers = make_handlers(3, [0, 1, 2], node_order="planned order ab12")
+    closing(handlers.values())
+    assert all(isinstance(info, RendezvousInfo) for info in join_all(list(handlers.values())))
+
+
+def test_a_node_that_follows_another_node_order_is_refused_naming_both(closing):
+    """Pods whose bootstraps disagreed (here: one fell back to the scheduler order) would clash on
+    ranks; the rendezvous says so instead, naming both orders."""
+    planned = make_handlers(2, [0], node_order="planned order ab12", join_timeout=2.0)[0]
+    fallen_back = ParallelRendezvousHandler(
+        dataclasses.replace(planned.settings, node_rank=1, node_order="scheduler order")
+    )
+    closing([planned, fallen_back])
+    outcomes = join_all([planned, fallen_back])
+    refused = [o for o in outcomes if isinstance(o, RendezvousStateError)]
+    assert len(refused) == 1, outcomes
+    message = str(refused[0])
+    assert "planned order ab12" in message and "scheduler order" in message
+    assert "bootstraps decided different node orders" in message
+    other = outcomes[1 - outcomes.index(refused[0])]
+    assert isinstance(other, RendezvousTimeoutError)  # it waits for the refused node in vain
+
+
 def params(**overrides) -> RendezvousParameters:
     values = dict(backend="parallel", endpoint="10.0.0.1:29500", run_id="job", min_nodes=4, max_nodes=4, rank=2)
     values.update(overrides)
@@ -241,11 +266,11 @@ def params(**overrides) -> RendezvousParameters:
 
 def test_settings_come_from_torchs_rendezvous_parameters():
     settings = rendezvous.settings_from_params(
-        params(timeout="60", join_timeout="5", enable_tiered_parallel_tcpstore=True)
+        params(timeout="60", join_timeout="5", enable_tiered_parallel_tcpstore=True, node_order="scheduler order")
     )
     assert settings == ParallelSettings(
         run_id="job", master_addr="10.0.0.1", master_port=29500, node_rank=2, nnodes=4,
-        tiered=True, store_timeout=60.0, join_timeout=5.0,
+        tiered=True, store_timeout=60.0, join_timeout=5.0, node_order="scheduler order",
     )
 
 

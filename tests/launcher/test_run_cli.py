@@ -87,6 +87,35 @@ def test_parallel_launch_config_carries_node_rank_and_tiering():
     assert command == sys.executable and command_args == ["-u", "train.py", "--x"]
 
 
+def test_auto_node_rank_hands_the_rendezvous_the_order_it_belongs_to(tmp_path):
+    (tmp_path / "RANK_AFTER_ACC").write_text("1")
+    (tmp_path / "route_plan.json").write_text(json.dumps({"status": "success", "mapping_digest": "ab12"}))
+    argv = ["--nnodes=4", "--nproc_per_node=1", "--rdzv_backend=parallel", "--master_addr=127.0.0.1", "train.py"]
+    env = {"NPU_JOB_OUTPUT_DIR": str(tmp_path)}
+    config, _, _ = run.launch_config(run.prepare(parse(["--node_rank=auto", *argv]), env))
+    assert config.rdzv_configs["node_order"] == "planned order ab12"
+    config, _, _ = run.launch_config(run.prepare(parse(["--node_rank=1", *argv]), env))
+    assert "node_order" not in config.rdzv_configs  # ranks given by hand: nothing to compare
+
+
+@pytest.mark.parametrize(
+    "route_plan, expected",
+    [
+        pytest.param(None, noderank.SCHEDULER_ORDER, id="no-bootstrap"),
+        pytest.param({"status": "failed", "mapping_digest": "ab"}, noderank.SCHEDULER_ORDER, id="fell-back"),
+        pytest.param({"status": "success", "mapping_digest": "ab"}, "planned order ab", id="planned"),
+        pytest.param({"status": "success"}, None, id="no-digest"),
+        pytest.param("{not json", None, id="unreadable"),
+        pytest.param([1], None, id="not-an-object"),
+    ],
+)
+def test_node_order_names_the_bootstraps_mapping_or_the_scheduler(tmp_path, route_plan, expected):
+    if route_plan is not None:
+        text = route_plan if isinstance(route_plan, str) else json.dumps(route_plan)
+        (tmp_path / "route_plan.json").write_text(text)
+    assert noderank.node_order({"NPU_JOB_OUTPUT_DIR": str(tmp_path)}) == expected
+
+
 def test_single_node_static_without_port_becomes_c10d_like_torchrun():
     args = run.prepare(parse(["--nproc_per_node=1", "train.py"]), {})
     assert (args.rdzv_backend, args.rdzv_endpoint) == ("c10d", "localhost:0")
