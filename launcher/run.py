@@ -212,7 +212,7 @@ def launch_config(args: argparse.Namespace) -> Tuple[Any, Any, List[str]]:
     if args.rdzv_backend == "parallel":
         config.rdzv_configs["rank"] = args.node_rank
         config.rdzv_configs[rendezvous.TIERED_OPTION] = args.enable_tiered_parallel_tcpstore
-        if getattr(args, "node_order", None):
+        if args.node_order:  # set by prepare() for --node_rank=auto
             config.rdzv_configs[rendezvous.NODE_ORDER_OPTION] = args.node_order
         rendezvous.settings_from_params(  # fail here, in one line, rather than inside the agent
             RendezvousParameters(
