@@ -24,11 +24,50 @@ code  exception              meaning
 
 from __future__ import annotations
 
+import reprlib
 from typing import Optional, Sequence
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
+
+
+SHOWN_LIMIT = 80  # characters of an input value an error message may echo
+
+
+def shown(value: object, limit: int = SHOWN_LIMIT) -> str:
+    """How an error message echoes a value taken from the input: quoted, on one line, bounded.
+
+    Strings are shown with ``repr`` (so a newline, quote or control character cannot break the
+    one-line promise) and cut in the middle to about ``limit`` characters, saying how long the
+    whole was. Integers too long to print are described by their size (``repr`` of an int over
+    4300 digits raises). Anything else is shown by its type name and, when short, its ``repr``.
+    """
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return repr(value)
+        half = max(limit // 2 - 2, 1)
+        return f"{value[:half]!r}...{value[-half:]!r} ({len(value)} characters)"
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        if value.bit_length() > limit * 3:  # > ~limit decimal digits
+            return f"an integer of {value.bit_length()} bits"
+        return repr(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (bytes, bytearray)):
+        return shown(bytes(value).decode("utf-8", "backslashreplace"), limit)
+    kind = type(value).__name__
+    if isinstance(value, (list, tuple, dict, set, frozenset)) and len(value) > 8:
+        return f"a {kind} of {len(value)} items"
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = limit // 2
+    try:
+        text = short.repr(value)
+    except ValueError:  # an integer too long to print, nested
+        return f"a {kind}"
+    return text if len(text) <= limit else f"a {kind}"
 
 
 class NpuJobError(Exception):
