@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import enum
 import struct
+import types
 from dataclasses import dataclass
-from typing import Union
+from typing import Mapping, Union
 
 VALIDATION_MAGIC = 0x3C85F7CE
 
@@ -69,6 +70,59 @@ WRITE_OPS = frozenset(
 QUEUE_OPS = frozenset({Op.QUEUE_PUSH, Op.QUEUE_POP, Op.QUEUE_LEN})
 
 
+@dataclass(frozen=True)
+class Dialect:
+    """The requests one torch release's store understands, and the byte that names each.
+
+    ``Op`` holds every request of the newest protocol under its 2.2+ number. torch 2.1 had no
+    VALIDATE and numbered SET as 0 (every byte one lower); later releases only appended opcodes.
+    ``opcodes[op]`` is the wire byte of ``op``; ``ops_by_byte[b]`` the op of byte ``b`` (None for
+    a byte this release does not know). Build one with :func:`make_dialect`.
+    """
+
+    name: str
+    opcodes: Mapping[Op, int]
+    ops_by_byte: tuple[Op | None, ...]
+
+    def __contains__(self, op: object) -> bool:
+        return op in self.opcodes
+
+    @property
+    def validates(self) -> bool:
+        """Clients open every connection with VALIDATE (torch 2.2+)."""
+        return Op.VALIDATE in self.opcodes
+
+
+_LEGACY_OPS = tuple(op for op in Op if Op.SET <= op <= Op.CANCEL_WAIT)
+
+
+def make_dialect(*, validate: bool = True, ping: bool = True, queues: bool = True,
+                 list_keys: bool = True, barrier: bool = True) -> Dialect:
+    """The dialect with the given optional requests (all of them: the newest torch's)."""
+    ops = list(_LEGACY_OPS)
+    extras = ((validate, (Op.VALIDATE,)), (ping, (Op.PING,)),
+              (queues, (Op.QUEUE_PUSH, Op.QUEUE_POP, Op.QUEUE_LEN)),
+              (list_keys, (Op.LIST_KEYS,)), (barrier, (Op.BARRIER,)))
+    for present, extra in extras:
+        if present:
+            ops += extra
+    if not validate and len(ops) != len(_LEGACY_OPS):
+        raise ValueError("a store without VALIDATE (torch 2.1) knows no later request either")
+    shift = 0 if validate else 1
+    opcodes = {op: int(op) - shift for op in sorted(ops)}
+    by_byte: list[Op | None] = [None] * 256
+    for op, byte in opcodes.items():
+        by_byte[byte] = op
+    missing = [op.name for op in Op if op not in opcodes]
+    name = "torch 2.1 numbering" if shift else "torch 2.2+ numbering"
+    name += f", without {', '.join(missing)}" if missing else ", every request"
+    return Dialect(name, types.MappingProxyType(opcodes), tuple(by_byte))
+
+
+#: The newest protocol (torch 2.12+): what the proxy and the tests speak unless told otherwise.
+NEWEST = make_dialect()
+
+
 class ProtocolError(ValueError):
     """Bytes that no stock client would send (unknown opcode, bad magic, oversize field)."""
 
@@ -111,9 +165,12 @@ def _string(data: bytes) -> bytes:
     return _U64.pack(len(data)) + data
 
 
-def encode_request(request: Request) -> bytes:
+def encode_request(request: Request, dialect: Dialect = NEWEST) -> bytes:
     op = request.op
-    head = _U8.pack(op)
+    try:
+        head = _U8.pack(dialect.opcodes[op])
+    except KeyError:
+        raise ProtocolError(f"{op.name} is not in this store's protocol ({dialect.name})") from None
     if op in (Op.VALIDATE, Op.PING):
         return head + _U32.pack(request.number)
     if op in (Op.GETNUMKEYS, Op.CANCEL_WAIT, Op.LIST_KEYS):
@@ -239,7 +296,6 @@ def _keys(buf: bytes | bytearray | memoryview, pos: int) -> tuple[tuple[bytes, .
     return tuple(keys), pos
 
 
-_OPS = {int(op): op for op in Op}
 _KEY_ONLY = frozenset({Op.GET, Op.DELETE_KEY, Op.QUEUE_POP, Op.QUEUE_LEN})
 _KEY_VALUE = frozenset({Op.SET, Op.APPEND, Op.QUEUE_PUSH})
 _KEY_LIST = frozenset({Op.CHECK, Op.WAIT, Op.MULTI_GET})
@@ -247,14 +303,14 @@ _BARE = frozenset({Op.GETNUMKEYS, Op.CANCEL_WAIT, Op.LIST_KEYS})
 
 
 def decode_request(
-    buf: bytes | bytearray | memoryview, pos: int = 0
+    buf: bytes | bytearray | memoryview, pos: int = 0, dialect: Dialect = NEWEST
 ) -> tuple[Request, int] | None:
     """Decode one request at ``buf[pos:]``; None if incomplete, else (request, next pos)."""
     if pos >= len(buf):
         return None
-    op = _OPS.get(buf[pos])
+    op = dialect.ops_by_byte[buf[pos]]
     if op is None:
-        raise ProtocolError(f"unknown opcode {buf[pos]}")
+        raise ProtocolError(f"unknown opcode {buf[pos]} ({dialect.name})")
     pos += 1
     try:
         if op in _KEY_ONLY:

@@ -70,11 +70,13 @@ from dataclasses import dataclass, field
 
 from npu_job.launcher.protocol import (
     BLOCKING_OPS,
+    NEWEST,
     NO_REPLY_OPS,
     QUEUE_OPS,
     VALIDATION_MAGIC,
     WRITE_OPS,
     CheckReply,
+    Dialect,
     Op,
     ProtocolError,
     ReplyValue,
@@ -94,6 +96,7 @@ _READ_CHUNK = 1 << 16
 _POLL_FIRST = 0.005
 _POLL_MAX = 0.25
 _PROBE_TIMEOUT = 2.0
+_REFUSED_LINGER = 10.0  # seconds a refused client may keep its connection open after our FIN
 _STOP_WAITING_REPLY = encode_reply(Op.WAIT, WaitReply.STOP_WAITING)
 # Answered by the proxy itself or served by wait connections; everything else goes on the main one.
 _LOCAL_OPS = frozenset({Op.WAIT, Op.PING, Op.CANCEL_WAIT, Op.BARRIER})
@@ -180,16 +183,24 @@ class _Upstream:
         self._proxy.counters.upstream_connections += 1
         self._proxy.upstream_open.add(self)
         self._reader_task = asyncio.ensure_future(self._read_replies(reader))
+        dialect = self._proxy.dialect
+        if dialect.validates:
+            self.send(Request(Op.VALIDATE, number=VALIDATION_MAGIC))
+        # Prove the peer is a store: PING where the root knows it (torch 2.5+), else a key count
+        # (an i64 reply; a root sent an opcode it does not know would drop the connection).
         nonce = random.getrandbits(32)
-        self.send(Request(Op.VALIDATE, number=VALIDATION_MAGIC))
-        pong = self.send(Request(Op.PING, number=nonce))
-        assert pong is not None
+        probe = Request(Op.PING, number=nonce) if Op.PING in dialect else Request(Op.GETNUMKEYS)
+        answer = self.send(probe)
+        assert answer is not None
         try:
-            echoed = await asyncio.wait_for(asyncio.shield(pong), timeout=max(0.1, deadline - loop.time()))
+            echoed = await asyncio.wait_for(asyncio.shield(answer), timeout=max(0.1, deadline - loop.time()))
         except asyncio.TimeoutError:
             self.close()
-            raise UpstreamLost(f"the root store at {host}:{port} did not answer PING") from None
-        if echoed != nonce:
+            raise UpstreamLost(f"the root store at {host}:{port} did not answer {probe.op.name}") from None
+        except UpstreamLost:
+            self.close()
+            raise
+        if probe.op == Op.PING and echoed != nonce:
             self.close()
             raise UpstreamLost(f"{host}:{port} is not a TCPStore (PING answered {echoed}, sent {nonce})")
 
@@ -201,7 +212,7 @@ class _Upstream:
         """Queue ``request``; returns the future of its reply (None for no-reply ops)."""
         if self.closed:
             raise UpstreamLost(f"connection to the root store {self._proxy.upstream_text} is closed")
-        self._out.append(encode_request(request))
+        self._out.append(encode_request(request, self._proxy.dialect))
         counters = self._proxy.counters
         counters.requests_upstream += 1
         counters.upstream_by_op[request.op] += 1
@@ -306,8 +317,9 @@ class _Client(asyncio.BufferedProtocol):
         self.wait: _WaitGroup | None = None
         self.barrier: tuple[_Upstream, asyncio.Future] | None = None
         self._buf = bytearray()
-        self._validated = False
+        self._validated = not proxy.dialect.validates  # torch 2.1 clients send no VALIDATE
         self._blocked = False
+        self._refused = False
         self._replies: collections.deque[tuple[Op, object]] = collections.deque()
 
     # asyncio.Protocol
@@ -321,6 +333,8 @@ class _Client(asyncio.BufferedProtocol):
         return self.proxy.scratch  # one loop thread: each read is consumed before the next starts
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._refused:  # read and drop what follows a refused request (see refuse)
+            return
         data = self.proxy.scratch[:nbytes]
         if self._buf or self._blocked:
             self._buf += data
@@ -346,7 +360,7 @@ class _Client(asyncio.BufferedProtocol):
         proxy = self.proxy
         try:
             while not self._blocked:
-                decoded = decode_request(buf, pos)
+                decoded = decode_request(buf, pos, proxy.dialect)
                 if decoded is None:
                     break
                 request, end = decoded
@@ -365,8 +379,8 @@ class _Client(asyncio.BufferedProtocol):
                 proxy.counters.received_by_op[request.op] += 1
                 pos = end
         except ProtocolError as exc:
-            logger.warning("store proxy: closing client %d: %s", self.id, exc)
-            self.abort()
+            self.refuse(str(exc))
+            return len(buf)
         return pos
 
     def _block(self, awaitable: asyncio.Future[object]) -> None:
@@ -416,6 +430,34 @@ class _Client(asyncio.BufferedProtocol):
                 data = item  # type: ignore[assignment]
             replies.popleft()
             self.write(data)
+        if self._refused:
+            self._end_after_replies()
+
+    def refuse(self, reason: str) -> None:
+        """Stop serving a client that sent what its root would not take, as the root would.
+
+        The stock server drops such a connection. The proxy does it cleanly: the replies it
+        already owes are sent, then a FIN (the client's next call fails at once with "connection
+        closed"), and its later bytes are read and dropped so that closing never sends a reset.
+        Other clients are not affected.
+        """
+        logger.warning("store proxy: closing client %d: %s", self.id, reason)
+        self._refused = True
+        self._buf.clear()
+        if self._blocked and self.transport is not None:
+            self.transport.resume_reading()
+        self._flush_replies()
+
+    def _end_after_replies(self) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._replies:
+            return
+        if transport.can_write_eof():
+            transport.write_eof()
+            # the client hangs up on the FIN; if it never does, do not keep it forever
+            asyncio.get_running_loop().call_later(_REFUSED_LINGER, self.abort)
+        else:
+            transport.close()
 
     def write(self, data: bytes) -> None:
         transport = self.transport
@@ -452,6 +494,7 @@ class AsyncStoreProxy:
         *,
         timeout: float = 300.0,
         wait_connections: int = DEFAULT_WAIT_CONNECTIONS,
+        dialect: Dialect = NEWEST,
     ) -> None:
         if wait_connections < 1:
             raise ValueError(f"wait_connections must be >= 1, got {wait_connections}")
@@ -459,6 +502,7 @@ class AsyncStoreProxy:
         self.upstream_text = _format_address(upstream_host, upstream_port)
         self.timeout = float(timeout)
         self.wait_connections = wait_connections
+        self.dialect = dialect
         self.counters = _Counters()
         self.upstream_open: set[_Upstream] = set()
         self._server: asyncio.AbstractServer | None = None
@@ -955,6 +999,7 @@ class StoreProxy:
         listen_port: int = 0,
         timeout: float = 300.0,
         wait_connections: int = DEFAULT_WAIT_CONNECTIONS,
+        dialect: Dialect = NEWEST,
     ) -> None:
         try:
             ipaddress.ip_address(listen_host)
@@ -962,7 +1007,7 @@ class StoreProxy:
             raise ValueError(f"listen_host must be a literal IP address, got {listen_host!r}") from None
         self._listen = (listen_host, int(listen_port))
         self._proxy = AsyncStoreProxy(upstream_host, upstream_port, timeout=timeout,
-                                      wait_connections=wait_connections)
+                                      wait_connections=wait_connections, dialect=dialect)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._port: int | None = None
@@ -1081,13 +1126,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen-port", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to keep retrying the root")
     parser.add_argument("--wait-connections", type=int, default=DEFAULT_WAIT_CONNECTIONS)
+    parser.add_argument("--dialect", choices=("newest", "torch"), default="newest",
+                        help="store protocol to speak: the newest, or the installed torch's (probed)")
     args = parser.parse_args(argv)
     host, sep, port = args.upstream.rpartition(":")
     if not sep or not port.isdigit():
         parser.error(f"upstream: expected HOST:PORT, got {args.upstream!r}")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    dialect = NEWEST
+    if args.dialect == "torch":
+        from npu_job.launcher.torchcompat import store_dialect
+
+        dialect = store_dialect()
     with StoreProxy(host.strip("[]"), int(port), listen_host=args.listen_host, listen_port=args.listen_port,
-                    timeout=args.timeout, wait_connections=args.wait_connections) as proxy:
+                    timeout=args.timeout, wait_connections=args.wait_connections,
+                    dialect=dialect) as proxy:
         print(json.dumps({"version": 1, "port": proxy.port}), flush=True)
         for line in sys.stdin:
             command = line.strip()

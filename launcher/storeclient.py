@@ -3,7 +3,8 @@
 torch's own client is the real thing and the tests use it wherever they can. This one exists
 for what it cannot do: pipeline several requests or send them from many simulated ranks in one
 process without a thread (and a GIL-holding C++ call) per rank, and hand-craft bytes. It speaks
-exactly :mod:`npu_job.launcher.protocol`, connecting as torch does (VALIDATE, then PING).
+exactly :mod:`npu_job.launcher.protocol` in a given dialect (default the newest), connecting as
+that torch's client does (VALIDATE, then PING, where the dialect has them).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import random
 import socket
 
 from npu_job.launcher.protocol import (
+    NEWEST,
     NO_REPLY_OPS,
     VALIDATION_MAGIC,
+    Dialect,
     Op,
     ProtocolError,
     ReplyValue,
@@ -48,17 +51,20 @@ class _ReplyBuffer:
 class RawStoreClient:
     """Blocking client: ``send`` requests (pipelining allowed), ``receive`` replies in order."""
 
-    def __init__(self, host: str, port: int, timeout: float = 30.0) -> None:
+    def __init__(self, host: str, port: int, timeout: float = 30.0, dialect: Dialect = NEWEST) -> None:
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.dialect = dialect
         self._replies = _ReplyBuffer()
-        self.send(Request(Op.VALIDATE, number=VALIDATION_MAGIC))
-        nonce = random.getrandbits(32)
-        if self.call(Request(Op.PING, number=nonce)) != nonce:
-            raise ProtocolError("PING was not echoed")
+        if dialect.validates:
+            self.send(Request(Op.VALIDATE, number=VALIDATION_MAGIC))
+        if Op.PING in dialect:
+            nonce = random.getrandbits(32)
+            if self.call(Request(Op.PING, number=nonce)) != nonce:
+                raise ProtocolError("PING was not echoed")
 
     def send(self, *requests: Request) -> None:
-        self.sock.sendall(b"".join(encode_request(r) for r in requests))
+        self.sock.sendall(b"".join(encode_request(r, self.dialect) for r in requests))
 
     def receive(self, request: Request) -> ReplyValue:
         if request.op in NO_REPLY_OPS:
@@ -86,15 +92,17 @@ class RawStoreClient:
 class AsyncRawStoreClient:
     """asyncio client, one request at a time (like torch's client)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dialect: Dialect = NEWEST) -> None:
+        self.dialect = dialect
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._replies = _ReplyBuffer()
         self.requests_sent = 0
 
     @classmethod
-    async def connect(cls, host: str, port: int, retry_until: float = 0.0) -> AsyncRawStoreClient:
-        self = cls()
+    async def connect(cls, host: str, port: int, retry_until: float = 0.0,
+                      dialect: Dialect = NEWEST) -> AsyncRawStoreClient:
+        self = cls(dialect)
         loop = asyncio.get_running_loop()
         delay = 0.01
         while True:
@@ -106,13 +114,15 @@ class AsyncRawStoreClient:
                     raise
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
                 delay = min(delay * 2, 1.0)
-        await self.call(Request(Op.VALIDATE, number=VALIDATION_MAGIC))
-        await self.call(Request(Op.PING, number=1))
+        if dialect.validates:
+            await self.call(Request(Op.VALIDATE, number=VALIDATION_MAGIC))
+        if Op.PING in dialect:
+            await self.call(Request(Op.PING, number=1))
         return self
 
     async def call(self, request: Request) -> ReplyValue:
         assert self._writer is not None and self._reader is not None
-        self._writer.write(encode_request(request))
+        self._writer.write(encode_request(request, self.dialect))
         self.requests_sent += 1
         if request.op in NO_REPLY_OPS:
             return None
