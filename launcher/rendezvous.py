@@ -31,29 +31,32 @@ address; ``npu-run`` turns them into one ``LaunchError`` line.
 from __future__ import annotations
 
 import datetime
+import errno
 import logging
+import os
 import random
 import socket
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Protocol, Sequence
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
-from torch.distributed import DistError, PrefixStore, Store, TCPStore
+from torch.distributed import PrefixStore, Store, TCPStore
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousHandler,
-    RendezvousInfo,
     RendezvousParameters,
     RendezvousStateError,
-    RendezvousStoreInfo,
     RendezvousTimeoutError,
 )
 from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from npu_job.errors import LaunchError
+
+from . import torchcompat
+from .torchcompat import StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +123,8 @@ ROOT_LISTEN_BACKLOG = 16384  # the kernel caps it at net.core.somaxconn
 def ipv4_listen_fd(master_addr: str, port: int) -> Optional[int]:
     """A listening IPv4 socket (as an fd for ``TCPStore(master_listen_fd=...)``), or None.
 
+    ``port`` 0 picks a free port.
+
     The stock store server reverse-resolves every accepted peer. On its default dual-stack
     listener an IPv4 peer shows up as ``::ffff:a.b.c.d``, which /etc/hosts never answers, so each
     accept costs a DNS query (seconds with a slow resolver, DESIGN §6). When the master address is
@@ -141,6 +146,27 @@ def ipv4_listen_fd(master_addr: str, port: int) -> Optional[int]:
         sock.close()
         raise
     return sock.detach()
+
+
+def host_store(host: str, port: int, timeout: float) -> TCPStore:
+    """A stock ``TCPStore`` server on ``port`` (0: a free one), IPv4-only for an IPv4 ``host``."""
+    listen_fd = ipv4_listen_fd(host, port)
+    if listen_fd is not None and port == 0:  # torch wants the port the fd is bound to
+        with socket.socket(fileno=os.dup(listen_fd)) as bound:
+            port = int(bound.getsockname()[1])
+    return torchcompat.host_tcpstore(host, port, timeout, listen_fd)
+
+
+def _port_in_use(error: BaseException) -> bool:
+    """``error`` says the port is taken (a reason to retry while a finishing run lets go)."""
+    if isinstance(error, OSError):
+        return error.errno == errno.EADDRINUSE
+    text = str(error).lower()
+    return "eaddrinuse" in text or "address already in use" in text
+
+
+class _HostingFailed(Exception):
+    """Hosting the root failed for a reason that retrying will not change."""
 
 
 def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
@@ -217,6 +243,9 @@ class _Keys:
     def round(self, number: int) -> str:
         return f"{self.base}/round{number}"
 
+    def worker_store(self, number: int) -> str:
+        return f"{self.round(number)}/worker_store_port"
+
     def node(self, number: int, node_rank: int) -> str:
         return f"{self.round(number)}/node/{node_rank}"
 
@@ -262,7 +291,8 @@ ProxyFactory = Callable[[str, int, float], NodeStoreProxy]
 def _start_store_proxy(upstream_host: str, upstream_port: int, timeout: float) -> NodeStoreProxy:
     from npu_job.launcher.proxy import StoreProxy  # the store engineer's module; imported when used
 
-    return StoreProxy(upstream_host, upstream_port, listen_host=LOOPBACK, listen_port=0, timeout=timeout)
+    return StoreProxy(upstream_host, upstream_port, listen_host=LOOPBACK, listen_port=0, timeout=timeout,
+                      dialect=torchcompat.store_dialect())
 
 
 class ParallelRendezvousHandler(RendezvousHandler):
@@ -275,6 +305,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
         self._store: Optional[TCPStore] = None
         self._proxy: Optional[NodeStoreProxy] = None
         self._proxy_port = 0
+        self._proxy_upstream: Optional[Tuple[str, int]] = None
+        self._worker_stores: Dict[int, TCPStore] = {}  # node rank 0, torch without list_keys
+        self._started = False
         self._rounds_done = 0
         self._next_watch = 0.0
         self._root_lost = False
@@ -283,6 +316,11 @@ class ParallelRendezvousHandler(RendezvousHandler):
     # -- RendezvousHandler -------------------------------------------------------------------
 
     def get_backend(self) -> str:
+        # torch < 2.4 gives workers the agent store (TORCHELASTIC_USE_AGENT_STORE) only for a
+        # backend named "static"; its registry checks the name just after creating us, so the
+        # other name is reported once the agent runs (see torchcompat).
+        if self._started and not torchcompat.HAS_USE_AGENT_STORE:
+            return "static"
         return BACKEND
 
     @property
@@ -300,7 +338,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
         """This node's store proxy (tiered mode, after the first round), else None."""
         return self._proxy
 
-    def next_rendezvous(self) -> RendezvousInfo:
+    def next_rendezvous(self) -> Any:
+        """Join the next round; ``RendezvousInfo`` (or torch < 2.4's tuple, see torchcompat)."""
+        self._started = True
         settings = self._settings
         number = self._rounds_done
         store = self._connect_to_open_run() if number == 0 and settings.node_rank != 0 else self._connect()
@@ -322,20 +362,22 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 settings.node_rank, number, settings.run_id, settings.nnodes, settings.root,
             )
             self._await_round(store, number)
-            if number > 0:
-                self._clear_previous_workers(store, number)
-        bootstrap = self._bootstrap_store_info()
+            if torchcompat.HAS_LIST_KEYS:
+                if number > 0:
+                    self._clear_previous_workers(store, number)
+                workers_store = (settings.master_addr, settings.master_port)
+            else:
+                workers_store = self._fresh_worker_store(store, number)
+        address, port = self._bootstrap_store_info(workers_store)
         self._rounds_done = number + 1
         logger.info(
             "round %d complete: node rank %d of %d; workers use the store at %s:%d%s",
-            number, settings.node_rank, settings.nnodes, bootstrap.master_addr,
-            bootstrap.master_port, " (this node's proxy)" if settings.tiered else "",
+            number, settings.node_rank, settings.nnodes, address, port,
+            " (this node's proxy)" if settings.tiered else "",
         )
-        return RendezvousInfo(
-            PrefixStore(self._keys.agent_prefix(number), store),
-            settings.node_rank,
-            settings.nnodes,
-            bootstrap,
+        return torchcompat.rendezvous_result(
+            PrefixStore(self._keys.agent_prefix(number), store), settings.node_rank, settings.nnodes,
+            address, port,
         )
 
     def _check_node_order(self, store: Store) -> None:
@@ -358,12 +400,15 @@ class ParallelRendezvousHandler(RendezvousHandler):
         if self._store is None:
             return False
         with self._root_errors("reading the closed flag"):
-            return bool(self._store.check([self._keys.closed]))
+            return torchcompat.key_exists(self._store, self._keys.closed)
 
     def set_closed(self) -> None:
         store = self._connect()
         with self._root_errors("closing the rendezvous"):
             store.set(self._keys.closed, str(self._settings.node_rank))
+            # SET has no reply: one round trip on the same connection makes sure the root has
+            # applied it before we return (another agent may look at once).
+            torchcompat.key_exists(store, self._keys.closed)
 
     def num_nodes_waiting(self) -> int:
         """Nodes already in the next round (they restarted their workers); throttled."""
@@ -372,7 +417,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
         self._next_watch = time.monotonic() + self._settings.watch_interval
         joined = self._keys.joined(self._rounds_done)
         with self._root_errors("watching for restarting nodes"):
-            if not self._store.check([joined]):
+            if not torchcompat.key_exists(self._store, joined):
                 return 0
             return int(self._store.add(joined, 0))
 
@@ -394,7 +439,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
             if self._settings.node_rank == 0 and self._round_entered is not None:
                 self._linger_for_departures(store, self._round_entered)
             return True
-        except DistError as error:
+        except StoreError as error:
             logger.warning("could not sign off at the root store %s: %s", self._settings.root, error)
             return False
         finally:
@@ -410,6 +455,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 proxy.stop()
             except Exception as error:  # closing must go on whatever the proxy says
                 logger.warning("stopping the store proxy failed: %s", error)
+        self._worker_stores.clear()
         self._store = None
         _OPEN_HANDLERS.discard(self)
 
@@ -436,22 +482,26 @@ class ParallelRendezvousHandler(RendezvousHandler):
         longer than that belongs to something else and is reported.
         """
         settings = self._settings
-        timeout = datetime.timedelta(seconds=settings.store_timeout)
         servers: List[TCPStore] = []
         errors: List[BaseException] = []
 
         def bound() -> bool:
             try:
-                listen_fd = ipv4_listen_fd(settings.master_addr, settings.master_port)
-                servers.append(TCPStore(settings.master_addr, settings.master_port, None, True, timeout,
-                                        wait_for_workers=False, multi_tenant=True,
-                                        master_listen_fd=listen_fd))
+                servers.append(host_store(settings.master_addr, settings.master_port, settings.store_timeout))
                 return True
-            except (DistError, RuntimeError, OSError) as error:
+            except (StoreError, RuntimeError, OSError) as error:
+                if not _port_in_use(error):
+                    raise _HostingFailed(error) from None
                 errors[:] = [error]
                 return False
 
-        if not poll_until(bound, settings.close_timeout + BIND_GRACE, first=0.1, cap=1.0):
+        try:
+            hosted = poll_until(bound, settings.close_timeout + BIND_GRACE, first=0.1, cap=1.0)
+        except _HostingFailed as failed:
+            raise LaunchError(
+                f"node rank 0 cannot host the root store on {settings.root}: {failed.args[0]}"
+            ) from None
+        if not hosted:
             raise LaunchError(
                 f"node rank 0 cannot host the root store on port {settings.master_port}: {errors[-1]}",
                 tip="pick a free --master_port, or stop the process that holds it",
@@ -459,12 +509,38 @@ class ParallelRendezvousHandler(RendezvousHandler):
         logger.info("hosting the root store on %s", settings.root)
         return servers[0]
 
+    def _fresh_worker_store(self, store: Store, number: int) -> Tuple[str, int]:
+        """This round's workers' own store, hosted by node rank 0 (torch without ``list_keys``).
+
+        Without ``list_keys`` node rank 0 cannot find the keys the previous workers left in the
+        root, and a restarted gloo rank would read a dead peer's address. So each round's workers
+        get a new, empty store on a free port of node rank 0's host; the previous round's store
+        closes once every node has joined this round (their old workers are stopped by then).
+        """
+        settings = self._settings
+        key = self._keys.worker_store(number)
+        if settings.node_rank == 0:
+            server = host_store(settings.master_addr, 0, settings.store_timeout)
+            port = torchcompat.store_port(server)
+            for old in [n for n in self._worker_stores if n < number]:
+                del self._worker_stores[old]
+            self._worker_stores[number] = server
+            store.set(key, str(port))
+            logger.info("round %d: the workers' store is on %s:%d", number, settings.master_addr, port)
+            return settings.master_addr, port
+        if not poll_until(lambda: torchcompat.key_exists(store, key), settings.join_timeout):
+            raise RendezvousTimeoutError(
+                f"node rank 0 did not start the workers' store of round {number} within "
+                f"{settings.join_timeout:g}s (root store {settings.root})"
+            )
+        return settings.master_addr, int(store.get(key))
+
     def _open_client(self) -> TCPStore:
         settings = self._settings
         timeout = datetime.timedelta(seconds=settings.store_timeout)
         try:
             return TCPStore(settings.master_addr, settings.master_port, None, False, timeout)
-        except (DistError, RuntimeError) as error:
+        except (StoreError, RuntimeError) as error:
             raise RendezvousConnectionError(
                 f"node rank {settings.node_rank} cannot connect to the root store {settings.root}: {error}"
             ) from None
@@ -482,8 +558,8 @@ class ParallelRendezvousHandler(RendezvousHandler):
         while True:
             store = self._connect()
             try:
-                closed = bool(store.check([self._keys.closed]))
-            except DistError:
+                closed = torchcompat.key_exists(store, self._keys.closed)
+            except StoreError:
                 closed = True  # that root went away while we connected: also not ours
             if not closed:
                 return store
@@ -527,7 +603,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
             )
 
     def _raise_if_closed(self, store: Store) -> None:
-        if store.check([self._keys.closed]):
+        if torchcompat.key_exists(store, self._keys.closed):
             closer = store.get(self._keys.closed).decode(errors="replace")
             raise RendezvousClosedError(
                 f"the rendezvous {self._settings.run_id!r} was closed by node rank {closer} "
@@ -542,7 +618,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
         and the running agents see it waiting and restart their workers around it.
         """
         number = 0
-        while store.check([self._keys.complete(number)]):
+        while torchcompat.key_exists(store, self._keys.complete(number)):
             number += 1
         if number > 0:
             logger.info("node rank %d rejoins a running job at round %d", self._settings.node_rank, number)
@@ -551,7 +627,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
     def _missing_nodes(self, store: Store, number: int) -> List[int]:
         return [
             rank for rank in range(self._settings.nnodes)
-            if not store.check([self._keys.node(number, rank)])
+            if not torchcompat.key_exists(store, self._keys.node(number, rank))
         ]
 
     def _await_round(self, store: Store, number: int) -> None:
@@ -567,7 +643,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
 
         closed_check = _Every(1.0, lambda: self._raise_if_closed(store))
         progress_line = _Every(PROGRESS_INTERVAL, progress)
-        if not poll_until(lambda: bool(store.check([complete])), settings.join_timeout,
+        if not poll_until(lambda: torchcompat.key_exists(store, complete), settings.join_timeout,
                           tick=lambda: (closed_check(), progress_line())):
             missing = self._missing_nodes(store, number)
             raise RendezvousTimeoutError(
@@ -585,7 +661,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
         """
         ready = self._keys.ready(number)
         if self._settings.node_rank != 0:
-            if not poll_until(lambda: bool(store.check([ready])), self._settings.join_timeout):
+            if not poll_until(lambda: torchcompat.key_exists(store, ready), self._settings.join_timeout):
                 raise RendezvousTimeoutError(
                     f"node rank 0 did not clear the root store {self._settings.root} for round "
                     f"{number} within {self._settings.join_timeout:g}s"
@@ -597,23 +673,29 @@ class ParallelRendezvousHandler(RendezvousHandler):
         logger.info("round %d: cleared %d key(s) left by the previous workers", number, len(stale))
         store.set(ready, "1")
 
-    def _bootstrap_store_info(self) -> RendezvousStoreInfo:
+    def _bootstrap_store_info(self, workers_store: Tuple[str, int]) -> Tuple[str, int]:
+        """Where this node's workers find their store: it, or this node's proxy to it."""
         settings = self._settings
         if not settings.tiered:
-            return RendezvousStoreInfo(settings.master_addr, settings.master_port)
+            return workers_store
+        if self._proxy is not None and self._proxy_upstream != workers_store:
+            proxy, self._proxy = self._proxy, None  # a new round's store (torch without list_keys)
+            proxy.stop()
         if self._proxy is None:
-            upstream = literal_ip(settings.master_addr, settings.master_port)
-            proxy = self._proxy_factory(upstream, settings.master_port, settings.store_timeout)
+            host, port = workers_store
+            upstream = literal_ip(host, port)
+            proxy = self._proxy_factory(upstream, port, settings.store_timeout)
             try:
                 self._proxy_port = int(proxy.start())
             except Exception as error:
                 raise LaunchError(f"node rank {settings.node_rank} cannot start its store proxy: {error}") from None
             self._proxy = proxy
+            self._proxy_upstream = workers_store
             logger.debug(
-                "store proxy for this node's workers on %s:%d -> root %s:%d",
-                LOOPBACK, self._proxy_port, upstream, settings.master_port,
+                "store proxy for this node's workers on %s:%d -> %s:%d",
+                LOOPBACK, self._proxy_port, upstream, port,
             )
-        return RendezvousStoreInfo(LOOPBACK, self._proxy_port)
+        return LOOPBACK, self._proxy_port
 
     def _linger_for_departures(self, store: Store, number: int) -> None:
         """Keep the root up until the agents of our last round signed off (``close_timeout``).
@@ -680,7 +762,7 @@ class _RootErrors:
         return None
 
     def __exit__(self, kind, error, traceback) -> bool:
-        if error is not None and isinstance(error, DistError):
+        if error is not None and isinstance(error, StoreError):
             self._handler._root_lost = True
             settings = self._handler.settings
             raise RendezvousConnectionError(
@@ -709,10 +791,16 @@ def close_all() -> None:
 
 
 def register() -> None:
-    """Register ``parallel`` with torch elastic (idempotent)."""
-    rendezvous_handler_registry.register(BACKEND, create_handler)
+    """Register ``parallel`` with torch elastic (idempotent).
+
+    The factory is the entry point's (:mod:`.torchrun_plugin`), so registering again after torch
+    loaded the entry point is a no-op rather than a clash of two factories.
+    """
+    from .torchrun_plugin import create_handler as entry_point_factory
+
+    try:
+        rendezvous_handler_registry.register(BACKEND, entry_point_factory)
+    except ValueError:  # another factory holds the name: an older npu-job's entry point
+        logger.debug("the %r rendezvous backend was already registered", BACKEND)
 
 
-def torchrun_handler() -> Callable[[RendezvousParameters], RendezvousHandler]:
-    """Entry point for torch's ``torchrun.handlers`` group (lets plain torchrun use ``parallel``)."""
-    return create_handler

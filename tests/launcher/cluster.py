@@ -118,6 +118,12 @@ def connections_to(port: int, pids: Iterable[int]) -> int:
     )
 
 
+def listening_ports(pid: int) -> Set[int]:
+    """Ports that process ``pid`` itself listens on."""
+    inodes = _socket_inodes(pid)
+    return {local for inode, local, _, state in _tcp_sockets() if state == LISTEN and inode in inodes}
+
+
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
     deadline = time.monotonic() + timeout
     while True:

@@ -16,7 +16,9 @@ from typing import Dict, List
 
 import pytest
 
-from .cluster import LocalCluster, connections_to, descendants, port_is_free, wait_for
+from npu_job.launcher import torchcompat
+
+from .cluster import LocalCluster, connections_to, descendants, listening_ports, port_is_free, wait_for
 
 NPROC = 2
 NNODES = 3
@@ -85,9 +87,13 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(cluster_factory, tmp_pa
             n.process.poll() is not None for n in cluster.nodes), 90, "all workers' records")
         assert records_written(out, NNODES * NPROC), cluster.logs()
 
-        # While every worker still holds its process group: who is connected to the root store?
+        # While every worker still holds its process group: who is connected to node rank 0's
+        # stores (the root, and on torch without list_keys this round's workers' store)?
+        proxy_ports = {int(r["MASTER_PORT"]) for r in read_records(out, NNODES * NPROC).values()} if tiered else set()
+        root_side = listening_ports(nodes[0].process.pid) - proxy_ports
+        assert cluster.master_port in root_side
         per_node = {
-            rank: connections_to(cluster.master_port, descendants(node.process.pid))
+            rank: sum(connections_to(port, descendants(node.process.pid)) for port in root_side)
             for rank, node in nodes.items()
         }
         release.write_text("go")
@@ -120,8 +126,12 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(cluster_factory, tmp_pa
         assert len(set(store_ports.values())) == NNODES
         assert all(count <= MAX_ROOT_CONNECTIONS_PER_NODE for count in per_node.values()), per_node
     else:  # torchrun's fan-in: the agent and every worker connect to the root
-        assert set(store_ports.values()) == {str(cluster.master_port)}
-        assert per_node == {rank: 1 + NPROC for rank in range(NNODES)}, per_node
+        assert len(set(store_ports.values())) == 1
+        if torchcompat.HAS_LIST_KEYS:  # else a store of the round's own, beside the root
+            assert set(store_ports.values()) == {str(cluster.master_port)}
+        # node rank 0's agent also holds a client of the round's workers' store it hosts
+        own_store = {0: 0 if torchcompat.HAS_LIST_KEYS else 1}
+        assert per_node == {rank: 1 + NPROC + own_store.get(rank, 0) for rank in range(NNODES)}, per_node
     if by_auto:
         log = cluster.logs()
         assert "node rank 2 (--node_rank=auto: from environment RANK_AFTER_ACC)" in log

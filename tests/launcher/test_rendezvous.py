@@ -19,7 +19,6 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
-    RendezvousInfo,
     RendezvousParameters,
     RendezvousStateError,
     RendezvousTimeoutError,
@@ -27,10 +26,11 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from npu_job.errors import LaunchError
-from npu_job.launcher import rendezvous
+from npu_job.launcher import rendezvous, torchcompat
 from npu_job.launcher.rendezvous import ParallelRendezvousHandler, ParallelSettings
 
 from .cluster import free_port, port_is_free
+from .torch_features import joined
 
 
 def make_handlers(nnodes: int, ranks: Sequence[int], **overrides) -> Dict[int, ParallelRendezvousHandler]:
@@ -70,32 +70,36 @@ def test_round_keeps_node_ranks_and_points_workers_at_the_root(closing):
     handlers = make_handlers(3, [2, 1, 0])
     closing(handlers.values())
     infos = join_all([handlers[2], handlers[1], handlers[0]])  # the root host arrives last
-    for node_rank, info in zip([2, 1, 0], infos):
-        assert isinstance(info, RendezvousInfo), info
-        assert (info.rank, info.world_size) == (node_rank, 3)
-        assert info.bootstrap_store_info.master_addr == "127.0.0.1"
-        assert info.bootstrap_store_info.master_port == handlers[0].settings.master_port
-    infos[0].store.set("from-node-2", "hello")  # the agents share one (prefixed) store
-    assert infos[2].store.get("from-node-2") == b"hello"
+    nodes = [joined(info) for info in infos]
+    workers_ports = {node.master_port for node in nodes}
+    for node_rank, node in zip([2, 1, 0], nodes):
+        assert (node.rank, node.world_size) == (node_rank, 3)
+        assert node.master_addr == "127.0.0.1"
+    assert len(workers_ports) == 1  # one store for every node's workers
+    if torchcompat.HAS_LIST_KEYS:  # the root itself; else a fresh store per round (torchcompat)
+        assert workers_ports == {handlers[0].settings.master_port}
+    nodes[0].store.set("from-node-2", "hello")  # the agents share one (prefixed) store
+    assert nodes[2].store.get("from-node-2") == b"hello"
     assert all(h.use_agent_store for h in handlers.values())
 
 
 def test_tiered_round_hands_workers_this_nodes_proxy(closing):
     handlers = make_handlers(2, [0, 1], tiered=True)
     closing(handlers.values())
-    infos = join_all([handlers[0], handlers[1]])
+    nodes = [joined(info) for info in join_all([handlers[0], handlers[1]])]
     root_port = handlers[0].settings.master_port
-    proxy_ports = {info.bootstrap_store_info.master_port for info in infos}
-    assert {info.bootstrap_store_info.master_addr for info in infos} == {"127.0.0.1"}
+    proxy_ports = {node.master_port for node in nodes}
+    assert {node.master_addr for node in nodes} == {"127.0.0.1"}
     assert len(proxy_ports) == 2 and root_port not in proxy_ports
     timeout = datetime.timedelta(seconds=5)
-    via_proxy = TCPStore("127.0.0.1", infos[1].bootstrap_store_info.master_port, None, False, timeout)
+    via_proxy = TCPStore("127.0.0.1", nodes[1].master_port, None, False, timeout)
     via_proxy.set("worker-key", "through the proxy")
-    direct = TCPStore("127.0.0.1", root_port, None, False, timeout)
+    upstream_port = root_port if torchcompat.HAS_LIST_KEYS else handlers[0]._proxy_upstream[1]
+    direct = TCPStore("127.0.0.1", upstream_port, None, False, timeout)
     assert direct.get("worker-key") == b"through the proxy"
     del via_proxy
     handlers[1].close()
-    assert port_is_free(infos[1].bootstrap_store_info.master_port)
+    assert port_is_free(nodes[1].master_port)
 
 
 def test_missing_node_times_out_naming_it(closing):
@@ -127,10 +131,11 @@ def test_two_nodes_with_the_same_rank_are_refused(closing):
 def test_restarting_node_pulls_the_others_into_a_clean_round_with_the_same_ranks(closing):
     handlers = make_handlers(2, [0, 1])
     closing(handlers.values())
-    first = join_all([handlers[0], handlers[1]])
+    first = [joined(info) for info in join_all([handlers[0], handlers[1]])]
     first[0].store.set("agent-state", "kept")
-    root = handlers[0]._connect()
-    root.set("default_pg/0//cpu/rank_1", "address of a dead worker")  # what workers leave behind
+    timeout = datetime.timedelta(seconds=5)
+    old_workers = TCPStore("127.0.0.1", first[1].master_port, None, False, timeout)
+    old_workers.set("default_pg/0//cpu/rank_1", "address of a dead worker")  # what workers leave
     assert handlers[0].num_nodes_waiting() == 0
 
     restarting = ThreadPoolExecutor(1)
@@ -139,11 +144,16 @@ def test_restarting_node_pulls_the_others_into_a_clean_round_with_the_same_ranks
     while handlers[0].num_nodes_waiting() == 0:
         assert time.monotonic() < deadline, "node 0 never saw node 1 waiting"
         time.sleep(0.02)
-    second0 = handlers[0].next_rendezvous()
-    second1 = node1_round1.result(timeout=10)
+    second0 = joined(handlers[0].next_rendezvous())
+    second1 = joined(node1_round1.result(timeout=10))
     restarting.shutdown()
     assert (second0.rank, second1.rank) == (0, 1)
-    assert root.list_keys() and not any(key.startswith("default_pg/") for key in root.list_keys())
+    new_workers = TCPStore("127.0.0.1", second1.master_port, None, False, timeout)
+    assert not torchcompat.key_exists(new_workers, "default_pg/0//cpu/rank_1")  # the new workers see no stale key
+    if torchcompat.HAS_LIST_KEYS:  # cleared from the root; else a new store (see torchcompat)
+        assert not any(key.startswith("default_pg/") for key in new_workers.list_keys())
+    else:
+        assert second1.master_port != first[1].master_port
     assert first[1].store.get("agent-state") == b"kept"  # round 0's agent keys are untouched
     assert handlers[0].num_nodes_waiting() == 0
 
@@ -163,7 +173,7 @@ def test_replaced_node_rejoins_a_running_job_in_the_next_round(closing):
             assert time.monotonic() < deadline, "node 0 never saw the replacement waiting"
             time.sleep(0.02)
         again = handlers[0].next_rendezvous()
-        assert (again.rank, rejoined.result(timeout=10).rank) == (0, 1)
+        assert (joined(again).rank, joined(rejoined.result(timeout=10)).rank) == (0, 1)
 
 
 def test_fresh_agent_waits_out_a_finished_runs_root_and_joins_the_new_one(closing):
@@ -176,16 +186,16 @@ def test_fresh_agent_waits_out_a_finished_runs_root_and_joins_the_new_one(closin
     closing([fresh])
 
     with ThreadPoolExecutor(1) as pool:
-        joined = pool.submit(fresh.next_rendezvous)
+        joining = pool.submit(fresh.next_rendezvous)
         time.sleep(1.0)
-        assert not joined.done(), "the fresh agent joined a finished run"
+        assert not joining.done(), "the fresh agent joined a finished run"
         old[0].close()  # the old node rank 0 agent exits ...
         del old_infos
         gc.collect()
         new_root = ParallelRendezvousHandler(old[0].settings)  # ... and its pod starts a new one
         closing([new_root])
-        assert new_root.next_rendezvous().rank == 0
-        assert joined.result(timeout=10).rank == 1
+        assert joined(new_root.next_rendezvous()).rank == 0
+        assert joined(joining.result(timeout=10)).rank == 1
 
 
 def test_root_port_held_by_something_else_is_a_launch_error(closing):
@@ -237,7 +247,7 @@ def test_root_host_keeps_the_root_until_the_other_agents_signed_off(closing):
 def test_nodes_that_follow_one_node_order_join(closing):
     handlers = make_handlers(3, [0, 1, 2], node_order="planned order ab12")
     closing(handlers.values())
-    assert all(isinstance(info, RendezvousInfo) for info in join_all(list(handlers.values())))
+    assert all(joined(info).world_size == 3 for info in join_all(list(handlers.values())))
 
 
 def test_a_node_that_follows_another_node_order_is_refused_naming_both(closing):
@@ -304,7 +314,6 @@ def test_backend_is_registered_with_torch_elastic():
     rendezvous.register()  # idempotent
     handler = get_rendezvous_handler(params(endpoint="127.0.0.1:29500"))
     assert isinstance(handler, ParallelRendezvousHandler) and handler.get_backend() == "parallel"
-    assert rendezvous.torchrun_handler() is rendezvous.create_handler
     rendezvous.close_all()
 
 
@@ -328,7 +337,62 @@ def test_root_listens_on_ipv4_so_accepts_need_no_dns(closing, master_addr):
         join_timeout=10.0, close_timeout=1.0, store_timeout=10.0, watch_interval=0.01,
     ))
     closing([handler])
-    info = handler.next_rendezvous()
-    assert info.rank == 0
+    assert joined(handler.next_rendezvous()).rank == 0
     assert port in _listening_ports("/proc/net/tcp")
     assert port not in _listening_ports("/proc/net/tcp6")
+
+
+class _RefusingTCPStore:
+    """Stands in for torch's ``TCPStore`` where a real release refuses to host (torch 2.4-2.7's
+    libuv server refuses a listen fd; the matrix runs those releases for real): the server
+    constructor raises torch's error text, clients are real."""
+
+    calls = 0
+    ports: List[int] = []
+
+    def __new__(cls, host, port, world_size=None, is_master=False, *args, **kwargs):
+        if not is_master:
+            return TCPStore(host, port, world_size, is_master, *args, **kwargs)
+        cls.calls += 1
+        cls.ports.append(port)
+        if kwargs.get("use_libuv", True) and kwargs.get("master_listen_fd") is not None:
+            raise RuntimeError(cls.message)
+        return TCPStore(host, port, world_size, is_master, *args, **kwargs)
+
+
+def test_a_root_that_torch_refuses_to_host_reports_torchs_error_once_and_frees_the_port(
+        closing, monkeypatch):
+    refusing = type("Refusing", (_RefusingTCPStore,), {"calls": 0, "ports": [], "message": "a bug of torch's own"})
+    monkeypatch.setattr(torchcompat, "TCPStore", refusing)
+    monkeypatch.setattr(torchcompat, "_accepts", lambda parameter: False)  # no classic server to fall back on
+    handlers = make_handlers(1, [0], close_timeout=5.0)
+    closing(handlers.values())
+    with pytest.raises(LaunchError, match="a bug of torch's own") as raised:
+        handlers[0].next_rendezvous()
+    assert "Address already in use" not in str(raised.value)
+    assert refusing.calls == 1  # not retried: only a busy port is worth waiting for
+    assert port_is_free(handlers[0].settings.master_port)  # our listening socket was closed
+
+
+def test_a_libuv_server_that_takes_no_listen_fd_hosts_the_classic_server(closing, monkeypatch):
+    refusing = type("Refusing", (_RefusingTCPStore,), {
+        "calls": 0, "ports": [],
+        "message": "The libuv TCPStore backend does not support initialization with an listen fd"})
+    monkeypatch.setattr(torchcompat, "TCPStore", refusing)
+    handlers = make_handlers(1, [0])
+    closing(handlers.values())
+    assert joined(handlers[0].next_rendezvous()).rank == 0
+    root_port = handlers[0].settings.master_port
+    assert refusing.ports[:2] == [root_port, root_port]  # refused once, then the classic server
+
+
+def test_importing_the_backend_first_registers_it_without_a_warning():
+    """torch's registry loads the ``torchrun.handlers`` entry point while the backend module is
+    being imported; the entry point must not re-enter it (that logged a traceback)."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", "import npu_job.launcher.rendezvous"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0
+    assert "Traceback" not in result.stderr and "Exception while registering" not in result.stderr, result.stderr

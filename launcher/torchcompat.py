@@ -1,0 +1,275 @@
+"""Every difference between the torch releases npu-run supports (2.1 through 2.14), in one place.
+
+The rest of the launcher asks this module instead of importing names that some supported release
+lacks. Each answer comes from a feature of the installed torch (an attribute, a parameter, the
+bytes its own store client sends), never from its version string, so a backport or a vendor build
+(torch_npu's images patch torch) is judged by what it does:
+
+==============================  =======  ===================================================
+feature                         since    what npu-run does without it
+==============================  =======  ===================================================
+``torch.distributed.DistError``  2.2      store failures are plain ``RuntimeError``
+``Store.check`` (Python)        2.2      :func:`key_exists` asks with COMPARE_SET
+VALIDATE opcode (store wire)    2.2      2.1 numbers SET as 0: the proxy speaks that dialect
+``RendezvousInfo`` and          2.4      the agent reads ``MASTER_ADDR``/``MASTER_PORT`` from
+``bootstrap_store_info``                 the rendezvous store: the handler answers those two
+                                         keys with this node's address (:class:`NodeStoreView`)
+``RendezvousHandler.            2.4      the agent gives workers the agent store only for a
+use_agent_store``                        backend named ``static``: the handler reports that
+                                         name once torch's registry has created it
+libuv server takes a listen fd  2.8      the root is hosted with ``use_libuv=False``
+PING opcode                     2.5      the proxy checks the root with GETNUMKEYS instead
+QUEUE_* opcodes                 2.8      the proxy refuses them like the root would
+``TCPStore.list_keys``          2.10     each round's workers get a fresh store (see
+                                         :mod:`.rendezvous`), so no stale key needs listing
+BARRIER opcode                  2.12     as QUEUE_*
+``torchrun.handlers`` entry     2.6?     plain ``torchrun --rdzv_backend=parallel`` needs it;
+points                                   npu-run registers the backend itself
+==============================  =======  ===================================================
+
+The store dialect is learned by watching the installed client talk to a socket of ours
+(:func:`store_dialect`): the root and the proxies run in the agents of one image, so what that
+client sends is what the root understands.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import inspect
+import logging
+import socket
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple, Type
+
+import torch.distributed as dist
+from torch.distributed import TCPStore
+from torch.distributed.elastic import rendezvous as elastic_rendezvous
+
+from .protocol import VALIDATION_MAGIC, Dialect, Op, make_dialect
+
+logger = logging.getLogger(__name__)
+
+#: What a failed store call raises on this torch (``DistError`` from 2.2, ``RuntimeError`` before).
+StoreError: Type[Exception] = getattr(dist, "DistError", RuntimeError)
+
+HAS_RENDEZVOUS_INFO = hasattr(elastic_rendezvous, "RendezvousInfo")
+HAS_USE_AGENT_STORE = hasattr(elastic_rendezvous.RendezvousHandler, "use_agent_store")
+HAS_LIST_KEYS = hasattr(TCPStore, "list_keys")
+HAS_QUEUES = hasattr(dist.Store, "queue_push")
+HAS_BARRIER = hasattr(dist.Store, "barrier")
+
+
+def has_entry_point_handlers() -> bool:
+    """torch's rendezvous registry loads ``torchrun.handlers`` entry points (plain torchrun)."""
+    from torch.distributed.elastic.rendezvous import registry
+
+    return "torchrun.handlers" in inspect.getsource(registry)
+
+
+# -- store calls -------------------------------------------------------------------------------
+
+_ABSENT = "\x00npu-run: no such key\x00"
+
+
+def key_exists(store: Any, key: str) -> bool:
+    """``store.check([key])``; torch 2.1's Python stores have no ``check``.
+
+    There, COMPARE_SET with the same unlikely value as expected and desired answers the key's
+    value when it exists and that value when it does not, and never creates or changes a key.
+    """
+    check = getattr(store, "check", None)
+    if check is not None:
+        return bool(check([key]))
+    return store.compare_set(key, _ABSENT, _ABSENT) != _ABSENT.encode()
+
+
+# -- the rendezvous result ---------------------------------------------------------------------
+
+MASTER_ADDR_KEY = "MASTER_ADDR"
+MASTER_PORT_KEY = "MASTER_PORT"
+
+
+class NodeStoreView:
+    """The rendezvous store as an agent of torch < 2.4 sees it: this node's workers' store address.
+
+    Those agents read ``MASTER_ADDR``/``MASTER_PORT`` from the rendezvous store (node rank 0 writes
+    its own guess there first) and hand them to the workers. This view answers those two keys with
+    the address this node chose (its proxy, or the root) and passes everything else through, so
+    each node's workers reach their own proxy as they do through ``bootstrap_store_info`` on
+    newer releases.
+    """
+
+    def __init__(self, store: Any, master_addr: str, master_port: int) -> None:
+        self._store = store
+        self._answers = {MASTER_ADDR_KEY: master_addr.encode(), MASTER_PORT_KEY: str(master_port).encode()}
+
+    def get(self, key: str) -> bytes:
+        answer = self._answers.get(key)
+        return answer if answer is not None else self._store.get(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def rendezvous_result(store: Any, rank: int, world_size: int, master_addr: str, master_port: int) -> Any:
+    """What ``next_rendezvous`` returns on this torch: ``RendezvousInfo`` or the older tuple."""
+    if HAS_RENDEZVOUS_INFO:
+        info = elastic_rendezvous.RendezvousInfo
+        store_info = elastic_rendezvous.RendezvousStoreInfo
+        return info(store, rank, world_size, store_info(master_addr, master_port))
+    return NodeStoreView(store, master_addr, master_port), rank, world_size
+
+
+# -- hosting the root store --------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _accepts(parameter: str) -> bool:
+    doc = dist.TCPStore.__init__.__doc__ or ""
+    return f"{parameter}:" in doc
+
+
+def host_tcpstore(host: str, port: int, timeout: float, listen_fd: Optional[int]) -> TCPStore:
+    """A stock ``TCPStore`` server (multi-tenant, no worker barrier) on ``port`` or ``listen_fd``.
+
+    The libuv server of torch 2.4-2.7 refuses a listen fd ("does not support initialization with
+    an listen fd"); there the classic server takes it. ``listen_fd`` is closed when hosting
+    fails, so a retry never meets our own socket.
+    """
+    delta = datetime.timedelta(seconds=timeout)
+    common = dict(wait_for_workers=False, multi_tenant=True)
+    if listen_fd is None:
+        return TCPStore(host, port, None, True, delta, **common)
+    try:
+        try:
+            return TCPStore(host, port, None, True, delta, master_listen_fd=listen_fd, **common)
+        except (StoreError, RuntimeError) as error:
+            if not _refuses_listen_fds(error) or not _accepts("use_libuv"):
+                raise
+            logger.debug("this torch's libuv store server takes no listen fd: hosting the classic one")
+            return TCPStore(host, port, None, True, delta, master_listen_fd=listen_fd,
+                            use_libuv=False, **common)
+    except BaseException:
+        _close_fd(listen_fd)
+        raise
+
+
+def _refuses_listen_fds(error: BaseException) -> bool:
+    # torch 2.4-2.7: "The libuv TCPStore backend does not support initialization with an listen fd"
+    text = str(error)
+    return "does not support" in text and "listen fd" in text
+
+
+def _close_fd(fd: int) -> None:
+    import os
+
+    try:
+        os.close(fd)
+    except OSError:  # torch took it over and closed it already
+        pass
+
+
+def store_port(store: TCPStore) -> int:
+    """The port a store listens on or connects to (``port=0`` servers pick one)."""
+    return int(store.port)
+
+
+# -- the store's wire dialect ------------------------------------------------------------------
+
+_PROBE_TIMEOUT = 10.0
+_PROBE_KEY = "npu_run_probe"
+_PROBE_ADD = 7
+
+
+@dataclass(frozen=True)
+class _Handshake:
+    validates: bool
+    pings: bool
+    add_byte: int
+
+
+def _serve_probe(listener: socket.socket, seen: list) -> None:
+    """Answer one client as a root would, recording what it sent before its first ADD."""
+    conn, _ = listener.accept()
+    with conn:
+        conn.settimeout(_PROBE_TIMEOUT)
+
+        def read(count: int) -> bytes:
+            data = b""
+            while len(data) < count:
+                chunk = conn.recv(count - len(data))
+                if not chunk:
+                    raise ConnectionError("the probing client hung up")
+                data += chunk
+            return data
+
+        validates = pings = False
+        first = read(1)[0]
+        if first == 0:  # VALIDATE (2.2+); 2.1 sends its ADD (byte 3) first
+            magic = struct.unpack("<I", read(4))[0]
+            if magic != VALIDATION_MAGIC:
+                raise ConnectionError(f"unexpected first request 0 with {magic:#x}")
+            validates = True
+            first = read(1)[0]
+            if first == Op.PING:
+                pings = True
+                conn.sendall(read(4))  # PING echoes its nonce
+                first = read(1)[0]
+        key_length = struct.unpack("<Q", read(8))[0]
+        read(key_length + 8)  # the key and the i64 delta
+        conn.sendall(struct.pack("<q", _PROBE_ADD))
+        seen.append(_Handshake(validates, pings, first))
+
+
+@functools.lru_cache(maxsize=None)
+def store_dialect() -> Dialect:
+    """The store protocol of the installed torch: watched on its own client, once per process."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(_PROBE_TIMEOUT)
+    seen: list = []
+    errors: list = []
+
+    def serve() -> None:
+        try:
+            _serve_probe(listener, seen)
+        except (OSError, ValueError, struct.error) as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=serve, name="npu-run-store-probe", daemon=True)
+    thread.start()
+    try:
+        client = TCPStore("127.0.0.1", listener.getsockname()[1], None, False,
+                          datetime.timedelta(seconds=_PROBE_TIMEOUT))
+        client.add(_PROBE_KEY, 1)
+        del client
+    finally:
+        thread.join(_PROBE_TIMEOUT)
+        listener.close()
+    if not seen:
+        raise RuntimeError(f"could not learn this torch's store protocol: {errors or 'no answer'}")
+    shake = seen[0]
+    shift = int(Op.ADD) - shake.add_byte
+    if shift not in (0, 1) or (shift == 1) == shake.validates:
+        raise RuntimeError(f"unknown store protocol: ADD is {shake.add_byte}, VALIDATE {shake.validates}")
+    dialect = make_dialect(validate=shake.validates, ping=shake.pings, queues=HAS_QUEUES,
+                           list_keys=HAS_LIST_KEYS, barrier=HAS_BARRIER)
+    logger.debug("store protocol of this torch: %s", dialect.name)
+    return dialect
+
+
+def describe() -> Tuple[Tuple[str, bool], ...]:
+    """The detected features, for ``npu-run --version``-like diagnostics and the test matrix."""
+    return (
+        ("DistError", StoreError is not RuntimeError),
+        ("RendezvousInfo", HAS_RENDEZVOUS_INFO),
+        ("use_agent_store", HAS_USE_AGENT_STORE),
+        ("list_keys", HAS_LIST_KEYS),
+        ("queues", HAS_QUEUES),
+        ("barrier", HAS_BARRIER),
+        ("torchrun.handlers", has_entry_point_handlers()),
+    )
