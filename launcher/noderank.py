@@ -104,19 +104,25 @@ SCHEDULER_ORDER = "scheduler order"
 
 
 def node_order(
-    env: Mapping[str, str], read_text: Callable[[str], Optional[str]] = read_text_if_exists
+    env: Mapping[str, str],
+    read_text: Callable[[str], Optional[str]] = read_text_if_exists,
+    node_rank: Optional[int] = None,
 ) -> Optional[str]:
-    """The node order the bootstrap left this pod in, as text every pod of the job can compare.
+    """The node order this pod's rank belongs to, as text every pod of the job can compare.
 
-    ``"planned order <mapping sha256>"`` when the bootstrap's ``route_plan.json`` says it planned;
-    :data:`SCHEDULER_ORDER` when it fell back or did not run (no route plan). None when the route
-    plan cannot be read or makes no sense: the check is a diagnosis and never stops a launch.
+    ``"planned order <mapping sha256>"`` when the bootstrap's ``route_plan.json`` says it planned
+    and the rank follows that plan; :data:`SCHEDULER_ORDER` when it fell back, or when the rank is
+    this pod's scheduler index instead of its planned rank. ``node_rank`` is the rank given on the
+    command line (None for ``--node_rank=auto``, which takes the bootstrap's rank itself). Without
+    a route plan, ``auto`` ranks are in scheduler order, and a given rank is not checked (None):
+    no bootstrap ran, so there is no order to hold it to. None too when the route plan cannot be
+    read or makes no sense: the check is a diagnosis and never stops a launch by itself.
     """
     path = os.path.join(env.get(OUTPUT_DIR_ENV) or DEFAULT_OUTPUT_DIR, ROUTE_PLAN_FILE)
     try:
         text = read_text(path)
         if text is None:
-            return SCHEDULER_ORDER
+            return SCHEDULER_ORDER if node_rank is None else None
         plan = json.loads(text)
     except (LaunchError, ValueError):
         return None
@@ -125,4 +131,12 @@ def node_order(
     if plan.get("status") != "success":
         return SCHEDULER_ORDER
     digest = plan.get("mapping_digest")
-    return f"planned order {digest}" if isinstance(digest, str) and digest else None
+    if not isinstance(digest, str) or not digest:
+        return None
+    planned = f"planned order {digest}"
+    if node_rank is None or node_rank == plan.get("node_rank"):
+        return planned
+    if node_rank == plan.get("pod_index"):
+        return SCHEDULER_ORDER
+    return (f"order of no plan (--node_rank={node_rank} is neither this pod's planned rank "
+            f"{plan.get('node_rank')} nor its pod index {plan.get('pod_index')})")

@@ -158,9 +158,10 @@ def prepare(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namesp
     tiered = parse_bool(args.enable_tiered_parallel_tcpstore, "--enable_tiered_parallel_tcpstore")
     args.enable_tiered_parallel_tcpstore = tiered
     auto = str(args.node_rank).strip().lower() == noderank.AUTO
-    # ranks from the bootstrap: the rendezvous checks that every node follows the same order
-    args.node_order = noderank.node_order(env) if auto else None
     args.node_rank = resolve_node_rank(args.node_rank, env)
+    # Wherever a bootstrap left a route plan, the rendezvous checks that every node follows the
+    # same order, whether the rank came from --node_rank=auto or from train.sh's number.
+    args.node_order = noderank.node_order(env, node_rank=None if auto else args.node_rank)
     _, max_nodes = parse_nnodes(args.nnodes)
     if args.max_restarts < 0:
         raise UsageError(f"--max_restarts: expected 0 or more, got {args.max_restarts}")
@@ -212,7 +213,7 @@ def launch_config(args: argparse.Namespace) -> Tuple[Any, Any, List[str]]:
     if args.rdzv_backend == "parallel":
         config.rdzv_configs["rank"] = args.node_rank
         config.rdzv_configs[rendezvous.TIERED_OPTION] = args.enable_tiered_parallel_tcpstore
-        if args.node_order:  # set by prepare() for --node_rank=auto
+        if args.node_order:  # set by prepare() where a bootstrap left a route plan
             config.rdzv_configs[rendezvous.NODE_ORDER_OPTION] = args.node_order
         rendezvous.settings_from_params(  # fail here, in one line, rather than inside the agent
             RendezvousParameters(

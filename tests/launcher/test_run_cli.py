@@ -87,15 +87,39 @@ def test_parallel_launch_config_carries_node_rank_and_tiering():
     assert command == sys.executable and command_args == ["-u", "train.py", "--x"]
 
 
+ROUTE_PLAN = {"status": "success", "mapping_digest": "ab12", "node_rank": 1, "pod_index": 3}
+PARALLEL_ARGV = ["--nnodes=4", "--nproc_per_node=1", "--rdzv_backend=parallel", "--master_addr=127.0.0.1",
+                 "train.py"]
+
+
+def node_order_of(node_rank_flag: str, env: dict) -> object:
+    config, _, _ = run.launch_config(run.prepare(parse([node_rank_flag, *PARALLEL_ARGV]), env))
+    return config.rdzv_configs.get("node_order")
+
+
 def test_auto_node_rank_hands_the_rendezvous_the_order_it_belongs_to(tmp_path):
     (tmp_path / "RANK_AFTER_ACC").write_text("1")
-    (tmp_path / "route_plan.json").write_text(json.dumps({"status": "success", "mapping_digest": "ab12"}))
-    argv = ["--nnodes=4", "--nproc_per_node=1", "--rdzv_backend=parallel", "--master_addr=127.0.0.1", "train.py"]
-    env = {"NPU_JOB_OUTPUT_DIR": str(tmp_path)}
-    config, _, _ = run.launch_config(run.prepare(parse(["--node_rank=auto", *argv]), env))
-    assert config.rdzv_configs["node_order"] == "planned order ab12"
-    config, _, _ = run.launch_config(run.prepare(parse(["--node_rank=1", *argv]), env))
-    assert "node_order" not in config.rdzv_configs  # ranks given by hand: nothing to compare
+    (tmp_path / "route_plan.json").write_text(json.dumps(ROUTE_PLAN))
+    assert node_order_of("--node_rank=auto", {"NPU_JOB_OUTPUT_DIR": str(tmp_path)}) == "planned order ab12"
+
+
+@pytest.mark.parametrize(
+    "node_rank, expected",
+    [
+        pytest.param(1, "planned order ab12", id="the-planned-rank"),
+        pytest.param(3, noderank.SCHEDULER_ORDER, id="the-pod-index"),
+        pytest.param(2, "order of no plan (--node_rank=2 is neither this pod's planned rank 1 nor its pod "
+                        "index 3)", id="neither"),
+    ],
+)
+def test_a_numeric_node_rank_is_held_to_the_bootstraps_order_too(tmp_path, node_rank, expected):
+    """train.sh passes the bootstrap's rank as a number: the check must not depend on 'auto'."""
+    (tmp_path / "route_plan.json").write_text(json.dumps(ROUTE_PLAN))
+    assert node_order_of(f"--node_rank={node_rank}", {"NPU_JOB_OUTPUT_DIR": str(tmp_path)}) == expected
+
+
+def test_a_numeric_node_rank_without_a_bootstrap_is_not_checked(tmp_path):
+    assert node_order_of("--node_rank=1", {"NPU_JOB_OUTPUT_DIR": str(tmp_path)}) is None
 
 
 @pytest.mark.parametrize(
