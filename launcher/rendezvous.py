@@ -39,7 +39,7 @@ import socket
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple
 
 from torch.distributed import PrefixStore, Store, TCPStore
 from torch.distributed.elastic.rendezvous import (
@@ -155,6 +155,17 @@ def host_store(host: str, port: int, timeout: float) -> TCPStore:
         with socket.socket(fileno=os.dup(listen_fd)) as bound:
             port = int(bound.getsockname()[1])
     return torchcompat.host_tcpstore(host, port, timeout, listen_fd)
+
+
+def free_port_near(master_addr: str) -> int:
+    """A port that is free now on every interface of this host, in ``master_addr``'s family."""
+    try:
+        family = socket.getaddrinfo(master_addr, 0, type=socket.SOCK_STREAM)[0][0]
+    except OSError:
+        family = socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+        return int(probe.getsockname()[1])
 
 
 def _port_in_use(error: BaseException) -> bool:
@@ -306,8 +317,6 @@ class ParallelRendezvousHandler(RendezvousHandler):
         self._proxy: Optional[NodeStoreProxy] = None
         self._proxy_port = 0
         self._proxy_upstream: Optional[Tuple[str, int]] = None
-        self._worker_stores: Dict[int, TCPStore] = {}  # node rank 0, torch without list_keys
-        self._started = False
         self._rounds_done = 0
         self._next_watch = 0.0
         self._root_lost = False
@@ -316,18 +325,15 @@ class ParallelRendezvousHandler(RendezvousHandler):
     # -- RendezvousHandler -------------------------------------------------------------------
 
     def get_backend(self) -> str:
-        # torch < 2.4 gives workers the agent store (TORCHELASTIC_USE_AGENT_STORE) only for a
-        # backend named "static"; its registry checks the name just after creating us, so the
-        # other name is reported once the agent runs (see torchcompat).
-        if self._started and not torchcompat.HAS_USE_AGENT_STORE:
-            return "static"
         return BACKEND
 
     @property
     def use_agent_store(self) -> bool:
-        # Workers' env:// then opens a TCPStore *client* to MASTER_ADDR:MASTER_PORT (the root or
-        # this node's proxy) instead of rank 0 trying to host a second server there.
-        return True
+        # True: workers' env:// opens a TCPStore *client* to MASTER_ADDR:MASTER_PORT (the root or
+        # this node's proxy). Without list_keys, global rank 0 hosts each round's workers' store
+        # itself, as torch's c10d backend does (see _workers_store). torch < 2.4 does not ask: it
+        # answers False for every backend but "static", which is what that mode needs.
+        return torchcompat.HAS_LIST_KEYS
 
     @property
     def settings(self) -> ParallelSettings:
@@ -340,9 +346,10 @@ class ParallelRendezvousHandler(RendezvousHandler):
 
     def next_rendezvous(self) -> Any:
         """Join the next round; ``RendezvousInfo`` (or torch < 2.4's tuple, see torchcompat)."""
-        self._started = True
         settings = self._settings
         number = self._rounds_done
+        if number > 0 and not torchcompat.HAS_LIST_KEYS:
+            self._stop_proxy()  # its upstream, the last round's workers' store, is gone
         store = self._connect_to_open_run() if number == 0 and settings.node_rank != 0 else self._connect()
         with self._root_errors(f"joining round {number}"):
             self._raise_if_closed(store)
@@ -367,7 +374,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
                     self._clear_previous_workers(store, number)
                 workers_store = (settings.master_addr, settings.master_port)
             else:
-                workers_store = self._fresh_worker_store(store, number)
+                workers_store = self._workers_store(store, number)
         address, port = self._bootstrap_store_info(workers_store)
         self._rounds_done = number + 1
         logger.info(
@@ -449,17 +456,19 @@ class ParallelRendezvousHandler(RendezvousHandler):
 
     def close(self) -> None:
         """Stop the proxy and drop the root store connection (or server, on node rank 0)."""
+        self._stop_proxy()
+        self._store = None
+        _OPEN_HANDLERS.discard(self)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _stop_proxy(self) -> None:
         proxy, self._proxy = self._proxy, None
         if proxy is not None:
             try:
                 proxy.stop()
             except Exception as error:  # closing must go on whatever the proxy says
                 logger.warning("stopping the store proxy failed: %s", error)
-        self._worker_stores.clear()
-        self._store = None
-        _OPEN_HANDLERS.discard(self)
-
-    # -- internals ---------------------------------------------------------------------------
 
     def _root_errors(self, doing: str) -> "_RootErrors":
         return _RootErrors(self, doing)
@@ -509,28 +518,27 @@ class ParallelRendezvousHandler(RendezvousHandler):
         logger.info("hosting the root store on %s", settings.root)
         return servers[0]
 
-    def _fresh_worker_store(self, store: Store, number: int) -> Tuple[str, int]:
-        """This round's workers' own store, hosted by node rank 0 (torch without ``list_keys``).
+    def _workers_store(self, store: Store, number: int) -> Tuple[str, int]:
+        """Where global rank 0 hosts this round's workers' store (torch without ``list_keys``).
 
         Without ``list_keys`` node rank 0 cannot find the keys the previous workers left in the
-        root, and a restarted gloo rank would read a dead peer's address. So each round's workers
-        get a new, empty store on a free port of node rank 0's host; the previous round's store
-        closes once every node has joined this round (their old workers are stopped by then).
+        root, and a restarted gloo rank would read a dead peer's address; torch before 2.6 also
+        prefixes an agent-store client with its node's restart count, which differs between a
+        node that failed and one pulled into the restart. So, as torch's own c10d backend does on
+        those releases, global rank 0 hosts a fresh store each round on a free port of node rank
+        0's host, which node rank 0's agent picks and publishes in the root.
         """
         settings = self._settings
         key = self._keys.worker_store(number)
         if settings.node_rank == 0:
-            server = host_store(settings.master_addr, 0, settings.store_timeout)
-            port = torchcompat.store_port(server)
-            for old in [n for n in self._worker_stores if n < number]:
-                del self._worker_stores[old]
-            self._worker_stores[number] = server
+            port = free_port_near(settings.master_addr)
             store.set(key, str(port))
-            logger.info("round %d: the workers' store is on %s:%d", number, settings.master_addr, port)
+            logger.info("round %d: global rank 0 hosts the workers' store on %s:%d",
+                        number, settings.master_addr, port)
             return settings.master_addr, port
         if not poll_until(lambda: torchcompat.key_exists(store, key), settings.join_timeout):
             raise RendezvousTimeoutError(
-                f"node rank 0 did not start the workers' store of round {number} within "
+                f"node rank 0 did not name the workers' store of round {number} within "
                 f"{settings.join_timeout:g}s (root store {settings.root})"
             )
         return settings.master_addr, int(store.get(key))
@@ -674,13 +682,15 @@ class ParallelRendezvousHandler(RendezvousHandler):
         store.set(ready, "1")
 
     def _bootstrap_store_info(self, workers_store: Tuple[str, int]) -> Tuple[str, int]:
-        """Where this node's workers find their store: it, or this node's proxy to it."""
+        """Where this node's workers find their store: it, or this node's proxy to it.
+
+        Where global rank 0 hosts the workers' store (see :meth:`_workers_store`), its node's
+        workers use it directly: rank 0 binds that port itself, and they are on its host.
+        """
         settings = self._settings
-        if not settings.tiered:
+        hosted_by_rank_0 = not torchcompat.HAS_LIST_KEYS
+        if not settings.tiered or (hosted_by_rank_0 and settings.node_rank == 0):
             return workers_store
-        if self._proxy is not None and self._proxy_upstream != workers_store:
-            proxy, self._proxy = self._proxy, None  # a new round's store (torch without list_keys)
-            proxy.stop()
         if self._proxy is None:
             host, port = workers_store
             upstream = literal_ip(host, port)

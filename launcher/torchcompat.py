@@ -14,17 +14,17 @@ VALIDATE opcode (store wire)    2.2      2.1 numbers SET as 0: the proxy speaks 
 ``RendezvousInfo`` and          2.4      the agent reads ``MASTER_ADDR``/``MASTER_PORT`` from
 ``bootstrap_store_info``                 the rendezvous store: the handler answers those two
                                          keys with this node's address (:class:`NodeStoreView`)
-``RendezvousHandler.            2.4      the agent gives workers the agent store only for a
-use_agent_store``                        backend named ``static``: the handler reports that
-                                         name once torch's registry has created it
 libuv server takes a listen fd  2.8      the root is hosted with ``use_libuv=False``
 PING opcode                     2.5      the proxy checks the root with GETNUMKEYS instead
 QUEUE_* opcodes                 2.8      the proxy refuses them like the root would
-``TCPStore.list_keys``          2.10     each round's workers get a fresh store (see
-                                         :mod:`.rendezvous`), so no stale key needs listing
+``TCPStore.list_keys``          2.10     global rank 0 hosts a fresh workers' store each round,
+                                         as torch's c10d backend does (no stale key to list, and
+                                         no agent-store prefix by restart count, which differs
+                                         between nodes before 2.6); workers get
+                                         ``TORCHELASTIC_USE_AGENT_STORE=False``
 BARRIER opcode                  2.12     as QUEUE_*
-``torchrun.handlers`` entry     2.6?     plain ``torchrun --rdzv_backend=parallel`` needs it;
-points                                   npu-run registers the backend itself
+``torchrun.handlers`` entry     after    plain ``torchrun --rdzv_backend=parallel`` needs it;
+points                          2.4      npu-run registers the backend itself
 ==============================  =======  ===================================================
 
 The store dialect is learned by watching the installed client talk to a socket of ours
@@ -42,7 +42,7 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple, Type
+from typing import Any, Optional, Sequence, Tuple, Type
 
 import torch.distributed as dist
 from torch.distributed import TCPStore
@@ -56,7 +56,6 @@ logger = logging.getLogger(__name__)
 StoreError: Type[Exception] = getattr(dist, "DistError", RuntimeError)
 
 HAS_RENDEZVOUS_INFO = hasattr(elastic_rendezvous, "RendezvousInfo")
-HAS_USE_AGENT_STORE = hasattr(elastic_rendezvous.RendezvousHandler, "use_agent_store")
 HAS_LIST_KEYS = hasattr(TCPStore, "list_keys")
 HAS_QUEUES = hasattr(dist.Store, "queue_push")
 HAS_BARRIER = hasattr(dist.Store, "barrier")
@@ -267,9 +266,33 @@ def describe() -> Tuple[Tuple[str, bool], ...]:
     return (
         ("DistError", StoreError is not RuntimeError),
         ("RendezvousInfo", HAS_RENDEZVOUS_INFO),
-        ("use_agent_store", HAS_USE_AGENT_STORE),
         ("list_keys", HAS_LIST_KEYS),
         ("queues", HAS_QUEUES),
         ("barrier", HAS_BARRIER),
         ("torchrun.handlers", has_entry_point_handlers()),
     )
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m npu_job.launcher.torchcompat [--json]``: what npu-run found in this torch."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m npu_job.launcher.torchcompat", description=main.__doc__)
+    parser.add_argument("--json", action="store_true", help="one JSON object (the version matrix reads it)")
+    args = parser.parse_args(argv)
+    import torch
+
+    features = [*describe(), ("PING", Op.PING in store_dialect()), ("VALIDATE", store_dialect().validates)]
+    if args.json:
+        print(json.dumps({"torch_version": torch.__version__, "features": features,
+                          "dialect": store_dialect().name}))
+    else:
+        print(f"torch {torch.__version__}; store protocol: {store_dialect().name}")
+        for name, present in features:
+            print(f"  {name:<18} {'yes' if present else 'no'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -18,7 +18,7 @@ import pytest
 
 from npu_job.launcher import torchcompat
 
-from .cluster import LocalCluster, connections_to, descendants, listening_ports, port_is_free, wait_for
+from .cluster import LocalCluster, connections_to, descendants, port_is_free, wait_for
 
 NPROC = 2
 NNODES = 3
@@ -88,10 +88,10 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(cluster_factory, tmp_pa
         assert records_written(out, NNODES * NPROC), cluster.logs()
 
         # While every worker still holds its process group: who is connected to node rank 0's
-        # stores (the root, and on torch without list_keys this round's workers' store)?
-        proxy_ports = {int(r["MASTER_PORT"]) for r in read_records(out, NNODES * NPROC).values()} if tiered else set()
-        root_side = listening_ports(nodes[0].process.pid) - proxy_ports
-        assert cluster.master_port in root_side
+        # stores (the root; on torch without list_keys also the store global rank 0 hosts)?
+        root_side = {cluster.master_port}
+        if not torchcompat.HAS_LIST_KEYS:
+            root_side.add(int(read_records(out, NNODES * NPROC)[0]["MASTER_PORT"]))
         per_node = {
             rank: sum(connections_to(port, descendants(node.process.pid)) for port in root_side)
             for rank, node in nodes.items()
@@ -114,7 +114,8 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(cluster_factory, tmp_pa
         assert record["TORCHELASTIC_RESTART_COUNT"] == "0"
         assert record["TORCHELASTIC_MAX_RESTARTS"] == "0"
         assert record["TORCHELASTIC_RUN_ID"] == "job-42"
-        assert record["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        # True: workers are clients of the root (or proxy); else global rank 0 hosts their store
+        assert record["TORCHELASTIC_USE_AGENT_STORE"] == str(torchcompat.HAS_LIST_KEYS)
         assert record["pg_rank"] == rank and record["pg_world_size"] == NNODES * NPROC
         assert record["sum"] == sum(range(1, NNODES * NPROC + 1))
         assert record["MASTER_ADDR"] == "127.0.0.1"
@@ -122,6 +123,8 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(cluster_factory, tmp_pa
     if tiered:
         for node_rank in range(NNODES):  # one proxy per node, shared by its workers, not the root
             ports = {store_ports[node_rank * NPROC + local] for local in range(NPROC)}
+            if node_rank == 0 and not torchcompat.HAS_LIST_KEYS:
+                continue  # global rank 0 hosts the workers' store: its node uses it directly
             assert len(ports) == 1 and ports != {str(cluster.master_port)}
         assert len(set(store_ports.values())) == NNODES
         assert all(count <= MAX_ROOT_CONNECTIONS_PER_NODE for count in per_node.values()), per_node
@@ -129,9 +132,7 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(cluster_factory, tmp_pa
         assert len(set(store_ports.values())) == 1
         if torchcompat.HAS_LIST_KEYS:  # else a store of the round's own, beside the root
             assert set(store_ports.values()) == {str(cluster.master_port)}
-        # node rank 0's agent also holds a client of the round's workers' store it hosts
-        own_store = {0: 0 if torchcompat.HAS_LIST_KEYS else 1}
-        assert per_node == {rank: 1 + NPROC + own_store.get(rank, 0) for rank in range(NNODES)}, per_node
+        assert per_node == {rank: 1 + NPROC for rank in range(NNODES)}, per_node
     if by_auto:
         log = cluster.logs()
         assert "node rank 2 (--node_rank=auto: from environment RANK_AFTER_ACC)" in log
@@ -187,8 +188,12 @@ def test_worker_crash_restarts_the_whole_group_with_the_same_ranks(cluster_facto
     assert all(r["sum"] == 10 and r["RANK"] == str(rank) for rank, r in records.items())
     log = cluster.logs()
     assert "worker rank 3 fails on purpose before restart 1" in log
-    assert "round 1: cleared" in log
-    assert log.count("store proxy listening on") == 2  # each node's proxy survived the restart
+    if torchcompat.HAS_LIST_KEYS:
+        assert "round 1: cleared" in log
+        assert log.count("store proxy listening on") == 2  # each node's proxy survived the restart
+    else:  # global rank 0 hosts each round's store; node 1 proxies to each in turn
+        assert "round 1: global rank 0 hosts the workers' store" in log
+        assert log.count("store proxy listening on") == 2
 
 
 def test_missing_node_fails_every_node_naming_it(cluster_factory):

@@ -30,7 +30,7 @@ from npu_job.launcher import rendezvous, torchcompat
 from npu_job.launcher.rendezvous import ParallelRendezvousHandler, ParallelSettings
 
 from .cluster import free_port, port_is_free
-from .torch_features import joined
+from .torch_features import Joined, joined
 
 
 def make_handlers(nnodes: int, ranks: Sequence[int], **overrides) -> Dict[int, ParallelRendezvousHandler]:
@@ -80,7 +80,15 @@ def test_round_keeps_node_ranks_and_points_workers_at_the_root(closing):
         assert workers_ports == {handlers[0].settings.master_port}
     nodes[0].store.set("from-node-2", "hello")  # the agents share one (prefixed) store
     assert nodes[2].store.get("from-node-2") == b"hello"
-    assert all(h.use_agent_store for h in handlers.values())
+    assert all(h.use_agent_store == torchcompat.HAS_LIST_KEYS for h in handlers.values())
+
+
+def workers_store(node: Joined, hosting: bool) -> TCPStore:
+    """The workers' store at ``node``'s address, as a worker opens it: on torch without
+    list_keys global rank 0 hosts it (``hosting``), everyone else connects."""
+    host = hosting and not torchcompat.HAS_LIST_KEYS
+    return TCPStore(node.master_addr, node.master_port, None, host, datetime.timedelta(seconds=5),
+                    **({"wait_for_workers": False, "multi_tenant": True} if host else {}))
 
 
 def test_tiered_round_hands_workers_this_nodes_proxy(closing):
@@ -91,11 +99,11 @@ def test_tiered_round_hands_workers_this_nodes_proxy(closing):
     proxy_ports = {node.master_port for node in nodes}
     assert {node.master_addr for node in nodes} == {"127.0.0.1"}
     assert len(proxy_ports) == 2 and root_port not in proxy_ports
-    timeout = datetime.timedelta(seconds=5)
-    via_proxy = TCPStore("127.0.0.1", nodes[1].master_port, None, False, timeout)
+    direct = workers_store(nodes[0], hosting=True)  # node 0: the root, or rank 0's own store
+    if not torchcompat.HAS_LIST_KEYS:
+        assert nodes[0].master_port == handlers[1]._proxy_upstream[1]  # node 1 proxies to it
+    via_proxy = workers_store(nodes[1], hosting=False)
     via_proxy.set("worker-key", "through the proxy")
-    upstream_port = root_port if torchcompat.HAS_LIST_KEYS else handlers[0]._proxy_upstream[1]
-    direct = TCPStore("127.0.0.1", upstream_port, None, False, timeout)
     assert direct.get("worker-key") == b"through the proxy"
     del via_proxy
     handlers[1].close()
@@ -133,8 +141,7 @@ def test_restarting_node_pulls_the_others_into_a_clean_round_with_the_same_ranks
     closing(handlers.values())
     first = [joined(info) for info in join_all([handlers[0], handlers[1]])]
     first[0].store.set("agent-state", "kept")
-    timeout = datetime.timedelta(seconds=5)
-    old_workers = TCPStore("127.0.0.1", first[1].master_port, None, False, timeout)
+    old_workers = workers_store(first[0], hosting=True)
     old_workers.set("default_pg/0//cpu/rank_1", "address of a dead worker")  # what workers leave
     assert handlers[0].num_nodes_waiting() == 0
 
@@ -148,12 +155,13 @@ def test_restarting_node_pulls_the_others_into_a_clean_round_with_the_same_ranks
     second1 = joined(node1_round1.result(timeout=10))
     restarting.shutdown()
     assert (second0.rank, second1.rank) == (0, 1)
-    new_workers = TCPStore("127.0.0.1", second1.master_port, None, False, timeout)
-    assert not torchcompat.key_exists(new_workers, "default_pg/0//cpu/rank_1")  # the new workers see no stale key
-    if torchcompat.HAS_LIST_KEYS:  # cleared from the root; else a new store (see torchcompat)
-        assert not any(key.startswith("default_pg/") for key in new_workers.list_keys())
-    else:
+    if not torchcompat.HAS_LIST_KEYS:  # the old rank 0 died with its store; a new one on a new port
+        del old_workers
         assert second1.master_port != first[1].master_port
+    new_workers = workers_store(second0, hosting=True)
+    assert not torchcompat.key_exists(new_workers, "default_pg/0//cpu/rank_1")  # no stale key
+    if torchcompat.HAS_LIST_KEYS:  # cleared from the root
+        assert not any(key.startswith("default_pg/") for key in new_workers.list_keys())
     assert first[1].store.get("agent-state") == b"kept"  # round 0's agent keys are untouched
     assert handlers[0].num_nodes_waiting() == 0
 
