@@ -1,0 +1,79 @@
+"""The torch version matrix: npu-run's tests under every torch release images ship (nox).
+
+``.ci/run`` runs ``nox`` after the main suite (which runs on the pinned torch 2.13.0). Each
+session builds its venv once with one torch release from PyPI (CUDA builds, about 2.7 GB with
+their nvidia-* packages; they import and run on a CPU-only machine) and keeps it under
+``~/.cache/npu-job/nox`` (``NPU_JOB_NOX_ENVDIR`` overrides), outside the clone, so later runs
+reuse it. A session runs the launcher tests and records which torch features it found; ``nox -s
+supported`` turns those records into the README's "Supported torch" table.
+
+    nox                        # the whole matrix
+    nox -s "launcher(torch='2.1.0')"
+    nox -s supported           # the table, from the last matrix run
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import nox
+
+ENVDIR = Path(os.environ.get("NPU_JOB_NOX_ENVDIR", Path.home() / ".cache" / "npu-job" / "nox"))
+RESULTS = ENVDIR / "results"
+nox.options.envdir = str(ENVDIR)
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["launcher"]
+nox.options.error_on_missing_interpreters = True
+
+# Releases of the matrix and what else each needs. torch built against NumPy 1.x (before 2.3)
+# warns on every import beside NumPy 2. 2.13.0 is the main suite's own torch.
+MATRIX = {
+    "2.1.0": ["numpy<2"],
+    "2.4.0": [],
+    "2.6.0": [],
+    "2.9.1": [],
+    "2.14.1": [],
+}
+LAUNCHER_TESTS = "tests/launcher"
+
+
+@nox.session(python=False)
+def supported(session: nox.Session) -> None:
+    """Print the README's "Supported torch" table from the matrix's last results."""
+    rows = [json.loads(path.read_text()) for path in sorted(RESULTS.glob("*.json"))]
+    if not rows:
+        session.error(f"no results in {RESULTS}: run the matrix first (nox)")
+    names = [name for name, _ in rows[0]["features"]]
+    print("| torch | tests (CI) | " + " | ".join(names) + " |")
+    print("|---" * (len(names) + 2) + "|")
+    for row in sorted(rows, key=lambda r: [int(p) for p in r["torch"].split("+")[0].split(".")]):
+        marks = ["yes" if present else "—" for _, present in row["features"]]
+        print(f"| {row['torch']} | {row['summary']} | " + " | ".join(marks) + " |")
+
+
+@nox.session
+@nox.parametrize("torch", list(MATRIX))
+def launcher(session: nox.Session, torch: str) -> None:
+    """npu-run's tests (multi-node tiered and flat, restarts, proxy vs root, torchrun) on one torch."""
+    session.install(f"torch=={torch}", *MATRIX[torch], "-e", ".[launcher,test]")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    report = RESULTS / f"{torch}.junit.xml"
+    session.run("python", "-m", "pytest", LAUNCHER_TESTS, "-q", "-p", "no:cacheprovider",
+                f"--junitxml={report}", *session.posargs)
+    features = session.run("python", "-m", "npu_job.launcher.torchcompat", "--json", silent=True)
+    summary = _junit_summary(report)
+    (RESULTS / f"{torch}.json").write_text(json.dumps({"torch": torch, "summary": summary,
+                                                       **json.loads(features)}))
+    session.log(f"torch {torch}: {summary}")
+
+
+def _junit_summary(report: Path) -> str:
+    import xml.etree.ElementTree as ElementTree
+
+    suite = ElementTree.parse(report).getroot()
+    suite = suite if suite.tag == "testsuite" else suite[0]
+    total, failed = int(suite.get("tests", 0)), int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+    skipped = int(suite.get("skipped", 0))
+    return f"{total - failed - skipped} passed, {skipped} skipped, {failed} failed"
