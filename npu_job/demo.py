@@ -382,8 +382,8 @@ def prepare(options: DemoOptions, workspace: Path, host_ips: Sequence[str]) -> P
         configmap = rank_table_configmap(cluster)
         (workspace / "cluster" / "ranktable-configmap.json").write_text(json.dumps(configmap, indent=1) + "\n")
         documents.append(configmap)
-    specs = podsim.pod_specs(documents, host_ips, image_env=podsim.image_environment(os.environ),
-                             cluster_files=cluster_files)
+    image_env = podsim.image_environment(os.environ, podsim.this_installation())
+    specs = podsim.pod_specs(documents, host_ips, image_env=image_env, cluster_files=cluster_files)
     spec_files = tuple(podsim.stage_pod(spec, workspace / "pods" / spec.name) for spec in specs)
     return Prepared(options, workspace, cluster, expected_plan(cluster, options), rendered, specs, spec_files)
 

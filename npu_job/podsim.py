@@ -31,7 +31,9 @@ level, replaces ``/tmp`` with a private directory, ``/etc/hosts`` with the pod's
 the volumes (a mount path that does not exist on the host gets a tmpfs "mirror" of its parent that
 re-binds the parent's entries, so nothing on the host is touched), sets the hostname, chroots and
 execs the container command with exactly the pod's environment. The host IP is whatever the caller
-chose: a loopback address (all of 127/8 is local on Linux) or a network-namespace address.
+chose: a loopback address (all of 127/8 is local on Linux) or a network-namespace address. The
+"image" is this installation (:func:`this_installation`): a pod's PATH leads first to the running
+interpreter and npu-job's console scripts, whatever the PATH of whoever started the pods.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ JOB_API_VERSION = "batch.volcano.sh/v1alpha1"
 SVC_MOUNT_PATH = "/etc/volcano"
 SETUP_FAILED = "podsim: cannot set up the pod:"  # the line a pod prints when its namespaces fail
 DEFAULT_CONFIGMAP_MODE = 0o644
+IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # an image's usual PATH
 
 # Variables a Volcano pod never inherits from the machine that runs the demo: a pod starts from
 # its image's environment, and this machine's launcher or bootstrap settings must not leak in.
@@ -174,12 +177,23 @@ def svc_env_name(task: str, suffix: str) -> str:
     return f"VC_{task.upper().replace('-', '_')}_{suffix}"
 
 
-def image_environment(environ: Mapping[str, str]) -> Dict[str, str]:
-    """This machine's environment as a container image's ENV: without launch or pod settings."""
-    return {
+def image_environment(environ: Mapping[str, str],
+                      installation: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """This machine's environment as a container image's ENV: without launch or pod settings.
+
+    ``installation`` (see :func:`this_installation`) is the software the image holds: its PATH
+    goes first (before ``environ``'s, or a usual image PATH when there is none), its other
+    variables are set as they are.
+    """
+    env = {
         key: value for key, value in environ.items()
         if key not in _LEAKY_NAMES and not key.startswith(_LEAKY_PREFIXES)
     }
+    installation = installation or {}
+    env.update({key: value for key, value in installation.items() if key != "PATH"})
+    entries = [*installation.get("PATH", "").split(os.pathsep), *env.get("PATH", IMAGE_PATH).split(os.pathsep)]
+    env["PATH"] = os.pathsep.join(dict.fromkeys(entry for entry in entries if entry))
+    return env
 
 
 def _require(mapping: Any, key: str, source: str, path: str, kind: type = dict) -> Any:
@@ -418,6 +432,32 @@ def cce_cluster_files(rank_table: Optional[str], ranktable_tor: Optional[str],
 # ---------------------------------------------------------------------------------------------
 # Edge: stage a pod on disk, start it in its own mount/UTS namespace, supervise it
 # ---------------------------------------------------------------------------------------------
+def this_installation() -> Dict[str, str]:
+    """The image's software, as environment: this Python and npu-job's console scripts.
+
+    A pod runs npu-job's own code (the bootstrap runs ``python3``, train.sh runs ``npu-run``), so
+    its PATH must lead to the directory of the running interpreter and to this installation's
+    console scripts, however npu-job was started: by the absolute path of a virtualenv's
+    ``npu-job`` from a shell whose PATH lacks the virtualenv (cron, CI), or through a pipx link
+    whose virtualenv is never on PATH (where the machine's own ``python3`` cannot import npu_job).
+    When that directory's ``python3`` is another interpreter, ``NPU_JOB_PYTHON`` (which
+    bootstrap.sh honours) names this one.
+    """
+    import site
+    import sysconfig
+
+    here = os.path.dirname(sys.executable)  # not resolved: a virtualenv's python is a symlink
+    dirs = [here, sysconfig.get_path("scripts")]
+    package = os.path.dirname(os.path.abspath(__file__))
+    if package.startswith(site.getusersitepackages() + os.sep):  # pip install --user
+        dirs.append(sysconfig.get_path("scripts", f"{os.name}_user"))
+    installation = {"PATH": os.pathsep.join(dict.fromkeys(d for d in dirs if d and os.path.isdir(d)))}
+    python3 = os.path.join(here, "python3")
+    if not (os.path.exists(python3) and os.path.samefile(python3, sys.executable)):
+        installation["NPU_JOB_PYTHON"] = sys.executable
+    return installation
+
+
 def unshare_unavailable_reason() -> Optional[str]:
     """Why pods cannot get their own mount namespace here, or None when they can."""
     if shutil.which("unshare") is None:

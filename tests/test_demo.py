@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -151,6 +154,52 @@ def test_demo_runs_the_whole_chain_and_says_so(tmp_path, capsys, monkeypatch):
         assert line in err
     assert (keep / "rendered" / "config.yaml").is_file()
     assert podsim.processes_inside(keep) == []
+
+
+CRON_PATH = "/usr/bin:/bin"  # what cron gives a job; CI runners and service managers are alike
+
+
+def installed_command(name):
+    """The console script ``name`` of the npu-job installation running these tests."""
+    path = Path(sys.executable).parent / name
+    if not path.is_file():
+        pytest.skip(f"npu-job is not installed with console scripts beside {sys.executable}")
+    return path
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
+@pytest.mark.parametrize("layout", ["absolute-path", "pipx-links"])
+def test_the_installed_demo_runs_whatever_the_callers_PATH(tmp_path, layout):
+    """How installed tools are called: by the absolute path of the virtualenv's script from a shell
+    whose PATH lacks the virtualenv (cron, CI), or through pipx's links to npu-job and npu-run in a
+    directory on PATH, the virtualenv (and its python3) never on it. The pods' image is this
+    installation either way: their bootstrap imports npu_job and train.sh finds npu-run."""
+    import shutil
+    import tempfile
+
+    command = installed_command("npu-job")
+    path = CRON_PATH
+    links = None
+    if layout == "pipx-links":
+        # like pipx's ~/.local/bin: outside /tmp (a pod's /tmp is its own), beside the virtualenv
+        links = Path(tempfile.mkdtemp(prefix="test-links-", dir=sys.prefix))
+        for name in ("npu-job", "npu-run"):
+            (links / name).symlink_to(installed_command(name))
+        command, path = links / "npu-job", f"{links}:{CRON_PATH}"
+    try:
+        run = subprocess.run(
+            [str(command), "demo", "--nodes", "3", "--tors", "3", "--nproc-per-node", "1", "--steps", "2",
+             "--keep", str(tmp_path / "demo"), "--json"],
+            env={"PATH": path, "HOME": os.environ.get("HOME", "/")}, capture_output=True, text=True, timeout=280,
+        )
+    finally:
+        if links is not None:
+            shutil.rmtree(links)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout)
+    assert summary["ok"] is True
+    assert [pod["route_plan_status"] for pod in summary["pods"]] == ["success"] * 3
 
 
 @pytest.mark.parametrize(

@@ -84,6 +84,23 @@ def test_rendered_job_gives_each_pod_the_volcano_env_names_and_files():
         assert "worker.host" in mounted["/etc/volcano"]
 
 
+def test_the_image_puts_this_installation_first_on_the_pods_PATH():
+    caller = {"PATH": "/usr/bin:/opt/venv/bin", "RANK": "3", "NPU_JOB_PYTHON": "/elsewhere/python"}
+    installation = {"PATH": "/opt/venv/bin", "NPU_JOB_PYTHON": "/opt/venv/bin/python3.12"}
+    env = podsim.image_environment(caller, installation)
+    assert env == {"PATH": "/opt/venv/bin:/usr/bin", "NPU_JOB_PYTHON": "/opt/venv/bin/python3.12"}
+    assert podsim.image_environment({}, installation)["PATH"] == "/opt/venv/bin:" + podsim.IMAGE_PATH
+
+
+def test_this_installation_is_the_running_python_and_its_console_scripts():
+    import sys
+
+    path = podsim.this_installation()["PATH"].split(os.pathsep)
+    assert path[0] == os.path.dirname(sys.executable)
+    if Path(sys.prefix, "pyvenv.cfg").is_file():  # a virtualenv: its python3 is this interpreter
+        assert "NPU_JOB_PYTHON" not in podsim.this_installation()
+
+
 def test_hostile_env_values_reach_the_process_exactly_as_written():
     hostile = "$(MA_VJ_NAME) $$ `id` $(id) \"q\" 'q' \n# - : x"
     spec = specs_of(rendered_job(env={"HOSTILE": hostile}))[0]

@@ -11,7 +11,9 @@ container starts) and the fabric (ToRs exist only in the generated ranktable_tor
 
 Every case asserts the final global ranks against the plan the bootstrap had to compute, that all
 ranks ended with identical parameters and a lower loss (the example script's per-rank reports),
-and that no process, namespace or bridge is left behind.
+and that no process, namespace or bridge is left behind. Every case runs with the PATH cron gives
+a job (no virtualenv, no Python of this installation on it): the pods' image is this installation
+whatever the caller's PATH.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import List
+from typing import Iterator, List
 
 import pytest
 
@@ -42,11 +45,28 @@ def namespace_pids(cluster: NetnsCluster) -> List[str]:
         time.sleep(0.1)
 
 
+CRON_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@contextmanager
+def callers_path(path: str) -> Iterator[None]:
+    """Run as a caller whose PATH is ``path`` (e.g. cron's, without this installation on it)."""
+    saved = os.environ.get("PATH")
+    os.environ["PATH"] = path
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["PATH"]
+        else:
+            os.environ["PATH"] = saved
+
+
 def run_on_hosts(options: demo.DemoOptions, workspace: Path, case: str, fault=None) -> demo.DemoResult:
     tag = f"{case}{os.getpid() % 10000}"  # unique per run: names must not collide with a crashed run's
     hostnames = {f"{demo.JOB_NAME}-{demo.TASK_NAME}-{i}.{demo.JOB_NAME}": i for i in range(options.nodes)}
     lines: List[str] = []
-    with NetnsCluster(options.nodes, hostnames=hostnames, tag=tag) as cluster:
+    with callers_path(CRON_PATH), NetnsCluster(options.nodes, hostnames=hostnames, tag=tag) as cluster:
         result = demo.run(options, workspace, host_ips=[host.ip for host in cluster.hosts],
                           prefix_of=cluster.prefix, progress=lines.append, fault=fault)
         assert namespace_pids(cluster) == [], "the run left processes on its hosts"
