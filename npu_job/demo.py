@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from npu_job.errors import InconsistentError, LaunchError
+from npu_job.errors import InconsistentError, LaunchError, shown
 
 log = logging.getLogger(__name__)
 
@@ -248,8 +248,10 @@ def check_outcome(
             problems.append(f"{where}: exited with {pod.exit_code} after {pod.restarts} restart(s)")
         planned = plan.node_rank_of_pod[pod.index]
         if expect_routing:
-            if not pod.route_plan or pod.route_plan.get("status") != "success":
-                problems.append(f"{where}: the bootstrap did not plan: {pod.route_plan and pod.route_plan.get('reasons')}")
+            if pod.route_plan is None:
+                problems.append(f"{where}: the bootstrap wrote no route plan")
+            elif pod.route_plan.get("status") != "success":
+                problems.append(f"{where}: the bootstrap did not plan: {pod.route_plan.get('reasons')}")
             elif pod.route_plan.get("rank_mapping") != plan.rank_mapping:
                 problems.append(f"{where}: bootstrap mapping {pod.route_plan.get('rank_mapping')!r} != "
                                 f"expected {plan.rank_mapping!r}")
@@ -334,6 +336,9 @@ class Phases:
 
 
 _STEP = re.compile(r"train_ddp: step (\d+)/(\d+) loss ([0-9.]+)")
+# A line that says what went wrong in a pod: "npu-job: error: ...", "RuntimeError: ...", a shell's
+# "npu-run: not found", a worker's "FAILED", podsim's "cannot run".
+_ERROR_LINE = re.compile(r"error:|not found|FAILED|cannot run", re.IGNORECASE)
 _NODE_RANK = re.compile(r"npu-job: node rank (\d+) of (\d+), master (\S+)")
 
 
@@ -408,6 +413,7 @@ class Supervisor:
         self.node_rank_lines: Dict[int, str] = {}
         self.log_tail: Dict[int, List[str]] = {i: [] for i in range(len(prepared.specs))}
         self.setup_error: Optional[str] = None  # a pod could not get its namespaces: no retry helps
+        self.first_errors: Dict[int, str] = {}  # pod index -> its first error line, in the order seen
 
     def start(self) -> None:
         from npu_job import podsim
@@ -455,6 +461,8 @@ class Supervisor:
         del tail[:-40]
         if line.startswith(SETUP_FAILED) and self.setup_error is None:
             self.setup_error = f"pod {index}: {line[len(SETUP_FAILED):].strip()}"
+        if index not in self.first_errors and _ERROR_LINE.search(line):
+            self.first_errors[index] = line.strip()
         match = _NODE_RANK.search(line)
         if match:
             self.node_rank_lines[index] = line
@@ -637,6 +645,9 @@ def run(options: DemoOptions, workspace: Path, *, host_ips: Optional[Sequence[st
         supervisor.stop()
     pods, reports = read_outcomes(prepared, supervisor)
     problems = check_outcome(prepared.plan, options, pods, reports, expect_routing=expect_routing)
+    if problems and supervisor.first_errors:  # the first thing that went wrong, before its effects
+        index, line = next(iter(supervisor.first_errors.items()))
+        problems.insert(0, f"first error: pod {index}: {shown(line, 200)}")
     if not finished:
         problems.insert(0, f"the job did not finish within {options.timeout:.0f} s")
     if problems:

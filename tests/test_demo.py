@@ -98,6 +98,7 @@ GOOD_REPORTS = [report(0, 1, 0), report(1, 1, 1), report(2, 0, 0), report(3, 0, 
         ([outcome(0, exit_code=1), outcome(1)], GOOD_REPORTS, "pod 0: exited with 1"),
         ([outcome(0, rank_after_acc="0"), outcome(1)], GOOD_REPORTS, "pod 0: /tmp/RANK_AFTER_ACC is '0', expected 1"),
         ([outcome(0, master_index="0"), outcome(1)], GOOD_REPORTS, "pod 0: /tmp/MASTER_INDEX is '0'"),
+        ([outcome(0, route_plan=None), outcome(1)], GOOD_REPORTS, "pod 0: the bootstrap wrote no route plan"),
         ([outcome(0, route_plan={"status": "success", "rank_mapping": "0-0,1-1"}), outcome(1)], GOOD_REPORTS,
          "bootstrap mapping '0-0,1-1' != expected '0-1,1-0'"),
         ([outcome(0), outcome(1)], GOOD_REPORTS[:3], "no report from rank(s) [3]"),
@@ -106,7 +107,7 @@ GOOD_REPORTS = [report(0, 1, 0), report(1, 1, 1), report(2, 0, 0), report(3, 0, 
         ([outcome(0), outcome(1)], GOOD_REPORTS[:3] + [report(3, 0, 1, loss_decreased=False)], "rank 3: the loss did not go down"),
         ([outcome(0), outcome(1)], GOOD_REPORTS[:3] + [report(3, 0, 1, problems=["RANK env 3 != 2"])], "rank 3: RANK env 3 != 2"),
     ],
-    ids=["consistent", "pod-failed", "wrong-rank-file", "wrong-master", "other-mapping", "missing-worker",
+    ids=["consistent", "pod-failed", "wrong-rank-file", "wrong-master", "no-route-plan", "other-mapping", "missing-worker",
          "rank-off-plan", "parameters-differ", "loss-not-down", "worker-own-check"],
 )
 def test_every_inconsistency_in_the_chain_is_reported(pods, reports, expected):
@@ -200,6 +201,21 @@ def test_the_installed_demo_runs_whatever_the_callers_PATH(tmp_path, layout):
     summary = json.loads(run.stdout)
     assert summary["ok"] is True
     assert [pod["route_plan_status"] for pod in summary["pods"]] == ["success"] * 3
+
+
+@pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
+def test_a_failed_run_names_the_first_error_a_pod_printed(tmp_path, monkeypatch, capsys):
+    """An image without npu-job (the pods' PATH without this installation): the one-line summary
+    says what went wrong in the pods, not only what the checks missed afterwards."""
+    monkeypatch.setattr(podsim, "this_installation", lambda: {})
+    monkeypatch.setenv("PATH", CRON_PATH)
+    keep = tmp_path / "demo"
+    assert main(["demo", "--nodes", "1", "--tors", "1", "--nproc-per-node", "1", "--no-routing",
+                 "--keep", str(keep)]) == 7
+    summary = [line for line in capsys.readouterr().err.splitlines() if line.startswith("npu-job: error: demo:")]
+    assert len(summary) == 1
+    assert summary[0].startswith("npu-job: error: demo: first error: pod 0: ")
+    assert "npu-run: not found" in summary[0] and "None" not in summary[0]
 
 
 @pytest.mark.parametrize(
