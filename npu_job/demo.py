@@ -670,13 +670,24 @@ def describe_plan(prepared: Prepared, progress: Callable[[str], None]) -> None:
         progress(f"  reason: {reason}")
 
 
+def keep_directory_problem(keep: Optional[str]) -> Optional[str]:
+    """Why ``--keep DIR`` cannot hold a run (it must be new or empty), or None."""
+    if keep:
+        path = Path(keep).resolve()
+        if path.exists() and not path.is_dir():
+            return f"--keep {path}: not a directory"
+        if path.exists() and any(path.iterdir()):
+            return f"--keep {path}: the directory is not empty; choose a new one (the demo never overwrites one)"
+    return None
+
+
 def default_workspace(keep: Optional[str]) -> Tuple[Path, bool]:
     """(workspace, remove-after): ``--keep DIR`` or a fresh temporary directory."""
     if keep:
+        problem = keep_directory_problem(keep)
+        if problem is not None:
+            raise InconsistentError(problem)
         path = Path(keep).resolve()
-        if path.exists() and any(path.iterdir()):
-            raise InconsistentError(f"{path}: --keep directory is not empty",
-                                    tip="choose a new directory; the demo never overwrites one")
         path.mkdir(parents=True, exist_ok=True)
         return path, False
     return Path(tempfile.mkdtemp(prefix="npu-job-demo-")), True

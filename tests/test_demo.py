@@ -221,22 +221,26 @@ def test_a_failed_run_names_the_first_error_a_pod_printed(tmp_path, monkeypatch,
 @pytest.mark.parametrize(
     "argv, code, message",
     [
-        (["--nodes", "3", "--tors", "4"], 7, "--tors 4: cannot spread 3 node(s) over more ToRs than nodes"),
+        (["--nodes", "3", "--tors", "4"], 2, "--tors 4: cannot spread 3 node(s) over more ToRs than nodes"),
         (["--nodes", "0"], 2, "expected an integer >= 1, got '0'"),
         (["--steps", "x"], 2, "expected an integer >= 1, got 'x'"),
     ],
     ids=["more-tors-than-nodes", "no-nodes", "steps-not-a-number"],
 )
-def test_bad_options_are_one_line_errors(argv, code, message, capsys):
-    assert main(["demo", *argv]) == code
-    assert message in capsys.readouterr().err
+def test_bad_options_are_usage_errors(argv, code, message, capsys):
+    """Usage errors, whether argparse or the demo finds them: exit 2, argparse's own error line."""
+    assert main(["demo", *argv]) == code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: npu-job demo ") and "Traceback" not in err
+    last = err.splitlines()[-1]
+    assert last.startswith("npu-job demo: error: ") and message in last
 
 
 def test_a_non_empty_keep_directory_is_never_overwritten(tmp_path, capsys):
     (tmp_path / "precious").write_text("x")
-    assert main(["demo", "--keep", str(tmp_path)]) == 7
+    assert main(["demo", "--keep", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "--keep directory is not empty" in err and "TIP:" in err and "Traceback" not in err
+    assert f"npu-job demo: error: --keep {tmp_path}: the directory is not empty" in err and "Traceback" not in err
     assert (tmp_path / "precious").read_text() == "x"
 
 

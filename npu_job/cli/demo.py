@@ -30,7 +30,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "agree on the trained parameters and that the loss went down. No root needed (uses "
         "'unshare --user --map-root-user')."
     )
-    parser.epilog = "Exit status: 0 when the whole chain is consistent, 7 when a check failed, 8 when pods cannot run."
+    parser.epilog = ("Exit status: 0 when the whole chain is consistent, 2 for bad flags, 7 when a check failed, "
+                     "8 when pods cannot run.")
+    parser.set_defaults(_demo_parser=parser)  # for usage errors found after parsing (_usage_error)
     parser.add_argument("--nodes", type=POSITIVE, default=6, help="pods (nodes) of the job (default 6)")
     parser.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=POSITIVE,
                         default=2, help="workers per pod (default 2)")
@@ -50,8 +52,11 @@ def run(args: argparse.Namespace) -> int:
     from npu_job.errors import InconsistentError, LaunchError
 
     if args.tors > args.nodes:
-        raise InconsistentError(f"--tors {args.tors}: cannot spread {args.nodes} node(s) over more ToRs than nodes",
-                                tip=f"use --tors {args.nodes} or fewer")
+        return _usage_error(args, f"--tors {args.tors}: cannot spread {args.nodes} node(s) over more ToRs than "
+                                  f"nodes; use --tors {args.nodes} or fewer")
+    problem = demo.keep_directory_problem(args.keep)
+    if problem is not None:
+        return _usage_error(args, problem)
     reason = podsim.unshare_unavailable_reason()
     if reason is not None:
         raise LaunchError(f"cannot give each pod its own mount namespace: {reason}",
@@ -79,6 +84,17 @@ def run(args: argparse.Namespace) -> int:
                                 tip="rerun with --keep DIR and read DIR/pods/*/pod.log" if remove else
                                 f"read {workspace}/pods/*/pod.log")
     return 0
+
+
+def _usage_error(args: argparse.Namespace, message: str) -> int:
+    """argparse's own usage error (usage line, then ``npu-job demo: error: MESSAGE``), exit code 2,
+    for flag combinations no single flag's type can reject; returned like any other usage error."""
+    from npu_job.errors import EXIT_USAGE
+
+    parser: argparse.ArgumentParser = args._demo_parser
+    parser.print_usage(sys.stderr)
+    sys.stderr.write(f"{parser.prog}: error: {message}\n")
+    return EXIT_USAGE
 
 
 def _report(result, *, keep, seconds: float) -> None:
