@@ -91,6 +91,9 @@ class SimulatedCluster:
     ranktable_tor_b64: str
 
 
+INPUT_FILES = ("jobstart_hccl.json", "ranktable_tor.json")  # what CCE mounts at /user/config
+
+
 def loopback_ips(count: int) -> Tuple[str, ...]:
     if count > 240:
         raise ValueError("at most 240 loopback pods")
@@ -123,6 +126,15 @@ def simulated_cluster(options: DemoOptions, host_ips: Sequence[str]) -> Simulate
     seen_table = parse_rank_table(rank_table.encode(), "jobstart_hccl.json")
     seen_topology = parse_topology(tor, "ranktable_tor.json")
     return SimulatedCluster(seen_table, seen_topology, rank_table, tor.decode("ascii"))
+
+
+def write_cluster_inputs(cluster: SimulatedCluster, directory: Path) -> Tuple[Path, ...]:
+    """The cluster's rank table and ranktable_tor.json as CCE delivers them (:data:`INPUT_FILES`),
+    under ``directory``: the inputs of ``npu-job plan`` and ``npu-job bootstrap``."""
+    from npu_job.fileio import write_atomic
+
+    texts = (cluster.rank_table_json, cluster.ranktable_tor_b64)
+    return tuple(write_atomic(directory / name, text, durable=False) for name, text in zip(INPUT_FILES, texts))
 
 
 def demo_spec_values(options: DemoOptions, master_port: int, shared_dir: str) -> Dict[str, Any]:
@@ -378,9 +390,7 @@ def prepare(options: DemoOptions, workspace: Path, host_ips: Sequence[str]) -> P
     if "configmap1980" in plugins and options.deliver_rank_table:
         cluster_files = podsim.cce_cluster_files(
             cluster.rank_table_json, cluster.ranktable_tor_b64 if "cabinet" in pod_annotations else None)
-    (workspace / "cluster").mkdir(exist_ok=True)
-    (workspace / "cluster" / "jobstart_hccl.json").write_text(cluster.rank_table_json)
-    (workspace / "cluster" / "ranktable_tor.json").write_text(cluster.ranktable_tor_b64)
+    write_cluster_inputs(cluster, workspace / "cluster")
     pod_volumes = job["spec"]["tasks"][0]["template"]["spec"].get("volumes") or []
     if any((volume.get("configMap") or {}).get("name") == RANK_TABLE_CONFIGMAP for volume in pod_volumes):
         # the job mounts its own rank table: apply that ConfigMap with it, as its user would

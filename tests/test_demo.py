@@ -244,6 +244,21 @@ def test_a_non_empty_keep_directory_is_never_overwritten(tmp_path, capsys):
     assert (tmp_path / "precious").read_text() == "x"
 
 
+def test_write_inputs_writes_the_simulated_clusters_cce_files_and_never_overwrites_them(tmp_path, capsys):
+    from npu_job.bootstrap.ranktable import parse_rank_table
+
+    target = tmp_path / "cfg"
+    assert main(["demo", "--write-inputs", str(target), "--nodes", "4", "--tors", "2"]) == 0
+    assert sorted(os.listdir(target)) == ["jobstart_hccl.json", "ranktable_tor.json"]
+    table = parse_rank_table((target / "jobstart_hccl.json").read_bytes(), "jobstart_hccl.json")
+    assert [server.server_id for server in table.servers] == list(demo.loopback_ips(4))
+    (target / "ranktable_tor.json").write_text("mine")
+    capsys.readouterr()
+    assert main(["demo", "--write-inputs", str(target)]) == 2
+    assert "npu-job demo: error: --write-inputs" in capsys.readouterr().err
+    assert (target / "ranktable_tor.json").read_text() == "mine"
+
+
 def test_without_unshare_the_demo_says_what_to_install(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))  # no unshare on PATH
     assert main(["demo"]) == 8

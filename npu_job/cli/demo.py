@@ -43,6 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="render with routing acceleration off (pods keep the scheduler's order)")
     parser.add_argument("--keep", metavar="DIR", default=None,
                         help="keep everything (rendered job, pod logs, private /tmp of each pod, reports) in DIR")
+    parser.add_argument("--write-inputs", metavar="DIR", default=None,
+                        help="only write the simulated cluster's rank table and ranktable_tor.json (as CCE "
+                             "mounts them) to DIR, for npu-job plan or npu-job bootstrap, and exit: no pods")
     parser.add_argument("--timeout", type=SECONDS, default=240.0, help="seconds before every pod is killed (default 240)")
     parser.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
 
@@ -54,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     if args.tors > args.nodes:
         return _usage_error(args, f"--tors {args.tors}: cannot spread {args.nodes} node(s) over more ToRs than "
                                   f"nodes; use --tors {args.nodes} or fewer")
+    if args.write_inputs is not None:
+        return _write_inputs(args)
     problem = demo.keep_directory_problem(args.keep)
     if problem is not None:
         return _usage_error(args, problem)
@@ -83,6 +88,26 @@ def run(args: argparse.Namespace) -> int:
         raise InconsistentError(f"demo: {shown}",
                                 tip="rerun with --keep DIR and read DIR/pods/*/pod.log" if remove else
                                 f"read {workspace}/pods/*/pod.log")
+    return 0
+
+
+def _write_inputs(args: argparse.Namespace) -> int:
+    """``--write-inputs DIR``: the simulated cluster's CCE files, nothing else (never overwritten)."""
+    from pathlib import Path
+
+    from npu_job import demo
+
+    directory = Path(args.write_inputs)
+    existing = [name for name in demo.INPUT_FILES if (directory / name).exists()]
+    if existing:
+        return _usage_error(args, f"--write-inputs {directory}: it already holds {', '.join(existing)}; "
+                                  "the demo never overwrites a file")
+    if directory.exists() and not directory.is_dir():
+        return _usage_error(args, f"--write-inputs {directory}: not a directory")
+    options = demo.DemoOptions(nodes=args.nodes, nproc_per_node=args.nproc_per_node, tors=args.tors, seed=args.seed)
+    cluster = demo.simulated_cluster(options, demo.loopback_ips(options.nodes))
+    for path in demo.write_cluster_inputs(cluster, directory):
+        log.info("wrote %s", path)
     return 0
 
 
