@@ -321,6 +321,13 @@ def example_script() -> bytes:
                           tip="reinstall npu-job (the wheel ships it as package data)") from None
 
 
+# (mark, the phase that ends at it), in order; a phase whose mark was never reached is merged
+# into the next one. "finished" is marked by whoever owns the run's end (the CLI, after clean-up).
+_PHASES = (("prepared", "cluster+render"), ("pods_started", "start pods"), ("bootstrap_done", "bootstrap"),
+           ("training_started", "launch+rendezvous"), ("training_done", "training"),
+           ("pods_exited", "shutdown"), ("finished", "checks+clean-up"))
+
+
 @dataclass
 class Phases:
     """Wall-clock seconds of each phase, as seen from the pods' logs."""
@@ -330,24 +337,27 @@ class Phases:
     def mark(self, name: str, when: Optional[float] = None) -> None:
         self.marks.setdefault(name, time.monotonic() if when is None else when)
 
-    def durations(self) -> Dict[str, float]:
-        order = ["start", "prepared", "pods_started", "bootstrap_done", "training_started",
-                 "training_done", "pods_exited"]
-        names = {"prepared": "cluster+render", "pods_started": "start pods",
-                 "bootstrap_done": "bootstrap", "training_started": "launch+rendezvous",
-                 "training_done": "training", "pods_exited": "shutdown"}
+    def durations(self, digits: int = 3) -> Dict[str, float]:
+        """Seconds of each phase reached, then ``total``: every phase ends at its mark rounded to
+        ``digits`` from the start, so the phases add up to the total exactly as printed."""
+        start = self.marks.get("start")
+        if start is None:
+            return {}
         out: Dict[str, float] = {}
-        previous = self.marks.get("start")
-        for name in order[1:]:
-            if name in self.marks and previous is not None:
-                out[names[name]] = round(self.marks[name] - previous, 3)
-                previous = self.marks[name]
-        if "start" in self.marks and "pods_exited" in self.marks:
-            out["total"] = round(self.marks["pods_exited"] - self.marks["start"], 3)
+        reached = 0.0
+        for mark, name in _PHASES:
+            if mark in self.marks:
+                offset = max(round(self.marks[mark] - start, digits), reached)
+                out[name] = round(offset - reached, digits)
+                reached = offset
+        out["total"] = reached
         return out
 
 
 _STEP = re.compile(r"train_ddp: step (\d+)/(\d+) loss ([0-9.]+)")
+_JOINED = re.compile(r"npu-run: node rank \d+ joined round")
+_ROUND_COMPLETE = re.compile(r"npu-run: round \d+ complete")
+PROGRESS_EVERY = 5.0  # seconds without a progress line before the supervisor says where the pods are
 # A line that says what went wrong in a pod: "npu-job: error: ...", "RuntimeError: ...", a shell's
 # "npu-run: not found", a worker's "FAILED", podsim's "cannot run".
 _ERROR_LINE = re.compile(r"error:|not found|FAILED|cannot run", re.IGNORECASE)
@@ -404,7 +414,8 @@ def prepare(options: DemoOptions, workspace: Path, host_ips: Sequence[str]) -> P
 
 
 class Supervisor:
-    """Runs the staged pods like a kubelet with ``restartPolicy: OnFailure``, and watches their logs."""
+    """Runs the staged pods like a kubelet with ``restartPolicy: OnFailure``, and watches their logs
+    (saying how far the pods got when nothing else was said for :data:`PROGRESS_EVERY` seconds)."""
 
     def __init__(self, prepared: Prepared, *, prefix_of: Callable[[int], Sequence[str]] = lambda index: (),
                  progress: Callable[[str], None] = lambda line: None, phases: Optional[Phases] = None,
@@ -424,6 +435,51 @@ class Supervisor:
         self.log_tail: Dict[int, List[str]] = {i: [] for i in range(len(prepared.specs))}
         self.setup_error: Optional[str] = None  # a pod could not get its namespaces: no retry helps
         self.first_errors: Dict[int, str] = {}  # pod index -> its first error line, in the order seen
+        self.joined: set = set()  # pods whose npu-run joined the rendezvous (this attempt)
+        self.through: set = set()  # pods whose rendezvous round completed (this attempt)
+        self._last_progress = time.monotonic()
+
+    def say(self, line: str) -> None:
+        """A progress line (and the time of the last one, for :meth:`heartbeat`)."""
+        self._last_progress = time.monotonic()
+        self.progress(line)
+
+    def heartbeat(self, now: float) -> None:
+        """Say where the pods are when nothing was said for :data:`PROGRESS_EVERY` seconds."""
+        if now - self._last_progress >= PROGRESS_EVERY:
+            self.say(self.status(now))
+
+    def workers_running(self) -> int:
+        """Worker processes alive in the pods: ``python [options] SCRIPT ...`` (npu-run's children)."""
+        from npu_job.podsim import processes_inside
+
+        count = 0
+        for pid in processes_inside(self.prepared.workspace / "pods"):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+            except OSError:
+                continue
+            program = next((arg for arg in argv[1:] if not arg.startswith("-")), "")
+            count += Path(program).name == EXAMPLE_SCRIPT
+        return count
+
+    def status(self, now: float) -> str:
+        """One line: how far the pods got, from their logs (and how many workers run, from /proc)."""
+        pods = len(self.prepared.specs)
+        options = self.prepared.options
+        workers = f"{self.workers_running()}/{pods * options.nproc_per_node} workers"
+        if "training_done" in self.phases.marks:
+            exited = sum(code is not None for code in self.exit_codes)
+            parts = [f"training done, {workers} still running", f"{exited}/{pods} pods exited"]
+        elif self.losses:
+            parts = [f"training step {self.losses[-1][0]}/{options.steps}", f"{workers} running"]
+        else:
+            started = "bootstrapped" if options.routing else "ran train.sh"
+            parts = [f"{len(self.node_rank_lines)}/{pods} pods {started}",
+                     f"{len(self.joined)}/{pods} joined the rendezvous", f"{len(self.through)}/{pods} through it",
+                     f"{workers} running"]
+        elapsed = now - self.phases.marks.get("start", now)
+        return f"waiting ({elapsed:.0f} s): " + ", ".join(parts)
 
     def start(self) -> None:
         from npu_job import podsim
@@ -435,15 +491,17 @@ class Supervisor:
 
     def kill(self, index: int) -> None:
         """SIGKILL one pod (a node failure); the restart policy then brings it back."""
-        self.progress(f"fault: killing pod {index} ({self.prepared.specs[index].name})")
+        self.say(f"fault: killing pod {index} ({self.prepared.specs[index].name})")
         self.pods[index].kill()
 
     def _restart(self, index: int) -> None:
         from npu_job import podsim
 
         self.restarts[index] += 1
-        self.progress(f"pod {index}: exited {self.pods[index].poll()}; restartPolicy OnFailure: "
-                      f"restart {self.restarts[index]}/{self.prepared.options.max_restarts}")
+        self.joined.discard(index)
+        self.through.discard(index)
+        self.say(f"pod {index}: exited {self.pods[index].poll()}; restartPolicy OnFailure: "
+                 f"restart {self.restarts[index]}/{self.prepared.options.max_restarts}")
         self.pods[index] = podsim.start_pod(self.prepared.spec_files[index], attempt=self.restarts[index],
                                             prefix=self.prefix_of(index), user_namespace=self.user_namespace)
 
@@ -476,10 +534,19 @@ class Supervisor:
         match = _NODE_RANK.search(line)
         if match:
             self.node_rank_lines[index] = line
-            self.progress(f"pod {index}: train.sh: node rank {match.group(1)} of {match.group(2)}, "
-                          f"master {match.group(3)}")
+            self.say(f"pod {index}: train.sh: node rank {match.group(1)} of {match.group(2)}, "
+                     f"master {match.group(3)}")
             if len(self.node_rank_lines) == len(self.prepared.specs):
                 self.phases.mark("bootstrap_done")
+            return
+        if _JOINED.search(line):
+            self.joined.add(index)
+            return
+        if _ROUND_COMPLETE.search(line):
+            self.through.add(index)
+            if len(self.through) == len(self.prepared.specs):
+                workers = len(self.prepared.specs) * self.prepared.options.nproc_per_node
+                self.say(f"rendezvous: all {len(self.through)} nodes joined; starting {workers} workers")
             return
         match = _STEP.search(line)
         if match:
@@ -487,13 +554,12 @@ class Supervisor:
             self.phases.mark("training_started")
             self.losses.append((step, loss))
             if step == 1 or step == total or step % max(1, total // 5) == 0:
-                self.progress(f"training: step {step}/{total} loss {loss:.4f}")
+                self.say(f"training: step {step}/{total} loss {loss:.4f}")
             return
-        if "train_ddp: done" in line:
+        if "train_ddp: done" in line:  # its result is the CLI's closing line: not said twice
             self.phases.mark("training_done")
-            self.progress(line.split("train_ddp: ", 1)[1])
         elif "train_ddp:" in line and "FAILED" in line:
-            self.progress(f"pod {index}: {line.strip()}")
+            self.say(f"pod {index}: {line.strip()}")
 
     def wait(self, *, until: Optional[Callable[[], bool]] = None) -> bool:
         """Supervise until every pod succeeded or gave up (or ``until()``); False on timeout."""
@@ -520,14 +586,15 @@ class Supervisor:
                 else:
                     if self.exit_codes[index] is None:
                         elapsed = time.monotonic() - self.phases.marks.get("start", pod.started)
-                        self.progress(f"pod {index}: exited {code} at {elapsed:.1f} s")
+                        self.say(f"pod {index}: exited {code} at {elapsed:.1f} s")
                     self.exit_codes[index] = code
             if not running:
                 self.poll_logs()
                 self.phases.mark("pods_exited")
                 return True
+            self.heartbeat(time.monotonic())
             if time.monotonic() > deadline:
-                self.progress(f"timeout: the job did not finish within {self.prepared.options.timeout:.0f} s; "
+                self.say(f"timeout: the job did not finish within {self.prepared.options.timeout:.0f} s; "
                               "killing every pod")
                 self.stop()
                 return False
@@ -577,7 +644,7 @@ class DemoResult:
     pods: List[PodOutcome]
     reports: List[Dict[str, Any]]
     problems: List[str]
-    phases: Dict[str, float]
+    phases: Phases
     losses: List[Tuple[int, float]]
     finished: bool
 
@@ -617,7 +684,7 @@ class DemoResult:
             "loss": {"train": [loss for _, loss in self.losses],
                      "eval_initial": by_rank[0].get("eval_loss_initial") if by_rank else None,
                      "eval_final": by_rank[0].get("eval_loss_final") if by_rank else None},
-            "phases_s": self.phases,
+            "phases_s": self.phases.durations(),
             "problems": self.problems,
         }
 
@@ -626,12 +693,13 @@ def run(options: DemoOptions, workspace: Path, *, host_ips: Optional[Sequence[st
         prefix_of: Callable[[int], Sequence[str]] = lambda index: (),
         progress: Callable[[str], None] = lambda line: None,
         fault: Optional[Callable[[Supervisor], None]] = None,
-        user_namespace: Optional[bool] = None) -> DemoResult:
+        user_namespace: Optional[bool] = None, phases: Optional[Phases] = None) -> DemoResult:
     """The whole pipeline; ``fault(supervisor)`` may inject a failure while the pods run.
 
     ``user_namespace=True`` runs the pods as an unprivileged user would (the default when not root).
+    ``phases`` (marked "start" by a caller that started earlier) collects the phases' times.
     """
-    phases = Phases()
+    phases = phases if phases is not None else Phases()
     phases.mark("start")
     ips = tuple(host_ips) if host_ips is not None else loopback_ips(options.nodes)
     prepared = prepare(options, workspace, ips)
@@ -665,12 +733,16 @@ def run(options: DemoOptions, workspace: Path, *, host_ips: Optional[Sequence[st
             if supervisor.exit_codes[index] not in (0, None) or not finished:
                 for line in lines[-8:]:
                     log.debug("pod %d: %s", index, line)
-    return DemoResult(options, prepared, score, pods, reports, problems, phases.durations(),
-                      supervisor.losses, finished)
+    return DemoResult(options, prepared, score, pods, reports, problems, phases, supervisor.losses, finished)
 
 
 def describe_plan(prepared: Prepared, progress: Callable[[str], None]) -> None:
     plan = prepared.plan
+    options = prepared.options
+    if not options.routing or not options.deliver_rank_table:
+        why = "off (routing disabled)" if not options.routing else "none (no rank table delivered)"
+        progress(f"route plan: {why}: every pod keeps the scheduler's order (node rank = VC_TASK_INDEX)")
+        return
     tors = tor_of_pod(prepared.cluster)
     progress(f"route plan ({plan.status}): rank_mapping {plan.rank_mapping}; master = pod {plan.master_index}")
     for rank, pod in enumerate(plan.pod_of_node_rank):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -128,6 +129,56 @@ def test_a_fallback_that_still_wrote_rank_files_is_reported():
     assert problems == ["pod 0: fallback expected, but /tmp/RANK_AFTER_ACC is '0'"]
 
 
+def test_the_phases_add_up_to_the_one_total_as_printed():
+    phases = demo.Phases({"start": 100.0, "prepared": 100.04, "pods_started": 100.08, "bootstrap_done": 101.26,
+                          "training_started": 125.33, "training_done": 126.01, "pods_exited": 134.27,
+                          "finished": 134.3})
+    printed = phases.durations(digits=1)
+    total = printed.pop("total")
+    assert list(printed) == ["cluster+render", "start pods", "bootstrap", "launch+rendezvous", "training",
+                             "shutdown", "checks+clean-up"]
+    assert f"{sum(printed.values()):.1f}" == f"{total:.1f}" == "34.3"
+    assert phases.durations()["total"] == 34.3
+
+
+def staged_job(tmp_path, **options):
+    """A job rendered and staged as the demo does, its pods not started."""
+    prepared = demo.prepare(demo.DemoOptions(**options), tmp_path, demo.loopback_ips(options["nodes"]))
+    lines = []
+    return demo.Supervisor(prepared, progress=lines.append), lines
+
+
+def test_while_the_pods_start_the_supervisor_says_how_far_they_got(tmp_path):
+    supervisor, lines = staged_job(tmp_path, nodes=3, tors=3, nproc_per_node=2)
+    supervisor.phases.mark("start", 1000.0)
+    supervisor.say("starting")
+    for index, node_rank in enumerate((2, 0, 1)):
+        supervisor._on_line(index, f"npu-job: node rank {node_rank} of 3, master demo-worker-1.demo:29500")
+    for index in (0, 1):
+        supervisor._on_line(index, f"npu-run: node rank {index} joined round 0 of 'none'; waiting for 3 node(s)")
+    supervisor._on_line(1, "npu-run: round 0 complete: node rank 0 of 3; workers use the store at 127.0.0.1:1")
+    supervisor.heartbeat(supervisor._last_progress + 1)  # said something a moment ago: quiet
+    assert not any(line.startswith("waiting") for line in lines)
+    supervisor.heartbeat(supervisor._last_progress + demo.PROGRESS_EVERY)
+    assert lines[-1].startswith("waiting (") and lines[-1].endswith(
+        "3/3 pods bootstrapped, 2/3 joined the rendezvous, 1/3 through it, 0/6 workers running")
+    for index in (0, 2):
+        supervisor._on_line(index, f"npu-run: round 0 complete: node rank {index} of 3; workers use the store")
+    assert lines[-1] == "rendezvous: all 3 nodes joined; starting 6 workers"
+    supervisor._on_line(1, "train_ddp: step 3/20 loss 0.4")
+    assert supervisor.status(1010.0) == "waiting (10 s): training step 3/20, 0/6 workers running"
+    supervisor._on_line(1, "train_ddp: done: 6 ranks agree on parameters 0123, held-out loss 0.5 -> 0.3")
+    assert supervisor.status(1020.0) == "waiting (20 s): training done, 0/6 workers still running, 0/3 pods exited"
+    assert not any("held-out loss" in line for line in lines)  # the CLI's closing line says it, once
+
+
+def test_a_run_without_routing_says_routing_is_off_not_that_a_plan_failed(tmp_path):
+    supervisor, lines = staged_job(tmp_path, nodes=3, tors=3, nproc_per_node=1, routing=False)
+    demo.describe_plan(supervisor.prepared, lines.append)
+    assert lines == ["route plan: off (routing disabled): every pod keeps the scheduler's order "
+                     "(node rank = VC_TASK_INDEX)"]
+
+
 # -- the command ------------------------------------------------------------------------------
 @pytest.mark.torch
 @pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
@@ -150,9 +201,14 @@ def test_demo_runs_the_whole_chain_and_says_so(tmp_path, capsys, monkeypatch):
     assert summary["loss"]["eval_final"] < summary["loss"]["eval_initial"]
     assert summary["ring"]["cross_tor_edges_planned"] == summary["ring"]["lower_bound"]
     assert set(summary["phases_s"]) >= {"cluster+render", "bootstrap", "launch+rendezvous", "training", "total"}
-    for line in ("route plan (success)", "cross-ToR ring edges", "train.sh: node rank", "training: step 4/4",
+    for line in ("route plan (success)", "cross-ToR ring edges", "train.sh: node rank",
+                 "rendezvous: all 3 nodes joined; starting 3 workers", "training: step 4/4",
                  "ranks: 3/3 workers", "parameters: identical", "phases:", "OK: the whole chain is consistent"):
         assert line in err
+    assert err.count("held-out loss") == 1 and "total" not in err  # the result once, one total
+    phases = [line for line in err.splitlines() if line.startswith("npu-job: phases: ")]
+    seconds = [float(value) for value in re.findall(r" (\d+\.\d) s\b", phases[0])]
+    assert f"{sum(seconds):.1f} s" == err.splitlines()[-1].rsplit(" in ", 1)[1]
     assert (keep / "rendered" / "config.yaml").is_file()
     assert podsim.processes_inside(keep) == []
 

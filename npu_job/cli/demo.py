@@ -7,7 +7,6 @@ import json
 import logging
 import shutil
 import sys
-import time
 
 from npu_job.cli._args import int_at_least, seconds
 
@@ -70,14 +69,16 @@ def run(args: argparse.Namespace) -> int:
                               "kernel.apparmor_restrict_unprivileged_userns=0), or run as root")
     options = demo.DemoOptions(nodes=args.nodes, nproc_per_node=args.nproc_per_node, tors=args.tors,
                                seed=args.seed, steps=args.steps, routing=args.routing, timeout=args.timeout)
+    phases = demo.Phases()
+    phases.mark("start")
     workspace, remove = demo.default_workspace(args.keep)
-    started = time.monotonic()
     try:
-        result = demo.run(options, workspace, progress=lambda line: log.info("%s", line))
+        result = demo.run(options, workspace, progress=lambda line: log.info("%s", line), phases=phases)
     finally:
         if remove:
             shutil.rmtree(workspace, ignore_errors=True)
-    _report(result, keep=None if remove else workspace, seconds=time.monotonic() - started)
+    phases.mark("finished")
+    _report(result, keep=None if remove else workspace)
     if args.json:
         summary = result.summary()
         summary["workspace"] = None if remove else str(workspace)
@@ -122,8 +123,8 @@ def _usage_error(args: argparse.Namespace, message: str) -> int:
     return EXIT_USAGE
 
 
-def _report(result, *, keep, seconds: float) -> None:
-    """The closing lines: ranks vs plan, loss, phases."""
+def _report(result, *, keep) -> None:
+    """The closing lines: ranks vs plan, loss, phases, and the result with the one total."""
     plan = result.prepared.plan
     nproc = result.options.nproc_per_node
     checked = [r for r in result.reports if r.get("rank_ok")]
@@ -140,7 +141,9 @@ def _report(result, *, keep, seconds: float) -> None:
         log.info("parameters: %s across all ranks; held-out loss %.4f -> %.4f",
                  "identical" if len(digests) == 1 else f"{len(digests)} DIFFERENT digests",
                  first.get("eval_loss_initial", float("nan")), first.get("eval_loss_final", float("nan")))
-    log.info("phases: %s", ", ".join(f"{name} {value:.1f}s" for name, value in result.phases.items()))
+    phases = result.phases.durations(digits=1)
+    total = phases.pop("total", 0.0)
+    log.info("phases: %s", ", ".join(f"{name} {value:.1f} s" for name, value in phases.items()))
     if keep is not None:
         log.info("kept everything in %s", keep)
-    log.info("%s in %.1f s", "OK: the whole chain is consistent" if result.ok else "FAILED", seconds)
+    log.info("%s in %.1f s", "OK: the whole chain is consistent" if result.ok else "FAILED", total)
