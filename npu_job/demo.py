@@ -35,7 +35,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from npu_job.errors import InconsistentError, LaunchError, shown
 
@@ -359,8 +359,8 @@ _JOINED = re.compile(r"npu-run: node rank \d+ joined round")
 _ROUND_COMPLETE = re.compile(r"npu-run: round \d+ complete")
 PROGRESS_EVERY = 5.0  # seconds without a progress line before the supervisor says where the pods are
 # A line that says what went wrong in a pod: "npu-job: error: ...", "RuntimeError: ...", a shell's
-# "npu-run: not found", a worker's "FAILED", podsim's "cannot run".
-_ERROR_LINE = re.compile(r"error:|not found|FAILED|cannot run", re.IGNORECASE)
+# "npu-run: not found", a worker's "FAILED", podsim's "cannot run" (not torch's "Failed to ..." warnings).
+_ERROR_LINE = re.compile(r"(?i:error:)|not found|FAILED|cannot run")
 _NODE_RANK = re.compile(r"npu-job: node rank (\d+) of (\d+), master (\S+)")
 
 
@@ -435,8 +435,8 @@ class Supervisor:
         self.log_tail: Dict[int, List[str]] = {i: [] for i in range(len(prepared.specs))}
         self.setup_error: Optional[str] = None  # a pod could not get its namespaces: no retry helps
         self.first_errors: Dict[int, str] = {}  # pod index -> its first error line, in the order seen
-        self.joined: set = set()  # pods whose npu-run joined the rendezvous (this attempt)
-        self.through: set = set()  # pods whose rendezvous round completed (this attempt)
+        self.joined: Set[int] = set()  # pods whose npu-run joined the rendezvous (this attempt)
+        self.through: Set[int] = set()  # pods whose rendezvous round completed (this attempt)
         self._last_progress = time.monotonic()
 
     def say(self, line: str) -> None:
@@ -595,7 +595,7 @@ class Supervisor:
             self.heartbeat(time.monotonic())
             if time.monotonic() > deadline:
                 self.say(f"timeout: the job did not finish within {self.prepared.options.timeout:.0f} s; "
-                              "killing every pod")
+                         "killing every pod")
                 self.stop()
                 return False
             time.sleep(0.1)

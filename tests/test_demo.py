@@ -172,6 +172,15 @@ def test_while_the_pods_start_the_supervisor_says_how_far_they_got(tmp_path):
     assert not any("held-out loss" in line for line in lines)  # the CLI's closing line says it, once
 
 
+def test_a_pods_first_error_line_is_what_went_wrong_not_a_warning(tmp_path):
+    supervisor, _ = staged_job(tmp_path, nodes=3, tors=3, nproc_per_node=1)
+    supervisor._on_line(0, "UserWarning: Failed to initialize NumPy: No module named 'numpy'")
+    supervisor._on_line(0, "npu-run: node rank 2 joined round 0 of 'none'; waiting for 3 node(s)")
+    supervisor._on_line(0, "RuntimeError: Connection reset by peer")
+    supervisor._on_line(0, "train_ddp: rank 2: FAILED: RANK env 3 != 2")
+    assert supervisor.first_errors == {0: "RuntimeError: Connection reset by peer"}
+
+
 def test_a_run_without_routing_says_routing_is_off_not_that_a_plan_failed(tmp_path):
     supervisor, lines = staged_job(tmp_path, nodes=3, tors=3, nproc_per_node=1, routing=False)
     demo.describe_plan(supervisor.prepared, lines.append)
