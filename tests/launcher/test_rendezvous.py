@@ -404,3 +404,32 @@ def test_importing_the_backend_first_registers_it_without_a_warning():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0
     assert "Traceback" not in result.stderr and "Exception while registering" not in result.stderr, result.stderr
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback on this machine")
+@pytest.mark.parametrize("tiered", [False, True], ids=["flat", "tiered"])
+def test_an_ipv6_master_hosts_the_root_and_serves_the_workers(closing, tiered):
+    port = free_port()
+    handlers = {
+        rank: ParallelRendezvousHandler(ParallelSettings(
+            run_id="job", master_addr="::1", master_port=port, node_rank=rank, nnodes=2, tiered=tiered,
+            join_timeout=10.0, close_timeout=1.0, store_timeout=10.0, watch_interval=0.01))
+        for rank in (0, 1)
+    }
+    closing(handlers.values())
+    nodes = [joined(info) for info in join_all([handlers[0], handlers[1]])]
+    assert [node.rank for node in nodes] == [0, 1]
+    assert port in _listening_ports("/proc/net/tcp6")
+    rank_0 = workers_store(nodes[0], hosting=True)
+    other = workers_store(nodes[1], hosting=False)
+    other.set("from-rank-2", "over IPv6")
+    assert rank_0.get("from-rank-2") == b"over IPv6"
