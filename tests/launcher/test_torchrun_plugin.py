@@ -21,7 +21,10 @@ WORKER = Path(__file__).parent / "workers" / "record_env.py"
 
 
 def torchrun(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    command = shutil.which("torchrun") or pytest.skip("torch's torchrun script is not on PATH")
+    beside = Path(sys.executable).with_name("torchrun")  # this interpreter's torch, not PATH's
+    command = str(beside) if beside.exists() else shutil.which("torchrun")
+    if command is None:
+        pytest.skip("torch's torchrun script is not on PATH")
     argv = [
         command, "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=parallel",
         f"--rdzv_endpoint=127.0.0.1:{free_port()}", *extra, str(WORKER), str(tmp_path),
