@@ -24,7 +24,8 @@ Render a job spec (YAML) into what `kubectl apply -f -` needs: a ConfigMap carry
 (and bootstrap.sh when routing acceleration is on) and the Volcano Job that mounts it.
 
 Values are merged helm-style: SPEC, then each -f file in order, then --set / --set-string;
-the right-most wins. Maps merge, lists are replaced, null removes a key (back to its default).
+the right-most wins. Maps merge, lists are replaced, null removes a key (back to its default)
+in any input, except where a key gives null a meaning of its own (shm_size: null, no /dev/shm).
 The spec is validated before anything is rendered; every problem is listed with its key path
 (exit code 5)."""
 

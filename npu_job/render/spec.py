@@ -170,6 +170,8 @@ class KeyDoc:
     key: str
     default: str
     meaning: str
+    #: what ``null`` means when it is not "the default" (the key's JobSpec field is then None)
+    null: str = ""
 
 
 SPEC_KEYS: Tuple[KeyDoc, ...] = (
@@ -205,7 +207,7 @@ SPEC_KEYS: Tuple[KeyDoc, ...] = (
     KeyDoc("resources.memory", "none", "Memory per pod (a Kubernetes quantity); requests = limits."),
     KeyDoc("image_pull_policy", "`IfNotPresent`", "`IfNotPresent`, `Always` or `Never`."),
     KeyDoc("image_pull_secrets", "`[]`", "Names of image pull secrets."),
-    KeyDoc("shm_size", "`16Gi`", "Size of the in-memory /dev/shm; `null` keeps the runtime's default."),
+    KeyDoc("shm_size", "`16Gi`", "Size of the in-memory /dev/shm.", null="no /dev/shm volume: the container runtime's default"),
     KeyDoc("host_network", "`false`", "Run pods in the host network (dnsPolicy ClusterFirstWithHostNet)."),
     KeyDoc("anti_affinity", "`true` (`false` for cpu)", "At most one pod of the job per node (kubernetes.io/hostname)."),
     KeyDoc("scripts_dir", "`/opt/npu-job`", "Where the scripts ConfigMap is mounted; the pod command runs there."),
@@ -217,7 +219,10 @@ SPEC_KEYS: Tuple[KeyDoc, ...] = (
 
 def spec_keys_markdown() -> str:
     """The README's spec key table (Markdown), generated from :data:`SPEC_KEYS`."""
-    rows = [f"| `{doc.key}` | {doc.default} | {doc.meaning} |" for doc in SPEC_KEYS]
+    rows = [
+        f"| `{doc.key}` | {doc.default} | {doc.meaning}{f' `null`: {doc.null}.' if doc.null else ''} |"
+        for doc in SPEC_KEYS
+    ]
     return "\n".join(["| key | default | meaning |", "| --- | --- | --- |", *rows])
 
 
@@ -226,6 +231,9 @@ _SUB_KEYS: Mapping[str, Tuple[str, ...]] = {
     top: tuple(doc.key.split(".", 1)[1] for doc in SPEC_KEYS if doc.key.startswith(top + "."))
     for top in ("hccl", "resources", "bootstrap")
 }
+#: top-level keys whose ``null`` has a meaning of its own (see :attr:`KeyDoc.null`)
+_NULL_MEANS_NONE = tuple(doc.key for doc in SPEC_KEYS if doc.null)
+assert all("." not in key for key in _NULL_MEANS_NONE), "validate() reads null meanings at the top level"
 _ACCELERATOR_HINTS = {
     key: "accelerators are requested from device and npus_per_node"
     for key in ("gpu", "npu", "nvidia.com/gpu", "huawei.com/ascend-1980", "huawei.com/Ascend910")
@@ -500,8 +508,11 @@ def validate(merged: MergedValues, source: Optional[str] = None) -> JobSpec:
         values["image_pull_secrets"] = check.string_list(
             tree["image_pull_secrets"], ("image_pull_secrets",), pattern=_DNS_SUBDOMAIN, rule=DNS_SUBDOMAIN_RULE
         )
-    if "shm_size" in tree:
-        values["shm_size"] = None if tree["shm_size"] is None else check.quantity(tree["shm_size"], ("shm_size",))
+    if present("shm_size"):
+        values["shm_size"] = check.quantity(tree["shm_size"], ("shm_size",))
+    for key in _NULL_MEANS_NONE:  # null from any input, not its absence: the key's own meaning
+        if not present(key) and (key in tree or (key,) in merged.nulls):
+            values[key] = None
 
     # nested records
     hccl_values: Dict[str, Any] = {}
@@ -606,7 +617,7 @@ def _check_mounts(check: _Checker, value: Any, volume_names: Sequence[str], valu
 def _resolve_defaults(
     values: Mapping[str, Any], hccl: Mapping[str, Any], resources: Mapping[str, Optional[str]]
 ) -> JobSpec:
-    settled = {key: value for key, value in values.items() if value is not None or key in ("shm_size",)}
+    settled = {key: value for key, value in values.items() if value is not None or key in _NULL_MEANS_NONE}
     device = settled.get("device", "npu")
     nodes = settled.get("nodes", 1)
     launcher = settled.get("launcher", "npu-run")

@@ -11,6 +11,12 @@ This module owns the *syntax* of job-spec input, not its meaning (that is ``spec
   deeply, lists and scalars are replaced. It also records which input set each key path so that
   validation errors can say where a bad value came from.
 
+``null`` means one thing in every input (spec, ``-f`` file, ``--set``) and at every depth of a
+mapping: the key leaves the tree, so it goes back to its default. The merge also records which
+key paths were last set to null (``MergedValues.nulls``), so that a key whose null has a meaning
+of its own (``shm_size: null``: no /dev/shm volume) can tell "null" from "not given"; which keys
+those are is the spec's business (``spec.py``), not the syntax's.
+
 A ``--set`` scalar keeps both its raw text and helm's typed reading (:class:`SetScalar`): the
 validator picks the raw text where the spec expects a string, so ``--set env.DEBUG=true`` gives
 the string ``"true"`` and ``--set nodes=6`` the integer 6, without a separate ``--set-string``.
@@ -21,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from npu_job.errors import InputError
@@ -60,11 +66,16 @@ class SpecInput:
 
 @dataclass(frozen=True)
 class MergedValues:
-    """The merged tree plus, for each key path that was set, the input that set it last."""
+    """The merged tree plus, for each key path that was set, the input that set it last.
+
+    ``nulls`` maps each key path whose last word was ``null`` (and is therefore absent from
+    ``tree``) to the input that said it.
+    """
 
     tree: Dict[str, Any]
     origins: Mapping[Path, str]
     sources: Tuple[str, ...]
+    nulls: Mapping[Path, str] = field(default_factory=dict)
 
     def origin_of(self, path: Path) -> Optional[str]:
         """The input that set ``path`` or its nearest set ancestor (None: a default)."""
@@ -242,39 +253,61 @@ class _SetParser:
 def merge_values(inputs: Sequence[SpecInput]) -> MergedValues:
     """Fold ``inputs`` left to right (right-most wins) into one tree, recording origins."""
     tree: Dict[str, Any] = {}
-    origins: Dict[Path, str] = {}
+    record = _Record()
     for layer in inputs:
         if layer.values is not None:
-            _merge_mapping(tree, layer.values, (), layer.source, origins)
+            _merge_mapping(tree, layer.values, (), layer.source, record)
         for assignment in layer.assignments:
-            _assign(tree, assignment, origins)
-    return MergedValues(tree, origins, tuple(dict.fromkeys(layer.source for layer in inputs)))
+            _assign(tree, assignment, record)
+    sources = tuple(dict.fromkeys(layer.source for layer in inputs))
+    return MergedValues(tree, record.origins, sources, record.nulls)
 
 
-def _forget_below(origins: Dict[Path, str], path: Path) -> None:
-    for known in [p for p in origins if p[: len(path)] == path and len(p) > len(path)]:
-        del origins[known]
+class _Record:
+    """Who set each key path last: ``origins`` for values, ``nulls`` for ``null``."""
+
+    def __init__(self) -> None:
+        self.origins: Dict[Path, str] = {}
+        self.nulls: Dict[Path, str] = {}
+
+    def _forget(self, path: Path) -> None:
+        """Drop what was known at and below ``path``, and any null of an ancestor (it exists now)."""
+        for known in (self.origins, self.nulls):
+            for below in [p for p in known if p[: len(path)] == path]:
+                del known[below]
+        for end in range(1, len(path)):
+            self.nulls.pop(path[:end], None)
+
+    def value(self, path: Path, source: str) -> None:
+        self._forget(path)
+        self.origins[path] = source
+
+    def null(self, path: Path, source: str) -> None:
+        self._forget(path)
+        self.nulls[path] = source
 
 
-def _merge_mapping(
-    target: Dict[str, Any], overlay: Mapping[str, Any], prefix: Path, source: str, origins: Dict[Path, str]
-) -> None:
+def _merge_mapping(target: Dict[str, Any], overlay: Mapping[str, Any], prefix: Path, source: str, record: _Record) -> None:
     for key, value in overlay.items():
         path = prefix + (key,)
         if value is None:  # helm: null removes the key (back to the default)
             target.pop(key, None)
-            _forget_below(origins, path)
-            origins.pop(path, None)
-        elif isinstance(value, dict) and isinstance(target.get(key), dict):
-            origins.setdefault(path, source)
-            _merge_mapping(target[key], value, path, source, origins)
+            record.null(path, source)
+        elif isinstance(value, dict):
+            # merged key by key even when nothing was there before, so that a null inside means
+            # the same whether or not an earlier input had this mapping
+            if isinstance(target.get(key), dict):
+                record.origins.setdefault(path, source)
+            else:
+                target[key] = {}
+                record.value(path, source)
+            _merge_mapping(target[key], value, path, source, record)
         else:
             target[key] = copy.deepcopy(value)
-            _forget_below(origins, path)
-            origins[path] = source
+            record.value(path, source)
 
 
-def _assign(tree: Dict[str, Any], assignment: Assignment, origins: Dict[Path, str]) -> None:
+def _assign(tree: Dict[str, Any], assignment: Assignment, record: _Record) -> None:
     node: Any = tree
     path = assignment.path
     for depth, item in enumerate(path[:-1]):
@@ -284,12 +317,10 @@ def _assign(tree: Dict[str, Any], assignment: Assignment, origins: Dict[Path, st
     last = path[-1]
     if assignment.value is None and isinstance(node, dict):
         node.pop(last, None)
-        _forget_below(origins, path)
-        origins.pop(path, None)
+        record.null(path, assignment.source)
         return
     _store(node, last, copy.deepcopy(assignment.value))
-    _forget_below(origins, path)
-    origins[path] = assignment.source
+    record.value(path, assignment.source)
 
 
 def _child(node: Any, item: PathItem, fresh: Any) -> Any:

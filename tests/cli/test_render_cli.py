@@ -130,3 +130,24 @@ def test_help_explains_the_set_syntax(capsys):
     assert main(["render", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--set" in out and "--output-dir" in out and "a={x,y}" in out
+
+
+@pytest.mark.parametrize(
+    "spec_extra, args",
+    [
+        pytest.param("shm_size: null\n", [], id="spec"),
+        pytest.param("shm_size: 1Gi\n", ["-f", "NULL"], id="values-file"),
+        pytest.param("shm_size: 1Gi\n", ["--set", "shm_size=null"], id="set"),
+    ],
+)
+def test_shm_size_null_renders_no_shm_volume(tmp_path, capsys, spec_extra, args):
+    """README: `shm_size: null` keeps the runtime's default /dev/shm, whichever input says it."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC + spec_extra)
+    (tmp_path / "null.yaml").write_text("shm_size: null\n")
+    args = [str(tmp_path / "null.yaml") if arg == "NULL" else arg for arg in args]
+    code, out, err = run_cli(str(spec), *args, capsys=capsys)
+    assert code == 0, err
+    pod = the_job(out)["spec"]["tasks"][0]["template"]["spec"]
+    assert "/dev/shm" not in [m["mountPath"] for m in pod["containers"][0]["volumeMounts"]]
+    assert "dshm" not in [v["name"] for v in pod["volumes"]]

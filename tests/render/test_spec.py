@@ -224,3 +224,45 @@ def test_every_documented_key_is_accepted():
     spec = spec_from(values)
     assert spec.hccl.base_port == 61000 and spec.bootstrap_url == "https://example.com/bootstrap.sh"
     assert spec.pip_install == ("npu-job==0.1.0",)
+
+
+NULL_MEANINGS = [doc for doc in SPEC_KEYS if doc.null]
+
+
+def test_keys_that_give_null_a_meaning_are_the_documented_ones():
+    """A null meaning is only needed where null differs from the default; today that is shm_size."""
+    assert [doc.key for doc in NULL_MEANINGS] == ["shm_size"]
+    for doc in NULL_MEANINGS:
+        assert getattr(JobSpec(name="n", image="i", script="s"), doc.key) is not None, "null must differ from the default"
+
+
+@pytest.mark.parametrize("doc", [pytest.param(doc, id=doc.key) for doc in NULL_MEANINGS])
+@pytest.mark.parametrize(
+    "layers",
+    [
+        pytest.param(lambda key: [SpecInput("job.yaml", values=with_keys(**{key: None}))], id="null-in-the-spec"),
+        pytest.param(
+            lambda key: [SpecInput("job.yaml", values=with_keys(**{key: "1Gi"})), SpecInput("prod.yaml", values={key: None})],
+            id="null-in-an-f-file",
+        ),
+        pytest.param(
+            lambda key: [SpecInput("job.yaml", values=with_keys(**{key: "1Gi"})), SpecInput("--set", assignments=parse_set(f"{key}=null"))],
+            id="null-from-set",
+        ),
+    ],
+)
+def test_null_of_a_key_with_a_null_meaning_reaches_the_spec_from_every_input(doc, layers):
+    from npu_job.render.spec import validate
+
+    assert getattr(validate(merge_values(layers(doc.key))), doc.key) is None
+
+
+def test_a_value_after_a_null_wins_and_null_elsewhere_means_the_default():
+    from npu_job.render.spec import validate
+
+    inputs = [
+        SpecInput("job.yaml", values=with_keys(shm_size=None, queue="q", routing=False, nodes=3)),
+        SpecInput("--set", assignments=parse_set("shm_size=2Gi,queue=null,routing=null")),
+    ]
+    spec = validate(merge_values(inputs))
+    assert (spec.shm_size, spec.queue, spec.routing) == ("2Gi", "default", True)

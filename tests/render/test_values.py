@@ -113,3 +113,26 @@ def test_empty_file_is_an_empty_mapping():
 def test_format_path_uses_set_syntax():
     assert format_path(("labels", "app.kubernetes.io/name")) == r"labels.app\.kubernetes\.io/name"
     assert format_path(("volumes", 0, "name")) == "volumes[0].name"
+
+
+def test_null_in_a_mapping_means_the_same_at_any_depth_and_in_any_layer():
+    """``env: {A: null}`` removes A whether or not an earlier layer had an env mapping."""
+    first = merge_values([SpecInput("job.yaml", values={"env": {"A": None, "B": "1"}})])
+    over = merge_values([SpecInput("job.yaml", values={"env": {"A": "0"}}), SpecInput("more.yaml", values={"env": {"A": None, "B": "1"}})])
+    assert first.tree == over.tree == {"env": {"B": "1"}}
+    assert (first.nulls, over.nulls) == ({("env", "A"): "job.yaml"}, {("env", "A"): "more.yaml"})
+
+
+def test_merge_records_which_input_set_a_key_to_null_until_a_later_value():
+    merged = merge_values([
+        SpecInput("job.yaml", values={"shm_size": "1Gi", "env": {"A": "1"}}),
+        SpecInput("more.yaml", values={"shm_size": None}),
+        SpecInput("--set", assignments=parse_set("env.A=null")),
+    ])
+    assert merged.tree == {"env": {}}
+    assert merged.nulls == {("shm_size",): "more.yaml", ("env", "A"): "--set"}
+    again = merge_values([
+        SpecInput("job.yaml", values={"shm_size": None, "env": None}),
+        SpecInput("--set", assignments=parse_set("shm_size=2Gi,env.A=x")),
+    ])
+    assert again.nulls == {}
