@@ -5,14 +5,17 @@ failed run must never clobber a good one, so every write goes to a temporary fil
 directory and is then renamed over the target. By default the data is fsync'ed before the rename,
 so the file also survives a machine crash; ``durable=False`` skips that for scratch outputs that
 die with their container anyway (the rename alone keeps readers from seeing partial data).
+:func:`write_files_atomic` does the same for a set of files that belong together (``npu-job
+render --output-dir``): all are written before any is renamed into place.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
-from typing import Union
+from typing import List, Sequence, Tuple, Union
 
 
 def write_atomic(
@@ -29,6 +32,59 @@ def write_atomic(
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_copy(target, data, mode, durable)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    return target
+
+
+def write_files_atomic(
+    directory: Union[str, os.PathLike],
+    files: Sequence[Tuple[str, Union[str, bytes], int]],
+    *,
+    durable: bool = True,
+) -> List[Path]:
+    """Write ``files`` (name, data, mode) into ``directory``: all of them, or none.
+
+    Every file is written to a temporary file first; only when all are written are they renamed
+    over their targets, and a target that is a directory fails before any rename. On failure the
+    temporary files and the directories this call created are removed, and the ``OSError`` (its
+    ``filename`` says which path) is raised. Returns the paths in the order given.
+    """
+    folder = Path(directory)
+    missing = []  # directories this call creates, deepest first
+    probe = folder
+    while not os.path.lexists(probe) and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    temps: List[str] = []
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        targets = [folder / name for name, _, _ in files]
+        for target in targets:
+            if target.is_dir():
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
+        for target, (_, data, mode) in zip(targets, files):
+            temps.append(_temp_copy(target, data, mode, durable))
+        for tmp, target in zip(temps, targets):
+            os.replace(tmp, target)
+    except BaseException:
+        for tmp in temps:
+            _unlink_quietly(tmp)
+        for created in missing:
+            try:
+                created.rmdir()
+            except OSError:
+                pass
+        raise
+    return targets
+
+
+def _temp_copy(target: Path, data: Union[str, bytes], mode: int, durable: bool) -> str:
+    """A temporary file beside ``target`` holding ``data`` with ``mode``; its path."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
@@ -38,11 +94,14 @@ def write_atomic(
                 handle.flush()
                 os.fsync(handle.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, target)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        _unlink_quietly(tmp)
         raise
-    return target
+    return tmp
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

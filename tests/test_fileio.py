@@ -31,3 +31,27 @@ def test_a_failed_write_keeps_the_old_file_and_removes_its_temp_file(tmp_path, m
         write_atomic(target, "half")
     assert target.read_text() == "good"
     assert os.listdir(tmp_path) == ["plan.json"]
+
+
+def test_a_set_of_files_is_written_all_or_none(tmp_path, monkeypatch):
+    """A failure on the second file leaves neither file, no temp files and no new directory."""
+    from npu_job.fileio import write_files_atomic
+
+    real_fdopen = os.fdopen
+    opened = []
+
+    def full_disk_on_second(fd, *args, **kwargs):
+        opened.append(fd)
+        if len(opened) == 2:
+            os.close(fd)
+            raise OSError(28, "No space left on device")
+        return real_fdopen(fd, *args, **kwargs)
+
+    monkeypatch.setattr(fileio.os, "fdopen", full_disk_on_second)
+    with pytest.raises(OSError, match="No space"):
+        write_files_atomic(tmp_path / "new" / "out", [("a", "1", 0o644), ("b", "2", 0o755)])
+    assert os.listdir(tmp_path) == []
+    monkeypatch.undo()
+    written = write_files_atomic(tmp_path / "out", [("a", "1", 0o644), ("b", "2", 0o755)])
+    assert [p.read_text() for p in written] == ["1", "2"] and os.access(written[1], os.X_OK)
+    assert sorted(os.listdir(tmp_path / "out")) == ["a", "b"]

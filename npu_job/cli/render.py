@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
 from npu_job.errors import InputError
 
@@ -108,7 +108,6 @@ def _read(path: str, stdin_used: List[bool]) -> Tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from npu_job.fileio import write_atomic
     from npu_job.render.render import render
     from npu_job.render.spec import validate
     from npu_job.render.values import SpecInput, load_yaml_values, merge_values
@@ -131,7 +130,24 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(rendered.stream())
         sys.stdout.flush()
         return 0
-    for name, text, mode in rendered.files():
-        path = write_atomic(args.output_dir / name, text, mode=mode)
+    for path in _write_output_dir(args.output_dir, rendered.files()):
         print(f"wrote {path}")
     return 0
+
+
+def _write_output_dir(directory: Path, files: Sequence[Tuple[str, str, int]]) -> List[Path]:
+    """Write all ``files`` into ``directory`` or none; an unusable directory is an InputError."""
+    from npu_job.fileio import write_files_atomic
+
+    try:
+        return write_files_atomic(directory, files)
+    except OSError as error:
+        names = [name for name, _, _ in files]
+        listed = f"{', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else names[0]
+        if isinstance(error, FileExistsError) and error.filename == str(directory):
+            reason = "it exists and is not a directory"
+        elif error.filename in {str(directory / name) for name in names}:
+            reason = f"{error.filename}: {error.strerror}"
+        else:  # the directory itself, a parent, or a temporary file in it
+            reason = error.strerror or str(error)
+        raise InputError(str(directory), "--output-dir", f"expected a directory to write {listed} into ({reason})") from None

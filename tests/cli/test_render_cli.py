@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import List, Optional
 
 import pytest
 import yaml
@@ -151,3 +153,88 @@ def test_shm_size_null_renders_no_shm_volume(tmp_path, capsys, spec_extra, args)
     pod = the_job(out)["spec"]["tasks"][0]["template"]["spec"]
     assert "/dev/shm" not in [m["mountPath"] for m in pod["containers"][0]["volumeMounts"]]
     assert "dshm" not in [v["name"] for v in pod["volumes"]]
+
+
+def _unprivileged(root: Path) -> Optional[List[str]]:
+    """A command prefix under which file permissions apply (root ignores them unless it drops
+    CAP_DAC_OVERRIDE); None when this machine cannot provide one."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        return None
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def _read_only(root: Path) -> Optional[List[str]]:
+    """A command prefix that runs in a private mount namespace where ``root/ro`` is read-only."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return None
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        return None
+    script = 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" "$0" && exec "$@"'
+    return ["unshare", "-m", "sh", "-c", script, str(root / "ro")]
+
+
+def _as_is(root: Path) -> List[str]:
+    return []
+
+
+def _a_file(root: Path) -> str:
+    (root / "out").write_text("a file, not a directory\n")
+    return "out"
+
+
+def _under_a_file(root: Path) -> str:
+    (root / "plain").write_text("x\n")
+    return "plain/out"
+
+
+def _unwritable_dir(root: Path) -> str:
+    (root / "out").mkdir(mode=0o555)
+    return "out"
+
+
+def _under_an_unwritable_dir(root: Path) -> str:
+    (root / "locked").mkdir(mode=0o555)
+    return "locked/out"
+
+
+def _script_name_taken_by_a_dir(root: Path) -> str:
+    (root / "out" / "train.sh").mkdir(parents=True)
+    return "out"
+
+
+def _under_a_read_only_mount(root: Path) -> str:
+    (root / "ro").mkdir()
+    return "ro/out"
+
+
+@pytest.mark.parametrize(
+    "prepare, prefix, reason",
+    [
+        pytest.param(_a_file, _as_is, "it exists and is not a directory", id="existing-file"),
+        pytest.param(_under_a_file, _as_is, "Not a directory", id="under-a-file"),
+        pytest.param(_unwritable_dir, _unprivileged, "Permission denied", id="permission-denied"),
+        pytest.param(_under_an_unwritable_dir, _unprivileged, "Permission denied", id="cannot-create"),
+        pytest.param(_script_name_taken_by_a_dir, _as_is, "out/train.sh: Is a directory", id="script-name-is-a-dir"),
+        pytest.param(_under_a_read_only_mount, _read_only, "Read-only file system", id="read-only"),
+    ],
+)
+def test_unusable_output_dir_is_one_line_exit_3_and_nothing_is_written(tmp_path, prepare, prefix, reason):
+    (tmp_path / "job.yaml").write_text(SPEC.replace("nodes: 2", "nodes: 3"))  # routed: bootstrap.sh too
+    target = prepare(tmp_path)
+    command = prefix(tmp_path)
+    if command is None:
+        pytest.skip("needs a non-root user, or root with setpriv/unshare, to make the directory unusable")
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    done = subprocess.run(
+        [*command, sys.executable, "-m", "npu_job", "render", "job.yaml", "--output-dir", target],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.splitlines() == [
+        f"npu-job: error: {target}: --output-dir: expected a directory to write config.yaml, train.sh "
+        f"and bootstrap.sh into ({reason})"
+    ]
+    assert done.stdout == ""
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before, "nothing half-written"
