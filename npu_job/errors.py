@@ -33,6 +33,7 @@ EXIT_USAGE = 2
 
 
 SHOWN_LIMIT = 80  # characters of an input value an error message may echo
+LISTED_PROBLEMS = 20  # problems a SpecError message lists; the rest are counted
 
 
 def shown(value: object, limit: int = SHOWN_LIMIT) -> str:
@@ -106,7 +107,8 @@ class NotReadyError(NpuJobError):
 
 
 class SpecError(NpuJobError):
-    """A job spec is invalid; ``problems`` lists every violation with its key path."""
+    """A job spec is invalid; ``problems`` lists every violation with its key path (the message
+    lists the first :data:`LISTED_PROBLEMS` and counts the rest)."""
 
     exit_code = 5
 
@@ -118,8 +120,10 @@ class SpecError(NpuJobError):
         if len(self.problems) == 1:
             message = f"{source}: {self.problems[0]}"
         else:
-            listed = "".join(f"\n  - {p}" for p in self.problems)
-            message = f"{source}: {len(self.problems)} problems:{listed}"
+            listed = "".join(f"\n  - {p}" for p in self.problems[:LISTED_PROBLEMS])
+            rest = len(self.problems) - LISTED_PROBLEMS
+            more = f"\n  - and {rest} more" if rest > 0 else ""
+            message = f"{source}: {len(self.problems)} problems:{listed}{more}"
         super().__init__(message, tip=tip)
 
 

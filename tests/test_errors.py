@@ -36,3 +36,14 @@ def test_containers_are_summarised_and_never_expanded_whole() -> None:
     assert shown([1, 2]) == "[1, 2]"
     assert len(shown({"a": "b" * 10_000})) <= SHOWN_LIMIT
     assert shown([10**5000]) == "a list"
+
+
+def test_a_spec_error_lists_the_first_problems_and_counts_the_rest() -> None:
+    from npu_job.errors import LISTED_PROBLEMS, SpecError
+
+    error = SpecError("job.yaml", [f"args[{i}]: expected a string, got null" for i in range(1000)])
+    lines = error.message.splitlines()
+    assert lines[0] == "job.yaml: 1000 problems:"
+    assert lines[1:-1] == [f"  - args[{i}]: expected a string, got null" for i in range(LISTED_PROBLEMS)]
+    assert lines[-1] == f"  - and {1000 - LISTED_PROBLEMS} more"
+    assert len(error.problems) == 1000

@@ -36,7 +36,7 @@ examples:
   cat job.yaml | npu-job render - --set-string env.RUN_ID=0042
   npu-job render job.yaml --output-dir out/   # out/config.yaml, out/train.sh, out/bootstrap.sh
 
---set syntax (as helm): a.b=c; several with commas: a=1,b=2; lists: a={x,y} or a[0]=x;
+--set syntax (as helm): a.b=c; several with commas: a=1,b=2; lists: a={x,y} or a[0]=x (0..65536);
 true/false/integers are typed, but a key that expects a string keeps the text as written;
 escape . , = [ ] { } with a backslash: labels.app\\.kubernetes\\.io/name=demo"""
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from npu_job.errors import SpecError
+from npu_job.errors import LISTED_PROBLEMS, SpecError
 from npu_job.render.values import MergedValues, Path, SetScalar, format_path, typed
 
 # --- constants the templates and validation share ---------------------------------------------
@@ -360,6 +360,9 @@ class _Checker:
         if known is not None:
             for key in value:
                 if key in known:
+                    continue
+                if len(self.problems) >= LISTED_PROBLEMS:  # unlisted: spare a did-you-mean per key
+                    self.problem(path + (key,), "unknown key")
                     continue
                 close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
                 if key in hints:

@@ -21,6 +21,12 @@ A ``--set`` scalar keeps both its raw text and helm's typed reading (:class:`Set
 validator picks the raw text where the spec expects a string, so ``--set env.DEBUG=true`` gives
 the string ``"true"`` and ``--set nodes=6`` the integer 6, without a separate ``--set-string``.
 Everything here is pure: text in, values out.
+
+No input may make the tree (or the list of problems about it) huge: a ``--set`` list index is at
+most :data:`MAX_LIST_INDEX` (helm's cap), and all ``--set`` indices of a merge together may leave
+at most that many list items empty; a key path or a YAML document nests at most
+:data:`MAX_DEPTH` levels; and a YAML document may expand (its aliases counted at each use) to at
+most :data:`MAX_VALUES` values.
 """
 
 from __future__ import annotations
@@ -30,12 +36,22 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from npu_job.errors import InputError
+from npu_job.errors import InputError, shown
 
 PathItem = Union[str, int]
 Path = Tuple[PathItem, ...]
 
 _INTEGER = re.compile(r"-?(0|[1-9][0-9]*)\Z")
+
+#: the largest ``--set`` list index (helm's strvals cap), and the most list items all ``--set``
+#: indices of one merge may leave empty (null) on the way to theirs
+MAX_LIST_INDEX = 65536
+#: the deepest a ``--set`` key path or a spec document may nest (Kubernetes volume sources, the
+#: deepest part of a spec, need fewer than 10)
+MAX_DEPTH = 64
+#: the most values (scalars, lists, mappings) one spec document may expand to, each use of a
+#: YAML alias counted in full, as every later step walks it in full
+MAX_VALUES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -53,6 +69,7 @@ class Assignment:
     path: Path
     value: Any
     source: str = "--set"
+    argument: str = ""  # the whole --set argument this came from, to name it in errors
 
 
 @dataclass(frozen=True)
@@ -117,6 +134,8 @@ def load_yaml_values(text: str, source: str) -> Dict[str, Any]:
     _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:  # PyYAML's parser recurses per level; it gets here far beyond MAX_DEPTH
+        raise InputError(source, "", f"nested deeper than {MAX_DEPTH} levels") from None
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -130,7 +149,33 @@ def load_yaml_values(text: str, source: str) -> Dict[str, Any]:
     for key in data:
         if not isinstance(key, str):
             raise InputError(source, repr(key), "spec keys must be strings")
+    _check_size(data, source)
     return data
+
+
+def _check_size(document: Dict[str, Any], source: str) -> None:
+    """Raise :class:`InputError` if ``document`` nests deeper than MAX_DEPTH or expands to more
+    than MAX_VALUES values. Linear in the document as parsed: a node an alias shares is sized once."""
+    sizes: Dict[int, int] = {}
+
+    def size(node: Any, path: Path) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        if len(path) >= MAX_DEPTH:
+            raise InputError(source, format_path(path), f"nested deeper than {MAX_DEPTH} levels")
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        total = 1 + sum(size(child, path + (key,)) for key, child in items)
+        if total > MAX_VALUES:
+            raise InputError(
+                source, "", f"expands to more than {MAX_VALUES} values (YAML aliases repeating a large value?)"
+            )
+        sizes[id(node)] = total
+        return total
+
+    size(document, ())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,6 +187,7 @@ class SetSyntaxError(ValueError):
 
 
 _KEY_STOPS = {".", "[", "=", ","}
+_DIGITS = re.compile(r"[0-9]+\Z")
 
 
 def parse_set(text: str, *, as_string: bool = False, source: str = "--set") -> Tuple[Assignment, ...]:
@@ -155,7 +201,7 @@ def parse_set(text: str, *, as_string: bool = False, source: str = "--set") -> T
         path = parser.path()
         parser.expect("=")
         value = parser.value()
-        assignments.append(Assignment(path, value, source))
+        assignments.append(Assignment(path, value, source, text))
         if parser.at_end():
             return tuple(assignments)
         parser.expect(",")
@@ -167,8 +213,9 @@ class _SetParser:
         self.pos = 0
         self.as_string = as_string
 
-    def fail(self, expected: str) -> SetSyntaxError:
-        return SetSyntaxError(f"{self.text!r}: at character {self.pos + 1}: expected {expected}")
+    def fail(self, expected: str, at: Optional[int] = None) -> SetSyntaxError:
+        where = self.pos if at is None else at
+        return SetSyntaxError(f"{shown(self.text)}: at character {where + 1}: expected {expected}")
 
     def at_end(self) -> bool:
         return self.pos >= len(self.text)
@@ -202,6 +249,8 @@ class _SetParser:
             raise self.fail("a key name (KEY=VALUE)")
         items.append(key)
         while self.peek() in (".", "["):
+            if len(items) == MAX_DEPTH:
+                raise self.fail(f"at most {MAX_DEPTH} nested keys")
             if self.peek() == ".":
                 self.pos += 1
                 key, _ = self._chars(_KEY_STOPS)
@@ -210,9 +259,12 @@ class _SetParser:
                 items.append(key)
             else:
                 self.pos += 1
+                start = self.pos
                 digits, _ = self._chars(["]"])
-                if not digits.isdigit():
-                    raise self.fail("a list index such as [0]")
+                if not _DIGITS.match(digits):
+                    raise self.fail("a list index such as [0]", at=start)
+                if len(digits) > len(str(MAX_LIST_INDEX)) or int(digits) > MAX_LIST_INDEX:
+                    raise self.fail(f"a list index from 0 to {MAX_LIST_INDEX}", at=start)
                 self.expect("]")
                 items.append(int(digits))
         return tuple(items)
@@ -263,28 +315,73 @@ def merge_values(inputs: Sequence[SpecInput]) -> MergedValues:
     return MergedValues(tree, record.origins, sources, record.nulls)
 
 
+class _PathMap:
+    """Key path -> input, with an index of what lies below each path, so that forgetting a
+    subtree costs its size, not the size of everything known (a spec with 10^5 keys stays linear)."""
+
+    def __init__(self) -> None:
+        self.items: Dict[Path, str] = {}
+        self._below: Dict[Path, set] = {}
+
+    def set(self, path: Path, source: str) -> None:
+        self.items[path] = source
+        for end in range(len(path)):
+            self._below.setdefault(path[:end], set()).add(path[end])
+
+    def drop(self, path: Path) -> None:
+        """Forget ``path`` and everything below it."""
+        if path:
+            self._below.get(path[:-1], set()).discard(path[-1])
+        stack = [path]
+        while stack:
+            known = stack.pop()
+            self.items.pop(known, None)
+            stack.extend(known + (item,) for item in self._below.pop(known, ()))
+
+
 class _Record:
     """Who set each key path last: ``origins`` for values, ``nulls`` for ``null``."""
 
     def __init__(self) -> None:
-        self.origins: Dict[Path, str] = {}
-        self.nulls: Dict[Path, str] = {}
+        self._origins = _PathMap()
+        self._nulls = _PathMap()
+        self.origins = self._origins.items
+        self.nulls = self._nulls.items
+        self.empty_items = 0  # list items --set indices padded with null so far
 
     def _forget(self, path: Path) -> None:
         """Drop what was known at and below ``path``, and any null of an ancestor (it exists now)."""
-        for known in (self.origins, self.nulls):
-            for below in [p for p in known if p[: len(path)] == path]:
-                del known[below]
+        self._origins.drop(path)
+        self._nulls.drop(path)
         for end in range(1, len(path)):
             self.nulls.pop(path[:end], None)
 
     def value(self, path: Path, source: str) -> None:
         self._forget(path)
-        self.origins[path] = source
+        self._origins.set(path, source)
+
+    def merged_into(self, path: Path, source: str) -> None:
+        """A mapping at ``path`` got keys from ``source``: it is that input's unless it was set before."""
+        if path not in self.origins:
+            self._origins.set(path, source)
 
     def null(self, path: Path, source: str) -> None:
         self._forget(path)
-        self.nulls[path] = source
+        self._nulls.set(path, source)
+
+    def padded(self, path: Path, start: int, end: int, assignment: Assignment) -> None:
+        """The list at ``path`` gets nulls at ``start..end-1`` for ``assignment``'s index ``end``."""
+        self.empty_items += end - start
+        if self.empty_items > MAX_LIST_INDEX:
+            key = format_path(path)
+            raise InputError(
+                f"{assignment.source} {shown(assignment.argument)}",
+                format_path(path + (end,)),
+                f"expected at most {MAX_LIST_INDEX} list items left empty (null) in all by {assignment.source} "
+                f"list indices; give the list whole instead ({key}={{x,y}})",
+            )
+        for index in range(start, end):
+            self._origins.set(path + (index,), assignment.source)
 
 
 def _merge_mapping(target: Dict[str, Any], overlay: Mapping[str, Any], prefix: Path, source: str, record: _Record) -> None:
@@ -297,7 +394,7 @@ def _merge_mapping(target: Dict[str, Any], overlay: Mapping[str, Any], prefix: P
             # merged key by key even when nothing was there before, so that a null inside means
             # the same whether or not an earlier input had this mapping
             if isinstance(target.get(key), dict):
-                record.origins.setdefault(path, source)
+                record.merged_into(path, source)
             else:
                 target[key] = {}
                 record.value(path, source)
@@ -313,20 +410,20 @@ def _assign(tree: Dict[str, Any], assignment: Assignment, record: _Record) -> No
     for depth, item in enumerate(path[:-1]):
         following = path[depth + 1]
         fresh: Any = [] if isinstance(following, int) else {}
-        node = _child(node, item, fresh)
+        node = _child(node, path[: depth + 1], fresh, assignment, record)
     last = path[-1]
     if assignment.value is None and isinstance(node, dict):
         node.pop(last, None)
         record.null(path, assignment.source)
         return
-    _store(node, last, copy.deepcopy(assignment.value))
+    _store(node, path, copy.deepcopy(assignment.value), assignment, record)
     record.value(path, assignment.source)
 
 
-def _child(node: Any, item: PathItem, fresh: Any) -> Any:
-    current = _fetch(node, item)
+def _child(node: Any, path: Path, fresh: Any, assignment: Assignment, record: _Record) -> Any:
+    current = _fetch(node, path[-1])
     if not isinstance(current, type(fresh)):
-        _store(node, item, fresh)
+        _store(node, path, fresh, assignment, record)
         return fresh
     return current
 
@@ -337,11 +434,16 @@ def _fetch(node: Any, item: PathItem) -> Any:
     return node.get(item)
 
 
-def _store(node: Any, item: PathItem, value: Any) -> None:
-    if isinstance(item, int):
-        while len(node) <= item:  # helm pads a list set by index with nulls
-            node.append(None)
-    node[item] = value
+def _store(node: Any, path: Path, value: Any, assignment: Assignment, record: _Record) -> None:
+    """Store ``value`` at the last item of ``path`` in ``node`` (the container at ``path[:-1]``)."""
+    item = path[-1]
+    if isinstance(item, int) and item > len(node):  # helm pads a list set by index with nulls
+        record.padded(path[:-1], len(node), item, assignment)
+        node.extend([None] * (item - len(node)))
+    if isinstance(item, int) and item == len(node):
+        node.append(value)
+    else:
+        node[item] = value
 
 
 def typed(value: Any) -> Any:

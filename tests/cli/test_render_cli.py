@@ -238,3 +238,23 @@ def test_unusable_output_dir_is_one_line_exit_3_and_nothing_is_written(tmp_path,
     ]
     assert done.stdout == ""
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before, "nothing half-written"
+
+
+def test_a_huge_set_list_index_is_a_usage_error_naming_the_argument(spec_file):
+    done = subprocess.run(
+        [sys.executable, "-m", "npu_job", "render", str(spec_file), "--set", "args[30000000]=x"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines()[-1] == (
+        "npu-job render: error: argument --set: 'args[30000000]=x': at character 6: expected a list index from 0 to 65536"
+    )
+
+
+def test_a_flood_of_problems_is_listed_briefly_and_blamed_on_the_set(spec_file, capsys):
+    code, out, err = run_cli(str(spec_file), "--set", "args[60000]=x", capsys=capsys)
+    assert code == 5 and out == ""
+    lines = err.splitlines()
+    assert lines[0].endswith(": 60000 problems:") and lines[-1] == "  - and 59980 more"
+    assert lines[1] == "  - args[0] (from --set): expected a string, got null"
+    assert len(lines) == 22

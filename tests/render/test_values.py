@@ -136,3 +136,71 @@ def test_merge_records_which_input_set_a_key_to_null_until_a_later_value():
         SpecInput("--set", assignments=parse_set("shm_size=2Gi,env.A=x")),
     ])
     assert again.nulls == {}
+
+
+# --- inputs that would build huge structures or floods of problems -------------------------------
+
+
+def test_a_list_index_is_capped_as_in_helm():
+    assert _tree("args[65536]=x")["args"][65536] == "x"
+    for index in ("65537", "30000000", "9" * 5000):
+        with pytest.raises(SetSyntaxError, match=r"at character 6: expected a list index from 0 to 65536$"):
+            parse_set(f"args[{index}]=x")
+
+
+@pytest.mark.parametrize("index", ["\u0663", "\u00b2", "+1", "-1", " 1"], ids=["arabic-digit", "superscript", "plus", "minus", "space"])
+def test_a_list_index_is_ascii_digits(index):
+    with pytest.raises(SetSyntaxError, match="expected a list index"):
+        parse_set(f"args[{index}]=x")
+
+
+def test_a_set_path_nests_at_most_64_keys():
+    assert parse_set(".".join(["a"] * 64) + "=x")[0].path == ("a",) * 64
+    with pytest.raises(SetSyntaxError, match="expected at most 64 nested keys"):
+        parse_set(".".join(["a"] * 65) + "=x")
+    with pytest.raises(SetSyntaxError, match="expected at most 64 nested keys"):
+        parse_set("a" + "[0]" * 64 + "=x")
+
+
+def test_a_set_syntax_error_echoes_the_argument_bounded_on_one_line():
+    with pytest.raises(SetSyntaxError) as error:
+        parse_set("env.A\n=" + "x" * 100_000 + ",[")
+    message = str(error.value)
+    assert "\n" not in message and len(message) < 200 and "(100009 characters)" in message
+
+
+def test_padding_lists_with_nulls_has_one_budget_for_all_set_values_and_names_the_argument():
+    """Each index is within the cap, but together they would pad lists with millions of nulls."""
+    inputs = [SpecInput("job.yaml", values={})]
+    inputs += [SpecInput("--set", assignments=parse_set(f"a{n}[40000]=x")) for n in range(3)]
+    with pytest.raises(InputError) as error:
+        merge_values(inputs)
+    assert error.value.exit_code == 3
+    assert error.value.message == (
+        "--set 'a1[40000]=x': a1[40000]: expected at most 65536 list items left empty (null) in all by "
+        "--set list indices; give the list whole instead (a1={x,y})"
+    )
+
+
+def test_items_a_set_index_leaves_empty_are_blamed_on_that_set():
+    merged = merge_values([
+        SpecInput("job.yaml", values={"args": ["a"]}),
+        SpecInput("--set", assignments=parse_set("args[3]=x")),
+    ])
+    assert typed(merged.tree) == {"args": ["a", None, None, "x"]}
+    assert [merged.origin_of(("args", i)) for i in range(4)] == ["job.yaml", "--set", "--set", "--set"]
+
+
+def test_yaml_aliases_cannot_expand_a_spec_beyond_a_million_values():
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i + 1}: &a{i + 1} [{', '.join([f'*a{i}'] * 10)}]" for i in range(6)]
+    assert load_yaml_values("\n".join(lines[:5]) + "\n", "job.yaml")  # about 10^5 values: fine
+    with pytest.raises(InputError, match=r"^job.yaml: expands to more than 1000000 values \(YAML aliases repeating"):
+        load_yaml_values("\n".join(lines) + "\n", "job.yaml")
+
+
+@pytest.mark.parametrize("depth", [65, 100, 5000])
+def test_yaml_nests_at_most_64_levels(depth):
+    assert load_yaml_values("a: " + "[" * 63 + "]" * 63 + "\n", "job.yaml")
+    with pytest.raises(InputError, match=r"^job.yaml: (a(\[0\])+: )?nested deeper than 64 levels$"):
+        load_yaml_values("a: " + "[" * depth + "]" * depth + "\n", "job.yaml")
