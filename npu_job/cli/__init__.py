@@ -29,6 +29,25 @@ SUBCOMMANDS: Dict[str, Tuple[str, str]] = {
 }
 
 
+def _log_options(parser: argparse.ArgumentParser, suffix: str = "") -> None:
+    """-v/-q, on ``npu-job`` itself and (``suffix`` "_after") on every subcommand.
+
+    A subcommand's copies have their own destinations and no defaults, so that ``npu-job -v
+    bootstrap`` is not undone by the subcommand's default and ``-v`` counts on both sides.
+    """
+    parser.add_argument("-v", "--verbose", dest="verbose" + suffix, action="count",
+                        default=argparse.SUPPRESS if suffix else 0, help="more log output (repeatable)")
+    parser.add_argument("-q", "--quiet", dest="quiet" + suffix, action="store_true",
+                        default=argparse.SUPPRESS if suffix else False, help="only warnings and errors on stderr")
+
+
+def verbosity(args: argparse.Namespace) -> int:
+    """The log verbosity -v/-q asked for on either side of the subcommand: -1 quiet, 0, 1+."""
+    if args.quiet or getattr(args, "quiet_after", False):
+        return -1
+    return int(args.verbose) + int(getattr(args, "verbose_after", 0))
+
+
 def build_parser(chosen: Optional[str] = None) -> argparse.ArgumentParser:
     """The top-level parser; only ``chosen``'s options are configured (all when None)."""
     parser = argparse.ArgumentParser(
@@ -37,12 +56,13 @@ def build_parser(chosen: Optional[str] = None) -> argparse.ArgumentParser:
         epilog="Run 'npu-job COMMAND --help' for a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (repeatable)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    _log_options(parser)
+    shared = argparse.ArgumentParser(add_help=False)
+    _log_options(shared, "_after")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        sub = subparsers.add_parser(name, help=help_text, description=help_text, parents=[shared])
         if chosen is None or name == chosen:
             module = importlib.import_module(module_name)
             module.configure(sub)
@@ -75,7 +95,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(args_list)
     except SystemExit as exit_:  # argparse: --help/--version exit 0, usage errors exit 2
         return int(exit_.code) if isinstance(exit_.code, int) else EXIT_USAGE
-    setup_logging(-1 if args.quiet else args.verbose)
+    setup_logging(verbosity(args))
     run: Callable[[argparse.Namespace], int] = args._run
     try:
         return run(args)

@@ -123,3 +123,13 @@ def test_installed_script_and_template_are_this_script():
 def test_script_passes_shellcheck():
     done = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
+
+
+def test_verbose_and_quiet_after_the_subcommand_as_the_flag_table_says(job, capsys):
+    """README's bootstrap flag table lists -v/-q; `npu-job bootstrap -v` used to exit 2."""
+    flags, _ = job
+    assert main(["bootstrap", *flags, "-v"]) == 0
+    err = capsys.readouterr().err
+    assert "npu-job: debug: rank table:" in err and "npu-job: node rank" in err
+    assert main(["bootstrap", *flags, "-q"]) == 0
+    assert capsys.readouterr().err == ""
