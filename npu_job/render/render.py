@@ -183,6 +183,8 @@ def _package_text(name: str) -> str:
     from importlib import resources
 
     try:
+        if not hasattr(resources, "files"):  # Python 3.8
+            return resources.read_text(TEMPLATE_PACKAGE, name, encoding="utf-8")
         return resources.files(TEMPLATE_PACKAGE).joinpath(name).read_text(encoding="utf-8")
     except (FileNotFoundError, OSError) as error:
         raise RenderError(f"templates/{name}: cannot read the packaged file: {error}") from None
