@@ -111,7 +111,7 @@ def load_yaml_values(text: str, source: str) -> Dict[str, Any]:
     """Parse one spec file's text; an empty file is ``{}``.
 
     Raises :class:`InputError` (naming the line) for YAML that does not parse, several documents,
-    a duplicate key, or a top level that is not a mapping.
+    a duplicate or non-string key, or a top level that is not a mapping.
     """
     import yaml
 
@@ -122,6 +122,10 @@ def load_yaml_values(text: str, source: str) -> Dict[str, Any]:
         seen: Dict[Any, int] = {}
         for key_node, _ in node.value:
             key = loader.construct_object(key_node, deep=True)
+            if not isinstance(key, str):  # Kubernetes and the spec know string keys only
+                raise InputError(
+                    source, f"line {key_node.start_mark.line + 1}", f"expected a string key, got {shown(key)} (quote it)"
+                )
             if key in seen:
                 raise InputError(
                     source,
@@ -146,9 +150,6 @@ def load_yaml_values(text: str, source: str) -> Dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise InputError(source, "top level", f"expected a mapping of spec keys, got a {type(data).__name__}")
-    for key in data:
-        if not isinstance(key, str):
-            raise InputError(source, repr(key), "spec keys must be strings")
     _check_size(data, source)
     return data
 

@@ -204,3 +204,20 @@ def test_yaml_nests_at_most_64_levels(depth):
     assert load_yaml_values("a: " + "[" * 63 + "]" * 63 + "\n", "job.yaml")
     with pytest.raises(InputError, match=r"^job.yaml: (a(\[0\])+: )?nested deeper than 64 levels$"):
         load_yaml_values("a: " + "[" * depth + "]" * depth + "\n", "job.yaml")
+
+
+@pytest.mark.parametrize(
+    "text, line, shown_key",
+    [
+        pytest.param("1: x\n", 1, "1", id="top-level-integer"),
+        pytest.param("env:\n  ~: 1.5\n", 2, "None", id="nested-null"),
+        pytest.param("labels:\n  true: x\n", 2, "True", id="nested-boolean"),
+        pytest.param("labels: {[a]: b}\n", 1, "['a']", id="unhashable-list"),
+        pytest.param("volumes:\n- name: v\n  hostPath: {? {a: 1} : x}\n", 3, "{'a': 1}", id="unhashable-mapping"),
+    ],
+)
+def test_every_key_at_every_depth_is_a_string(text, line, shown_key):
+    """A non-string key used to crash the error formatting (None) or PyYAML's constructor (a list)."""
+    with pytest.raises(InputError) as error:
+        load_yaml_values(text, "job.yaml")
+    assert error.value.message == f"job.yaml: line {line}: expected a string key, got {shown_key} (quote it)"
