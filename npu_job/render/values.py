@@ -156,27 +156,36 @@ def load_yaml_values(text: str, source: str) -> Dict[str, Any]:
 
 def _check_size(document: Dict[str, Any], source: str) -> None:
     """Raise :class:`InputError` if ``document`` nests deeper than MAX_DEPTH or expands to more
-    than MAX_VALUES values. Linear in the document as parsed: a node an alias shares is sized once."""
-    sizes: Dict[int, int] = {}
+    than MAX_VALUES values. Linear in the document as parsed: a node aliases share is measured once
+    (its values and levels), then checked where each alias puts it."""
+    measured: Dict[int, Tuple[int, int]] = {}
 
-    def size(node: Any, path: Path) -> int:
+    def too_deep(path: Path) -> InputError:
+        return InputError(source, format_path(path), f"nested deeper than {MAX_DEPTH} levels")
+
+    def measure(node: Any, path: Path) -> Tuple[int, int]:
+        """(values, levels of containers) of ``node`` at ``path``."""
         if not isinstance(node, (dict, list)):
-            return 1
-        known = sizes.get(id(node))
+            return 1, 0
+        known = measured.get(id(node))
         if known is not None:
+            if len(path) + known[1] > MAX_DEPTH:
+                raise too_deep(path)
             return known
-        if len(path) >= MAX_DEPTH:
-            raise InputError(source, format_path(path), f"nested deeper than {MAX_DEPTH} levels")
-        items = node.items() if isinstance(node, dict) else enumerate(node)
-        total = 1 + sum(size(child, path + (key,)) for key, child in items)
+        if len(path) >= MAX_DEPTH:  # also ends an alias that contains itself
+            raise too_deep(path)
+        total, levels = 1, 0
+        for key, child in node.items() if isinstance(node, dict) else enumerate(node):
+            values, below = measure(child, path + (key,))
+            total, levels = total + values, max(levels, below)
         if total > MAX_VALUES:
             raise InputError(
                 source, "", f"expands to more than {MAX_VALUES} values (YAML aliases repeating a large value?)"
             )
-        sizes[id(node)] = total
-        return total
+        measured[id(node)] = (total, levels + 1)
+        return total, levels + 1
 
-    size(document, ())
+    measure(document, ())
 
 
 # ---------------------------------------------------------------------------------------------

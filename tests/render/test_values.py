@@ -221,3 +221,12 @@ def test_every_key_at_every_depth_is_a_string(text, line, shown_key):
     with pytest.raises(InputError) as error:
         load_yaml_values(text, "job.yaml")
     assert error.value.message == f"job.yaml: line {line}: expected a string key, got {shown_key} (quote it)"
+
+
+def test_an_alias_counts_at_the_depth_it_is_used_and_cannot_contain_itself():
+    deep = "[" * 60 + "]" * 60
+    assert load_yaml_values(f"x: &a {deep}\ny: [[[*a]]]\n", "job.yaml")  # 64 levels under y
+    with pytest.raises(InputError, match=r"^job.yaml: y\[0\]\[0\]\[0\]\[0\]: nested deeper than 64 levels$"):
+        load_yaml_values(f"x: &a {deep}\ny: [[[[*a]]]]\n", "job.yaml")
+    with pytest.raises(InputError, match="nested deeper than 64 levels$"):
+        load_yaml_values("x: &a [1, *a]\n", "job.yaml")
