@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from npu_job.errors import InputError, shown
+from npu_job.errors import SHOWN_LIMIT, InputError, shown
 
 PathItem = Union[str, int]
 Path = Tuple[PathItem, ...]
@@ -468,12 +468,20 @@ def typed(value: Any) -> Any:
 
 
 def format_path(path: Path) -> str:
-    """``("labels", "app.kubernetes.io/name")`` -> ``labels.app\\.kubernetes\\.io/name`` (--set syntax)."""
+    """``("labels", "app.kubernetes.io/name")`` -> ``labels.app\\.kubernetes\\.io/name`` (--set syntax).
+
+    A key that could not be written back in that syntax on one short line (control characters,
+    or longer than an error may echo) is shown quoted and shortened (``errors.shown``) instead:
+    the path names a key in a one-line error.
+    """
     out = ""
     for item in path:
         if isinstance(item, int):
             out += f"[{item}]"
+            continue
+        if len(item) > SHOWN_LIMIT or not item.isprintable():
+            escaped = shown(item)
         else:
             escaped = re.sub(r"([.\[\]=,\\{}])", r"\\\1", item)
-            out += f".{escaped}" if out else escaped
+        out += f".{escaped}" if out else escaped
     return out or "(top level)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from npu_job.errors import InputError
+from npu_job.errors import SHOWN_LIMIT, InputError
 from npu_job.render.values import (
     SetScalar,
     SetSyntaxError,
@@ -230,3 +230,15 @@ def test_an_alias_counts_at_the_depth_it_is_used_and_cannot_contain_itself():
         load_yaml_values(f"x: &a {deep}\ny: [[[[*a]]]]\n", "job.yaml")
     with pytest.raises(InputError, match="nested deeper than 64 levels$"):
         load_yaml_values("x: &a [1, *a]\n", "job.yaml")
+
+
+@pytest.mark.parametrize("key", ["a\nb", "x" * 1_000_000, "tab\there", "nul\x00"], ids=["newline", "1MB", "tab", "nul"])
+def test_a_hostile_key_is_named_on_one_short_line(key):
+    named = format_path(("labels", key))
+    assert "\n" not in named and "\t" not in named and "\x00" not in named
+    assert len(named) <= 2 * SHOWN_LIMIT
+    assert named.startswith("labels.'")
+
+
+def test_an_ordinary_key_keeps_the_set_syntax():
+    assert format_path(("labels", "app.kubernetes.io/name")) == "labels.app\\.kubernetes\\.io/name"
