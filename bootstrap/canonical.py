@@ -41,7 +41,7 @@ except ImportError:
     from socket import inet_ntoa as _inet_ntoa
 
 # (kind, ...) tuples; kind 0 = IP address (then version, integer value), kind 1 = natural order.
-IdKey = Tuple[Union[int, str, Tuple[Union[int, str], ...]], ...]
+IdKey = Tuple[Union[int, str, Tuple[Union[str, Tuple[int, str]], ...]], ...]
 
 _DIGITS = re.compile(r"(\d+)", re.ASCII)
 SwitchPath = Tuple[Tuple[str, ...], Tuple[str, ...], Optional[int]]  # (tiers, tors, slot)
@@ -69,8 +69,17 @@ def id_sort_key(identifier: str) -> IdKey:
         except ValueError:
             pass
     pieces = _DIGITS.split(identifier)  # [text, digits, text, digits, ..., text]
-    natural = tuple(int(piece) if index % 2 else piece for index, piece in enumerate(pieces))
+    natural = tuple(_number_key(piece) if index % 2 else piece
+                    for index, piece in enumerate(pieces))
     return (1, natural, identifier)
+
+
+def _number_key(digits: str) -> Tuple[int, str]:
+    """Orders runs of ASCII digits by the number they spell, as ``int(digits)`` would, for any
+    length (``int()`` refuses more than 4300 digits): fewer significant digits first, then
+    digit by digit."""
+    significant = digits.lstrip("0")
+    return (len(significant), significant)
 
 
 def id_order(identifiers: Sequence[str]) -> List[int]:

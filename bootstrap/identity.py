@@ -14,6 +14,7 @@ import logging
 from typing import Optional
 
 from npu_job.bootstrap.model import RankTable
+from npu_job.bootstrap.payload import count_from_text
 from npu_job.errors import InconsistentError, InputError
 
 log = logging.getLogger(__name__)
@@ -23,11 +24,11 @@ def parse_task_index(value: Optional[str], name: str = "VC_TASK_INDEX") -> Optio
     """``VC_TASK_INDEX`` as an int (None when unset or empty)."""
     if value is None or value.strip() == "":
         return None
-    text = value.strip()
-    if not (text.isdigit() and text.isascii()):
+    index = count_from_text(value.strip())
+    if index is None:
         raise InputError("environment", name,
                          f"expected a non-negative integer pod index, got {value!r}")
-    return int(text)
+    return index
 
 
 def find_pod_index(

@@ -28,7 +28,8 @@ it is loaded only for an input of :data:`MSGSPEC_FROM_BYTES` or more. It is only
 * whatever it refuses goes to the standard library, which accepts it or raises the error the user
   sees;
 * both refuse ``NaN``, ``Infinity`` and numbers beyond a double: they are not JSON (RFC 8259), and
-  msgspec would write them back as ``null``.
+  msgspec would write them back as ``null``; and both refuse integers of more than 4300 digits
+  (:data:`MAX_INT_DIGITS`, what ``int()`` reads), which no Python could print again.
 
 So results and messages are the same with or without msgspec; the tests compare the two engines
 on generated documents.
@@ -44,6 +45,7 @@ import binascii
 import json
 import re
 import zlib
+from functools import lru_cache
 from json.decoder import scanstring
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, TypeVar
 
@@ -289,7 +291,7 @@ def parse_json(text: bytes, source: str) -> Any:
 
 def _parse_json_stdlib(text: bytes, source: str) -> Any:
     try:
-        return json.loads(text, **_FINITE_ONLY)
+        return json.loads(text, **_NUMBER_HOOKS)
     except json.JSONDecodeError as error:
         where = f"line {error.lineno} column {error.colno}"
         raise InputError(source, where, f"expected valid JSON ({error.msg})") from None
@@ -297,34 +299,49 @@ def _parse_json_stdlib(text: bytes, source: str) -> Any:
         raise _not_utf8(source, error) from None
     except RecursionError:
         raise InputError(source, "content", "expected JSON nested less deeply") from None
-    except _NonFinite as error:
-        raise InputError(source, "content",
-                         f"expected finite numbers, got {error.args[0]} (not JSON)") from None
-    except ValueError as error:  # e.g. an integer past sys.get_int_max_str_digits()
+    except _UnreadableNumber as error:
+        raise InputError(source, "content", error.args[0]) from None
+    except ValueError as error:  # e.g. an integer past a -X int_max_str_digits set lower
         first = (str(error).splitlines() or [""])[0]
         raise InputError(source, "content", f"expected valid JSON ({first})") from None
 
 
-class _NonFinite(ValueError):
-    """A number JSON cannot hold (raised through json.loads' hooks)."""
+class _UnreadableNumber(ValueError):
+    """A number JSON cannot hold, or too long to read (raised through json.loads' hooks); its
+    argument is what was expected instead."""
+
+
+MAX_INT_DIGITS = 4300  # what int() reads by default (sys.get_int_max_str_digits), as msgspec does
 
 
 def _not_a_number(literal: str) -> float:
-    raise _NonFinite(literal)
+    raise _UnreadableNumber(f"expected finite numbers, got {literal} (not JSON)")
 
 
 def _finite_float(literal: str) -> float:
     value = float(literal)
     if value - value != 0.0:  # inf - inf is nan; a finite value gives 0.0
-        raise _NonFinite(literal if len(literal) <= 24 else literal[:21] + "...")
+        shown = literal if len(literal) <= 24 else literal[:21] + "..."
+        raise _UnreadableNumber(f"expected finite numbers, got {shown} (not JSON)")
     return value
 
 
-# json.loads' settings but for non-finite numbers, refused (scan_once raises _NonFinite, a ValueError)
-_FINITE_ONLY: Dict[str, Callable[[str], float]] = {
-    "parse_constant": _not_a_number, "parse_float": _finite_float,
+def _bounded_int(literal: str) -> int:
+    """``int(literal)`` up to :data:`MAX_INT_DIGITS` digits on every Python (reading more takes
+    time quadratic in the length; older interpreters have no limit of their own)."""
+    if len(literal.lstrip("-")) > MAX_INT_DIGITS:
+        raise _UnreadableNumber(
+            f"expected integers of at most {MAX_INT_DIGITS} digits, got one of "
+            f"{len(literal.lstrip('-'))} digits")
+    return int(literal)
+
+
+# json.loads' settings but for numbers it cannot read or JSON cannot hold, refused (scan_once
+# raises _UnreadableNumber, a ValueError). msgspec refuses the same ones (the tests check).
+_NUMBER_HOOKS: Dict[str, Callable[[str], Any]] = {
+    "parse_constant": _not_a_number, "parse_float": _finite_float, "parse_int": _bounded_int,
 }
-_DECODER = json.JSONDecoder(**_FINITE_ONLY)
+_DECODER = json.JSONDecoder(**_NUMBER_HOOKS)
 
 
 def decode_typed(text: bytes, decoder_for: Callable[[Any], Any]) -> Any:
@@ -369,16 +386,64 @@ def encode_compact(document: Any) -> bytes:
 def _parse_yaml(text: bytes, source: str) -> Any:
     import yaml  # only the hand-written topology file may be YAML; keep it off the fast path
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader
+        return yaml.load(text, Loader=_yaml_loader(yaml))  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"line {mark.line + 1} column {mark.column + 1}" if mark is not None else "content"
+        where = _yaml_where(getattr(error, "problem_mark", None))
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise InputError(source, where, f"expected valid JSON or YAML ({problem})") from None
+    except _BadYamlScalar as error:
+        raise InputError(source, _yaml_where(error.mark), error.expected) from None
     except UnicodeDecodeError as error:
         raise _not_utf8(source, error) from None
+
+
+def _yaml_where(mark: Any) -> str:
+    return f"line {mark.line + 1} column {mark.column + 1}" if mark is not None else "content"
+
+
+class _BadYamlScalar(Exception):
+    """A YAML number or date that reads as no value (too long, out of range): where, and what was
+    expected instead."""
+
+    def __init__(self, mark: Any, expected: str) -> None:
+        super().__init__(expected)
+        self.mark = mark
+        self.expected = expected
+
+
+@lru_cache(maxsize=None)
+def _yaml_loader(yaml: Any) -> Any:
+    """PyYAML's safe loader (the C one if built) whose integers, floats and dates raise
+    :class:`_BadYamlScalar` where PyYAML would raise a bare ValueError (an integer past 4300
+    digits, month 13), and whose integers stay below ``10**4300`` whatever their base, so that
+    every value can be printed."""
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+    def checked(tag: str, construct: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        def construct_checked(loader: Any, node: Any) -> Any:
+            try:
+                value = construct(loader, node)
+                if tag == "int" and not -_INT_LIMIT < value < _INT_LIMIT:
+                    raise ValueError("too long")
+            except (ValueError, OverflowError) as error:
+                if tag == "int":
+                    expected = f"expected integers of at most {MAX_INT_DIGITS} digits"
+                else:
+                    expected = f"expected a valid {tag} ({(str(error).splitlines() or [''])[0]})"
+                raise _BadYamlScalar(node.start_mark, expected) from None
+            return value
+
+        return construct_checked
+
+    loader = type("NpuJobYamlLoader", (base,), {})
+    for tag in ("int", "float", "timestamp"):
+        full_tag = f"tag:yaml.org,2002:{tag}"
+        loader.add_constructor(full_tag, checked(tag, base.yaml_constructors[full_tag]))
+    return loader
+
+
+_INT_LIMIT = 10**MAX_INT_DIGITS
 
 
 def _not_utf8(source: str, error: UnicodeDecodeError) -> InputError:
@@ -449,12 +514,31 @@ def expect_str(value: Any, source: str, path: str, *, empty_ok: bool = False) ->
     return value
 
 
+MAX_COUNT_DIGITS = 18  # every count and index of these formats is far below 10**18 (an int64)
+_COUNT_LIMIT = 10**MAX_COUNT_DIGITS
+
+
+def count_from_text(text: str) -> Optional[int]:
+    """The value of ``text`` if it is a count: ASCII digits, at most :data:`MAX_COUNT_DIGITS`
+    of them; else None. The one way input text becomes an integer here (``int()`` would raise a
+    ValueError past 4300 digits, and read other digits than ASCII ones)."""
+    if len(text) <= MAX_COUNT_DIGITS and text.isdigit() and text.isascii():
+        return int(text)
+    return None
+
+
 def expect_count(value: Any, source: str, path: str) -> int:
-    """A non-negative integer written as a string (these formats quote numbers) or a number."""
-    if type(value) is int and value >= 0:
+    """A non-negative integer written as a string (these formats quote numbers) or a number,
+    below 10**18 (:func:`count_from_text`)."""
+    if type(value) is int and 0 <= value < _COUNT_LIMIT:
         return value
-    if type(value) is str and value.isdigit() and value.isascii():
-        return int(value)
+    if type(value) is str:
+        count = count_from_text(value)
+        if count is not None:
+            return count
+    if (type(value) is int and value > 0) or (type(value) is str and value.isdigit()
+                                              and value.isascii()):
+        fail(source, path, f"a non-negative integer of at most {MAX_COUNT_DIGITS} digits", value)
     fail(source, path, "a non-negative integer (as a string, e.g. \"0\")", value)
 
 

@@ -36,6 +36,8 @@ from npu_job.bootstrap.model import (
     servers_from_device_columns,
 )
 from npu_job.bootstrap.payload import (
+    MAX_COUNT_DIGITS,
+    count_from_text,
     decode_document,
     expect_count,
     expect_list,
@@ -49,7 +51,7 @@ from npu_job.bootstrap.payload import (
 )
 
 LEGACY_VERSION = "0"
-_POD_SUFFIX = re.compile(r"(\d+)$")
+_POD_SUFFIX = re.compile(r"(?<![0-9])([0-9]+)\Z")  # linear: each run of digits is tried once
 
 
 def parse_rank_table(data: bytes, source: str) -> RankTable:
@@ -167,7 +169,7 @@ def _all_devices_fast(server_list: List[Any]) -> Optional[DeviceColumns]:
     if set(map(type, ids)) != _STR or "" in ids or set(map(type, ranks)) != _STR or "" in ranks:
         return None
     joined = "".join(ranks)
-    if not (joined.isdigit() and joined.isascii()):
+    if not (joined.isdigit() and joined.isascii()) or max(map(len, ranks)) > MAX_COUNT_DIGITS:
         return None
     if set(map(type, ips)) not in _STR_OR_NONE or set(map(type, supers)) not in _STR_OR_NONE:
         return None
@@ -254,10 +256,10 @@ def _legacy_table(doc: Dict[str, Any], status: str, source: str) -> RankTable:
         expect_object(instance, source, path)
         pod_name = require_str(instance, "pod_name", source, path)
         match = _POD_SUFFIX.search(pod_name)
-        if match is None:
-            fail(source, f"{path}.pod_name",
-                 "a pod name ending in its index (e.g. job-worker-0)", pod_name)
-        suffix = int(match.group(1))
+        suffix = None if match is None else count_from_text(match.group(1))
+        if suffix is None:
+            fail(source, f"{path}.pod_name", "a pod name ending in its index, of at most "
+                 f"{MAX_COUNT_DIGITS} digits (e.g. job-worker-0)", pod_name)
         if suffix in by_suffix:
             fail(source, f"{path}.pod_name",
                  f"a unique pod index; {suffix} is also {by_suffix[suffix][0]}")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from npu_job.bootstrap.model import Collective, Plan, PlanStatus, RankTable, Topology
+from npu_job.bootstrap.payload import count_from_text
 from npu_job.bootstrap.sources import (
     K8S_TOPOLOGY,
     KubernetesAPI,
@@ -99,9 +100,10 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
         text = env.get(name, "").strip()
         if not text:
             return None
-        if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        number = count_from_text(text)
+        if number is None or number < 1:
             raise InputError("environment", name, f"expected a whole number >= 1, got {text!r}")
-        return int(text)
+        return number
 
     strict_flag = flags.get("strict")
     return BootstrapOptions(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Tuple, Union
 
-from npu_job.bootstrap.payload import MAX_INPUT_BYTES, check_size
+from npu_job.bootstrap.payload import MAX_INPUT_BYTES, check_size, count_from_text
 from npu_job.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -132,9 +132,9 @@ def fetch_url(
                 raise SourceUnavailable(label, "HTTP status", got)
             if response.status_code != 200:
                 raise InputError(label, "HTTP status", got)
-            length = response.headers.get("Content-Length")
-            if length is not None and length.isdigit():
-                check_size(int(length), label)
+            declared = count_from_text(response.headers.get("Content-Length") or "")
+            if declared is not None:  # an early refusal; what arrives is counted below anyway
+                check_size(declared, label)
             chunks: List[bytes] = []
             size = 0
             for chunk in response.iter_content(chunk_size=1 << 16):

@@ -231,14 +231,20 @@ def test_msgspec_and_the_standard_library_agree_on_every_text(document, indent, 
         (b'[Infinity]', "f.json: content: expected finite numbers, got Infinity (not JSON)"),
         (b'[-Infinity]', "f.json: content: expected finite numbers, got -Infinity (not JSON)"),
         (b'{"a": [1e400]}', "f.json: content: expected finite numbers, got 1e400 (not JSON)"),
-        (b"[" + b"9" * 5000 + b"]", "f.json: content: expected valid JSON (Exceeds the limit (4300 digits)"),
+        (b"[" + b"9" * 5000 + b"]", "f.json: content: expected integers of at most 4300 digits, got one of 5000 digits"),
+        (b"[-" + b"9" * 4301 + b"]", "f.json: content: expected integers of at most 4300 digits, got one of 4301 digits"),
     ],
-    ids=["nan", "infinity", "minus-infinity", "overflow", "int-too-long"],
+    ids=["nan", "infinity", "minus-infinity", "overflow", "int-too-long", "negative-int-one-digit-too-long"],
 )
 @pytest.mark.parametrize("engine", ENGINES)
 def test_numbers_json_cannot_hold_are_refused_by_both_engines(engine, data, expected):
     kind, message = _outcome(data, engine)
     assert kind == "error" and message.startswith(expected)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_longest_integer_both_engines_read_has_4300_digits(engine):
+    assert _outcome(b"[" + b"9" * 4300 + b"]", engine) == ("ok", repr([10**4300 - 1]))
 
 
 @pytest.mark.parametrize(

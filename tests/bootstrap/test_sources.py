@@ -157,6 +157,13 @@ def test_oversized_response_is_refused(server, ca, monkeypatch):
         read_bytes(server.url("/big"), verify=ca)
 
 
+def test_a_declared_length_too_long_to_be_a_number_is_not_believed(server, ca):
+    """The body is counted as it arrives anyway; a Content-Length of 5000 digits is no integer
+    (``int()`` stops at 4300) and no reason to fail."""
+    server.routes["/odd"] = lambda handler: (200, {"Content-Length": "9" * 5000}, b"[1]")
+    assert read_bytes(server.url("/odd"), verify=ca) == b"[1]"
+
+
 # --- Kubernetes API ---------------------------------------------------------------------------
 
 
