@@ -15,7 +15,7 @@ from typing import Optional
 
 from npu_job.bootstrap.model import RankTable
 from npu_job.bootstrap.payload import count_from_text
-from npu_job.errors import InconsistentError, InputError
+from npu_job.errors import InconsistentError, InputError, shown
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def parse_task_index(value: Optional[str], name: str = "VC_TASK_INDEX") -> Optio
     index = count_from_text(value.strip())
     if index is None:
         raise InputError("environment", name,
-                         f"expected a non-negative integer pod index, got {value!r}")
+                         f"expected a non-negative integer pod index, got {shown(value)}")
     return index
 
 
@@ -42,19 +42,19 @@ def find_pod_index(
             matches = [s.pod_index for s in table.servers if s.host_ip == host_ip]
         if not matches:
             raise InconsistentError(
-                f"{source}: server_list: expected this host's IP {host_ip} (MA_CURRENT_HOST_IP) "
-                f"among the {count} server ids, it is not there",
+                f"{source}: server_list: expected this host's IP {shown(host_ip)} "
+                f"(MA_CURRENT_HOST_IP) among the {count} server ids, it is not there",
                 tip="is MA_CURRENT_HOST_IP set from status.hostIP? --host-ip overrides it",
             )
         if len(matches) > 1:
             raise InconsistentError(
-                f"{source}: server_list: expected one server with host IP {host_ip}, "
+                f"{source}: server_list: expected one server with host IP {shown(host_ip)}, "
                 f"found {len(matches)}"
             )
         index = matches[0]
         if task_index is not None and task_index != index:
             raise InconsistentError(
-                f"{source}: server_list[{index}]: this host {host_ip} is pod index {index} "
+                f"{source}: server_list[{index}]: this host {shown(host_ip)} is pod index {index} "
                 "in the rank "
                 f"table, but VC_TASK_INDEX is {task_index}",
                 tip="the rank table may be stale or out of pod order; "

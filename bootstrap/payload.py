@@ -49,7 +49,7 @@ from functools import lru_cache
 from json.decoder import scanstring
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, TypeVar
 
-from npu_job.errors import InputError
+from npu_job.errors import InputError, shown
 
 MAX_INPUT_BYTES = 64 * 1024 * 1024
 
@@ -391,7 +391,9 @@ def _parse_yaml(text: bytes, source: str) -> Any:
     except yaml.YAMLError as error:
         where = _yaml_where(getattr(error, "problem_mark", None))
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise InputError(source, where, f"expected valid JSON or YAML ({problem})") from None
+        # PyYAML's problems quote what they found: a tag, an alias or anchor name, of any length
+        raise InputError(source, where,
+                         f"expected valid JSON or YAML ({verbatim_or_shown(problem)})") from None
     except _BadYamlScalar as error:
         raise InputError(source, _yaml_where(error.mark), error.expected) from None
     except UnicodeDecodeError as error:
@@ -455,6 +457,13 @@ def _preview(body: bytes) -> str:
     return repr(body[:16].decode("utf-8", "replace"))
 
 
+def verbatim_or_shown(text: str) -> str:
+    """Text that may hold any part of an input (a parser's problem, an HTTP reason phrase, an id
+    in a report), for one line: verbatim when short and printable, else through
+    :func:`~npu_job.errors.shown` (quoted, bounded)."""
+    return text if len(text) <= 160 and text.isprintable() else shown(text, 160)
+
+
 # --- field checkers shared by the readers ---------------------------------------------------------
 
 _JSON_TYPE_NAMES = {
@@ -469,13 +478,11 @@ _JSON_TYPE_NAMES = {
 
 
 def describe(value: Any) -> str:
-    """How a JSON value looks to a user: ``a string "x"``, ``an object``, ``null``."""
+    """How a JSON value looks to a user: ``a string 'x'``, ``an object``, ``null``; a string or
+    number is echoed through :func:`~npu_job.errors.shown` (quoted, one line, bounded)."""
     kind = _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        shown = json.dumps(value)
-        if len(shown) > 40:
-            shown = shown[:37] + '..."'
-        return f"{kind} {shown}"
+        return f"{kind} {shown(value)}"
     return kind
 
 
@@ -559,10 +566,22 @@ def require_unique_id(
     where = join(path, key)
     value = require_str(mapping, key, source, path)
     if value in seen:
-        fail(source, where, f"a unique {key.replace('_', ' ')}; {value!r} is also {seen[value]}")
+        fail(source, where,
+             f"a unique {key.replace('_', ' ')}; {shown(value)} is also {seen[value]}")
     seen[value] = path
     return value
 
 
 def join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
+
+
+_PLAIN_KEY = re.compile(r"[\w.:/@+-]{1,80}", re.ASCII)
+
+
+def join_key(path: str, key: Any) -> str:
+    """``path.key`` for a key taken from the input (a server id, an unknown field): as written
+    when it is a plain name or address, else through :func:`~npu_job.errors.shown`, so that a
+    field path stays one bounded line."""
+    plain = type(key) is str and _PLAIN_KEY.fullmatch(key) is not None
+    return join(path, key if plain else shown(key))

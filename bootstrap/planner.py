@@ -51,6 +51,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from npu_job.bootstrap import canonical
 from npu_job.bootstrap.model import Collective, Plan, PlanStatus, RankTable, Topology
+from npu_job.errors import shown
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def precondition_failures(
     servers = table.servers
     count = len(servers)
     if not table.is_completed:
-        reasons.append(f"rank table status is {table.status!r}, not 'completed'")
+        reasons.append(f"rank table status is {shown(table.status)}, not 'completed'")
     if count < MIN_NODES:
         reasons.append(
             f"only {count} node(s); reordering needs at least {MIN_NODES} (platform rule)"
@@ -135,7 +136,7 @@ def precondition_failures(
     for server in servers:
         if server.server_id in first_pod:
             reasons.append(
-                f"duplicate server_id {server.server_id!r}"
+                f"duplicate server_id {shown(server.server_id)}"
                 f" (pod indices {first_pod[server.server_id]}"
                 f" and {server.pod_index})"
             )
@@ -192,8 +193,8 @@ def _partial_node_reasons(table: RankTable, full_node_devices: Optional[int]) ->
 
 
 def _few(ids: Sequence[str], limit: int = 3) -> str:
-    shown = ", ".join(ids[:limit])
-    return shown + (f", ... ({len(ids) - limit} more)" if len(ids) > limit else "")
+    listed = ", ".join(map(shown, ids[:limit]))
+    return listed + (f", ... ({len(ids) - limit} more)" if len(ids) > limit else "")
 
 
 def switch_groups(

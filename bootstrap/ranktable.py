@@ -49,6 +49,7 @@ from npu_job.bootstrap.payload import (
     require_str,
     require_unique_id,
 )
+from npu_job.errors import shown
 
 LEGACY_VERSION = "0"
 _POD_SUFFIX = re.compile(r"(?<![0-9])([0-9]+)\Z")  # linear: each run of digits is tried once
@@ -84,7 +85,7 @@ def rank_table_from_document(document: Any, source: str) -> RankTable:
     unknown = set(super_pods) - {server.server_id for server in servers}
     if unknown:
         fail(source, "super_pod_list",
-             f"only server ids of server_list, got unknown {sorted(unknown)[0]!r}")
+             f"only server ids of server_list, got unknown {shown(sorted(unknown)[0])}")
     return RankTable(version=version, status=status, servers=servers)
 
 
@@ -235,7 +236,8 @@ def _super_pods(doc: Dict[str, Any], source: str) -> Dict[str, str]:
             server_id = require_str(member, "server_id", source, here)
             if server_id in where:
                 fail(source, f"{here}.server_id",
-                     f"each server in one super pod; {server_id!r} is also in {where[server_id]}")
+                     f"each server in one super pod; {shown(server_id)} is also in "
+                     f"{where[server_id]}")
             where[server_id] = path
             result[server_id] = pod_id
     return result

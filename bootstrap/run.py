@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from npu_job.bootstrap.model import Collective, Plan, PlanStatus, RankTable, Topology
-from npu_job.bootstrap.payload import count_from_text
+from npu_job.bootstrap.payload import count_from_text, verbatim_or_shown
 from npu_job.bootstrap.sources import (
     K8S_TOPOLOGY,
     KubernetesAPI,
@@ -32,7 +32,7 @@ from npu_job.bootstrap.sources import (
     read_bytes,
     topology_candidates,
 )
-from npu_job.errors import EXIT_OK, InputError, NpuJobError
+from npu_job.errors import EXIT_OK, InputError, NpuJobError, shown
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
             number = -1.0
         if not number >= 0:  # also rejects nan
             raise InputError("environment", name,
-                             f"expected a number of seconds >= 0, got {text!r}")
+                             f"expected a number of seconds >= 0, got {shown(text)}")
         return number
 
     def count(flag: str, name: str) -> Optional[int]:
@@ -102,7 +102,8 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
             return None
         number = count_from_text(text)
         if number is None or number < 1:
-            raise InputError("environment", name, f"expected a whole number >= 1, got {text!r}")
+            raise InputError("environment", name,
+                             f"expected a whole number >= 1, got {shown(text)}")
         return number
 
     strict_flag = flags.get("strict")
@@ -169,7 +170,8 @@ def _bootstrap(flags: Mapping[str, Any], env: Optional[Mapping[str, str]],
         log.info("continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX); "
                  "--strict makes this fatal")
     except Exception as error:  # a bug of ours must not stop the training job either
-        summary = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+        first_line = (str(error).splitlines() or [""])[0]
+        summary = f"{type(error).__name__}: {verbatim_or_shown(first_line)}"
         route_plan = _fall_back(output_dir, f"internal error: {summary}", context)
         if strict:
             raise
@@ -257,7 +259,7 @@ def choose_collective(flag: Optional[str], env: Mapping[str, str]) -> Collective
         except ValueError:
             choices = ", ".join(c.value for c in Collective)
             raise InputError("--collective", "",
-                             f"expected one of {choices}, got {flag!r}") from None
+                             f"expected one of {choices}, got {shown(flag)}") from None
     from npu_job.bootstrap import planner
 
     algo = env.get("HCCL_ALGO")

@@ -23,7 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Tuple, Union
 
-from npu_job.bootstrap.payload import MAX_INPUT_BYTES, check_size, count_from_text
+from npu_job.bootstrap.payload import (
+    MAX_INPUT_BYTES,
+    check_size,
+    count_from_text,
+    verbatim_or_shown,
+)
 from npu_job.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -127,7 +132,8 @@ def fetch_url(
     try:
         with http.get(url, headers=dict(headers or {}), params=params, verify=verify,
                       timeout=timeout, stream=True) as response:
-            got = f"expected 200 OK, got {response.status_code} {response.reason}"
+            reason = verbatim_or_shown(response.reason or "")
+            got = f"expected 200 OK, got {response.status_code} {reason}"
             if response.status_code >= 500 or response.status_code == 429:
                 raise SourceUnavailable(label, "HTTP status", got)
             if response.status_code != 200:
@@ -155,7 +161,7 @@ def fetch_url(
 
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
-    return text[0][:200] if text else type(error).__name__
+    return verbatim_or_shown(text[0]) if text else type(error).__name__
 
 
 # --- the Kubernetes API ---------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from npu_job.bootstrap.payload import (
     expect_object,
     expect_str,
     fail,
+    join_key,
     json_text,
     parse_json,
     require,
@@ -58,6 +59,7 @@ from npu_job.bootstrap.payload import (
     require_unique_id,
     scan_array_member,
 )
+from npu_job.errors import shown
 
 CCE_RANKTABLE_TOR = "cce-ranktable-tor"
 BASIC_TOR_NODE_CM = "basic-tor-node-cm"
@@ -296,7 +298,7 @@ def _tor_info(doc: Dict[str, Any], source: str) -> Topology:
         else:
             name = f"tor-{tor_id}"
         if name in seen_tor:
-            fail(source, f"{path}.tor_id", f"a unique ToR; {name!r} is also {seen_tor[name]}")
+            fail(source, f"{path}.tor_id", f"a unique ToR; {shown(name)} is also {seen_tor[name]}")
         seen_tor[name] = path
         members = require_list(tor, "server", source, path)
         for position, member in enumerate(members):
@@ -343,7 +345,8 @@ def _read_node_list(document: Any, source: str) -> Topology:
                 keys.append(require_str(address, "address", source, here))
         for key in keys:
             if key in placements and placements[key] != placement:
-                fail(source, path, f"one placement per node address; {key!r} is claimed twice")
+                fail(source, path,
+                     f"one placement per node address; {shown(key)} is claimed twice")
             placements[key] = placement
     return Topology(placements, source=K8S_NODE_LABELS)
 
@@ -371,13 +374,14 @@ def _placement_from_labels(labels: Dict[str, Any], source: str, path: str) -> Op
 
 def _read_plain(document: Any, source: str) -> Topology:
     doc = expect_object(document, source, "")
-    unknown = sorted(set(doc) - {"version", "servers"})
+    unknown = sorted(set(doc) - {"version", "servers"}, key=str)  # YAML keys: any type
     if unknown:
-        fail(source, str(unknown[0]), "only the keys 'version' and 'servers' at the top level")
+        fail(source, join_key("", unknown[0]),
+             "only the keys 'version' and 'servers' at the top level")
     servers = expect_object(require(doc, "servers", source, ""), source, "servers")
     placements: Dict[str, Placement] = {}
     for server_id, spec in servers.items():
-        path = f"servers.{server_id}"
+        path = join_key("servers", server_id)
         if type(server_id) is not str:
             fail(source, path, "server ids as strings (quote them in YAML)", server_id)
         placements[server_id] = _plain_placement(spec, source, path)
@@ -393,9 +397,9 @@ def _plain_placement(spec: Any, source: str, path: str) -> Placement:
     if type(spec) is not dict:
         fail(source, path,
              "a switch path list, a ToR id, or {path: [...], slot: N, tors: [...]}", spec)
-    unknown = sorted(set(spec) - {"path", "slot", "tors"})
+    unknown = sorted(set(spec) - {"path", "slot", "tors"}, key=str)
     if unknown:
-        fail(source, f"{path}.{unknown[0]}", "only the keys 'path', 'slot' and 'tors'")
+        fail(source, join_key(path, unknown[0]), "only the keys 'path', 'slot' and 'tors'")
     slot = spec.get("slot")
     if slot is not None:
         slot = expect_count(slot, source, f"{path}.slot")

@@ -25,7 +25,7 @@ from npu_job.bootstrap.model import RankTable
 from npu_job.bootstrap.payload import decode_document
 from npu_job.bootstrap.ranktable import rank_table_from_document
 from npu_job.bootstrap.sources import SourceUnavailable
-from npu_job.errors import InputError, NotReadyError
+from npu_job.errors import InputError, NotReadyError, shown
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,7 @@ def wait_for_rank_table(
         elapsed = clock() - start
         if elapsed >= timeout:
             break
-        log.info("waiting for rank table: %s, %.0f s of %.0f s",
-                 _short(last_seen), elapsed, timeout)
+        log.info("waiting for rank table: %s, %.0f s of %.0f s", last_seen, elapsed, timeout)
         sleep(max(0.0, min(interval, timeout - elapsed)))
     if last_error is not None:  # the bytes never decoded: say what is wrong with them
         last_error.tip = f"it stayed like this for {timeout:.0f} s (NPU_JOB_WAIT_TIMEOUT)"
@@ -91,11 +90,7 @@ def _attempt(
     except InputError as error:
         if status == "completed":
             raise
-        return None, f"status={status}, not valid yet ({error.message})", None
+        return None, f"status={shown(status)}, not valid yet ({error.message})", None
     if table.is_completed:
         return LoadedRankTable(table, document, source), "status=completed", None
-    return None, f"status={table.status}", None
-
-
-def _short(text: str, limit: int = 160) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return None, f"status={shown(table.status)}", None

@@ -191,9 +191,11 @@ def _report(
 
 
 def _path_text(entry: Dict[str, Any]) -> str:
-    parts = list(entry["tiers"])
+    from npu_job.bootstrap.payload import verbatim_or_shown
+
+    parts = list(map(verbatim_or_shown, entry["tiers"]))
     if entry["tors"]:
-        parts.append("+".join(entry["tors"]))
+        parts.append("+".join(map(verbatim_or_shown, entry["tors"])))
     text = " > ".join(parts) if parts else "- (no topology)"
     return text + (f" (slot {entry['slot']})" if entry["slot"] is not None else "")
 
@@ -211,6 +213,10 @@ def _fraction(value: Optional[float]) -> str:
 
 
 def _text(report: Dict[str, Any]) -> List[str]:
+    """The report as lines for a terminal; ids that are not short printable text are quoted
+    (:func:`~npu_job.bootstrap.payload.verbatim_or_shown`), ``--json`` has them as written."""
+    from npu_job.bootstrap.payload import verbatim_or_shown
+
     ours = report["scores"]["ours"]
     lines = [
         f"plan: {report['status']} ({report['collective']}), {report['node_count']} nodes on"
@@ -225,7 +231,7 @@ def _text(report: Dict[str, Any]) -> List[str]:
     )
     rows: List[Tuple[str, str, str, str]] = [("new rank", "pod index", "server", "switch path")]
     rows.extend(
-        (str(e["node_rank"]), str(e["pod_index"]), e["server_id"], _path_text(e))
+        (str(e["node_rank"]), str(e["pod_index"]), verbatim_or_shown(e["server_id"]), _path_text(e))
         for e in report["order"]
     )
     widths = [max(len(row[i]) for row in rows) for i in range(3)]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from npu_job.bootstrap import payload
 from npu_job.bootstrap.payload import decode_document, describe, encode_b64_gzip
-from npu_job.errors import InputError
+from npu_job.errors import InputError, shown
 
 from .documents import b64_gzip, v1_0
 from .engines import ENGINES, json_engine
@@ -82,6 +82,20 @@ def test_bad_yaml_names_line_and_column():
         decode_document(b"servers:\n  a: [b, c\n", "t.yaml", allow_yaml=True)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [b"servers: *" + b"a" * (1 << 20), b"servers: !" + b"t" * (1 << 20) + b" x"],
+    ids=["alias-name", "tag"],
+)
+def test_a_yaml_problem_quoting_the_input_stays_one_bounded_line(text):
+    """PyYAML's problems quote what they found (an alias name, a tag), however long."""
+    with pytest.raises(InputError) as caught:
+        decode_document(text, "t.yaml", allow_yaml=True)
+    message = caught.value.message
+    assert message.startswith("t.yaml: line 1 column ") and len(message) < 300, message[:300]
+    assert message.isprintable()
+
+
 def test_huge_input_and_gzip_bomb_are_refused_at_the_cap(monkeypatch):
     monkeypatch.setattr(payload, "MAX_INPUT_BYTES", 1000)
     with pytest.raises(InputError, match=r"^big.json: size: expected at most 1000 bytes, got 1001 bytes$"):
@@ -115,8 +129,8 @@ def test_b64_gzip_round_trips_whatever_the_wrapping(document, wrap):
 
 @pytest.mark.parametrize(
     "value, shown",
-    [("x", 'a string "x"'), (3, "a number 3"), (None, "null"), ([1], "an array"), ({}, "an object"), (True, "a boolean"),
-     ("y" * 60, 'a string "' + "y" * 36 + '..."')],
+    [("x", "a string 'x'"), (3, "a number 3"), (None, "null"), ([1], "an array"), ({}, "an object"), (True, "a boolean"),
+     ("y" * 100, "a string " + shown("y" * 100))],
     ids=["string", "number", "null", "array", "object", "boolean", "long-string"],
 )
 def test_values_are_described_in_json_terms(value, shown):

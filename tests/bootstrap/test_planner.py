@@ -295,13 +295,13 @@ PLACED = Topology({sid: Placement(tors=(f"t{i % 2}",)) for i, sid in enumerate(F
             make_table(FOUR, devices=[8, 8, 4, 8]),
             PLACED,
             {},
-            "partial nodes: device counts differ (8 on 3, 4 on 1; short: 10.0.0.3)",
+            "partial nodes: device counts differ (8 on 3, 4 on 1; short: '10.0.0.3')",
         ),
         (
             make_table(FOUR, devices=[8, 0, 8, 8]),
             PLACED,
             {},
-            "partial nodes: 1 server(s) list no devices (10.0.0.2)",
+            "partial nodes: 1 server(s) list no devices ('10.0.0.2')",
         ),
         (
             make_table(FOUR, devices=[4, 4, 4, 4]),

@@ -157,8 +157,8 @@ def _unwritable_output(tmp, env):
 FALLBACKS = [
     ("no-rank-table", _no_rank_table, "rank table: location: expected $RANK_TABLE_FILE or one of", InputError),
     ("truncated-json", _truncated_json, "jobstart_hccl.json: line ", InputError),
-    ("stuck-initializing", _stuck_initializing, 'status: expected "completed" within 0 s, last seen status=initializing', NotReadyError),
-    ("host-not-in-table", _host_not_in_table, "server_list: expected this host's IP 10.99.99.99 (MA_CURRENT_HOST_IP)", InconsistentError),
+    ("stuck-initializing", _stuck_initializing, 'status: expected "completed" within 0 s, last seen status=\'initializing\'', NotReadyError),
+    ("host-not-in-table", _host_not_in_table, "server_list: expected this host's IP '10.99.99.99' (MA_CURRENT_HOST_IP)", InconsistentError),
     ("index-mismatch", _index_mismatch, "in the rank table, but VC_TASK_INDEX is 2", InconsistentError),
     ("fewer-than-3-nodes", _two_nodes, "only 2 node(s); reordering needs at least 3", InputError),
     ("no-topology", _no_topology, "no switch topology available", InputError),
@@ -299,8 +299,8 @@ def test_find_pod_index(host_ip, task_index, expected):
 
 @pytest.mark.parametrize(
     "host_ip, task_index, error, message",
-    [("10.0.0.9", 1, InconsistentError, "t.json: server_list: expected this host's IP 10.0.0.9 (MA_CURRENT_HOST_IP) among the 3 server ids"),
-     ("192.168.0.12", 2, InconsistentError, "t.json: server_list[1]: this host 192.168.0.12 is pod index 1 in the rank table, but VC_TASK_INDEX is 2"),
+    [("10.0.0.9", 1, InconsistentError, "t.json: server_list: expected this host's IP '10.0.0.9' (MA_CURRENT_HOST_IP) among the 3 server ids"),
+     ("192.168.0.12", 2, InconsistentError, "t.json: server_list[1]: this host '192.168.0.12' is pod index 1 in the rank table, but VC_TASK_INDEX is 2"),
      (None, 3, InconsistentError, "t.json: server_list: expected an entry for VC_TASK_INDEX 3, the table has 3 servers"),
      (None, None, InputError, "environment: MA_CURRENT_HOST_IP: expected this host's IP")],
     ids=["ip-not-in-table", "index-mismatch", "index-out-of-range", "neither-set"],

@@ -55,8 +55,8 @@ def test_polls_until_completed_and_logs_progress(caplog):
     assert loaded.document == v1_0()
     assert len(fetch.calls) == 3 and time.sleeps == [5, 5]
     assert [r.getMessage() for r in caplog.records] == [
-        "waiting for rank table: status=initializing, 0 s of 300 s",
-        "waiting for rank table: status=initializing, 5 s of 300 s",
+        "waiting for rank table: status='initializing', 0 s of 300 s",
+        "waiting for rank table: status='initializing', 5 s of 300 s",
     ]
 
 
@@ -72,7 +72,7 @@ def test_stuck_at_initializing_times_out_with_what_was_seen():
     with pytest.raises(NotReadyError) as caught:
         wait_for_rank_table(feed(INITIALIZING), SOURCE, timeout=12, interval=5, clock=time.clock, sleep=time.sleep)
     assert caught.value.message == (
-        f'{SOURCE}: status: expected "completed" within 12 s, last seen status=initializing')
+        f'{SOURCE}: status: expected "completed" within 12 s, last seen status=\'initializing\'')
     assert caught.value.exit_code == 4
     assert time.sleeps == [5, 5, 2]  # never sleeps past the deadline
 

@@ -20,7 +20,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from npu_job.bootstrap.writers import ROUTE_PLAN_FILE
 from npu_job.cli import main
@@ -28,6 +28,23 @@ from tests.bootstrap.engines import json_engine
 
 EXIT_INPUT = 3
 LINE_LIMIT = 600  # characters: a file name, a field path and an expectation with a short value
+
+V1_0_IDS = ("192.168.0.11", "192.168.0.12", "192.168.0.13")  # documents.v1_0's servers
+TOR_INFO_IDS = ("1.1.0.0", "1.1.0.1", "1.1.0.4")  # three of documents.tor_info's servers
+
+
+def plain_topology(ids: Sequence[str]) -> Dict[str, Any]:
+    """A plain topology file placing ``ids`` on two ToRs, alternately."""
+    return {"servers": {sid: ["tor-a" if i % 2 else "tor-b"] for i, sid in enumerate(ids)}}
+
+
+def set_field(document: Any, keys: Sequence[Any], value: Any) -> Any:
+    """``document`` with the field at ``keys`` (object keys and array indices) set to ``value``."""
+    target = document
+    for key in keys[:-1]:
+        target = target[key]
+    target[keys[-1]] = value
+    return document
 
 
 @dataclass(frozen=True)
@@ -37,6 +54,7 @@ class Entry:
     name: str
     code: int
     stderr: List[str]
+    stdout: List[str]
 
     @property
     def errors(self) -> List[str]:
@@ -50,6 +68,7 @@ class Outcome:
     plan: Entry
     route_plan: dict
     out_dir: Path
+    route_plan_size: int
 
     @property
     def entries(self) -> List[Entry]:
@@ -85,9 +104,11 @@ def run_everywhere(rank_table: Path, topology: Optional[Path], host_ip: str, out
                            ("plan", ["plan", *reads, "--samples", "0"])):
             code = main(argv)
             if name == "pod":
-                route_plan = json.loads((out_dir / ROUTE_PLAN_FILE).read_text())
-            entries.append(Entry(name, code, capsys.readouterr().err.splitlines()))
-    return Outcome(*entries, route_plan=route_plan, out_dir=out_dir)
+                route_plan_bytes = (out_dir / ROUTE_PLAN_FILE).read_bytes()
+            captured = capsys.readouterr()
+            entries.append(Entry(name, code, captured.err.splitlines(), captured.out.splitlines()))
+    return Outcome(*entries, route_plan=json.loads(route_plan_bytes), out_dir=out_dir,
+                   route_plan_size=len(route_plan_bytes))
 
 
 def assert_one_line_error(outcome: Outcome, prefix: str) -> str:

@@ -26,7 +26,16 @@ from tests.bootstrap.documents import (
     v1_4_cce,
 )
 from tests.bootstrap.engines import ENGINES
-from tests.cli.bad_input import assert_one_line_error, assert_planned, clean_environment, run_everywhere
+from tests.cli.bad_input import (
+    TOR_INFO_IDS,
+    V1_0_IDS,
+    assert_one_line_error,
+    assert_planned,
+    clean_environment,
+    plain_topology,
+    run_everywhere,
+    set_field,
+)
 
 DIGITS = "1" * 5000
 NUMBER = "<bare number>"  # a placeholder: :func:`_text` writes DIGITS there unquoted
@@ -36,28 +45,17 @@ def _text(document: Any) -> str:
     """The JSON text of ``document`` with :data:`NUMBER` written as a bare 5000-digit number
     (which no Python int can be printed as)."""
     return json.dumps(document).replace(json.dumps(NUMBER), DIGITS)
+
+
 TORS = ("tor-a", "tor-b")
-
-
-def _plain_for(ids) -> Dict[str, Any]:
-    return {"servers": {sid: [TORS[i % 2]] for i, sid in enumerate(ids)}}
 
 
 def _set(document: Any, path: str, value: Any) -> Any:
     """``document`` with the field at ``path`` (keys joined by ``/``) set to ``value``."""
-    *parents, last = [int(key) if key.isdigit() else key for key in path.split("/")]
-    target = document
-    for key in parents:
-        target = target[key]
-    target[last] = value
-    return document
+    return set_field(document, [int(key) if key.isdigit() else key for key in path.split("/")], value)
 
 
-V1_0_IDS = ("192.168.0.11", "192.168.0.12", "192.168.0.13")
-TOR_INFO_IDS = ("1.1.0.0", "1.1.0.1", "1.1.0.4")
-
-
-# (id, which file holds the field, builder of that file's document, host ip, expected field or None)
+# (id, builder of the rank table, host ip, expected field or None)
 # None: the value is an id or unread, and the job is planned as usual.
 RANK_TABLE_CASES = [
     ("v1.0-server_count", lambda: _set(v1_0(), "server_count", DIGITS), "192.168.0.11", "server_count"),
@@ -100,7 +98,7 @@ def test_a_long_integer_in_a_rank_table(tmp_path: Path, capsys, monkeypatch, eng
     rank_table = tmp_path / "jobstart_hccl.json"
     rank_table.write_text(_text(document))
     topology = tmp_path / "topology.json"
-    topology.write_text(json.dumps(_plain_for(_server_ids(document))))
+    topology.write_text(json.dumps(plain_topology(_server_ids(document))))
     outcome = run_everywhere(rank_table, topology, host_ip, tmp_path / "out", capsys, engine)
     if field is None:
         assert_planned(outcome)
@@ -151,13 +149,13 @@ TOPOLOGY_CASES = [
      V1_0_IDS, None),
     ("ranktable_tor-pod_name", lambda: _set(ranktable_tor(CCE), "server_list/1/pod_name", "w-" + DIGITS),
      V1_0_IDS, None),
-    ("plain-slot", lambda: _set(_plain_for(V1_0_IDS), "servers/192.168.0.12", {"path": ["tor-a"], "slot": DIGITS}),
+    ("plain-slot", lambda: _set(plain_topology(V1_0_IDS), "servers/192.168.0.12", {"path": ["tor-a"], "slot": DIGITS}),
      V1_0_IDS, "servers.192.168.0.12.slot"),
-    ("plain-slot-bare", lambda: _set(_plain_for(V1_0_IDS), "servers/192.168.0.12",
+    ("plain-slot-bare", lambda: _set(plain_topology(V1_0_IDS), "servers/192.168.0.12",
                                      {"path": ["tor-a"], "slot": NUMBER}), V1_0_IDS, "content"),
-    ("plain-switch-id", lambda: _set(_plain_for(V1_0_IDS), "servers/192.168.0.12", ["spine-" + DIGITS, DIGITS]),
+    ("plain-switch-id", lambda: _set(plain_topology(V1_0_IDS), "servers/192.168.0.12", ["spine-" + DIGITS, DIGITS]),
      V1_0_IDS, None),
-    ("plain-switch-id-bare", lambda: _set(_plain_for(V1_0_IDS), "servers/192.168.0.12", [NUMBER]), V1_0_IDS,
+    ("plain-switch-id-bare", lambda: _set(plain_topology(V1_0_IDS), "servers/192.168.0.12", [NUMBER]), V1_0_IDS,
      "content"),
     ("node-label", lambda: _labelled_nodes(DIGITS), V1_0_IDS, None),
 ]
