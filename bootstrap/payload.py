@@ -54,6 +54,7 @@ from npu_job.errors import InputError, shown
 MAX_INPUT_BYTES = 64 * 1024 * 1024
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_GZIP_BASE64 = b"H4sI"  # base64 of 1f 8b 08, how every gzip stream starts (deflate)
 _BASE64_TEXT = re.compile(rb"[A-Za-z0-9+/=\s]+")
 _UTF8_BOM = b"\xef\xbb\xbf"
 
@@ -106,9 +107,12 @@ def decode_document(data: bytes, source: str, *, allow_yaml: bool = False) -> An
     if _BASE64_TEXT.fullmatch(body):
         try:
             raw = _b64decode(body, source)
-            return parse_json(_gunzip(raw, source, "base64(gzip(JSON))"), source)
         except InputError:
-            pass
+            if not b"".join(body[:64].split()).startswith(_GZIP_BASE64):
+                return _parse_yaml(body, source)  # a lone word: the reader says what it expected
+            raise
+        # base64 of gzip data: what is wrong inside (over the cap, truncated, not JSON) is the error
+        return parse_json(_gunzip(raw, source, "base64(gzip(JSON))"), source)
     return _parse_yaml(body, source)
 
 

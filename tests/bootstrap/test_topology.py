@@ -1,6 +1,7 @@
 """Switch topologies: four formats, detected by content (or forced), all read into one model; a
 node on several ToRs keeps them all; every malformed field is named precisely."""
 
+import base64
 import gzip
 import json
 
@@ -11,9 +12,11 @@ from hypothesis import strategies as st
 
 from npu_job.bootstrap.model import Placement, Topology
 from npu_job.bootstrap.synthetic import synthetic_cluster
+from npu_job.bootstrap import payload
 from npu_job.bootstrap.topology import (
     BASIC_TOR_NODE_CM,
     CCE_RANKTABLE_TOR,
+    FORMATS,
     K8S_NODE_LABELS,
     PLAIN_FILE,
     encode_ranktable_tor,
@@ -263,3 +266,36 @@ def test_ranktable_tor_engines_agree_on_unusual_documents(text):
             except InputError as error:
                 outcomes.append(error.message)
     assert outcomes[0] == outcomes[1]
+
+
+def _broken_b64_gzip_payloads():
+    document = json.dumps(tor_info()).encode()
+    gzipped = gzip.compress(document)
+    return {
+        "over-the-cap": base64.b64encode(gzip.compress(b'{"a": "' + b"x" * 5000 + b'"}')),
+        "truncated": base64.b64encode(gzipped[: len(gzipped) // 2]),
+        "corrupt": base64.b64encode(gzipped[:10] + b"\xff" * 40),
+        "not-json-inside": base64.b64encode(gzip.compress(b"servers: {a: b}")),
+        "bad-padding": base64.b64encode(gzipped)[:-1],
+        "wrapped-and-truncated": b"\n".join(base64.b64encode(gzipped[:-8])[i:i + 1] for i in range(0, 200)),
+    }
+
+
+@pytest.mark.parametrize("fmt", [None, *FORMATS])
+@pytest.mark.parametrize("name", list(_broken_b64_gzip_payloads()))
+def test_a_broken_base64_gzip_topology_fails_as_a_rank_table_would(monkeypatch, name, fmt):
+    """Formats that may be YAML fall back to YAML only for what is not base64(gzip): a bomb, a
+    truncated or corrupt stream gets the decoder's own error (the size cap's among them), not
+    "expected an object, got a string"."""
+    monkeypatch.setattr(payload, "MAX_INPUT_BYTES", 1000)
+    data = _broken_b64_gzip_payloads()[name]
+    with pytest.raises(InputError) as rank_table_error:
+        payload.decode_document(data, "t")
+    with pytest.raises(InputError) as topology_error:
+        parse_topology(data, "t", fmt)
+    assert topology_error.value.message == rank_table_error.value.message
+
+
+def test_a_lone_word_is_still_read_as_yaml_and_refused_by_the_reader():
+    with pytest.raises(InputError, match=r"^t: document: expected an object, got a string 'hello'$"):
+        parse_topology(b"hello", "t", PLAIN_FILE)

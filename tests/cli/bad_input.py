@@ -90,11 +90,13 @@ def clean_environment(monkeypatch) -> None:
 
 
 def run_everywhere(rank_table: Path, topology: Optional[Path], host_ip: str, out_dir: Path,
-                   capsys, engine: str) -> Outcome:
+                   capsys, engine: str, topology_format: Optional[str] = None) -> Outcome:
     """Run the pod path, ``--strict`` and ``npu-job plan`` on the same files under ``engine``."""
     reads = ["--rank-table", str(rank_table)]
     if topology is not None:
         reads += ["--topology", str(topology)]
+    if topology_format is not None:
+        reads += ["--topology-format", topology_format]
     pod_flags = [*reads, "--host-ip", host_ip, "--output-dir", str(out_dir)]
     entries = []
     capsys.readouterr()
