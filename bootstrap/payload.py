@@ -10,7 +10,13 @@ The platform hands us the same data in several encodings and file names do not s
 
 Everything is capped at :data:`MAX_INPUT_BYTES` (64 MiB, before and after decompression): a 16k-node
 rank table is about 10 MiB of JSON, so anything bigger is a wrong file or a gzip bomb, and we would
-rather say so than exhaust a pod's memory.
+rather say so than exhaust a pod's memory. Decoding costs memory per value, not per byte (``{},``
+is 3 bytes of text and 72 decoded), so a JSON document is also capped at :data:`MAX_DECODED_BYTES`
+once decoded, estimated before anything is built (:func:`decoded_size`); YAML, which costs ~20x
+more per value in memory and time, at :data:`MAX_YAML_VALUES` values, :data:`MAX_YAML_DEPTH`
+levels and no aliases of lists or mappings (which the readers would walk again for each use).
+Within these caps the bootstrap stays under 1 GiB and 10 s with a rank table and a topology of any
+content.
 
 :func:`decode_document` is the entry point. A reader that keeps little of a big document may
 instead unwrap it with :func:`json_text` and decode only what it keeps, with :func:`decode_typed`
@@ -163,6 +169,8 @@ def scan_array_member(
     ``each`` returned non-None for every item: the caller then parses the whole document the usual
     way, which names whatever is wrong.
     """
+    if not fits_decoded(text):  # skipped members are built whole: parse_json says what is wrong
+        return None
     try:
         string = text.decode(json.detect_encoding(text), "surrogatepass")  # as json.loads does
         return _scan_array_member(string, key, each)
@@ -284,6 +292,12 @@ def _gunzip(raw: bytes, source: str, what: str) -> bytes:
 def parse_json(text: bytes, source: str) -> Any:
     """``json.loads(text)`` (msgspec's when it agrees, see the module docstring); a syntax error is
     an :class:`InputError` naming line and column."""
+    if not fits_decoded(text):
+        raise InputError(
+            source, "content",
+            f"expected a document that decodes into at most {MAX_DECODED_BYTES >> 20} MiB (a "
+            f"16k-node rank table takes about 130), got one of about "
+            f"{decoded_size(text) >> 20} MiB ({_value_count(text)} values in {len(text)} bytes)")
     msgspec = msgspec_for(len(text))
     if msgspec is not None:
         try:
@@ -291,6 +305,41 @@ def parse_json(text: bytes, source: str) -> Any:
         except (ValueError, RecursionError):  # msgspec.DecodeError, UnicodeDecodeError
             pass  # refused: the standard library accepts it after all or names the problem
     return _parse_json_stdlib(text, source)
+
+
+# A rank table (kept to the end) and a topology are decoded in one process: with this cap, the
+# measured worst of both stays under 1 GiB (800 MiB); a 16k-node rank table is estimated at 130 MiB.
+MAX_DECODED_BYTES = 384 << 20
+_VALUE_COST = 120  # bytes a decoded value takes, string characters aside; measured at most: a
+# one-key object and its key 201 (3 values: {, : and ,), a nested one 192 (2), a short string 72
+# (1) or 92 if UCS-4, an empty array or object 72 (2)
+_FITS_UNCOUNTED = MAX_DECODED_BYTES // (_VALUE_COST * 2 // 3 + 4)  # 4.6 MiB: see decoded_size
+
+
+def decoded_size(text: bytes) -> int:
+    """About as much memory as ``json.loads(text)`` builds (at most, for every shape measured),
+    estimated without building it (~0.7 ms per MB).
+
+    Each object, array, member and item after a comma costs :data:`_VALUE_COST` bytes; the
+    strings' characters 1 byte each in ASCII text, up to 4 otherwise.
+    """
+    return _VALUE_COST * _value_count(text) + len(text) * (1 if text.isascii() else 4)
+
+
+def fits_decoded(text: bytes) -> bool:
+    """``decoded_size(text) <= MAX_DECODED_BYTES``; a text of :data:`_FITS_UNCOUNTED` bytes or
+    fewer (a 4096-node job's) fits uncounted, as each counted value takes 1.5 bytes at least
+    (``{},``)."""
+    return len(text) <= _FITS_UNCOUNTED or decoded_size(text) <= MAX_DECODED_BYTES
+
+
+_STRUCTURE = b",:{["
+
+
+def _value_count(text: bytes) -> int:
+    """Objects, arrays, members and items after a comma in ``text`` (at most: a string may hold
+    these characters too), in one pass."""
+    return len(text) - len(text.translate(None, _STRUCTURE))
 
 
 def _parse_json_stdlib(text: bytes, source: str) -> Any:
@@ -363,7 +412,7 @@ def decode_typed(text: bytes, decoder_for: Callable[[Any], Any]) -> Any:
     :func:`parse_json` refuses it.
     """
     msgspec = msgspec_for(len(text))
-    if msgspec is None:
+    if msgspec is None or not fits_decoded(text):  # the same documents as the other readers
         return None
     try:
         if not text.isascii():
@@ -390,8 +439,10 @@ def encode_compact(document: Any) -> bytes:
 def _parse_yaml(text: bytes, source: str) -> Any:
     import yaml  # only the hand-written topology file may be YAML; keep it off the fast path
 
+    loader = _yaml_loader(yaml)
     try:
-        return yaml.load(text, Loader=_yaml_loader(yaml))  # noqa: S506 - a SafeLoader
+        _check_yaml_shape(yaml, loader, text, source)
+        return yaml.load(text, Loader=loader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as error:
         where = _yaml_where(getattr(error, "problem_mark", None))
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
@@ -402,6 +453,38 @@ def _parse_yaml(text: bytes, source: str) -> Any:
         raise InputError(source, _yaml_where(error.mark), error.expected) from None
     except UnicodeDecodeError as error:
         raise _not_utf8(source, error) from None
+
+
+MAX_YAML_VALUES = 250_000  # a 16k-node topology file in the long form has ~160000; ~6 us each
+MAX_YAML_DEPTH = 100  # our formats nest 3-8 deep; libyaml's C composer crashes at ~30000
+
+
+def _check_yaml_shape(yaml: Any, loader: Any, text: bytes, source: str) -> None:
+    """Read ``text``'s YAML events (libyaml, no recursion, no values built) and refuse, before
+    anything is built, a document of more than :data:`MAX_YAML_VALUES` values, nested deeper than
+    :data:`MAX_YAML_DEPTH`, or using an alias of a list or mapping (``*name``: the readers would
+    walk it once per use, and ``<<`` merges copy it, quadratic in the number of anchors)."""
+    events = yaml.events
+    depth = 0
+    collections = set()
+    for count, event in enumerate(yaml.parse(text, Loader=loader), 1):
+        if count > MAX_YAML_VALUES:
+            raise InputError(source, "content", f"expected at most {MAX_YAML_VALUES} YAML values "
+                             "(a hand-written topology of 16k nodes has about 160000)")
+        if isinstance(event, events.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise InputError(source, _yaml_where(event.start_mark),
+                                 f"expected YAML nested at most {MAX_YAML_DEPTH} levels deep")
+            if event.anchor is not None:
+                collections.add(event.anchor)
+        elif isinstance(event, events.CollectionEndEvent):
+            depth -= 1
+        elif isinstance(event, events.AliasEvent) and event.anchor in collections:
+            alias = verbatim_or_shown(event.anchor)
+            raise InputError(source, _yaml_where(event.start_mark),
+                             f"expected no alias of a list or mapping (*{alias}): write the value "
+                             "out where it is used")
 
 
 def _yaml_where(mark: Any) -> str:

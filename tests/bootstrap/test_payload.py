@@ -4,6 +4,7 @@ and every way bytes can be wrong gives one InputError naming the source and what
 import base64
 import gzip
 import json
+import subprocess
 import sys
 
 import pytest
@@ -94,6 +95,44 @@ def test_a_yaml_problem_quoting_the_input_stays_one_bounded_line(text):
     message = caught.value.message
     assert message.startswith("t.yaml: line 1 column ") and len(message) < 300, message[:300]
     assert message.isprintable()
+
+
+def _merge_key_ladder(levels: int) -> bytes:
+    """Each mapping merges the previous one (``<<: *name``): PyYAML copies them all, quadratically
+    (6000 levels, 212 KiB: 40 s and 660 MiB)."""
+    lines = [b"l0: &l0 {k0: 1}"] + [b"l%d: &l%d {<<: *l%d, k%d: 1}" % (i, i, i - 1, i) for i in range(1, levels)]
+    return b"\n".join(lines) + b"\n"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (_merge_key_ladder(6000), "line 2 column 14: expected no alias of a list or mapping (*l0)"),
+        (b"a: &rack [spine-a, tor-1]\nb: *rack\n", "line 2 column 4: expected no alias of a list or mapping (*rack)"),
+        (b"servers:\n" + b"  - a\n" * (payload.MAX_YAML_VALUES + 1),
+         f"content: expected at most {payload.MAX_YAML_VALUES} YAML values"),
+        (b"- " * 101 + b"x", "line 1 column 201: expected YAML nested at most 100 levels deep"),
+    ],
+    ids=["merge-key-ladder", "alias-of-a-list", "too-many-values", "too-deep"],
+)
+def test_yaml_that_would_cost_more_than_its_bytes_is_refused_before_it_is_built(text, expected):
+    with pytest.raises(InputError) as caught:
+        decode_document(text, "t.yaml", allow_yaml=True)
+    assert caught.value.message.startswith(f"t.yaml: {expected}")
+
+
+def test_yaml_aliases_of_single_values_are_still_read():
+    assert decode_document(b"a: &ip 10.0.0.1\nb: *ip\n", "t.yaml", allow_yaml=True) == {"a": "10.0.0.1", "b": "10.0.0.1"}
+
+
+def test_yaml_nested_past_what_the_c_parser_survives_is_an_error_not_a_crash():
+    """libyaml's composer recurses in C: 100000 levels (200 KB) killed the process (SIGSEGV)."""
+    code = ("from npu_job.bootstrap.payload import decode_document\n"
+            "try:\n    decode_document(b'- ' * 100000 + b'x', 't.yaml', allow_yaml=True)\n"
+            "except Exception as error:\n    print(error)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert done.stdout.startswith("t.yaml: line 1 column 201: expected YAML nested at most 100 levels deep")
 
 
 def test_huge_input_and_gzip_bomb_are_refused_at_the_cap(monkeypatch):
