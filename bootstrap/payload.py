@@ -6,7 +6,8 @@ The platform hands us the same data in several encodings and file names do not s
 * base64(gzip(JSON)), StdEncoding, possibly wrapped over lines (``ranktable_tor.json`` always,
   ``jobstart_hccl.json`` with ``--rank-table-compress=true``);
 * raw gzip(JSON) (what a user gets from ``base64 -d`` by hand);
-* YAML, only where the caller allows it (the hand-written topology file).
+* YAML, only where the caller allows it (the hand-written topology file), flow style included:
+  text that starts like JSON (``{servers: {a: tor-1}}``) and is not is read again as YAML.
 
 Everything is capped at :data:`MAX_INPUT_BYTES` (64 MiB, before and after decompression): a 16k-node
 rank table is about 10 MiB of JSON, so anything bigger is a wrong file or a gzip bomb, and we would
@@ -109,7 +110,10 @@ def decode_document(data: bytes, source: str, *, allow_yaml: bool = False) -> An
     if body.startswith(_GZIP_MAGIC):
         return parse_json(_gunzip(body, source, "gzip"), source)
     if body[:1] in b"{[":
-        return parse_json(body, source)
+        try:
+            return parse_json(body, source)
+        except InputError as json_error:
+            return _flow_yaml(body, source, json_error)
     if _BASE64_TEXT.fullmatch(body):
         try:
             raw = _b64decode(body, source)
@@ -120,6 +124,18 @@ def decode_document(data: bytes, source: str, *, allow_yaml: bool = False) -> An
         # base64 of gzip data: what is wrong inside (over the cap, truncated, not JSON) is the error
         return parse_json(_gunzip(raw, source, "base64(gzip(JSON))"), source)
     return _parse_yaml(body, source)
+
+
+def _flow_yaml(body: bytes, source: str, json_error: InputError) -> Any:
+    """``body`` (which starts like JSON but is not) read as YAML: ``{servers: {a: tor-1}}`` is
+    flow-style YAML. When it is neither, YAML's error says where, as "expected valid JSON or
+    YAML"; unless YAML's caps refused it first (a big broken JSON file): then JSON's does."""
+    if isinstance(json_error, _NotUtf8) or not fits_decoded(body):
+        raise json_error  # YAML would refuse it too, less clearly
+    try:
+        return _parse_yaml(body, source)
+    except _YamlTooBig:
+        raise json_error from None
 
 
 def json_text(data: bytes, source: str) -> bytes:
@@ -459,6 +475,10 @@ MAX_YAML_VALUES = 250_000  # a 16k-node topology file in the long form has ~1600
 MAX_YAML_DEPTH = 100  # our formats nest 3-8 deep; libyaml's C composer crashes at ~30000
 
 
+class _YamlTooBig(InputError):
+    """Past YAML's caps of values or depth (which JSON does not have)."""
+
+
 def _check_yaml_shape(yaml: Any, loader: Any, text: bytes, source: str) -> None:
     """Read ``text``'s YAML events (libyaml, no recursion, no values built) and refuse, before
     anything is built, a document of more than :data:`MAX_YAML_VALUES` values, nested deeper than
@@ -469,13 +489,13 @@ def _check_yaml_shape(yaml: Any, loader: Any, text: bytes, source: str) -> None:
     collections = set()
     for count, event in enumerate(yaml.parse(text, Loader=loader), 1):
         if count > MAX_YAML_VALUES:
-            raise InputError(source, "content", f"expected at most {MAX_YAML_VALUES} YAML values "
-                             "(a hand-written topology of 16k nodes has about 160000)")
+            raise _YamlTooBig(source, "content", f"expected at most {MAX_YAML_VALUES} YAML values "
+                              "(a hand-written topology of 16k nodes has about 160000)")
         if isinstance(event, events.CollectionStartEvent):
             depth += 1
             if depth > MAX_YAML_DEPTH:
-                raise InputError(source, _yaml_where(event.start_mark),
-                                 f"expected YAML nested at most {MAX_YAML_DEPTH} levels deep")
+                raise _YamlTooBig(source, _yaml_where(event.start_mark),
+                                  f"expected YAML nested at most {MAX_YAML_DEPTH} levels deep")
             if event.anchor is not None:
                 collections.add(event.anchor)
         elif isinstance(event, events.CollectionEndEvent):
@@ -535,9 +555,13 @@ def _yaml_loader(yaml: Any) -> Any:
 _INT_LIMIT = 10**MAX_INT_DIGITS
 
 
+class _NotUtf8(InputError):
+    """Text that is not UTF-8 (so neither JSON nor YAML)."""
+
+
 def _not_utf8(source: str, error: UnicodeDecodeError) -> InputError:
     reason = f"{error.reason} at byte {error.start}"
-    return InputError(source, "content", f"expected UTF-8 text ({reason})")
+    return _NotUtf8(source, "content", f"expected UTF-8 text ({reason})")
 
 
 def _preview(body: bytes) -> str:

@@ -299,3 +299,46 @@ def test_a_broken_base64_gzip_topology_fails_as_a_rank_table_would(monkeypatch, 
 def test_a_lone_word_is_still_read_as_yaml_and_refused_by_the_reader():
     with pytest.raises(InputError, match=r"^t: document: expected an object, got a string 'hello'$"):
         parse_topology(b"hello", "t", PLAIN_FILE)
+
+
+FLOW_YAML = [
+    ("plain-short", b'{servers: {"10.0.0.1": tor-1, "10.0.0.2": [spine-a, tor-2]}}', None,
+     {"10.0.0.1": Placement(tors=("tor-1",)), "10.0.0.2": Placement(tiers=("spine-a",), tors=("tor-2",))}),
+    ("plain-long", b"{version: 1, servers: {'10.0.0.1': {path: [tor-1], slot: 3},}}", PLAIN_FILE,
+     {"10.0.0.1": Placement(tors=("tor-1",), slot=3)}),
+    ("tor-info", b"{tor_count: 4, server_list: [{tor_id: 0, tor_ip: 1.0.0.0, server: [{server_ip: 1.1.0.0, "
+                 b"slice_id: 2}]}]}", BASIC_TOR_NODE_CM, {"1.1.0.0": Placement(tors=("1.0.0.0",), slot=2)}),
+    ("json-with-a-trailing-comma", b'{"servers": {"10.0.0.1": ["tor-1"],}}', None,
+     {"10.0.0.1": Placement(tors=("tor-1",))}),
+]
+
+
+@pytest.mark.parametrize("text, fmt, placements", [c[1:] for c in FLOW_YAML], ids=[c[0] for c in FLOW_YAML])
+def test_flow_style_yaml_is_read_where_yaml_is_allowed(text, fmt, placements):
+    """Text starting with { or [ is valid YAML too: what JSON refuses is read again as YAML."""
+    assert dict(parse_topology(text, "topology.yaml", fmt).placements) == placements
+
+
+@pytest.mark.parametrize(
+    "text, fmt, expected",
+    [
+        (b'{servers: {"10.0.0.1": tor-1}', None,
+         "line 2 column 1: expected valid JSON or YAML (did not find expected ',' or '}')"),
+        (b'{"servers": {"a": ["t"] "b": ["u"]}}', PLAIN_FILE,
+         "line 1 column 25: expected valid JSON or YAML (did not find expected ',' or '}')"),
+        (b'{"servers": {"a": "\xff"}}', None, "content: expected UTF-8 text (invalid start byte at byte 19)"),
+        (b"[" + b"a," * 300_000 + b"a]", None, "line 1 column 2: expected valid JSON (Expecting value)"),
+        (b'{server_list: [{server_id: a, device: []}]}', CCE_RANKTABLE_TOR,
+         "line 1 column 2: expected valid JSON (Expecting property name enclosed in double quotes)"),
+        (b"{kind: NodeList, items: []}", K8S_NODE_LABELS,
+         "line 1 column 2: expected valid JSON (Expecting property name enclosed in double quotes)"),
+    ],
+    ids=["neither", "broken-json", "not-utf8", "too-big-for-yaml", "ranktable-tor-is-never-yaml",
+         "node-list-is-never-yaml"],
+)
+def test_text_that_is_neither_json_nor_yaml_says_what_was_expected(text, fmt, expected):
+    """YAML's error, naming both, when YAML read further; JSON's when YAML cannot be meant (not
+    UTF-8, past YAML's caps, or a format that is only ever JSON)."""
+    with pytest.raises(InputError) as caught:
+        parse_topology(text, "t", fmt)
+    assert caught.value.message == f"t: {expected}"

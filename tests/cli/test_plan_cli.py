@@ -185,3 +185,16 @@ def test_subprocess_json_and_usage_errors(cluster_dir):
     assert report["version"] == 1 and report["collective"] == Collective.RHD.value
     usage = plan_subprocess("--rank-table", str(cluster_dir), "--uplinks", "0")
     assert usage.returncode == 2 and "expected an integer >= 1, got '0'" in usage.stderr
+
+
+def test_a_flow_style_yaml_topology_is_read_by_the_pod_and_by_plan(tmp_path, capsys, monkeypatch):
+    """``{servers: {...}}`` starts like JSON and is YAML: every entry reads it as the file it is."""
+    from tests.bootstrap.documents import v1_0
+    from tests.cli.bad_input import V1_0_IDS, assert_planned, clean_environment, run_everywhere
+
+    clean_environment(monkeypatch)
+    rank_table = tmp_path / "jobstart_hccl.json"
+    rank_table.write_text(json.dumps(v1_0()))
+    topology = tmp_path / "topology.yaml"
+    topology.write_text('{servers: {"%s": tor-1, "%s": tor-2, "%s": [spine, tor-1]}}' % V1_0_IDS)
+    assert_planned(run_everywhere(rank_table, topology, V1_0_IDS[0], tmp_path / "out", capsys, "stdlib"))
