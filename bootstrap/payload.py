@@ -633,22 +633,23 @@ def expect_str(value: Any, source: str, path: str, *, empty_ok: bool = False) ->
 
 
 MAX_COUNT_DIGITS = 18  # every count and index of these formats is far below 10**18 (an int64)
-_COUNT_LIMIT = 10**MAX_COUNT_DIGITS
+COUNT_LIMIT = 10**MAX_COUNT_DIGITS
 
 
 def count_from_text(text: str) -> Optional[int]:
-    """The value of ``text`` if it is a count: ASCII digits, at most :data:`MAX_COUNT_DIGITS`
-    of them; else None. The one way input text becomes an integer here (``int()`` would raise a
-    ValueError past 4300 digits, and read other digits than ASCII ones)."""
-    if len(text) <= MAX_COUNT_DIGITS and text.isdigit() and text.isascii():
-        return int(text)
+    """The value of ``text`` if it is a count: ASCII digits spelling a number below
+    :data:`COUNT_LIMIT`; else None. The one way input text becomes an integer here (``int()``
+    would raise a ValueError past 4300 digits, and read other digits than ASCII ones)."""
+    significant = text.lstrip("0")
+    if len(significant) <= MAX_COUNT_DIGITS and text.isdigit() and text.isascii():
+        return int(significant or "0")
     return None
 
 
 def expect_count(value: Any, source: str, path: str) -> int:
     """A non-negative integer written as a string (these formats quote numbers) or a number,
-    below 10**18 (:func:`count_from_text`)."""
-    if type(value) is int and 0 <= value < _COUNT_LIMIT:
+    below :data:`COUNT_LIMIT` (:func:`count_from_text`)."""
+    if type(value) is int and 0 <= value < COUNT_LIMIT:
         return value
     if type(value) is str:
         count = count_from_text(value)
@@ -656,7 +657,7 @@ def expect_count(value: Any, source: str, path: str) -> int:
             return count
     if (type(value) is int and value > 0) or (type(value) is str and value.isdigit()
                                               and value.isascii()):
-        fail(source, path, f"a non-negative integer of at most {MAX_COUNT_DIGITS} digits", value)
+        fail(source, path, f"a non-negative integer below 10^{MAX_COUNT_DIGITS}", value)
     fail(source, path, "a non-negative integer (as a string, e.g. \"0\")", value)
 
 

@@ -36,6 +36,7 @@ from npu_job.bootstrap.model import (
     servers_from_device_columns,
 )
 from npu_job.bootstrap.payload import (
+    COUNT_LIMIT,
     MAX_COUNT_DIGITS,
     count_from_text,
     decode_document,
@@ -170,12 +171,15 @@ def _all_devices_fast(server_list: List[Any]) -> Optional[DeviceColumns]:
     if set(map(type, ids)) != _STR or "" in ids or set(map(type, ranks)) != _STR or "" in ranks:
         return None
     joined = "".join(ranks)
-    if not (joined.isdigit() and joined.isascii()) or max(map(len, ranks)) > MAX_COUNT_DIGITS:
+    if not (joined.isdigit() and joined.isascii()):
         return None
     if set(map(type, ips)) not in _STR_OR_NONE or set(map(type, supers)) not in _STR_OR_NONE:
         return None
-    rank_ids = list(map(int, ranks))
-    if len(set(rank_ids)) != len(rank_ids):
+    try:
+        rank_ids = list(map(int, ranks))
+    except ValueError:  # more digits than int() reads: the checked path names the field
+        return None
+    if len(set(rank_ids)) != len(rank_ids) or max(rank_ids) >= COUNT_LIMIT:
         return None
     if len(set(counts)) == 1:  # full nodes, the usual case
         offsets: Sequence[int] = range(0, len(flat) + 1, counts[0])
@@ -260,8 +264,8 @@ def _legacy_table(doc: Dict[str, Any], status: str, source: str) -> RankTable:
         match = _POD_SUFFIX.search(pod_name)
         suffix = None if match is None else count_from_text(match.group(1))
         if suffix is None:
-            fail(source, f"{path}.pod_name", "a pod name ending in its index, of at most "
-                 f"{MAX_COUNT_DIGITS} digits (e.g. job-worker-0)", pod_name)
+            fail(source, f"{path}.pod_name", "a pod name ending in its index, below "
+                 f"10^{MAX_COUNT_DIGITS} (e.g. job-worker-0)", pod_name)
         if suffix in by_suffix:
             fail(source, f"{path}.pod_name",
                  f"a unique pod index; {suffix} is also {by_suffix[suffix][0]}")

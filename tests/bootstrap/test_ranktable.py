@@ -267,3 +267,22 @@ def test_fast_path_counts_devices_without_building_them_and_builds_the_same_ones
     assert table.servers[1].devices[1].super_device_id == "37748737"
     assert [d.rank_id for s in table.servers for d in s.devices] == list(
         range(sum(s.device_count for s in table.servers)))
+
+
+@pytest.mark.parametrize("checked", [False, True], ids=["fast-path", "field-by-field"])
+@pytest.mark.parametrize("rank, value", [("0" * 5000 + "5", 5), ("9" * 18, 10**18 - 1), ("1" + "0" * 18, None),
+                                         ("1" * 5000, None)],
+                         ids=["zero-padded", "largest", "10^18", "past-int-limit"])
+def test_rank_ids_below_10_to_the_18_are_read_by_value_on_both_paths(monkeypatch, checked, rank, value):
+    from npu_job.bootstrap import ranktable
+
+    if checked:
+        monkeypatch.setattr(ranktable, "_all_devices_fast", lambda server_list: None)
+    document = v1_0()
+    document["server_list"][2]["device"][1]["rank_id"] = rank
+    if value is None:
+        with pytest.raises(InputError, match=r"^/user/config/jobstart_hccl.json: server_list\[2\]\.device\[1\]\.rank_id: "
+                                             r"expected a non-negative integer below 10\^18, got a string '"):
+            parse_rank_table(as_json(document), SOURCE)
+    else:
+        assert parse_rank_table(as_json(document), SOURCE).servers[2].devices[1].rank_id == value
