@@ -24,7 +24,7 @@ ENVDIR = Path(os.environ.get("NPU_JOB_NOX_ENVDIR", Path.home() / ".cache" / "npu
 RESULTS = ENVDIR / "results"
 nox.options.envdir = str(ENVDIR)
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["launcher"]
+nox.options.sessions = ["launcher", "oldest_msgspec"]
 nox.options.error_on_missing_interpreters = True
 
 # Releases of the matrix and what else each needs. torch built against NumPy 1.x (before 2.3)
@@ -51,6 +51,17 @@ def supported(session: nox.Session) -> None:
     for row in sorted(rows, key=lambda r: [int(p) for p in r["torch"].split("+")[0].split(".")]):
         marks = ["yes" if present else "—" for _, present in row["features"]]
         print(f"| {row['torch']} | {row['summary']} | " + " | ".join(marks) + " |")
+
+
+@nox.session
+def oldest_msgspec(session: nox.Session) -> None:
+    """The bootstrap and plan readers with the oldest msgspec setup.cfg admits (no torch needed).
+
+    Its DecodeError became a ValueError only in 0.21; the readers must fall back alike before.
+    """
+    session.install("msgspec==0.18.6", "-e", ".[test]")
+    session.run("python", "-m", "pytest", "tests/bootstrap", "tests/cli", "-q", "-p", "no:cacheprovider",
+                *session.posargs)
 
 
 @nox.session

@@ -318,8 +318,8 @@ def parse_json(text: bytes, source: str) -> Any:
     if msgspec is not None:
         try:
             return msgspec.json.decode(text)
-        except (ValueError, RecursionError):  # msgspec.DecodeError, UnicodeDecodeError
-            pass  # refused: the standard library accepts it after all or names the problem
+        except (ValueError, RecursionError, msgspec.MsgspecError):  # DecodeError is a ValueError
+            pass  # only from msgspec 0.21 on. Refused: the standard library decides and names it
     return _parse_json_stdlib(text, source)
 
 
@@ -434,8 +434,8 @@ def decode_typed(text: bytes, decoder_for: Callable[[Any], Any]) -> Any:
         if not text.isascii():
             text.decode("utf-8")  # JSON text that is not UTF-8 is json.loads' to judge
         return decoder_for(msgspec).decode(text)
-    except (ValueError, RecursionError):  # msgspec.DecodeError (ValidationError too), not UTF-8
-        return None
+    except (ValueError, RecursionError, msgspec.MsgspecError):  # DecodeError, ValidationError
+        return None  # (ValueErrors only from msgspec 0.21 on), or not UTF-8
 
 
 def encode_compact(document: Any) -> bytes:
