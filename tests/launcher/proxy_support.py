@@ -45,7 +45,8 @@ class ProxyProcess:
     def __init__(self, upstream_port: int, *, timeout: float = 10.0, wait_connections: int = 2) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "npu_job.launcher.proxy", f"{LOOPBACK}:{upstream_port}",
-             "--timeout", str(timeout), "--wait-connections", str(wait_connections)],
+             "--timeout", str(timeout), "--wait-connections", str(wait_connections),
+             "--dialect", "torch"],  # the installed torch's store protocol, as npu-run runs it
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )
         assert self.proc.stdout is not None
