@@ -53,7 +53,11 @@ from npu_job.bootstrap.payload import (
 from npu_job.errors import shown
 
 LEGACY_VERSION = "0"
-_POD_SUFFIX = re.compile(r"(?<![0-9])([0-9]+)\Z")  # linear: each run of digits is tried once
+# Volcano names pods <job>-<task>-<index>: the index is the last hyphen-separated part (a name
+# that is only digits counts too). Linear: the digit run is tried once.
+_POD_SUFFIX = re.compile(r"(?:\A|-)([0-9]+)\Z")
+POD_INDEX_EXPECTED = ("a pod name ending in -<index>, as Volcano names pods <job>-<task>-<index> "
+                      "(the digits of a random suffix are not an index)")
 
 
 def parse_rank_table(data: bytes, source: str) -> RankTable:
@@ -64,6 +68,7 @@ def parse_rank_table(data: bytes, source: str) -> RankTable:
 def rank_table_from_document(document: Any, source: str) -> RankTable:
     """Validate an already decoded rank table document (see the module docstring)."""
     doc = expect_object(document, source, "")
+    _refuse_other_layouts(doc, source)
     status = require_str(doc, "status", source, "")
     if "server_list" not in doc and "group_list" in doc:
         return _legacy_table(doc, status, source)
@@ -223,6 +228,34 @@ def _check_unique_ranks(servers: List[Server], source: str) -> None:
             where[device.rank_id] = here
 
 
+def _refuse_other_layouts(doc: Dict[str, Any], source: str) -> None:
+    """Name the rank-table layouts people have that describe no pods of one job.
+
+    * The bare-metal HCCL v0 layout (``board_id``, ``chip_info``, ``para_plane_nic_*``; one
+      instance per *rank*, ``rank_id`` on the instance, no ``pod_name``) is written by hand for
+      hosts started without Kubernetes: there is no pod order to plan and no pod to find itself.
+    * MindIE's global rank table (``server_group_list``) describes an inference deployment of
+      several server groups, not the pods of one training job.
+    """
+    groups = doc.get("group_list")
+    first = None
+    if isinstance(groups, list) and groups and isinstance(groups[0], dict):
+        instances = groups[0].get("instance_list")
+        if isinstance(instances, list) and instances and isinstance(instances[0], dict):
+            first = instances[0]
+    per_rank = first is not None and "rank_id" in first and "pod_name" not in first
+    if "board_id" in doc or "chip_info" in doc or per_rank:
+        fail(source, "document",
+             "the rank table of a Volcano/Kubernetes job (server_list, or group_list with pod "
+             "names); this is the bare-metal HCCL v0 layout (board_id/chip_info, one instance per "
+             "rank), which lists hosts, not pods: there is no pod order to plan")
+    if "server_group_list" in doc and "server_list" not in doc:
+        fail(source, "document",
+             "the rank table of one training job (server_list or group_list); this is MindIE's "
+             "global rank table (server_group_list), which describes an inference deployment of "
+             "several server groups")
+
+
 def _super_pods(doc: Dict[str, Any], source: str) -> Dict[str, str]:
     """server_id -> super_pod_id from the v1.2+ ``super_pod_list`` (empty when absent)."""
     if "super_pod_list" not in doc:
@@ -264,8 +297,8 @@ def _legacy_table(doc: Dict[str, Any], status: str, source: str) -> RankTable:
         match = _POD_SUFFIX.search(pod_name)
         suffix = None if match is None else count_from_text(match.group(1))
         if suffix is None:
-            fail(source, f"{path}.pod_name", "a pod name ending in its index, below "
-                 f"10^{MAX_COUNT_DIGITS} (e.g. job-worker-0)", pod_name)
+            fail(source, f"{path}.pod_name",
+                 f"{POD_INDEX_EXPECTED}, below 10^{MAX_COUNT_DIGITS} (e.g. job-worker-0)", pod_name)
         if suffix in by_suffix:
             fail(source, f"{path}.pod_name",
                  f"a unique pod index; {suffix} is also {by_suffix[suffix][0]}")
@@ -286,8 +319,12 @@ def _legacy_table(doc: Dict[str, Any], status: str, source: str) -> RankTable:
     suffixes = sorted(by_suffix)
     if suffixes != list(range(len(suffixes))):
         missing = sorted(set(range(len(suffixes))) - set(suffixes))
+        beyond = suffixes[-1]
+        beyond_path, beyond_server = by_suffix[beyond]
         fail(source, "group_list[0].instance_list",
-             f"pod name suffixes 0..{len(suffixes) - 1}, index {missing[0]} is missing")
+             f"pod name suffixes 0..{len(suffixes) - 1}, index {missing[0]} is missing "
+             f"({beyond_path}.pod_name {shown(beyond_server.pod_name)} has index {beyond}: "
+             f"{len(suffixes)} pods of one job are <job>-<task>-0..{len(suffixes) - 1})")
     servers = tuple(
         Server(s.server_id, suffix, s.devices, pod_name=s.pod_name)
         for suffix, (_, s) in sorted(by_suffix.items())

@@ -157,11 +157,15 @@ def test_bad_super_pod_list_names_the_exact_field(mutate, expected):
 
 BAD_LEGACY = [
     ("no-suffix", _set(["group_list", 0, "instance_list", 1, "pod_name"], "fake-job-pod"),
-     "group_list[0].instance_list[1].pod_name: expected a pod name ending in its index"),
+     "group_list[0].instance_list[1].pod_name: expected a pod name ending in -<index>"),
+    ("random-suffix", _set(["group_list", 0, "instance_list", 1, "pod_name"], "tf-bae41"),
+     "group_list[0].instance_list[1].pod_name: expected a pod name ending in -<index>, as Volcano "
+     "names pods <job>-<task>-<index> (the digits of a random suffix are not an index)"),
     ("duplicate-suffix", _set(["group_list", 0, "instance_list", 1, "pod_name"], "x-2"),
      "group_list[0].instance_list[1].pod_name: expected a unique pod index; 2 is also group_list[0].instance_list[0]"),
     ("gap-in-suffixes", _set(["group_list", 0, "instance_list", 0, "pod_name"], "fake-job-pod-5"),
-     "group_list[0].instance_list: expected pod name suffixes 0..2, index 2 is missing"),
+     "group_list[0].instance_list: expected pod name suffixes 0..2, index 2 is missing "
+     "(group_list[0].instance_list[0].pod_name 'fake-job-pod-5' has index 5"),
     ("two-groups", lambda d: d["group_list"].append(copy.deepcopy(d["group_list"][0])),
      "group_list: expected exactly one group (one task), got 2"),
     ("missing-devices", _drop(["group_list", 0, "instance_list", 2, "devices"]),
@@ -286,3 +290,51 @@ def test_rank_ids_below_10_to_the_18_are_read_by_value_on_both_paths(monkeypatch
             parse_rank_table(as_json(document), SOURCE)
     else:
         assert parse_rank_table(as_json(document), SOURCE).servers[2].devices[1].rank_id == value
+
+
+def bare_metal_v0() -> dict:
+    """The bare-metal HCCL v0 layout as Ascend's TensorFlow model zoo writes it by hand: one
+    instance per rank, ``rank_id`` on the instance, board and chip fields, no pod names."""
+    return {
+        "board_id": "0x0000", "chip_info": "910", "deploy_mode": "lab", "group_count": "1",
+        "para_plane_nic_location": "device", "para_plane_nic_num": "2",
+        "para_plane_nic_name": ["eth0", "eth1"], "status": "completed",
+        "group_list": [{
+            "device_num": "2", "server_num": "1", "group_name": "", "instance_count": "2",
+            "instance_list": [
+                {"devices": [{"device_id": str(d), "device_ip": f"192.{d + 1}.0.9"}],
+                 "rank_id": str(d), "server_id": "10.1.1.9"}
+                for d in range(2)
+            ],
+        }],
+    }
+
+
+def mindie_global_table() -> dict:
+    """MindIE's global rank table (an inference deployment): ``server_group_list`` of groups."""
+    return {
+        "version": "1.0", "status": "completed",
+        "server_group_list": [{
+            "group_id": "2", "deploy_server": "0", "server_count": "1",
+            "server_list": [{"server_id": "10.1.1.9", "server_ip": "10.1.1.9", "device": [
+                {"device_id": "0", "device_ip": "192.1.0.9", "rank_id": "0"}]}],
+        }],
+    }
+
+
+@pytest.mark.parametrize("document, layout", [
+    (bare_metal_v0(), "the bare-metal HCCL v0 layout (board_id/chip_info, one instance per rank)"),
+    (mindie_global_table(), "MindIE's global rank table (server_group_list)"),
+], ids=["bare-metal-v0", "mindie-global"])
+def test_a_layout_that_lists_no_pods_of_one_job_is_refused_by_name(document, layout):
+    with pytest.raises(InputError) as caught:
+        parse_rank_table(as_json(document), SOURCE)
+    assert caught.value.message.startswith(f"{SOURCE}: document: expected the rank table of ")
+    assert layout in caught.value.message
+
+
+def test_a_bare_metal_table_without_its_board_fields_is_still_known_by_its_per_rank_instances():
+    document = bare_metal_v0()
+    del document["board_id"], document["chip_info"]
+    with pytest.raises(InputError, match="bare-metal HCCL v0 layout"):
+        parse_rank_table(as_json(document), SOURCE)
