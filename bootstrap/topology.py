@@ -35,6 +35,7 @@ Serialisers for ``ranktable_tor.json`` are here too (tests, benchmarks and the d
 
 from __future__ import annotations
 
+import logging
 import operator
 from functools import lru_cache
 from itertools import chain
@@ -60,6 +61,8 @@ from npu_job.bootstrap.payload import (
     scan_array_member,
 )
 from npu_job.errors import shown
+
+logger = logging.getLogger(__name__)
 
 CCE_RANKTABLE_TOR = "cce-ranktable-tor"
 BASIC_TOR_NODE_CM = "basic-tor-node-cm"
@@ -288,6 +291,7 @@ def _tor_info(doc: Dict[str, Any], source: str) -> Topology:
     tors_of: Dict[str, Set[str]] = {}
     slot_of: Dict[str, int] = {}
     seen_tor: Dict[str, str] = {}
+    listed_at: Dict[Tuple[str, str], str] = {}  # (ToR, server_ip) -> where it was first listed
     for index, tor in enumerate(tor_list):
         path = f"server_list[{index}]"
         expect_object(tor, source, path)
@@ -310,6 +314,12 @@ def _tor_info(doc: Dict[str, Any], source: str) -> Topology:
             if slot >= slots:
                 fail(source, f"{here}.slice_id",
                      f"a slot below tor_count ({slots} slots per ToR), got {slot}")
+            first = listed_at.setdefault((name, server_ip), here)
+            if first != here:  # MindCluster's own doc example does this (placeholder addresses)
+                logger.warning(
+                    "%s: %s.server_ip: server %s is listed twice under ToR %s (also %s); its "
+                    "entries are merged, taking the lower slot", source, here, shown(server_ip),
+                    shown(name), first)
             tors_of.setdefault(server_ip, set()).add(name)
             slot_of[server_ip] = min(slot, slot_of.get(server_ip, slot))
     placements = {ip: Placement(tors=tuple(tors), slot=slot_of[ip]) for ip, tors in tors_of.items()}

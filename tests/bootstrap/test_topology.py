@@ -59,6 +59,27 @@ def test_tor_info_slice_id_is_the_slot_and_tor_count_is_slots_per_tor():
     assert len(topology.placements) == 7
 
 
+def test_a_server_listed_twice_under_one_tor_is_merged_and_said(caplog):
+    """MindCluster's own documentation example lists one server_ip twice under a ToR."""
+    document = tor_info()
+    document["server_list"][0]["server"].append({"server_ip": "1.1.0.2", "npu_count": 8, "slice_id": 3})
+    with caplog.at_level("WARNING", logger="npu_job.bootstrap.topology"):
+        topology = parse_topology(as_json(document), "tor_info.json")
+    assert topology.placement_of("1.1.0.2") == Placement(tors=("1.0.0.0",), slot=2)
+    assert [r.getMessage() for r in caplog.records] == [
+        "tor_info.json: server_list[0].server[4].server_ip: server '1.1.0.2' is listed twice under "
+        "ToR '1.0.0.0' (also server_list[0].server[2]); its entries are merged, taking the lower slot"]
+
+
+def test_a_server_under_two_tors_is_multi_homed_without_a_warning(caplog):
+    document = tor_info()
+    document["server_list"][1]["server"].append({"server_ip": "1.1.0.2", "npu_count": 8, "slice_id": 0})
+    with caplog.at_level("WARNING", logger="npu_job.bootstrap.topology"):
+        topology = parse_topology(as_json(document), "tor_info.json")
+    assert topology.placement_of("1.1.0.2").tors == ("1.0.0.0", "1.0.0.1")
+    assert not caplog.records
+
+
 def test_tor_info_without_tor_ip_names_the_tor_by_id():
     document = tor_info()
     del document["server_list"][1]["tor_ip"]
