@@ -100,12 +100,35 @@ def id_order(identifiers: Sequence[str]) -> List[int]:
     return sorted(range(len(keys)), key=keys.__getitem__)
 
 
+# The addresses of a server a topology may be keyed by, in the order they are tried: MindCluster
+# and HCCL tables often name servers (node_0, a hostname) and carry the address in host_ip or
+# container_ip, while ToR sources key servers by address.
+ADDRESS_FIELDS = ("server_id", "host_ip", "container_ip")
+
+
+def topology_entry(server: Server, topology: Optional[Topology]) -> Tuple[Optional[str], Optional[Placement]]:
+    """``(field, placement)``: the first of :data:`ADDRESS_FIELDS` whose value the topology
+    places, or ``(None, None)``."""
+    if topology is None:
+        return None, None
+    placement = topology.placement_of(server.server_id)
+    if placement is not None:
+        return "server_id", placement
+    for field in ADDRESS_FIELDS[1:]:
+        address = getattr(server, field)
+        if address:
+            placement = topology.placement_of(address)
+            if placement is not None:
+                return field, placement
+    return None, None
+
+
 def switch_path(server: Server, topology: Optional[Topology]) -> SwitchPath:
     """``(tiers, tors, slot)`` of ``server``: its super pod (if any) outermost, then the topology's.
 
     A server with neither a topology entry nor a super pod has ``((), (), None)``: no placement.
     """
-    placement: Optional[Placement] = topology.placement_of(server.server_id) if topology else None
+    placement: Optional[Placement] = topology_entry(server, topology)[1]
     tiers: Tuple[str, ...] = placement.tiers if placement else ()
     tors: Tuple[str, ...] = placement.tors if placement else ()
     slot = placement.slot if placement else None

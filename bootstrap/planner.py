@@ -144,15 +144,29 @@ def precondition_failures(
             first_pod[server.server_id] = server.pod_index
     reasons.extend(_partial_node_reasons(table, full_node_devices))
     placed = sum(1 for tiers, tors, _slot in paths if tiers or tors)
-    if count and not placed:
-        if topology is None or not topology.placements:
-            reasons.append("no switch topology available")
-        else:
+    if count and topology is not None and topology.placements:
+        # a topology that places none of the servers is never "used" (even with super pods)
+        if not any(canonical.topology_entry(server, topology)[1] for server in servers):
             reasons.append(
                 f"topology ({topology.source}) has no entry for any of the {count} servers"
-                " (do its ids match the rank table's server_id?)"
+                f" (looked up by {', '.join(canonical.ADDRESS_FIELDS)})"
             )
+    elif count and not placed:
+        reasons.append("no switch topology available")
     return tuple(reasons)
+
+
+def _matched_by_note(table: RankTable, topology: Optional[Topology]) -> List[str]:
+    """Say which address found the topology entries, when it was not the server_id."""
+    fields: Dict[str, int] = {}
+    for server in table.servers:
+        field = canonical.topology_entry(server, topology)[0]
+        if field is not None:
+            fields[field] = fields.get(field, 0) + 1
+    if set(fields) <= {"server_id"}:
+        return []
+    found = ", ".join(f"{fields[f]} by {f}" for f in canonical.ADDRESS_FIELDS if f in fields)
+    return [f"topology entries found for {sum(fields.values())} of {len(table.servers)} servers: {found}"]
 
 
 def _partial_node_reasons(table: RankTable, full_node_devices: Optional[int]) -> List[str]:
@@ -285,6 +299,7 @@ def plan(
     unplaced = len(groups) - placed
     if unplaced:
         notes.append(f"{unplaced} of {count} servers have no topology entry; placed last")
+    notes.extend(_matched_by_note(table, topology))
     if collective is Collective.RHD and placed > 1:
         order = _better_for_rhd(table, topology, paths, contiguous, groups, placed, notes)
     return _finish(PlanStatus.SUCCESS, order, collective, tuple(notes), digest)
