@@ -28,14 +28,15 @@ def tcp_store(port: int, *, master: bool = False, timeout: float = 5.0):  # type
     """
     import torch.distributed as dist
 
-    kwargs = {}
     if master:
+        from npu_job.launcher.torchcompat import host_tcpstore  # libuv of 2.4-2.7 takes no fd
+
         assert port == 0, "roots take a free port below the ephemeral range"
         sock, port = root_listen_socket(LOOPBACK)
-        kwargs["master_listen_fd"] = sock.detach()
+        return host_tcpstore(LOOPBACK, port, timeout, sock.detach())
     return dist.TCPStore(
-        LOOPBACK, port, is_master=master, wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=timeout), **kwargs,
+        LOOPBACK, port, is_master=False, wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout),
     )
 
 
