@@ -62,3 +62,14 @@ def test_the_demo_reads_its_workload_from_the_package():
     from npu_job import demo
 
     assert demo.example_script() == (ROOT / "examples" / "train_ddp.py").read_bytes()
+
+
+def test_the_launcher_extra_brings_numpy_so_torch_imports_without_a_warning():
+    """torch prints "Failed to initialize NumPy" on every import (each worker) without NumPy;
+    the README's install (the launcher extra) must bring it."""
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    launcher = [line.split(";")[0].strip() for line in setup["options.extras_require"]["launcher"].splitlines()]
+    assert any(requirement.startswith("numpy") for requirement in launcher)
+    result = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "NumPy" not in result.stderr, result.stderr
