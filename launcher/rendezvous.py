@@ -251,6 +251,10 @@ class _Keys:
     def node_order(self) -> str:
         return f"{self.base}/node_order"
 
+    @property
+    def node_order_claims(self) -> str:
+        return f"{self.base}/node_order_claims"
+
     def round(self, number: int) -> str:
         return f"{self.base}/round{number}"
 
@@ -392,8 +396,14 @@ class ParallelRendezvousHandler(RendezvousHandler):
         mine = self._settings.node_order
         if not mine:
             return
-        # The first node to get here records its order; every other node compares with it.
-        theirs = store.compare_set(self._keys.node_order, "", mine).decode("utf-8", "replace")
+        # The first node to get here records its order; every other node (and every later round)
+        # compares with it. ADD picks the first: COMPARE_SET would take one call, but torch 2.1
+        # and 2.2 build its Python result without the GIL, which crashes a process whose other
+        # threads run (this agent's proxy loop). GET waits the moment until the first has set it.
+        if int(store.add(self._keys.node_order_claims, 1)) == 1:
+            store.set(self._keys.node_order, mine)
+            return
+        theirs = store.get(self._keys.node_order).decode("utf-8", "replace")
         if theirs != mine:
             raise RendezvousStateError(
                 f"node rank {self._settings.node_rank} follows the {mine}, but the nodes that "
@@ -413,9 +423,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
         store = self._connect()
         with self._root_errors("closing the rendezvous"):
             store.set(self._keys.closed, str(self._settings.node_rank))
-            # SET has no reply: one round trip on the same connection makes sure the root has
+            # SET has no reply: a round trip on the same connection makes sure the root has
             # applied it before we return (another agent may look at once).
-            torchcompat.key_exists(store, self._keys.closed)
+            store.get(self._keys.closed)
 
     def num_nodes_waiting(self) -> int:
         """Nodes already in the next round (they restarted their workers); throttled."""

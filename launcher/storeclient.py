@@ -1,8 +1,9 @@
-"""A small raw-protocol TCPStore client (blocking and asyncio) for tests and the benchmark.
+"""A small raw-protocol TCPStore client (blocking and asyncio).
 
-torch's own client is the real thing and the tests use it wherever they can. This one exists
-for what it cannot do: pipeline several requests or send them from many simulated ranks in one
-process without a thread (and a GIL-holding C++ call) per rank, and hand-craft bytes. It speaks
+torch's own client is the real thing and npu-run and its tests use it wherever they can. This
+one exists for what it cannot do: pipeline several requests or send them from many simulated ranks
+in one process without a thread (and a GIL-holding C++ call) per rank, hand-craft bytes, and ask
+what torch 2.1's bindings cannot ask safely (:func:`npu_job.launcher.torchcompat.key_exists`). It speaks
 exactly :mod:`npu_job.launcher.protocol` in a given dialect (default the newest), connecting as
 that torch's client does (VALIDATE, then PING, where the dialect has them).
 """

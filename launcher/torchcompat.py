@@ -9,7 +9,8 @@ bytes its own store client sends), never from its version string, so a backport 
 feature                         since    what npu-run does without it
 ==============================  =======  ===================================================
 ``torch.distributed.DistError``  2.2      store failures are plain ``RuntimeError``
-``Store.check`` (Python)        2.2      :func:`key_exists` asks with COMPARE_SET
+``Store.check`` (Python)        2.2      :func:`key_exists` asks over a connection of
+                                         npu-run's own (:class:`_SideChannel`)
 VALIDATE opcode (store wire)    2.2      2.1 numbers SET as 0: the proxy speaks that dialect
 ``RendezvousInfo`` and          2.4      the agent reads ``MASTER_ADDR``/``MASTER_PORT`` from
 ``bootstrap_store_info``                 the rendezvous store: the handler answers those two
@@ -48,7 +49,17 @@ import torch.distributed as dist
 from torch.distributed import TCPStore
 from torch.distributed.elastic import rendezvous as elastic_rendezvous
 
-from .protocol import VALIDATION_MAGIC, Dialect, Op, make_dialect
+from .protocol import (
+    VALIDATION_MAGIC,
+    CheckReply,
+    Dialect,
+    Op,
+    ProtocolError,
+    ReplyValue,
+    Request,
+    make_dialect,
+)
+from .storeclient import RawStoreClient
 
 logger = logging.getLogger(__name__)
 
@@ -70,19 +81,78 @@ def has_entry_point_handlers() -> bool:
 
 # -- store calls -------------------------------------------------------------------------------
 
-_ABSENT = "\x00npu-run: no such key\x00"
+#: Where ``Store.check`` is missing (2.1), :func:`key_exists` asks over a connection of npu-run's
+#: own. COMPARE_SET would answer the same question through torch's client, but 2.1's and 2.2's
+#: ``compare_set`` builds its Python result with the GIL released: called while another Python
+#: thread runs (the proxy's event loop, torch's agent threads) it crashes the process (seen as
+#: segfaults in the matrix's 2.1 rendezvous tests, and with two threads and nothing of npu-run's
+#: on 2.1 and 2.2; not on 2.4). npu-run calls no ``compare_set`` at all.
+_BINDINGS_NEED_SIDE_CHANNEL = not hasattr(dist.Store, "check")
+#: Connections an agent holds to the root besides its torch client's: the side channel, on 2.1.
+SIDE_CONNECTIONS = int(_BINDINGS_NEED_SIDE_CHANNEL)
 
 
 def key_exists(store: Any, key: str) -> bool:
-    """``store.check([key])``; torch 2.1's Python stores have no ``check``.
+    """``store.check([key])``, on every supported torch (2.1's ``check`` is C++ only)."""
+    if not _BINDINGS_NEED_SIDE_CHANNEL:
+        return bool(store.check([key]))
+    request = Request(Op.CHECK, keys=(_wire_key(key),))
+    return _side_channel(store).call(request) == CheckReply.READY
 
-    There, COMPARE_SET with the same unlikely value as expected and desired answers the key's
-    value when it exists and that value when it does not, and never creates or changes a key.
+
+def _wire_key(key: str) -> bytes:
+    # torch's TCPStore client puts "/" before every key it sends; the side channel must name the
+    # keys that client names.
+    return b"/" + key.encode()
+
+
+class _SideChannel:
+    """One raw-protocol connection to a ``TCPStore``'s server, for what its bindings cannot ask.
+
+    It is a connection of its own, so a call here is not ordered after what the same
+    ``TCPStore`` sent before it: npu-run uses it only to poll for keys other agents write. A broken connection is opened again once per call (the
+    root may have been restarted on the same port), then the call fails with :data:`StoreError`.
     """
-    check = getattr(store, "check", None)
-    if check is not None:
-        return bool(check([key]))
-    return store.compare_set(key, _ABSENT, _ABSENT) != _ABSENT.encode()
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self._address = (host, port)
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._client: Optional[RawStoreClient] = None
+
+    def call(self, request: Request) -> ReplyValue:
+        with self._lock:
+            for attempt in (1, 2):
+                try:
+                    if self._client is None:
+                        self._client = RawStoreClient(*self._address, timeout=self._timeout,
+                                                      dialect=store_dialect())
+                    return self._client.call(request)
+                except (OSError, ProtocolError) as error:
+                    self._drop()
+                    if attempt == 2:
+                        host, port = self._address
+                        raise StoreError(f"store {host}:{port}: {error}") from None
+            raise AssertionError("unreachable")
+
+    def _drop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+_SIDE_CHANNELS: "dict[Tuple[str, int], _SideChannel]" = {}
+_SIDE_CHANNELS_LOCK = threading.Lock()
+
+
+def _side_channel(store: Any) -> _SideChannel:
+    address = (str(store.host), int(store.port))
+    with _SIDE_CHANNELS_LOCK:
+        channel = _SIDE_CHANNELS.get(address)
+        if channel is None:
+            timeout = store.timeout.total_seconds()
+            channel = _SIDE_CHANNELS[address] = _SideChannel(*address, timeout)
+        return channel
 
 
 # -- the rendezvous result ---------------------------------------------------------------------

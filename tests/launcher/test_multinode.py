@@ -22,7 +22,8 @@ from .cluster import LocalCluster, connections_to, descendants, port_is_free, wa
 
 NPROC = 2
 NNODES = 3
-MAX_ROOT_CONNECTIONS_PER_NODE = 4
+# the agent (and on torch 2.1 its side channel, see torchcompat) and the proxy's three
+MAX_ROOT_CONNECTIONS_PER_NODE = 4 + torchcompat.SIDE_CONNECTIONS
 
 
 @pytest.fixture
@@ -132,7 +133,8 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(cluster_factory, tmp_pa
         assert len(set(store_ports.values())) == 1
         if torchcompat.HAS_LIST_KEYS:  # else a store of the round's own, beside the root
             assert set(store_ports.values()) == {str(cluster.master_port)}
-        assert per_node == {rank: 1 + NPROC for rank in range(NNODES)}, per_node
+        expected = 1 + torchcompat.SIDE_CONNECTIONS + NPROC
+        assert per_node == {rank: expected for rank in range(NNODES)}, per_node
     if by_auto:
         log = cluster.logs()
         assert "node rank 2 (--node_rank=auto: from environment RANK_AFTER_ACC)" in log
@@ -141,7 +143,8 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(cluster_factory, tmp_pa
 
 
 def test_tiered_root_connections_do_not_grow_with_workers_per_node(cluster_factory, tmp_path):
-    """4 workers on a node: flat would open 5 root connections from it; tiered stays <= 4.
+    """4 workers on a node: flat would open 5 root connections from it; tiered stays <= 4 (one
+    more on torch 2.1: the agent's side channel, see torchcompat).
 
     One node keeps the test cheap; node rank 0's workers use its proxy like any other node's.
     """
@@ -161,7 +164,8 @@ def test_tiered_root_connections_do_not_grow_with_workers_per_node(cluster_facto
         assert cluster.wait_all(60) == [0], cluster.logs()
     finally:
         cluster.kill_all()
-    assert 1 <= root_connections <= MAX_ROOT_CONNECTIONS_PER_NODE < 1 + nproc, root_connections
+    assert 1 <= root_connections <= MAX_ROOT_CONNECTIONS_PER_NODE, root_connections
+    assert root_connections < 1 + nproc, root_connections  # fewer than torchrun's fan-in
 
 
 def test_worker_crash_restarts_the_whole_group_with_the_same_ranks(cluster_factory, tmp_path):

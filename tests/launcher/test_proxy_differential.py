@@ -65,7 +65,7 @@ def fenced(world: World, client: int, op: Callable[..., object], *args: object) 
     """A no-reply op, then a round trip on the same connection: the root has applied it before
     another client's next request (even straight to the root, two connections are not ordered)."""
     result = op(*args)
-    torchcompat.key_exists(world.clients[client], "fence")
+    world.clients[client].add("fence", 0)
     return result
 
 
