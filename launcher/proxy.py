@@ -974,6 +974,19 @@ def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
+def _finish_remaining_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel and await what still runs on the proxy's own loop before it closes.
+
+    An upstream connection still opening when the proxy stops is not among those ``aclose``
+    closes; left pending, its reader would run its cleanup at garbage collection, without a loop.
+    """
+    remaining = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in remaining:
+        task.cancel()
+    if remaining:
+        loop.run_until_complete(asyncio.gather(*remaining, return_exceptions=True))
+
+
 def _format_address(host: str, port: int) -> str:
     try:
         if ipaddress.ip_address(host).version == 6:
@@ -1079,6 +1092,7 @@ class StoreProxy:
                     loop.run_forever()
                 finally:
                     loop.run_until_complete(self._proxy.aclose())
+                    _finish_remaining_tasks(loop)
                     loop.run_until_complete(loop.shutdown_asyncgens())
                     loop.close()
 
