@@ -52,10 +52,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from npu_job.bootstrap import canonical
 from npu_job.bootstrap.model import Collective, Plan, PlanStatus, RankTable, Topology
 from npu_job.errors import shown
+from npu_job.podfacts import MIN_NODES
 
 log = logging.getLogger(__name__)
 
-MIN_NODES = 3  # platform rule: routing acceleration needs at least 3 nodes
 
 # HCCL_ALGO level1 (inter-server) algorithm -> the collective whose traffic pattern it follows.
 # NB (nonuniform Bruck) exchanges at distances 2^s like NHR. pipeline runs a ring between servers

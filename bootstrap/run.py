@@ -33,10 +33,10 @@ from npu_job.bootstrap.sources import (
     topology_candidates,
 )
 from npu_job.errors import EXIT_OK, InputError, NpuJobError, shown
+from npu_job.podfacts import OUTPUT_DIR, OUTPUT_DIR_ENV, TASK_INDEX_ENV
 
 log = logging.getLogger(__name__)
 
-DEFAULT_OUTPUT_DIR = "/tmp"
 DEFAULT_WAIT_TIMEOUT = 300.0
 DEFAULT_POLL_INTERVAL = 5.0
 _TRUE = ("1", "true", "yes", "on")
@@ -56,7 +56,7 @@ class BootstrapOptions:
     topology_format: Optional[str] = None  # None: detect by content
     host_ip: Optional[str] = None  # this host's IP (MA_CURRENT_HOST_IP)
     pod_index: Optional[str] = None  # this pod's index (VC_TASK_INDEX), as text
-    output_dir: str = DEFAULT_OUTPUT_DIR
+    output_dir: str = OUTPUT_DIR
     collective: Optional[str] = None  # ring / nhr / rhd; None: HCCL_ALGO, else ring
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT
     poll_interval: float = DEFAULT_POLL_INTERVAL
@@ -112,8 +112,8 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
         topology=pick("topology"),
         topology_format=pick("topology_format", "NPU_JOB_TOPOLOGY_FORMAT"),
         host_ip=pick("host_ip", "MA_CURRENT_HOST_IP"),
-        pod_index=pick("pod_index", "VC_TASK_INDEX"),
-        output_dir=pick("output_dir", "NPU_JOB_OUTPUT_DIR") or DEFAULT_OUTPUT_DIR,
+        pod_index=pick("pod_index", TASK_INDEX_ENV),
+        output_dir=pick("output_dir", OUTPUT_DIR_ENV) or OUTPUT_DIR,
         collective=pick("collective"),
         wait_timeout=seconds("wait_timeout", "NPU_JOB_WAIT_TIMEOUT", DEFAULT_WAIT_TIMEOUT),
         poll_interval=seconds("poll_interval", "NPU_JOB_POLL_INTERVAL", DEFAULT_POLL_INTERVAL),
@@ -154,7 +154,7 @@ def _bootstrap(flags: Mapping[str, Any], env: Optional[Mapping[str, str]],
                clock: Callable[[], float], sleep: Callable[[float], None]) -> BootstrapResult:
     environ = os.environ if env is None else env
     strict = bool(flags.get("strict")) or environ.get("NPU_JOB_STRICT", "").strip().lower() in _TRUE
-    output_dir = flags.get("output_dir") or environ.get("NPU_JOB_OUTPUT_DIR") or DEFAULT_OUTPUT_DIR
+    output_dir = flags.get("output_dir") or environ.get(OUTPUT_DIR_ENV) or OUTPUT_DIR
     context: Dict[str, Any] = {}
     try:
         options = resolve(flags, environ)

@@ -30,16 +30,16 @@ from npu_job.bootstrap.payload import (
     verbatim_or_shown,
 )
 from npu_job.errors import InputError
+from npu_job.podfacts import (
+    DEFAULT_RANK_TABLES,
+    MINDX_RANK_TABLE_NAME,
+    RANK_TABLE_ENV,
+    RANK_TABLE_NAME,
+    RANKTABLE_TOR_NAME,
+)
 
 log = logging.getLogger(__name__)
 
-RANK_TABLE_NAME = "jobstart_hccl.json"
-MINDX_RANK_TABLE_NAME = "hccl.json"
-DEFAULT_RANK_TABLES = (
-    "/user/config/jobstart_hccl.json",  # CCE configmap1980 plugin, ConfigMap ranktable-<job>
-    "/user/serverid/devindex/config/hccl.json",  # MindX, ConfigMap rings-config-<job>
-)
-RANKTABLE_TOR_NAME = "ranktable_tor.json"
 DEFAULT_PLAIN_TOPOLOGIES = ("/etc/npu-job/topology.yaml", "/etc/npu-job/topology.json")
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 K8S_TOPOLOGY = "k8s"  # the --topology / NPU_JOB_TOPOLOGY value that means "ask the API"
@@ -223,7 +223,7 @@ class KubernetesAPI:
 def locate_rank_table(explicit: Optional[str], env: Mapping[str, str],
                       exists: Callable[[str], bool] = os.path.exists) -> str:
     """The rank table's path or URL; an :class:`InputError` listing where we looked if none."""
-    given = explicit or env.get("RANK_TABLE_FILE")
+    given = explicit or env.get(RANK_TABLE_ENV)
     if given:
         if is_url(given):
             return given

@@ -28,12 +28,8 @@ from npu_job import __version__
 from npu_job.bootstrap.model import Plan
 from npu_job.bootstrap.payload import encode_compact
 from npu_job.fileio import write_atomic
+from npu_job.podfacts import ENV_FILE, MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN_FILE
 
-RANK_FILE = "RANK_AFTER_ACC"
-MASTER_FILE = "MASTER_INDEX"
-RANK_TABLE_COPY = "jobstart_hccl.reordered.json"
-ENV_FILE = "npu_job_env.sh"
-ROUTE_PLAN_FILE = "route_plan.json"
 ROUTE_PLAN_VERSION = 1
 PLAN_FILES = (RANK_TABLE_COPY, ENV_FILE, MASTER_FILE, RANK_FILE)
 

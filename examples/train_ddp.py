@@ -40,9 +40,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from npu_job.fileio import write_atomic  # npu-run's package is in the image
+from npu_job.podfacts import RANK_FILE, ROUTE_PLAN_FILE
+
 REPORT_VERSION = 1
-from npu_job.bootstrap.writers import RANK_FILE, ROUTE_PLAN_FILE  # npu-run's package is in the image
-from npu_job.fileio import write_atomic
 CHECKPOINT_NAME = "checkpoint.pt"
 
 

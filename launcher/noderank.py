@@ -31,13 +31,16 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
-from npu_job.bootstrap.run import DEFAULT_OUTPUT_DIR
-from npu_job.bootstrap.writers import RANK_FILE, ROUTE_PLAN_FILE
 from npu_job.errors import LaunchError
+from npu_job.podfacts import (
+    OUTPUT_DIR,
+    OUTPUT_DIR_ENV,
+    RANK_ENV,
+    RANK_FILE,
+    ROUTE_PLAN_FILE,
+    TASK_INDEX_ENV,
+)
 
-RANK_AFTER_ACC = "RANK_AFTER_ACC"  # the pod command's variable (same name as the bootstrap's file)
-VC_TASK_INDEX = "VC_TASK_INDEX"
-OUTPUT_DIR_ENV = "NPU_JOB_OUTPUT_DIR"
 AUTO = "auto"
 _COUNT = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also accepts "²", which int() refuses
 
@@ -57,7 +60,7 @@ class NodeRankChoice:
 
 def rank_file_path(env: Mapping[str, str]) -> str:
     """The bootstrap's ``RANK_AFTER_ACC`` file for this environment."""
-    return os.path.join(env.get(OUTPUT_DIR_ENV) or DEFAULT_OUTPUT_DIR, RANK_FILE)
+    return os.path.join(env.get(OUTPUT_DIR_ENV) or OUTPUT_DIR, RANK_FILE)
 
 
 def read_text_if_exists(path: str) -> Optional[str]:
@@ -85,19 +88,19 @@ def resolve_node_rank(
     env: Mapping[str, str], read_text: Callable[[str], Optional[str]] = read_text_if_exists
 ) -> NodeRankChoice:
     """This node's rank for ``--node_rank=auto`` (see the module docstring for the order)."""
-    from_env = env.get(RANK_AFTER_ACC, "").strip()
+    from_env = env.get(RANK_ENV, "").strip()
     if from_env:
-        return NodeRankChoice(parse_node_rank(from_env, f"environment {RANK_AFTER_ACC}"),
-                              f"environment {RANK_AFTER_ACC}")
+        return NodeRankChoice(parse_node_rank(from_env, f"environment {RANK_ENV}"),
+                              f"environment {RANK_ENV}")
     path = rank_file_path(env)
     from_file = (read_text(path) or "").strip()
     if from_file:
         return NodeRankChoice(parse_node_rank(from_file, path), f"bootstrap file {path}")
-    from_scheduler = env.get(VC_TASK_INDEX, "").strip()
+    from_scheduler = env.get(TASK_INDEX_ENV, "").strip()
     if from_scheduler:
-        return NodeRankChoice(parse_node_rank(from_scheduler, f"environment {VC_TASK_INDEX}"),
-                              f"environment {VC_TASK_INDEX} (scheduler order)")
-    return NodeRankChoice(0, "default (no RANK_AFTER_ACC, bootstrap file or VC_TASK_INDEX)")
+        return NodeRankChoice(parse_node_rank(from_scheduler, f"environment {TASK_INDEX_ENV}"),
+                              f"environment {TASK_INDEX_ENV} (scheduler order)")
+    return NodeRankChoice(0, f"default (no {RANK_ENV}, bootstrap file or {TASK_INDEX_ENV})")
 
 
 SCHEDULER_ORDER = "scheduler order"
@@ -118,7 +121,7 @@ def node_order(
     no bootstrap ran, so there is no order to hold it to. None too when the route plan cannot be
     read or makes no sense: the check is a diagnosis and never stops a launch by itself.
     """
-    path = os.path.join(env.get(OUTPUT_DIR_ENV) or DEFAULT_OUTPUT_DIR, ROUTE_PLAN_FILE)
+    path = os.path.join(env.get(OUTPUT_DIR_ENV) or OUTPUT_DIR, ROUTE_PLAN_FILE)
     try:
         text = read_text(path)
         if text is None:

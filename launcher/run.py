@@ -26,7 +26,7 @@ import textwrap
 import uuid
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
-from npu_job.errors import EXIT_INTERNAL, EXIT_USAGE, LaunchError, NpuJobError
+from npu_job.errors import EXIT_INTERNAL, EXIT_USAGE, LaunchError, NpuJobError, report_error
 from npu_job.logs import setup_logging
 
 from . import noderank
@@ -287,8 +287,6 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run ``npu-run`` with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
-    from npu_job.cli import report_error
-
     setup_logging(0, prog=PROG)
     parser = build_parser()
     try:
@@ -302,7 +300,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except NpuJobError as error:
-        return report_error(error, prog=PROG)
+        return report_error(error, PROG)
     except KeyboardInterrupt:
         logger.warning("interrupted: workers stopped")
         return 130

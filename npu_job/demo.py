@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from npu_job.errors import InconsistentError, LaunchError, shown
+from npu_job.podfacts import RANK_TABLE_ENV, RANK_TABLE_NAME
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ def demo_spec_values(options: DemoOptions, master_port: int, shared_dir: str) ->
     if options.device == "npu":
         values["full_node_npus"] = options.nproc_per_node  # the simulated nodes are this small
     elif options.routing and options.deliver_rank_table:
-        env["RANK_TABLE_FILE"] = f"{RANK_TABLE_DIR}/jobstart_hccl.json"
+        env[RANK_TABLE_ENV] = f"{RANK_TABLE_DIR}/{RANK_TABLE_NAME}"
         volumes.append({"name": "ranktable", "configMap": {"name": RANK_TABLE_CONFIGMAP}})
         mounts.append({"name": "ranktable", "mountPath": RANK_TABLE_DIR, "readOnly": True})
     return values
@@ -608,7 +609,7 @@ class Supervisor:
 
 def read_outcomes(prepared: Prepared, supervisor: Supervisor) -> Tuple[List[PodOutcome], List[Dict[str, Any]]]:
     """Each pod's bootstrap files (from its private /tmp) and every worker's report."""
-    from npu_job.bootstrap.writers import MASTER_FILE, RANK_FILE, ROUTE_PLAN_FILE
+    from npu_job.podfacts import MASTER_FILE, RANK_FILE, ROUTE_PLAN_FILE
 
     pods = []
     for index, spec_file in enumerate(prepared.spec_files):

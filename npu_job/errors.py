@@ -1,8 +1,8 @@
 """The exceptions npu-job raises for problems a user can fix, and their exit codes.
 
-Every user-facing failure is one of these; the CLI edge (``npu_job.cli``) turns them into one
-``npu-job: error: ...`` line (plus an optional ``TIP:`` line) and the exit code below, never a
-traceback. Library code raises them with a message that names the file, the field and what was
+Every user-facing failure is one of these; the commands' edges (``npu-job``, ``npu-run``) turn
+them into one ``<prog>: error: ...`` line (plus an optional ``TIP:`` line) and the exit code
+below, never a traceback, through :func:`report_error`. Library code raises them with a message that names the file, the field and what was
 expected; it never prints.
 
 Exit codes (stable, documented in the README):
@@ -25,6 +25,7 @@ code  exception              meaning
 from __future__ import annotations
 
 import reprlib
+import sys
 from typing import Optional, Sequence
 
 EXIT_OK = 0
@@ -85,7 +86,8 @@ class NpuJobError(Exception):
 class InputError(NpuJobError):
     """An input (rank table, topology, spec file) is malformed.
 
-    Build the message with :func:`input_error` so it always reads ``<source>: <field>: <expected>``.
+    Its message always reads ``<source>: <field>: <expected>`` (just ``<source>: <expected>``
+    when no single field is at fault).
     """
 
     exit_code = 3
@@ -143,3 +145,11 @@ class LaunchError(NpuJobError):
     """The launcher could not start its store, proxy or workers."""
 
     exit_code = 8
+
+
+def report_error(error: NpuJobError, prog: str) -> int:
+    """Print ``error`` as one line (plus ``TIP:``) on stderr and return its exit code."""
+    print(f"{prog}: error: {error.message}", file=sys.stderr)
+    if error.tip:
+        print(f"TIP: {error.tip}", file=sys.stderr)
+    return error.exit_code

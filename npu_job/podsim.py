@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from npu_job.errors import InputError, LaunchError
+from npu_job.podfacts import PYTHON_ENV, RANK_ENV, RANK_TABLE_ENV, TASK_INDEX_ENV
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # a
 _LEAKY_PREFIXES = ("VC_", "VK_", "MA_", "NPU_JOB_", "PET_", "TORCHELASTIC_", "HCCL_", "GLOO_", "NCCL_")
 _LEAKY_NAMES = frozenset({
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-    "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RANK_TABLE_FILE", "RANK_AFTER_ACC", "HOSTNAME",
+    "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", RANK_TABLE_ENV, RANK_ENV, "HOSTNAME",
     "PYTEST_CURRENT_TEST",
 })
 
@@ -384,7 +385,7 @@ def pod_specs(
             env: Dict[str, str] = dict(image_env or {})
             env["HOSTNAME"] = name
             if "env" in plugins:
-                env["VK_TASK_INDEX"] = env["VC_TASK_INDEX"] = str(index)
+                env["VK_TASK_INDEX"] = env[TASK_INDEX_ENV] = str(index)
             env.update(svc_env)
             for position, variable in enumerate(container.get("env") or []):
                 at = f"{where}.env[{position}]"
@@ -454,7 +455,7 @@ def this_installation() -> Dict[str, str]:
     installation = {"PATH": os.pathsep.join(dict.fromkeys(d for d in dirs if d and os.path.isdir(d)))}
     python3 = os.path.join(here, "python3")
     if not (os.path.exists(python3) and os.path.samefile(python3, sys.executable)):
-        installation["NPU_JOB_PYTHON"] = sys.executable
+        installation[PYTHON_ENV] = sys.executable
     return installation
 
 

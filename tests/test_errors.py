@@ -1,11 +1,40 @@
-"""npu_job.errors.shown: every echoed input value stays quoted, on one line and bounded."""
+"""npu_job.errors: the exit-code table, one-line reports, and echoed input quoted and bounded."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from npu_job import errors
 from npu_job.errors import SHOWN_LIMIT, shown
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _all_error_classes(base: type = errors.NpuJobError) -> list:
+    return [base] + [c for sub in base.__subclasses__() for c in _all_error_classes(sub)]
+
+
+def test_the_readme_and_the_module_list_exactly_the_exit_codes_the_errors_carry() -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Exit codes"):]
+    section = section[:section.index("\n## ", 4)] if "\n## " in section[4:] else section
+    in_readme = {int(code) for code in re.findall(r"^\| (\d+) \|", section, re.M)}
+    in_module = {int(code) for code in re.findall(r"^(\d+)\s{2,}", errors.__doc__ or "", re.M)}
+    carried = {errors.EXIT_OK, errors.EXIT_INTERNAL, errors.EXIT_USAGE}
+    carried |= {cls.exit_code for cls in _all_error_classes()}
+    assert in_readme == in_module == carried
+
+
+def test_an_error_is_reported_as_one_line_and_a_tip_with_its_exit_code(capsys) -> None:
+    error = errors.InputError("ranktable.json", "server_count", "expected an integer, got 'x'",
+                              tip="fix the file")
+    assert errors.report_error(error, "npu-run") == 3
+    assert capsys.readouterr().err == (
+        "npu-run: error: ranktable.json: server_count: expected an integer, got 'x'\nTIP: fix the file\n")
 
 
 @given(st.text())

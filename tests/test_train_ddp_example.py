@@ -23,7 +23,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py"
     ids=["pod-should-be-node-1", "rank-file-contradicts-plan"],
 )
 def test_a_rank_off_the_route_plan_fails_the_run(tmp_path, rank_mapping, rank_file, problem):
-    from npu_job.bootstrap.writers import RANK_FILE, ROUTE_PLAN_FILE
+    from npu_job.podfacts import RANK_FILE, ROUTE_PLAN_FILE
 
     (tmp_path / ROUTE_PLAN_FILE).write_text(json.dumps({"status": "success", "rank_mapping": rank_mapping}))
     (tmp_path / RANK_FILE).write_text(rank_file)

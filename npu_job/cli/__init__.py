@@ -4,8 +4,8 @@ Each subcommand lives in its own module of this package and exposes ``HELP`` (on
 ``configure(parser)`` and ``run(args) -> int``. Only the chosen subcommand's module is imported,
 so ``npu-job bootstrap`` never pays for Jinja or anything else it does not use.
 
-This module is also the one place where :class:`~npu_job.errors.NpuJobError` becomes an
-``npu-job: error: ...`` line and an exit code (see ``npu_job.errors`` for the table).
+This module is where an :class:`~npu_job.errors.NpuJobError` from a subcommand becomes an
+``npu-job: error: ...`` line and an exit code (``npu_job.errors.report_error``; the table is there).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from npu_job import __version__
-from npu_job.errors import EXIT_INTERNAL, EXIT_USAGE, NpuJobError
+from npu_job.errors import EXIT_INTERNAL, EXIT_USAGE, NpuJobError, report_error
 from npu_job.logs import PROG, setup_logging
 
 # name -> (module, one-line help); the order is the order of `npu-job --help`.
@@ -79,14 +79,6 @@ def _chosen_command(argv: Sequence[str]) -> Optional[str]:
     return None
 
 
-def report_error(error: NpuJobError, prog: str = PROG) -> int:
-    """Print ``error`` as one line (plus ``TIP:``) on stderr and return its exit code."""
-    print(f"{prog}: error: {error.message}", file=sys.stderr)
-    if error.tip:
-        print(f"TIP: {error.tip}", file=sys.stderr)
-    return error.exit_code
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run ``npu-job`` with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
     args_list: List[str] = list(sys.argv[1:] if argv is None else argv)
@@ -100,7 +92,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return run(args)
     except NpuJobError as error:
-        return report_error(error)
+        return report_error(error, PROG)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `npu-job render ... | head`

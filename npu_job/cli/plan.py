@@ -126,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace):
     """Read the rank table and topology with the bootstrap's readers (errors: one line, exit 3)."""
     from npu_job.bootstrap.ranktable import parse_rank_table
-    from npu_job.bootstrap.sources import RANKTABLE_TOR_NAME, is_url, locate_rank_table, read_bytes
+    from npu_job.bootstrap.sources import is_url, locate_rank_table, read_bytes
+    from npu_job.podfacts import RANKTABLE_TOR_NAME
     from npu_job.bootstrap.topology import parse_topology
 
     table_source = locate_rank_table(args.rank_table, {})

@@ -26,11 +26,13 @@ import functools
 import json
 import logging
 import re
+import posixpath
 import shlex
 import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from npu_job import podfacts
 from npu_job.errors import RenderError
 from npu_job.render.spec import (
     DEVICE_RESOURCE,
@@ -241,6 +243,10 @@ def _context(spec: JobSpec) -> Dict[str, Any]:
             resources.append((key, value))
     return {
         "spec": spec,
+        # the bootstrap's files, as the pod command and train.sh read them (npu_job.podfacts)
+        "rank_file": posixpath.join(podfacts.OUTPUT_DIR, podfacts.RANK_FILE),
+        "master_file": posixpath.join(podfacts.OUTPUT_DIR, podfacts.MASTER_FILE),
+        "env_file": posixpath.join(podfacts.OUTPUT_DIR, podfacts.ENV_FILE),
         "scripts_configmap": f"{spec.name}-scripts",
         "scripts_volume": SCRIPTS_VOLUME,
         "shm_volume": SHM_VOLUME,

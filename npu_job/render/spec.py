@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from npu_job.errors import LISTED_PROBLEMS, SpecError
+from npu_job.podfacts import DEFAULT_RANK_TABLES, RANK_TABLE_ENV
 from npu_job.render.values import MergedValues, Path, SetScalar, format_path, typed
 
 # --- constants the templates and validation share ---------------------------------------------
@@ -721,14 +722,12 @@ def _default_rank_table_dirs() -> Tuple[str, ...]:
     """Where the bootstrap looks for a rank table when ``RANK_TABLE_FILE`` is not set."""
     import posixpath
 
-    from npu_job.bootstrap.sources import DEFAULT_RANK_TABLES
-
     return tuple(posixpath.dirname(path) for path in DEFAULT_RANK_TABLES)
 
 
 def _brings_a_rank_table(spec: JobSpec) -> bool:
     """Whether the pods get a rank table without CCE: ``RANK_TABLE_FILE`` or a default location."""
-    if "RANK_TABLE_FILE" in dict(spec.env):
+    if RANK_TABLE_ENV in dict(spec.env):
         return True
     for mount in spec.mounts:
         path = str(mount.get("mountPath", "")).rstrip("/")

@@ -13,7 +13,7 @@ from npu_job.bootstrap.identity import find_pod_index, parse_task_index
 from npu_job.bootstrap.model import Collective
 from npu_job.bootstrap.ranktable import parse_rank_table
 from npu_job.bootstrap.run import bootstrap
-from npu_job.bootstrap.writers import MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN_FILE
+from npu_job.podfacts import MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN_FILE
 from npu_job.errors import InconsistentError, InputError, NotReadyError
 
 from .documents import node, v1_0, write_cce_job

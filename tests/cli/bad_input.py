@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from npu_job.bootstrap.writers import ROUTE_PLAN_FILE
+from npu_job.podfacts import ROUTE_PLAN_FILE
 from npu_job.cli import main
 from tests.bootstrap.engines import json_engine
 

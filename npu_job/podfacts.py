@@ -1,0 +1,46 @@
+"""The pod's facts: the names and rules every part of npu-job agrees on about a training pod.
+
+The bootstrap writes these files, the rendered pod command and ``train.sh`` read them, npu-run
+looks for them, and the demo's simulated pods carry them; each name is defined here once and
+imported by the part that uses it (templates receive them from the renderer). Nothing here does
+anything: only constants, so the bootstrap's small interpreter start pays nothing for them.
+"""
+
+from __future__ import annotations
+
+#: Where the bootstrap writes its files unless told otherwise (``--output-dir``,
+#: ``$NPU_JOB_OUTPUT_DIR``); the routing-acceleration guide's pod command reads them from there.
+OUTPUT_DIR = "/tmp"
+OUTPUT_DIR_ENV = "NPU_JOB_OUTPUT_DIR"
+
+#: This pod's new node rank (one line); also the pod command's environment variable of that name.
+RANK_FILE = "RANK_AFTER_ACC"
+RANK_ENV = "RANK_AFTER_ACC"
+#: The pod index (scheduler order) of the new node rank 0: the pod that hosts the root store.
+MASTER_FILE = "MASTER_INDEX"
+#: The bootstrap's whole decision (planned or not, why, the mapping and its digest), as JSON.
+ROUTE_PLAN_FILE = "route_plan.json"
+#: The rank table with its servers in the new order, for HCCL.
+RANK_TABLE_COPY = "jobstart_hccl.reordered.json"
+#: ``export`` lines of the plan's variables, for a shell to source.
+ENV_FILE = "npu_job_env.sh"
+
+#: Volcano's scheduler-order index of this pod (its env plugin sets it).
+TASK_INDEX_ENV = "VC_TASK_INDEX"
+#: A rank table the job brings itself (a path or an http(s) URL), where CCE delivers none.
+RANK_TABLE_ENV = "RANK_TABLE_FILE"
+#: The interpreter bootstrap.sh runs (default: python3 on PATH).
+PYTHON_ENV = "NPU_JOB_PYTHON"
+
+#: Where CCE's configmap1980 plugin and MindX mount the rank table, in the order they are tried.
+RANK_TABLE_NAME = "jobstart_hccl.json"
+MINDX_RANK_TABLE_NAME = "hccl.json"
+DEFAULT_RANK_TABLES = (
+    "/user/config/jobstart_hccl.json",  # CCE configmap1980 plugin, ConfigMap ranktable-<job>
+    "/user/serverid/devindex/config/hccl.json",  # MindX, ConfigMap rings-config-<job>
+)
+#: CCE's switch topology file, beside the rank table.
+RANKTABLE_TOR_NAME = "ranktable_tor.json"
+
+#: The platform's rule: routing acceleration needs at least this many nodes.
+MIN_NODES = 3

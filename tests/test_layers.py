@@ -1,0 +1,117 @@
+"""The import layers: entry points and the demo sit on the three parts, which sit on a shared core.
+
+A part (bootstrap, render, launcher) never imports the CLI, the demo or another part; the core
+(errors and their reporting, file I/O, logging, the pod's facts) imports none of them. Every
+import counts, also one inside a function. import-linter cannot check this package (its parts
+live in top-level folders mapped into ``npu_job`` by ``package_dir``, which grimp does not follow),
+so the graph is read here from the sources, with the mapping taken from ``setup.cfg``.
+"""
+
+from __future__ import annotations
+
+import ast
+import configparser
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Tuple
+
+REPO = Path(__file__).resolve().parents[1]
+
+# module prefix -> (layer, part); the longest matching prefix decides, higher layers import lower
+LAYERS: Dict[str, Tuple[int, str]] = {
+    "npu_job": (0, "core"),  # the root package: __version__ only
+    "npu_job.errors": (0, "core"),
+    "npu_job.fileio": (0, "core"),
+    "npu_job.logs": (0, "core"),
+    "npu_job.podfacts": (0, "core"),
+    "npu_job.templates": (0, "core"),  # data: Jinja templates and pod scripts
+    "npu_job.bootstrap": (1, "bootstrap"),
+    "npu_job.render": (1, "render"),
+    "npu_job.launcher": (1, "launcher"),
+    "npu_job.demo": (2, "demo"),
+    "npu_job.podsim": (2, "demo"),
+    "npu_job.cli": (3, "entry points"),
+    "npu_job.__main__": (3, "entry points"),
+    # `python -m npu_job.bootstrap` / `python -m npu_job.launcher` are commands, like the CLI's
+    "npu_job.bootstrap.__main__": (3, "entry points"),
+    "npu_job.launcher.__main__": (3, "entry points"),
+}
+LAYER_NAMES = {0: "core", 1: "parts", 2: "demo", 3: "entry points"}
+
+
+def package_dirs() -> Dict[str, Path]:
+    """Each package of setup.cfg and its folder (``package_dir`` maps three of them elsewhere)."""
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    packages = config["options"]["packages"].split()
+    mapped = dict(
+        (name.strip(), folder.strip())
+        for line in config["options"]["package_dir"].strip().splitlines()
+        for name, folder in [line.split("=")]
+    )
+    return {name: REPO / mapped.get(name, name.replace(".", "/")) for name in packages}
+
+
+def modules() -> Iterator[Tuple[str, Path]]:
+    for package, folder in package_dirs().items():
+        for path in sorted(folder.glob("*.py")):
+            yield (package if path.stem == "__init__" else f"{package}.{path.stem}"), path
+
+
+def imported(module: str, path: Path) -> Iterator[Tuple[str, int]]:
+    """The npu_job modules ``module`` imports anywhere in its file, with line numbers."""
+    package = module if path.stem == "__init__" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{parent}.{base}" if base else parent
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for name in names:
+            if name == "npu_job" or name.startswith("npu_job."):
+                yield name, node.lineno
+
+
+def layer_of(module: str) -> Optional[Tuple[int, str]]:
+    best = max((prefix for prefix in LAYERS if module == prefix or module.startswith(prefix + ".")),
+               key=len, default=None)
+    return LAYERS[best] if best is not None else None
+
+
+def violations() -> List[str]:
+    found = []
+    for module, path in modules():
+        importer = layer_of(module)
+        assert importer is not None, f"{module} belongs to no layer: add it to LAYERS"
+        for name, line in imported(module, path):
+            target = layer_of(name)
+            if target is None or target[1] == importer[1]:
+                continue
+            upward = target[0] > importer[0]
+            sideways = target[0] == importer[0] and importer[0] == 1  # one part into another
+            if upward or sideways:
+                found.append(f"{path.relative_to(REPO)}:{line}: {module} ({importer[1]}) imports "
+                             f"the {target[1]}")
+    return sorted(set(found))
+
+
+def test_no_import_runs_upward_or_between_parts():
+    assert violations() == []
+
+
+def test_every_module_has_a_layer_and_every_layer_has_modules():
+    seen = {layer_of(module) for module, _ in modules()}
+    assert None not in seen
+    assert {layer for layer, _ in seen} == set(LAYER_NAMES)
+
+
+def test_the_checker_sees_imports_inside_functions_and_relative_ones(tmp_path):
+    """The checker itself: a function-level and a relative import both count."""
+    source = tmp_path / "sample.py"
+    source.write_text("from . import torchcompat\n\ndef f():\n    from npu_job.cli import main\n")
+    names = {name for name, _ in imported("npu_job.launcher.sample", source)}
+    assert {"npu_job.launcher.torchcompat", "npu_job.cli.main"} <= names
