@@ -14,8 +14,8 @@ import logging
 from typing import Optional
 
 from npu_job.bootstrap.model import RankTable
-from npu_job.bootstrap.payload import count_from_text
 from npu_job.errors import InconsistentError, InputError, shown
+from npu_job.parsing import count_from_text
 
 log = logging.getLogger(__name__)
 

@@ -57,6 +57,7 @@ from json.decoder import scanstring
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Tuple, TypeVar
 
 from npu_job.errors import InputError, shown
+from npu_job.parsing import COUNT_LIMIT, MAX_COUNT_DIGITS, count_from_text
 
 MAX_INPUT_BYTES = 64 * 1024 * 1024
 
@@ -630,20 +631,6 @@ def expect_str(value: Any, source: str, path: str, *, empty_ok: bool = False) ->
     if not empty_ok and not value:
         fail(source, path, "a non-empty string")
     return value
-
-
-MAX_COUNT_DIGITS = 18  # every count and index of these formats is far below 10**18 (an int64)
-COUNT_LIMIT = 10**MAX_COUNT_DIGITS
-
-
-def count_from_text(text: str) -> Optional[int]:
-    """The value of ``text`` if it is a count: ASCII digits spelling a number below
-    :data:`COUNT_LIMIT`; else None. The one way input text becomes an integer here (``int()``
-    would raise a ValueError past 4300 digits, and read other digits than ASCII ones)."""
-    significant = text.lstrip("0")
-    if len(significant) <= MAX_COUNT_DIGITS and text.isdigit() and text.isascii():
-        return int(significant or "0")
-    return None
 
 
 def expect_count(value: Any, source: str, path: str) -> int:

@@ -36,9 +36,6 @@ from npu_job.bootstrap.model import (
     servers_from_device_columns,
 )
 from npu_job.bootstrap.payload import (
-    COUNT_LIMIT,
-    MAX_COUNT_DIGITS,
-    count_from_text,
     decode_document,
     expect_count,
     expect_list,
@@ -51,6 +48,7 @@ from npu_job.bootstrap.payload import (
     require_unique_id,
 )
 from npu_job.errors import shown
+from npu_job.parsing import COUNT_LIMIT, MAX_COUNT_DIGITS, count_from_text
 
 LEGACY_VERSION = "0"
 # Volcano names pods <job>-<task>-<index>: the index is the last hyphen-separated part (a name

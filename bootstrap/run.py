@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from npu_job.bootstrap.model import Collective, Plan, PlanStatus, RankTable, Topology
-from npu_job.bootstrap.payload import count_from_text, verbatim_or_shown
+from npu_job.bootstrap.payload import verbatim_or_shown
 from npu_job.bootstrap.sources import (
     K8S_TOPOLOGY,
     KubernetesAPI,
@@ -33,6 +33,7 @@ from npu_job.bootstrap.sources import (
     topology_candidates,
 )
 from npu_job.errors import EXIT_OK, InputError, NpuJobError, shown
+from npu_job.parsing import count_from_text, seconds_from_text
 from npu_job.podfacts import OUTPUT_DIR, OUTPUT_DIR_ENV, TASK_INDEX_ENV
 
 log = logging.getLogger(__name__)
@@ -84,11 +85,8 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
         text = env.get(name, "").strip()
         if not text:
             return default
-        try:
-            number = float(text)
-        except ValueError:
-            number = -1.0
-        if not number >= 0:  # also rejects nan
+        number = seconds_from_text(text, zero_ok=True)
+        if number is None:
             raise InputError("environment", name,
                              f"expected a number of seconds >= 0, got {shown(text)}")
         return number

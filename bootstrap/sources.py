@@ -26,10 +26,10 @@ from typing import Any, Callable, List, Mapping, Optional, Tuple, Union
 from npu_job.bootstrap.payload import (
     MAX_INPUT_BYTES,
     check_size,
-    count_from_text,
     verbatim_or_shown,
 )
 from npu_job.errors import InputError
+from npu_job.parsing import count_from_text
 from npu_job.podfacts import (
     DEFAULT_RANK_TABLES,
     MINDX_RANK_TABLE_NAME,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Tuple
 
 from npu_job.errors import LaunchError
-from npu_job.launcher.noderank import is_count
+from npu_job.parsing import is_count
 
 logger = logging.getLogger(__name__)
 

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
 from npu_job.errors import LaunchError
+from npu_job.parsing import is_count
 from npu_job.podfacts import (
     OUTPUT_DIR,
     OUTPUT_DIR_ENV,
@@ -42,14 +42,6 @@ from npu_job.podfacts import (
 )
 
 AUTO = "auto"
-_COUNT = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also accepts "²", which int() refuses
-
-
-def is_count(text: str) -> bool:
-    """``text`` is a non-negative decimal integer in ASCII digits (a rank, a node or worker count)."""
-    return _COUNT.fullmatch(text) is not None
-
-
 @dataclass(frozen=True)
 class NodeRankChoice:
     """The node rank ``auto`` resolved to and where it came from (for the log line)."""

@@ -8,6 +8,7 @@ import pytest
 POD_SIDE_MODULES = [
     "npu_job.cli",
     "npu_job.podfacts",
+    "npu_job.parsing",
     "npu_job.bootstrap",
     "npu_job.bootstrap.model",
     "npu_job.bootstrap.canonical",

@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
+from npu_job.parsing import count_from_text, seconds_from_text
+
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse ``type`` for whole numbers >= ``minimum`` ("expected an integer >= 1, got 'x'")."""
 
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = minimum - 1
-        if value < minimum:
+        value = count_from_text(text.strip())
+        if value is None or value < minimum:
             raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
         return value
 
@@ -26,11 +25,8 @@ def seconds(*, zero_ok: bool) -> Callable[[str], float]:
     bound = ">= 0" if zero_ok else "> 0"
 
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-        if not (value >= 0 if zero_ok else value > 0):  # also false for nan
+        value = seconds_from_text(text, zero_ok=zero_ok)
+        if value is None:
             raise argparse.ArgumentTypeError(f"expected a number of seconds {bound}, got {text!r}")
         return value
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from npu_job.errors import SHOWN_LIMIT, InputError, shown
+from npu_job.parsing import count_from_text
 
 PathItem = Union[str, int]
 Path = Tuple[PathItem, ...]
@@ -197,7 +198,6 @@ class SetSyntaxError(ValueError):
 
 
 _KEY_STOPS = {".", "[", "=", ","}
-_DIGITS = re.compile(r"[0-9]+\Z")
 
 
 def parse_set(text: str, *, as_string: bool = False, source: str = "--set") -> Tuple[Assignment, ...]:
@@ -271,12 +271,13 @@ class _SetParser:
                 self.pos += 1
                 start = self.pos
                 digits, _ = self._chars(["]"])
-                if not _DIGITS.match(digits):
+                if not digits.isascii() or not digits.isdigit():
                     raise self.fail("a list index such as [0]", at=start)
-                if len(digits) > len(str(MAX_LIST_INDEX)) or int(digits) > MAX_LIST_INDEX:
+                index = count_from_text(digits)
+                if index is None or index > MAX_LIST_INDEX:
                     raise self.fail(f"a list index from 0 to {MAX_LIST_INDEX}", at=start)
                 self.expect("]")
-                items.append(int(digits))
+                items.append(index)
         return tuple(items)
 
     def value(self) -> Any:

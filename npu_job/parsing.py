@@ -1,0 +1,37 @@
+"""How text from a user or an input file becomes a number: one reader for each kind, for every part.
+
+Counts, indices and ranks are ASCII digits only: ``int()`` would also read ``"²"``-like digits of
+other scripts, signs, underscores and surrounding space, and raise past 4300 digits. Durations are
+seconds as ``float()`` reads them, with NaN refused. Each reader answers ``None`` for text it does
+not accept and leaves the error message, which names where the text came from, to its caller.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+MAX_COUNT_DIGITS = 18  # every count and index npu-job reads is far below 10**18 (an int64)
+COUNT_LIMIT = 10**MAX_COUNT_DIGITS
+
+
+def count_from_text(text: str) -> Optional[int]:
+    """The value of ``text`` if it is a count: ASCII digits spelling a number below
+    :data:`COUNT_LIMIT` (leading zeros allowed); else None."""
+    significant = text.lstrip("0")
+    if len(significant) <= MAX_COUNT_DIGITS and text.isdigit() and text.isascii():
+        return int(significant or "0")
+    return None
+
+
+def is_count(text: str) -> bool:
+    """``text`` is a count (:func:`count_from_text`)."""
+    return count_from_text(text) is not None
+
+
+def seconds_from_text(text: str, *, zero_ok: bool) -> Optional[float]:
+    """``text`` as a duration in seconds, > 0 (or >= 0 with ``zero_ok``); None otherwise (NaN too)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if (value >= 0 if zero_ok else value > 0) else None
