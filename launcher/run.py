@@ -260,25 +260,42 @@ def _watched_agent_class() -> type:
         def _invoke_run(self, *args: Any, **kwargs: Any) -> Any:
             result = super()._invoke_run(*args, **kwargs)
             if result.is_failed():
-                _settle_failure(self._rdzv_handler, self._worker_group, result,
-                                self._npu_failed_at or time.time())
+                _settle_failure(self._rdzv_handler, result, self._npu_failed_at or time.time(),
+                                float(self._worker_group.spec.monitor_interval))
             return result
 
     return WatchedAgent
 
 
-def _settle_failure(handler: Any, group: Any, result: Any, failed_at: float) -> None:
+def _settle_failure(handler: Any, result: Any, failed_at: float, interval: float) -> None:
     from . import rendezvous
     from .verdict import FailureReport
 
     if not isinstance(handler, rendezvous.ParallelRendezvousHandler) or not result.failures:
         return
-    rank, failure = min(result.failures.items(), key=lambda item: (item[1].timestamp, item[0]))
+    when = {rank: _failed_when(failure, failed_at, interval) for rank, failure in result.failures.items()}
+    rank = min(when, key=lambda worker: (when[worker], worker))
+    failure = result.failures[rank]
     handler.settle_failure(FailureReport(
-        node_rank=handler.settings.node_rank, seen_at=failed_at, worker_rank=int(rank),
+        node_rank=handler.settings.node_rank, seen_at=when[rank], worker_rank=int(rank),
         local_rank=int(failure.local_rank), pid=int(failure.pid), exit_code=int(failure.exitcode),
         message=_failure_message(failure),
     ))
+
+
+def _failed_when(failure: Any, seen_at: float, monitor_interval: float) -> float:
+    """When the worker failed, as precisely as this node knows.
+
+    The error file ``@record`` writes at the exception is stamped to the nanosecond (its
+    modification time); a worker that failed because a peer died writes its own after the
+    peer's process has ended, so the root cause of a cascade is the earliest file. A worker
+    without one (a signal, ``os._exit``) died at some time within the agent's last monitor
+    interval: taken at its start.
+    """
+    try:
+        return os.stat(failure.error_file).st_mtime
+    except (OSError, TypeError, ValueError):
+        return seen_at - monitor_interval
 
 
 def _failure_message(failure: Any) -> str:

@@ -4,8 +4,8 @@ When one node ends a job (its workers failed for good, it stopped answering, it 
 its store proxy could not be brought back), the first agent that knows writes one
 :class:`Verdict` into the root store and every agent prints its text as its last line. The
 builders here word each cause; :func:`first_failure` picks the root cause among the failures
-that several nodes report at about the same time (the earliest, as their agents saw it; on a
-tie, the lowest node rank).
+that several nodes report at about the same time (the earliest: a worker that failed because a
+peer died did so after that peer; on a tie, the lowest node rank).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class FailureReport:
     """A node whose workers failed for good, as its agent reports it to the judge (node rank 0)."""
 
     node_rank: int
-    seen_at: float  # wall clock (time.time()) when the agent first saw the failure
+    seen_at: float  # wall clock when the worker failed (its @record error file, else its agent)
     worker_rank: int
     local_rank: int
     pid: int
