@@ -301,7 +301,10 @@ def _failed_when(failure: Any, seen_at: float, monitor_interval: float) -> float
 def _failure_message(failure: Any) -> str:
     """The worker's own error (``@record``), else how it ended."""
     if failure.error_file_data:
-        return str(failure.message)
+        message = failure.message  # newer torch keeps the error file's {"message": ...} record
+        if isinstance(message, dict):
+            message = message.get("message", message)
+        return str(message)
     if failure.exitcode < 0:
         return f"killed by {failure.signal_name()}"
     return f"exited with code {failure.exitcode} (no @record error file; see its output)"
