@@ -260,8 +260,9 @@ def _watched_agent_class() -> type:
         def _invoke_run(self, *args: Any, **kwargs: Any) -> Any:
             result = super()._invoke_run(*args, **kwargs)
             if result.is_failed():
-                _settle_failure(self._rdzv_handler, result, self._npu_failed_at or time.time(),
-                                float(self._worker_group.spec.monitor_interval))
+                spec = self._worker_group.spec  # torch 2.1's agent has no _rdzv_handler
+                _settle_failure(spec.rdzv_handler, result, self._npu_failed_at or time.time(),
+                                float(spec.monitor_interval))
             return result
 
     return WatchedAgent
