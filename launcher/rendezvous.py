@@ -36,6 +36,7 @@ import logging
 import os
 import random
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -47,6 +48,7 @@ from torch.distributed import PrefixStore, Store, TCPStore
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
+    RendezvousError,
     RendezvousHandler,
     RendezvousParameters,
     RendezvousStateError,
@@ -387,6 +389,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
         self._me = verdict.UNKNOWN
         self._proxy_lock = threading.RLock()
         self.verdict: Optional[Verdict] = None
+        self._outcome: Optional[str] = None  # npu-run's agent says how its run ended (see below)
         self._proxy: Optional[NodeStoreProxy] = None
         self._proxy_port = 0
         self._proxy_upstream: Optional[Tuple[str, int]] = None
@@ -525,6 +528,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
         """
         watch = self._watch
         if watch is not None:
+            self._announce_leaving(watch)
             watch.stop()
             if watch.verdict is not None and watch.verdict.kind == verdict.ROOT_LOST:
                 self._root_lost = True
@@ -620,6 +624,24 @@ class ParallelRendezvousHandler(RendezvousHandler):
                                deadline - time.monotonic() + keep_alive.window)
                 return watch.publish(verdict.workers_failed(report, self._me))
             time.sleep(SETTLE_POLL)
+
+    def report_outcome(self, outcome: str) -> None:
+        """npu-run's agent: "running" when its run starts, "succeeded" when its workers did."""
+        self._outcome = outcome
+
+    def _announce_leaving(self, watch: Watch) -> None:
+        """Leaving with no verdict while this run had not succeeded (the agent failed, or its own
+        rendezvous did): the others, maybe still training, learn why instead of waiting."""
+        if self._outcome != "running" or watch.verdict is not None or self._store is None:
+            return
+        error = sys.exc_info()[1]  # torch calls shutdown() in a finally: the error leaving
+        if isinstance(error, RendezvousError):
+            return  # the rendezvous fails alike on every node (a timeout, a lost root)
+        reason = f"{type(error).__name__}: {error}" if error is not None else "its agent stopped"
+        try:
+            self._note_verdict(watch.publish(verdict.left(self._settings.node_rank, self._me, reason)))
+        except StoreError as store_error:
+            logger.debug("could not tell the others why this node leaves: %s", store_error)
 
     def stop_for_signal(self, signal_name: str) -> None:
         """The agent got a signal: tell the other nodes why this one stops, then close.

@@ -258,11 +258,16 @@ def _watched_agent_class() -> type:
             return result
 
         def _invoke_run(self, *args: Any, **kwargs: Any) -> Any:
+            spec = self._worker_group.spec  # torch 2.1's agent has no _rdzv_handler
+            handler = spec.rdzv_handler
+            outcome = getattr(handler, "report_outcome", lambda outcome: None)
+            outcome("running")
             result = super()._invoke_run(*args, **kwargs)
             if result.is_failed():
-                spec = self._worker_group.spec  # torch 2.1's agent has no _rdzv_handler
-                _settle_failure(spec.rdzv_handler, result, self._npu_failed_at or time.time(),
+                _settle_failure(handler, result, self._npu_failed_at or time.time(),
                                 float(spec.monitor_interval))
+            else:
+                outcome("succeeded")
             return result
 
     return WatchedAgent

@@ -23,6 +23,7 @@ SIGNALLED = "signalled"
 PROXY = "proxy"
 ROOT_LOST = "root_lost"
 STALLED = "stalled"
+LEFT = "left"
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,10 @@ def stalled(node_rank: int, who: Identity, stalled_for: float, window: float) ->
         f"{who.describe(node_rank)} was stalled for {stalled_for:.1f}s (a frozen host?), longer "
         f"than the liveness window of {window:g}s: the other nodes have given up on it"
     ))
+
+
+def left(node_rank: int, who: Identity, reason: str) -> Verdict:
+    return Verdict(node_rank, LEFT, f"{who.describe(node_rank)} left the job: {short(reason)}")
 
 
 def line(verdict: Verdict) -> str:
