@@ -22,6 +22,10 @@ nodes hanging in collectives. ``parallel`` keeps both properties that matter:
   workers as ``MASTER_ADDR``/``MASTER_PORT``, so the root sees a few connections per node instead of
   one per worker. Without tiering the workers connect to the root, as under torchrun.
 
+* **Faults** (:mod:`.watch`): agents talk to the root through a deadline-bound client
+  (:mod:`.rootclient`), heartbeat to it, and stop on one verdict that names the node at fault;
+  a joining node checks the root's identity first; a dead proxy is restarted on its port.
+
 Agents' own keys live under ``npu_run/<run_id>/`` (per round, like torch's
 ``torch.rendezvous.<run_id>.<round>`` prefix); everything else in the root belongs to workers.
 Store failures surface as torch ``RendezvousError`` subclasses whose message names the store
@@ -635,8 +639,10 @@ class ParallelRendezvousHandler(RendezvousHandler):
         if self._outcome != "running" or watch.verdict is not None or self._store is None:
             return
         error = sys.exc_info()[1]  # torch calls shutdown() in a finally: the error leaving
-        if isinstance(error, RendezvousError):
-            return  # the rendezvous fails alike on every node (a timeout, a lost root)
+        if isinstance(error, RendezvousError) and not isinstance(error, RendezvousTimeoutError):
+            return  # a closed rendezvous, a lost root: every node sees it alike
+        # a timeout is said once, by the first node that gives up: the nodes still waiting would
+        # otherwise see the rendezvous closed before their own timeout, without the reason
         reason = f"{type(error).__name__}: {error}" if error is not None else "its agent stopped"
         try:
             self._note_verdict(watch.publish(verdict.left(self._settings.node_rank, self._me, reason)))
@@ -1093,8 +1099,13 @@ class _RootErrors:
 
     def __exit__(self, kind, error, traceback) -> bool:
         if error is not None and isinstance(error, StoreError):
-            self._handler._root_lost = True
-            settings = self._handler.settings
+            handler = self._handler
+            handler._root_lost = True
+            settings = handler.settings
+            if isinstance(error, RootError) and handler._watch is not None:
+                # every node then ends with the same line, whether the watch or this call saw it
+                handler._note_verdict(handler._watch.conclude(
+                    verdict.root_lost(settings.root, handler._root_who, str(error))))
             raise RendezvousConnectionError(
                 f"node rank {settings.node_rank} lost the root store {settings.root} "
                 f"while {self._doing}: {error}"

@@ -84,6 +84,8 @@ def _wire(key: str) -> bytes:
 class RootClient(dist.Store):
     """A deadline-bound ``Store`` client of ``host:port`` (see the module docstring)."""
 
+    answers_check = True  # torchcompat.key_exists: ask this store's own check(), on every torch
+
     def __init__(self, host: str, port: int, *, timeout: float, call_timeout: float,
                  dialect: Dialect, on_poll: Optional[Callable[[], None]] = None) -> None:
         super().__init__()

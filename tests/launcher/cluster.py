@@ -2,7 +2,8 @@
 
 Every process a test starts carries a unique ``NPU_RUN_TEST_TAG`` in its environment, and the
 workers inherit it; :meth:`LocalCluster.kill_all` finds them by that tag in ``/proc`` (workers run
-in their own sessions and outlive a killed agent), so a failing test leaves nothing behind.
+in their own sessions; npu-run makes them die with their agent, but the harness does not count
+on the code under test), so a failing test leaves nothing behind.
 Connection counts come from ``/proc/net/tcp*`` joined with each process's socket inodes: the
 same view ``ss -tnp`` gives, asserted from outside the launcher.
 """
