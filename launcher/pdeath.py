@@ -5,12 +5,15 @@ being drained, ``kill -9``) leaves its workers training on, holding their ports 
 collectives. Linux can tie a child to its parent: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` makes the
 kernel kill the process when the thread that forked it ends, and the setting survives ``exec``.
 torch offers no hook between its fork and its exec, so npu-run starts each worker through this
-module: ``python -mnpu_job.launcher.pdeath --parent=PID <torch's worker arguments>`` sets the
+file: ``python -I -S -c <run this file> --parent=PID <torch's worker arguments>`` sets the
 signal, checks that the agent did not die in between, and ``exec``s the real command, which then
 is the worker (same pid, same environment, same arguments).
 
-The first arguments all start with ``-`` so that torch still names the script (it reports the
-first argument that does not) in its failure summary. Off Linux the wrapper only ``exec``s.
+The wrapper's interpreter starts isolated and without ``site`` (this file needs only the
+standard library): that start costs a fraction of a full one, which the worker pays anyway.
+Every argument before the worker's own starts with ``-`` (the ``-c`` code too), so that torch
+still names the script (it reports the first argument that does not) in its failure summary.
+Off Linux the wrapper only ``exec``s.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import signal
 import sys
 from typing import List, NoReturn, Optional, Sequence, Tuple
 
-MODULE_FLAG = "-mnpu_job.launcher.pdeath"
+# "-0 or ...": code that starts with "-" (see the module docstring), running this very file
+LAUNCH = ("-I", "-S", "-c", f"-0 or __import__('runpy').run_path({__file__!r}, run_name='__main__')")
 PARENT_FLAG = "--parent="
 EXEC_FLAG = "--exec="
 PR_SET_PDEATHSIG = 1
@@ -30,7 +34,7 @@ EXIT_ORPHANED = 137  # as if the signal had come: 128 + SIGKILL
 
 def wrap(entrypoint: str, args: Sequence[str], parent_pid: int) -> Tuple[str, List[str]]:
     """torch's worker command ``entrypoint args`` behind the wrapper, for agent ``parent_pid``."""
-    head = [MODULE_FLAG, f"{PARENT_FLAG}{parent_pid}"]
+    head = [*LAUNCH, f"{PARENT_FLAG}{parent_pid}"]
     if entrypoint != sys.executable:  # --no_python: a program of its own
         head.append(f"{EXEC_FLAG}{entrypoint}")
     return sys.executable, [*head, *args]
@@ -55,7 +59,7 @@ def parse(argv: Sequence[str]) -> Tuple[int, Optional[str], List[str]]:
         else:
             program = flag[len(EXEC_FLAG):]
     if parent is None:
-        raise SystemExit(f"{MODULE_FLAG}: expected {PARENT_FLAG}PID first, got {list(argv)!r}")
+        raise SystemExit(f"{__file__}: expected {PARENT_FLAG}PID first, got {list(argv)!r}")
     return parent, program, rest
 
 

@@ -43,6 +43,7 @@ POLL_FIRST = 0.01
 POLL_CAP = 1.0
 RECONNECT_FIRST = 0.05
 RECONNECT_CAP = 1.0
+CLOSE_WAIT = 2.0
 # Requests that may be sent again after a connection broke mid-call: repeating them changes
 # nothing (SET writes the same value again; the rest only read or delete).
 _REPEATABLE = frozenset({Op.SET, Op.GET, Op.CHECK, Op.MULTI_GET, Op.MULTI_SET, Op.GETNUMKEYS,
@@ -192,9 +193,19 @@ class RootClient(dist.Store):
         self._identity = (_wire(key), _bytes(value))
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._drop()
+        """Close now, even while another thread waits in a call on a silent root (it fails)."""
+        self._closed = True
+        client = self._client
+        if client is not None:
+            try:
+                client.sock.shutdown(socket.SHUT_RDWR)  # wakes a recv blocked on a frozen root
+            except OSError:
+                pass
+        if self._lock.acquire(timeout=CLOSE_WAIT):
+            try:
+                self._drop()
+            finally:
+                self._lock.release()
 
     def one(self, request: Request, deadline: Optional[float] = None) -> ReplyValue:
         return self.call(request, deadline=deadline)[0]

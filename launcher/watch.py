@@ -31,6 +31,8 @@ from .rootclient import RootClient, RootError
 from .verdict import FailureReport, Identity, Verdict
 
 logger = logging.getLogger(__name__)
+STOP_WAIT = 2.0
+JUDGE_POLL = 1.0  # node rank 0 looks for failure reports this often (one request)
 
 
 class JobStopped(BaseException):
@@ -112,7 +114,7 @@ class Watch:
         self._wake.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=self._client.call_timeout + 5)
+            thread.join(timeout=STOP_WAIT)  # a call on a silent root ends when the client closes
 
     def conclude(self, found: Verdict) -> Verdict:
         """Adopt ``found`` as this node's verdict (the first one wins) and return the one kept."""
@@ -152,27 +154,37 @@ class Watch:
 
     def _run(self) -> None:
         interval = self._settings.interval
-        last = time.monotonic()
+        last = next_round = time.monotonic()
         while not self._stopping.is_set() and self._verdict is None:
             now = time.monotonic()
             if now - last > self._settings.window:
                 self._stalled(now - last)
             last = now
             try:
-                if self._check_proxy is not None:
-                    found = self._check_proxy()
-                    if found is not None:
-                        self.publish(found)
-                        break
-                self._tick()
+                if now >= next_round or self._new_reports():
+                    next_round = now + interval
+                    if self._check_proxy is not None:
+                        found = self._check_proxy()
+                        if found is not None:
+                            self.publish(found)
+                            break
+                    self._tick()
             except RootError as error:
                 if not self._stopping.is_set():
                     self.conclude(verdict.root_lost(self._client.address, self._root_who, str(error)))
                 break
             except Exception:  # a bug in the watch must not take the agent down with it
                 logger.exception("the liveness watch failed a round (it goes on)")
-            self._wake.wait(max(0.0, last + interval - time.monotonic()))
+            until = next_round if self._tracker is None else min(next_round, now + JUDGE_POLL)
+            self._wake.wait(max(0.0, until - time.monotonic()))
             self._wake.clear()
+
+    def _new_reports(self) -> bool:
+        """The judge, between rounds: did a node report failed workers? (one ADD 0, node rank 0
+        only, so a failure is judged within a second rather than a heartbeat interval)."""
+        if self._tracker is None:
+            return False
+        return int(self._client.add(self._keys.failures_count, 0)) > self._reports_seen
 
     def _stalled(self, gap: float) -> None:
         logger.warning("this agent was stalled for %.1fs (longer than the liveness window of %gs)",
