@@ -226,7 +226,8 @@ def detection_table(results: Sequence[Detection], cap: float, keep_alive: Tuple[
     rows = [
         f"## Detection (3 nodes x 1 worker, loopback; timeout=20, join_timeout=30; npu-run "
         f"keep_alive {interval:g} s x {attempts}; cap {cap:g} s)", "",
-        "| fault | launcher | time to every node stopped | exit codes (node 0, 1, 2) | last error lines name the cause |",
+        "| fault | launcher | time to every node stopped | exit codes (node 0, 1, 2) "
+        "| last error lines name the cause |",
         "|---|---|---|---|---|",
     ]
     for r in results:
@@ -335,7 +336,8 @@ def beat_table(cost: BeatCost) -> str:
     rows = [
         f"## Heartbeat cost ({cost.nodes} nodes, one round each per {cost.interval:g} s, "
         f"{cost.seconds:.0f} s measured, stock TCPStore root)", "",
-        "| nodes | interval | requests / node / s | bytes / node / s | root requests / s | root CPU (share of one core) | judge rounds |",
+        "| nodes | interval | requests / node / s | bytes / node / s | root requests / s "
+        "| root CPU (share of one core) | judge rounds |",
         "|---|---|---|---|---|---|---|",
         f"| {cost.nodes} | {cost.interval:g} s | {per_node:.3f} | {bytes_per_node:.1f} | "
         f"{cost.requests / cost.seconds:.0f} | {share:.1f}% | {cost.judge_rounds} |",
@@ -398,7 +400,8 @@ def pdeath_table(delays: List[float], plain: float, wrapped: float) -> str:
         f"| SIGKILL of the agent to its worker's death | {1000 * statistics.median(delays):.1f} ms | "
         f"{1000 * min(delays):.1f}-{1000 * max(delays):.1f} ms |",
         f"| `python -c pass`, plain | {1000 * plain:.1f} ms | |",
-        f"| the same through the wrapper | {1000 * wrapped:.1f} ms | +{1000 * (wrapped - plain):.1f} ms per worker start |",
+        f"| the same through the wrapper | {1000 * wrapped:.1f} ms "
+        f"| +{1000 * (wrapped - plain):.1f} ms per worker start |",
     ]
     return "\n".join(rows) + "\n"
 

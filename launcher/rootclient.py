@@ -245,7 +245,8 @@ class RootClient(dist.Store):
 
     def multi_get(self, keys: Sequence[str]) -> List[bytes]:
         self.wait(keys)
-        return [bytes(v) for v in self.one(Request(Op.MULTI_GET, keys=tuple(_wire(k) for k in keys)))]  # type: ignore[union-attr]
+        values = self.one(Request(Op.MULTI_GET, keys=tuple(_wire(k) for k in keys)))
+        return [bytes(value) for value in values]  # type: ignore[union-attr]
 
     def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
         self.one(Request(Op.MULTI_SET, keys=tuple(_wire(k) for k in keys),
