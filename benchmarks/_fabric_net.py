@@ -1,0 +1,243 @@
+"""The emulated fabric on this machine (the I/O edge of bench_fabric.py): network namespaces as
+nodes, Linux bridges as ToR, spine and core switches, veth pairs as links, ``tc`` (HTB) shaping
+every link so that the links, not the CPUs, set the pace.
+
+All switches live in one namespace of their own (``<prefix>-sw``), never connected to the
+machine's own network: the only traffic is between the fabric's own namespaces, and interface
+names inside it cannot collide with anyone else's. Every name starts with ``npjfab<pid>``, so
+concurrent runs (and the end-to-end tests' ``npujob-`` namespaces) never meet; namespaces of a
+run whose process is gone are removed by the next run (:func:`remove_stale`).
+
+Needs root, ``ip`` and ``tc`` (iproute2), ``ss`` and ``unshare`` (util-linux).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from _fabric_model import Link, Shape, Socket, link_tx_bytes, parse_ss
+
+PREFIX = "npjfab"
+NETNS_ETC = Path("/etc/netns")
+COMMAND_TIMEOUT = 30.0  # seconds for any one ip/tc/ss command
+_OURS = re.compile(rf"^{PREFIX}(\d+)-")
+
+
+def unavailable_reason() -> Optional[str]:
+    """Why the fabric cannot be built here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, bridges and tc)"
+    missing = [tool for tool in ("ip", "tc", "ss", "unshare") if shutil.which(tool) is None]
+    if missing:
+        return f"needs {', '.join(missing)} (iproute2, util-linux)"
+    probe = f"{PREFIX}{os.getpid()}-probe"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True,
+                          timeout=COMMAND_TIMEOUT)
+    if made.returncode != 0:
+        return f"'ip netns add' failed: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=COMMAND_TIMEOUT)
+    return None
+
+
+def run(*argv: str, timeout: float = COMMAND_TIMEOUT) -> str:
+    done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+def our_namespaces(pid: Optional[int] = None) -> List[str]:
+    """Namespaces made by bench_fabric (by the process ``pid`` when given)."""
+    listed = run("ip", "netns", "list")
+    names = [line.split()[0] for line in listed.splitlines() if line.strip()]
+    return [name for name in names if _OURS.match(name)
+            and (pid is None or int(_OURS.match(name)[1]) == pid)]
+
+
+def remove_stale() -> List[str]:
+    """Remove the namespaces of earlier runs whose process is gone; their names."""
+    stale = []
+    for name in our_namespaces():
+        pid = int(_OURS.match(name)[1])
+        try:
+            os.kill(pid, 0)
+            continue  # that run is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        _delete_namespace(name)
+        stale.append(name)
+    return stale
+
+
+def _delete_namespace(name: str) -> None:
+    pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
+                          timeout=COMMAND_TIMEOUT).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    deadline = time.monotonic() + 5
+    while pids and time.monotonic() < deadline:
+        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
+                              timeout=COMMAND_TIMEOUT).stdout.split()
+        time.sleep(0.05)
+    subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=COMMAND_TIMEOUT)
+    shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
+
+
+def pod_ip(pod: int) -> str:
+    return f"198.18.{pod // 200}.{pod % 200 + 10}"
+
+
+class Fabric:
+    """The namespaces, bridges and shaped links of one shape; a context manager that removes
+    everything it made (processes first) on exit, also on errors and Ctrl-C."""
+
+    def __init__(self, shape: Shape, tor_of_pod: Sequence[int], rate_mbit: float, *,
+                 mtu: int = 9000, congestion: str = "reno", queue_ms: float = 20.0) -> None:
+        self.shape = shape
+        self.tor_of_pod = tuple(tor_of_pod)
+        self.rate_mbit = rate_mbit
+        self.mtu = mtu
+        self.congestion = congestion
+        self.queue_bytes = max(8 * mtu, int(rate_mbit * 1e6 / 8 * queue_ms / 1000))
+        self.prefix = f"{PREFIX}{os.getpid()}"
+        self.switch = f"{self.prefix}-sw"
+        self.nodes = [f"{self.prefix}-n{pod}" for pod in range(shape.nodes)]
+        self.processes: List[subprocess.Popen] = []
+        self._made: List[str] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def __enter__(self) -> "Fabric":
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _netns(self, name: str) -> None:
+        run("ip", "netns", "add", name)
+        self._made.append(name)
+        run("ip", "-n", name, "link", "set", "lo", "up")
+        run("ip", "netns", "exec", name, "sysctl", "-qw",
+            f"net.ipv4.tcp_congestion_control={self.congestion}",
+            "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
+
+    def _bridge(self, name: str) -> None:
+        run("ip", "-n", self.switch, "link", "add", name, "type", "bridge", "stp_state", "0")
+        run("ip", "-n", self.switch, "link", "set", name, "mtu", str(self.mtu), "up")
+
+    def _shape_link(self, namespace: str, device: str, mbit: float) -> None:
+        """HTB at ``mbit`` on the device's egress, with a short byte-limited FIFO queue."""
+        burst = str(max(2 * self.mtu, int(mbit * 1e6 / 8 / 1000)))  # about 1 ms at the rate
+        run("tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "handle", "1:", "htb",
+            "default", "1")
+        run("tc", "-n", namespace, "class", "add", "dev", device, "parent", "1:", "classid",
+            "1:1", "htb", "rate", f"{mbit}mbit", "ceil", f"{mbit}mbit", "burst", burst,
+            "cburst", burst, "quantum", str(self.mtu + 100))
+        run("tc", "-n", namespace, "qdisc", "add", "dev", device, "parent", "1:1", "handle",
+            "10:", "bfifo", "limit", str(self.queue_bytes))
+
+    def _wire(self, upper_bridge: str, upper: str, lower_bridge: str, lower: str,
+              mbit: float) -> None:
+        """A veth pair inside the switch namespace: ``lower`` on ``lower_bridge`` sends up,
+        ``upper`` on ``upper_bridge`` sends down; both shaped."""
+        run("ip", "-n", self.switch, "link", "add", lower, "mtu", str(self.mtu), "type", "veth",
+            "peer", "name", upper, "mtu", str(self.mtu))
+        run("ip", "-n", self.switch, "link", "set", lower, "master", lower_bridge, "up")
+        run("ip", "-n", self.switch, "link", "set", upper, "master", upper_bridge, "up")
+        self._shape_link(self.switch, lower, mbit)
+        self._shape_link(self.switch, upper, mbit)
+
+    def _build(self) -> None:
+        shape = self.shape
+        self._netns(self.switch)
+        self._bridge("core")
+        for spine in range(shape.spines):
+            self._bridge(f"spine{spine}")
+            mbit = self.rate_mbit * shape.tors_under_spine(spine) / shape.oversubscription
+            self._wire("core", f"s{spine}d", f"spine{spine}", f"s{spine}u", mbit)
+        for tor in range(shape.tors):
+            self._bridge(f"tor{tor}")
+            above = f"spine{shape.spine_of_tor(tor)}" if shape.spines else "core"
+            self._wire(above, f"t{tor}d", f"tor{tor}", f"t{tor}u", self.rate_mbit)
+        hosts = "127.0.0.1 localhost\n" + "".join(
+            f"{pod_ip(pod)} {name}\n" for pod, name in enumerate(self.nodes))
+        for pod, name in enumerate(self.nodes):
+            self._netns(name)
+            etc = NETNS_ETC / name  # names resolve from files: no DNS lookup leaves the fabric
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(hosts)
+            (etc / "resolv.conf").write_text("options timeout:1 attempts:1\n")
+            run("ip", "-n", self.switch, "link", "add", f"n{pod}", "mtu", str(self.mtu), "type",
+                "veth", "peer", "name", "eth0", "mtu", str(self.mtu), "netns", name)
+            run("ip", "-n", self.switch, "link", "set", f"n{pod}", "master",
+                f"tor{self.tor_of_pod[pod]}", "up")
+            run("ip", "-n", name, "addr", "add", f"{pod_ip(pod)}/16", "dev", "eth0")
+            run("ip", "-n", name, "link", "set", "eth0", "up")
+            self._shape_link(name, "eth0", self.rate_mbit)
+            self._shape_link(self.switch, f"n{pod}", self.rate_mbit)
+
+    def close(self) -> None:
+        """Kill every process started here, then remove every namespace (and so every bridge and
+        link) and the ``/etc/netns`` files. Safe to call twice."""
+        for process in self.processes:
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for name in reversed(self._made):
+            _delete_namespace(name)
+        self._made.clear()
+
+    # -- running -------------------------------------------------------------------------------
+    def popen(self, pod: int, argv: Sequence[str], *, env: Mapping[str, str],
+              private_tmp: Optional[Path] = None, **kwargs: object) -> subprocess.Popen:
+        """Start ``argv`` in pod ``pod``'s namespace (own process group); with ``private_tmp``,
+        in a mount namespace where that directory is /tmp (a pod's own /tmp)."""
+        wrapped = ["ip", "netns", "exec", self.nodes[pod]]
+        if private_tmp is not None:
+            from npu_job.podsim import private_tmp_shell
+
+            wrapped += ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                        private_tmp_shell(str(private_tmp)) + ' && exec "$@"', "pod"]
+        process = subprocess.Popen([*wrapped, *argv], env=dict(env), start_new_session=True,
+                                   **kwargs)  # type: ignore[arg-type]
+        self.processes.append(process)
+        return process
+
+    def uplink_bytes(self) -> Dict[Link, int]:
+        """Bytes sent so far on every link above the ToRs (the veth end that sends that way)."""
+        sent = link_tx_bytes(run("ip", "-n", self.switch, "-j", "-s", "link", "show"))
+        counters: Dict[Link, int] = {}
+        for tor in range(self.shape.tors):
+            counters[("tor-up", tor)] = sent[f"t{tor}u"]
+            counters[("tor-down", tor)] = sent[f"t{tor}d"]
+        for spine in range(self.shape.spines):
+            counters[("spine-up", spine)] = sent[f"s{spine}u"]
+            counters[("spine-down", spine)] = sent[f"s{spine}d"]
+        return counters
+
+    def sockets(self, pod: int) -> Sequence[Socket]:
+        return parse_ss(run("ip", "netns", "exec", self.nodes[pod], "ss", "-tinH", "state",
+                            "established"))
