@@ -215,49 +215,63 @@ def save_figure(fig: Any, path: str) -> Path:
     buffer = io.BytesIO()
     # text stays text in SVG, ids do not change from run to run, and no date is embedded
     with rc_context({"svg.fonttype": "none", "svg.hashsalt": "npu-job"}):
-        fig.savefig(buffer, format=fmt, metadata={"Date": None} if fmt == "svg" else None)
+        fig.savefig(buffer, format=fmt, dpi=150,
+                    metadata={"Date": None} if fmt == "svg" else None)
     return write_atomic(path, buffer.getvalue(), durable=False)
+
+
+def _anchors(source: Box, target: Box) -> Tuple[Tuple[float, float], Tuple[float, float]]:
+    """Where an edge leaves ``source`` and enters ``target``: the facing sides' middles (the
+    right side of both when they share a column, so the arc bulges beside them)."""
+    (sx, sy), (tx, ty) = source.centre, target.centre
+    if abs(sx - tx) < 1e-9:
+        return (source.x + source.w, sy), (target.x + target.w, ty)
+    if sx < tx:
+        return (source.x + source.w, sy), (target.x, ty)
+    return (source.x, sy), (target.x + target.w, ty)
 
 
 def draw(picture: Picture, path: str) -> Path:
     """Draw ``picture`` to ``path`` (``.png`` or ``.svg``); the written path."""
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-    scale = 0.55  # inches per unit
+    scale = 0.62  # inches per unit, before a huge picture is capped
     panel_w = max(picture.width, 6.0)
-    fig = figure(width=min(2 * panel_w * scale + 0.8, 60.0),
-                 height=min(picture.height * scale + 1.6, 40.0))
+    width = min(2 * (panel_w + 1) * scale + 0.6, 60.0)
+    # equal aspect: a panel is (width / 2) inches for panel_w + 1 units; height follows
+    per_unit = (width / 2) / (panel_w + 1)
+    fig = figure(width=width, height=min((picture.height + 1.1) * per_unit + 1.3, 40.0))
     fig.suptitle(picture.title, fontsize=12)
-    colours = {"switch": "#eef2f7", "switch_edge": "#5a6b82", "node": "#ffffff",
-               "edge": "#d1495b"}
+    fig.text(0.5, 0.015, "boxes: switch groups (ToR), nodes ordered by the new rank; red arrows: "
+             "ring edges rank r -> r+1 that leave their switch", ha="center", fontsize=8,
+             color="#555555")
     for index, panel in enumerate(picture.panels):
         axes = fig.add_subplot(1, len(picture.panels), index + 1)
         axes.set_title(panel.title, fontsize=9)
         for switch in picture.switches:
             b = switch.box
             axes.add_patch(FancyBboxPatch((b.x, b.y), b.w, b.h, boxstyle="round,pad=0.02",
-                                          facecolor=colours["switch"],
-                                          edgecolor=colours["switch_edge"], lw=1.2))
+                                          facecolor="#eef2f7", edgecolor="#5a6b82", lw=1.2,
+                                          zorder=1))
             axes.text(b.x + b.w / 2, b.y + b.h - HEADER / 2, switch.label, ha="center",
-                      va="center", fontsize=7, color="#23324a", fontweight="bold")
+                      va="center", fontsize=7, color="#23324a", fontweight="bold", zorder=2)
         for node in picture.nodes:
             b = node.box
             axes.add_patch(FancyBboxPatch((b.x, b.y), b.w, b.h, boxstyle="round,pad=0.02",
-                                          facecolor=colours["node"], edgecolor="#8a97a8",
-                                          lw=0.8))
+                                          facecolor="#ffffff", edgecolor="#8a97a8", lw=0.8,
+                                          zorder=2))
             if picture.labelled:
                 axes.text(b.x + b.w / 2, b.y + b.h / 2, panel.label(node.pod), ha="center",
-                          va="center", fontsize=6.5, linespacing=1.1)
+                          va="center", fontsize=7, linespacing=1.15, zorder=3)
         for source, target in panel.cross_edges:
-            start = picture.nodes[source].box.centre
-            end = picture.nodes[target].box.centre
-            axes.add_patch(FancyArrowPatch(start, end, connectionstyle="arc3,rad=0.18",
-                                           arrowstyle="-|>", mutation_scale=8,
-                                           color=colours["edge"], lw=1.0, alpha=0.85,
-                                           shrinkA=6, shrinkB=6))
+            start, end = _anchors(picture.nodes[source].box, picture.nodes[target].box)
+            axes.add_patch(FancyArrowPatch(start, end, connectionstyle="arc3,rad=-0.12",
+                                           arrowstyle="-|>", mutation_scale=9,
+                                           color="#d1495b", lw=1.1, alpha=0.85, zorder=4,
+                                           shrinkA=1, shrinkB=1))
         axes.set_xlim(-0.5, panel_w + 0.5)
-        axes.set_ylim(-0.5, picture.height + 0.5)
+        axes.set_ylim(-0.8, picture.height + 0.3)
         axes.set_aspect("equal")
         axes.axis("off")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     return save_figure(fig, path)
