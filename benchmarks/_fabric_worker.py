@@ -1,9 +1,11 @@
 """One node of the emulated fabric (started by bench_fabric.py inside the node's namespace).
 
-``python _fabric_worker.py CONFIG.json POD`` joins a TCPStore on pod 0, builds one gloo process
-group per order (``ProcessGroupGloo`` on a ``PrefixStore``: the same nodes ranked in another
-order, each group with its own TCP connections), prints ``{"ready": ...}`` and then serves
-commands read from stdin, one JSON object a line, answering each with one JSON line on stdout:
+``python _fabric_worker.py CONFIG.json POD`` loads torch, reads ``{"orders": {NAME: [pod of
+rank 0, ...]}}`` from stdin (the planned orders come from the pods' bootstraps, which run
+meanwhile), joins a TCPStore on pod 0, builds one gloo process group per order
+(``ProcessGroupGloo`` on a ``PrefixStore``: the same nodes ranked in another order, each group with
+its own TCP connections), prints ``{"ready": ...}`` and then serves commands read from stdin, one
+JSON object a line, answering each with one JSON line on stdout:
 
 * ``{"run": "ring"|"rhd"|"nhr", "order": NAME, "bytes": B}``: one allreduce of ``B`` bytes of
   float32 in that order's group, between a barrier and the answer ``{"t0", "t1", "cpu", "ok"}``
@@ -71,11 +73,12 @@ def run_schedule(group: dist.ProcessGroupGloo, plan: Schedule, rank: int, data: 
 def main(config_path: str, pod: int) -> int:
     with open(config_path) as handle:
         config = json.load(handle)
+    orders = json.loads(sys.stdin.readline())["orders"]
     nodes = int(config["nodes"])
     store = dist.TCPStore(config["master"], int(config["port"]), nodes, is_master=pod == 0,
                           timeout=timedelta(seconds=float(config["timeout"])))
     groups: Dict[str, Tuple[dist.ProcessGroupGloo, int]] = {}
-    for name, order in sorted(config["orders"].items()):
+    for name, order in sorted(orders.items()):
         rank = order.index(pod)
         group = dist.ProcessGroupGloo(dist.PrefixStore(name, store), rank, nodes,
                                       timedelta(seconds=float(config["timeout"])))

@@ -72,8 +72,12 @@ RATIO_TOLERANCE = 0.15
 TARGET_RATIO = {"12x4": 2.5, "16:6,4,4,2": 2.5}
 
 
+STARTED = time.monotonic()
+
+
 def log(message: str) -> None:
-    print(f"bench_fabric: {message}", file=sys.stderr, flush=True)
+    print(f"bench_fabric: {time.monotonic() - STARTED:5.0f} s: {message}", file=sys.stderr,
+          flush=True)
 
 
 def size_bytes(text: str) -> int:
@@ -219,11 +223,10 @@ def run_pods(fabric: net.Fabric, job: Job, workspace: Path, collective: Collecti
 class Workers:
     """The torch workers and their line protocol (``_fabric_worker.py``); every wait bounded."""
 
-    def __init__(self, fabric: net.Fabric, nodes: int, orders: Mapping[str, Sequence[int]],
-                 workspace: Path) -> None:
+    def __init__(self, fabric: net.Fabric, nodes: int, workspace: Path) -> None:
         config = workspace / "workers.json"
         config.write_text(json.dumps({"nodes": nodes, "master": net.pod_ip(0), "port": STORE_PORT,
-                                      "timeout": 300, "orders": {k: list(v) for k, v in orders.items()}}))
+                                      "timeout": 300}))
         self.selector = selectors.DefaultSelector()
         self.processes = []
         self.buffers: Dict[int, str] = {}
@@ -338,6 +341,7 @@ def measure_shape(shape: model.Shape, args: argparse.Namespace) -> ShapeResult:
                 f"{f', {shape.spines} spines at {shape.oversubscription:g}:1' if shape.spines else ''},"
                 f" {args.rate:g} Mbit/s links)")
             command, literal_env = stage_scripts(job, workspace)
+            workers = Workers(fabric, shape.nodes, workspace)  # torch loads while the pods plan
             planned = {c: run_pods(fabric, job, workspace, c, command, literal_env)
                        for c in args.collectives}
             log(f"{shape.text}: every pod's bootstrap gave the planner's order for "
@@ -346,7 +350,7 @@ def measure_shape(shape: model.Shape, args: argparse.Namespace) -> ShapeResult:
                       "random": random_order(shape.nodes, args.seed)}
             for collective, order in planned.items():
                 orders[f"planned-{collective.value}"] = order
-            workers = Workers(fabric, shape.nodes, orders, workspace)
+            workers.send({"orders": {name: list(order) for name, order in orders.items()}})
             workers.collect(timeout=300)
             log(f"{shape.text}: {shape.nodes} workers ready")
             cells: Dict[Tuple[Collective, str], Cell] = {}
@@ -409,6 +413,7 @@ class Row:
     algbw: float
     busbw: float
     busbw_per_link: float
+    model_busbw_per_link: float  # the link model's busbw over the link rate (payload only)
     uplink_max_measured: float  # bytes on the busiest uplink, median over rounds
     uplink_max_predicted: float
     uplink_total_ratio: float  # measured / predicted bytes over all uplinks
@@ -440,7 +445,9 @@ def rows_of(result: ShapeResult) -> List[Row]:
         exacts = set(cell.exact)
         rows.append(Row(
             shape.text, collective, name, score.ring_cross_edges, score.ring_lower_bound,
-            seconds, algbw, busbw, busbw / result.rate, measured_max,
+            seconds, algbw, busbw, busbw / result.rate,
+            model.allreduce_busbw(model.algbw(result.nbytes, predicted.seconds), shape.nodes)
+            / result.rate, measured_max,
             max(predicted.link_bytes.get(l, 0.0) for l in links),
             measured_total / predicted_total if predicted_total else float("nan"),
             None, None, None, None if None in exacts else exacts == {True}, cell.ring))
@@ -471,9 +478,11 @@ def table_lines(results: Sequence[ShapeResult], args: argparse.Namespace) -> Lis
     for result in results:
         for row in rows_of(result):
             exact = {True: "yes", False: "NO", None: "n/a"}[row.exact]
+            edges = (f"{row.ring_edges} ({row.ring_bound})" if row.collective is Collective.RING
+                     else "-")
             lines.append(
                 f"| {row.shape} | {row.collective.value} | {row.order_name} |"
-                f" {row.ring_edges} ({row.ring_bound}) | {row.seconds:.2f} |"
+                f" {edges} | {row.seconds:.2f} |"
                 f" {row.algbw / 1e6:.2f} | {row.busbw / 1e6:.2f} | {row.busbw_per_link:.2f} |"
                 f" {row.uplink_max_measured / 1e6:.1f} / {row.uplink_max_predicted / 1e6:.1f} |"
                 f" {row.uplink_total_ratio:.2f} | {row.ratio_measured:.2f} |"
@@ -561,11 +570,9 @@ def plot(results: Sequence[ShapeResult], path: str, rate_mbit: float) -> None:
             x = index + (offset - 1) * width
             axes.bar(x, row.busbw_per_link, width * 0.95, color=colours[name],
                      label=name if index == 0 else None)
-            base = rows["scheduler"]
-            predicted = base.busbw_per_link * row.ratio_links if name != "scheduler" else None
-            if predicted is not None:
-                axes.plot([x - width / 2, x + width / 2], [predicted] * 2, color="black", lw=1.2,
-                          label="predicted (from the scheduler's)" if index == 0 and name == "planned" else None)
+            axes.plot([x - width / 2, x + width / 2], [row.model_busbw_per_link] * 2,
+                      color="black", lw=1.2,
+                      label="link model" if index == 0 and name == "scheduler" else None)
     axes.set_xticks(range(len(groups)))
     axes.set_xticklabels([f"{r.job.shape.text}\n{c.value}" for r, c in groups], fontsize=8)
     axes.set_ylabel(f"busbw / link rate ({rate_mbit:g} Mbit/s)")
@@ -669,6 +676,9 @@ def main(argv: Sequence[str] = ()) -> int:
     except KeyboardInterrupt:
         log("interrupted; everything it made is removed")
         return 130
+    except (RuntimeError, TimeoutError, subprocess.TimeoutExpired, OSError) as error:
+        log(f"error: {error}; everything it made is removed")
+        return EXIT_FAILED
     elapsed = time.monotonic() - started
     verdicts, correct = verdict_lines(results, elapsed, default_run)
     publish("\n".join(table_lines(results, args) + verdicts) + "\n", args.output)
