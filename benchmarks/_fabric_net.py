@@ -16,16 +16,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from _fabric_model import Link, Shape, Socket, link_tx_bytes, parse_ss
+from npu_job.podsim import NETNS_ETC, delete_network_namespace, kill_process_groups
 
 PREFIX = "npjfab"
-NETNS_ETC = Path("/etc/netns")
 COMMAND_TIMEOUT = 30.0  # seconds for any one ip/tc/ss command
 _OURS = re.compile(rf"^{PREFIX}(\d+)-")
 
@@ -53,6 +51,16 @@ def run(*argv: str, timeout: float = COMMAND_TIMEOUT) -> str:
     return done.stdout
 
 
+def batch(tool: str, namespace: Optional[str], lines: Sequence[str]) -> None:
+    """Run ``lines`` through one ``ip -batch`` or ``tc -batch`` (in ``namespace``); stops at the
+    first failing line and says which."""
+    argv = [tool, *(["-n", namespace] if namespace else []), "-batch", "-"]
+    done = subprocess.run(argv, input="\n".join(lines) + "\n", capture_output=True, text=True,
+                          timeout=COMMAND_TIMEOUT)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip() or done.returncode}")
+
+
 def our_namespaces(pid: Optional[int] = None) -> List[str]:
     """Namespaces made by bench_fabric (by the process ``pid`` when given)."""
     listed = run("ip", "netns", "list")
@@ -73,26 +81,9 @@ def remove_stale() -> List[str]:
             pass
         except PermissionError:
             continue
-        _delete_namespace(name)
+        delete_network_namespace(name)
         stale.append(name)
     return stale
-
-
-def _delete_namespace(name: str) -> None:
-    pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
-                          timeout=COMMAND_TIMEOUT).stdout.split()
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
-    deadline = time.monotonic() + 5
-    while pids and time.monotonic() < deadline:
-        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
-                              timeout=COMMAND_TIMEOUT).stdout.split()
-        time.sleep(0.05)
-    subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=COMMAND_TIMEOUT)
-    shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
 
 
 def pod_ip(pod: int) -> str:
@@ -129,85 +120,66 @@ class Fabric:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _netns(self, name: str) -> None:
-        run("ip", "netns", "add", name)
-        self._made.append(name)
-        run("ip", "-n", name, "link", "set", "lo", "up")
-        run("ip", "netns", "exec", name, "sysctl", "-qw",
-            f"net.ipv4.tcp_congestion_control={self.congestion}",
-            "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
-
-    def _bridge(self, name: str) -> None:
-        run("ip", "-n", self.switch, "link", "add", name, "type", "bridge", "stp_state", "0")
-        run("ip", "-n", self.switch, "link", "set", name, "mtu", str(self.mtu), "up")
-
-    def _shape_link(self, namespace: str, device: str, mbit: float) -> None:
-        """HTB at ``mbit`` on the device's egress, with a short byte-limited FIFO queue."""
-        burst = str(max(2 * self.mtu, int(mbit * 1e6 / 8 / 1000)))  # about 1 ms at the rate
-        run("tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "handle", "1:", "htb",
-            "default", "1")
-        run("tc", "-n", namespace, "class", "add", "dev", device, "parent", "1:", "classid",
-            "1:1", "htb", "rate", f"{mbit}mbit", "ceil", f"{mbit}mbit", "burst", burst,
-            "cburst", burst, "quantum", str(self.mtu + 100))
-        run("tc", "-n", namespace, "qdisc", "add", "dev", device, "parent", "1:1", "handle",
-            "10:", "bfifo", "limit", str(self.queue_bytes))
-
-    def _wire(self, upper_bridge: str, upper: str, lower_bridge: str, lower: str,
-              mbit: float) -> None:
-        """A veth pair inside the switch namespace: ``lower`` on ``lower_bridge`` sends up,
-        ``upper`` on ``upper_bridge`` sends down; both shaped."""
-        run("ip", "-n", self.switch, "link", "add", lower, "mtu", str(self.mtu), "type", "veth",
-            "peer", "name", upper, "mtu", str(self.mtu))
-        run("ip", "-n", self.switch, "link", "set", lower, "master", lower_bridge, "up")
-        run("ip", "-n", self.switch, "link", "set", upper, "master", upper_bridge, "up")
-        self._shape_link(self.switch, lower, mbit)
-        self._shape_link(self.switch, upper, mbit)
+    def _shaping(self, device: str, mbit: float) -> List[str]:
+        """``tc`` lines: HTB at ``mbit`` on the device's egress, a short byte-limited FIFO queue."""
+        burst = max(2 * self.mtu, int(mbit * 1e6 / 8 / 1000))  # about 1 ms at the rate
+        return [f"qdisc add dev {device} root handle 1: htb default 1",
+                f"class add dev {device} parent 1: classid 1:1 htb rate {mbit}mbit ceil {mbit}mbit"
+                f" burst {burst} cburst {burst} quantum {self.mtu + 100}",
+                f"qdisc add dev {device} parent 1:1 handle 10: bfifo limit {self.queue_bytes}"]
 
     def _build(self) -> None:
-        shape = self.shape
-        self._netns(self.switch)
-        self._bridge("core")
+        """Few processes on a busy machine: one ``ip -batch``/``tc -batch`` per namespace."""
+        shape, mtu = self.shape, self.mtu
+        self._made = [self.switch, *self.nodes]  # close() removes whatever of these exists
+        batch("ip", None, [f"netns add {name}" for name in self._made])
+        for name in self._made:
+            run("ip", "netns", "exec", name, "sysctl", "-qw",
+                f"net.ipv4.tcp_congestion_control={self.congestion}",
+                "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
+        links = ["link set lo up"]
+        shaping: List[str] = []
+        bridges = ["core", *(f"spine{g}" for g in range(shape.spines)),
+                   *(f"tor{t}" for t in range(shape.tors))]
+        for bridge in bridges:
+            links += [f"link add {bridge} type bridge stp_state 0", f"link set {bridge} mtu {mtu} up"]
+
+        def wire(upper_bridge: str, upper: str, lower_bridge: str, lower: str, mbit: float) -> None:
+            # ``lower`` (on the lower bridge) sends up, ``upper`` sends down; both shaped
+            links.extend([f"link add {lower} mtu {mtu} type veth peer name {upper} mtu {mtu}",
+                          f"link set {lower} master {lower_bridge} up",
+                          f"link set {upper} master {upper_bridge} up"])
+            shaping.extend(self._shaping(lower, mbit) + self._shaping(upper, mbit))
+
         for spine in range(shape.spines):
-            self._bridge(f"spine{spine}")
             mbit = self.rate_mbit * shape.tors_under_spine(spine) / shape.oversubscription
-            self._wire("core", f"s{spine}d", f"spine{spine}", f"s{spine}u", mbit)
+            wire("core", f"s{spine}d", f"spine{spine}", f"s{spine}u", mbit)
         for tor in range(shape.tors):
-            self._bridge(f"tor{tor}")
             above = f"spine{shape.spine_of_tor(tor)}" if shape.spines else "core"
-            self._wire(above, f"t{tor}d", f"tor{tor}", f"t{tor}u", self.rate_mbit)
+            wire(above, f"t{tor}d", f"tor{tor}", f"t{tor}u", self.rate_mbit)
+        for pod, name in enumerate(self.nodes):
+            links += [f"link add n{pod} mtu {mtu} type veth peer name eth0 mtu {mtu} netns {name}",
+                      f"link set n{pod} master tor{self.tor_of_pod[pod]} up"]
+            shaping += self._shaping(f"n{pod}", self.rate_mbit)
+        batch("ip", self.switch, links)
+        batch("tc", self.switch, shaping)
         hosts = "127.0.0.1 localhost\n" + "".join(
             f"{pod_ip(pod)} {name}\n" for pod, name in enumerate(self.nodes))
         for pod, name in enumerate(self.nodes):
-            self._netns(name)
             etc = NETNS_ETC / name  # names resolve from files: no DNS lookup leaves the fabric
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text(hosts)
             (etc / "resolv.conf").write_text("options timeout:1 attempts:1\n")
-            run("ip", "-n", self.switch, "link", "add", f"n{pod}", "mtu", str(self.mtu), "type",
-                "veth", "peer", "name", "eth0", "mtu", str(self.mtu), "netns", name)
-            run("ip", "-n", self.switch, "link", "set", f"n{pod}", "master",
-                f"tor{self.tor_of_pod[pod]}", "up")
-            run("ip", "-n", name, "addr", "add", f"{pod_ip(pod)}/16", "dev", "eth0")
-            run("ip", "-n", name, "link", "set", "eth0", "up")
-            self._shape_link(name, "eth0", self.rate_mbit)
-            self._shape_link(self.switch, f"n{pod}", self.rate_mbit)
+            batch("ip", name, ["link set lo up", f"addr add {pod_ip(pod)}/16 dev eth0",
+                               "link set eth0 up"])
+            batch("tc", name, self._shaping("eth0", self.rate_mbit))
 
     def close(self) -> None:
         """Kill every process started here, then remove every namespace (and so every bridge and
         link) and the ``/etc/netns`` files. Safe to call twice."""
-        for process in self.processes:
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for process in self.processes:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        kill_process_groups(self.processes)
         for name in reversed(self._made):
-            _delete_namespace(name)
+            delete_network_namespace(name)
         self._made.clear()
 
     # -- running -------------------------------------------------------------------------------

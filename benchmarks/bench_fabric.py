@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from npu_job.bootstrap import planner, scorer
-from npu_job.bootstrap.model import Collective, Placement, Plan, Topology
+from npu_job.bootstrap.model import Collective, Plan, Topology
 
 import _fabric_model as model
 import _fabric_net as net
@@ -176,30 +176,41 @@ def stage_scripts(job: Job, workspace: Path) -> Tuple[str, Dict[str, str]]:
     return container["command"][-1], literal
 
 
-def run_pods(fabric: net.Fabric, job: Job, workspace: Path, collective: Collective,
-             command: str, literal_env: Mapping[str, str]) -> Tuple[int, ...]:
-    """Every pod's command for ``collective``; the order the pods' bootstraps produced."""
-    processes = []
-    for pod in range(job.shape.nodes):
-        tmp = workspace / "pods" / collective.value / str(pod)
-        tmp.mkdir(parents=True)
-        tmp.chmod(0o1777)
-        env = {
-            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-            "HOME": "/root", **literal_env, "MA_CURRENT_HOST_IP": net.pod_ip(pod),
-            "VC_TASK_INDEX": str(pod), "MA_VJ_NAME": JOB, "MA_TASK_NAME": TASK,
-            "NPU_JOB_PYTHON": sys.executable, "NPU_JOB_K8S_TOPOLOGY": "0",
-            "NPU_JOB_WAIT_TIMEOUT": "20",
-        }
-        if HCCL_ALGO[collective]:
-            env["HCCL_ALGO"] = HCCL_ALGO[collective]
-        processes.append(fabric.popen(pod, ["bash", "-c", command], env=env, private_tmp=tmp,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+def run_pods(fabric: net.Fabric, job: Job, workspace: Path, collectives: Sequence[Collective],
+             command: str, literal_env: Mapping[str, str]) -> Dict[Collective, Tuple[int, ...]]:
+    """Every pod's command once per collective (all at once); the order each collective's pods
+    produced, checked against the planner's."""
+    processes = {}
+    for collective in collectives:
+        for pod in range(job.shape.nodes):
+            tmp = workspace / "pods" / collective.value / str(pod)
+            tmp.mkdir(parents=True)
+            tmp.chmod(0o1777)
+            env = {
+                "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+                "HOME": "/root", **literal_env, "MA_CURRENT_HOST_IP": net.pod_ip(pod),
+                "VC_TASK_INDEX": str(pod), "MA_VJ_NAME": JOB, "MA_TASK_NAME": TASK,
+                "NPU_JOB_PYTHON": sys.executable, "NPU_JOB_K8S_TOPOLOGY": "0",
+                "NPU_JOB_WAIT_TIMEOUT": "20",
+            }
+            if HCCL_ALGO[collective]:
+                env["HCCL_ALGO"] = HCCL_ALGO[collective]
+            processes[(collective, pod)] = fabric.popen(
+                pod, ["bash", "-c", command], env=env, private_tmp=tmp, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True)
+    orders = {}
+    for collective in collectives:
+        orders[collective] = _pods_order(job, collective, [
+            processes[(collective, pod)] for pod in range(job.shape.nodes)])
+    return orders
+
+
+def _pods_order(job: Job, collective: Collective,
+                processes: Sequence[subprocess.Popen]) -> Tuple[int, ...]:
     ranks: Dict[int, int] = {}
     masters = set()
     for pod, process in enumerate(processes):
-        out, _ = process.communicate(timeout=90)
+        out, _ = process.communicate(timeout=120)
         line = next((l for l in out.splitlines() if l.startswith("fabric-pod ")), "")
         fields = dict(part.split("=", 1) for part in line.split()[1:])
         if process.returncode != 0 or "node_rank" not in fields:
@@ -277,15 +288,15 @@ class Workers:
             process.stdin.flush()
 
     def quit(self) -> None:
+        """Ask every worker to leave; the fabric kills whoever has not within a second (every
+        answer is in: nothing is lost)."""
         try:
             self.send({"quit": True})
         except OSError:
             pass
-        for process in self.processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
+        deadline = time.monotonic() + 1
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.processes):
+            time.sleep(0.05)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,8 +353,7 @@ def measure_shape(shape: model.Shape, args: argparse.Namespace) -> ShapeResult:
                 f" {args.rate:g} Mbit/s links)")
             command, literal_env = stage_scripts(job, workspace)
             workers = Workers(fabric, shape.nodes, workspace)  # torch loads while the pods plan
-            planned = {c: run_pods(fabric, job, workspace, c, command, literal_env)
-                       for c in args.collectives}
+            planned = run_pods(fabric, job, workspace, args.collectives, command, literal_env)
             log(f"{shape.text}: every pod's bootstrap gave the planner's order for "
                 + ", ".join(c.value for c in args.collectives))
             orders = {"scheduler": tuple(range(shape.nodes)),
@@ -471,8 +481,8 @@ def table_lines(results: Sequence[ShapeResult], args: argparse.Namespace) -> Lis
         " up sum = all uplink bytes measured / predicted (headers included);"
         " x = busbw over the scheduler order's: measured, scorer (1 uplink per ToR), link model",
         "",
-        f"| shape | coll | order | ring x-edges (bound) | time s | algbw MB/s | busbw MB/s |"
-        f" busbw/link | up max MB | up sum | x measured | x scorer | x links | exact |",
+        "| shape | coll | order | ring x-edges (bound) | time s | algbw MB/s | busbw MB/s |"
+        " busbw/link | up max MB | up sum | x measured | x scorer | x links | exact |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for result in results:
