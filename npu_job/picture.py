@@ -240,7 +240,7 @@ def draw(picture: Picture, path: str) -> Path:
     width = min(2 * (panel_w + 1) * scale + 0.6, 60.0)
     # equal aspect: a panel is (width / 2) inches for panel_w + 1 units; height follows
     per_unit = (width / 2) / (panel_w + 1)
-    fig = figure(width=width, height=min((picture.height + 1.1) * per_unit + 1.3, 40.0))
+    fig = figure(width=width, height=min((picture.height + 1.1) * per_unit + 0.9, 40.0))
     fig.suptitle(picture.title, fontsize=12)
     fig.text(0.5, 0.015, "boxes: switch groups (ToR), nodes ordered by the new rank; red arrows: "
              "ring edges rank r -> r+1 that leave their switch", ha="center", fontsize=8,
