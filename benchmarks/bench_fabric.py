@@ -522,7 +522,7 @@ def verdict_lines(results: Sequence[ShapeResult], elapsed: float,
                 f"  {shape} ring: planned at the ring lower bound: {'yes' if at_bound else 'NO'}"
                 f" ({ring.ring_edges} cross-ToR edges, bound {ring.ring_bound});"
                 f" measured x{ring.ratio_measured:.2f} vs predicted x{ring.ratio_links:.2f}"
-                f" ({100 * off:+.0f}%, target within {100 * RATIO_TOLERANCE:.0f}%):"
+                f" ({int(round(100 * off)):+d}%, target within {100 * RATIO_TOLERANCE:.0f}%):"
                 f" {'met' if abs(off) <= RATIO_TOLERANCE else 'MISSED'}")
             if shape in TARGET_RATIO:
                 met = ring.ratio_measured >= TARGET_RATIO[shape]

@@ -259,3 +259,110 @@ def test_link_counters_come_from_ip_json():
 def test_median():
     assert model.median([3.0, 1.0, 2.0]) == 2.0
     assert model.median([4.0, 1.0, 2.0, 3.0]) == 2.5
+
+
+# -- placement and the result table (bench_fabric.py's pure parts) ----------------------------
+import argparse  # noqa: E402
+
+import bench_fabric  # noqa: E402
+from npu_job.bootstrap.model import PlanStatus  # noqa: E402
+
+
+@pytest.mark.parametrize("text", ["12x4", "16:6,4,4,2", "16x4/2@2"])
+def test_the_job_is_placed_as_the_shape_says_from_cce_inputs(text):
+    shape = model.parse_shape(text)
+    job = bench_fabric.make_job(shape, seed=0)
+    table = job.cluster.table
+    assert [s.server_id for s in table.servers] == [f"198.18.0.{10 + i}" for i in range(shape.nodes)]
+    assert tuple(job.tor_of_pod.count(t) for t in range(shape.tors)) == shape.tor_sizes
+    assert job.tor_of_pod != tuple(sorted(job.tor_of_pod))  # the scheduler scattered the pods
+    assert all(plan.status is PlanStatus.SUCCESS for plan in job.plans.values())
+    assert '"tor_ip"' not in job.cluster.rank_table_json
+    if shape.spines:  # CCE's file has no spine tier: it comes in a plain topology file
+        placements = job.topology.placements
+        assert {p.tiers for p in placements.values()} == {("spine-0",), ("spine-1",)}
+        for server, tor in zip(table.servers, job.tor_of_pod):
+            assert placements[server.server_id].tiers == (f"spine-{shape.spine_of_tor(tor)}",)
+    else:
+        assert job.topology_file is None
+
+
+def _result(text: str, seconds, ring_share: float = 1.0, exact=True):
+    """A ShapeResult as measure_shape would return it, with the given times per order."""
+    shape = model.parse_shape(text)
+    job = bench_fabric.make_job(shape, seed=0)
+    orders = {"scheduler": tuple(range(shape.nodes)), "random": bench_fabric.random_order(shape.nodes, 0)}
+    cells = {}
+    for collective in bench_fabric.COLLECTIVES:
+        for name in bench_fabric.ORDERS:
+            order = job.plans[collective].pod_of_node_rank if name == "planned" else orders[name]
+            cell = bench_fabric.Cell(collective, name, order)
+            cell.seconds = [seconds[(collective, name)]] * 3
+            cell.cpu = [1.0] * 3
+            cell.exact = [exact] * 3
+            predicted = model.predict(shape, job.tor_of_pod, order, collective, 1 << 20, 12.5e6)
+            cell.uplink_bytes = [{link: int(predicted.link_bytes.get(link, 0)) for link in
+                                  model.uplinks(shape)}] * 3
+            if collective is Collective.RING:
+                cell.ring = model.RingCheck(-1, ring_share, 1.0)
+            cells[(collective, name)] = cell
+    return bench_fabric.ShapeResult(job, 12.5e6, 1 << 20, cells, "1.0 1.0 1.0", "2.0 1.0 1.0",
+                                    0.5, 60.0)
+
+
+def _args():
+    return argparse.Namespace(rate=100.0, size=1 << 20, rounds=3)
+
+
+def test_the_table_reports_the_measured_and_the_predicted_ratios():
+    times = {(c, n): 3.0 for c in bench_fabric.COLLECTIVES for n in bench_fabric.ORDERS}
+    times[(Collective.RING, "planned")] = 1.0
+    result = _result("12x4", times)
+    rows = {(r.collective, r.order_name): r for r in bench_fabric.rows_of(result)}
+    ring = rows[(Collective.RING, "planned")]
+    assert ring.ratio_measured == pytest.approx(3.0)
+    assert ring.ratio_links == pytest.approx(3.0) and ring.ratio_scorer == pytest.approx(3.0)
+    assert ring.busbw == pytest.approx((1 << 20) * 2 * 11 / 12)
+    assert ring.ring_edges == ring.ring_bound == 4
+    assert ring.uplink_total_ratio == pytest.approx(1.0, abs=1e-3)
+    lines = bench_fabric.table_lines([result], _args())
+    assert any(line.startswith("| 12x4 | ring | planned | 4 (4) | 1.00 |") for line in lines)
+    assert any(line.startswith("| 12x4 | rhd | planned | - |") for line in lines)
+    assert "12x4: load average 1.0 1.0 1.0 -> 2.0 1.0 1.0; machine CPU busy 50%" in "\n".join(lines)
+    verdicts, correct = bench_fabric.verdict_lines([result], 100.0, default_run=True)
+    text = "\n".join(verdicts)
+    assert correct
+    assert "12x4 ring: planned at the ring lower bound: yes" in text
+    assert "measured x3.00 vs predicted x3.00 (+0%, target within 15%): met" in text
+    assert "planned/scheduler x3.00, target >= x2.5: met" in text
+    assert "12x4 rhd: planner's order x1.00 of the scheduler's busbw" in text
+    assert "the default shapes ran in 100 s, target under 300 s: met" in text
+
+
+def test_missed_targets_and_failed_checks_are_said_and_fail_the_run():
+    times = {(c, n): 3.0 for c in bench_fabric.COLLECTIVES for n in bench_fabric.ORDERS}
+    times[(Collective.RING, "planned")] = 2.0  # x1.5 where x3.0 is predicted
+    times[(Collective.RHD, "planned")] = 4.0  # slower than the scheduler
+    verdicts, correct = bench_fabric.verdict_lines([_result("12x4", times)], 400.0, True)
+    text = "\n".join(verdicts)
+    assert correct  # targets are reported, not enforced
+    assert "(-50%, target within 15%): MISSED" in text
+    assert "target >= x2.5: MISSED" in text
+    assert "12x4 rhd: planner's order x0.75" in text and "never slower: MISSED" in text
+    assert "target under 300 s: MISSED" in text
+    _, correct = bench_fabric.verdict_lines([_result("12x4", times, ring_share=0.6)], 1.0, False)
+    assert not correct
+    verdicts, correct = bench_fabric.verdict_lines([_result("12x4", times, exact=False)], 1.0, False)
+    assert not correct and "WRONG allreduce result" in "\n".join(verdicts)
+
+
+@pytest.mark.parametrize("text, value", [("4MiB", 4 << 20), ("512KiB", 512 << 10),
+                                         ("1MB", 10**6), ("65536", 65536)])
+def test_buffer_sizes(text, value):
+    assert bench_fabric.size_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["4 parsecs", "1000", "4098", "-4MiB", ""])
+def test_bad_buffer_sizes_are_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        bench_fabric.size_bytes(text)
