@@ -68,7 +68,8 @@ class Shape:
 
 
 def parse_shape(text: str) -> Shape:
-    """``12x4``, ``16:6,4,4,2``, ``16x4/2@2`` -> :class:`Shape`; ``ValueError`` says what is wrong."""
+    """``12x4``, ``16:6,4,4,2``, ``16x4/2@2`` -> :class:`Shape`; a ``ValueError`` says what is
+    wrong."""
     match = _SHAPE.match(text.strip())
     if match is None:
         raise ValueError(f"shape {text!r}: expected {SHAPE_SYNTAX}")

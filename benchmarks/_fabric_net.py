@@ -142,7 +142,8 @@ class Fabric:
         bridges = ["core", *(f"spine{g}" for g in range(shape.spines)),
                    *(f"tor{t}" for t in range(shape.tors))]
         for bridge in bridges:
-            links += [f"link add {bridge} type bridge stp_state 0", f"link set {bridge} mtu {mtu} up"]
+            links += [f"link add {bridge} type bridge stp_state 0",
+                      f"link set {bridge} mtu {mtu} up"]
 
         def wire(upper_bridge: str, upper: str, lower_bridge: str, lower: str, mbit: float) -> None:
             # ``lower`` (on the lower bridge) sends up, ``upper`` sends down; both shaped

@@ -43,7 +43,8 @@ def expected(nodes: int, elements: int) -> torch.Tensor:
     return nodes * (nodes + 1) // 2 * (1 + torch.arange(elements, dtype=torch.float32) % PATTERN)
 
 
-def run_schedule(group: dist.ProcessGroupGloo, plan: Schedule, rank: int, data: torch.Tensor) -> None:
+def run_schedule(group: dist.ProcessGroupGloo, plan: Schedule, rank: int,
+                 data: torch.Tensor) -> None:
     chunks = torch.tensor_split(data, plan.blocks)
     for tag, step in enumerate(plan.steps):
         works = []

@@ -276,7 +276,8 @@ class Workers:
                 if chunk:
                     self.buffers[key.data] += chunk.decode()
             for pod, process in enumerate(self.processes):
-                if process.poll() is not None and pod not in answers and "\n" not in self.buffers[pod]:
+                waiting = pod not in answers and "\n" not in self.buffers[pod]
+                if process.poll() is not None and waiting:
                     tail = (self.workspace / f"worker-{pod}.log").read_text()[-800:]
                     raise RuntimeError(f"worker {pod} exited {process.returncode}: {tail}")
         return [answers[pod] for pod in range(len(self.processes))]
@@ -309,6 +310,7 @@ class Cell:
     collective: Collective
     order_name: str
     order: Tuple[int, ...]
+    group: str = ""  # the workers' process group of this order
     seconds: List[float] = field(default_factory=list)  # slowest rank, per round
     cpu: List[float] = field(default_factory=list)  # all workers' CPU seconds, per round
     exact: List[Optional[bool]] = field(default_factory=list)
@@ -348,8 +350,9 @@ def measure_shape(shape: model.Shape, args: argparse.Namespace) -> ShapeResult:
     workspace = Path(tempfile.mkdtemp(prefix=f"{net.PREFIX}{os.getpid()}-", dir="/var/tmp"))
     try:
         with net.Fabric(shape, job.tor_of_pod, args.rate) as fabric:
-            log(f"{shape.text}: fabric up ({shape.nodes} nodes, {shape.tors} ToRs"
-                f"{f', {shape.spines} spines at {shape.oversubscription:g}:1' if shape.spines else ''},"
+            spines = (f", {shape.spines} spines at {shape.oversubscription:g}:1"
+                      if shape.spines else "")
+            log(f"{shape.text}: fabric up ({shape.nodes} nodes, {shape.tors} ToRs{spines},"
                 f" {args.rate:g} Mbit/s links)")
             command, literal_env = stage_scripts(job, workspace)
             workers = Workers(fabric, shape.nodes, workspace)  # torch loads while the pods plan
@@ -367,7 +370,7 @@ def measure_shape(shape: model.Shape, args: argparse.Namespace) -> ShapeResult:
             for collective in args.collectives:
                 for name in ORDERS:
                     key = f"planned-{collective.value}" if name == "planned" else name
-                    cells[(collective, name)] = Cell(collective, name, orders[key])
+                    cells[(collective, name)] = Cell(collective, name, orders[key], key)
             total0, idle0 = _cpu_times()
             for round_index in range(args.rounds):
                 for collective in args.collectives:
@@ -388,11 +391,9 @@ def measure_shape(shape: model.Shape, args: argparse.Namespace) -> ShapeResult:
 def _measure(fabric: net.Fabric, workers: Workers, cell: Cell, nbytes: int, rate: float,
              job: Job, *, sockets: bool) -> None:
     expected = model.predict(job.shape, job.tor_of_pod, cell.order, cell.collective, nbytes, rate)
-    name = "scheduler" if cell.order_name == "scheduler" else (
-        "random" if cell.order_name == "random" else f"planned-{cell.collective.value}")
     before_sockets = [fabric.sockets(pod) for pod in range(job.shape.nodes)] if sockets else None
     before = fabric.uplink_bytes()
-    workers.send({"run": cell.collective.value, "order": name, "bytes": nbytes})
+    workers.send({"run": cell.collective.value, "order": cell.group, "bytes": nbytes})
     answers = workers.collect(timeout=60 + 20 * expected.seconds)
     after = fabric.uplink_bytes()
     cell.seconds.append(max(a["t1"] - a["t0"] for a in answers))
@@ -543,9 +544,9 @@ def verdict_lines(results: Sequence[ShapeResult], elapsed: float,
                     f"  {shape} gloo all_reduce in the {name} order is a ring:"
                     f" {'yes' if is_ring else 'NO'} (every rank sent >="
                     f" {100 * cell.ring.worst_share:.1f}% of its bytes to rank"
-                    f" {'r+1' if cell.ring.direction > 0 else 'r-1'}; {cell.ring.bytes_per_rank / 1e6:.2f}"
-                    f" MB per rank, 2(n-1)/n of the buffer is"
-                    f" {2 * (result.job.shape.nodes - 1) / result.job.shape.nodes * result.nbytes / 1e6:.2f})")
+                    f" {'r+1' if cell.ring.direction > 0 else 'r-1'};"
+                    f" {cell.ring.bytes_per_rank / 1e6:.2f} MB per rank, 2(n-1)/n of the buffer is"
+                    f" {model.allreduce_busbw(result.nbytes, result.job.shape.nodes) / 1e6:.2f})")
             if False in cell.exact:
                 correct = False
                 lines.append(f"  {shape} {collective.value} {name}: WRONG allreduce result")

@@ -168,7 +168,8 @@ def _group_label(canonical: Any, table: Any, topology: Any, group: Sequence[int]
     return " / ".join(parts)
 
 
-def _cross_edges(order: Sequence[int], keys: Sequence[Tuple[str, ...]]) -> Tuple[Tuple[int, int], ...]:
+def _cross_edges(order: Sequence[int],
+                 keys: Sequence[Tuple[str, ...]]) -> Tuple[Tuple[int, int], ...]:
     count = len(order)
     if count < 2:
         return ()

@@ -101,7 +101,8 @@ def test_a_plan_that_fell_back_shows_the_scheduler_order_twice_and_says_so():
 
 # -- files -------------------------------------------------------------------------------------
 def _inputs(tmp_path: Path) -> Path:
-    assert main(["demo", "--nodes", "9", "--tors", "3", "--write-inputs", str(tmp_path / "in")]) == 0
+    inputs = tmp_path / "in"
+    assert main(["demo", "--nodes", "9", "--tors", "3", "--write-inputs", str(inputs)]) == 0
     return tmp_path / "in" / "jobstart_hccl.json"
 
 
@@ -135,7 +136,8 @@ def test_plan_picture_svg_holds_the_boxes_labels_and_edges(tmp_path):
 def test_the_same_plan_draws_the_same_svg(tmp_path):
     rank_table = _inputs(tmp_path)
     for name in ("a.svg", "b.svg"):
-        assert main(["plan", "--rank-table", str(rank_table), "--picture", str(tmp_path / name)]) == 0
+        picture = str(tmp_path / name)
+        assert main(["plan", "--rank-table", str(rank_table), "--picture", picture]) == 0
     assert (tmp_path / "a.svg").read_bytes() == (tmp_path / "b.svg").read_bytes()
 
 
@@ -162,7 +164,8 @@ def test_an_unwritable_picture_is_one_line_and_exit_3(tmp_path, capsys):
     assert err[-1].startswith("npu-job: error: ") and "cannot write the picture" in err[-1]
 
 
-HIDDEN = "import sys; sys.modules['matplotlib'] = None; from npu_job.cli import main; sys.exit(main(sys.argv[1:]))"
+HIDDEN = ("import sys; sys.modules['matplotlib'] = None; from npu_job.cli import main;"
+          " sys.exit(main(sys.argv[1:]))")
 
 
 @pytest.mark.parametrize("command", [["plan", "--rank-table", "RANK_TABLE"],
@@ -171,8 +174,9 @@ def test_without_matplotlib_picture_is_one_line_naming_the_extra_and_exit_9(tmp_
     rank_table = _inputs(tmp_path)
     argv = [str(rank_table) if a == "RANK_TABLE" else str(tmp_path / "new") if a == "INPUTS" else a
             for a in command]
-    done = subprocess.run([sys.executable, "-c", HIDDEN, *argv, "--picture", str(tmp_path / "p.png")],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", HIDDEN, *argv, "--picture", str(tmp_path / "p.png")],
+        capture_output=True, text=True, timeout=60)
     assert done.returncode == 9
     assert done.stderr.strip().splitlines() == [
         "npu-job: error: drawing a picture needs matplotlib, which is not installed:"

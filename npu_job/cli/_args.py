@@ -38,12 +38,14 @@ def picture_file(text: str) -> str:
     from npu_job.picture import picture_format
 
     if picture_format(text) is None:
-        raise argparse.ArgumentTypeError(f"expected a file name ending in .png or .svg, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a file name ending in .png or .svg, got {text!r}")
     return text
 
 
 def write_picture(path: str, table: object, topology: object, plan: object, title: str) -> None:
-    """Draw ``plan``'s picture to ``path`` (``--picture``); an unwritable path is one line, exit 3."""
+    """Draw ``plan``'s picture to ``path`` (``--picture``); an unwritable path is one line,
+    exit 3."""
     import logging
 
     from npu_job.errors import InputError
