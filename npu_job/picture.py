@@ -241,7 +241,8 @@ def draw(picture: Picture, path: str) -> Path:
     width = min(2 * (panel_w + 1) * scale + 0.6, 60.0)
     # equal aspect: a panel is (width / 2) inches for panel_w + 1 units; height follows
     per_unit = (width / 2) / (panel_w + 1)
-    fig = figure(width=width, height=min((picture.height + 1.1) * per_unit + 0.9, 40.0))
+    # plus the title (0.45 inch), the caption (0.3) and the panel titles (0.35)
+    fig = figure(width=width, height=min((picture.height + 1.1) * per_unit + 1.1, 40.0))
     fig.suptitle(picture.title, fontsize=12)
     fig.text(0.5, 0.015, "boxes: switch groups (ToR), nodes ordered by the new rank; red arrows: "
              "ring edges rank r -> r+1 that leave their switch", ha="center", fontsize=8,
@@ -274,5 +275,6 @@ def draw(picture: Picture, path: str) -> Path:
         axes.set_ylim(-0.8, picture.height + 0.3)
         axes.set_aspect("equal")
         axes.axis("off")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    inches = fig.get_size_inches()[1]  # keep the title's 0.45 inch and the caption's 0.3 free
+    fig.tight_layout(rect=(0, 0.3 / inches, 1, 1 - 0.45 / inches))
     return save_figure(fig, path)
