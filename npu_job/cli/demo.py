@@ -30,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "'unshare --user --map-root-user')."
     )
     parser.epilog = ("Exit status: 0 when the whole chain is consistent, 2 for bad flags, 7 when a check failed, "
-                     "8 when pods cannot run.")
+                     "8 when pods cannot run, 9 for --picture without the [picture] extra.")
     parser.set_defaults(_demo_parser=parser)  # for usage errors found after parsing (_usage_error)
     parser.add_argument("--nodes", type=POSITIVE, default=6, help="pods (nodes) of the job (default 6)")
     parser.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=POSITIVE,
