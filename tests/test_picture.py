@@ -190,3 +190,22 @@ def test_plan_without_picture_never_imports_matplotlib(tmp_path):
     done = subprocess.run([sys.executable, "-c", code, "plan", "--rank-table",
                            str(_inputs(tmp_path))], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_drawing_that_fails_leaves_the_old_file_as_it_was(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    from npu_job.picture import draw
+
+    table, topology, plan = _plan()
+    target = tmp_path / "plan.png"
+    target.write_bytes(b"the old picture")
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("renderer died")
+
+    monkeypatch.setattr(Figure, "savefig", broken)
+    with pytest.raises(RuntimeError, match="renderer died"):
+        draw(layout(table, topology, plan), str(target))
+    assert target.read_bytes() == b"the old picture"
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.png"]
