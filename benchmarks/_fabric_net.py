@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
@@ -25,6 +26,7 @@ from npu_job.podsim import NETNS_ETC, delete_network_namespace, kill_process_gro
 
 PREFIX = "npjfab"
 COMMAND_TIMEOUT = 30.0  # seconds for any one ip/tc/ss command
+WORKSPACES = Path("/var/tmp")  # not /tmp: a pod gets a private /tmp
 _OURS = re.compile(rf"^{PREFIX}(\d+)-")
 
 
@@ -69,20 +71,30 @@ def our_namespaces(pid: Optional[int] = None) -> List[str]:
             and (pid is None or int(_OURS.match(name)[1]) == pid)]
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def remove_stale() -> List[str]:
-    """Remove the namespaces of earlier runs whose process is gone; their names."""
+    """Remove what earlier runs whose process is gone left (a run killed with SIGKILL cannot
+    clean up): their namespaces, ``/etc/netns`` files and workspaces; their names."""
     stale = []
     for name in our_namespaces():
-        pid = int(_OURS.match(name)[1])
-        try:
-            os.kill(pid, 0)
-            continue  # that run is alive
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        delete_network_namespace(name)
-        stale.append(name)
+        if not _alive(int(_OURS.match(name)[1])):
+            delete_network_namespace(name)
+            stale.append(name)
+    for parent in (NETNS_ETC, WORKSPACES):
+        for path in sorted(parent.glob(f"{PREFIX}*")):
+            match = _OURS.match(path.name)
+            if match and not _alive(int(match[1])):
+                shutil.rmtree(path, ignore_errors=True)
+                stale.append(str(path))
     return stale
 
 
@@ -169,7 +181,8 @@ class Fabric:
         for pod, name in enumerate(self.nodes):
             etc = NETNS_ETC / name  # names resolve from files: no DNS lookup leaves the fabric
             etc.mkdir(parents=True, exist_ok=True)
-            (etc / "hosts").write_text(hosts)
+            # this machine's name too, as the node's own address (torch looks it up)
+            (etc / "hosts").write_text(hosts + f"{pod_ip(pod)} {socket.gethostname()}\n")
             (etc / "resolv.conf").write_text("options timeout:1 attempts:1\n")
             batch("ip", name, ["link set lo up", f"addr add {pod_ip(pod)}/16 dev eth0",
                                "link set eth0 up"])

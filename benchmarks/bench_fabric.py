@@ -347,7 +347,8 @@ def measure_shape(shape: model.Shape, args: argparse.Namespace) -> ShapeResult:
     load_before = _loadavg()
     job = make_job(shape, args.seed)
     rate = args.rate * 1e6 / 8
-    workspace = Path(tempfile.mkdtemp(prefix=f"{net.PREFIX}{os.getpid()}-", dir="/var/tmp"))
+    workspace = Path(tempfile.mkdtemp(prefix=f"{net.PREFIX}{os.getpid()}-",
+                                      dir=str(net.WORKSPACES)))
     try:
         with net.Fabric(shape, job.tor_of_pod, args.rate) as fabric:
             spines = (f", {shape.spines} spines at {shape.oversubscription:g}:1"
