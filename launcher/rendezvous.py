@@ -68,7 +68,7 @@ from .liveness import LivenessSettings
 from .rootclient import RootClient, RootError, RootSilent
 from .torchcompat import StoreError
 from .verdict import FailureReport, Identity, Verdict
-from .watch import JobStopped, Watch
+from .watch import WATCH_THREAD, JobStopped, Watch
 
 logger = logging.getLogger(__name__)
 
@@ -577,8 +577,13 @@ class ParallelRendezvousHandler(RendezvousHandler):
         store.add(self._keys.alive(settings.node_rank), 1)
         self._watch = Watch(store, self._keys, settings.node_rank, settings.nnodes, settings.liveness,
                             self._root_who, self._check_proxy if settings.tiered else None)
-        store.on_poll = self._raise_if_stopped
+        store.on_poll = self._stop_polling
         self._watch.start()
+
+    def _stop_polling(self) -> None:
+        """Between a wait's polls: unwind an agent thread whose job ended (not the watch's own)."""
+        if threading.current_thread().name != WATCH_THREAD:
+            self._raise_if_stopped()
 
     def _raise_if_stopped(self) -> None:
         watch = self._watch

@@ -32,6 +32,7 @@ from .verdict import FailureReport, Identity, Verdict
 
 logger = logging.getLogger(__name__)
 STOP_WAIT = 2.0
+WATCH_THREAD = "npu-run-watch"
 JUDGE_POLL = 1.0  # node rank 0 looks for failure reports this often (one request)
 
 
@@ -97,7 +98,7 @@ class Watch:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="npu-run-watch", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=WATCH_THREAD, daemon=True)
             self._thread.start()
 
     def judge(self, ranks: List[int]) -> None:
