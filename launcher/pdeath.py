@@ -22,17 +22,19 @@ import ctypes
 import os
 import signal
 import sys
-from typing import List, NoReturn, Optional, Sequence, Tuple
+
+# No typing import (nor anything else the wrapper's start would pay for): annotations stay text.
 
 # "-0 or ...": code that starts with "-" (see the module docstring), running this very file
-LAUNCH = ("-I", "-S", "-c", f"-0 or __import__('runpy').run_path({__file__!r}, run_name='__main__')")
+LAUNCH = ("-I", "-S", "-c", f"-0 or exec(compile(open({__file__!r}).read(), {__file__!r}, 'exec'), "
+                            f"{{'__name__': '__main__', '__file__': {__file__!r}}})")
 PARENT_FLAG = "--parent="
 EXEC_FLAG = "--exec="
 PR_SET_PDEATHSIG = 1
 EXIT_ORPHANED = 137  # as if the signal had come: 128 + SIGKILL
 
 
-def wrap(entrypoint: str, args: Sequence[str], parent_pid: int) -> Tuple[str, List[str]]:
+def wrap(entrypoint: str, args: "Sequence[str]", parent_pid: int) -> "tuple[str, list[str]]":
     """torch's worker command ``entrypoint args`` behind the wrapper, for agent ``parent_pid``."""
     head = [*LAUNCH, f"{PARENT_FLAG}{parent_pid}"]
     if entrypoint != sys.executable:  # --no_python: a program of its own
@@ -48,7 +50,7 @@ def set_parent_death_signal(signum: int = signal.SIGKILL) -> bool:
     return libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
 
 
-def parse(argv: Sequence[str]) -> Tuple[int, Optional[str], List[str]]:
+def parse(argv: "Sequence[str]") -> "tuple[int, str | None, list[str]]":
     """``(parent pid, program or None for this Python, arguments)`` from the wrapper's argv."""
     rest = list(argv)
     parent = program = None
@@ -63,7 +65,7 @@ def parse(argv: Sequence[str]) -> Tuple[int, Optional[str], List[str]]:
     return parent, program, rest
 
 
-def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
+def main(argv: "Sequence[str] | None" = None) -> "NoReturn":
     parent, program, args = parse(sys.argv[1:] if argv is None else argv)
     set_parent_death_signal()
     if os.getppid() != parent:  # the agent died before the signal was armed
