@@ -64,6 +64,7 @@ class BootstrapOptions:
     strict: bool = False
     ca_bundle: Optional[str] = None  # CA file for https:// inputs; None: the system's
     full_node_devices: Optional[int] = None  # devices of a full node; None: only equal counts
+    nodes: Optional[str] = None  # kubectl get nodes -o json (path or URL) for a HyperNode file
 
 
 def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOptions:
@@ -118,6 +119,7 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
         strict=bool(strict_flag) or env.get("NPU_JOB_STRICT", "").strip().lower() in _TRUE,
         ca_bundle=pick("ca_bundle", "NPU_JOB_CA_BUNDLE"),
         full_node_devices=count("full_node_devices", "NPU_JOB_FULL_NODE_DEVICES"),
+        nodes=pick("nodes", "NPU_JOB_NODES"),
     )
 
 
@@ -206,7 +208,8 @@ def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], 
         table, options.host_ip, identity.parse_task_index(options.pod_index), location
     )
     context["pod_index"] = pod_index
-    topology, topology_source = load_topology(options, location, env, verify)
+    topology, topology_source = load_topology(options, location, env, verify,
+                                              names=server_addresses(table))
     context["topology"] = topology_source
     collective = choose_collective(options.collective, env)
     plan = _plan(table, topology, collective, options.full_node_devices)
@@ -268,22 +271,37 @@ def choose_collective(flag: Optional[str], env: Mapping[str, str]) -> Collective
     return Collective.RING
 
 
+def server_addresses(table: RankTable) -> Tuple[str, ...]:
+    """Every address a server of ``table`` may be known by in a topology (canonical's order)."""
+    return tuple(address for server in table.servers
+                 for address in (server.server_id, server.host_ip, server.container_ip) if address)
+
+
 def load_topology(options: BootstrapOptions, rank_table: str, env: Mapping[str, str],
-                  verify: Verify) -> Tuple[Optional[Topology], str]:
+                  verify: Verify, *, names: Optional[Tuple[str, ...]] = None,
+                  ) -> Tuple[Optional[Topology], str]:
     """The first topology found (see :func:`~npu_job.bootstrap.sources.topology_candidates`).
 
     Returns ``(None, "none")`` when there is none. A source named explicitly must work; an
     automatic one that is absent, or (Kubernetes API) refuses us, is skipped with a log line.
+    ``names`` are the job's servers: a Kubernetes topology places only those (with the Nodes of
+    ``options.nodes`` for a HyperNode file's label members and addresses).
     """
+    from npu_job.bootstrap.kubeobjects import KubeObjects, decode_objects
+    from npu_job.bootstrap.kubetopology import KubeContext
     from npu_job.bootstrap.topology import parse_topology
 
+    nodes = KubeObjects()
+    if options.nodes:
+        nodes = decode_objects(read_bytes(options.nodes, verify=verify), options.nodes)
+    context = KubeContext(objects=nodes, names=names)
     chain = topology_candidates(options.topology, options.topology_format, rank_table, env)
     for candidate in chain:
         found = _read_candidate(candidate, env, verify)
         if found is None:
             continue
         data, name = found
-        topology = parse_topology(data, name, candidate.fmt)
+        topology = parse_topology(data, name, candidate.fmt, context=context)
         if not topology.placements and not candidate.required:
             log.info("topology: %s places no server; trying the next source", name)
             continue

@@ -12,10 +12,13 @@ Formats (DESIGN §4), detected by content unless ``fmt`` names one:
     ``tor_count`` is the number of server slots per ToR (NOT the number of ToRs); ``slice_id`` is
     the slot and must be below it. The ToR id is its ``tor_ip`` (``tor-<tor_id>`` without one).
 ``k8s-node-labels``
-    A Kubernetes ``NodeList`` (``GET /api/v1/nodes``). A node is keyed by its ``InternalIP``
-    (the rank table's ``server_id``) and by its name. ToRs: label
-    ``cce.kubectl.kubernetes.io/cabinet`` (ToR IPs joined by ``-``), else ``volcano.sh/tor``, else
-    ``volcano.sh/hypernode``; ``volcano.sh/hypercluster`` is an outer tier.
+    A Kubernetes ``NodeList`` (``GET /api/v1/nodes``, or kubectl's ``List``). A node is keyed by
+    its ``InternalIP`` (the rank table's ``server_id``) and by its name; its placement comes from
+    its topology labels (:mod:`npu_job.bootstrap.labels` knows the keys).
+``volcano-hypernodes``
+    Volcano's HyperNodes (``kubectl get hypernodes -o json`` or ``-o yaml``, or a ``List`` that
+    holds Nodes and Pods too): each node's path in their tree (:mod:`npu_job.bootstrap.hypernode`),
+    with the Nodes of the same document (or of ``context``) for label members and addresses.
 ``file``
     The plain topology file users write (YAML or JSON)::
 
@@ -41,6 +44,8 @@ from functools import lru_cache
 from itertools import chain
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
+from npu_job.bootstrap import kubetopology
+from npu_job.bootstrap.kubeobjects import decode_kube_document
 from npu_job.bootstrap.model import Placement, RankTable, Topology
 from npu_job.bootstrap.payload import (
     decode_document,
@@ -66,20 +71,24 @@ logger = logging.getLogger(__name__)
 
 CCE_RANKTABLE_TOR = "cce-ranktable-tor"
 BASIC_TOR_NODE_CM = "basic-tor-node-cm"
-K8S_NODE_LABELS = "k8s-node-labels"
+K8S_NODE_LABELS = kubetopology.NODE_LABELS
+VOLCANO_HYPERNODES = kubetopology.HYPERNODES
 PLAIN_FILE = "file"
-FORMATS = (CCE_RANKTABLE_TOR, BASIC_TOR_NODE_CM, K8S_NODE_LABELS, PLAIN_FILE)
-
-CABINET_LABEL = "cce.kubectl.kubernetes.io/cabinet"
-VOLCANO_TOR_LABEL = "volcano.sh/tor"
-VOLCANO_HYPERNODE_LABEL = "volcano.sh/hypernode"
-VOLCANO_HYPERCLUSTER_LABEL = "volcano.sh/hypercluster"
+FORMATS = (CCE_RANKTABLE_TOR, BASIC_TOR_NODE_CM, K8S_NODE_LABELS, VOLCANO_HYPERNODES, PLAIN_FILE)
 
 
-def parse_topology(data: bytes, source: str, fmt: Optional[str] = None) -> Topology:
-    """Decode ``data`` and read it as ``fmt`` (one of :data:`FORMATS`), detected when None."""
+def parse_topology(data: bytes, source: str, fmt: Optional[str] = None, *,
+                   context: Optional[kubetopology.KubeContext] = None) -> Topology:
+    """Decode ``data`` and read it as ``fmt`` (one of :data:`FORMATS`), detected when None.
+
+    ``context`` serves the Kubernetes formats: more Nodes, and the servers that matter.
+    """
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"unknown topology format {fmt!r}")
+    if fmt in (None, VOLCANO_HYPERNODES, K8S_NODE_LABELS):  # a big list: only the fields read
+        # the API's NodeList is JSON; what people write or kubectl prints may be YAML
+        document = decode_kube_document(data, source, allow_yaml=fmt != K8S_NODE_LABELS)
+        return topology_from_document(document, source, fmt, context=context)
     if fmt == CCE_RANKTABLE_TOR:
         text = json_text(data, source)
         # 4096 nodes: 32k device objects, read for one field each
@@ -92,16 +101,28 @@ def parse_topology(data: bytes, source: str, fmt: Optional[str] = None) -> Topol
     return topology_from_document(document, source, fmt)
 
 
-def topology_from_document(document: Any, source: str, fmt: Optional[str] = None) -> Topology:
+def topology_from_document(document: Any, source: str, fmt: Optional[str] = None, *,
+                           context: Optional[kubetopology.KubeContext] = None) -> Topology:
     chosen = fmt or detect_format(document, source)
+    if chosen in kubetopology.FORMATS:
+        found = kubetopology.topology_from_document(document, source, chosen, context)
+        for note in found.notes:
+            logger.info("topology: note: %s", note)
+        return found.topology
     return _READERS[chosen](document, source)
 
 
 def detect_format(document: Any, source: str) -> str:
     """Which format ``document`` is in, by its shape; an error lists what each format looks like."""
     if type(document) is dict:
+        items = document.get("items")
+        if document.get("kind") == "HyperNodeList" or (
+            type(items) is list and "servers" not in document
+            and any(type(item) is dict and item.get("kind") == "HyperNode" for item in items)
+        ):
+            return VOLCANO_HYPERNODES
         if document.get("kind") == "NodeList" or (
-            type(document.get("items")) is list and "servers" not in document
+            type(items) is list and "servers" not in document
         ):
             return K8S_NODE_LABELS
         if document.get("kind") == "ConfigMap" or "tor_count" in document:
@@ -118,8 +139,8 @@ def detect_format(document: Any, source: str) -> str:
         source,
         "document",
         "a topology: CCE ranktable_tor.json (server_list[].device[].tor_ip), basic-tor-node-cm "
-        "tor_info (tor_count, server_list[].server[]), a Kubernetes NodeList (items) or a plain "
-        "file ({servers: {<server_id>: [<tier>..., <tor>]}})",
+        "tor_info (tor_count, server_list[].server[]), a Kubernetes NodeList or HyperNodeList "
+        "(items) or a plain file ({servers: {<server_id>: [<tier>..., <tor>]}})",
     )
 
 
@@ -326,59 +347,6 @@ def _tor_info(doc: Dict[str, Any], source: str) -> Topology:
     return Topology(placements, source=BASIC_TOR_NODE_CM)
 
 
-# --- Kubernetes node labels -----------------------------------------------------------------------
-
-
-def _read_node_list(document: Any, source: str) -> Topology:
-    doc = expect_object(document, source, "")
-    items = require_list(doc, "items", source, "")
-    placements: Dict[str, Placement] = {}
-    for index, node in enumerate(items):
-        path = f"items[{index}]"
-        expect_object(node, source, path)
-        metadata = expect_object(require(node, "metadata", source, path), source,
-                                 f"{path}.metadata")
-        name = require_str(metadata, "name", source, f"{path}.metadata")
-        labels = metadata.get("labels") or {}
-        expect_object(labels, source, f"{path}.metadata.labels")
-        placement = _placement_from_labels(labels, source, f"{path}.metadata.labels")
-        if placement is None:
-            continue
-        keys = [name]
-        status = node.get("status") or {}
-        expect_object(status, source, f"{path}.status")
-        addresses = expect_list(status.get("addresses") or [], source, f"{path}.status.addresses")
-        for position, address in enumerate(addresses):
-            here = f"{path}.status.addresses[{position}]"
-            expect_object(address, source, here)
-            if address.get("type") == "InternalIP":
-                keys.append(require_str(address, "address", source, here))
-        for key in keys:
-            if key in placements and placements[key] != placement:
-                fail(source, path,
-                     f"one placement per node address; {shown(key)} is claimed twice")
-            placements[key] = placement
-    return Topology(placements, source=K8S_NODE_LABELS)
-
-
-def _placement_from_labels(labels: Dict[str, Any], source: str, path: str) -> Optional[Placement]:
-    def label(key: str) -> str:
-        value = labels.get(key)
-        if value is None:
-            return ""
-        return expect_str(value, source, f"{path}.{key}", empty_ok=True)
-
-    cabinet = label(CABINET_LABEL)
-    tors: Tuple[str, ...] = tuple(part for part in cabinet.split("-") if part)
-    if not tors:
-        tor = label(VOLCANO_TOR_LABEL) or label(VOLCANO_HYPERNODE_LABEL)
-        tors = (tor,) if tor else ()
-    if not tors:
-        return None
-    hypercluster = label(VOLCANO_HYPERCLUSTER_LABEL)
-    return Placement(tiers=(hypercluster,) if hypercluster else (), tors=tors)
-
-
 # --- the plain topology file ----------------------------------------------------------------------
 
 
@@ -454,6 +422,5 @@ def plain_topology_document(topology: Topology) -> Dict[str, Any]:
 _READERS: Dict[str, Callable[[Any, str], Topology]] = {
     CCE_RANKTABLE_TOR: _read_cce,
     BASIC_TOR_NODE_CM: _read_tor_info,
-    K8S_NODE_LABELS: _read_node_list,
     PLAIN_FILE: _read_plain,
 }

@@ -158,7 +158,7 @@ BAD_TOPOLOGIES = [
      "server_list[1].tor_id: expected a unique ToR; '1.0.0.0' is also server_list[0]"),
     ("tor-info-no-tor-count", tor_info(), "del:tor_count", "tor_count: expected a required field (missing)"),
     ("nodes-label-not-string", node_list(node("n", "1.1.1.1", {"volcano.sh/tor": 5})), None,
-     "items[0].metadata.labels.volcano.sh/tor: expected a string, got a number 5"),
+     "items[0] (Node 'n'): metadata.labels.volcano.sh/tor: expected a string, got a number 5"),
     ("nodes-no-name", {"kind": "NodeList", "items": [{"metadata": {}}]}, None,
      "items[0].metadata.name: expected a required field (missing)"),
     ("plain-unknown-top-key", {"servers": {}, "tors": {}}, None,

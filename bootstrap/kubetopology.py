@@ -1,0 +1,121 @@
+"""A switch topology from the cluster's own objects (pure): Volcano HyperNodes, else node labels.
+
+The documents are what the API lists or kubectl prints (:mod:`npu_job.bootstrap.kubeobjects`):
+``kubectl get hypernodes -o json`` with ``kubectl get nodes -o json`` beside it, or both in one
+``kubectl get hypernodes,nodes,pods -o json``. With HyperNodes, each node's placement is its path
+in their tree (:mod:`npu_job.bootstrap.hypernode`); without, its topology labels
+(:mod:`npu_job.bootstrap.labels`). Either way the :class:`~npu_job.bootstrap.model.Topology` is
+keyed by node name and by each ``InternalIP`` of the node (a rank table's ``server_id``), and an
+address two nodes claim with different placements is an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
+
+from npu_job.bootstrap import hypernode, labels
+from npu_job.bootstrap.kubeobjects import (
+    NODE,
+    KubeObjects,
+    NodeFacts,
+    object_field,
+    read_nodes,
+    read_objects,
+)
+from npu_job.bootstrap.model import Placement, Topology
+from npu_job.bootstrap.payload import fail
+from npu_job.errors import shown
+
+HYPERNODES = "volcano-hypernodes"
+NODE_LABELS = "k8s-node-labels"
+FORMATS = (HYPERNODES, NODE_LABELS)
+
+
+@dataclass(frozen=True)
+class KubeContext:
+    """What a topology document is read with besides itself.
+
+    ``objects``: more objects, e.g. the Nodes of a ``kubectl get nodes -o json`` file beside a
+    HyperNode file (their labels serve ``labelMatch``, their addresses key the result).
+    ``names``: place only these servers (node names or addresses): a job's, where the cluster has
+    thousands of nodes.
+    """
+
+    objects: KubeObjects = field(default_factory=KubeObjects)
+    names: Optional[Tuple[str, ...]] = None
+
+
+@dataclass(frozen=True)
+class KubeTopology:
+    topology: Topology
+    notes: Tuple[str, ...] = ()
+
+
+def topology_from_document(document: object, source: str, fmt: Optional[str] = None,
+                           context: Optional[KubeContext] = None) -> KubeTopology:
+    """The topology of a decoded list document (see :func:`topology_from_objects`)."""
+    return topology_from_objects(read_objects(document, source), source, fmt, context)
+
+
+def topology_from_objects(objects: KubeObjects, source: str, fmt: Optional[str] = None,
+                          context: Optional[KubeContext] = None) -> KubeTopology:
+    """HyperNodes when there are any (or ``fmt`` is :data:`HYPERNODES`), else node labels."""
+    context = context or KubeContext()
+    everything = objects + context.objects
+    nodes = read_nodes(everything.nodes, source)
+    wanted = _wanted_nodes(nodes, context.names)
+    if fmt == HYPERNODES or (fmt is None and everything.hypernodes):
+        if not everything.hypernodes:
+            fail(source, "items", "HyperNode objects (kubectl get hypernodes -o json)")
+        tree = hypernode.read_hypernodes(everything.hypernodes, source)
+        resolved = hypernode.resolve(tree, nodes, source, names=wanted)
+        placements = _keyed(resolved.placements, nodes, wanted, source)
+        return KubeTopology(Topology(placements, source=HYPERNODES), resolved.notes)
+    by_node: Dict[str, Placement] = {}
+    for node in nodes:
+        if wanted is None or node.name in wanted:
+            path = object_field(NODE, node.where, node.name, "metadata.labels")
+            placement = labels.placement_from_labels(node.labels, source, path)
+            if placement is not None:
+                by_node[node.name] = placement
+    return KubeTopology(Topology(_keyed(by_node, nodes, wanted, source), source=NODE_LABELS))
+
+
+def _wanted_nodes(nodes: Sequence[NodeFacts], names: Optional[Iterable[str]]
+                  ) -> Optional[Tuple[str, ...]]:
+    """The node names ``names`` stand for: a node's own name or one of its addresses; a name no
+    listed node has is kept as it is (a node the HyperNodes name without a node list)."""
+    if names is None:
+        return None
+    wanted = set(names)
+    found = {node.name for node in nodes
+             if node.name in wanted or not wanted.isdisjoint(node.addresses)}
+    addresses = {address for node in nodes for address in node.addresses}
+    return tuple(sorted(found | (wanted - addresses)))
+
+
+def _keyed(by_node: Mapping[str, Placement], nodes: Sequence[NodeFacts],
+           wanted: Optional[Sequence[str]], source: str) -> Dict[str, Placement]:
+    """``by_node`` keyed by node name and by every InternalIP of the node as well."""
+    keyed: Dict[str, Placement] = {}
+    claimed: Dict[str, str] = {}
+    keep = None if wanted is None else set(wanted)
+    listed = set()
+    for node in nodes:
+        listed.add(node.name)
+        placement = by_node.get(node.name)
+        if placement is None or (keep is not None and node.name not in keep):
+            continue
+        for key in (node.name, *node.addresses):
+            if key in keyed and keyed[key] != placement:
+                fail(source, object_field(NODE, node.where, node.name, "status.addresses"),
+                     f"one placement per node address; {shown(key)} is claimed twice "
+                     f"(also by node {claimed[key]})")
+            keyed[key] = placement
+            claimed.setdefault(key, shown(node.name))
+    for name, placement in by_node.items():  # named by the HyperNodes, not in the node list
+        if name not in listed and keyed.setdefault(name, placement) != placement:
+            fail(source, "items", f"one placement per node address; {shown(name)} is claimed twice")
+    return keyed
+
