@@ -39,11 +39,13 @@ class KubeContext:
     ``objects``: more objects, e.g. the Nodes of a ``kubectl get nodes -o json`` file beside a
     HyperNode file (their labels serve ``labelMatch``, their addresses key the result).
     ``names``: place only these servers (node names or addresses): a job's, where the cluster has
-    thousands of nodes.
+    thousands of nodes. ``label_keys``: read only these node labels (outermost first) instead of
+    the known schemes of :mod:`npu_job.bootstrap.labels`.
     """
 
     objects: KubeObjects = field(default_factory=KubeObjects)
     names: Optional[Tuple[str, ...]] = None
+    label_keys: Optional[Tuple[str, ...]] = None  # topology label keys, outermost first
 
 
 @dataclass(frozen=True)
@@ -73,13 +75,21 @@ def topology_from_objects(objects: KubeObjects, source: str, fmt: Optional[str] 
         placements = _keyed(resolved.placements, nodes, wanted, source)
         return KubeTopology(Topology(placements, source=HYPERNODES), resolved.notes)
     by_node: Dict[str, Placement] = {}
+    schemes: Dict[str, int] = {}
     for node in nodes:
         if wanted is None or node.name in wanted:
             path = object_field(NODE, node.where, node.name, "metadata.labels")
-            placement = labels.placement_from_labels(node.labels, source, path)
-            if placement is not None:
-                by_node[node.name] = placement
-    return KubeTopology(Topology(_keyed(by_node, nodes, wanted, source), source=NODE_LABELS))
+            found = labels.placement_from_labels(node.labels, source, path, context.label_keys)
+            if found is not None:
+                by_node[node.name], scheme = found
+                schemes[scheme.title] = schemes.get(scheme.title, 0) + 1
+    notes = ()
+    if schemes:
+        counted = ", ".join(f"{count} by {title}" for title, count in sorted(schemes.items()))
+        notes = (f"node labels placed {len(by_node)} of {len(nodes if wanted is None else wanted)}"
+                 f" node(s): {counted}",)
+    return KubeTopology(Topology(_keyed(by_node, nodes, wanted, source), source=NODE_LABELS),
+                        notes)
 
 
 def _wanted_nodes(nodes: Sequence[NodeFacts], names: Optional[Iterable[str]]

@@ -65,6 +65,7 @@ class BootstrapOptions:
     ca_bundle: Optional[str] = None  # CA file for https:// inputs; None: the system's
     full_node_devices: Optional[int] = None  # devices of a full node; None: only equal counts
     nodes: Optional[str] = None  # kubectl get nodes -o json (path or URL) for a HyperNode file
+    topology_labels: Optional[Tuple[str, ...]] = None  # node label keys, outermost first
 
 
 def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOptions:
@@ -120,7 +121,17 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
         ca_bundle=pick("ca_bundle", "NPU_JOB_CA_BUNDLE"),
         full_node_devices=count("full_node_devices", "NPU_JOB_FULL_NODE_DEVICES"),
         nodes=pick("nodes", "NPU_JOB_NODES"),
+        topology_labels=_label_keys(flags.get("topology_labels"), env),
     )
+
+
+def _label_keys(flag: Optional[str], env: Mapping[str, str]) -> Optional[Tuple[str, ...]]:
+    from npu_job.bootstrap.labels import label_keys_from_text
+
+    if flag is not None:
+        return label_keys_from_text(str(flag), "--topology-labels")
+    text = env.get("NPU_JOB_TOPOLOGY_LABELS", "").strip()
+    return label_keys_from_text(text, "NPU_JOB_TOPOLOGY_LABELS") if text else None
 
 
 @dataclass(frozen=True)
@@ -294,7 +305,7 @@ def load_topology(options: BootstrapOptions, rank_table: str, env: Mapping[str, 
     nodes = KubeObjects()
     if options.nodes:
         nodes = decode_objects(read_bytes(options.nodes, verify=verify), options.nodes)
-    context = KubeContext(objects=nodes, names=names)
+    context = KubeContext(objects=nodes, names=names, label_keys=options.topology_labels)
     chain = topology_candidates(options.topology, options.topology_format, rank_table, env)
     for candidate in chain:
         found = _read_candidate(candidate, env, verify)

@@ -26,11 +26,9 @@ used, only route_plan.json is written (status "failed"), stale rank files are re
 (--strict: exit with the error's code instead).
 
 Environment: RANK_TABLE_FILE, NPU_JOB_TOPOLOGY, NPU_JOB_TOPOLOGY_FORMAT, NPU_JOB_TOR_INFO,
-NPU_JOB_NODES, NPU_JOB_K8S_TOPOLOGY (0 = do not ask the Kubernetes API), MA_CURRENT_HOST_IP,
-VC_TASK_INDEX,
-HCCL_ALGO, NPU_JOB_FULL_NODE_DEVICES, NPU_JOB_OUTPUT_DIR, NPU_JOB_WAIT_TIMEOUT,
-NPU_JOB_POLL_INTERVAL, NPU_JOB_STRICT,
-NPU_JOB_CA_BUNDLE.
+NPU_JOB_NODES, NPU_JOB_TOPOLOGY_LABELS, NPU_JOB_K8S_TOPOLOGY (0 = do not ask the Kubernetes API),
+MA_CURRENT_HOST_IP, VC_TASK_INDEX, HCCL_ALGO, NPU_JOB_FULL_NODE_DEVICES, NPU_JOB_OUTPUT_DIR,
+NPU_JOB_WAIT_TIMEOUT, NPU_JOB_POLL_INTERVAL, NPU_JOB_STRICT, NPU_JOB_CA_BUNDLE.
 """
 
 TOPOLOGY_FORMATS = ("cce-ranktable-tor", "basic-tor-node-cm", "k8s-node-labels",
@@ -60,6 +58,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the cluster's Nodes (kubectl get nodes -o json) for a HyperNode "
                              "topology file: their labels serve labelMatch members, their "
                              "InternalIPs key the result (default: $NPU_JOB_NODES)")
+    inputs.add_argument("--topology-labels", "--topology_labels", dest="topology_labels",
+                        metavar="KEY,KEY,...",
+                        help="read the switch path from these node labels, outermost first, "
+                             "instead of the known Volcano, CCE, EKS, GKE and topograph labels "
+                             "(default: $NPU_JOB_TOPOLOGY_LABELS)")
     inputs.add_argument("--ca-bundle", "--ca_bundle", dest="ca_bundle", metavar="FILE",
                         help="CA certificates for https:// inputs (default: $NPU_JOB_CA_BUNDLE, "
                              "else the system's)")
