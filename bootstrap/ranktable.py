@@ -58,6 +58,12 @@ POD_INDEX_EXPECTED = ("a pod name ending in -<index>, as Volcano names pods <job
                       "(the digits of a random suffix are not an index)")
 
 
+def pod_index_from_name(pod_name: str) -> Optional[int]:
+    """The index a Volcano pod name ends in (``<job>-<task>-<index>``), or None."""
+    match = _POD_SUFFIX.search(pod_name)
+    return None if match is None else count_from_text(match.group(1))
+
+
 def parse_rank_table(data: bytes, source: str) -> RankTable:
     """Decode (JSON or base64(gzip(JSON)), by content) and validate a rank table."""
     return rank_table_from_document(decode_document(data, source), source)
@@ -292,8 +298,7 @@ def _legacy_table(doc: Dict[str, Any], status: str, source: str) -> RankTable:
         path = f"group_list[0].instance_list[{index}]"
         expect_object(instance, source, path)
         pod_name = require_str(instance, "pod_name", source, path)
-        match = _POD_SUFFIX.search(pod_name)
-        suffix = None if match is None else count_from_text(match.group(1))
+        suffix = pod_index_from_name(pod_name)
         if suffix is None:
             fail(source, f"{path}.pod_name",
                  f"{POD_INDEX_EXPECTED}, below 10^{MAX_COUNT_DIGITS} (e.g. job-worker-0)", pod_name)

@@ -1,8 +1,10 @@
 """``npu-job plan``: show the routing-affine order for a rank table and how it scores.
 
-Reads a rank table and (optionally) a switch topology with the bootstrap's own readers, runs the
-planner exactly as every pod would, and compares three orders on the scorer's fabric model: the
-scheduler's pod order, a seeded random order and ours. Text by default, ``--json`` for machines.
+Reads a rank table, or a Volcano job's pods (``kubectl get pods -o json``, or one
+``kubectl get hypernodes,nodes,pods -o json`` that holds the topology too), and (optionally) a
+switch topology with the bootstrap's own readers, runs the planner exactly as every pod would,
+and compares three orders on the scorer's fabric model: the scheduler's pod order, a seeded random
+order and ours. Text by default, ``--json`` for machines.
 A plan that cannot be made (fewer than 3 nodes, partial nodes, no topology...) is a result, not an
 error: it is shown with its reasons and the exit status is 0.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import random
 import sys
@@ -32,6 +35,8 @@ bandwidth (nccl-tests: algbw * 2(n-1)/n) relative to a fabric without contention
 Examples:
   npu-job plan --rank-table jobstart_hccl.json --topology ranktable_tor.json
   npu-job plan --rank-table hccl.json --topology topology.yaml --collective rhd --uplinks 16 --json
+  kubectl get hypernodes,nodes,pods -o json > cluster.json; npu-job plan --pods cluster.json
+  npu-job plan --pods pods.json --job llama --topology hypernodes.yaml --nodes nodes.json
 """
 
 
@@ -40,28 +45,57 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
-    parser.add_argument(
+    servers = parser.add_mutually_exclusive_group(required=True)
+    servers.add_argument(
         "--rank-table",
         "--rank_table",
         dest="rank_table",
-        required=True,
         metavar="PATH|URL",
         help="rank table: a file, a directory holding jobstart_hccl.json, or an http(s) URL "
         "(any format the bootstrap reads; plain JSON or base64+gzip)",
     )
+    servers.add_argument(
+        "--pods",
+        metavar="PATH|URL",
+        help="instead of a rank table, a Volcano job's pods: kubectl get pods -o json (or -o "
+        "yaml), or one kubectl get hypernodes,nodes,pods -o json whose HyperNodes or node "
+        "labels are then the topology",
+    )
+    parser.add_argument("--job", metavar="NAME",
+                        help="with --pods: the job (label volcano.sh/job-name; default: the one "
+                             "job the pods belong to)")
+    parser.add_argument("--task", metavar="NAME",
+                        help="with --pods: only this task's pods (label volcano.sh/task-spec)")
+    parser.add_argument("--namespace", metavar="NAME", help="with --pods: only this namespace")
     parser.add_argument(
         "--topology",
         metavar="PATH|URL",
         help="switch topology file or URL (ranktable_tor.json, basic-tor-node-cm tor_info, "
-        "a Kubernetes NodeList, or a plain YAML/JSON topology; default: "
-        "ranktable_tor.json beside the rank table if it exists)",
+        "a Kubernetes NodeList or HyperNodeList, or a plain YAML/JSON topology; default: "
+        "ranktable_tor.json beside the rank table if it exists, or the HyperNodes or Nodes "
+        "in the --pods file)",
     )
     parser.add_argument(
         "--topology-format",
         "--topology_format",
         dest="topology_format",
-        choices=("cce-ranktable-tor", "basic-tor-node-cm", "k8s-node-labels", "file"),
+        choices=("cce-ranktable-tor", "basic-tor-node-cm", "k8s-node-labels",
+                 "volcano-hypernodes", "file"),
         help="read --topology as this format (default: detect by content)",
+    )
+    parser.add_argument(
+        "--nodes",
+        metavar="PATH|URL",
+        help="the cluster's Nodes (kubectl get nodes -o json) beside a HyperNode topology: their "
+        "labels serve labelMatch members, their InternalIPs match rank-table server ids",
+    )
+    parser.add_argument(
+        "--topology-labels",
+        "--topology_labels",
+        dest="topology_labels",
+        metavar="KEY,KEY,...",
+        help="read switch paths from these node labels, outermost first, instead of the known "
+        "Volcano, CCE, EKS, GKE and topograph labels",
     )
     parser.add_argument(
         "--collective",
@@ -124,12 +158,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace):
-    """Read the rank table and topology with the bootstrap's readers (errors: one line, exit 3)."""
+    """Read the servers and topology with the bootstrap's readers (errors: one line, exit 3)."""
+    from npu_job.bootstrap.kubeobjects import KubeObjects, decode_objects
+    from npu_job.bootstrap.kubetopology import KubeContext
+    from npu_job.bootstrap.labels import label_keys_from_text
     from npu_job.bootstrap.ranktable import parse_rank_table
+    from npu_job.bootstrap.run import server_addresses
     from npu_job.bootstrap.sources import is_url, locate_rank_table, read_bytes
     from npu_job.podfacts import RANKTABLE_TOR_NAME
     from npu_job.bootstrap.topology import parse_topology
 
+    nodes = KubeObjects()
+    if args.nodes:
+        nodes = decode_objects(read_bytes(args.nodes), args.nodes)
+    keys = None
+    if args.topology_labels is not None:
+        keys = label_keys_from_text(args.topology_labels, "--topology-labels")
+    if args.pods:
+        return _load_pods(args, nodes, keys)
     table_source = locate_rank_table(args.rank_table, {})
     table = parse_rank_table(read_bytes(table_source), table_source)
     topology_source: Optional[str] = args.topology
@@ -139,10 +185,41 @@ def _load(args: argparse.Namespace):
             topology_source = beside
     topology = None
     if topology_source is not None:
+        context = KubeContext(objects=nodes, names=server_addresses(table), label_keys=keys)
         topology = parse_topology(
-            read_bytes(topology_source), topology_source, args.topology_format
+            read_bytes(topology_source), topology_source, args.topology_format, context=context
         )
     return table, table_source, topology, topology_source
+
+
+def _load_pods(args: argparse.Namespace, nodes, keys):
+    """A job's pods as the servers; the topology from --topology, else from the same file."""
+    from npu_job.bootstrap import jobpods
+    from npu_job.bootstrap.kubeobjects import decode_objects, read_nodes, read_pods
+    from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
+    from npu_job.bootstrap.sources import read_bytes
+    from npu_job.bootstrap.topology import parse_topology
+
+    source = args.pods
+    objects = decode_objects(read_bytes(source), source)
+    selector = jobpods.JobSelector(job=args.job, task=args.task, namespace=args.namespace)
+    roster = jobpods.job_roster(read_pods(objects.pods, source), selector, source)
+    if not roster.ready:
+        raise jobpods.not_ready_error(roster, source)
+    table = jobpods.roster_table(roster, read_nodes((objects + nodes).nodes, source), source)
+    names = tuple(server.server_id for server in table.servers)
+    topology, topology_source = None, args.topology
+    if topology_source is not None:
+        context = KubeContext(objects=objects + nodes, names=names, label_keys=keys)
+        topology = parse_topology(read_bytes(topology_source), topology_source,
+                                  args.topology_format, context=context)
+    elif objects.hypernodes or objects.nodes or nodes.nodes:
+        found = topology_from_objects(objects, source, args.topology_format, KubeContext(
+            objects=nodes, names=names, label_keys=keys))
+        for note in found.notes:
+            logging.getLogger(__name__).info("topology: note: %s", note)
+        topology, topology_source = found.topology, f"{source} ({found.topology.source})"
+    return table, source, topology, topology_source
 
 
 def _score_fields(score) -> Dict[str, Any]:
@@ -175,7 +252,8 @@ def _report(
         )
     return {
         "version": JSON_VERSION,
-        "rank_table": table_source,
+        "rank_table": None if args.pods else table_source,
+        "pods": args.pods,
         "topology": topology_source,
         "status": plan.status.value,
         "collective": plan.collective.value,
