@@ -97,10 +97,15 @@ class Member:
     """One ``spec.members`` entry: its type and its one selector."""
 
     type: str  # "Node" or "HyperNode"
-    path: str  # "spec.members[2]", for messages
+    index: int  # its place in spec.members
     exact: Optional[str] = None
     pattern: Optional[str] = None
     labels: Optional[Tuple[Requirement, ...]] = None  # matchLabels then matchExpressions
+
+    @property
+    def path(self) -> str:
+        """``spec.members[2]``, for messages."""
+        return f"spec.members[{self.index}]"
 
 
 @dataclass(frozen=True)
@@ -144,14 +149,45 @@ def read_hypernodes(objects: Sequence[KubeObject], source: str) -> Tuple[HyperNo
                              field_path(obj, name, "spec.members"))
         found.append(HyperNode(
             name, tier, tier_name,
-            tuple(_member(entry, f"spec.members[{i}]", obj, name, source)
+            tuple(_exact_member(entry, i) or _member(entry, i, obj, name, source)
                   for i, entry in enumerate(listed)),
             obj.where,
         ))
     return tuple(found)
 
 
-def _member(entry: Any, path: str, obj: KubeObject, name: str, source: str) -> Member:
+def selects_by_label(objects: Sequence[KubeObject]) -> bool:
+    """Whether any of these (unchecked) HyperNodes may select nodes by label: then the nodes'
+    labels are needed. True for anything malformed too (the reader will say what)."""
+    try:
+        members = [member for obj in objects
+                   for member in (obj.item.get("spec") or {}).get("members") or ()]
+        return any(type(member.get("selector")) is not dict
+                   or member["selector"].get("labelMatch") is not None for member in members)
+    except (AttributeError, TypeError):
+        return True
+
+
+def _exact_member(entry: Any, index: int) -> Optional[Member]:
+    """The usual member (by ``exactMatch``, as discovery writes them) without building a message
+    per field; None: :func:`_member` checks it (and reads it the same)."""
+    if type(entry) is not dict:
+        return None
+    kind = entry.get("type")
+    selector = entry.get("selector")
+    if kind not in MEMBER_TYPES or type(selector) is not dict:
+        return None
+    exact = selector.get("exactMatch")
+    if type(exact) is not dict or selector.get("regexMatch") is not None or (
+            selector.get("labelMatch") is not None):
+        return None
+    name = exact.get("name")
+    return Member(kind, index, exact=name) if type(name) is str and name else None
+
+
+def _member(entry: Any, index: int, obj: KubeObject, name: str, source: str) -> Member:
+    path = f"spec.members[{index}]"
+
     def at(field: str) -> str:
         return field_path(obj, name, f"{path}.{field}" if field else path)
 
@@ -170,12 +206,12 @@ def _member(entry: Any, path: str, obj: KubeObject, name: str, source: str) -> M
     chosen = given[0]
     body = expect_object(selector[chosen], source, at(f"selector.{chosen}"))
     if chosen == "exactMatch":
-        return Member(kind, path, exact=_required_str(body, "name", source,
+        return Member(kind, index, exact=_required_str(body, "name", source,
                                                      at("selector.exactMatch")))
     if chosen == "regexMatch":
-        return Member(kind, path, pattern=_required_str(body, "pattern", source,
+        return Member(kind, index, pattern=_required_str(body, "pattern", source,
                                                        at("selector.regexMatch")))
-    return Member(kind, path, labels=_label_selector(body, source, at("selector.labelMatch")))
+    return Member(kind, index, labels=_label_selector(body, source, at("selector.labelMatch")))
 
 
 def _required_str(mapping: Mapping[str, Any], key: str, source: str, path: str) -> str:
@@ -225,9 +261,9 @@ def resolve(hypernodes: Sequence[HyperNode], nodes: Sequence[NodeFacts], source:
     facts = {node.name: node for node in nodes}
     if names is None:
         exact = {m.exact for h in ordered for m in h.members if m.type == "Node" and m.exact}
-        candidates = sorted(set(facts) | exact, key=id_sort_key)
+        candidates = sorted(set(facts) | exact)
     else:
-        candidates = sorted(set(names), key=id_sort_key)
+        candidates = sorted(set(names))  # any fixed order: the results are per node
     holders = _holders(ordered, candidates, facts, names is not None, notes)
     chains: Dict[str, Tuple[str, ...]] = {}
     placements: Dict[str, Placement] = {}
@@ -238,10 +274,10 @@ def resolve(hypernodes: Sequence[HyperNode], nodes: Sequence[NodeFacts], source:
         held_by = holders.get(node)
         if not held_by:
             continue
-        options = sorted(
-            (_chain(holder, parent, chains) for holder in held_by),
-            key=lambda chain: (by_name[chain[-1]].tier, tuple(map(id_sort_key, chain))),
-        )
+        options = [_chain(holder, parent, chains) for holder in held_by]
+        if len(options) > 1:
+            options.sort(key=lambda chain: (by_name[chain[-1]].tier,
+                                            tuple(map(id_sort_key, chain))))
         chosen = options[0]
         paths[node] = tuple(options)
         if len(options) > 1:

@@ -7,26 +7,28 @@ with its job name (and task, when given); a pod's index is its ``volcano.sh/task
 else the index its name ends in; its node is ``spec.nodeName``. Pods that are going away (a
 deletion timestamp) or have ended (``Succeeded``, ``Failed``) do not count.
 
-The servers are the pods in index order, each named by its node (``server_id`` = the node name,
-which every pod reads the same as soon as the pod is scheduled; its ``host_ip`` is the node's
-InternalIP when the Nodes are known, else the pod's ``status.hostIP``, for finding this pod by
-``MA_CURRENT_HOST_IP``). A server's device count is its pod's accelerators (``nvidia.com/gpu``,
-``huawei.com/ascend-*``...), 1 for a pod without any. Routing needs one pod per node: two pods on
-one node are an error naming both.
+The servers are the pods in index order, each known by its node's address as a rank table knows
+it (``server_id`` = the pod's ``status.hostIP``, the node's IP, which ``MA_CURRENT_HOST_IP``
+holds too); its node's name is kept beside it (:func:`node_names`) for the topology, which names
+nodes (:func:`by_server` keys a topology by the servers). A server's device count is its pod's
+accelerators (``nvidia.com/gpu``, ``huawei.com/ascend-*``...), 1 for a pod without any. Routing
+needs one pod per node: two pods on one node are an error naming both.
 
 A :class:`Roster` is *ready* when the job has all its pods (``expected``, e.g. ``MA_NUM_HOSTS``;
-else as many as the highest index listed says) and every one is scheduled; until then it says
-what it waits for. Nothing here depends on the order the pods are listed in.
+else as many as the highest index listed says) and every one is scheduled: bound to a node
+(``spec.nodeName``) and taken up by its kubelet (``status.hostIP``, moments later), so that every
+pod that reads the list reads the same servers. Until then it says what it waits for. Nothing here
+depends on the order the pods are listed in.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from npu_job.bootstrap.kubeobjects import POD, NodeFacts, PodFacts, object_field
-from npu_job.bootstrap.model import Device, RankTable, servers_from_columns
+from npu_job.bootstrap.kubeobjects import POD, PodFacts, object_field
+from npu_job.bootstrap.model import Device, RankTable, Topology, servers_from_columns
 from npu_job.bootstrap.ranktable import POD_INDEX_EXPECTED, pod_index_from_name
 from npu_job.bootstrap.payload import fail
 from npu_job.errors import InputError, NotReadyError, shown
@@ -58,7 +60,7 @@ class Roster:
     pods: Tuple[PodFacts, ...]  # index order (those listed; a missing index is a gap)
     indices: Tuple[int, ...]
     expected: int
-    unscheduled: Tuple[str, ...]  # names of pods without a node yet
+    unscheduled: Tuple[str, ...]  # names of pods without a node (or a host IP) yet
 
     @property
     def missing(self) -> Tuple[int, ...]:
@@ -102,7 +104,7 @@ def job_roster(pods: Sequence[PodFacts], selector: JobSelector, source: str) -> 
              f"a pod index below {expected}, the job's pod count (MA_NUM_HOSTS); got {max(beyond)}")
     ordered = tuple(chosen[index] for index in sorted(chosen))
     return Roster(job, ordered, tuple(sorted(chosen)), expected,
-                  tuple(pod.name for pod in ordered if not pod.node_name))
+                  tuple(pod.name for pod in ordered if not (pod.node_name and pod.host_ip)))
 
 
 def pod_index(pod: PodFacts, source: str) -> int:
@@ -121,8 +123,9 @@ def pod_index(pod: PodFacts, source: str) -> int:
     return index
 
 
-def roster_table(roster: Roster, nodes: Sequence[NodeFacts], source: str) -> RankTable:
-    """The servers to order: one per pod, in index order, named by its node (a ready roster)."""
+def roster_table(roster: Roster, source: str) -> RankTable:
+    """The servers to order: one per pod, in index order, known by its host IP (a ready
+    roster)."""
     if not roster.ready:
         raise ValueError(f"roster of job {roster.job!r} is not ready: {roster.progress()}")
     on_node: Dict[str, PodFacts] = {}
@@ -133,7 +136,6 @@ def roster_table(roster: Roster, nodes: Sequence[NodeFacts], source: str) -> Ran
                  f"one pod of the job per node (routing orders nodes); pods {shown(other.name)} "
                  f"and {shown(pod.name)} are both on node {shown(pod.node_name)} (in the job "
                  "spec, anti_affinity: true)")
-    address: Mapping[str, str] = {node.name: node.addresses[0] for node in nodes if node.addresses}
     device_sets: Dict[int, Tuple[Device, ...]] = {}  # immutable: one tuple per count, shared
     devices = []
     for pod in roster.pods:
@@ -141,16 +143,29 @@ def roster_table(roster: Roster, nodes: Sequence[NodeFacts], source: str) -> Ran
         if count not in device_sets:
             device_sets[count] = tuple(Device(str(position)) for position in range(count))
         devices.append(device_sets[count])
-    servers = servers_from_columns(
-        [pod.node_name for pod in roster.pods],
-        roster.indices,
-        devices,
-        [address.get(pod.node_name) or pod.host_ip or None for pod in roster.pods],
-        repeat(None),
-        [pod.name for pod in roster.pods],
-        repeat(None),
-    )
+    addresses = [pod.host_ip for pod in roster.pods]
+    servers = servers_from_columns(addresses, roster.indices, devices, addresses, repeat(None),
+                                   [pod.name for pod in roster.pods], repeat(None))
     return RankTable(version=POD_LIST_VERSION, status="completed", servers=tuple(servers))
+
+
+def node_names(roster: Roster) -> Tuple[str, ...]:
+    """The node of each server of :func:`roster_table`, in the same order."""
+    return tuple(pod.node_name for pod in roster.pods)
+
+
+def by_server(topology: Optional[Topology], table: RankTable, nodes: Sequence[str]
+              ) -> Optional[Topology]:
+    """``topology`` keyed by ``table``'s servers: each placed by its node's name (``nodes[i]`` for
+    server ``i``), else by its address."""
+    if topology is None:
+        return None
+    placements = {}
+    for server, node in zip(table.servers, nodes):
+        placement = topology.placement_of(node) or topology.placement_of(server.server_id)
+        if placement is not None:
+            placements[server.server_id] = placement
+    return Topology(placements, source=topology.source)
 
 
 def _only_job(pods: Sequence[PodFacts], selector: JobSelector, source: str) -> str:

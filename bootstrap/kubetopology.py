@@ -24,12 +24,12 @@ from npu_job.bootstrap.kubeobjects import (
     read_objects,
 )
 from npu_job.bootstrap.model import Placement, Topology
+from npu_job.bootstrap.topology import K8S_NODE_LABELS, VOLCANO_HYPERNODES
 from npu_job.bootstrap.payload import fail
 from npu_job.errors import shown
 
-HYPERNODES = "volcano-hypernodes"
-NODE_LABELS = "k8s-node-labels"
-FORMATS = (HYPERNODES, NODE_LABELS)
+HYPERNODES = VOLCANO_HYPERNODES
+NODE_LABELS = K8S_NODE_LABELS
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def _keyed(by_node: Mapping[str, Placement], nodes: Sequence[NodeFacts],
            wanted: Optional[Sequence[str]], source: str) -> Dict[str, Placement]:
     """``by_node`` keyed by node name and by every InternalIP of the node as well."""
     keyed: Dict[str, Placement] = {}
-    claimed: Dict[str, str] = {}
+    claimed: Dict[str, str] = {}  # key -> the node that claimed it first
     keep = None if wanted is None else set(wanted)
     listed = set()
     for node in nodes:
@@ -118,12 +118,11 @@ def _keyed(by_node: Mapping[str, Placement], nodes: Sequence[NodeFacts],
         if placement is None or (keep is not None and node.name not in keep):
             continue
         for key in (node.name, *node.addresses):
-            if key in keyed and keyed[key] != placement:
+            if keyed.setdefault(key, placement) != placement:
                 fail(source, object_field(NODE, node.where, node.name, "status.addresses"),
                      f"one placement per node address; {shown(key)} is claimed twice "
-                     f"(also by node {claimed[key]})")
-            keyed[key] = placement
-            claimed.setdefault(key, shown(node.name))
+                     f"(also by node {shown(claimed[key])})")
+            claimed.setdefault(key, node.name)
     for name, placement in by_node.items():  # named by the HyperNodes, not in the node list
         if name not in listed and keyed.setdefault(name, placement) != placement:
             fail(source, "items", f"one placement per node address; {shown(name)} is claimed twice")

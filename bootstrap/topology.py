@@ -44,10 +44,9 @@ from functools import lru_cache
 from itertools import chain
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
-from npu_job.bootstrap import kubetopology
-from npu_job.bootstrap.kubeobjects import decode_kube_document
 from npu_job.bootstrap.model import Placement, RankTable, Topology
 from npu_job.bootstrap.payload import (
+    MSGSPEC_FROM_BYTES,
     decode_document,
     decode_typed,
     encode_b64_gzip,
@@ -71,21 +70,27 @@ logger = logging.getLogger(__name__)
 
 CCE_RANKTABLE_TOR = "cce-ranktable-tor"
 BASIC_TOR_NODE_CM = "basic-tor-node-cm"
-K8S_NODE_LABELS = kubetopology.NODE_LABELS
-VOLCANO_HYPERNODES = kubetopology.HYPERNODES
+K8S_NODE_LABELS = "k8s-node-labels"
+VOLCANO_HYPERNODES = "volcano-hypernodes"
+KUBE_FORMATS = (K8S_NODE_LABELS, VOLCANO_HYPERNODES)  # read by npu_job.bootstrap.kubetopology
 PLAIN_FILE = "file"
 FORMATS = (CCE_RANKTABLE_TOR, BASIC_TOR_NODE_CM, K8S_NODE_LABELS, VOLCANO_HYPERNODES, PLAIN_FILE)
 
 
 def parse_topology(data: bytes, source: str, fmt: Optional[str] = None, *,
-                   context: Optional[kubetopology.KubeContext] = None) -> Topology:
+                   context: Any = None) -> Topology:
     """Decode ``data`` and read it as ``fmt`` (one of :data:`FORMATS`), detected when None.
 
-    ``context`` serves the Kubernetes formats: more Nodes, and the servers that matter.
+    ``context`` (a :class:`~npu_job.bootstrap.kubetopology.KubeContext`, or a function that makes
+    one when asked) serves the Kubernetes formats: more Nodes, the servers that matter, the label
+    keys to read.
     """
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"unknown topology format {fmt!r}")
-    if fmt in (None, VOLCANO_HYPERNODES, K8S_NODE_LABELS):  # a big list: only the fields read
+    # a big Kubernetes list is decoded into only the fields read (decode_typed's threshold)
+    if fmt in KUBE_FORMATS or (fmt is None and len(data) >= MSGSPEC_FROM_BYTES):
+        from npu_job.bootstrap.kubeobjects import decode_kube_document
+
         # the API's NodeList is JSON; what people write or kubectl prints may be YAML
         document = decode_kube_document(data, source, allow_yaml=fmt != K8S_NODE_LABELS)
         return topology_from_document(document, source, fmt, context=context)
@@ -98,13 +103,17 @@ def parse_topology(data: bytes, source: str, fmt: Optional[str] = None, *,
         return _read_cce(parse_json(text, source), source)  # names what is wrong, if anything
     yaml_ok = fmt in (None, PLAIN_FILE, BASIC_TOR_NODE_CM)  # formats people write or kubectl prints
     document = decode_document(data, source, allow_yaml=yaml_ok)
-    return topology_from_document(document, source, fmt)
+    return topology_from_document(document, source, fmt, context=context)
 
 
 def topology_from_document(document: Any, source: str, fmt: Optional[str] = None, *,
-                           context: Optional[kubetopology.KubeContext] = None) -> Topology:
+                           context: Any = None) -> Topology:
     chosen = fmt or detect_format(document, source)
-    if chosen in kubetopology.FORMATS:
+    if chosen in KUBE_FORMATS:
+        from npu_job.bootstrap import kubetopology
+
+        if callable(context):
+            context = context()
         found = kubetopology.topology_from_document(document, source, chosen, context)
         for note in found.notes:
             logger.info("topology: note: %s", note)

@@ -18,6 +18,8 @@ REPO = Path(__file__).resolve().parent.parent
 CASES = [
     ("bench_bootstrap.py", ["--sizes", "64,128", "--repeat", "1"],
      ["bash bootstrap.sh", "without msgspec", "target (128 nodes within 0.15 s"]),
+    ("bench_bootstrap_api.py", ["--sizes", "8,16", "--repeat", "1"],
+     ["bash bootstrap.sh", "target (16 pods within 0.15 s of bare start-up, once the API", "cpu:  median excess"]),
     ("bench_order.py", ["--max-nodes", "16", "--samples", "2"],
      ["violations (ours worse than scheduler on a metric, or above the ring bound): 0"]),
     ("bench_plan_scaling.py", ["--sizes", "64,256", "--repeat", "1"],

@@ -16,7 +16,7 @@ POD_SIDE_MODULES = [
     "npu_job.bootstrap.scorer",
     "npu_job.bootstrap.synthetic",
     *(f"npu_job.bootstrap.{name}" for name in ("payload", "ranktable", "topology", "sources", "wait", "identity", "writers", "run", "__main__")),
-    *(f"npu_job.bootstrap.{name}" for name in ("kubeobjects", "hypernode", "labels", "kubetopology", "jobpods")),
+    *(f"npu_job.bootstrap.{name}" for name in ("kubeobjects", "hypernode", "labels", "kubetopology", "jobpods", "kubeapi", "podrun")),
     "npu_job.cli.bootstrap",
     "npu_job.cli.plan",
     "npu_job.cli._args",

@@ -25,7 +25,11 @@ used, only route_plan.json is written (status "failed"), stale rank files are re
 "npu-job: error: ..." line says why, and the exit status is 0 so the job runs in scheduler order
 (--strict: exit with the error's code instead).
 
-Environment: RANK_TABLE_FILE, NPU_JOB_TOPOLOGY, NPU_JOB_TOPOLOGY_FORMAT, NPU_JOB_TOR_INFO,
+Without a rank table (NPU_JOB_PODS=k8s, what npu-job render sets on a routed GPU/CPU job), the
+job's pods are the servers: the same files are written but the reordered rank table.
+
+Environment: RANK_TABLE_FILE, NPU_JOB_PODS, MA_VJ_NAME, MA_TASK_NAME, MA_NUM_HOSTS,
+NPU_JOB_NAMESPACE, NPU_JOB_TOPOLOGY, NPU_JOB_TOPOLOGY_FORMAT, NPU_JOB_TOR_INFO,
 NPU_JOB_NODES, NPU_JOB_TOPOLOGY_LABELS, NPU_JOB_K8S_TOPOLOGY (0 = do not ask the Kubernetes API),
 MA_CURRENT_HOST_IP, VC_TASK_INDEX, HCCL_ALGO, NPU_JOB_FULL_NODE_DEVICES, NPU_JOB_OUTPUT_DIR,
 NPU_JOB_WAIT_TIMEOUT, NPU_JOB_POLL_INTERVAL, NPU_JOB_STRICT, NPU_JOB_CA_BUNDLE.
@@ -45,9 +49,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(or hccl.json), or http(s) URL "
                              "(default: $RANK_TABLE_FILE, /user/config/jobstart_hccl.json, "
                              "/user/serverid/devindex/config/hccl.json)")
+    inputs.add_argument("--pods", metavar="k8s|PATH|URL",
+                        help="no rank table: the job's pods are the servers, listed from the "
+                             "in-cluster API ('k8s') or read from kubectl get pods -o json; waits "
+                             "until every pod is scheduled (default: $NPU_JOB_PODS; a rank table "
+                             "named by --rank-table or $RANK_TABLE_FILE wins)")
+    inputs.add_argument("--job", metavar="NAME",
+                        help="with --pods: the Volcano job (label volcano.sh/job-name; default: "
+                             "$MA_VJ_NAME)")
+    inputs.add_argument("--task", metavar="NAME",
+                        help="with --pods: its task (label volcano.sh/task-spec; default: "
+                             "$MA_TASK_NAME)")
+    inputs.add_argument("--namespace", metavar="NAME",
+                        help="with --pods k8s: the job's namespace (default: $NPU_JOB_NAMESPACE, "
+                             "else the service account's)")
     inputs.add_argument("--topology", metavar="PATH|URL|k8s",
-                        help="switch topology: a file, a URL, or 'k8s' for the Kubernetes node "
-                             "labels (default: $NPU_JOB_TOPOLOGY, else the first found of "
+                        help="switch topology: a file, a URL, or 'k8s' for the cluster's "
+                             "HyperNodes, else its node labels, from the Kubernetes API "
+                             "(default: $NPU_JOB_TOPOLOGY, else the first found of "
                              "ranktable_tor.json "
                              "beside the rank table, $NPU_JOB_TOR_INFO, the Kubernetes API, "
                              "/etc/npu-job/topology.yaml)")

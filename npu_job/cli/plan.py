@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     from npu_job.bootstrap import planner, scorer
     from npu_job.bootstrap.run import choose_collective
 
-    table, table_source, topology, topology_source = _load(args)
+    table, table_source, topology, topology_source, nodes = _load(args)
     collective = choose_collective(args.collective, os.environ)
     plan = planner.plan(table, topology, collective)
     keys = scorer.switch_keys(table, topology)
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         )
         for name, order in orders.items()
     }
-    report = _report(table, topology, plan, scores, args, table_source, topology_source)
+    report = _report(table, topology, plan, scores, args, table_source, topology_source, nodes)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
@@ -189,13 +189,13 @@ def _load(args: argparse.Namespace):
         topology = parse_topology(
             read_bytes(topology_source), topology_source, args.topology_format, context=context
         )
-    return table, table_source, topology, topology_source
+    return table, table_source, topology, topology_source, None
 
 
 def _load_pods(args: argparse.Namespace, nodes, keys):
     """A job's pods as the servers; the topology from --topology, else from the same file."""
     from npu_job.bootstrap import jobpods
-    from npu_job.bootstrap.kubeobjects import decode_objects, read_nodes, read_pods
+    from npu_job.bootstrap.kubeobjects import decode_objects, read_pods
     from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
     from npu_job.bootstrap.sources import read_bytes
     from npu_job.bootstrap.topology import parse_topology
@@ -206,8 +206,9 @@ def _load_pods(args: argparse.Namespace, nodes, keys):
     roster = jobpods.job_roster(read_pods(objects.pods, source), selector, source)
     if not roster.ready:
         raise jobpods.not_ready_error(roster, source)
-    table = jobpods.roster_table(roster, read_nodes((objects + nodes).nodes, source), source)
-    names = tuple(server.server_id for server in table.servers)
+    table = jobpods.roster_table(roster, source)
+    node_names = jobpods.node_names(roster)
+    names = node_names + tuple(server.server_id for server in table.servers)
     topology, topology_source = None, args.topology
     if topology_source is not None:
         context = KubeContext(objects=objects + nodes, names=names, label_keys=keys)
@@ -219,7 +220,8 @@ def _load_pods(args: argparse.Namespace, nodes, keys):
         for note in found.notes:
             logging.getLogger(__name__).info("topology: note: %s", note)
         topology, topology_source = found.topology, f"{source} ({found.topology.source})"
-    return table, source, topology, topology_source
+    return (table, source, jobpods.by_server(topology, table, node_names), topology_source,
+            node_names)
 
 
 def _score_fields(score) -> Dict[str, Any]:
@@ -232,7 +234,8 @@ def _score_fields(score) -> Dict[str, Any]:
 
 
 def _report(
-    table, topology, plan, scores, args, table_source: str, topology_source: Optional[str]
+    table, topology, plan, scores, args, table_source: str, topology_source: Optional[str],
+    nodes: Optional[Sequence[str]] = None,
 ) -> Dict[str, Any]:
     from npu_job.bootstrap.canonical import switch_path
 
@@ -248,6 +251,7 @@ def _report(
                 "tiers": list(tiers),
                 "tors": list(tors),
                 "slot": slot,
+                **({"node": nodes[pod]} if nodes is not None else {}),
             }
         )
     return {
@@ -310,7 +314,10 @@ def _text(report: Dict[str, Any]) -> List[str]:
     )
     rows: List[Tuple[str, str, str, str]] = [("new rank", "pod index", "server", "switch path")]
     rows.extend(
-        (str(e["node_rank"]), str(e["pod_index"]), verbatim_or_shown(e["server_id"]), _path_text(e))
+        (str(e["node_rank"]), str(e["pod_index"]),
+         verbatim_or_shown(e["server_id"]) + (f" ({verbatim_or_shown(e['node'])})" if "node" in e
+                                              else ""),
+         _path_text(e))
         for e in report["order"]
     )
     widths = [max(len(row[i]) for row in rows) for i in range(3)]

@@ -5,20 +5,16 @@ The certificate is self-signed and generated per test session with the ``cryptog
 it; nothing is mocked below the socket. Routes are plain callables ``(handler) -> (status, headers,
 body)`` so each test states exactly what the server says.
 
-:class:`FakeKubernetesAPI` is a *fake written from the documented format*: there is no Kubernetes
-API server here, so it serves ``GET /api/v1/nodes`` as a ``NodeList`` (``kind``, ``apiVersion``,
-``metadata``, ``items`` of Nodes with ``metadata.labels`` and ``status.addresses``) per the
-Kubernetes API reference, checks the ``Authorization: Bearer <token>`` header the way the API
-server does (401 with a ``Status`` object otherwise), and nothing more.
+The Kubernetes API is faked on top of it in :mod:`tests.bootstrap.fake_kube_api`.
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
-import json
 import ssl
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
@@ -87,15 +83,29 @@ def _make_self_signed_with_cryptography(directory: Path) -> Tuple[Path, Path]:
 
 
 class HTTPSServer:
-    """``with HTTPSServer(cert, key) as server: server.routes["/x"] = ...; server.url("/x")``."""
+    """``with HTTPSServer(cert, key) as server: server.routes["/x"] = ...; server.url("/x")``.
 
-    def __init__(self, cert: Path, key: Path) -> None:
+    ``keep_alive``: answer in HTTP/1.1, keeping each connection open for the next request (as the
+    Kubernetes API server does); HTTP/1.0 otherwise, one request per connection.
+    """
+
+    def __init__(self, cert: Path, key: Path, *, keep_alive: bool = False) -> None:
         self.routes: Dict[str, Route] = {}
         self.requests: List[Tuple[str, Dict[str, str]]] = []
+        self.busy: List[Tuple[float, float]] = []  # perf_counter span of each request, answer sent
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                started = time.perf_counter()
+                try:
+                    self._answer()
+                finally:
+                    outer.busy.append((started, time.perf_counter()))
+
+            def _answer(self) -> None:
                 path = self.path.split("?", 1)[0]
                 outer.requests.append((self.path, dict(self.headers.items())))
                 route = outer.routes.get(path)
@@ -144,24 +154,6 @@ def serve_sequence(*responses: Response) -> Route:
         return queue.pop(0) if len(queue) > 1 else queue[0]
 
     return route
-
-
-class FakeKubernetesAPI:
-    """``/api/v1/nodes`` on an :class:`HTTPSServer`, with bearer-token checking (see module doc)."""
-
-    def __init__(self, server: HTTPSServer, token: str, nodes: List[Dict[str, Any]]) -> None:
-        self.token = token
-        self.nodes = nodes
-        server.routes["/api/v1/nodes"] = self._nodes
-
-    def _nodes(self, handler: BaseHTTPRequestHandler) -> Response:
-        if handler.headers.get("Authorization") != f"Bearer {self.token}":
-            status = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                      "message": "Unauthorized", "reason": "Unauthorized", "code": 401}
-            return 401, {"Content-Type": "application/json"}, json.dumps(status).encode()
-        body = {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "12345"},
-                "items": self.nodes}
-        return 200, {"Content-Type": "application/json"}, json.dumps(body).encode()
 
 
 def tls_files_fixture(tmp_path_factory: Any) -> Tuple[Path, Path]:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from npu_job.bootstrap import canonical, jobpods, planner
 from npu_job.bootstrap.jobpods import JobSelector, job_roster, roster_table
-from npu_job.bootstrap.kubeobjects import read_nodes, read_objects, read_pods
+from npu_job.bootstrap.kubeobjects import read_objects, read_pods
 from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
 from npu_job.bootstrap.model import Collective
 from npu_job.errors import InputError, NotReadyError
@@ -36,15 +36,27 @@ def test_the_jobs_pods_in_index_order_become_servers_named_by_node():
     document, _ = _pods()
     roster = _roster(document)
     assert roster.job == "llama" and roster.ready and roster.expected == 8
-    nodes = read_nodes(read_objects(CLUSTER, "c").nodes, "c")
-    table = roster_table(roster, nodes, "pods")
-    assert [s.server_id for s in table.servers] == PLACEMENT
+    table = roster_table(roster, "pods")
+    ips = {n["metadata"]["name"]: n["status"]["addresses"][0]["address"]
+           for n in (o.item for o in read_objects(CLUSTER, "c").nodes)}
+    assert [s.server_id for s in table.servers] == [ips[name] for name in PLACEMENT]  # status.hostIP
+    assert [s.host_ip for s in table.servers] == [s.server_id for s in table.servers]
+    assert jobpods.node_names(roster) == tuple(PLACEMENT)
     assert [s.pod_name for s in table.servers] == [f"llama-worker-{i}" for i in range(8)]
     assert [s.pod_index for s in table.servers] == list(range(8))
     assert table.device_counts == (8,) * 8  # nvidia.com/gpu limits
-    assert table.servers[0].host_ip == "10.1.9.18"  # node-7's InternalIP
-    # without the Nodes, the pod's status.hostIP says the same
-    assert roster_table(roster, (), "pods").servers[0].host_ip == "10.1.9.18"
+
+
+def test_a_topology_of_node_names_is_keyed_by_the_servers():
+    from npu_job.bootstrap.model import Placement, Topology
+
+    document, _ = _pods()
+    roster = _roster(document)
+    table = roster_table(roster, "pods")
+    topology = Topology({"node-7": Placement((), ("t1",)), "10.1.7.130": Placement((), ("t2",))}, "x")
+    keyed = jobpods.by_server(topology, table, jobpods.node_names(roster))
+    assert dict(keyed.placements) == {"10.1.9.18": Placement((), ("t1",)), "10.1.7.130": Placement((), ("t2",))}
+    assert keyed.source == "x" and jobpods.by_server(None, table, ()) is None
 
 
 def test_index_from_the_task_index_label_else_the_name_suffix():
@@ -74,7 +86,7 @@ def test_unscheduled_and_missing_pods_keep_the_job_waiting_and_say_which():
     assert isinstance(error, NotReadyError) and error.message.startswith(
         "api: pods: expected every pod of job 'llama' scheduled within 300 s; 6 of 8")
     with pytest.raises(ValueError):
-        roster_table(roster, (), "pods")
+        roster_table(roster, "pods")
 
 
 def test_without_an_expected_count_a_gap_in_the_indices_is_waited_for():
@@ -113,7 +125,7 @@ def test_two_live_pods_with_one_index_and_two_pods_on_one_node_are_errors():
     document, _ = _pods()
     document["items"][5]["spec"]["nodeName"] = "node-7"
     with pytest.raises(InputError) as caught:
-        roster_table(_roster(document), (), "pods")
+        roster_table(_roster(document), "pods")
     assert caught.value.message == (
         "pods: items[5] (Pod 'llama-worker-5'): spec.nodeName: expected one pod of the job per node "
         "(routing orders nodes); pods 'llama-worker-0' and 'llama-worker-5' are both on node 'node-7' "
@@ -142,7 +154,7 @@ def test_a_cpu_pod_counts_one_device_and_a_gpu_count_is_read_from_its_limits():
     for item in document["items"][:8]:
         item["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "4"}}
     document["items"][0]["spec"]["containers"][0]["resources"] = {"limits": {"huawei.com/ascend-1980": 16}}
-    table = roster_table(_roster(document), (), "pods")
+    table = roster_table(_roster(document), "pods")
     assert table.device_counts == (16,) + (1,) * 7
     assert planner.plan(table, None, full_node_devices=None).reasons[0].startswith("partial nodes")
 
@@ -154,9 +166,10 @@ def test_every_listing_order_gives_the_same_servers_and_plan(seed):
     def plan_of(document):
         objects = read_objects(document, "c")
         roster = job_roster(read_pods(objects.pods, "c"), JobSelector(), "c")
-        table = roster_table(roster, read_nodes(objects.nodes, "c"), "c")
-        names = tuple(s.server_id for s in table.servers)
-        topology = topology_from_objects(objects, "c", context=KubeContext(names=names)).topology
+        table = roster_table(roster, "c")
+        nodes = jobpods.node_names(roster)
+        topology = topology_from_objects(objects, "c", context=KubeContext(names=nodes)).topology
+        topology = jobpods.by_server(topology, table, nodes)
         return canonical.input_digest(table, topology, Collective.RING), planner.plan(table, topology)
 
     expected = plan_of(CLUSTER)

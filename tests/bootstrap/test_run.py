@@ -17,23 +17,10 @@ from npu_job.podfacts import MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN
 from npu_job.errors import InconsistentError, InputError, NotReadyError
 
 from .documents import node, v1_0, write_cce_job
-from .https_server import FakeKubernetesAPI, HTTPSServer, serve_bytes, tls_files_fixture
+from .fake_kube_api import FakeKubernetesAPI
+from .https_server import HTTPSServer, serve_bytes, tls_files_fixture
 
 tls_files = pytest.fixture(scope="module")(tls_files_fixture)
-
-
-@pytest.fixture
-def logs():
-    records = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = records.append
-    logger = logging.getLogger("npu_job")
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    yield lambda level=logging.INFO: [r.getMessage() for r in records if r.levelno >= level]
-    logger.removeHandler(handler)
-    logger.setLevel(old_level)
 
 
 @pytest.fixture
@@ -301,7 +288,7 @@ def test_find_pod_index(host_ip, task_index, expected):
     "host_ip, task_index, error, message",
     [("10.0.0.9", 1, InconsistentError, "t.json: server_list: expected this host's IP '10.0.0.9' (MA_CURRENT_HOST_IP) among the 3 server ids"),
      ("192.168.0.12", 2, InconsistentError, "t.json: server_list[1]: this host '192.168.0.12' is pod index 1 in the rank table, but VC_TASK_INDEX is 2"),
-     (None, 3, InconsistentError, "t.json: server_list: expected an entry for VC_TASK_INDEX 3, the table has 3 servers"),
+     (None, 3, InconsistentError, "t.json: server_list: expected an entry for VC_TASK_INDEX 3, the rank table lists 3"),
      (None, None, InputError, "environment: MA_CURRENT_HOST_IP: expected this host's IP")],
     ids=["ip-not-in-table", "index-mismatch", "index-out-of-range", "neither-set"],
 )

@@ -1,7 +1,6 @@
 """Sources: where the rank table and topology are looked for, and how bytes are fetched from files,
 from a real HTTPS server on loopback, and from a (fake, documented-format) Kubernetes API."""
 
-import json
 import os
 
 import pytest
@@ -18,11 +17,13 @@ from npu_job.bootstrap.sources import (
     read_file,
     topology_candidates,
 )
-from npu_job.bootstrap.topology import parse_topology
+from npu_job.bootstrap.kubeapi import NODES_PATH, KubeClient
+from npu_job.bootstrap.kubetopology import topology_from_objects
 from npu_job.errors import InputError
 
 from .documents import node
-from .https_server import FakeKubernetesAPI, HTTPSServer, serve_bytes, serve_sequence, tls_files_fixture
+from .fake_kube_api import FakeKubernetesAPI
+from .https_server import HTTPSServer, serve_bytes, serve_sequence, tls_files_fixture
 
 tls_files = pytest.fixture(scope="module")(tls_files_fixture)
 
@@ -75,7 +76,7 @@ def test_topology_chain_order_and_overrides():
     assert [(c.location, c.fmt, c.required) for c in chain] == [
         ("/user/config/ranktable_tor.json", "cce-ranktable-tor", False),
         ("/etc/tor/tor_info", "basic-tor-node-cm", False),
-        (K8S_TOPOLOGY, "k8s-node-labels", False),
+        (K8S_TOPOLOGY, None, False),  # the cluster's HyperNodes, else its node labels
         ("/etc/npu-job/topology.yaml", "file", False),
         ("/etc/npu-job/topology.json", "file", False),
     ]
@@ -192,20 +193,25 @@ def test_node_list_from_the_api_with_the_service_account_token(server, tmp_path,
     account = _service_account(tmp_path, ca)
     api = KubernetesAPI.from_env({"KUBERNETES_SERVICE_HOST": "127.0.0.1",
                                   "KUBERNETES_SERVICE_PORT": str(server.port), "NPU_JOB_K8S_SA_DIR": str(account)})
-    data = api.node_list()
-    assert json.loads(data)["kind"] == "NodeList"
+    with KubeClient(api) as client:
+        objects = client.list(NODES_PATH)
+    assert [n.item["metadata"]["name"] for n in objects.nodes] == ["n1"]
     path, headers = server.requests[-1]
-    assert path == "/api/v1/nodes?resourceVersion=0"  # served from the API server's watch cache
+    # served from the API server's watch cache, in pages
+    assert path == "/api/v1/nodes?limit=500&resourceVersion=0"
     assert headers["Authorization"] == "Bearer s3cr3t-token"
-    assert parse_topology(data, "api").placement_of("10.0.0.1").tors == ("10.9.0.1", "10.9.0.2")
+    assert topology_from_objects(objects, "api").topology.placement_of("10.0.0.1").tors == (
+        "10.9.0.1", "10.9.0.2")
 
 
 def test_wrong_token_is_an_input_error(server, tmp_path, ca):
     FakeKubernetesAPI(server, "the-right-token", [])
     account = _service_account(tmp_path, ca, token="a-wrong-token")
     api = KubernetesAPI(f"https://127.0.0.1:{server.port}", str(account / "token"), str(account / "ca.crt"))
-    with pytest.raises(InputError, match=r"/api/v1/nodes: HTTP status: expected 200 OK, got 401 Unauthorized"):
-        api.node_list()
+    with pytest.raises(InputError, match=r"/api/v1/nodes: HTTP status: expected 200 OK, got 401 "
+                                         r"Unauthorized: Unauthorized$") as caught:
+        KubeClient(api).list(NODES_PATH)
+    assert caught.value.tip.startswith("the service account token was refused")
     assert os.path.exists(account / "token")
 
 

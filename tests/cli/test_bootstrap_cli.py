@@ -133,3 +133,17 @@ def test_verbose_and_quiet_after_the_subcommand_as_the_flag_table_says(job, caps
     assert "npu-job: debug: rank table:" in err and "npu-job: node rank" in err
     assert main(["bootstrap", *flags, "-q"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_bootstrap_without_a_rank_table_from_a_pods_file(tmp_path, capsys):
+    """`npu-job bootstrap --pods cluster.json`: the dry run of a pod of a job with no rank table."""
+    from pathlib import Path
+
+    cluster = Path(__file__).resolve().parents[1] / "bootstrap" / "fixtures" / "kube" / "cluster.json"
+    code = main(["bootstrap", "--pods", str(cluster), "--job", "llama", "--task", "worker",
+                 "--host-ip", "10.1.9.18", "--pod-index", "0", "--output-dir", str(tmp_path), "--json"])
+    assert code == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["status"] == "success" and plan["pods"] == str(cluster) and plan["pod_index"] == 0
+    assert (tmp_path / "RANK_AFTER_ACC").read_text() == str(plan["node_rank"])
+    assert not (tmp_path / "jobstart_hccl.reordered.json").exists()

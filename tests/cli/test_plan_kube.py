@@ -21,7 +21,7 @@ PODS = FIXTURES / "pods.json"
 NODES = FIXTURES / "nodes.json"
 HYPERNODES = FIXTURES / "hypernodes-three-tier.yaml"
 # the job's pods 0..7 run on these nodes; ranked by tor-0, tor-1 (spine-0), tor-2, tor-3 (spine-1)
-ORDER = ["node-0", "node-2", "node-3", "node-4", "node-7", "node-8", "node-10", "node-11"]
+ORDER = ["node-0", "node-2", "node-4", "node-3", "node-7", "node-10", "node-8", "node-11"]  # by IP in a ToR
 
 
 def plan_json(capsys, *argv: str) -> dict:
@@ -34,8 +34,8 @@ def test_one_cluster_file_gives_the_plan(capsys):
     assert report["status"] == "success" and report["pods"] == str(CLUSTER)
     assert report["rank_table"] is None
     assert report["topology"] == f"{CLUSTER} (volcano-hypernodes)"
-    assert [entry["server_id"] for entry in report["order"]] == ORDER
-    assert report["order"][0] == {"node_rank": 0, "pod_index": 4, "server_id": "node-0",
+    assert [entry["node"] for entry in report["order"]] == ORDER
+    assert report["order"][0] == {"node_rank": 0, "pod_index": 4, "server_id": "10.1.7.21", "node": "node-0",
                                   "tiers": ["cluster-a", "spine-0"], "tors": ["tor-0"], "slot": None}
     assert report["master_index"] == 4
     scores = report["scores"]
@@ -63,7 +63,7 @@ def test_node_labels_by_named_keys_from_the_cluster_file(capsys):
     racks = {n["metadata"]["name"]: n["metadata"]["labels"].get("example.com/rack")
              for n in cluster["items"] if n["kind"] == "Node"}
     assert [entry["tors"] for entry in report["order"]] == sorted(
-        ([racks[e["server_id"]] or "zone-a"] for e in report["order"]),
+        ([racks[e["node"]] or "zone-a"] for e in report["order"]),
         key=lambda tors: (tors != ["zone-a"], tors))  # node-11 (no rack) by the zone alone, first
 
 
@@ -117,5 +117,5 @@ def test_the_laptop_command_as_a_user_runs_it():
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "plan: success (ring), 8 nodes on 5 switch group(s); master index 4 (pod of new rank 0)"
-    assert "       0          4  node-0   cluster-a > spine-0 > tor-0" in lines
-    assert "       7          6  node-11  - (no topology)" in lines
+    assert "       0          4  10.1.7.21 (node-0)   cluster-a > spine-0 > tor-0" in lines
+    assert "       7          6  10.1.5.77 (node-11)  - (no topology)" in lines
