@@ -37,7 +37,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import (
-    Any, Dict, Iterable, List, Mapping, Optional, Pattern, Sequence, Set, Tuple, Union,
+    Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Pattern, Sequence, Set, Tuple,
+    Union,
 )
 
 from npu_job.bootstrap.canonical import id_sort_key
@@ -92,9 +93,9 @@ class Requirement:
         return None
 
 
-@dataclass(frozen=True)
-class Member:
-    """One ``spec.members`` entry: its type and its one selector."""
+class Member(NamedTuple):
+    """One ``spec.members`` entry: its type and its one selector. (A NamedTuple: a tree of a few
+    thousand nodes has as many members.)"""
 
     type: str  # "Node" or "HyperNode"
     index: int  # its place in spec.members

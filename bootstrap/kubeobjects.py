@@ -26,9 +26,10 @@ again in full, so messages are the same either way.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from itertools import repeat
+from types import MappingProxyType
 from typing import (
     Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
 )
@@ -60,6 +61,9 @@ LIST_KINDS: Dict[str, Optional[str]] = {
 _ACCELERATOR = re.compile(r"(?:nvidia\.com/gpu|amd\.com/gpu|huawei\.com/ascend[\w.-]*)\Z", re.I)
 
 
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})
+
+
 class KubeObject(NamedTuple):
     """One item: its ``kind``, where it is in the document (``items[3]``, or ``""`` for a document
     that is the object itself) and the decoded item. A NamedTuple rather than a frozen dataclass:
@@ -86,24 +90,23 @@ class KubeObjects:
         return {NODE: self.nodes, POD: self.pods, HYPERNODE: self.hypernodes}[kind]
 
 
-@dataclass(frozen=True)
-class NodeFacts:
-    """A Node: its name, its ``InternalIP`` addresses and its labels."""
+class NodeFacts(NamedTuple):
+    """A Node: its name, its ``InternalIP`` addresses and its labels. (NamedTuples like
+    :class:`KubeObject`: a big cluster has thousands.)"""
 
     name: str
     addresses: Tuple[str, ...] = ()
-    labels: Mapping[str, str] = field(default_factory=dict, compare=True, hash=False)
+    labels: Mapping[str, str] = _NO_LABELS
     where: str = ""  # items[i] in the document it came from, for messages
 
 
-@dataclass(frozen=True)
-class PodFacts:
+class PodFacts(NamedTuple):
     """A Pod: where the scheduler put it (``node_name`` is ``""`` until it is scheduled) and how
     many accelerators its containers ask for."""
 
     name: str
     namespace: str = ""
-    labels: Mapping[str, str] = field(default_factory=dict, compare=True, hash=False)
+    labels: Mapping[str, str] = _NO_LABELS
     node_name: str = ""
     host_ip: str = ""
     phase: str = ""
