@@ -118,7 +118,9 @@ class KubeClient:
 
         target = f"{path}?{urlencode(query)}" if query else path
         name = f"{self.api.base_url}{path}"
-        for attempt in range(self.retries + 1):
+        attempt = 0
+        while True:
+            reused = self._connection is not None
             try:
                 status, reason, headers, body = self._request(target, name)
             except ssl.SSLCertVerificationError as error:
@@ -126,6 +128,8 @@ class KubeClient:
                                  f"account's CA ({_first_line(error)})") from None
             except (OSError, http.client.HTTPException) as error:
                 self.close()
+                if reused:  # the server closed a kept-alive connection: a fresh one, at once
+                    continue
                 problem = SourceUnavailable(name, "connection", "expected a reachable API server "
                                             f"({_first_line(error)})")
             else:
@@ -134,9 +138,10 @@ class KubeClient:
                 problem = _status_error(name, status, reason, body)
                 if not isinstance(problem, SourceUnavailable):
                     raise problem
-            if attempt < self.retries:
-                time.sleep(BACKOFF * 2 ** attempt)
-        raise problem
+            if attempt >= self.retries:
+                raise problem
+            time.sleep(BACKOFF * 2 ** attempt)
+            attempt += 1
 
     def _request(self, target: str, name: str) -> Tuple[int, str, Any, bytes]:
         import http.client

@@ -3,7 +3,8 @@
 The certificate is self-signed and generated per test session with the ``cryptography`` package
 (subjectAltName ``IP:127.0.0.1``), so ``requests`` verifies it for real against the CA file we hand
 it; nothing is mocked below the socket. Routes are plain callables ``(handler) -> (status, headers,
-body)`` so each test states exactly what the server says.
+body)`` so each test states exactly what the server says (``None``: it hangs up without an
+answer).
 
 The Kubernetes API is faked on top of it in :mod:`tests.bootstrap.fake_kube_api`.
 """
@@ -109,7 +110,11 @@ class HTTPSServer:
                 path = self.path.split("?", 1)[0]
                 outer.requests.append((self.path, dict(self.headers.items())))
                 route = outer.routes.get(path)
-                status, headers, body = route(self) if route else (404, {}, b"not found")
+                answer = route(self) if route else (404, {}, b"not found")
+                if answer is None:  # hang up without an answer, as a server closing an idle
+                    self.close_connection = True  # kept-alive connection does
+                    return
+                status, headers, body = answer
                 self.send_response(status)
                 for key, value in headers.items():
                     self.send_header(key, value)
