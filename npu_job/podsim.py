@@ -526,15 +526,52 @@ class PodProcess:
 
     def kill(self) -> None:
         """SIGKILL the pod (what a node failure looks like): unshare dies, so does its PID namespace."""
-        if self.process.poll() is None:
+        kill_process_groups([self.process])
+
+
+def kill_process_groups(processes: Sequence[subprocess.Popen], timeout: float = 10.0) -> None:
+    """SIGKILL the process group of every process still running (each started with
+    ``start_new_session``), then reap each, waiting at most ``timeout`` seconds for one."""
+    for process in processes:
+        if process.poll() is None:
             try:
-                os.killpg(self.process.pid, signal.SIGKILL)
+                os.killpg(process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    for process in processes:
         try:
-            self.process.wait(timeout=10)
+            process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
             pass
+
+
+NETNS_ETC = Path("/etc/netns")  # `ip netns exec NAME` bind-mounts NETNS_ETC/NAME/* over /etc/*
+
+
+def delete_network_namespace(name: str, timeout: float = 5.0) -> None:
+    """SIGKILL every process left in network namespace ``name``, wait (at most ``timeout``
+    seconds) until none is, then delete the namespace and its ``/etc/netns/NAME`` files."""
+    import shutil
+
+    def pids() -> List[str]:
+        listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
+                                timeout=30)
+        return listed.stdout.split()
+
+    deadline = time.monotonic() + timeout
+    left = pids()
+    while left:
+        for pid in left:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+        left = pids()
+    subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+    shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
 
 
 def processes_inside(directory: Path) -> List[int]:

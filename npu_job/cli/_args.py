@@ -31,3 +31,28 @@ def seconds(*, zero_ok: bool) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def picture_file(text: str) -> str:
+    """An argparse ``type`` for ``--picture FILE``: a name ending in .png or .svg."""
+    from npu_job.picture import picture_format
+
+    if picture_format(text) is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a file name ending in .png or .svg, got {text!r}")
+    return text
+
+
+def write_picture(path: str, table: object, topology: object, plan: object, title: str) -> None:
+    """Draw ``plan``'s picture to ``path`` (``--picture``); an unwritable path is one line,
+    exit 3."""
+    import logging
+
+    from npu_job.errors import InputError
+    from npu_job.picture import draw, layout
+
+    try:
+        written = draw(layout(table, topology, plan, title=title), path)
+    except OSError as error:
+        raise InputError(path, "", f"cannot write the picture: {error.strerror or error}") from None
+    logging.getLogger("npu_job").info("wrote %s", written)

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from npu_job.podsim import private_tmp_shell
+from npu_job.podsim import (NETNS_ETC, delete_network_namespace, kill_process_groups,
+                            private_tmp_shell)
 
-NETNS_ETC = Path("/etc/netns")
 
 
 def netns_unavailable_reason() -> Optional[str]:
@@ -117,38 +115,11 @@ class NetnsCluster:
 
     def close(self) -> None:
         """Kill every process started here, then remove namespaces, bridge and files."""
-        for process in self._processes:
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for process in self._processes:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        kill_process_groups(self._processes)
         for host in self.hosts:
-            self._kill_namespace_processes(host.namespace)
-            subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
-            shutil.rmtree(NETNS_ETC / host.namespace, ignore_errors=True)
+            delete_network_namespace(host.namespace)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
         shutil.rmtree(self._root, ignore_errors=True)
-
-    @staticmethod
-    def _kill_namespace_processes(namespace: str) -> None:
-        pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-        for pid in pids.stdout.split():
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            left = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-            if not left.stdout.strip():
-                return
-            time.sleep(0.05)
 
     # -- running ---------------------------------------------------------------------------
     def prefix(self, index: int) -> List[str]:
