@@ -97,7 +97,25 @@ def _super_pod_member_twice(hostile: str) -> Dict[str, Any]:
     return document
 
 
+def _hypernodes(*items: Dict[str, Any]) -> Dict[str, Any]:
+    return {"kind": "HyperNodeList", "apiVersion": "topology.volcano.sh/v1alpha1", "items": list(items)}
+
+
+def _hypernode(name: str, members: Any) -> Dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"tier": 1, "members": members}}
+
+
+def _child(name: str) -> Dict[str, Any]:
+    return {"type": "HyperNode", "selector": {"exactMatch": {"name": name}}}
+
+
 SITES: Dict[str, Callable[[str], Job]] = {
+    "hypernode-cycle": lambda h: Job(v1_0(), _hypernodes(_hypernode(h, [_child(h)]))),
+    "hypernode-member-type": lambda h: Job(v1_0(), _hypernodes(_hypernode("s0", [
+        {"type": h, "selector": {"exactMatch": {"name": "n"}}}]))),
+    "hypernode-label-key": lambda h: Job(v1_0(), _hypernodes(_hypernode("s0", [
+        {"type": "Node", "selector": {"labelMatch": {"matchLabels": {h: 7}}}}]))),
+    "node-label-key": lambda h: Job(v1_0(), node_list(node("n0", V1_0_IDS[0], {h: 5}))),
     "rank-table-status": lambda h: Job(set_field(v1_0(), ["status"], h)),
     "duplicate-server-id": lambda h: Job(set_field(set_field(v1_0(), ["server_list", 1, "server_id"], h),
                                                    ["server_list", 2, "server_id"], h)),
