@@ -308,17 +308,13 @@ def free_port() -> int:
 
 
 def example_script() -> bytes:
-    """The demo's workload, ``examples/train_ddp.py``: package data of ``npu_job.templates``.
-
-    ``templates/train_ddp.py`` is a symlink to it, which a wheel stores as the file's content, so
-    an installed package has it as much as a source checkout.
-    """
+    """The demo's workload, ``examples/train_ddp.py`` (``npu_job.examples``, in every install)."""
     from importlib import resources
 
     try:
-        return resources.files("npu_job.templates").joinpath(EXAMPLE_SCRIPT).read_bytes()
+        return resources.files("npu_job.examples").joinpath(EXAMPLE_SCRIPT).read_bytes()
     except OSError as error:
-        raise LaunchError(f"npu_job/templates/{EXAMPLE_SCRIPT}: the demo's example script is missing ({error})",
+        raise LaunchError(f"npu_job/examples/{EXAMPLE_SCRIPT}: the demo's example script is missing ({error})",
                           tip="reinstall npu-job (the wheel ships it as package data)") from None
 
 

@@ -598,7 +598,8 @@ def software_under_tmp(tmp: str = "/tmp") -> Tuple[str, ...]:
     import importlib.util
 
     candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path]
-    for package in ("npu_job", "npu_job.bootstrap", "npu_job.launcher", "npu_job.templates"):
+    for package in ("npu_job", "npu_job.bootstrap", "npu_job.launcher", "npu_job.render",
+                    "npu_job.scripts", "npu_job.examples"):
         spec = importlib.util.find_spec(package)
         candidates.extend(spec.submodule_search_locations or () if spec else ())
     root = Path(tmp).resolve()

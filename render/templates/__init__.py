@@ -1,5 +1,4 @@
 """Jinja templates of the rendered Volcano Job, train.sh and the pod scripts (package data).
 
-Also ships, as symlinks whose content wheels store: ``bootstrap.sh`` (``scripts/``) and the demo's
-workload ``train_ddp.py`` (``examples/``).
+The bundled ``bootstrap.sh`` is no template: it ships from ``scripts/`` (``npu_job.scripts``).
 """

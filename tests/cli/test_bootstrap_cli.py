@@ -112,12 +112,15 @@ def test_bootstrap_sh_without_npu_job_says_so_and_keeps_the_job_alive(tmp_path, 
     assert strict.returncode == 3
 
 
-def test_installed_script_and_template_are_this_script():
+def test_installed_script_and_packaged_one_are_this_script():
+    from importlib import resources
+
+    packaged = resources.files("npu_job.scripts").joinpath("bootstrap.sh")
+    assert Path(str(packaged)).resolve() == SCRIPT.resolve(), "render ships this very file"
     installed = Path(sys.executable).parent / "bootstrap.sh"
     if not installed.exists():
         pytest.skip("npu-job is not installed into this interpreter's bin directory")
     assert filecmp.cmp(installed, SCRIPT, shallow=False), "stale copy: re-run pip install -e ."
-    assert (REPO / "templates" / "bootstrap.sh").resolve() == SCRIPT.resolve()
 
 
 def test_script_passes_shellcheck():
