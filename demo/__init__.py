@@ -1,0 +1,1 @@
+"""The whole pipeline on one machine (``npu-job demo``); its modules follow in the next commit."""
