@@ -1,46 +1,40 @@
-"""The whole npu-job pipeline on one machine: simulated cluster -> render -> every pod -> checks.
+"""What the demo runs and what it must see: the pure half of ``npu-job demo``.
 
-``npu-job demo`` and the pod-level end-to-end tests share this module. The chain is the real one;
-only the cluster is simulated:
+The demo (``npu-job demo`` and the pod-level end-to-end tests) runs the whole npu-job chain on one
+machine. The chain is the real one; only the cluster is simulated. Values in, values out here:
 
-1. **cluster** (pure, :func:`simulated_cluster`): a CCE-format rank table and ``ranktable_tor.json``
+1. **cluster** (:func:`simulated_cluster`): a CCE-format rank table and ``ranktable_tor.json``
    from the planner's synthetic generator, with the scheduler's pod order scattered over the ToRs
    and every ``server_id`` set to the address the pod will have here (what ``status.hostIP``
    gives, matched by the bootstrap against ``MA_CURRENT_HOST_IP``);
-2. **render** (pure, :func:`render_job`): the job spec through ``npu-job render``'s own API, exactly
-   as a user would apply it. By default a ``device: cpu`` job with routing on (gloo workers: this
-   machine has no NPU). CCE's ``configmap1980`` plugin delivers rank tables to NPU jobs only, so
-   the CPU job brings its own, as a user on a CPU cluster would: a ConfigMap ``demo-ranktable``
-   (what ``kubectl create configmap --from-file`` makes of the two files) that the job mounts at
-   ``/user/config``, with ``RANK_TABLE_FILE`` naming the rank table in it. ``device="npu"``
-   renders the NPU job instead; then, as on CCE, the plugin's files appear at ``/user/config``;
-3. **pods** (edge, :mod:`npu_job.podsim`): each pod's container command exactly as rendered, with
-   the env, hostnames and files a Volcano pod gets (the job's volumes, and the ``configmap1980``
-   files only when the job has that plugin), each pod in its own mount and UTS namespace with its
-   own host address; the job's ``restartPolicy: OnFailure`` is simulated by re-running a failed
-   pod's command;
-4. **checks** (pure, :func:`check_outcome`): every pod's bootstrap wrote the plan the demo expects
-   (or fell back when it should), every worker's global rank follows it, all ranks ended with the
-   same parameters, and the loss went down.
+2. **render** (:func:`demo_spec_values`, :func:`render_job`): the job spec through ``npu-job
+   render``'s own API, exactly as a user would apply it. By default a ``device: cpu`` job with
+   routing on (gloo workers: this machine has no NPU). CCE's ``configmap1980`` plugin delivers
+   rank tables to NPU jobs only, so the CPU job brings its own, as a user on a CPU cluster would:
+   a ConfigMap ``demo-ranktable`` (what ``kubectl create configmap --from-file`` makes of the two
+   files) that the job mounts at ``/user/config``, with ``RANK_TABLE_FILE`` naming the rank table
+   in it. ``device="npu"`` renders the NPU job instead; then, as on CCE, the plugin's files
+   appear at ``/user/config``;
+3. **pods**: ``podspec`` (pure) turns the rendered manifest into one pod spec per pod, ``runner``
+   stages and starts them through ``podsim`` (namespaces, mounts, processes) and supervises them;
+   what a line of a pod's log says is read here (:func:`read_pod_line`);
+4. **checks** (:func:`check_outcome`): every pod's bootstrap wrote the plan the demo expects
+   (:func:`expected_plan`; or fell back when it should), every worker's global rank follows it,
+   all ranks ended with the same parameters, and the loss went down. :class:`DemoResult` holds
+   what a run found and its ``--json`` summary; :class:`Phases` the time each phase took.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
 import re
-import socket
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from npu_job.errors import InconsistentError, LaunchError, shown
-from npu_job.podfacts import RANK_TABLE_ENV, RANK_TABLE_NAME
-
-log = logging.getLogger(__name__)
+from npu_job.demo.podspec import SETUP_FAILED
+from npu_job.podfacts import MIN_NODES, RANK_TABLE_ENV, RANK_TABLE_NAME
 
 SUMMARY_VERSION = 1
 JOB_NAME = "demo"
@@ -79,9 +73,6 @@ class DemoOptions:
             raise ValueError(f"tors must be within 1..nodes ({self.nodes}), got {self.tors}")
 
 
-# ---------------------------------------------------------------------------------------------
-# pure parts
-# ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SimulatedCluster:
     """The cluster the scheduler gave the job: rank table, topology, and what CCE mounts."""
@@ -127,15 +118,6 @@ def simulated_cluster(options: DemoOptions, host_ips: Sequence[str]) -> Simulate
     seen_table = parse_rank_table(rank_table.encode(), "jobstart_hccl.json")
     seen_topology = parse_topology(tor, "ranktable_tor.json")
     return SimulatedCluster(seen_table, seen_topology, rank_table, tor.decode("ascii"))
-
-
-def write_cluster_inputs(cluster: SimulatedCluster, directory: Path) -> Tuple[Path, ...]:
-    """The cluster's rank table and ranktable_tor.json as CCE delivers them (:data:`INPUT_FILES`),
-    under ``directory``: the inputs of ``npu-job plan`` and ``npu-job bootstrap``."""
-    from npu_job.fileio import write_atomic
-
-    texts = (cluster.rank_table_json, cluster.ranktable_tor_b64)
-    return tuple(write_atomic(directory / name, text, durable=False) for name, text in zip(INPUT_FILES, texts))
 
 
 def demo_spec_values(options: DemoOptions, master_port: int, shared_dir: str) -> Dict[str, Any]:
@@ -298,26 +280,6 @@ def check_outcome(
     return problems
 
 
-# ---------------------------------------------------------------------------------------------
-# edge: run the pods
-# ---------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def example_script() -> bytes:
-    """The demo's workload, ``examples/train_ddp.py`` (``npu_job.examples``, in every install)."""
-    from importlib import resources
-
-    try:
-        return resources.files("npu_job.examples").joinpath(EXAMPLE_SCRIPT).read_bytes()
-    except OSError as error:
-        raise LaunchError(f"npu_job/examples/{EXAMPLE_SCRIPT}: the demo's example script is missing ({error})",
-                          tip="reinstall npu-job (the wheel ships it as package data)") from None
-
-
 # (mark, the phase that ends at it), in order; a phase whose mark was never reached is merged
 # into the next one. "finished" is marked by whoever owns the run's end (the CLI, after clean-up).
 _PHASES = (("prepared", "cluster+render"), ("pods_started", "start pods"), ("bootstrap_done", "bootstrap"),
@@ -354,11 +316,46 @@ class Phases:
 _STEP = re.compile(r"train_ddp: step (\d+)/(\d+) loss ([0-9.]+)")
 _JOINED = re.compile(r"npu-run: node rank \d+ joined round")
 _ROUND_COMPLETE = re.compile(r"npu-run: round \d+ complete")
-PROGRESS_EVERY = 5.0  # seconds without a progress line before the supervisor says where the pods are
 # A line that says what went wrong in a pod: "npu-job: error: ...", "RuntimeError: ...", a shell's
-# "npu-run: not found", a worker's "FAILED", podsim's "cannot run" (not torch's "Failed to ..." warnings).
+# "npu-run: not found", a worker's "FAILED", podsim's "cannot run" (not torch's "Failed to ..."
+# warnings).
 _ERROR_LINE = re.compile(r"(?i:error:)|not found|FAILED|cannot run")
 _NODE_RANK = re.compile(r"npu-job: node rank (\d+) of (\d+), master (\S+)")
+
+
+@dataclass(frozen=True)
+class PodLine:
+    """What one line of a pod's log says (:func:`read_pod_line`): two flags, at most one event."""
+
+    setup_failed: Optional[str] = None  # podsim could not set the pod up: why
+    error: bool = False  # the line says what went wrong (not a warning)
+    node_rank: Optional[Tuple[str, str, str]] = None  # train.sh: (node rank, nodes, master)
+    joined: bool = False  # npu-run joined the rendezvous
+    round_complete: bool = False  # npu-run's rendezvous round completed
+    step: Optional[Tuple[int, int, float]] = None  # train_ddp: (step, steps, loss)
+    done: bool = False  # train_ddp's closing line
+    failed: bool = False  # a worker's FAILED line
+
+
+def read_pod_line(line: str) -> PodLine:
+    """What ``line`` of a pod's log says, for the supervisor's progress and first error."""
+    flags: Dict[str, Any] = {
+        "setup_failed": line[len(SETUP_FAILED):].strip() if line.startswith(SETUP_FAILED) else None,
+        "error": bool(_ERROR_LINE.search(line)),
+    }
+    match = _NODE_RANK.search(line)
+    if match:
+        return PodLine(**flags, node_rank=(match.group(1), match.group(2), match.group(3)))
+    if _JOINED.search(line):
+        return PodLine(**flags, joined=True)
+    if _ROUND_COMPLETE.search(line):
+        return PodLine(**flags, round_complete=True)
+    match = _STEP.search(line)
+    if match:
+        step = (int(match.group(1)), int(match.group(2)), float(match.group(3)))
+        return PodLine(**flags, step=step)
+    done = "train_ddp: done" in line
+    return PodLine(**flags, done=done, failed=not done and "train_ddp:" in line and "FAILED" in line)
 
 
 @dataclass
@@ -370,267 +367,8 @@ class Prepared:
     cluster: SimulatedCluster
     plan: Any
     rendered: Any
-    specs: Tuple[Any, ...]  # podsim.PodSpec
+    specs: Tuple[Any, ...]  # podspec.PodSpec
     spec_files: Tuple[Path, ...]
-
-
-def prepare(options: DemoOptions, workspace: Path, host_ips: Sequence[str]) -> Prepared:
-    """Simulate the cluster, render the job and stage every pod under ``workspace``."""
-    from npu_job import podsim
-
-    workspace.mkdir(parents=True, exist_ok=True)
-    shared = workspace / "shared"
-    (shared / "code").mkdir(parents=True, exist_ok=True)
-    (shared / "output").mkdir(parents=True, exist_ok=True)
-    (shared / "code" / EXAMPLE_SCRIPT).write_bytes(example_script())
-    cluster = simulated_cluster(options, host_ips)
-    values = demo_spec_values(options, free_port(), str(shared.resolve()))
-    rendered = render_job(values)
-    for name, text, _mode in rendered.files():
-        (workspace / "rendered").mkdir(exist_ok=True)
-        (workspace / "rendered" / name).write_text(text)
-    documents = manifest_documents(rendered)
-    _, job = podsim.find_job(documents)
-    cluster_files: Dict[str, str] = {}
-    plugins = job["spec"].get("plugins") or {}
-    pod_annotations = job["spec"]["tasks"][0]["template"].get("metadata", {}).get("annotations") or {}
-    if "configmap1980" in plugins and options.deliver_rank_table:
-        cluster_files = podsim.cce_cluster_files(
-            cluster.rank_table_json, cluster.ranktable_tor_b64 if "cabinet" in pod_annotations else None)
-    write_cluster_inputs(cluster, workspace / "cluster")
-    pod_volumes = job["spec"]["tasks"][0]["template"]["spec"].get("volumes") or []
-    if any((volume.get("configMap") or {}).get("name") == RANK_TABLE_CONFIGMAP for volume in pod_volumes):
-        # the job mounts its own rank table: apply that ConfigMap with it, as its user would
-        configmap = rank_table_configmap(cluster)
-        (workspace / "cluster" / "ranktable-configmap.json").write_text(json.dumps(configmap, indent=1) + "\n")
-        documents.append(configmap)
-    image_env = podsim.image_environment(os.environ, podsim.this_installation())
-    specs = podsim.pod_specs(documents, host_ips, image_env=image_env, cluster_files=cluster_files)
-    spec_files = tuple(podsim.stage_pod(spec, workspace / "pods" / spec.name) for spec in specs)
-    return Prepared(options, workspace, cluster, expected_plan(cluster, options), rendered, specs, spec_files)
-
-
-class Supervisor:
-    """Runs the staged pods like a kubelet with ``restartPolicy: OnFailure``, and watches their logs
-    (saying how far the pods got when nothing else was said for :data:`PROGRESS_EVERY` seconds)."""
-
-    def __init__(self, prepared: Prepared, *, prefix_of: Callable[[int], Sequence[str]] = lambda index: (),
-                 progress: Callable[[str], None] = lambda line: None, phases: Optional[Phases] = None,
-                 user_namespace: Optional[bool] = None) -> None:
-        self.prepared = prepared
-        self.user_namespace = user_namespace  # None: only when not root (podsim.unshare_prefix)
-        self.prefix_of = prefix_of
-        self.progress = progress
-        self.phases = phases or Phases()
-        self.pods: List[Any] = []  # podsim.PodProcess, by pod index
-        self.restarts = [0] * len(prepared.specs)
-        self.exit_codes: List[Optional[int]] = [None] * len(prepared.specs)
-        self._offsets = [0] * len(prepared.specs)
-        self._partial = [""] * len(prepared.specs)
-        self.losses: List[Tuple[int, float]] = []
-        self.node_rank_lines: Dict[int, str] = {}
-        self.log_tail: Dict[int, List[str]] = {i: [] for i in range(len(prepared.specs))}
-        self.setup_error: Optional[str] = None  # a pod could not get its namespaces: no retry helps
-        self.first_errors: Dict[int, str] = {}  # pod index -> its first error line, in the order seen
-        self.joined: Set[int] = set()  # pods whose npu-run joined the rendezvous (this attempt)
-        self.through: Set[int] = set()  # pods whose rendezvous round completed (this attempt)
-        self._last_progress = time.monotonic()
-
-    def say(self, line: str) -> None:
-        """A progress line (and the time of the last one, for :meth:`heartbeat`)."""
-        self._last_progress = time.monotonic()
-        self.progress(line)
-
-    def heartbeat(self, now: float) -> None:
-        """Say where the pods are when nothing was said for :data:`PROGRESS_EVERY` seconds."""
-        if now - self._last_progress >= PROGRESS_EVERY:
-            self.say(self.status(now))
-
-    def workers_running(self) -> int:
-        """Worker processes alive in the pods: ``python [options] SCRIPT ...`` (npu-run's children)."""
-        from npu_job.podsim import processes_inside
-
-        count = 0
-        for pid in processes_inside(self.prepared.workspace / "pods"):
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
-            except OSError:
-                continue
-            program = next((arg for arg in argv[1:] if not arg.startswith("-")), "")
-            count += Path(program).name == EXAMPLE_SCRIPT
-        return count
-
-    def status(self, now: float) -> str:
-        """One line: how far the pods got, from their logs (and how many workers run, from /proc)."""
-        pods = len(self.prepared.specs)
-        options = self.prepared.options
-        workers = f"{self.workers_running()}/{pods * options.nproc_per_node} workers"
-        if "training_done" in self.phases.marks:
-            exited = sum(code is not None for code in self.exit_codes)
-            parts = [f"training done, {workers} still running", f"{exited}/{pods} pods exited"]
-        elif self.losses:
-            parts = [f"training step {self.losses[-1][0]}/{options.steps}", f"{workers} running"]
-        else:
-            started = "bootstrapped" if options.routing else "ran train.sh"
-            parts = [f"{len(self.node_rank_lines)}/{pods} pods {started}",
-                     f"{len(self.joined)}/{pods} joined the rendezvous", f"{len(self.through)}/{pods} through it",
-                     f"{workers} running"]
-        elapsed = now - self.phases.marks.get("start", now)
-        return f"waiting ({elapsed:.0f} s): " + ", ".join(parts)
-
-    def start(self) -> None:
-        from npu_job import podsim
-
-        for index, spec_file in enumerate(self.prepared.spec_files):
-            self.pods.append(podsim.start_pod(spec_file, prefix=self.prefix_of(index),
-                                              user_namespace=self.user_namespace))
-        self.phases.mark("pods_started")
-
-    def kill(self, index: int) -> None:
-        """SIGKILL one pod (a node failure); the restart policy then brings it back."""
-        self.say(f"fault: killing pod {index} ({self.prepared.specs[index].name})")
-        self.pods[index].kill()
-
-    def _restart(self, index: int) -> None:
-        from npu_job import podsim
-
-        self.restarts[index] += 1
-        self.joined.discard(index)
-        self.through.discard(index)
-        self.say(f"pod {index}: exited {self.pods[index].poll()}; restartPolicy OnFailure: "
-                 f"restart {self.restarts[index]}/{self.prepared.options.max_restarts}")
-        self.pods[index] = podsim.start_pod(self.prepared.spec_files[index], attempt=self.restarts[index],
-                                            prefix=self.prefix_of(index), user_namespace=self.user_namespace)
-
-    def poll_logs(self) -> None:
-        for index, pod in enumerate(self.pods):
-            log_file = pod.directory / "pod.log"
-            try:
-                with open(log_file, "rb") as handle:
-                    handle.seek(self._offsets[index])
-                    chunk = handle.read()
-            except OSError:
-                continue
-            self._offsets[index] += len(chunk)
-            text = self._partial[index] + chunk.decode("utf-8", "replace")
-            lines = text.split("\n")
-            self._partial[index] = lines.pop()
-            for line in lines:
-                self._on_line(index, line)
-
-    def _on_line(self, index: int, line: str) -> None:
-        from npu_job.podsim import SETUP_FAILED
-
-        tail = self.log_tail[index]
-        tail.append(line)
-        del tail[:-40]
-        if line.startswith(SETUP_FAILED) and self.setup_error is None:
-            self.setup_error = f"pod {index}: {line[len(SETUP_FAILED):].strip()}"
-        if index not in self.first_errors and _ERROR_LINE.search(line):
-            self.first_errors[index] = line.strip()
-        match = _NODE_RANK.search(line)
-        if match:
-            self.node_rank_lines[index] = line
-            self.say(f"pod {index}: train.sh: node rank {match.group(1)} of {match.group(2)}, "
-                     f"master {match.group(3)}")
-            if len(self.node_rank_lines) == len(self.prepared.specs):
-                self.phases.mark("bootstrap_done")
-            return
-        if _JOINED.search(line):
-            self.joined.add(index)
-            return
-        if _ROUND_COMPLETE.search(line):
-            self.through.add(index)
-            if len(self.through) == len(self.prepared.specs):
-                workers = len(self.prepared.specs) * self.prepared.options.nproc_per_node
-                self.say(f"rendezvous: all {len(self.through)} nodes joined; starting {workers} workers")
-            return
-        match = _STEP.search(line)
-        if match:
-            step, total, loss = int(match.group(1)), int(match.group(2)), float(match.group(3))
-            self.phases.mark("training_started")
-            self.losses.append((step, loss))
-            if step == 1 or step == total or step % max(1, total // 5) == 0:
-                self.say(f"training: step {step}/{total} loss {loss:.4f}")
-            return
-        if "train_ddp: done" in line:  # its result is the CLI's closing line: not said twice
-            self.phases.mark("training_done")
-        elif "train_ddp:" in line and "FAILED" in line:
-            self.say(f"pod {index}: {line.strip()}")
-
-    def wait(self, *, until: Optional[Callable[[], bool]] = None) -> bool:
-        """Supervise until every pod succeeded or gave up (or ``until()``); False on timeout."""
-        deadline = self.phases.marks.get("start", time.monotonic()) + self.prepared.options.timeout
-        restart_policy = self.prepared.specs[0].restart_policy
-        while True:
-            self.poll_logs()
-            if until is not None and until():
-                return True
-            if self.setup_error is not None:
-                self.stop()
-                raise LaunchError(f"cannot start the pods: {self.setup_error}",
-                                  tip="pods need mount, UTS and PID namespaces: run as root, or allow "
-                                      "unprivileged user namespaces")
-            running = False
-            for index, pod in enumerate(self.pods):
-                code = pod.poll()
-                if code is None:
-                    running = True
-                elif code != 0 and restart_policy in ("OnFailure", "Always") \
-                        and self.restarts[index] < self.prepared.options.max_restarts:
-                    self._restart(index)
-                    running = True
-                else:
-                    if self.exit_codes[index] is None:
-                        elapsed = time.monotonic() - self.phases.marks.get("start", pod.started)
-                        self.say(f"pod {index}: exited {code} at {elapsed:.1f} s")
-                    self.exit_codes[index] = code
-            if not running:
-                self.poll_logs()
-                self.phases.mark("pods_exited")
-                return True
-            self.heartbeat(time.monotonic())
-            if time.monotonic() > deadline:
-                self.say(f"timeout: the job did not finish within {self.prepared.options.timeout:.0f} s; "
-                         "killing every pod")
-                self.stop()
-                return False
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        for index, pod in enumerate(self.pods):
-            pod.kill()
-            self.exit_codes[index] = pod.poll()
-
-
-def read_outcomes(prepared: Prepared, supervisor: Supervisor) -> Tuple[List[PodOutcome], List[Dict[str, Any]]]:
-    """Each pod's bootstrap files (from its private /tmp) and every worker's report."""
-    from npu_job.podfacts import MASTER_FILE, RANK_FILE, ROUTE_PLAN_FILE
-
-    pods = []
-    for index, spec_file in enumerate(prepared.spec_files):
-        tmp = spec_file.parent / "tmp"
-        route_plan = None
-        if (tmp / ROUTE_PLAN_FILE).is_file():
-            try:
-                route_plan = json.loads((tmp / ROUTE_PLAN_FILE).read_text())
-            except ValueError:
-                route_plan = {"status": "unreadable"}
-        pods.append(PodOutcome(
-            index, supervisor.exit_codes[index], supervisor.restarts[index], route_plan,
-            _read(tmp / RANK_FILE), _read(tmp / MASTER_FILE),
-        ))
-    reports = []
-    for path in sorted((prepared.workspace / "shared" / "output" / "reports").glob("rank-*.json")):
-        reports.append(json.loads(path.read_text()))
-    return pods, reports
-
-
-def _read(path: Path) -> Optional[str]:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
 
 
 @dataclass
@@ -686,51 +424,9 @@ class DemoResult:
         }
 
 
-def run(options: DemoOptions, workspace: Path, *, host_ips: Optional[Sequence[str]] = None,
-        prefix_of: Callable[[int], Sequence[str]] = lambda index: (),
-        progress: Callable[[str], None] = lambda line: None,
-        fault: Optional[Callable[[Supervisor], None]] = None,
-        user_namespace: Optional[bool] = None, phases: Optional[Phases] = None) -> DemoResult:
-    """The whole pipeline; ``fault(supervisor)`` may inject a failure while the pods run.
-
-    ``user_namespace=True`` runs the pods as an unprivileged user would (the default when not root).
-    ``phases`` (marked "start" by a caller that started earlier) collects the phases' times.
-    """
-    phases = phases if phases is not None else Phases()
-    phases.mark("start")
-    ips = tuple(host_ips) if host_ips is not None else loopback_ips(options.nodes)
-    prepared = prepare(options, workspace, ips)
-    phases.mark("prepared")
-    expect_routing = options.routing and options.deliver_rank_table and options.nodes >= 3
-    describe_plan(prepared, progress)
-    score = ring_score(prepared.cluster, prepared.plan) if expect_routing else None
-    if score is not None:
-        progress(f"cross-ToR ring edges: scheduler order {score.cross_before}, planned {score.cross_after}, "
-                 f"lower bound {score.lower_bound}")
-    supervisor = Supervisor(prepared, prefix_of=prefix_of, progress=progress, phases=phases,
-                            user_namespace=user_namespace)
-    progress(f"starting {options.nodes} pods x {options.nproc_per_node} workers "
-             f"(workspace {workspace})")
-    try:
-        supervisor.start()
-        if fault is not None:
-            fault(supervisor)
-        finished = supervisor.wait()
-    finally:
-        supervisor.stop()
-    pods, reports = read_outcomes(prepared, supervisor)
-    problems = check_outcome(prepared.plan, options, pods, reports, expect_routing=expect_routing)
-    if problems and supervisor.first_errors:  # the first thing that went wrong, before its effects
-        index, line = next(iter(supervisor.first_errors.items()))
-        problems.insert(0, f"first error: pod {index}: {shown(line, 200)}")
-    if not finished:
-        problems.insert(0, f"the job did not finish within {options.timeout:.0f} s")
-    if problems:
-        for index, lines in supervisor.log_tail.items():
-            if supervisor.exit_codes[index] not in (0, None) or not finished:
-                for line in lines[-8:]:
-                    log.debug("pod %d: %s", index, line)
-    return DemoResult(options, prepared, score, pods, reports, problems, phases, supervisor.losses, finished)
+def expect_routing(options: DemoOptions) -> bool:
+    """Whether every pod's bootstrap must plan (else each must keep the scheduler's order)."""
+    return options.routing and options.deliver_rank_table and options.nodes >= MIN_NODES
 
 
 def describe_plan(prepared: Prepared, progress: Callable[[str], None]) -> None:
@@ -747,26 +443,3 @@ def describe_plan(prepared: Prepared, progress: Callable[[str], None]) -> None:
                  f"on ToR {tors[pod]}")
     for reason in plan.reasons:
         progress(f"  reason: {reason}")
-
-
-def keep_directory_problem(keep: Optional[str]) -> Optional[str]:
-    """Why ``--keep DIR`` cannot hold a run (it must be new or empty), or None."""
-    if keep:
-        path = Path(keep).resolve()
-        if path.exists() and not path.is_dir():
-            return f"--keep {path}: not a directory"
-        if path.exists() and any(path.iterdir()):
-            return f"--keep {path}: the directory is not empty; choose a new one (the demo never overwrites one)"
-    return None
-
-
-def default_workspace(keep: Optional[str]) -> Tuple[Path, bool]:
-    """(workspace, remove-after): ``--keep DIR`` or a fresh temporary directory."""
-    if keep:
-        problem = keep_directory_problem(keep)
-        if problem is not None:
-            raise InconsistentError(problem)
-        path = Path(keep).resolve()
-        path.mkdir(parents=True, exist_ok=True)
-        return path, False
-    return Path(tempfile.mkdtemp(prefix="npu-job-demo-")), True

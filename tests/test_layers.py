@@ -31,7 +31,6 @@ LAYERS: Dict[str, Tuple[int, str]] = {
     "npu_job.render": (1, "render"),
     "npu_job.launcher": (1, "launcher"),
     "npu_job.demo": (2, "demo"),
-    "npu_job.podsim": (2, "demo"),
     "npu_job.cli": (3, "entry points"),
     "npu_job.__main__": (3, "entry points"),
     # `python -m npu_job.bootstrap` / `python -m npu_job.launcher` are commands, like the CLI's

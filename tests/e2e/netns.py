@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from npu_job.podsim import private_tmp_shell
+from npu_job.demo.podsim import private_tmp_shell
 
 NETNS_ETC = Path("/etc/netns")
 
@@ -166,7 +166,7 @@ class NetnsCluster:
         """Start ``argv`` on host ``index`` with a private /tmp, in its own process group.
 
         This Python and npu-job's own directories stay visible when they live under /tmp (see
-        :func:`npu_job.podsim.private_tmp_shell`): they are bound into the private directory at
+        :func:`npu_job.demo.podsim.private_tmp_shell`): they are bound into the private directory at
         the same relative paths before it replaces /tmp.
         """
         host = self.hosts[index]

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from npu_job import podsim
+from npu_job.demo import podsim
 from npu_job.render.render import RenderedJob, render
 
 from .conftest import container, job_of, parsed, spec_from, with_keys
