@@ -35,8 +35,7 @@ from npu_job.bootstrap.model import (
     Server,
     servers_from_device_columns,
 )
-from npu_job.bootstrap.payload import (
-    decode_document,
+from npu_job.bootstrap.fields import (
     expect_count,
     expect_list,
     expect_object,
@@ -47,6 +46,7 @@ from npu_job.bootstrap.payload import (
     require_str,
     require_unique_id,
 )
+from npu_job.bootstrap.payload import decode_document
 from npu_job.errors import shown
 from npu_job.parsing import COUNT_LIMIT, MAX_COUNT_DIGITS, count_from_text
 

@@ -42,24 +42,20 @@ from itertools import chain
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from npu_job.bootstrap.model import Placement, RankTable, Topology
-from npu_job.bootstrap.payload import (
-    decode_document,
-    decode_typed,
-    encode_b64_gzip,
+from npu_job.bootstrap.fields import (
     expect_count,
     expect_list,
     expect_object,
     expect_str,
     fail,
     join_key,
-    json_text,
-    parse_json,
     require,
     require_list,
     require_str,
     require_unique_id,
-    scan_array_member,
 )
+from npu_job.bootstrap.jsondecode import decode_typed, parse_json, scan_array_member
+from npu_job.bootstrap.payload import decode_document, encode_b64_gzip, json_text
 from npu_job.errors import shown
 
 logger = logging.getLogger(__name__)
