@@ -17,7 +17,7 @@ POD_SIDE_MODULES = [
     "npu_job.bootstrap.synthetic",
     *(f"npu_job.bootstrap.{name}" for name in ("payload", "jsondecode", "fields", "ranktable", "topology", "sources", "wait",
                                              "identity", "writers", "run", "__main__")),
-    "npu_job.cli.bootstrap",
+    "npu_job.bootstrap.command",
     "npu_job.cli.plan",
     "npu_job.cli._args",
     *(f"npu_job.render.{name}" for name in ("values", "checks", "spec", "render")),

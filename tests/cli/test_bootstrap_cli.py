@@ -136,3 +136,13 @@ def test_verbose_and_quiet_after_the_subcommand_as_the_flag_table_says(job, caps
     assert "npu-job: debug: rank table:" in err and "npu-job: node rank" in err
     assert main(["bootstrap", *flags, "-q"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_an_unknown_option_of_bootstrap_sh_shows_the_bootstraps_usage(tmp_path):
+    """bootstrap.sh parses its own options (npu_job.bootstrap.command), without npu-job's other
+    subcommands: an option it does not know is a usage error against its own usage, exit 2."""
+    done = subprocess.run(["bash", str(SCRIPT), "--no-such-option"], env=_clean_env(), capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: npu-job bootstrap [-h] [-v] [-q] ")
+    assert done.stderr.splitlines()[-1] == "npu-job bootstrap: error: unrecognized arguments: --no-such-option"
