@@ -4,7 +4,7 @@ Counts, indices and ranks are ASCII digits only: ``int()`` would also read ``"²
 other scripts, signs, underscores and surrounding space, and raise past 4300 digits. Durations are
 seconds as ``float()`` reads them, with NaN refused. Each reader answers ``None`` for text it does
 not accept and leaves the error message, which names where the text came from, to its caller;
-:func:`int_at_least` and :func:`seconds` are the same readers as argparse ``type``\ s, for every
+:func:`int_at_least` and :func:`seconds` are the same readers as argparse types, for every
 command line (``npu-job``'s subcommands and the bootstrap's own).
 """
 
