@@ -432,21 +432,6 @@ def _switch_id(value: Any, source: str, path: str) -> str:
     return expect_str(value, source, path)
 
 
-def plain_topology_document(topology: Topology) -> Dict[str, Any]:
-    """The plain-file document for ``topology`` (long form for every server; JSON or YAML)."""
-    servers: Dict[str, Any] = {}
-    for server_id, placement in topology.placements.items():
-        entry: Dict[str, Any]
-        if len(placement.tors) == 1:
-            entry = {"path": [*placement.tiers, placement.tors[0]]}
-        else:
-            entry = {"path": list(placement.tiers), "tors": list(placement.tors)}
-        if placement.slot is not None:
-            entry["slot"] = placement.slot
-        servers[server_id] = entry
-    return {"version": 1, "servers": servers}
-
-
 _READERS: Dict[str, Callable[[Any, str], Topology]] = {
     CCE_RANKTABLE_TOR: _read_cce,
     BASIC_TOR_NODE_CM: _read_tor_info,

@@ -22,7 +22,7 @@ import json
 import os
 import shlex
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 from npu_job import __version__
 from npu_job.bootstrap.model import Plan
@@ -133,7 +133,3 @@ def _same_file(path: Path, other: str) -> bool:
         return path.exists() and os.path.samefile(path, other)
     except OSError:
         return False
-
-
-def describe_written(paths: Sequence[Path]) -> str:
-    return ", ".join(str(path) for path in paths)

@@ -213,23 +213,6 @@ def software_under_tmp(tmp: str = "/tmp") -> Tuple[str, ...]:
     return tuple(str(path) for path in outermost)
 
 
-def private_tmp_shell(private_dir: str) -> str:
-    """Shell (for a fresh mount namespace) that makes ``private_dir`` the process's /tmp.
-
-    The same rule as :func:`software_under_tmp`, for callers that set up a pod's mounts with
-    ``mount`` instead of :func:`enter_pod`: this machine's software under /tmp is bound read-only
-    into ``private_dir`` at the same relative paths first, then ``private_dir`` replaces /tmp.
-    """
-    import shlex
-
-    steps = []
-    for path in software_under_tmp():
-        inside = shlex.quote(private_dir + path[len("/tmp"):])
-        steps.append(f"mkdir -p {inside} && mount --bind -o ro {shlex.quote(path)} {inside}")
-    steps.append(f"mount --rbind {shlex.quote(private_dir)} /tmp")
-    return " && ".join(steps)
-
-
 def _placeholder(like: Path, at: Path) -> None:
     if like.is_dir() and not like.is_symlink():
         at.mkdir(exist_ok=True)

@@ -13,6 +13,7 @@ lets a test assert that.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -22,9 +23,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from npu_job.demo.podsim import private_tmp_shell
+from npu_job.demo.podsim import software_under_tmp
 
 NETNS_ETC = Path("/etc/netns")
+
+
+def private_tmp_shell(private_dir: str) -> str:
+    """Shell (for a fresh mount namespace) that makes ``private_dir`` the process's /tmp.
+
+    The rule of :func:`npu_job.demo.podsim.software_under_tmp`, for processes whose mounts are set
+    up with ``mount`` instead of podsim's ``enter_pod``: this machine's software under /tmp is
+    bound read-only into ``private_dir`` at the same relative paths first, then ``private_dir``
+    replaces /tmp.
+    """
+    steps = []
+    for path in software_under_tmp():
+        inside = shlex.quote(private_dir + path[len("/tmp"):])
+        steps.append(f"mkdir -p {inside} && mount --bind -o ro {shlex.quote(path)} {inside}")
+    steps.append(f"mount --rbind {shlex.quote(private_dir)} /tmp")
+    return " && ".join(steps)
 
 
 def netns_unavailable_reason() -> Optional[str]:
@@ -166,7 +183,7 @@ class NetnsCluster:
         """Start ``argv`` on host ``index`` with a private /tmp, in its own process group.
 
         This Python and npu-job's own directories stay visible when they live under /tmp (see
-        :func:`npu_job.demo.podsim.private_tmp_shell`): they are bound into the private directory at
+        :func:`private_tmp_shell`): they are bound into the private directory at
         the same relative paths before it replaces /tmp.
         """
         host = self.hosts[index]
