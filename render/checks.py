@@ -9,8 +9,9 @@ boolean is: ``--set env.DEBUG=true`` is the string ``"true"``, ``--set nodes=6``
 The key types (:class:`Text`, :class:`Integer`, :class:`Flag`, :class:`Choice`,
 :class:`Quantity`, :class:`TextList`, :class:`TextMap`) are what the spec's key table
 (``spec.SPEC_KEYS``) gives each key: a type reads a value with the checker and names itself for
-the README's type column. :class:`PerDevice` is a value that differs by ``device`` (a bound, a
-default). Kubernetes' name rules live here too: the types and the spec's lists check them.
+the README's type column; :class:`Volumes` and :class:`Mounts` read Kubernetes volumes and their
+mounts. :class:`PerDevice` is a value that differs by ``device`` (a bound, a default).
+Kubernetes' name rules live here too: the types and the spec's lists check them.
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, Union
+from typing import (
+    Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Protocol, Sequence, Tuple, Union,
+)
 
 from npu_job.errors import LISTED_PROBLEMS
-from npu_job.render.values import MergedValues, Path, SetScalar, format_path
+from npu_job.render.values import MergedValues, Path, SetScalar, format_path, typed
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+ABSOLUTE_PATH = re.compile(r"/[^\x00-\x1f\x7f]*\Z")
 _QUANTITY = re.compile(
     r"\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i|[numkMGTPE])?\Z"
 )
@@ -258,7 +262,10 @@ class Checker:
 
 
 class Context(Protocol):
-    """What the keys read before tell a type's rule (the device: npus_per_node's bound)."""
+    """What the keys read before tell a type's rule: the device (npus_per_node's bound), the
+    volumes' names (which mounts may name; :class:`Volumes` sets them)."""
+
+    volume_names: Tuple[str, ...]
 
     @property
     def device(self) -> str: ...
@@ -417,3 +424,91 @@ class TextMap:
             value, path, key_check=key_check,
             pattern=self.pattern, rule=self.rule, max_length=self.max_length,
         )
+
+
+@dataclass(frozen=True)
+class Volumes:
+    """Kubernetes volumes, passed through: a DNS-1123 ``name`` unique and not one of
+    ``reserved``, and a source; their names are for :class:`Mounts` (``context.volume_names``)."""
+
+    reserved: FrozenSet[str] = frozenset()
+    kind: str = "list of volumes"
+    empty: str = "`[]`"
+
+    def read(self, check: Checker, value: Any, path: Path, context: Context) -> Any:
+        names: List[str] = []
+        volumes = []
+        for index, item in enumerate(check.sequence(value, path)):
+            where: Path = path + (index,)
+            volume = check.mapping(item, where)
+            if not volume:
+                continue
+            if not check.required(volume, "name", where):
+                continue
+            name = check.string(
+                volume["name"], where + ("name",), pattern=DNS_LABEL, rule=DNS_LABEL_RULE,
+                max_length=63,
+            )
+            if name is None:
+                continue
+            if name in self.reserved:
+                check.problem(
+                    where + ("name",), f"{name!r} is used by npu-job itself; choose another name"
+                )
+            elif name in names:
+                check.problem(where + ("name",), f"{name!r} is declared twice")
+            if len(volume) < 2:
+                check.problem(
+                    where,
+                    "expected a volume source beside 'name' (for example hostPath, nfs, "
+                    "persistentVolumeClaim)",
+                )
+            names.append(name)
+            volumes.append(typed(volume))
+        context.volume_names = tuple(names)
+        return tuple(volumes)
+
+
+@dataclass(frozen=True)
+class Mounts:
+    """volumeMounts (with only ``keys``) of the volumes read before, each path mounted once."""
+
+    keys: Tuple[str, ...]
+    kind: str = "list of volumeMounts"
+    empty: str = "`[]`"
+
+    def read(self, check: Checker, value: Any, path: Path, context: Context) -> Any:
+        mounts = []
+        paths: List[str] = []
+        volume_names = context.volume_names
+        for index, item in enumerate(check.sequence(value, path)):
+            where: Path = path + (index,)
+            mount = check.mapping(item, where, self.keys)
+            if not mount:
+                continue
+            name = None
+            if check.required(mount, "name", where):
+                name = check.string(mount["name"], where + ("name",))
+            if name is not None and name not in volume_names:
+                close = difflib.get_close_matches(name, volume_names, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else "declare it under volumes"
+                check.problem(
+                    where + ("name",), f"{name!r} is not a volume in volumes ({hint})"
+                )
+            mount_path = None
+            if check.required(mount, "mountPath", where):
+                mount_path = check.string(
+                    mount["mountPath"], where + ("mountPath",), pattern=ABSOLUTE_PATH,
+                    rule="an absolute path",
+                )
+            if mount_path is not None:
+                if mount_path in paths:
+                    check.problem(where + ("mountPath",), f"{mount_path!r} is mounted twice")
+                paths.append(mount_path)
+            if mount.get("readOnly") is not None:
+                check.boolean(mount["readOnly"], where + ("readOnly",))
+            for key in ("subPath", "subPathExpr", "mountPropagation"):
+                if mount.get(key) is not None:
+                    check.string(mount[key], where + (key,))
+            mounts.append(typed(mount))
+        return tuple(mounts)

@@ -36,7 +36,6 @@ from npu_job import podfacts
 from npu_job.errors import RenderError
 from npu_job.render.spec import (
     DEVICE_RESOURCE,
-    FULL_NODE_ENV,
     NPU_HOST_MOUNTS,
     SCRIPTS_VOLUME,
     SHM_VOLUME,
@@ -254,7 +253,7 @@ def _context(spec: JobSpec) -> Dict[str, Any]:
         "scripts_volume": SCRIPTS_VOLUME,
         "shm_volume": SHM_VOLUME,
         "npu_host_mounts": NPU_HOST_MOUNTS,
-        "full_node_env": FULL_NODE_ENV,
+        "full_node_env": podfacts.FULL_NODE_ENV,
         "launcher_command": LAUNCHER_COMMANDS[spec.launcher],
         "job_labels": job_labels,
         "cce_routing": npu_routing,

@@ -20,20 +20,20 @@ The validator is a small explicit one rather than JSON Schema: the messages must
 the value and the fix, the cross-key rules need code anyway, and it keeps render free of a
 runtime dependency the package does not otherwise need.
 
-:func:`spec_warnings` lists what is valid but will disappoint (routing with fewer than 3 nodes,
-part of a node, a launcher option that assigns ranks by arrival).
+What is valid but will disappoint (routing with fewer than 3 nodes, part of a node, a launcher
+option that assigns ranks by arrival) is ``lint``'s: its warnings travel in :attr:`JobSpec.warnings`.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from npu_job.errors import SpecError
-from npu_job.podfacts import DEFAULT_RANK_TABLES, MIN_NODES, RANK_TABLE_ENV
+from npu_job.podfacts import FULL_NODE_ENV, MIN_NODES
 from npu_job.render.checks import (
+    ABSOLUTE_PATH,
     DNS_LABEL,
     DNS_LABEL_RULE,
     DNS_SUBDOMAIN,
@@ -43,14 +43,17 @@ from npu_job.render.checks import (
     Flag,
     Integer,
     KeyType,
+    Mounts,
     PerDevice,
     Quantity,
     Text,
     TextList,
     TextMap,
+    Volumes,
     per_device,
 )
-from npu_job.render.values import MergedValues, Path, typed
+from npu_job.render.lint import spec_warnings
+from npu_job.render.values import MergedValues
 
 # --- constants the templates and validation share ---------------------------------------------
 
@@ -63,8 +66,6 @@ DEVICE_RESOURCE = {"npu": "huawei.com/ascend-1980", "gpu": "nvidia.com/gpu", "cp
 #: ``full_node_npus``); with routing on, a pod with fewer keeps the scheduler's order
 FULL_NODE_NPUS = 8
 MAX_NODE_ACCELERATORS = 16
-#: the bootstrap's env var for the full node size (``--full-node-devices``)
-FULL_NODE_ENV = "NPU_JOB_FULL_NODE_DEVICES"
 MIN_ROUTING_NODES = MIN_NODES
 HCCL_PORT_COUNT = 16  # HCCL uses HCCL_IF_BASE_PORT .. +15
 
@@ -101,7 +102,6 @@ RESERVED_ENV: Mapping[str, str] = {
 }
 
 _NO_CONTROL = re.compile(r"[^\x00-\x1f\x7f]+\Z")
-_ABSOLUTE_PATH = re.compile(r"/[^\x00-\x1f\x7f]*\Z")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?\Z")
 _LABEL_VALUE_RULE = (
     "a label value: up to 63 letters, digits, '-', '_' or '.', starting and ending with a letter "
@@ -114,7 +114,7 @@ _ACCELERATOR_HINTS = {
 _MOUNT_KEYS = ("name", "mountPath", "readOnly", "subPath", "subPathExpr", "mountPropagation")
 
 
-# --- the two key types of this spec alone: volumes and their mounts -----------------------------
+# --- reading the keys ------------------------------------------------------------------------
 
 
 class _Context:
@@ -127,91 +127,6 @@ class _Context:
     @property
     def device(self) -> str:
         return self.read.get("device") or _KEYS["device"].default
-
-
-@dataclass(frozen=True)
-class Volumes:
-    """Kubernetes volumes, passed through: a DNS-1123 ``name`` not npu-job's, and a source."""
-
-    kind: str = "list of volumes"
-    empty: str = "`[]`"
-
-    def read(self, check: Checker, value: Any, path: Path, context: _Context) -> Any:
-        names: List[str] = []
-        volumes = []
-        for index, item in enumerate(check.sequence(value, path)):
-            where: Path = path + (index,)
-            volume = check.mapping(item, where)
-            if not volume:
-                continue
-            if not check.required(volume, "name", where):
-                continue
-            name = check.string(
-                volume["name"], where + ("name",), pattern=DNS_LABEL, rule=DNS_LABEL_RULE,
-                max_length=63,
-            )
-            if name is None:
-                continue
-            if name in RESERVED_VOLUMES:
-                check.problem(
-                    where + ("name",), f"{name!r} is used by npu-job itself; choose another name"
-                )
-            elif name in names:
-                check.problem(where + ("name",), f"{name!r} is declared twice")
-            if len(volume) < 2:
-                check.problem(
-                    where,
-                    "expected a volume source beside 'name' (for example hostPath, nfs, "
-                    "persistentVolumeClaim)",
-                )
-            names.append(name)
-            volumes.append(typed(volume))
-        context.volume_names = tuple(names)
-        return tuple(volumes)
-
-
-@dataclass(frozen=True)
-class Mounts:
-    """volumeMounts of the volumes read before: each once, at an absolute path not npu-job's."""
-
-    kind: str = "list of volumeMounts"
-    empty: str = "`[]`"
-
-    def read(self, check: Checker, value: Any, path: Path, context: _Context) -> Any:
-        mounts = []
-        paths: List[str] = []
-        volume_names = context.volume_names
-        for index, item in enumerate(check.sequence(value, path)):
-            where: Path = path + (index,)
-            mount = check.mapping(item, where, _MOUNT_KEYS)
-            if not mount:
-                continue
-            name = None
-            if check.required(mount, "name", where):
-                name = check.string(mount["name"], where + ("name",))
-            if name is not None and name not in volume_names:
-                close = difflib.get_close_matches(name, volume_names, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else "declare it under volumes"
-                check.problem(
-                    where + ("name",), f"{name!r} is not a volume in volumes ({hint})"
-                )
-            mount_path = None
-            if check.required(mount, "mountPath", where):
-                mount_path = check.string(
-                    mount["mountPath"], where + ("mountPath",), pattern=_ABSOLUTE_PATH,
-                    rule="an absolute path",
-                )
-            if mount_path is not None:
-                if mount_path in paths:
-                    check.problem(where + ("mountPath",), f"{mount_path!r} is mounted twice")
-                paths.append(mount_path)
-            if mount.get("readOnly") is not None:
-                check.boolean(mount["readOnly"], where + ("readOnly",))
-            for key in ("subPath", "subPathExpr", "mountPropagation"):
-                if mount.get(key) is not None:
-                    check.string(mount[key], where + (key,))
-            mounts.append(typed(mount))
-        return tuple(mounts)
 
 
 # --- the key table ------------------------------------------------------------------------------
@@ -335,7 +250,7 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
         "priorityClassName of the Job and its pods.",
     ),
     KeySpec(
-        "workdir", Text("absolute path", _ABSOLUTE_PATH, "an absolute path (starting with '/')"),
+        "workdir", Text("absolute path", ABSOLUTE_PATH, "an absolute path (starting with '/')"),
         None, "Directory train.sh changes to before starting the launcher (none: the image's).",
     ),
     KeySpec(  # it appears in the pod command: plain path characters only
@@ -442,11 +357,11 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
         "for images without npu-job.",
     ),
     KeySpec(
-        "volumes", Volumes(), (),
+        "volumes", Volumes(reserved=RESERVED_VOLUMES), (),
         "Extra Kubernetes volumes (passed through), on top of the NPU driver mounts.",
     ),
     KeySpec(
-        "mounts", Mounts(), (),
+        "mounts", Mounts(keys=_MOUNT_KEYS), (),
         "Extra volumeMounts (`name`, `mountPath`, `readOnly`, `subPath`) of `volumes`.",
     ),
 )
@@ -568,7 +483,7 @@ class JobSpec:
     scripts_dir: str = _DEFAULTS["scripts_dir"]
     bootstrap_url: Optional[str] = _DEFAULTS["bootstrap.url"]
     pip_install: Tuple[str, ...] = _DEFAULTS["pip_install"]
-    #: what is valid but will disappoint (see :func:`spec_warnings`); the renderer logs these
+    #: what is valid but will disappoint (``lint.spec_warnings``); the renderer logs these
     warnings: Tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -684,77 +599,3 @@ def _check_across_keys(check: Checker, spec: JobSpec) -> None:
     for index, mount in enumerate(spec.mounts):
         if mount.get("mountPath") in ours:
             check.problem(("mounts", index, "mountPath"), f"{mount['mountPath']!r} is mounted by npu-job itself")
-
-
-def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str, ...]:
-    """What is valid but will disappoint, one sentence each (the renderer logs them)."""
-    warnings: List[str] = []
-    explicit = set(explicit_keys)
-    full = spec.full_node_npus
-    if spec.routing and spec.device != "npu" and not _brings_a_rank_table(spec):
-        warnings.append(
-            f"routing is on for device {spec.device}, but no rank table source is configured (CCE's "
-            f"configmap1980 plugin serves NPU jobs only): set env RANK_TABLE_FILE (a file in one of "
-            f"volumes, or an http(s) URL) or mount one at {_default_rank_table_dirs()[0]}; without it each "
-            f"pod's bootstrap finds no rank table and keeps the scheduler's order"
-        )
-    if spec.routing and spec.nodes < MIN_ROUTING_NODES:
-        warnings.append(
-            f"routing is on with {spec.nodes} node(s): the bootstrap needs at least {MIN_ROUTING_NODES} "
-            f"and will keep the scheduler's order"
-        )
-    if full is not None and spec.npus_per_node < full:
-        tail = (
-            f"; each pod's bootstrap ({FULL_NODE_ENV}={full}) will find partial nodes in the rank table, "
-            f"write a failed route_plan.json and keep the scheduler's order (NODE_RANK = VC_TASK_INDEX, "
-            f"master index 0): routing acceleration needs full nodes"
-            if spec.routing else ""
-        )
-        warnings.append(f"npus_per_node is {spec.npus_per_node}, below a full node (full_node_npus {full}){tail}")
-    arrival = _arrival_order_flags(spec.launcher_args)
-    if spec.routing and arrival:
-        warnings.append(
-            f"launcher_args {' '.join(arrival)} assigns node ranks by arrival, so the launcher "
-            f"cannot apply the bootstrap's new ranks (use the default static/parallel rendezvous)"
-        )
-    if spec.full_node_npus is None and "full_node_npus" in explicit:
-        warnings.append(f"full_node_npus is ignored for device {spec.device}: it has no full node")
-    if spec.device != "npu" and "hccl" in explicit:
-        warnings.append(f"hccl settings are ignored for device {spec.device}")
-    if spec.bootstrap_url and not spec.routing:
-        warnings.append("bootstrap.url is ignored: routing is off, so the pod runs no bootstrap")
-    return tuple(warnings)
-
-
-def _default_rank_table_dirs() -> Tuple[str, ...]:
-    """Where the bootstrap looks for a rank table when ``RANK_TABLE_FILE`` is not set."""
-    import posixpath
-
-    return tuple(posixpath.dirname(path) for path in DEFAULT_RANK_TABLES)
-
-
-def _brings_a_rank_table(spec: JobSpec) -> bool:
-    """Whether the pods get a rank table without CCE: ``RANK_TABLE_FILE`` or a default location."""
-    if RANK_TABLE_ENV in dict(spec.env):
-        return True
-    for mount in spec.mounts:
-        path = str(mount.get("mountPath", "")).rstrip("/")
-        if any(place == path or place.startswith(path + "/") or path.startswith(place + "/")
-               for place in _default_rank_table_dirs()):
-            return True
-    return False
-
-
-def _arrival_order_flags(args: Sequence[str]) -> List[str]:
-    """Launcher flags under which ranks follow arrival order, not ``--node_rank``."""
-    flags = []
-    for index, arg in enumerate(args):
-        match = re.match(r"--rdzv[-_]backend(?:=(.*))?\Z", arg)
-        if match:
-            inline = match.group(1)
-            backend = inline if inline is not None else (args[index + 1] if index + 1 < len(args) else "")
-            if backend not in ("static", "parallel"):
-                flags.append(arg if inline is not None else f"{arg} {backend}")
-        elif arg == "--standalone":
-            flags.append(arg)
-    return flags
