@@ -66,7 +66,6 @@ DEVICE_RESOURCE = {"npu": "huawei.com/ascend-1980", "gpu": "nvidia.com/gpu", "cp
 #: ``full_node_npus``); with routing on, a pod with fewer keeps the scheduler's order
 FULL_NODE_NPUS = 8
 MAX_NODE_ACCELERATORS = 16
-MIN_ROUTING_NODES = MIN_NODES
 HCCL_PORT_COUNT = 16  # HCCL uses HCCL_IF_BASE_PORT .. +15
 
 #: host paths every NPU pod mounts (volume name, host path), as the platform's examples do
@@ -270,8 +269,8 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
     KeySpec(
         "routing", Flag(),
         Derived(
-            f"`nodes >= {MIN_ROUTING_NODES}` on npu, else `false`",
-            lambda keys: keys["device"] == "npu" and keys["nodes"] >= MIN_ROUTING_NODES,
+            f"`nodes >= {MIN_NODES}` on npu, else `false`",
+            lambda keys: keys["device"] == "npu" and keys["nodes"] >= MIN_NODES,
         ),
         "Routing acceleration: the pod runs bootstrap.sh to reorder node ranks. On npu, CCE "
         "delivers its inputs (configmap1980 plugin, `cabinet` annotation); on gpu/cpu the job "

@@ -17,8 +17,17 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("setup.cfg", "pyproject.toml", "README.md", "npu_job", "bootstrap", "launcher", "render",
-           "scripts", "examples")
+
+
+def _mapped_folders() -> tuple:
+    """The top-level folders setup.cfg's ``package_dir`` maps into ``npu_job``."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    lines = config["options"]["package_dir"].strip().splitlines()
+    return tuple(sorted({line.split("=")[1].strip().split("/")[0] for line in lines}))
+
+
+SOURCES = ("setup.cfg", "pyproject.toml", "README.md", "npu_job", *_mapped_folders())
 SHIPPED = {"npu_job/scripts/bootstrap.sh": "scripts/bootstrap.sh",
            "npu_job/examples/train_ddp.py": "examples/train_ddp.py",
            "npu_job/render/templates/job.yaml.j2": "render/templates/job.yaml.j2"}
@@ -49,6 +58,10 @@ def test_the_wheel_ships_the_files_the_commands_read_and_the_console_scripts(tmp
             info = archive.getinfo(packaged)
             assert (info.external_attr >> 16) & 0o170000 != 0o120000, f"{packaged} is stored as a symlink"
             assert archive.read(packaged) == (ROOT / target).read_bytes(), packaged
+        packages = configparser.ConfigParser()
+        packages.read(ROOT / "setup.cfg")
+        for package in packages["options"]["packages"].split():
+            assert f"{package.replace('.', '/')}/__init__.py" in names, package
         (script,) = [name for name in names if name.endswith(".data/scripts/bootstrap.sh")]
         assert archive.read(script) == (ROOT / "scripts" / "bootstrap.sh").read_bytes()
         (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
