@@ -10,7 +10,8 @@ What "realistic" means here:
 * ToRs are switch IPs (``172.16.<g>.<t>``); each ToR has ``slots_per_tor`` server slots and the
   job occupies a subset of them (``slot`` = MindCluster ``slice_id``).
 * ``occupancy="even"`` spreads the nodes as evenly as possible over the ToRs; ``"uneven"`` draws
-  skewed ToR sizes (every ToR keeps at least one node), as a busy cluster leaves them.
+  skewed ToR sizes (every ToR keeps at least one node), as a busy cluster leaves them;
+  ``tor_sizes`` gives the size of every ToR instead (the fabric benchmark's ``16:6,4,4,2``).
 * The scheduler's pod order is, with ``scatter=True``, a seeded shuffle: Volcano binds pods in
   whatever order nodes become free, so pod index says nothing about placement.
 * Devices follow the v1.0 rank table: ``device_id`` 0..npus-1, a unique ``device_ip``, and
@@ -23,7 +24,7 @@ What "realistic" means here:
 from __future__ import annotations
 
 import random
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from npu_job.bootstrap.model import Device, Placement, RankTable, Server, Topology
 
@@ -46,6 +47,7 @@ def synthetic_cluster(
     partial_nodes: int = 0,
     job_name: str = "job",
     status: str = "completed",
+    tor_sizes: Optional[Sequence[int]] = None,
 ) -> Tuple[RankTable, Topology]:
     """A ``nodes``-node job spread over ``tors`` ToR switches: ``(rank_table, topology)``.
 
@@ -68,9 +70,15 @@ def synthetic_cluster(
     for name, value in (("spine_groups", spine_groups), ("super_pods", super_pods)):
         if not 0 <= value <= tors:
             raise ValueError(f"{name} must be within 0..{tors}, got {value}")
+    if tor_sizes is not None and (
+        len(tor_sizes) != tors or sum(tor_sizes) != nodes or min(tor_sizes, default=0) < 1
+    ):
+        raise ValueError(
+            f"tor_sizes must be {tors} sizes of at least 1 adding up to {nodes}, got {tor_sizes}"
+        )
     rng = random.Random(seed)
 
-    sizes = _tor_sizes(nodes, tors, occupancy, rng)
+    sizes = list(tor_sizes) if tor_sizes is not None else _tor_sizes(nodes, tors, occupancy, rng)
     capacity = slots_per_tor if slots_per_tor is not None else max(sizes) + max(1, max(sizes) // 4)
     if capacity < max(sizes):
         raise ValueError(f"slots_per_tor={capacity} is smaller than the fullest ToR ({max(sizes)})")

@@ -125,13 +125,21 @@ class PodProcess:
 
     def kill(self) -> None:
         """SIGKILL the pod (what a node failure looks like): unshare dies, so does its PID namespace."""
-        if self.process.poll() is None:
+        kill_process_groups([self.process])
+
+
+def kill_process_groups(processes: Sequence[subprocess.Popen], timeout: float = 10.0) -> None:
+    """SIGKILL the process group of every process still running (each started with
+    ``start_new_session``), then reap each, waiting at most ``timeout`` seconds for one."""
+    for process in processes:
+        if process.poll() is None:
             try:
-                os.killpg(self.process.pid, signal.SIGKILL)
+                os.killpg(process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    for process in processes:
         try:
-            self.process.wait(timeout=10)
+            process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
             pass
 

@@ -94,16 +94,24 @@ def loopback_ips(count: int) -> Tuple[str, ...]:
 
 def simulated_cluster(options: DemoOptions, host_ips: Sequence[str]) -> SimulatedCluster:
     """A CCE cluster for ``options`` whose server ids are the pods' host addresses (pure)."""
-    from npu_job.bootstrap.model import Placement, Topology
-    from npu_job.bootstrap.ranktable import parse_rank_table, rank_table_document
     from npu_job.bootstrap.synthetic import synthetic_cluster
-    from npu_job.bootstrap.topology import encode_ranktable_tor, parse_topology
 
     tors = min(max(1, options.tors), options.nodes)
     table, topology = synthetic_cluster(
         options.nodes, tors, npus_per_node=options.nproc_per_node, seed=options.seed,
         job_name=JOB_NAME, scatter=True,
     )
+    return cce_cluster(table, topology, host_ips)
+
+
+def cce_cluster(table: Any, topology: Any, host_ips: Sequence[str]) -> SimulatedCluster:
+    """A generated ``(table, topology)`` as CCE delivers it to pods at ``host_ips`` (pure): every
+    ``server_id`` becomes its pod's address, then the rank table and ``ranktable_tor.json`` are
+    encoded and read back with the bootstrap's own readers."""
+    from npu_job.bootstrap.model import Placement, Topology
+    from npu_job.bootstrap.ranktable import parse_rank_table, rank_table_document
+    from npu_job.bootstrap.topology import encode_ranktable_tor, parse_topology
+
     renamed: Dict[str, str] = {server.server_id: host_ips[server.pod_index] for server in table.servers}
     servers = tuple(replace(server, server_id=renamed[server.server_id], host_ip=renamed[server.server_id],
                             pod_name=f"{JOB_NAME}-{TASK_NAME}-{server.pod_index}")

@@ -19,6 +19,7 @@ code  exception              meaning
 6     RenderError            a template failed to render
 7     InconsistentError      inputs contradict each other (e.g. this host not in the table)
 8     LaunchError            the launcher could not start or lost its store
+9     MissingExtraError      an optional feature needs an extra that is not installed
 ====  =====================  ==========================================================
 """
 
@@ -145,6 +146,13 @@ class LaunchError(NpuJobError):
     """The launcher could not start its store, proxy or workers."""
 
     exit_code = 8
+
+
+class MissingExtraError(NpuJobError):
+    """An optional feature needs a package of an extra that is not installed (the message says
+    which ``pip install 'npu-job[EXTRA]'`` brings it)."""
+
+    exit_code = 9
 
 
 def report_error(error: NpuJobError, prog: str) -> int:

@@ -7,13 +7,18 @@ finished, printed its table and its verdict, and wrote the same table to ``--out
 no speed: timing belongs to the benchmarks themselves, not to tests on a shared machine.
 """
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.netns import netns_unavailable_reason
+
 REPO = Path(__file__).resolve().parent.parent
+FABRIC_REASON = netns_unavailable_reason() or (
+    None if shutil.which("tc") and shutil.which("ss") else "needs tc and ss (iproute2)")
 
 CASES = [
     ("bench_bootstrap.py", ["--sizes", "64,128", "--repeat", "1"],
@@ -25,6 +30,12 @@ CASES = [
     pytest.param("bench_rendezvous.py", ["--cases", "2x2", "--repeat", "1", "--gloo-peers", "2"],
                  ["| 2x2 | 4 | flat |", "| 2x2 | 4 | tiered |", "Projection to 16384 ranks"],
                  marks=pytest.mark.torch),
+    # the emulated fabric: namespaces, bridges, tc and 6 torch processes (about half a minute)
+    pytest.param("bench_fabric.py", ["--shapes", "6x3", "--rounds", "1", "--size", "256KiB"],
+                 ["| 6x3 | ring | planned | 3 (3) |", "6x3 ring: planned at the ring lower bound: yes",
+                  "gloo all_reduce in the planned order is a ring: yes", "never slower"],
+                 marks=[pytest.mark.torch, pytest.mark.netns,
+                        pytest.mark.skipif(FABRIC_REASON is not None, reason=FABRIC_REASON or "")]),
 ]
 
 
@@ -32,11 +43,20 @@ CASES = [
                          ids=lambda value: value if isinstance(value, str) else "")
 def test_benchmark_runs_and_writes_its_table(tmp_path, script, arguments, expected):
     output = tmp_path / "table.txt"
-    done = subprocess.run(
+    process = subprocess.Popen(
         [sys.executable, str(REPO / "benchmarks" / script), *arguments, "--output", str(output)],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    try:
+        stdout, stderr = process.communicate(timeout=240)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 0, stderr[-2000:]
     for text in expected:
-        assert text in done.stdout, f"{text!r} missing from:\n{done.stdout}"
-    assert output.read_text() == done.stdout
+        assert text in stdout, f"{text!r} missing from:\n{stdout}"
+    assert output.read_text() == stdout
+    if script == "bench_fabric.py":  # every namespace it made is gone (its names carry its pid)
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert f"npjfab{process.pid}-" not in listed
+        assert "| yes |" in stdout and "| NO |" not in stdout  # the allreduce results were exact

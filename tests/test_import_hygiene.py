@@ -1,4 +1,5 @@
-"""The pod-side and render paths never import torch (they run before training, in any image)."""
+"""The pod-side and render paths never import torch (they run before training, in any image), nor
+matplotlib (the optional [picture] extra, loaded only when a picture is drawn)."""
 
 import subprocess
 import sys
@@ -30,6 +31,8 @@ POD_SIDE_MODULES = [
     # the demo's pod simulator and orchestration (torch only inside the pods it starts)
     *(f"npu_job.demo.{name}" for name in ("podspec", "podsim", "scenario", "runner")),
     "npu_job.demo", "npu_job.cli.demo",
+    # pictures: matplotlib only inside the drawing functions
+    "npu_job.picture",
 ]
 
 
@@ -38,8 +41,15 @@ def test_module_does_not_import_torch(module):
     code = (
         "import importlib, sys\n"
         f"importlib.import_module({module!r})\n"
-        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'matplotlib'))\n"
         "print(','.join(bad))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"{module} pulled in {out.stdout.strip()}"
+
+
+def test_the_hygiene_check_sees_matplotlib():
+    code = ("import sys; import npu_job.picture as p; p.require_matplotlib();"
+            " print(any(m.split('.')[0] == 'matplotlib' for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"

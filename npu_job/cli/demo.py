@@ -8,7 +8,7 @@ import logging
 import shutil
 import sys
 
-from npu_job.cli._args import int_at_least, seconds
+from npu_job.cli._args import int_at_least, picture_file, seconds
 
 HELP = "run the whole pipeline on a simulated cluster on this machine"
 
@@ -30,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "'unshare --user --map-root-user')."
     )
     parser.epilog = ("Exit status: 0 when the whole chain is consistent, 2 for bad flags, 7 when a check failed, "
-                     "8 when pods cannot run.")
+                     "8 when pods cannot run, 9 for --picture without the [picture] extra.")
     parser.set_defaults(_demo_parser=parser)  # for usage errors found after parsing (_usage_error)
     parser.add_argument("--nodes", type=POSITIVE, default=6, help="pods (nodes) of the job (default 6)")
     parser.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=POSITIVE,
@@ -47,6 +47,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "mounts them) to DIR, for npu-job plan or npu-job bootstrap, and exit: no pods")
     parser.add_argument("--timeout", type=SECONDS, default=240.0, help="seconds before every pod is killed (default 240)")
     parser.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+    parser.add_argument("--picture", metavar="FILE", type=picture_file,
+                        help="also draw the job's plan to FILE (.png or .svg), as npu-job plan --picture "
+                             "does, before the pods start (needs the extra: pip install 'npu-job[picture]')")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,8 +60,15 @@ def run(args: argparse.Namespace) -> int:
     if args.tors > args.nodes:
         return _usage_error(args, f"--tors {args.tors}: cannot spread {args.nodes} node(s) over more ToRs than "
                                   f"nodes; use --tors {args.nodes} or fewer")
+    if args.picture:
+        from npu_job.picture import require_matplotlib
+
+        require_matplotlib()  # before any work: a missing extra is one line, exit 9
     if args.write_inputs is not None:
-        return _write_inputs(args)
+        code = _write_inputs(args)
+        if code == 0 and args.picture:
+            _write_picture(args)
+        return code
     problem = demo.keep_directory_problem(args.keep)
     if problem is not None:
         return _usage_error(args, problem)
@@ -70,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
                               "kernel.apparmor_restrict_unprivileged_userns=0), or run as root")
     options = demo.DemoOptions(nodes=args.nodes, nproc_per_node=args.nproc_per_node, tors=args.tors,
                                seed=args.seed, steps=args.steps, routing=args.routing, timeout=args.timeout)
+    if args.picture:
+        _write_picture(args)
     phases = demo.Phases()
     phases.mark("start")
     workspace, remove = demo.default_workspace(args.keep)
@@ -111,6 +123,18 @@ def _write_inputs(args: argparse.Namespace) -> int:
     for path in demo.write_cluster_inputs(cluster, directory):
         log.info("wrote %s", path)
     return 0
+
+
+def _write_picture(args: argparse.Namespace) -> None:
+    """The picture of the plan every pod will compute (the same cluster and plan as the run)."""
+    from npu_job import demo
+    from npu_job.cli._args import write_picture
+
+    options = demo.DemoOptions(nodes=args.nodes, nproc_per_node=args.nproc_per_node, tors=args.tors,
+                               seed=args.seed, routing=args.routing)
+    cluster = demo.simulated_cluster(options, demo.loopback_ips(options.nodes))
+    write_picture(args.picture, cluster.table, cluster.topology, demo.expected_plan(cluster, options),
+                  f"npu-job demo: {options.nodes} pods on {options.tors} ToRs (seed {options.seed})")
 
 
 def _usage_error(args: argparse.Namespace, message: str) -> int:

@@ -17,7 +17,7 @@ import random
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from npu_job.cli._args import int_at_least
+from npu_job.cli._args import int_at_least, picture_file
 
 HELP = "show the routing-affine order for a rank table and how it scores"
 JSON_VERSION = 1
@@ -32,6 +32,7 @@ bandwidth (nccl-tests: algbw * 2(n-1)/n) relative to a fabric without contention
 Examples:
   npu-job plan --rank-table jobstart_hccl.json --topology ranktable_tor.json
   npu-job plan --rank-table hccl.json --topology topology.yaml --collective rhd --uplinks 16 --json
+  npu-job plan --rank-table jobstart_hccl.json --picture plan.svg   # needs npu-job[picture]
 """
 
 
@@ -92,15 +93,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help=f'print JSON (with "version": {JSON_VERSION})'
     )
+    parser.add_argument(
+        "--picture",
+        metavar="FILE",
+        type=picture_file,
+        help="also draw the plan to FILE (.png or .svg): the switches as boxes, every node with"
+        " its pod index and new rank, the ring's cross-switch edges, the scheduler's order and"
+        " ours side by side (needs the extra: pip install 'npu-job[picture]')",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from npu_job.bootstrap import planner, scorer
     from npu_job.bootstrap.run import choose_collective
 
+    if args.picture:
+        from npu_job.picture import require_matplotlib
+
+        require_matplotlib()  # before any work: a missing extra is one line, exit 9
     table, table_source, topology, topology_source = _load(args)
     collective = choose_collective(args.collective, os.environ)
     plan = planner.plan(table, topology, collective)
+    if args.picture:
+        from npu_job.cli._args import write_picture
+
+        write_picture(args.picture, table, topology, plan,
+                      f"npu-job plan: {table.node_count} nodes, {os.path.basename(table_source)}")
     keys = scorer.switch_keys(table, topology)
     shuffled = list(range(table.node_count))
     random.Random(args.seed).shuffle(shuffled)

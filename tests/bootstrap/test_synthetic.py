@@ -123,3 +123,16 @@ def test_server_ids_do_not_follow_switch_order():
 def test_impossible_requests_are_refused(kwargs):
     with pytest.raises(ValueError):
         synthetic_cluster(**kwargs)
+
+
+def test_tor_sizes_place_exactly_that_many_nodes_under_each_tor_in_order():
+    table, topology = synthetic_cluster(16, 4, seed=5, tor_sizes=(6, 4, 4, 2))
+    per_tor = Counter(topology.placement_of(s.server_id).tors[0] for s in table.servers)
+    by_tor = sorted(per_tor.items(), key=lambda item: tuple(map(int, item[0].split("."))))
+    assert [count for _, count in by_tor] == [6, 4, 4, 2]
+
+
+@pytest.mark.parametrize("sizes", [(6, 4, 4), (6, 4, 4, 1), (8, 4, 4, 0), (16, 0, 0, 0)])
+def test_tor_sizes_that_do_not_fit_the_job_are_refused(sizes):
+    with pytest.raises(ValueError, match="tor_sizes"):
+        synthetic_cluster(16, 4, tor_sizes=sizes)

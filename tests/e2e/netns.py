@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from npu_job.demo.podsim import software_under_tmp
+from npu_job.demo.podsim import kill_process_groups, software_under_tmp
 
-NETNS_ETC = Path("/etc/netns")
+NETNS_ETC = Path("/etc/netns")  # `ip netns exec NAME` bind-mounts NETNS_ETC/NAME/* over /etc/*
 
 
 def private_tmp_shell(private_dir: str) -> str:
@@ -42,6 +42,31 @@ def private_tmp_shell(private_dir: str) -> str:
         steps.append(f"mkdir -p {inside} && mount --bind -o ro {shlex.quote(path)} {inside}")
     steps.append(f"mount --rbind {shlex.quote(private_dir)} /tmp")
     return " && ".join(steps)
+
+
+def delete_network_namespace(name: str, timeout: float = 5.0) -> None:
+    """SIGKILL every process left in network namespace ``name``, wait (at most ``timeout``
+    seconds) until none is, then delete the namespace and its ``/etc/netns/NAME`` files."""
+
+    def pids() -> List[str]:
+        listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
+                                timeout=30)
+        return listed.stdout.split()
+
+    deadline = time.monotonic() + timeout
+    left = pids()
+    while left:
+        for pid in left:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+        left = pids()
+    subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+    shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
 
 
 def netns_unavailable_reason() -> Optional[str]:
@@ -134,38 +159,11 @@ class NetnsCluster:
 
     def close(self) -> None:
         """Kill every process started here, then remove namespaces, bridge and files."""
-        for process in self._processes:
-            if process.poll() is None:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for process in self._processes:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        kill_process_groups(self._processes)
         for host in self.hosts:
-            self._kill_namespace_processes(host.namespace)
-            subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
-            shutil.rmtree(NETNS_ETC / host.namespace, ignore_errors=True)
+            delete_network_namespace(host.namespace)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
         shutil.rmtree(self._root, ignore_errors=True)
-
-    @staticmethod
-    def _kill_namespace_processes(namespace: str) -> None:
-        pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-        for pid in pids.stdout.split():
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            left = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
-            if not left.stdout.strip():
-                return
-            time.sleep(0.05)
 
     # -- running ---------------------------------------------------------------------------
     def prefix(self, index: int) -> List[str]:
