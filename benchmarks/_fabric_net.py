@@ -18,11 +18,17 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from _fabric_model import Link, Shape, Socket, link_tx_bytes, parse_ss
-from npu_job.podsim import NETNS_ETC, delete_network_namespace, kill_process_groups
+from npu_job.demo.podsim import kill_process_groups
+
+# Network namespaces are made and removed as the end-to-end tests' harness does it
+# (tests/e2e/netns.py); the repository's root makes it importable when this runs as a script.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.e2e.netns import NETNS_ETC, delete_network_namespace, private_tmp_shell  # noqa: E402
 
 PREFIX = "npjfab"
 COMMAND_TIMEOUT = 30.0  # seconds for any one ip/tc/ss command
@@ -203,8 +209,6 @@ class Fabric:
         in a mount namespace where that directory is /tmp (a pod's own /tmp)."""
         wrapped = ["ip", "netns", "exec", self.nodes[pod]]
         if private_tmp is not None:
-            from npu_job.podsim import private_tmp_shell
-
             wrapped += ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
                         private_tmp_shell(str(private_tmp)) + ' && exec "$@"', "pod"]
         process = subprocess.Popen([*wrapped, *argv], env=dict(env), start_new_session=True,

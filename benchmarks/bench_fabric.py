@@ -115,8 +115,9 @@ class Job:
 def make_job(shape: model.Shape, seed: int) -> Job:
     from npu_job.bootstrap.canonical import id_sort_key
     from npu_job.bootstrap.synthetic import synthetic_cluster
-    from npu_job.bootstrap.topology import parse_topology, plain_topology_document
+    from npu_job.bootstrap.topology import parse_topology
     from npu_job.demo import cce_cluster
+    from tests.bootstrap.documents import plain_topology_document  # the root is on sys.path: net
 
     ips = [net.pod_ip(pod) for pod in range(shape.nodes)]
     table, topology = synthetic_cluster(
@@ -149,7 +150,8 @@ def random_order(nodes: int, seed: int) -> Tuple[int, ...]:
 # ---------------------------------------------------------------------------------------------
 def stage_scripts(job: Job, workspace: Path) -> Tuple[str, Dict[str, str]]:
     """Render the job, stage its scripts; the container command and its literal env."""
-    from npu_job import demo, podsim
+    from npu_job import demo
+    from npu_job.demo import podspec
 
     scripts = workspace / "scripts"
     cluster_dir = workspace / "cluster"
@@ -170,7 +172,7 @@ def stage_scripts(job: Job, workspace: Path) -> Tuple[str, Dict[str, str]]:
     # train.sh's place: say which node rank and master index the pod command gave it
     (scripts / "train.sh").write_text(
         'echo "fabric-pod node_rank=${RANK_AFTER_ACC} master_index=${MA_MASTER_INDEX}"\n')
-    _, manifest = podsim.find_job(demo.manifest_documents(rendered))
+    _, manifest = podspec.find_job(demo.manifest_documents(rendered))
     container = manifest["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
     literal = {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
     return container["command"][-1], literal

@@ -52,7 +52,7 @@ from npu_job.bootstrap.kubeobjects import (
     string_map,
 )
 from npu_job.bootstrap.model import Placement
-from npu_job.bootstrap.payload import expect_list, expect_object, expect_str, fail
+from npu_job.bootstrap.fields import expect_list, expect_object, expect_str, fail
 from npu_job.errors import shown
 
 MEMBER_TYPES = ("Node", "HyperNode")

@@ -28,9 +28,10 @@ from itertools import repeat
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from npu_job.bootstrap.kubeobjects import POD, PodFacts, object_field
-from npu_job.bootstrap.model import Device, RankTable, Topology, servers_from_columns
+from npu_job.bootstrap.columns import servers_from_columns
+from npu_job.bootstrap.model import Device, RankTable, Topology
 from npu_job.bootstrap.ranktable import POD_INDEX_EXPECTED, pod_index_from_name
-from npu_job.bootstrap.payload import fail
+from npu_job.bootstrap.fields import fail
 from npu_job.errors import InputError, NotReadyError, shown
 from npu_job.parsing import count_from_text
 

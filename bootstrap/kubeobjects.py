@@ -34,16 +34,9 @@ from typing import (
     Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
 )
 
-from npu_job.bootstrap.payload import (
-    decode_document,
-    decode_typed,
-    expect_list,
-    expect_object,
-    expect_str,
-    fail,
-    join_key,
-    json_text,
-)
+from npu_job.bootstrap.fields import expect_list, expect_object, expect_str, fail, join_key
+from npu_job.bootstrap.jsondecode import decode_typed
+from npu_job.bootstrap.payload import decode_document, json_text
 from npu_job.errors import InputError, shown
 
 NODE = "Node"

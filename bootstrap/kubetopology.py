@@ -25,7 +25,7 @@ from npu_job.bootstrap.kubeobjects import (
 )
 from npu_job.bootstrap.model import Placement, Topology
 from npu_job.bootstrap.topology import K8S_NODE_LABELS, VOLCANO_HYPERNODES
-from npu_job.bootstrap.payload import fail
+from npu_job.bootstrap.fields import fail
 from npu_job.errors import shown
 
 HYPERNODES = VOLCANO_HYPERNODES

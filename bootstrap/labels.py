@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
 from npu_job.bootstrap.model import Placement
-from npu_job.bootstrap.payload import expect_str
+from npu_job.bootstrap.fields import expect_str
 from npu_job.errors import InputError, shown
 
 CABINET_LABEL = "cce.kubectl.kubernetes.io/cabinet"

@@ -27,16 +27,8 @@ from collections import deque
 from itertools import accumulate, chain, repeat
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from npu_job.bootstrap.model import (
-    Device,
-    DeviceColumns,
-    Plan,
-    RankTable,
-    Server,
-    servers_from_device_columns,
-)
-from npu_job.bootstrap.payload import (
-    decode_document,
+from npu_job.bootstrap.columns import DeviceColumns, servers_from_device_columns
+from npu_job.bootstrap.fields import (
     expect_count,
     expect_list,
     expect_object,
@@ -47,6 +39,8 @@ from npu_job.bootstrap.payload import (
     require_str,
     require_unique_id,
 )
+from npu_job.bootstrap.model import Device, Plan, RankTable, Server
+from npu_job.bootstrap.payload import decode_document
 from npu_job.errors import shown
 from npu_job.parsing import COUNT_LIMIT, MAX_COUNT_DIGITS, count_from_text
 

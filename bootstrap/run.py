@@ -176,19 +176,17 @@ def _bootstrap(flags: Mapping[str, Any], env: Optional[Mapping[str, str]],
     strict = bool(flags.get("strict")) or environ.get("NPU_JOB_STRICT", "").strip().lower() in _TRUE
     output_dir = flags.get("output_dir") or environ.get(OUTPUT_DIR_ENV) or OUTPUT_DIR
     context: Dict[str, Any] = {}
+    failure: Optional[NpuJobError] = None
     try:
         options = resolve(flags, environ)
         output_dir = options.output_dir
-        route_plan = _run(options, environ, clock, sleep, context)
+        planned = _run(options, environ, clock, sleep, context)
+        if planned is None:  # a plan that gives no order is a result: fall back with its reasons
+            failure = _not_planned(context["plan"], context.get("rank_table") or context["pods"])
+        else:
+            route_plan = planned
     except NpuJobError as error:
-        route_plan = _fall_back(output_dir, error.message, context)
-        if strict:
-            raise
-        log.error("%s", error.message)
-        if error.tip:
-            log.info("TIP: %s", error.tip)
-        log.info("continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX); "
-                 "--strict makes this fatal")
+        failure = error
     except Exception as error:  # a bug of ours must not stop the training job either
         first_line = (str(error).splitlines() or [""])[0]
         summary = f"{type(error).__name__}: {verbatim_or_shown(first_line)}"
@@ -198,13 +196,24 @@ def _bootstrap(flags: Mapping[str, Any], env: Optional[Mapping[str, str]],
         log.error("internal error (a bug, please report it): %s", summary)
         log.debug("traceback", exc_info=True)
         log.info("continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX)")
+    if failure is not None:
+        route_plan = _fall_back(output_dir, failure.message, context)
+        if strict:  # the error is the outcome --strict asks for
+            raise failure
+        log.error("%s", failure.message)
+        if failure.tip:
+            log.info("TIP: %s", failure.tip)
+        log.info("continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX); "
+                 "--strict makes this fatal")
     if flags.get("json"):
         sys.stdout.write(json.dumps(route_plan, indent=2, sort_keys=True) + "\n")
     return BootstrapResult(EXIT_OK, route_plan)
 
 
 def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], float],
-         sleep: Callable[[float], None], context: Dict[str, Any]) -> Dict[str, Any]:
+         sleep: Callable[[float], None], context: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """Plan and write this pod's files; the route plan, or None when the plan gives no order
+    (``context["plan"]`` says why)."""
     from npu_job.bootstrap import identity, writers
 
     verify: Verify = options.ca_bundle or True
@@ -236,7 +245,7 @@ def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], 
     context["plan"] = plan
     log.info("input sha256 %s, mapping sha256 %s", plan.input_digest, plan.mapping_digest)
     if plan.status is not PlanStatus.SUCCESS:
-        raise InputError(location, "plan", "; ".join(plan.reasons) or "no usable order")
+        return None
     node_rank = plan.node_rank_of_pod[pod_index]
     route_plan = writers.route_plan_document(
         plan, node_count=table.node_count, pod_index=pod_index,
@@ -289,6 +298,12 @@ def _load_rank_table(options: BootstrapOptions, env: Mapping[str, str], verify: 
     # the run owns this freshly decoded document and only serialises the result
     return loaded.table, location, lambda plan: reordered_document(
         loaded.document, loaded.table, plan, in_place=True)
+
+
+def _not_planned(plan: Plan, servers: str) -> NpuJobError:
+    """How a plan that gives no order is reported (and what ``--strict`` exits with);
+    ``servers`` names where they came from (the rank table, or the job's pods)."""
+    return InputError(servers, "plan", "; ".join(plan.reasons) or "no usable order")
 
 
 def _plan(table: RankTable, topology: Optional[Topology], collective: Collective,

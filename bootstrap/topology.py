@@ -45,25 +45,25 @@ from itertools import chain
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from npu_job.bootstrap.model import Placement, RankTable, Topology
-from npu_job.bootstrap.payload import (
-    MSGSPEC_FROM_BYTES,
-    decode_document,
-    decode_typed,
-    encode_b64_gzip,
+from npu_job.bootstrap.fields import (
     expect_count,
     expect_list,
     expect_object,
     expect_str,
     fail,
     join_key,
-    json_text,
-    parse_json,
     require,
     require_list,
     require_str,
     require_unique_id,
+)
+from npu_job.bootstrap.jsondecode import (
+    MSGSPEC_FROM_BYTES,
+    decode_typed,
+    parse_json,
     scan_array_member,
 )
+from npu_job.bootstrap.payload import decode_document, encode_b64_gzip, json_text
 from npu_job.errors import shown
 
 logger = logging.getLogger(__name__)
@@ -411,21 +411,6 @@ def _switch_id(value: Any, source: str, path: str) -> str:
     if type(value) is int:
         return str(value)
     return expect_str(value, source, path)
-
-
-def plain_topology_document(topology: Topology) -> Dict[str, Any]:
-    """The plain-file document for ``topology`` (long form for every server; JSON or YAML)."""
-    servers: Dict[str, Any] = {}
-    for server_id, placement in topology.placements.items():
-        entry: Dict[str, Any]
-        if len(placement.tors) == 1:
-            entry = {"path": [*placement.tiers, placement.tors[0]]}
-        else:
-            entry = {"path": list(placement.tiers), "tors": list(placement.tors)}
-        if placement.slot is not None:
-            entry["slot"] = placement.slot
-        servers[server_id] = entry
-    return {"version": 1, "servers": servers}
 
 
 _READERS: Dict[str, Callable[[Any, str], Topology]] = {

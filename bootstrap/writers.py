@@ -22,11 +22,11 @@ import json
 import os
 import shlex
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 from npu_job import __version__
 from npu_job.bootstrap.model import Plan
-from npu_job.bootstrap.payload import encode_compact
+from npu_job.bootstrap.jsondecode import encode_compact
 from npu_job.fileio import write_atomic
 from npu_job.podfacts import ENV_FILE, MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN_FILE
 
@@ -146,7 +146,3 @@ def _same_file(path: Path, other: str) -> bool:
         return path.exists() and os.path.samefile(path, other)
     except OSError:
         return False
-
-
-def describe_written(paths: Sequence[Path]) -> str:
-    return ", ".join(str(path) for path in paths)

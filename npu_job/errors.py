@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import reprlib
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -161,3 +161,22 @@ def report_error(error: NpuJobError, prog: str) -> int:
     if error.tip:
         print(f"TIP: {error.tip}", file=sys.stderr)
     return error.exit_code
+
+
+def exit_code_of(command: Callable[[], int], prog: str) -> int:
+    """Run a command's body and return its exit code: an :class:`NpuJobError` is one line
+    (:func:`report_error`), Ctrl-C 130, a closed pipe (``| head``) 0, and anything else a bug,
+    shown with its traceback (exit 1)."""
+    try:
+        return command()
+    except NpuJobError as error:
+        return report_error(error, prog)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `npu-job render ... | head`
+        return 0
+    except Exception:  # a bug: show it, it is ours to fix
+        import logging
+
+        logging.getLogger("npu_job").exception("internal error (please report it)")
+        return EXIT_INTERNAL

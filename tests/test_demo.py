@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from npu_job import demo, podsim
+from npu_job import demo
+from npu_job.demo import podsim, podspec
 from npu_job.bootstrap.model import Collective, Plan, PlanStatus
 from npu_job.cli import main
 
@@ -45,7 +46,7 @@ def test_the_demo_renders_a_routed_cpu_job_that_brings_its_own_rank_table():
     command = rendered.pod_command
     assert "bash bootstrap.sh" in command and "bash train.sh" in command
     documents = demo.manifest_documents(rendered)
-    _, job = podsim.find_job(documents)
+    _, job = podspec.find_job(documents)
     template = job["spec"]["tasks"][0]["template"]
     assert "configmap1980" not in job["spec"]["plugins"] and "cabinet" not in rendered.job.text
     container = template["spec"]["containers"][0]
@@ -56,7 +57,7 @@ def test_the_demo_renders_a_routed_cpu_job_that_brings_its_own_rank_table():
     assert {"name": "ranktable", "mountPath": "/user/config", "readOnly": True} in container["volumeMounts"]
     cluster = demo.simulated_cluster(options, demo.loopback_ips(options.nodes))
     configmap = demo.rank_table_configmap(cluster)
-    spec = podsim.pod_specs(documents + [configmap], demo.loopback_ips(options.nodes))[0]
+    spec = podspec.pod_specs(documents + [configmap], demo.loopback_ips(options.nodes))[0]
     delivered = {mount.mount_path: dict(mount.files) for mount in spec.file_mounts}["/user/config"]
     assert delivered == {"jobstart_hccl.json": cluster.rank_table_json, "ranktable_tor.json": cluster.ranktable_tor_b64}
 

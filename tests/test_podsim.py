@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from npu_job import podsim
+from npu_job.demo import podsim, podspec
 from npu_job.errors import InputError
 
 IPS = ("127.0.0.20", "127.0.0.21", "127.0.0.22")
@@ -41,7 +41,7 @@ IPS = ("127.0.0.20", "127.0.0.21", "127.0.0.22")
          "braces-are-shell", "bare-dollar-name", "lone-dollar", "trailing-dollar", "unclosed", "escape-then-ref"],
 )
 def test_kubelet_reference_expansion(text, expected):
-    assert podsim.expand_references(text, {"A": "a", "B": "b-"}) == expected
+    assert podspec.expand_references(text, {"A": "a", "B": "b-"}) == expected
 
 
 def rendered_job(**overrides):
@@ -58,12 +58,12 @@ def specs_of(rendered, **kwargs):
     import yaml
 
     documents = [doc for doc in yaml.safe_load_all(rendered.stream()) if doc]
-    return podsim.pod_specs(documents, IPS, **kwargs)
+    return podspec.pod_specs(documents, IPS, **kwargs)
 
 
 def test_rendered_job_gives_each_pod_the_volcano_env_names_and_files():
     rendered = rendered_job()
-    specs = specs_of(rendered, image_env=podsim.image_environment(
+    specs = specs_of(rendered, image_env=podspec.image_environment(
         {"PATH": "/usr/bin", "RANK": "9", "VC_TASK_INDEX": "7", "MASTER_ADDR": "elsewhere"}))
     assert [spec.name for spec in specs] == ["job-worker-0", "job-worker-1", "job-worker-2"]
     for index, spec in enumerate(specs):
@@ -76,7 +76,7 @@ def test_rendered_job_gives_each_pod_the_volcano_env_names_and_files():
         assert env["VC_WORKER_NUM"] == "3"
         assert spec.argv == ("/bin/bash", "-c", rendered.pod_command)  # exactly as rendered
         assert spec.restart_policy == "OnFailure"
-        hosts = podsim.hosts_file_text(spec)
+        hosts = podspec.hosts_file_text(spec)
         for other, ip in enumerate(IPS):
             assert f"{ip}\tjob-worker-{other}.job" in hosts
         mounted = {mount.mount_path: dict(mount.files) for mount in spec.file_mounts}
@@ -87,9 +87,9 @@ def test_rendered_job_gives_each_pod_the_volcano_env_names_and_files():
 def test_the_image_puts_this_installation_first_on_the_pods_PATH():
     caller = {"PATH": "/usr/bin:/opt/venv/bin", "RANK": "3", "NPU_JOB_PYTHON": "/elsewhere/python"}
     installation = {"PATH": "/opt/venv/bin", "NPU_JOB_PYTHON": "/opt/venv/bin/python3.12"}
-    env = podsim.image_environment(caller, installation)
+    env = podspec.image_environment(caller, installation)
     assert env == {"PATH": "/opt/venv/bin:/usr/bin", "NPU_JOB_PYTHON": "/opt/venv/bin/python3.12"}
-    assert podsim.image_environment({}, installation)["PATH"] == "/opt/venv/bin:" + podsim.IMAGE_PATH
+    assert podspec.image_environment({}, installation)["PATH"] == "/opt/venv/bin:" + podspec.IMAGE_PATH
 
 
 def test_this_installation_is_the_running_python_and_its_console_scripts():
@@ -108,7 +108,7 @@ def test_hostile_env_values_reach_the_process_exactly_as_written():
 
 
 def test_cluster_files_are_mounted_where_the_plugin_puts_them():
-    files = podsim.cce_cluster_files('{"status": "completed"}', "H4sI")
+    files = podspec.cce_cluster_files('{"status": "completed"}', "H4sI")
     spec = specs_of(rendered_job(), cluster_files=files)[0]
     mounted = {mount.mount_path: mount for mount in spec.file_mounts}
     assert mounted["/user/config/jobstart_hccl.json"].files == (("jobstart_hccl.json", '{"status": "completed"}'),)
@@ -143,7 +143,7 @@ def job_document(container=None, volumes=(), replicas=3):
 )
 def test_what_a_cluster_could_not_start_is_a_precise_input_error(documents, field):
     with pytest.raises(InputError) as error:
-        podsim.pod_specs(documents, IPS)
+        podspec.pod_specs(documents, IPS)
     assert error.value.field == field
 
 
@@ -220,8 +220,8 @@ def test_a_pod_sees_its_own_host_and_leaves_the_machine_untouched(tmp_path, user
                      [{"name": "scripts", "configMap": {"name": "scripts"}},
                       {"name": "shared", "hostPath": {"path": str(shared)}}], replicas=2),
     ]
-    specs = podsim.pod_specs(documents, IPS[:2], image_env={"PATH": os.environ["PATH"]},
-                             cluster_files=podsim.cce_cluster_files('{"table": 1}', None))
+    specs = podspec.pod_specs(documents, IPS[:2], image_env={"PATH": os.environ["PATH"]},
+                             cluster_files=podspec.cce_cluster_files('{"table": 1}', None))
     before = host_state()
     outputs = []
     for attempt in range(2):  # the second attempt is a container restart: /tmp starts empty again
@@ -246,7 +246,7 @@ def test_a_pod_sees_its_own_host_and_leaves_the_machine_untouched(tmp_path, user
 @pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
 def test_killing_a_pod_kills_every_process_in_it(tmp_path):
     documents = [job_document({"command": ["/bin/bash", "-c", "setsid sleep 300 & sleep 300"]}, replicas=1)]
-    spec = podsim.pod_specs(documents, IPS[:1], image_env={"PATH": os.environ["PATH"]})[0]
+    spec = podspec.pod_specs(documents, IPS[:1], image_env={"PATH": os.environ["PATH"]})[0]
     pod = podsim.start_pod(podsim.stage_pod(spec, tmp_path / spec.name))
     for _ in range(100):
         if len(podsim.processes_inside(tmp_path)) >= 3:
@@ -265,9 +265,9 @@ def test_killing_a_pod_kills_every_process_in_it(tmp_path):
 def test_entering_a_pod_outside_its_namespaces_refuses_to_touch_the_host(tmp_path):
     import sys
 
-    spec = podsim.pod_specs([job_document(replicas=1)], IPS[:1])[0]
+    spec = podspec.pod_specs([job_document(replicas=1)], IPS[:1])[0]
     spec_file = podsim.stage_pod(spec, tmp_path / spec.name)
     argv = podsim.pod_argv(spec_file)
     run = subprocess.run(argv[argv.index(sys.executable):], capture_output=True, text=True, timeout=60)
     assert run.returncode == 126
-    assert run.stderr.startswith(podsim.SETUP_FAILED) and "private mount namespace" in run.stderr
+    assert run.stderr.startswith(podspec.SETUP_FAILED) and "private mount namespace" in run.stderr

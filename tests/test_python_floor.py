@@ -67,7 +67,11 @@ def stage_package(target: Path) -> Path:
         (line.split("=") for line in options["package_dir"].splitlines() if line.strip())
     )
     for package in (line.strip() for line in options["packages"].splitlines() if line.strip()):
-        source = ROOT / mapped.get(package, package.replace(".", "/"))
+        # as setuptools does: the longest mapped prefix, then the rest of the name as folders
+        parent = max((name for name in mapped if package == name or package.startswith(name + ".")),
+                     key=len, default="")
+        folder = mapped[parent] + package[len(parent):].replace(".", "/") if parent else package.replace(".", "/")
+        source = ROOT / folder
         destination = target / package.replace(".", "/")
         destination.mkdir(parents=True, exist_ok=True)
         for entry in source.iterdir():  # a package's own files; its subpackages are listed too

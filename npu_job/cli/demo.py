@@ -53,7 +53,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from npu_job import demo, podsim
+    from npu_job import demo
+    from npu_job.demo import podsim
     from npu_job.errors import InconsistentError, LaunchError
 
     if args.tors > args.nodes:

@@ -171,3 +171,18 @@ def write_cce_job(directory: Path, nodes: int, tors: int, *, seed: int = 3,
     tor_file = encode_ranktable_tor(table, topology)
     (directory / "ranktable_tor.json").write_bytes(tor_file)
     return table, parse_topology(tor_file, "ranktable_tor.json"), directory / "jobstart_hccl.json"
+
+
+def plain_topology_document(topology: Topology) -> Dict[str, Any]:
+    """The plain-file document for ``topology`` (long form for every server; JSON or YAML)."""
+    servers: Dict[str, Any] = {}
+    for server_id, placement in topology.placements.items():
+        entry: Dict[str, Any]
+        if len(placement.tors) == 1:
+            entry = {"path": [*placement.tiers, placement.tors[0]]}
+        else:
+            entry = {"path": list(placement.tiers), "tors": list(placement.tors)}
+        if placement.slot is not None:
+            entry["slot"] = placement.slot
+        servers[server_id] = entry
+    return {"version": 1, "servers": servers}

@@ -7,19 +7,21 @@ import pickle
 
 import pytest
 
+from npu_job.bootstrap.columns import (
+    DeviceColumns,
+    devices_from_columns,
+    servers_from_columns,
+    servers_from_device_columns,
+)
 from npu_job.bootstrap.model import (
     Collective,
     Device,
-    DeviceColumns,
     Placement,
     Plan,
     PlanStatus,
     RankTable,
     Server,
     Topology,
-    devices_from_columns,
-    servers_from_columns,
-    servers_from_device_columns,
 )
 
 

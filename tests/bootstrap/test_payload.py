@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npu_job.bootstrap import payload
-from npu_job.bootstrap.payload import decode_document, describe, encode_b64_gzip
+from npu_job.bootstrap import jsondecode, payload
+from npu_job.bootstrap.fields import describe
+from npu_job.bootstrap.payload import decode_document, encode_b64_gzip
 from npu_job.errors import InputError, shown
 
 from .documents import b64_gzip, v1_0
@@ -210,13 +211,13 @@ def _reference(text, key="a"):
 def test_scan_array_member_accepts_exactly_what_json_loads_accepts(items, others, indent, cut, mutation):
     text = json.dumps({**others, "a": items}, indent=indent)
     for candidate in (text, text[:cut] + mutation + text[cut:], text[:cut]):
-        scanned = payload.scan_array_member(candidate.encode(), "a", _keep_all)
+        scanned = jsondecode.scan_array_member(candidate.encode(), "a", _keep_all)
         reference = _reference(candidate)
         if reference is None:
             assert scanned is None, candidate
         elif scanned is not None:  # None is always allowed: the caller then parses the usual way
             assert scanned == reference, candidate
-    assert payload.scan_array_member(text.encode(), "a", _keep_all) == _reference(text)
+    assert jsondecode.scan_array_member(text.encode(), "a", _keep_all) == _reference(text)
 
 
 @pytest.mark.parametrize(
@@ -226,11 +227,11 @@ def test_scan_array_member_accepts_exactly_what_json_loads_accepts(items, others
          "missing-comma"],
 )
 def test_scan_array_member_leaves_anything_unusual_to_the_full_parse(text):
-    assert payload.scan_array_member(text.encode(), "a", _keep_all) is None
+    assert jsondecode.scan_array_member(text.encode(), "a", _keep_all) is None
 
 
 def test_scan_array_member_stops_when_an_item_is_refused():
-    assert payload.scan_array_member(b'{"a": [1, 2, 3]}', "a", lambda item: item if item != 2 else None) is None
+    assert jsondecode.scan_array_member(b'{"a": [1, 2, 3]}', "a", lambda item: item if item != 2 else None) is None
 
 
 @pytest.mark.parametrize(
@@ -239,7 +240,7 @@ def test_scan_array_member_stops_when_an_item_is_refused():
     ids=["compact", "spaces-everywhere", "crlf-and-tabs", "space-before-close"],
 )
 def test_scan_array_member_reads_items_whatever_the_whitespace_between_them(text):
-    assert payload.scan_array_member(text.encode(), "a", _keep_all) == [_keep_all(n) for n in (1, 2, 3)]
+    assert jsondecode.scan_array_member(text.encode(), "a", _keep_all) == [_keep_all(n) for n in (1, 2, 3)]
 
 
 # --- msgspec is a shortcut: whatever it accepts means what json.loads makes of it ---------------
@@ -249,7 +250,7 @@ def _outcome(text, engine):
     ("error", message). repr tells 1 from 1.0 and -0.0 from 0.0, which == would not."""
     with json_engine(engine):
         try:
-            return "ok", repr(payload.parse_json(text, "f.json"))
+            return "ok", repr(jsondecode.parse_json(text, "f.json"))
         except InputError as error:
             return "error", error.message
 
@@ -311,20 +312,20 @@ def test_what_only_the_standard_library_accepts_still_decodes_under_msgspec(data
 
 
 def test_msgspec_is_loaded_only_for_big_inputs(monkeypatch):
-    monkeypatch.setattr(payload, "_msgspec", False)
-    assert payload.msgspec_for(payload.MSGSPEC_FROM_BYTES - 1) is None
-    assert payload._msgspec is False  # not even tried
-    assert payload.msgspec_for(payload.MSGSPEC_FROM_BYTES) is not None
+    monkeypatch.setattr(jsondecode, "_msgspec", False)
+    assert jsondecode.msgspec_for(jsondecode.MSGSPEC_FROM_BYTES - 1) is None
+    assert jsondecode._msgspec is False  # not even tried
+    assert jsondecode.msgspec_for(jsondecode.MSGSPEC_FROM_BYTES) is not None
 
 
 def test_without_msgspec_big_inputs_use_the_standard_library(monkeypatch):
-    monkeypatch.setattr(payload, "_msgspec", False)
+    monkeypatch.setattr(jsondecode, "_msgspec", False)
     monkeypatch.setitem(sys.modules, "msgspec", None)  # what an image without msgspec looks like
-    monkeypatch.setattr(payload, "MSGSPEC_FROM_BYTES", 0)
-    assert payload.msgspec_for(10**9) is None
-    assert payload.parse_json(b'{"a": [1, 2]}', "f") == {"a": [1, 2]}
-    assert payload.decode_typed(b"{}", lambda msgspec: pytest.fail("no msgspec, no decoder")) is None
-    assert payload.encode_compact({"a": "\u00e9"}) == b'{"a":"\\u00e9"}'
+    monkeypatch.setattr(jsondecode, "MSGSPEC_FROM_BYTES", 0)
+    assert jsondecode.msgspec_for(10**9) is None
+    assert jsondecode.parse_json(b'{"a": [1, 2]}', "f") == {"a": [1, 2]}
+    assert jsondecode.decode_typed(b"{}", lambda msgspec: pytest.fail("no msgspec, no decoder")) is None
+    assert jsondecode.encode_compact({"a": "\u00e9"}) == b'{"a":"\\u00e9"}'
 
 
 def test_decode_typed_checks_utf8_that_msgspec_skips():
@@ -332,12 +333,12 @@ def test_decode_typed_checks_utf8_that_msgspec_skips():
         return msgspec.json.Decoder(msgspec.defstruct("Only", [("a", int)]))
 
     with json_engine("msgspec"):
-        assert payload.decode_typed(b'{"a": 1, "b": "ok"}', decoder_for).a == 1
-        assert payload.decode_typed(b'{"a": 1, "b": "\xff"}', decoder_for) is None  # json.loads refuses it
-        assert payload.decode_typed(b'{"a": "1"}', decoder_for) is None  # a wrong type decides nothing
-        assert payload.decode_typed(b'{"a": 1', decoder_for) is None
+        assert jsondecode.decode_typed(b'{"a": 1, "b": "ok"}', decoder_for).a == 1
+        assert jsondecode.decode_typed(b'{"a": 1, "b": "\xff"}', decoder_for) is None  # json.loads refuses it
+        assert jsondecode.decode_typed(b'{"a": "1"}', decoder_for) is None  # a wrong type decides nothing
+        assert jsondecode.decode_typed(b'{"a": 1', decoder_for) is None
     with json_engine("stdlib"):
-        assert payload.decode_typed(b'{"a": 1}', decoder_for) is None
+        assert jsondecode.decode_typed(b'{"a": 1}', decoder_for) is None
 
 
 @settings(max_examples=200, deadline=None)
@@ -345,12 +346,12 @@ def test_decode_typed_checks_utf8_that_msgspec_skips():
 def test_encode_compact_writes_what_json_dumps_means(document):
     for engine in ENGINES:
         with json_engine(engine):
-            encoded = payload.encode_compact(document)
+            encoded = jsondecode.encode_compact(document)
         assert json.loads(encoded) == document
         assert b"\n" not in encoded and b": " not in encoded.replace(b'": "', b"")
 
 
 def test_encode_compact_falls_back_for_what_msgspec_cannot_write():
     with json_engine("msgspec"):
-        document = payload.parse_json(b'{"a": "\\ud800", "b": ' + b"7" * 30 + b"}", "f")
-        assert payload.encode_compact(document) == b'{"a":"\\ud800","b":' + b"7" * 30 + b"}"
+        document = jsondecode.parse_json(b'{"a": "\\ud800", "b": ' + b"7" * 30 + b"}", "f")
+        assert jsondecode.encode_compact(document) == b'{"a":"\\ud800","b":' + b"7" * 30 + b"}"

@@ -21,11 +21,10 @@ from npu_job.bootstrap.topology import (
     PLAIN_FILE,
     encode_ranktable_tor,
     parse_topology,
-    plain_topology_document,
 )
 from npu_job.errors import InputError
 
-from .documents import as_json, b64_gzip, node, node_list, ranktable_tor, tor_info
+from .documents import as_json, b64_gzip, node, node_list, plain_topology_document, ranktable_tor, tor_info
 from .engines import ENGINES, json_engine
 
 CCE = ranktable_tor({

@@ -112,12 +112,15 @@ def test_bootstrap_sh_without_npu_job_says_so_and_keeps_the_job_alive(tmp_path, 
     assert strict.returncode == 3
 
 
-def test_installed_script_and_template_are_this_script():
+def test_installed_script_and_packaged_one_are_this_script():
+    from importlib import resources
+
+    packaged = resources.files("npu_job.scripts").joinpath("bootstrap.sh")
+    assert Path(str(packaged)).resolve() == SCRIPT.resolve(), "render ships this very file"
     installed = Path(sys.executable).parent / "bootstrap.sh"
     if not installed.exists():
         pytest.skip("npu-job is not installed into this interpreter's bin directory")
     assert filecmp.cmp(installed, SCRIPT, shallow=False), "stale copy: re-run pip install -e ."
-    assert (REPO / "templates" / "bootstrap.sh").resolve() == SCRIPT.resolve()
 
 
 def test_script_passes_shellcheck():
@@ -133,6 +136,16 @@ def test_verbose_and_quiet_after_the_subcommand_as_the_flag_table_says(job, caps
     assert "npu-job: debug: rank table:" in err and "npu-job: node rank" in err
     assert main(["bootstrap", *flags, "-q"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_an_unknown_option_of_bootstrap_sh_shows_the_bootstraps_usage(tmp_path):
+    """bootstrap.sh parses its own options (npu_job.bootstrap.command), without npu-job's other
+    subcommands: an option it does not know is a usage error against its own usage, exit 2."""
+    done = subprocess.run(["bash", str(SCRIPT), "--no-such-option"], env=_clean_env(), capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: npu-job bootstrap [-h] [-v] [-q] ")
+    assert done.stderr.splitlines()[-1] == "npu-job bootstrap: error: unrecognized arguments: --no-such-option"
 
 
 def test_bootstrap_without_a_rank_table_from_a_pods_file(tmp_path, capsys):

@@ -20,7 +20,7 @@ from typing import Tuple
 import pytest
 
 from npu_job.bootstrap.payload import MAX_INPUT_BYTES
-from npu_job.bootstrap import payload
+from npu_job.bootstrap import jsondecode
 from tests.bootstrap.documents import ranktable_tor, tor_info, v1_0
 from tests.bootstrap.engines import ENGINES
 from tests.cli.bad_input import TOR_INFO_IDS, V1_0_IDS, assert_one_line_error, clean_environment, run_everywhere
@@ -126,10 +126,10 @@ def _at_the_cap(document: dict, item: bytes, pad_first: str, size: int) -> bytes
         return text.replace(b'"<pad>"', b'"' + pad + b"a" * (size - len(text) - len(pad) + 5) + b'"')
 
     one = build(1)  # each further item adds its values and a comma to decoded_size's count
-    per_item = payload.decoded_size(build(2)) - payload.decoded_size(one)
-    count = 1 + (payload.MAX_DECODED_BYTES - payload.decoded_size(one)) // per_item
+    per_item = jsondecode.decoded_size(build(2)) - jsondecode.decoded_size(one)
+    count = 1 + (jsondecode.MAX_DECODED_BYTES - jsondecode.decoded_size(one)) // per_item
     text = build(count)
-    assert len(text) == size and payload.fits_decoded(text) and not payload.fits_decoded(build(count + 1))
+    assert len(text) == size and jsondecode.fits_decoded(text) and not jsondecode.fits_decoded(build(count + 1))
     return text
 
 

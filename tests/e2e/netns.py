@@ -13,16 +13,60 @@ lets a test assert that.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from npu_job.podsim import (NETNS_ETC, delete_network_namespace, kill_process_groups,
-                            private_tmp_shell)
+from npu_job.demo.podsim import kill_process_groups, software_under_tmp
 
+NETNS_ETC = Path("/etc/netns")  # `ip netns exec NAME` bind-mounts NETNS_ETC/NAME/* over /etc/*
+
+
+def private_tmp_shell(private_dir: str) -> str:
+    """Shell (for a fresh mount namespace) that makes ``private_dir`` the process's /tmp.
+
+    The rule of :func:`npu_job.demo.podsim.software_under_tmp`, for processes whose mounts are set
+    up with ``mount`` instead of podsim's ``enter_pod``: this machine's software under /tmp is
+    bound read-only into ``private_dir`` at the same relative paths first, then ``private_dir``
+    replaces /tmp.
+    """
+    steps = []
+    for path in software_under_tmp():
+        inside = shlex.quote(private_dir + path[len("/tmp"):])
+        steps.append(f"mkdir -p {inside} && mount --bind -o ro {shlex.quote(path)} {inside}")
+    steps.append(f"mount --rbind {shlex.quote(private_dir)} /tmp")
+    return " && ".join(steps)
+
+
+def delete_network_namespace(name: str, timeout: float = 5.0) -> None:
+    """SIGKILL every process left in network namespace ``name``, wait (at most ``timeout``
+    seconds) until none is, then delete the namespace and its ``/etc/netns/NAME`` files."""
+
+    def pids() -> List[str]:
+        listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
+                                timeout=30)
+        return listed.stdout.split()
+
+    deadline = time.monotonic() + timeout
+    left = pids()
+    while left:
+        for pid in left:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+        left = pids()
+    subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+    shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
 
 
 def netns_unavailable_reason() -> Optional[str]:
@@ -137,7 +181,7 @@ class NetnsCluster:
         """Start ``argv`` on host ``index`` with a private /tmp, in its own process group.
 
         This Python and npu-job's own directories stay visible when they live under /tmp (see
-        :func:`npu_job.podsim.private_tmp_shell`): they are bound into the private directory at
+        :func:`private_tmp_shell`): they are bound into the private directory at
         the same relative paths before it replaces /tmp.
         """
         host = self.hosts[index]

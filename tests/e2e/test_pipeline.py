@@ -6,7 +6,7 @@ rank table at /user/config: for the demo's CPU job from the ConfigMap the job mo
 NPU job as CCE's configmap1980 plugin mounts it), so the root store, the
 per-node store proxies and gloo's connections really cross "hosts". The pod command is exactly the
 one in the rendered Volcano Job. Nothing is mocked: the only stand-ins are the cluster itself
-(``npu_job.podsim`` does what the Volcano controller and the kubelet would do before the
+(``npu_job.demo.podspec`` does what the Volcano controller and the kubelet would do before the
 container starts) and the fabric (ToRs exist only in the generated ranktable_tor.json).
 
 Every case asserts the final global ranks against the plan the bootstrap had to compute, that all
@@ -27,7 +27,8 @@ from typing import Iterator, List
 
 import pytest
 
-from npu_job import demo, podsim
+from npu_job import demo
+from npu_job.demo import podsim
 from tests.e2e.netns import NetnsCluster, leftovers, netns_unavailable_reason
 
 REASON = netns_unavailable_reason()

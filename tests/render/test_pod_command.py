@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from npu_job import podsim
+from tests.e2e.netns import private_tmp_shell
 from npu_job.render.render import RenderedJob, render
 
 from .conftest import container, job_of, parsed, spec_from, with_keys
@@ -84,7 +84,7 @@ def run_pods(rendered: RenderedJob, workspace: Path) -> List[Dict[str, Any]]:
     for index in range(rendered.spec.nodes):
         pod_tmp = workspace / f"pod-tmp-{index}"  # the pod's private, initially empty /tmp
         pod_tmp.mkdir(mode=0o1777)
-        enter = f'mount --bind "$1" {POD_ROOT} && {podsim.private_tmp_shell(str(pod_tmp))} && shift && exec "$@"'
+        enter = f'mount --bind "$1" {POD_ROOT} && {private_tmp_shell(str(pod_tmp))} && shift && exec "$@"'
         env = dict(os.environ, PATH=f"{POD_ROOT}/bin:{os.environ['PATH']}")
         env.update(pod_env(rendered, index))
         procs.append(

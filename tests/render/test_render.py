@@ -269,7 +269,7 @@ def test_render_is_deterministic():
 def test_bundled_bootstrap_is_shipped_verbatim():
     from importlib import resources
 
-    bundled = resources.files("npu_job.templates").joinpath("bootstrap.sh").read_text()
+    bundled = resources.files("npu_job.scripts").joinpath("bootstrap.sh").read_text()
     rendered = render(spec_from(with_keys(nodes=3)))
     assert dict(rendered.scripts)["bootstrap.sh"] == bundled
     assert yaml.safe_load_all(rendered.stream()).__next__()["data"]["bootstrap.sh"] == bundled

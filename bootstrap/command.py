@@ -1,15 +1,22 @@
-"""``npu-job bootstrap``: compute this pod's routing-affine node rank (pod step 1).
+"""The bootstrap's command line: ``bash bootstrap.sh``, ``python -m npu_job.bootstrap`` and
+``npu-job bootstrap`` (pod step 1).
 
-The same code runs as ``python -m npu_job.bootstrap`` and ``bash bootstrap.sh``. Flags override
-the environment variables named in their help; see :mod:`npu_job.bootstrap.run` for the flow and
-the never-break-the-job promise.
+Its flags (:func:`configure`; they override the environment variables named in their help) and
+:func:`main`, which parses them and runs the bootstrap without the rest of the ``npu-job``
+command line: the pod's first step goes from ``bootstrap.sh`` to :func:`main` to
+:func:`npu_job.bootstrap.run.bootstrap` (see there for the flow and the never-break-the-job
+promise). ``npu-job bootstrap`` is the same parser as a subcommand (``HELP``, ``configure``,
+``run``).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Optional, Sequence
 
-from npu_job.cli._args import int_at_least, seconds
+from npu_job.errors import EXIT_USAGE, exit_code_of
+from npu_job.logs import PROG, add_log_options, setup_logging, verbosity
+from npu_job.parsing import int_at_least, seconds
 
 HELP = "compute this pod's routing-affine node rank (pod step 1)"
 
@@ -122,3 +129,17 @@ def run(args: argparse.Namespace) -> int:
     from npu_job.bootstrap.run import bootstrap
 
     return bootstrap(vars(args)).exit_code
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``npu-job bootstrap ARGV`` without the rest of ``npu-job``: the same options (-v/-q
+    included), help, messages and exit codes. Returns the exit code."""
+    parser = argparse.ArgumentParser(prog=f"{PROG} bootstrap", description=HELP)
+    add_log_options(parser)
+    configure(parser)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse: --help exits 0, usage errors exit 2
+        return int(exit_.code) if isinstance(exit_.code, int) else EXIT_USAGE
+    setup_logging(verbosity(args))
+    return exit_code_of(lambda: run(args), PROG)

@@ -36,7 +36,6 @@ from npu_job import podfacts
 from npu_job.errors import RenderError
 from npu_job.render.spec import (
     DEVICE_RESOURCE,
-    FULL_NODE_ENV,
     NPU_HOST_MOUNTS,
     SCRIPTS_VOLUME,
     SHM_VOLUME,
@@ -45,7 +44,9 @@ from npu_job.render.spec import (
 
 log = logging.getLogger(__name__)
 
-TEMPLATE_PACKAGE = "npu_job.templates"
+TEMPLATE_PACKAGE = "npu_job.render.templates"
+#: the pod's scripts that are files, not templates (bootstrap.sh, also installed on PATH)
+SCRIPTS_PACKAGE = "npu_job.scripts"
 SOURCE_PREFIX = "npu-job/templates/"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "npu-job")
 #: the launcher each `launcher` value runs, as words
@@ -181,15 +182,16 @@ def _environment() -> Any:
     return env
 
 
-def _package_text(name: str) -> str:
+def _package_text(name: str, package: str = TEMPLATE_PACKAGE) -> str:
     from importlib import resources
 
     try:
         if not hasattr(resources, "files"):  # Python 3.8
-            return resources.read_text(TEMPLATE_PACKAGE, name, encoding="utf-8")
-        return resources.files(TEMPLATE_PACKAGE).joinpath(name).read_text(encoding="utf-8")
+            return resources.read_text(package, name, encoding="utf-8")
+        return resources.files(package).joinpath(name).read_text(encoding="utf-8")
     except (FileNotFoundError, OSError) as error:
-        raise RenderError(f"templates/{name}: cannot read the packaged file: {error}") from None
+        folder = package.split(".")[-1]
+        raise RenderError(f"{folder}/{name}: cannot read the packaged file: {error}") from None
 
 
 def _render_template(env: Any, name: str, context: Mapping[str, Any]) -> str:
@@ -251,7 +253,7 @@ def _context(spec: JobSpec) -> Dict[str, Any]:
         "scripts_volume": SCRIPTS_VOLUME,
         "shm_volume": SHM_VOLUME,
         "npu_host_mounts": NPU_HOST_MOUNTS,
-        "full_node_env": FULL_NODE_ENV,
+        "full_node_env": podfacts.FULL_NODE_ENV,
         "launcher_command": LAUNCHER_COMMANDS[spec.launcher],
         "job_labels": job_labels,
         "cce_routing": npu_routing,
@@ -266,8 +268,8 @@ def _context(spec: JobSpec) -> Dict[str, Any]:
 
 
 def bootstrap_script() -> str:
-    """The bundled ``bootstrap.sh`` (scripts/bootstrap.sh, shipped as package data)."""
-    return _package_text("bootstrap.sh")
+    """The bundled ``bootstrap.sh`` (scripts/bootstrap.sh, package data of ``npu_job.scripts``)."""
+    return _package_text("bootstrap.sh", SCRIPTS_PACKAGE)
 
 
 def render(spec: JobSpec, *, bootstrap: Optional[str] = None) -> RenderedJob:
