@@ -1,8 +1,8 @@
 """What a valid job spec does that will disappoint: the renderer's warnings, one sentence each.
 
 :func:`spec_warnings` is asked by ``spec.validate`` for every spec it accepts: routing with fewer
-than 3 nodes or without a rank table source, part of a node, a launcher option that assigns ranks
-by arrival, keys a device ignores. Each warning says what will happen.
+than 3 nodes, or (told to use one) without a rank table source, part of a node, a launcher
+option that assigns ranks by arrival, keys a device ignores. Each warning says what will happen.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str
     warnings: List[str] = []
     explicit = set(explicit_keys)
     full = spec.full_node_npus
-    if spec.routing and spec.device != "npu" and not _brings_a_rank_table(spec):
+    if (spec.routing and spec.routing_source == "rank-table" and spec.device != "npu"
+            and not brings_a_rank_table(spec)):
         warnings.append(
             f"routing is on for device {spec.device}, but no rank table source is configured (CCE's "
             f"configmap1980 plugin serves NPU jobs only): set env RANK_TABLE_FILE (a file in one of "
@@ -54,6 +55,19 @@ def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str
         warnings.append(f"hccl settings are ignored for device {spec.device}")
     if spec.bootstrap_url and not spec.routing:
         warnings.append("bootstrap.url is ignored: routing is off, so the pod runs no bootstrap")
+    if spec.routes_by_api and RANK_TABLE_ENV in dict(spec.env):
+        warnings.append(f"routing_source is api, but env {RANK_TABLE_ENV} names a rank table: the "
+                        "bootstrap reads that rank table and not the job's pods")
+    if spec.routes_by_api and not spec.anti_affinity:
+        warnings.append("routing by the Kubernetes API with anti_affinity off: pods of the job that "
+                        "share a node make every pod's bootstrap keep the scheduler's order "
+                        "(routing orders nodes)")
+    if "routing_source" in explicit and not spec.routing:
+        warnings.append("routing_source is ignored: routing is off")
+    topology = spec.network_topology
+    if topology.mode == "soft" and topology.highest_tier_allowed is not None:
+        warnings.append("network_topology.highest_tier_allowed is ignored in soft mode (Volcano "
+                        "reads it in hard mode only)")
     return tuple(warnings)
 
 
@@ -62,7 +76,7 @@ def _default_rank_table_dirs() -> Tuple[str, ...]:
     return tuple(posixpath.dirname(path) for path in DEFAULT_RANK_TABLES)
 
 
-def _brings_a_rank_table(spec: JobSpec) -> bool:
+def brings_a_rank_table(spec: JobSpec) -> bool:
     """Whether the pods get a rank table without CCE: ``RANK_TABLE_FILE`` or a default location."""
     if RANK_TABLE_ENV in dict(spec.env):
         return True

@@ -72,7 +72,7 @@ class RenderedJob:
     """Everything ``npu-job render`` produces for one spec, in a stable order."""
 
     spec: JobSpec
-    documents: Tuple[Document, ...]  # ConfigMap first, then the Job
+    documents: Tuple[Document, ...]  # ConfigMap first, then (routing by the API) RBAC, the Job
     scripts: Tuple[Tuple[str, str], ...]  # (file name, text): train.sh, [install.sh], [bootstrap.sh]
     warnings: Tuple[str, ...] = ()
 
@@ -228,7 +228,7 @@ def _pairs(*groups: Tuple[Tuple[str, str], ...]) -> Tuple[Tuple[str, str], ...]:
 def _context(spec: JobSpec) -> Dict[str, Any]:
     # CCE delivers the rank table (configmap1980) and the ToR topology (cabinet) to NPU jobs only;
     # a routed gpu/cpu job runs the same bootstrap on a rank table it brings itself
-    npu_routing = spec.routing and spec.device == "npu"
+    npu_routing = spec.routing and spec.device == "npu" and not spec.routes_by_api
     job_labels = _pairs(
         (MANAGED_BY,),
         (("fault-scheduling", "force"),) if spec.device == "npu" else (),
@@ -258,6 +258,11 @@ def _context(spec: JobSpec) -> Dict[str, Any]:
         "job_labels": job_labels,
         "cce_routing": npu_routing,
         "configmap_labels": _pairs((MANAGED_BY,), spec.labels),
+        "routes_by_api": spec.routes_by_api,
+        "service_account": spec.routing_service_account,
+        # cluster-scoped, so named after the namespace too (':' may be in an RBAC name, not in
+        # a namespace or job name: no two jobs share one)
+        "cluster_role": f"npu-job:{spec.namespace}:{spec.name}-routing",
         "pod_labels": _pairs((MANAGED_BY,), spec.labels),
         "pod_annotations": _pairs((("cabinet", "cabinet"),) if npu_routing else (), spec.annotations),
         "resources": tuple(resources),
@@ -291,14 +296,20 @@ def render(spec: JobSpec, *, bootstrap: Optional[str] = None) -> RenderedJob:
             scripts.append(("bootstrap.sh", bootstrap if bootstrap is not None else bootstrap_script()))
     context["scripts"] = tuple(scripts)
 
+    templates = ["configmap.yaml.j2", "job.yaml.j2"]
+    if spec.routes_by_api and spec.service_account is None:  # before the Job whose pods use it
+        templates.insert(1, "rbac.yaml.j2")
     documents = []
-    for template in ("configmap.yaml.j2", "job.yaml.j2"):
-        text = _render_template(env, template, context)
-        if not text.endswith("\n"):
-            text += "\n"
-        try:
-            parsed = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            raise RenderError(f"templates/{template}: rendered text is not valid YAML: {error}") from None
-        documents.append(Document(SOURCE_PREFIX + template, parsed["kind"], parsed["metadata"]["name"], text))
+    for template in templates:
+        rendered = _render_template(env, template, context)
+        for text in rendered.split("\n---\n"):  # a template may hold several documents
+            if not text.endswith("\n"):
+                text += "\n"
+            try:
+                parsed = yaml.safe_load(text)
+            except yaml.YAMLError as error:
+                raise RenderError(
+                    f"templates/{template}: rendered text is not valid YAML: {error}") from None
+            documents.append(Document(SOURCE_PREFIX + template, parsed["kind"],
+                                      parsed["metadata"]["name"], text))
     return RenderedJob(spec, tuple(documents), tuple(scripts), spec.warnings)

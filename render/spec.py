@@ -52,12 +52,17 @@ from npu_job.render.checks import (
     Volumes,
     per_device,
 )
-from npu_job.render.lint import spec_warnings
+from npu_job.render.lint import brings_a_rank_table, spec_warnings
 from npu_job.render.values import MergedValues
 
 # --- constants the templates and validation share ---------------------------------------------
 
 DEVICES = ("npu", "gpu", "cpu")
+#: where a routed job's servers come from: the rank table (CCE's, or the job's own), or the job's
+#: pods from the Kubernetes API (the bootstrap's NPU_JOB_PODS=k8s); auto: the API for a gpu/cpu
+#: job that brings no rank table
+ROUTING_SOURCES = ("auto", "rank-table", "api")
+NETWORK_TOPOLOGY_MODES = ("hard", "soft")  # Volcano Job spec.networkTopology.mode
 LAUNCHERS = ("npu-run", "torchrun", "torch.distributed.launch")
 PULL_POLICIES = ("IfNotPresent", "Always", "Never")
 #: resource name per device (None: no accelerator is requested)
@@ -98,6 +103,7 @@ RESERVED_ENV: Mapping[str, str] = {
     "HCCL_CONNECT_TIMEOUT": "use the hccl.connect_timeout key",
     "HCCL_IF_BASE_PORT": "use the hccl.base_port key",
     FULL_NODE_ENV: "use the full_node_npus key",
+    "NPU_JOB_PODS": "set by npu-job when routing uses the Kubernetes API (routing_source)",
 }
 
 _NO_CONTROL = re.compile(r"[^\x00-\x1f\x7f]+\Z")
@@ -273,10 +279,27 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
             lambda keys: keys["device"] == "npu" and keys["nodes"] >= MIN_NODES,
         ),
         "Routing acceleration: the pod runs bootstrap.sh to reorder node ranks. On npu, CCE "
-        "delivers its inputs (configmap1980 plugin, `cabinet` annotation); on gpu/cpu the job "
-        "brings its own rank table (env `RANK_TABLE_FILE`: a file in `volumes` or an http(s) URL, "
-        "or a mount at `/user/config`), else render warns and the bootstrap keeps the "
-        "scheduler's order.",
+        "delivers its inputs (configmap1980 plugin, `cabinet` annotation); a gpu/cpu job brings "
+        "its own rank table (env `RANK_TABLE_FILE`: a file in `volumes` or an http(s) URL, or a "
+        "mount at `/user/config`) or, without one, routes by its pods from the Kubernetes API "
+        "(`routing_source`).",
+    ),
+    KeySpec(
+        "routing_source", Choice(ROUTING_SOURCES), ROUTING_SOURCES[0],
+        "Where routing finds the servers. `rank-table`: a rank table (CCE's on npu, the job's "
+        "own on gpu/cpu). `api`: the job's pods, listed by each pod's bootstrap from the "
+        "Kubernetes API (`NPU_JOB_PODS=k8s`), and the cluster's Volcano HyperNodes or node labels "
+        "as the topology; render adds the ServiceAccount and RBAC this needs (see "
+        "`service_account`) and, on npu, leaves out CCE's pieces. `auto`: `api` for a gpu/cpu "
+        "job that brings no rank table, else `rank-table`.",
+    ),
+    KeySpec(
+        "service_account",
+        Text("DNS-1123 subdomain", DNS_SUBDOMAIN, DNS_SUBDOMAIN_RULE, 253), None,
+        "The pods' ServiceAccount. None and routing by the API: render emits `<name>-routing` "
+        "with least privilege: a Role that may list pods in the namespace and a ClusterRole that "
+        "may list nodes and Volcano hypernodes, each bound to it. Given: no RBAC is emitted, and "
+        "this account needs those permissions for routing by the API.",
     ),
     KeySpec(
         "tiered_store", Flag(),
@@ -297,6 +320,18 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
         "Rendezvous / TCPStore port on the master node.",
     ),
     KeySpec("max_retry", Integer(0, 2**31 - 1), 3, "Volcano `maxRetry`."),
+    KeySpec(
+        "network_topology.mode", Choice(NETWORK_TOPOLOGY_MODES), None,
+        "Volcano Job `networkTopology.mode` (Volcano >= 1.12, its network-topology-aware plugin): "
+        "`hard` keeps the job inside one HyperNode of at most `highest_tier_allowed`, `soft` "
+        "tries to; the bootstrap then orders the ranks inside it. None, with "
+        "`highest_tier_allowed` given: `hard`.",
+    ),
+    KeySpec(
+        "network_topology.highest_tier_allowed", Integer(0, 2**31 - 1), None,
+        "Volcano Job `networkTopology.highestTierAllowed`: the highest HyperNode tier the job may "
+        "span (hard mode).",
+    ),
     KeySpec(
         "node_selector",
         TextMap("map of label values", pattern=_LABEL_VALUE, rule=_LABEL_VALUE_RULE, max_length=63),
@@ -438,9 +473,22 @@ class ResourceSpec:
     memory: Optional[str] = _DEFAULTS["resources.memory"]
 
 
+@dataclass(frozen=True)
+class NetworkTopologySpec:
+    """The Volcano Job's ``spec.networkTopology`` (none given: no constraint)."""
+
+    mode: Optional[str] = _DEFAULTS["network_topology.mode"]
+    highest_tier_allowed: Optional[int] = _DEFAULTS["network_topology.highest_tier_allowed"]
+
+    @property
+    def given(self) -> bool:
+        return self.mode is not None or self.highest_tier_allowed is not None
+
+
 #: the dataclass a dotted key's group becomes (other dotted keys: ``bootstrap.url`` ->
 #: ``JobSpec.bootstrap_url``)
-_RECORDS = {"hccl": HcclSpec, "resources": ResourceSpec}
+_RECORDS = {"hccl": HcclSpec, "resources": ResourceSpec,
+            "network_topology": NetworkTopologySpec}
 
 
 @dataclass(frozen=True)
@@ -461,6 +509,8 @@ class JobSpec:
     workdir: Optional[str] = _DEFAULTS["workdir"]
     env: Tuple[Tuple[str, str], ...] = _DEFAULTS["env"]
     routing: bool = _DEFAULTS["routing"]
+    routing_source: str = _DEFAULTS["routing_source"]
+    service_account: Optional[str] = _DEFAULTS["service_account"]
     launcher: str = _DEFAULTS["launcher"]
     launcher_args: Tuple[str, ...] = _DEFAULTS["launcher_args"]
     tiered_store: bool = _DEFAULTS["tiered_store"]
@@ -469,6 +519,7 @@ class JobSpec:
     volumes: Tuple[Mapping[str, Any], ...] = _DEFAULTS["volumes"]
     mounts: Tuple[Mapping[str, Any], ...] = _DEFAULTS["mounts"]
     max_retry: int = _DEFAULTS["max_retry"]
+    network_topology: NetworkTopologySpec = field(default_factory=NetworkTopologySpec)
     priority_class: Optional[str] = _DEFAULTS["priority_class"]
     node_selector: Tuple[Tuple[str, str], ...] = _DEFAULTS["node_selector"]
     labels: Tuple[Tuple[str, str], ...] = _DEFAULTS["labels"]
@@ -488,6 +539,21 @@ class JobSpec:
     @property
     def resource_name(self) -> Optional[str]:
         return DEVICE_RESOURCE[self.device]
+
+    @property
+    def routes_by_api(self) -> bool:
+        """Whether routing lists the job's pods (and the topology) from the Kubernetes API."""
+        if not self.routing or self.routing_source == "rank-table":
+            return False
+        return self.routing_source == "api" or (
+            self.device != "npu" and not brings_a_rank_table(self))
+
+    @property
+    def routing_service_account(self) -> Optional[str]:
+        """The pods' ServiceAccount: the one given, else render's own when routing by the API."""
+        if self.service_account is not None:
+            return self.service_account
+        return f"{self.name}-routing" if self.routes_by_api else None
 
     @property
     def pod_names(self) -> Tuple[str, ...]:

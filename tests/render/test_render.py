@@ -157,7 +157,7 @@ def test_routed_gpu_and_cpu_jobs_run_the_bootstrap_without_the_cce_pieces(device
         assert rendered.warnings == ()
 
 
-def test_a_routed_cpu_job_without_a_rank_table_source_logs_that_it_will_fall_back():
+def test_a_routed_cpu_job_told_to_use_a_rank_table_without_one_logs_that_it_will_fall_back():
     import logging
 
     records = []
@@ -166,7 +166,8 @@ def test_a_routed_cpu_job_without_a_rank_table_source_logs_that_it_will_fall_bac
     logger = logging.getLogger("npu_job.render")
     logger.addHandler(handler)
     try:
-        rendered = render_values(with_keys(device="cpu", nodes=3, routing=True))
+        rendered = render_values(with_keys(device="cpu", nodes=3, routing=True,
+                                           routing_source="rank-table"))
     finally:
         logger.removeHandler(handler)
     assert "bash bootstrap.sh" in rendered.pod_command

@@ -174,15 +174,25 @@ def test_all_problems_are_listed_at_once_with_their_origin():
         pytest.param({"nodes": 4, "launcher": "torchrun", "launcher_args": ["--rdzv-backend", "static"]}, [], id="static-is-fine"),
         pytest.param({"device": "gpu", "hccl": {"connect_timeout": 300}}, ["hccl settings are ignored for device gpu"], id="hccl-on-gpu"),
         pytest.param({"nodes": 6}, [], id="six-full-nodes-no-warning"),
+        pytest.param({"nodes": 3, "device": "cpu", "routing": True, "anti_affinity": True}, [],
+                     id="routed-cpu-by-the-api"),
+        pytest.param({"nodes": 3, "device": "cpu", "routing": True, "routing_source": "api",
+                      "env": {"RANK_TABLE_FILE": "https://x/rt.json"}},
+                     ["routing_source is api, but env RANK_TABLE_FILE names a rank table: the bootstrap reads",
+                      "routing by the Kubernetes API with anti_affinity off"], id="routed-cpu-by-the-api-told"),
+        pytest.param({"routing_source": "api"}, ["routing_source is ignored: routing is off"],
+                     id="routing-source-without-routing"),
+        pytest.param({"network_topology": {"mode": "soft", "highest_tier_allowed": 2}},
+                     ["network_topology.highest_tier_allowed is ignored in soft mode"], id="soft-with-a-tier"),
         pytest.param(
-            {"nodes": 3, "device": "cpu", "routing": True},
+            {"nodes": 3, "device": "cpu", "routing": True, "routing_source": "rank-table"},
             ["routing is on for device cpu, but no rank table source is configured (CCE's configmap1980 plugin "
              "serves NPU jobs only): set env RANK_TABLE_FILE (a file in one of volumes, or an http(s) URL) or mount "
              "one at /user/config; without it each pod's bootstrap finds no rank table and keeps the scheduler's order"],
             id="routed-cpu-without-rank-table",
         ),
-        pytest.param({"nodes": 3, "device": "gpu", "routing": True}, ["routing is on for device gpu, but no rank table"],
-                     id="routed-gpu-without-rank-table"),
+        pytest.param({"nodes": 3, "device": "gpu", "routing": True, "routing_source": "rank-table"},
+                     ["routing is on for device gpu, but no rank table"], id="routed-gpu-without-rank-table"),
         pytest.param({"nodes": 3, "device": "cpu", "routing": True, "env": {"RANK_TABLE_FILE": "https://x/rt.json"}}, [],
                      id="routed-cpu-rank-table-from-env"),
         pytest.param(
@@ -192,7 +202,7 @@ def test_all_problems_are_listed_at_once_with_their_origin():
         ),
         pytest.param(
             {"nodes": 3, "device": "cpu", "routing": True, "volumes": [{"name": "rt", "configMap": {"name": "rt"}}],
-             "mounts": [{"name": "rt", "mountPath": "/data"}]},
+             "mounts": [{"name": "rt", "mountPath": "/data"}], "routing_source": "rank-table"},
             ["routing is on for device cpu, but no rank table"], id="routed-cpu-volume-elsewhere",
         ),
     ],
@@ -218,12 +228,15 @@ def test_every_documented_key_is_accepted():
         "resources": {"cpu": "1", "memory": "1Gi"}, "image_pull_policy": "Always", "image_pull_secrets": ["s"],
         "shm_size": "1Gi", "host_network": True, "anti_affinity": False, "scripts_dir": "/opt/x",
         "bootstrap": {"url": "https://example.com/bootstrap.sh"}, "pip_install": "npu-job==0.1.0",
+        "routing_source": "api", "service_account": "trainer",
+        "network_topology": {"mode": "hard", "highest_tier_allowed": 2},
     }
     assert documented - {"name", "image", "script"} == set(samples)
     values.update(samples)
     spec = spec_from(values)
     assert spec.hccl.base_port == 61000 and spec.bootstrap_url == "https://example.com/bootstrap.sh"
     assert spec.pip_install == ("npu-job==0.1.0",)
+    assert spec.network_topology.highest_tier_allowed == 2 and spec.routing_service_account == "trainer"
 
 
 NULL_MEANINGS = [doc for doc in SPEC_KEYS if doc.null]
