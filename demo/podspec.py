@@ -19,7 +19,9 @@ instruction runs, and nothing more:
 * files that cluster plugins deliver (``cluster_files``: e.g. CCE's ``configmap1980`` rank table
   at ``/user/config/jobstart_hccl.json``), passed in by the caller, who gives them only to a job
   that has the plugin (CCE serves NPU jobs; a CPU or GPU job mounts its rank table from its own
-  volumes, e.g. a ConfigMap in the stream, which this module mounts like any other).
+  volumes, e.g. a ConfigMap in the stream, which this module mounts like any other), and the
+  service account and ``KUBERNETES_SERVICE_*`` variables the kubelet gives every pod
+  (``cluster_env``), for a job that routes by the Kubernetes API.
 
 ``podsim`` starts a :class:`PodSpec` as an isolated process (namespaces, mounts, chroot).
 """
@@ -288,13 +290,16 @@ def pod_specs(
     *,
     image_env: Optional[Mapping[str, str]] = None,
     cluster_files: Optional[Mapping[str, str]] = None,
+    cluster_env: Optional[Mapping[str, str]] = None,
     source: str = "manifest",
 ) -> Tuple[PodSpec, ...]:
     """One :class:`PodSpec` per pod of the Volcano Job in ``documents`` (pure).
 
     ``host_ips[k]`` is the host address of the k-th pod (tasks in order, replicas by index);
     ``image_env`` is the environment the image provides (the container env is layered on top);
-    ``cluster_files`` maps absolute paths to the text that cluster plugins mount into every pod.
+    ``cluster_files`` maps absolute paths to the text that cluster plugins mount into every pod
+    (or the kubelet: a service account's token); ``cluster_env`` is what the kubelet adds to every
+    container's environment (``KUBERNETES_SERVICE_HOST/PORT``), before the container's own env.
     """
     _, job = find_job(documents, source)
     metadata = _require(job, "metadata", source, "")
@@ -360,6 +365,7 @@ def pod_specs(
             own_names = (f"{name}.{job_name}", name) if "svc" in plugins else (name,)
             pod = {"name": name, "namespace": namespace, "host_ip": host_ip, "node_name": f"node-{host_ip}"}
             env: Dict[str, str] = dict(image_env or {})
+            env.update(cluster_env or {})
             env["HOSTNAME"] = name
             if "env" in plugins:
                 env["VK_TASK_INDEX"] = env[TASK_INDEX_ENV] = str(index)

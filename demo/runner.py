@@ -23,6 +23,7 @@ from npu_job.demo.scenario import (
     EXAMPLE_SCRIPT,
     INPUT_FILES,
     RANK_TABLE_CONFIGMAP,
+    ClusterAPI,
     DemoOptions,
     DemoResult,
     PodOutcome,
@@ -30,6 +31,7 @@ from npu_job.demo.scenario import (
     Prepared,
     SimulatedCluster,
     check_outcome,
+    cluster_objects,
     demo_spec_values,
     describe_plan,
     expect_routing,
@@ -79,8 +81,12 @@ def write_cluster_inputs(cluster: SimulatedCluster, directory: Path) -> Tuple[Pa
     return tuple(write_atomic(directory / name, text, durable=False) for name, text in zip(INPUT_FILES, texts))
 
 
-def prepare(options: DemoOptions, workspace: Path, host_ips: Sequence[str]) -> Prepared:
-    """Simulate the cluster, render the job and stage every pod under ``workspace``."""
+def prepare(options: DemoOptions, workspace: Path, host_ips: Sequence[str],
+            api: Optional[ClusterAPI] = None) -> Prepared:
+    """Simulate the cluster, render the job and stage every pod under ``workspace``; ``api``:
+    the Kubernetes API the pods of a ``routing_source="api"`` run reach (it must serve
+    :func:`~npu_job.demo.scenario.cluster_objects` of this run, written to
+    ``cluster/cluster.json``)."""
     from npu_job.demo import podsim
 
     workspace.mkdir(parents=True, exist_ok=True)
@@ -109,10 +115,25 @@ def prepare(options: DemoOptions, workspace: Path, host_ips: Sequence[str]) -> P
         configmap = rank_table_configmap(cluster)
         (workspace / "cluster" / "ranktable-configmap.json").write_text(json.dumps(configmap, indent=1) + "\n")
         documents.append(configmap)
+    objects = None
+    cluster_env: Dict[str, str] = {}
+    if options.routing_source == "api":
+        if api is None:
+            raise ValueError("routing_source 'api' needs the Kubernetes API the pods reach (api=)")
+        objects = cluster_objects(cluster, host_ips, api.namespace)
+        listed = [{"kind": kind, "apiVersion": version, **item} for kind, version, key in (
+            ("HyperNode", "topology.volcano.sh/v1alpha1", "hypernodes"), ("Node", "v1", "nodes"),
+            ("Pod", "v1", "pods")) for item in objects[key]]
+        (workspace / "cluster" / "cluster.json").write_text(json.dumps(  # npu-job plan --pods ...
+            {"apiVersion": "v1", "kind": "List", "items": listed}, indent=1) + "\n")
+        cluster_files.update(api.pod_files())
+        cluster_env = api.pod_env()
     image_env = podspec.image_environment(os.environ, podsim.this_installation())
-    specs = podspec.pod_specs(documents, host_ips, image_env=image_env, cluster_files=cluster_files)
+    specs = podspec.pod_specs(documents, host_ips, image_env=image_env, cluster_files=cluster_files,
+                              cluster_env=cluster_env)
     spec_files = tuple(podsim.stage_pod(spec, workspace / "pods" / spec.name) for spec in specs)
-    return Prepared(options, workspace, cluster, expected_plan(cluster, options), rendered, specs, spec_files)
+    return Prepared(options, workspace, cluster, expected_plan(cluster, options, objects), rendered,
+                    specs, spec_files)
 
 
 class Supervisor:
@@ -333,7 +354,8 @@ def run(options: DemoOptions, workspace: Path, *, host_ips: Optional[Sequence[st
         prefix_of: Callable[[int], Sequence[str]] = lambda index: (),
         progress: Callable[[str], None] = lambda line: None,
         fault: Optional[Callable[[Supervisor], None]] = None,
-        user_namespace: Optional[bool] = None, phases: Optional[Phases] = None) -> DemoResult:
+        user_namespace: Optional[bool] = None, phases: Optional[Phases] = None,
+        api: Optional[ClusterAPI] = None) -> DemoResult:
     """The whole pipeline; ``fault(supervisor)`` may inject a failure while the pods run.
 
     ``user_namespace=True`` runs the pods as an unprivileged user would (the default when not root).
@@ -342,7 +364,7 @@ def run(options: DemoOptions, workspace: Path, *, host_ips: Optional[Sequence[st
     phases = phases if phases is not None else Phases()
     phases.mark("start")
     ips = tuple(host_ips) if host_ips is not None else loopback_ips(options.nodes)
-    prepared = prepare(options, workspace, ips)
+    prepared = prepare(options, workspace, ips, api)
     phases.mark("prepared")
     routed = expect_routing(options)
     describe_plan(prepared, progress)

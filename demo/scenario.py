@@ -44,6 +44,8 @@ EXAMPLE_SCRIPT = "train_ddp.py"
 RANK_TABLE_CONFIGMAP = f"{JOB_NAME}-ranktable"  # the CPU job's own rank table (see the module docstring)
 RANK_TABLE_DIR = "/user/config"  # where the job mounts it: where CCE puts it for NPU jobs
 DEVICES = ("cpu", "npu")
+ROUTING_SOURCES = ("rank-table", "api")  # the job's own rank table (CCE's on npu), or the pods
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the kubelet mounts it
 LOOPBACK_BASE = "127.0.0."  # pod k gets 127.0.0.(10+k): all of 127/8 is local on Linux
 
 
@@ -63,14 +65,41 @@ class DemoOptions:
     step_delay: float = 0.0
     timeout: float = 240.0  # the whole run, seconds; past it every pod is killed
     max_restarts: int = 2  # OnFailure container restarts per pod before the run counts as failed
+    # "api": no rank table; each pod's bootstrap lists the job's pods, the cluster's Nodes and its
+    # HyperNodes from a Kubernetes API the caller serves (run(..., api=ClusterAPI(...)))
+    routing_source: str = "rank-table"
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.nproc_per_node < 1 or self.steps < 1:
             raise ValueError("nodes, nproc_per_node and steps must be >= 1")
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.routing_source not in ROUTING_SOURCES:
+            raise ValueError(f"routing_source must be one of {', '.join(ROUTING_SOURCES)}, "
+                             f"got {self.routing_source!r}")
         if self.routing and self.deliver_rank_table and not 1 <= self.tors <= self.nodes:
             raise ValueError(f"tors must be within 1..nodes ({self.nodes}), got {self.tors}")
+
+
+@dataclass(frozen=True)
+class ClusterAPI:
+    """A Kubernetes API the caller serves for a run with ``routing_source="api"``: where the pods
+    reach it (the kubelet's ``KUBERNETES_SERVICE_HOST/PORT``) and the service account the kubelet
+    mounts into every pod (its token, the CA of the API's certificate, the namespace)."""
+
+    host: str
+    port: int
+    token: str
+    ca_pem: str
+    namespace: str = "default"
+
+    def pod_env(self) -> Dict[str, str]:
+        return {"KUBERNETES_SERVICE_HOST": self.host, "KUBERNETES_SERVICE_PORT": str(self.port)}
+
+    def pod_files(self) -> Dict[str, str]:
+        return {f"{SERVICE_ACCOUNT_DIR}/token": self.token,
+                f"{SERVICE_ACCOUNT_DIR}/ca.crt": self.ca_pem,
+                f"{SERVICE_ACCOUNT_DIR}/namespace": self.namespace}
 
 
 @dataclass(frozen=True)
@@ -157,9 +186,12 @@ def demo_spec_values(options: DemoOptions, master_port: int, shared_dir: str) ->
         "volumes": volumes,
         "mounts": mounts,
     }
+    if options.routing_source == "api":
+        values["routing_source"] = "api"  # no rank table: the job's pods from the API
+        values["anti_affinity"] = True  # one pod per node, as routing needs
     if options.device == "npu":
         values["full_node_npus"] = options.nproc_per_node  # the simulated nodes are this small
-    elif options.routing and options.deliver_rank_table:
+    elif options.routing and options.deliver_rank_table and options.routing_source != "api":
         env[RANK_TABLE_ENV] = f"{RANK_TABLE_DIR}/{RANK_TABLE_NAME}"
         volumes.append({"name": "ranktable", "configMap": {"name": RANK_TABLE_CONFIGMAP}})
         mounts.append({"name": "ranktable", "mountPath": RANK_TABLE_DIR, "readOnly": True})
@@ -191,11 +223,72 @@ def manifest_documents(rendered: Any) -> List[Any]:
     return [doc for doc in yaml.safe_load_all(rendered.stream()) if doc]
 
 
-def expected_plan(cluster: SimulatedCluster, options: DemoOptions) -> Any:
-    """The plan every pod's bootstrap must arrive at (identity when it must fall back)."""
+def node_name(host_ip: str) -> str:
+    """The node a pod on ``host_ip`` runs on (``spec.nodeName``, as podspec resolves it)."""
+    return f"node-{host_ip}"
+
+
+def cluster_objects(cluster: SimulatedCluster, host_ips: Sequence[str],
+                    namespace: str = "default") -> Dict[str, List[Dict[str, Any]]]:
+    """What the Kubernetes API holds once the scheduler placed the job (pure): its pods (Volcano's
+    labels, node, host IP), the Nodes, and the HyperNodes of the simulated fabric: one per ToR
+    (tier 1) holding its nodes by ``exactMatch``, all under one spine (tier 2), as Volcano's
+    label discovery writes them."""
+    pods, nodes = [], []
+    for index, ip in enumerate(host_ips):
+        name = f"{JOB_NAME}-{TASK_NAME}-{index}"
+        pods.append({
+            "metadata": {"name": name, "namespace": namespace, "labels": {
+                "volcano.sh/job-name": JOB_NAME, "volcano.sh/task-spec": TASK_NAME,
+                "volcano.sh/task-index": str(index)}},
+            "spec": {"nodeName": node_name(ip), "containers": [{"name": "train", "resources": {}}]},
+            "status": {"phase": "Running", "hostIP": ip, "podIP": ip},
+        })
+        nodes.append({"metadata": {"name": node_name(ip),
+                                   "labels": {"kubernetes.io/hostname": node_name(ip)}},
+                      "status": {"addresses": [{"type": "InternalIP", "address": ip}]}})
+    members: Dict[str, List[str]] = {}
+    for server in cluster.table.servers:
+        placement = cluster.topology.placement_of(server.server_id)
+        for tor in placement.tors if placement else ():
+            members.setdefault(f"tor-{tor}", []).append(node_name(host_ips[server.pod_index]))
+    hypernodes = [{"metadata": {"name": tor}, "spec": {"tier": 1, "members": [
+        {"type": "Node", "selector": {"exactMatch": {"name": node}}} for node in sorted(nodes_of)]}}
+        for tor, nodes_of in sorted(members.items())]
+    hypernodes.append({"metadata": {"name": "spine"}, "spec": {"tier": 2, "members": [
+        {"type": "HyperNode", "selector": {"exactMatch": {"name": tor}}}
+        for tor in sorted(members)]}})
+    return {"pods": pods, "nodes": nodes, "hypernodes": hypernodes}
+
+
+def api_plan(objects: Mapping[str, List[Dict[str, Any]]]) -> Any:
+    """The plan the bootstrap makes of ``objects`` (:func:`cluster_objects`), read with its own
+    readers."""
+    from npu_job.bootstrap import jobpods
+    from npu_job.bootstrap.kubeobjects import read_objects, read_pods
+    from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
+    from npu_job.bootstrap.model import Collective
+    from npu_job.bootstrap.planner import plan
+
+    kinds = (("Pod", "pods"), ("Node", "nodes"), ("HyperNode", "hypernodes"))
+    listed = read_objects({"kind": "List", "items": [
+        {"kind": kind, **item} for kind, key in kinds for item in objects[key]]}, "api")
+    roster = jobpods.job_roster(read_pods(listed.pods, "api"), jobpods.JobSelector(job=JOB_NAME),
+                                "api")
+    table, nodes = jobpods.roster_table(roster, "api"), jobpods.node_names(roster)
+    topology = topology_from_objects(listed, "api", context=KubeContext(names=nodes)).topology
+    return plan(table, jobpods.by_server(topology, table, nodes), Collective.RING)
+
+
+def expected_plan(cluster: SimulatedCluster, options: DemoOptions,
+                  objects: Optional[Mapping[str, List[Dict[str, Any]]]] = None) -> Any:
+    """The plan every pod's bootstrap must arrive at (identity when it must fall back);
+    ``objects``: what the API serves, for ``routing_source="api"``."""
     from npu_job.bootstrap.model import Collective, Plan, PlanStatus
     from npu_job.bootstrap.planner import plan
 
+    if options.routing and options.routing_source == "api" and objects is not None:
+        return api_plan(objects)
     if options.routing and options.deliver_rank_table:
         return plan(cluster.table, cluster.topology, Collective.RING)
     return Plan(PlanStatus.FAILED, tuple(range(options.nodes)), Collective.RING,
@@ -434,13 +527,14 @@ class DemoResult:
 
 def expect_routing(options: DemoOptions) -> bool:
     """Whether every pod's bootstrap must plan (else each must keep the scheduler's order)."""
-    return options.routing and options.deliver_rank_table and options.nodes >= MIN_NODES
+    delivered = options.deliver_rank_table or options.routing_source == "api"
+    return options.routing and delivered and options.nodes >= MIN_NODES
 
 
 def describe_plan(prepared: Prepared, progress: Callable[[str], None]) -> None:
     plan = prepared.plan
     options = prepared.options
-    if not options.routing or not options.deliver_rank_table:
+    if not options.routing or not (options.deliver_rank_table or options.routing_source == "api"):
         why = "off (routing disabled)" if not options.routing else "none (no rank table delivered)"
         progress(f"route plan: {why}: every pod keeps the scheduler's order (node rank = VC_TASK_INDEX)")
         return

@@ -340,3 +340,65 @@ def test_pods_that_cannot_get_namespaces_fail_fast_with_one_clear_error(tmp_path
     err = capsys.readouterr().err
     assert "cannot start the pods: pod " in err and "private mount namespace" in err and "TIP:" in err
     assert "Traceback" not in err
+
+
+# -- a job without a rank table: its pods from the Kubernetes API -------------------------------
+
+
+def test_a_routed_cpu_job_without_a_rank_table_renders_to_the_api_and_stages_its_account(tmp_path):
+    """The pods get what the kubelet gives them (KUBERNETES_SERVICE_*, the service account's
+    files); the job gets NPU_JOB_PODS and its RBAC; the expected plan is the bootstrap's own."""
+    from tests.bootstrap.https_server import make_self_signed
+
+    cert, _ = make_self_signed(tmp_path)
+    api = demo.ClusterAPI("127.0.0.1", 6443, "tok", cert.read_text())
+    options = demo.DemoOptions(nodes=6, tors=3, nproc_per_node=1, routing_source="api")
+    prepared = demo.prepare(options, tmp_path / "w", demo.loopback_ips(6), api)
+    kinds = [doc.kind for doc in prepared.rendered.documents]
+    assert "ServiceAccount" in kinds and "ClusterRole" in kinds
+    env = prepared.specs[0].env_dict()
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("127.0.0.1", "6443")
+    assert env["NPU_JOB_PODS"] == "k8s" and "RANK_TABLE_FILE" not in env
+    mounted = {mount.mount_path for mount in prepared.specs[0].file_mounts}
+    assert {f"{demo.scenario.SERVICE_ACCOUNT_DIR}/{name}" for name in ("token", "ca.crt", "namespace")} <= mounted
+    assert prepared.plan.status.value == "success"
+    # the same order as from the rank table and ranktable_tor.json of the same cluster
+    by_rank_table = demo.expected_plan(prepared.cluster, demo.DemoOptions(nodes=6, tors=3, nproc_per_node=1))
+    assert prepared.plan.rank_mapping == by_rank_table.rank_mapping
+    listed = json.loads((tmp_path / "w" / "cluster" / "cluster.json").read_text())
+    assert {item["kind"] for item in listed["items"]} == {"HyperNode", "Node", "Pod"}
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
+def test_a_cpu_job_routes_with_no_rank_table_by_the_api_on_loopback(tmp_path):
+    """The pod simulator runs a CPU job with routing on and no rank table: every pod's bootstrap
+    lists the job's pods, Nodes and HyperNodes from a Kubernetes API served on loopback (a real
+    HTTPS server, the thin fake of the documented LIST endpoints in tests/bootstrap), plans,
+    and npu-run trains under the planned ranks."""
+    from tests.bootstrap.fake_kube_api import FakeKubernetesAPI
+    from tests.bootstrap.https_server import HTTPSServer, make_self_signed
+
+    cert, key = make_self_signed(tmp_path)
+    options = demo.DemoOptions(nodes=4, tors=2, nproc_per_node=1, steps=4, seed=1, routing_source="api",
+                               timeout=200)
+    ips = demo.loopback_ips(options.nodes)
+    objects = demo.cluster_objects(demo.simulated_cluster(options, ips), ips)
+    with HTTPSServer(cert, key, keep_alive=True) as server:
+        fake = FakeKubernetesAPI(server, "pod-token", objects["nodes"], pods=objects["pods"],
+                                 hypernodes=objects["hypernodes"], namespaces=("default",))
+        api = demo.ClusterAPI("127.0.0.1", server.port, "pod-token", cert.read_text())
+        result = demo.run(options, tmp_path / "w", api=api)
+    logs = "\n".join((f.parent / "pod.log").read_text(errors="replace")[-1500:] for f in result.prepared.spec_files)
+    assert result.ok, "\n".join(result.problems) + "\n" + logs
+    plan = result.prepared.plan
+    assert plan.status.value == "success" and not plan.is_identity
+    for pod in result.pods:
+        assert pod.route_plan["pods"].endswith("/api/v1/namespaces/default/pods")
+        assert pod.route_plan["topology"].endswith("/apis/topology.volcano.sh/v1alpha1/hypernodes (volcano-hypernodes)")
+        assert pod.route_plan["rank_mapping"] == plan.rank_mapping
+    assert sorted(r["rank"] for r in result.reports) == list(range(options.nodes))
+    pod_lists = [query for path, query in fake.lists if path.endswith("/pods")]
+    assert len(pod_lists) >= options.nodes  # every pod listed its job itself
+    assert all(query["labelSelector"] == ["volcano.sh/job-name=demo,volcano.sh/task-spec=worker"]
+               for query in pod_lists)
