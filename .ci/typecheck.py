@@ -59,7 +59,7 @@ def build_link_tree(dest: Path, root: Path = ROOT) -> Path:
     for name, folder in package_dirs(root).items():
         parts = name.split(".")
         if parts[0] != "npu_job" or len(parts) != 2:
-            raise ValueError(f"setup.cfg: package_dir maps {name!r}; only npu_job.<name> is laid out")
+            raise ValueError(f"setup.cfg: package_dir maps {name!r}; only npu_job.<name> fits")
         link = package / parts[1]
         if link.exists() or link.is_symlink():
             raise ValueError(f"setup.cfg: package_dir maps {name!r} over npu_job/{parts[1]}")
