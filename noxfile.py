@@ -10,6 +10,7 @@ supported`` turns those records into the README's "Supported torch" table.
     nox                        # the whole matrix
     nox -s "launcher(torch='2.1.0')"
     nox -s supported           # the table, from the last matrix run
+    nox -s lint                # mypy over the pure core, ruff (pinned tools, no torch)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ ENVDIR = Path(os.environ.get("NPU_JOB_NOX_ENVDIR", Path.home() / ".cache" / "npu
 RESULTS = ENVDIR / "results"
 nox.options.envdir = str(ENVDIR)
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["launcher", "oldest_msgspec"]
+nox.options.sessions = ["lint", "launcher", "oldest_msgspec"]
 nox.options.error_on_missing_interpreters = True
 
 # Releases of the matrix and what else each needs. torch built against NumPy 1.x (before 2.3)
@@ -37,6 +38,9 @@ MATRIX = {
     "2.14.1": [],
 }
 LAUNCHER_TESTS = "tests/launcher"
+# The lint session's tools, pinned so that a new release never fails CI by itself; the stubs are
+# those of the pure core's third-party imports.
+LINT_TOOLS = ["ruff==0.17.6", "mypy==2.4.1", "types-PyYAML", "types-requests"]
 
 
 @nox.session(python=False)
@@ -51,6 +55,20 @@ def supported(session: nox.Session) -> None:
     for row in sorted(rows, key=lambda r: [int(p) for p in r["torch"].split("+")[0].split(".")]):
         marks = ["yes" if present else "—" for _, present in row["features"]]
         print(f"| {row['torch']} | {row['summary']} | " + " | ".join(marks) + " |")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """mypy over the pure core (.ci/typecheck.py: settings in pyproject's [tool.mypy]), then
+    ``ruff check`` and ``ruff format --check`` (pyproject's [tool.ruff]) over the repository.
+
+    Only the tools are installed, not the project: mypy reads the sources through a link tree of
+    setup.cfg's package_dir, and a third-party module without stubs counts as ``Any``.
+    """
+    session.install(*LINT_TOOLS)
+    session.run("python", ".ci/typecheck.py", *session.posargs)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
 
 
 @nox.session

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from itertools import repeat
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Literal, Optional, Sequence, Tuple, Union
 
 from npu_job.bootstrap.model import Collective, Placement, RankTable, Server, Topology
 
@@ -39,6 +39,7 @@ try:
 except ImportError:
     from socket import inet_aton as _inet_aton
     from socket import inet_ntoa as _inet_ntoa
+_BIG: Literal["big"] = "big"  # int.from_bytes' byte order, typed as it accepts it
 
 # (kind, ...) tuples; kind 0 = IP address (then version, integer value), kind 1 = natural order.
 IdKey = Tuple[Union[int, str, Tuple[Union[str, Tuple[int, str]], ...]], ...]
@@ -94,7 +95,7 @@ def id_order(identifiers: Sequence[str]) -> List[int]:
     except (OSError, ValueError, TypeError):
         packed = None
     if packed is not None and list(map(_inet_ntoa, packed)) == list(identifiers):
-        keys: Sequence[Any] = list(map(int.from_bytes, packed, repeat("big")))
+        keys: Sequence[Any] = list(map(int.from_bytes, packed, repeat(_BIG)))
     else:
         keys = list(map(id_sort_key, identifiers))
     return sorted(range(len(keys)), key=keys.__getitem__)

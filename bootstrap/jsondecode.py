@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import json
 import re
-from json.decoder import scanstring
-from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
+from json.decoder import scanstring  # type: ignore[attr-defined]  # exists; typeshed omits it
+from typing import Any, Callable, List, Optional, Tuple, TypedDict, TypeVar, cast
 
 from npu_job.errors import InputError
 
@@ -59,6 +59,8 @@ def msgspec_for(size: int) -> Any:
 
 _T = TypeVar("_T")
 _SKIP_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace, as json.decoder skips it
+# Its match() never returns None: the pattern matches the empty string at any index.
+_skip_space = cast("Callable[[str, int], re.Match[str]]", _SKIP_SPACE.match)
 _SPACE = frozenset(" \t\n\r")
 
 
@@ -87,7 +89,7 @@ def _scan_array_member(
     string: str, key: str, each: Callable[[Any], Optional[_T]]
 ) -> Optional[List[_T]]:
     """The object walk of :func:`scan_array_member`, step for step as json.decoder's JSONObject."""
-    skip = _SKIP_SPACE.match
+    skip = _skip_space
     found: Optional[List[_T]] = None
     index = skip(string, 0).end()
     if string[index:index + 1] != "{":
@@ -102,7 +104,7 @@ def _scan_array_member(
             return None
         index = skip(string, index + 1).end()
         if name != key:
-            index = _DECODER.scan_once(string, index)[1]
+            index = _scan_once(string, index)[1]
         elif found is not None or string[index:index + 1] != "[":
             return None  # a second one (json.loads would keep the last), or not an array
         else:
@@ -126,8 +128,8 @@ def _scan_items(string: str, index: int, each: Callable[[Any], Optional[_T]]
     Whitespace is skipped only where there is some (:data:`_SPACE` is JSON's whitespace, and
     ``""`` past the end is not in it): compact files, the usual ones, skip the regex calls.
     """
-    skip = _SKIP_SPACE.match
-    scan = _DECODER.scan_once
+    skip = _skip_space
+    scan = _scan_once
     results: List[_T] = []
     append = results.append
     index = skip(string, index).end()
@@ -253,10 +255,18 @@ def _bounded_int(literal: str) -> int:
 
 # json.loads' settings but for numbers it cannot read or JSON cannot hold, refused (scan_once
 # raises _UnreadableNumber, a ValueError). msgspec refuses the same ones (the tests check).
-_NUMBER_HOOKS: Dict[str, Callable[[str], Any]] = {
-    "parse_constant": _not_a_number, "parse_float": _finite_float, "parse_int": _bounded_int,
-}
+class _NumberHooks(TypedDict):
+    parse_constant: Callable[[str], Any]
+    parse_float: Callable[[str], Any]
+    parse_int: Callable[[str], Any]
+
+
+_NUMBER_HOOKS = _NumberHooks(
+    parse_constant=_not_a_number, parse_float=_finite_float, parse_int=_bounded_int,
+)
 _DECODER = json.JSONDecoder(**_NUMBER_HOOKS)
+# JSONDecoder.__init__ sets scan_once (the C scanner when built); typeshed does not declare it
+_scan_once: Callable[[str, int], Tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 
 
 def decode_typed(text: bytes, decoder_for: Callable[[Any], Any]) -> Any:

@@ -260,7 +260,7 @@ def _yaml_loader(yaml: Any) -> Any:
 
         return construct_checked
 
-    loader = type("NpuJobYamlLoader", (base,), {})
+    loader: Any = type("NpuJobYamlLoader", (base,), {})  # a subclass of the module's loader
     for tag in ("int", "float", "timestamp"):
         full_tag = f"tag:yaml.org,2002:{tag}"
         loader.add_constructor(full_tag, checked(tag, base.yaml_constructors[full_tag]))

@@ -96,9 +96,9 @@ def rank_table_from_document(document: Any, source: str) -> RankTable:
 def _servers(server_list: List[Any], super_pods: Dict[str, str], source: str) -> Tuple[Server, ...]:
     fast = _all_devices_fast(server_list)
     if fast is not None:
-        servers = _servers_fast(server_list, fast, super_pods)
-        if servers is not None:
-            return servers
+        built = _servers_fast(server_list, fast, super_pods)
+        if built is not None:
+            return built
     servers: List[Server] = []
     seen: Dict[str, str] = {}
     for index, entry in enumerate(server_list):
@@ -138,8 +138,9 @@ def _servers_fast(server_list: List[Any], devices: DeviceColumns,
         if set(map(type, values)) not in _STR_OR_NONE:
             return None
         columns.append([value or None for value in values])
-    return tuple(servers_from_device_columns(ids, range(len(ids)), devices, *columns,
-                                             map(super_pods.get, ids)))
+    host_ips, container_ips, pod_names = columns
+    return tuple(servers_from_device_columns(ids, range(len(ids)), devices, host_ips,
+                                             container_ips, pod_names, map(super_pods.get, ids)))
 
 
 _STR = {str}

@@ -206,8 +206,12 @@ def _cce_servers_fast(text: bytes) -> Optional[List[Tuple[str, FrozenSet[str]]]]
 def _cce_decoder(msgspec: Any) -> Any:
     """msgspec's decoder of the two fields :func:`_cce_servers_fast` reads (built once)."""
     device = msgspec.defstruct("CceDevice", [("tor_ip", str)])
-    server = msgspec.defstruct("CceServer", [("server_id", str), ("device", List[device])])
-    return msgspec.json.Decoder(msgspec.defstruct("CceDocument", [("server_list", List[server])]))
+    # device and server are classes made at run time: mypy cannot check them as types
+    server = msgspec.defstruct(
+        "CceServer", [("server_id", str), ("device", List[device])])  # type: ignore[valid-type]
+    document = msgspec.defstruct(
+        "CceDocument", [("server_list", List[server])])  # type: ignore[valid-type]
+    return msgspec.json.Decoder(document)
 
 
 def _cce_server(entry: Any) -> Optional[Tuple[str, FrozenSet[str]]]:

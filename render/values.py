@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Container, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from npu_job.errors import SHOWN_LIMIT, InputError, shown
 from npu_job.parsing import count_from_text
@@ -238,7 +238,7 @@ class _SetParser:
             raise self.fail(f"'{char}'")
         self.pos += 1
 
-    def _chars(self, stops: Sequence[str]) -> Tuple[str, bool]:
+    def _chars(self, stops: Container[str]) -> Tuple[str, bool]:
         """Read up to an unescaped stop character; return the text and whether it had escapes."""
         out: List[str] = []
         escaped = False
