@@ -27,7 +27,8 @@ PURE_CORE = [
     "npu_job.bootstrap.model", "npu_job.bootstrap.columns", "npu_job.bootstrap.planner",
     "npu_job.bootstrap.scorer", "npu_job.bootstrap.canonical", "npu_job.bootstrap.ranktable",
     "npu_job.bootstrap.topology", "npu_job.bootstrap.fields", "npu_job.bootstrap.jsondecode",
-    "npu_job.bootstrap.payload",
+    "npu_job.bootstrap.payload", "npu_job.bootstrap.kubeobjects", "npu_job.bootstrap.hypernode",
+    "npu_job.bootstrap.kubetopology", "npu_job.bootstrap.labels", "npu_job.bootstrap.jobpods",
     "npu_job.render.spec", "npu_job.render.checks", "npu_job.render.values",
     "npu_job.render.render", "npu_job.render.lint",
 ]

@@ -41,8 +41,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the fake API and the job generator live with the tests
 
 from _report import publish  # noqa: E402
+
 from tests.bootstrap.fake_kube_api import (  # noqa: E402
-    FakeKubernetesAPI, in_cluster, service_account,
+    FakeKubernetesAPI,
+    in_cluster,
+    service_account,
 )
 from tests.bootstrap.https_server import HTTPSServer, make_self_signed  # noqa: E402
 from tests.bootstrap.kubejob import big_job  # noqa: E402
@@ -52,8 +55,9 @@ TARGET_EXCESS = 0.15
 NAMESPACE = "team-a"
 
 
-def timed(command: Sequence[str], env: Dict[str, str], server: HTTPSServer
-          ) -> Tuple[float, float, float, float]:
+def timed(
+    command: Sequence[str], env: Dict[str, str], server: HTTPSServer
+) -> Tuple[float, float, float, float]:
     """(wall, CPU user+sys, API time, wall after the API's last answer) of one run."""
     before = len(server.busy)
     with tempfile.TemporaryFile() as errors:
@@ -63,7 +67,9 @@ def timed(command: Sequence[str], env: Dict[str, str], server: HTTPSServer
         end = time.perf_counter()
         if os.waitstatus_to_exitcode(status) != 0:
             errors.seek(0)
-            raise SystemExit(f"{' '.join(command)} failed: {errors.read().decode(errors='replace')}")
+            raise SystemExit(
+                f"{' '.join(command)} failed: {errors.read().decode(errors='replace')}"
+            )
     spans = server.busy[before:]
     api = sum(stop - begin for begin, stop in spans)
     after = end - max((stop for _, stop in spans), default=start)
@@ -83,23 +89,40 @@ def run(sizes: Sequence[int], repeat: int) -> List[Row]:
     """One HTTPS server (and fake API) per size, all up at once; runs interleaved."""
     with tempfile.TemporaryDirectory(prefix="bench-bootstrap-api-") as tmp, ExitStack() as stack:
         cert, key = make_self_signed(Path(tmp))
-        base = {key: value for key, value in os.environ.items()
-                if not key.startswith(("NPU_JOB_", "KUBERNETES_", "MA_", "VC_"))}
+        base = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("NPU_JOB_", "KUBERNETES_", "MA_", "VC_"))
+        }
         base.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: bytecode cached
         base["NPU_JOB_PYTHON"] = sys.executable  # bootstrap.sh runs this interpreter's npu_job
         cases: Dict[int, Tuple[HTTPSServer, Dict[str, str]]] = {}
         for size in sizes:
             nodes, hypernodes, pods = big_job(size, leaves=max(2, size // 16))
             server = stack.enter_context(HTTPSServer(cert, key, keep_alive=True))
-            FakeKubernetesAPI(server, "bench-token", nodes, pods=pods, hypernodes=hypernodes,
-                              namespaces=(NAMESPACE,))
+            FakeKubernetesAPI(
+                server,
+                "bench-token",
+                nodes,
+                pods=pods,
+                hypernodes=hypernodes,
+                namespaces=(NAMESPACE,),
+            )
             me = pods[size // 2]
             account = service_account(Path(tmp) / f"sa{size}", "bench-token", cert)
-            cases[size] = server, {
-                **base, **in_cluster(server, account), "NPU_JOB_PODS": "k8s", "MA_VJ_NAME": "llama",
-                "MA_NUM_HOSTS": str(size), "MA_CURRENT_HOST_IP": me["status"]["hostIP"],
-                "VC_TASK_INDEX": me["metadata"]["labels"]["volcano.sh/task-index"],
-                "NPU_JOB_OUTPUT_DIR": str(Path(tmp) / f"out{size}")}
+            cases[size] = (
+                server,
+                {
+                    **base,
+                    **in_cluster(server, account),
+                    "NPU_JOB_PODS": "k8s",
+                    "MA_VJ_NAME": "llama",
+                    "MA_NUM_HOSTS": str(size),
+                    "MA_CURRENT_HOST_IP": me["status"]["hostIP"],
+                    "VC_TASK_INDEX": me["metadata"]["labels"]["volcano.sh/task-index"],
+                    "NPU_JOB_OUTPUT_DIR": str(Path(tmp) / f"out{size}"),
+                },
+            )
 
         def once(size: int) -> Tuple[float, float, float, float]:
             server, env = cases[size]
@@ -111,7 +134,9 @@ def run(sizes: Sequence[int], repeat: int) -> List[Row]:
             once(size)
         idle = cases[sizes[0]][0]
         samples: Dict[int, List[Tuple[float, float, float, float]]] = {
-            0: [], **{s: [] for s in sizes}}
+            0: [],
+            **{s: [] for s in sizes},
+        }
         for _ in range(repeat):
             samples[0].append(timed([sys.executable, "-c", "pass"], base, idle))
             for size in sizes:
@@ -120,9 +145,17 @@ def run(sizes: Sequence[int], repeat: int) -> List[Row]:
     rows: List[Row] = []
     for size in [0, *sizes]:
         wall, cpu, api, after = zip(*samples[size])
-        rows.append(("python -c pass" if not size else "bash bootstrap.sh", size, median(wall),
-                     median(cpu), median(api), median(w - a for w, _, a, _ in samples[size]),
-                     median(after) if size else 0.0))
+        rows.append(
+            (
+                "python -c pass" if not size else "bash bootstrap.sh",
+                size,
+                median(wall),
+                median(cpu),
+                median(api),
+                median(w - a for w, _, a, _ in samples[size]),
+                median(after) if size else 0.0,
+            )
+        )
     return rows
 
 
@@ -138,8 +171,10 @@ def table_text(rows: Sequence[Row], repeat: int) -> str:
         f"{'cpu med':>8} {'wall-api excess':>16} {'cpu excess':>11} {'after last answer':>18}",
     ]
     for name, size, wall, cpu, api, rest, after in rows:
-        lines.append(f"{name:<18} {size or '-':>5} {wall:>9.3f} {api:>8.3f} {rest:>9.3f} "
-                     f"{cpu:>8.3f} {rest - base[5]:>16.3f} {cpu - base[3]:>11.3f} {after:>18.3f}")
+        lines.append(
+            f"{name:<18} {size or '-':>5} {wall:>9.3f} {api:>8.3f} {rest:>9.3f} "
+            f"{cpu:>8.3f} {rest - base[5]:>16.3f} {cpu - base[3]:>11.3f} {after:>18.3f}"
+        )
     biggest = rows[-1]
     lines += [
         "",

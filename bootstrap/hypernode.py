@@ -37,11 +37,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import (
-    Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Pattern, Sequence, Set, Tuple,
+    Any,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Pattern,
+    Sequence,
+    Set,
+    Tuple,
     Union,
 )
 
 from npu_job.bootstrap.canonical import id_sort_key
+from npu_job.bootstrap.fields import expect_list, expect_object, expect_str, fail
 from npu_job.bootstrap.kubeobjects import (
     KubeObject,
     NodeFacts,
@@ -52,7 +63,7 @@ from npu_job.bootstrap.kubeobjects import (
     string_map,
 )
 from npu_job.bootstrap.model import Placement
-from npu_job.bootstrap.fields import expect_list, expect_object, expect_str, fail
+
 from npu_job.errors import shown
 
 MEMBER_TYPES = ("Node", "HyperNode")
@@ -98,7 +109,7 @@ class Member(NamedTuple):
     thousand nodes has as many members.)"""
 
     type: str  # "Node" or "HyperNode"
-    index: int  # its place in spec.members
+    position: int  # its place in spec.members
     exact: Optional[str] = None
     pattern: Optional[str] = None
     labels: Optional[Tuple[Requirement, ...]] = None  # matchLabels then matchExpressions
@@ -106,7 +117,7 @@ class Member(NamedTuple):
     @property
     def path(self) -> str:
         """``spec.members[2]``, for messages."""
-        return f"spec.members[{self.index}]"
+        return f"spec.members[{self.position}]"
 
 
 @dataclass(frozen=True)
@@ -146,14 +157,21 @@ def read_hypernodes(objects: Sequence[KubeObject], source: str) -> Tuple[HyperNo
             fail(source, field_path(obj, name, "spec.tier"), "an integer >= 0", tier)
         tier_name = optional_str(spec, "tierName", source, field_path(obj, name, "spec"))
         members = spec.get("members")
-        listed = expect_list([] if members is None else members, source,
-                             field_path(obj, name, "spec.members"))
-        found.append(HyperNode(
-            name, tier, tier_name,
-            tuple(_exact_member(entry, i) or _member(entry, i, obj, name, source)
-                  for i, entry in enumerate(listed)),
-            obj.where,
-        ))
+        listed = expect_list(
+            [] if members is None else members, source, field_path(obj, name, "spec.members")
+        )
+        found.append(
+            HyperNode(
+                name,
+                tier,
+                tier_name,
+                tuple(
+                    _exact_member(entry, i) or _member(entry, i, obj, name, source)
+                    for i, entry in enumerate(listed)
+                ),
+                obj.where,
+            )
+        )
     return tuple(found)
 
 
@@ -161,10 +179,16 @@ def selects_by_label(objects: Sequence[KubeObject]) -> bool:
     """Whether any of these (unchecked) HyperNodes may select nodes by label: then the nodes'
     labels are needed. True for anything malformed too (the reader will say what)."""
     try:
-        members = [member for obj in objects
-                   for member in (obj.item.get("spec") or {}).get("members") or ()]
-        return any(type(member.get("selector")) is not dict
-                   or member["selector"].get("labelMatch") is not None for member in members)
+        members = [
+            member
+            for obj in objects
+            for member in (obj.item.get("spec") or {}).get("members") or ()
+        ]
+        return any(
+            type(member.get("selector")) is not dict
+            or member["selector"].get("labelMatch") is not None
+            for member in members
+        )
     except (AttributeError, TypeError):
         return True
 
@@ -179,8 +203,11 @@ def _exact_member(entry: Any, index: int) -> Optional[Member]:
     if kind not in MEMBER_TYPES or type(selector) is not dict:
         return None
     exact = selector.get("exactMatch")
-    if type(exact) is not dict or selector.get("regexMatch") is not None or (
-            selector.get("labelMatch") is not None):
+    if (
+        type(exact) is not dict
+        or selector.get("regexMatch") is not None
+        or (selector.get("labelMatch") is not None)
+    ):
         return None
     name = exact.get("name")
     return Member(kind, index, exact=name) if type(name) is str and name else None
@@ -201,17 +228,22 @@ def _member(entry: Any, index: int, obj: KubeObject, name: str, source: str) -> 
     selector = expect_object(entry.get("selector") or {}, source, at("selector"))
     given = [key for key in SELECTORS if selector.get(key) is not None]
     if len(given) != 1:
-        fail(source, at("selector"),
-             "exactly one of exactMatch, regexMatch or labelMatch"
-             + (f", got {' and '.join(given)}" if given else ", got none"))
+        fail(
+            source,
+            at("selector"),
+            "exactly one of exactMatch, regexMatch or labelMatch"
+            + (f", got {' and '.join(given)}" if given else ", got none"),
+        )
     chosen = given[0]
     body = expect_object(selector[chosen], source, at(f"selector.{chosen}"))
     if chosen == "exactMatch":
-        return Member(kind, index, exact=_required_str(body, "name", source,
-                                                     at("selector.exactMatch")))
+        return Member(
+            kind, index, exact=_required_str(body, "name", source, at("selector.exactMatch"))
+        )
     if chosen == "regexMatch":
-        return Member(kind, index, pattern=_required_str(body, "pattern", source,
-                                                       at("selector.regexMatch")))
+        return Member(
+            kind, index, pattern=_required_str(body, "pattern", source, at("selector.regexMatch"))
+        )
     return Member(kind, index, labels=_label_selector(body, source, at("selector.labelMatch")))
 
 
@@ -227,26 +259,36 @@ def _label_selector(body: Mapping[str, Any], source: str, path: str) -> Tuple[Re
     requirements = [Requirement(key, "In", (value,)) for key, value in sorted(labels.items())]
     expressions = body.get("matchExpressions")
     here = f"{path}.matchExpressions"
-    for index, expression in enumerate(expect_list([] if expressions is None else expressions,
-                                                   source, here)):
+    for index, expression in enumerate(
+        expect_list([] if expressions is None else expressions, source, here)
+    ):
         at = f"{here}[{index}]"
         expect_object(expression, source, at)
         values = expression.get("values")
         listed = expect_list([] if values is None else values, source, f"{at}.values")
-        requirements.append(Requirement(
-            _required_str(expression, "key", source, at),
-            _required_str(expression, "operator", source, at),
-            tuple(expect_str(v, source, f"{at}.values[{i}]", empty_ok=True)
-                  for i, v in enumerate(listed)),
-        ))
+        requirements.append(
+            Requirement(
+                _required_str(expression, "key", source, at),
+                _required_str(expression, "operator", source, at),
+                tuple(
+                    expect_str(v, source, f"{at}.values[{i}]", empty_ok=True)
+                    for i, v in enumerate(listed)
+                ),
+            )
+        )
     return tuple(requirements)
 
 
 # --- resolving ------------------------------------------------------------------------------------
 
 
-def resolve(hypernodes: Sequence[HyperNode], nodes: Sequence[NodeFacts], source: str, *,
-            names: Optional[Iterable[str]] = None) -> Resolved:
+def resolve(
+    hypernodes: Sequence[HyperNode],
+    nodes: Sequence[NodeFacts],
+    source: str,
+    *,
+    names: Optional[Iterable[str]] = None,
+) -> Resolved:
     """Each node's place in the tree of ``hypernodes``.
 
     ``nodes`` give the labels for ``labelMatch`` and the names ``regexMatch`` is tried on.
@@ -277,8 +319,9 @@ def resolve(hypernodes: Sequence[HyperNode], nodes: Sequence[NodeFacts], source:
             continue
         options = [_chain(holder, parent, chains) for holder in held_by]
         if len(options) > 1:
-            options.sort(key=lambda chain: (by_name[chain[-1]].tier,
-                                            tuple(map(id_sort_key, chain))))
+            options.sort(
+                key=lambda chain: (by_name[chain[-1]].tier, tuple(map(id_sort_key, chain)))
+            )
         chosen = options[0]
         paths[node] = tuple(options)
         if len(options) > 1:
@@ -290,12 +333,14 @@ def resolve(hypernodes: Sequence[HyperNode], nodes: Sequence[NodeFacts], source:
     if several:
         notes.append(
             f"{len(several)} node(s) are held by several HyperNodes, each placed under the one of "
-            f"the lowest tier, then by path (first listed): {_few(several)}")
+            f"the lowest tier, then by path (first listed): {_few(several)}"
+        )
     return Resolved(placements, paths, tuple(notes))
 
 
-def _parents(ordered: Sequence[HyperNode], by_name: Mapping[str, HyperNode],
-             notes: List[str]) -> Dict[str, str]:
+def _parents(
+    ordered: Sequence[HyperNode], by_name: Mapping[str, HyperNode], notes: List[str]
+) -> Dict[str, str]:
     """Each HyperNode's parent: of several, the one of the lowest tier, then by name."""
     claims: Dict[str, List[HyperNode]] = {}
     ignored: List[str] = []
@@ -310,8 +355,10 @@ def _parents(ordered: Sequence[HyperNode], by_name: Mapping[str, HyperNode],
                 if not claimed or claimed[-1] is not hypernode:  # listed twice in one HyperNode
                     claimed.append(hypernode)
     if ignored:
-        notes.append("HyperNode members chosen by regexMatch or labelMatch are ignored (Volcano "
-                     f"takes HyperNode members by exactMatch only): {_few(ignored)}")
+        notes.append(
+            "HyperNode members chosen by regexMatch or labelMatch are ignored (Volcano "
+            f"takes HyperNode members by exactMatch only): {_few(ignored)}"
+        )
     parent: Dict[str, str] = {}
     shared: List[str] = []
     for child in sorted(claims, key=id_sort_key):
@@ -320,14 +367,17 @@ def _parents(ordered: Sequence[HyperNode], by_name: Mapping[str, HyperNode],
         if len(candidates) > 1:
             shared.append(f"{shown(child)} (in {', '.join(shown(c.name) for c in candidates)})")
     if shared:
-        notes.append(f"{len(shared)} HyperNode(s) are members of several HyperNodes, each kept "
-                     f"under the one of the lowest tier, then by name (first listed): "
-                     f"{_few(shared)}")
+        notes.append(
+            f"{len(shared)} HyperNode(s) are members of several HyperNodes, each kept "
+            f"under the one of the lowest tier, then by name (first listed): "
+            f"{_few(shared)}"
+        )
     return parent
 
 
-def _check_acyclic(ordered: Sequence[HyperNode], by_name: Mapping[str, HyperNode],
-                   source: str) -> None:
+def _check_acyclic(
+    ordered: Sequence[HyperNode], by_name: Mapping[str, HyperNode], source: str
+) -> None:
     """A HyperNode that contains itself through its members is an error (Volcano: "cyclic
     dependency detected"), named at the member that closes the cycle."""
     state: Dict[str, int] = {}  # 1: on the current walk, 2: done
@@ -347,10 +397,12 @@ def _check_acyclic(ordered: Sequence[HyperNode], by_name: Mapping[str, HyperNode
                 if child is None or state.get(child.name) == 2:
                     continue
                 if state.get(child.name) == 1:
-                    cycle = trail[trail.index(child.name):] + [child.name]
-                    fail(source, hypernode.field(f"{member.path}.selector.exactMatch.name"),
-                         "HyperNodes that form a tree; "
-                         f"{' > '.join(map(shown, cycle))} is a cycle")
+                    cycle = trail[trail.index(child.name) :] + [child.name]
+                    fail(
+                        source,
+                        hypernode.field(f"{member.path}.selector.exactMatch.name"),
+                        f"HyperNodes that form a tree; {' > '.join(map(shown, cycle))} is a cycle",
+                    )
                 stack.append((hypernode, position))
                 stack.append((child, 0))
                 trail.append(child.name)
@@ -361,9 +413,13 @@ def _check_acyclic(ordered: Sequence[HyperNode], by_name: Mapping[str, HyperNode
                 trail.pop()
 
 
-def _holders(ordered: Sequence[HyperNode], candidates: Sequence[str],
-             facts: Mapping[str, NodeFacts], restricted: bool,
-             notes: List[str]) -> Dict[str, List[str]]:
+def _holders(
+    ordered: Sequence[HyperNode],
+    candidates: Sequence[str],
+    facts: Mapping[str, NodeFacts],
+    restricted: bool,
+    notes: List[str],
+) -> Dict[str, List[str]]:
     """node name -> the HyperNodes whose Node members select it, in name order."""
     wanted: Set[str] = set(candidates)
     holders: Dict[str, List[str]] = {}
@@ -403,8 +459,10 @@ def _holders(ordered: Sequence[HyperNode], candidates: Sequence[str],
     if unusable:
         notes.append(f"HyperNode members that select no node (as in Volcano): {_few(unusable)}")
     if unlabelled:
-        notes.append("labelMatch members cannot select nodes whose labels were not given "
-                     f"(kubectl get nodes -o json): {_few(unlabelled)}")
+        notes.append(
+            "labelMatch members cannot select nodes whose labels were not given "
+            f"(kubectl get nodes -o json): {_few(unlabelled)}"
+        )
     return holders
 
 
@@ -429,8 +487,9 @@ def _selector_problem(requirements: Tuple[Requirement, ...]) -> Optional[str]:
     return None
 
 
-def _chain(holder: str, parent: Mapping[str, str], chains: Dict[str, Tuple[str, ...]]
-           ) -> Tuple[str, ...]:
+def _chain(
+    holder: str, parent: Mapping[str, str], chains: Dict[str, Tuple[str, ...]]
+) -> Tuple[str, ...]:
     """The HyperNodes from the root down to ``holder`` (memoised; the tree has no cycle)."""
     walk: List[str] = []
     current: Optional[str] = holder

@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from npu_job.bootstrap.kubeobjects import POD, PodFacts, object_field
 from npu_job.bootstrap.columns import servers_from_columns
+from npu_job.bootstrap.fields import fail
+from npu_job.bootstrap.kubeobjects import POD, PodFacts, object_field
 from npu_job.bootstrap.model import Device, RankTable, Topology
 from npu_job.bootstrap.ranktable import POD_INDEX_EXPECTED, pod_index_from_name
-from npu_job.bootstrap.fields import fail
+
 from npu_job.errors import InputError, NotReadyError, shown
 from npu_job.parsing import count_from_text
 
@@ -93,19 +94,30 @@ def job_roster(pods: Sequence[PodFacts], selector: JobSelector, source: str) -> 
             continue
         index = pod_index(pod, source)
         if index in chosen:
-            fail(source, _field(pod, f"metadata.labels.{TASK_INDEX_LABEL}"),
-                 f"one live pod per index; {index} is also pod {shown(chosen[index].name)}")
+            fail(
+                source,
+                _field(pod, f"metadata.labels.{TASK_INDEX_LABEL}"),
+                f"one live pod per index; {index} is also pod {shown(chosen[index].name)}",
+            )
         chosen[index] = pod
     # without a count, the highest index says how many pods the job has at least
     expected = selector.expected if selector.expected is not None else max(chosen, default=-1) + 1
     beyond = [index for index in chosen if index >= expected]
     if beyond:
         pod = chosen[max(beyond)]
-        fail(source, _field(pod, f"metadata.labels.{TASK_INDEX_LABEL}"),
-             f"a pod index below {expected}, the job's pod count (MA_NUM_HOSTS); got {max(beyond)}")
+        fail(
+            source,
+            _field(pod, f"metadata.labels.{TASK_INDEX_LABEL}"),
+            f"a pod index below {expected}, the job's pod count (MA_NUM_HOSTS); got {max(beyond)}",
+        )
     ordered = tuple(chosen[index] for index in sorted(chosen))
-    return Roster(job, ordered, tuple(sorted(chosen)), expected,
-                  tuple(pod.name for pod in ordered if not (pod.node_name and pod.host_ip)))
+    return Roster(
+        job,
+        ordered,
+        tuple(sorted(chosen)),
+        expected,
+        tuple(pod.name for pod in ordered if not (pod.node_name and pod.host_ip)),
+    )
 
 
 def pod_index(pod: PodFacts, source: str) -> int:
@@ -114,13 +126,21 @@ def pod_index(pod: PodFacts, source: str) -> int:
     if label is not None:
         index = count_from_text(label)
         if index is None:
-            fail(source, _field(pod, f"metadata.labels.{TASK_INDEX_LABEL}"),
-                 "a pod index (digits)", label)
+            fail(
+                source,
+                _field(pod, f"metadata.labels.{TASK_INDEX_LABEL}"),
+                "a pod index (digits)",
+                label,
+            )
         return index
     index = pod_index_from_name(pod.name)
     if index is None:
-        fail(source, _field(pod, "metadata.name"),
-             f"a {TASK_INDEX_LABEL} label or {POD_INDEX_EXPECTED}", pod.name)
+        fail(
+            source,
+            _field(pod, "metadata.name"),
+            f"a {TASK_INDEX_LABEL} label or {POD_INDEX_EXPECTED}",
+            pod.name,
+        )
     return index
 
 
@@ -133,10 +153,13 @@ def roster_table(roster: Roster, source: str) -> RankTable:
     for pod in roster.pods:
         other = on_node.setdefault(pod.node_name, pod)
         if other is not pod:
-            fail(source, _field(pod, "spec.nodeName"),
-                 f"one pod of the job per node (routing orders nodes); pods {shown(other.name)} "
-                 f"and {shown(pod.name)} are both on node {shown(pod.node_name)} (in the job "
-                 "spec, anti_affinity: true)")
+            fail(
+                source,
+                _field(pod, "spec.nodeName"),
+                f"one pod of the job per node (routing orders nodes); pods {shown(other.name)} "
+                f"and {shown(pod.name)} are both on node {shown(pod.node_name)} (in the job "
+                "spec, anti_affinity: true)",
+            )
     device_sets: Dict[int, Tuple[Device, ...]] = {}  # immutable: one tuple per count, shared
     devices = []
     for pod in roster.pods:
@@ -145,8 +168,15 @@ def roster_table(roster: Roster, source: str) -> RankTable:
             device_sets[count] = tuple(Device(str(position)) for position in range(count))
         devices.append(device_sets[count])
     addresses = [pod.host_ip for pod in roster.pods]
-    servers = servers_from_columns(addresses, roster.indices, devices, addresses, repeat(None),
-                                   [pod.name for pod in roster.pods], repeat(None))
+    servers = servers_from_columns(
+        addresses,
+        roster.indices,
+        devices,
+        addresses,
+        repeat(None),
+        [pod.name for pod in roster.pods],
+        repeat(None),
+    )
     return RankTable(version=POD_LIST_VERSION, status="completed", servers=tuple(servers))
 
 
@@ -155,8 +185,9 @@ def node_names(roster: Roster) -> Tuple[str, ...]:
     return tuple(pod.node_name for pod in roster.pods)
 
 
-def by_server(topology: Optional[Topology], table: RankTable, nodes: Sequence[str]
-              ) -> Optional[Topology]:
+def by_server(
+    topology: Optional[Topology], table: RankTable, nodes: Sequence[str]
+) -> Optional[Topology]:
     """``topology`` keyed by ``table``'s servers: each placed by its node's name (``nodes[i]`` for
     server ``i``), else by its address."""
     if topology is None:
@@ -170,23 +201,36 @@ def by_server(topology: Optional[Topology], table: RankTable, nodes: Sequence[st
 
 
 def _only_job(pods: Sequence[PodFacts], selector: JobSelector, source: str) -> str:
-    jobs = sorted({pod.labels[JOB_NAME_LABEL] for pod in pods if JOB_NAME_LABEL in pod.labels
-                   and (selector.namespace is None or pod.namespace == selector.namespace)})
+    jobs = sorted(
+        {
+            pod.labels[JOB_NAME_LABEL]
+            for pod in pods
+            if JOB_NAME_LABEL in pod.labels
+            and (selector.namespace is None or pod.namespace == selector.namespace)
+        }
+    )
     if len(jobs) == 1:
         return jobs[0]
     if not jobs:
-        raise InputError(source, "items",
-                         f"expected pods of a Volcano job (label {JOB_NAME_LABEL})")
-    raise InputError(source, "items",
-                     f"expected the pods of one Volcano job, got pods of {len(jobs)} jobs "
-                     f"({_few([shown(job) for job in jobs])})", tip="--job names the one to plan")
+        raise InputError(
+            source, "items", f"expected pods of a Volcano job (label {JOB_NAME_LABEL})"
+        )
+    raise InputError(
+        source,
+        "items",
+        f"expected the pods of one Volcano job, got pods of {len(jobs)} jobs "
+        f"({_few([shown(job) for job in jobs])})",
+        tip="--job names the one to plan",
+    )
 
 
 def _belongs(pod: PodFacts, job: str, selector: JobSelector) -> bool:
     labels = pod.labels
-    return (labels.get(JOB_NAME_LABEL) == job
-            and (selector.task is None or labels.get(TASK_SPEC_LABEL) == selector.task)
-            and (selector.namespace is None or pod.namespace == selector.namespace))
+    return (
+        labels.get(JOB_NAME_LABEL) == job
+        and (selector.task is None or labels.get(TASK_SPEC_LABEL) == selector.task)
+        and (selector.namespace is None or pod.namespace == selector.namespace)
+    )
 
 
 def _field(pod: PodFacts, path: str) -> str:
@@ -205,4 +249,7 @@ def not_ready_error(roster: Roster, source: str, waited: Optional[float] = None)
         f"{source}: pods: expected every pod of job {shown(roster.job)} scheduled{within}; "
         f"{roster.progress()}",
         tip="raise NPU_JOB_WAIT_TIMEOUT (or --wait-timeout) if the scheduler is slow to place "
-            "the job" if waited is not None else None)
+        "the job"
+        if waited is not None
+        else None,
+    )

@@ -33,6 +33,7 @@ from npu_job.bootstrap.kubeobjects import (
 )
 from npu_job.bootstrap.payload import MAX_INPUT_BYTES, check_size, verbatim_or_shown
 from npu_job.bootstrap.sources import SERVICE_ACCOUNT_DIR, KubernetesAPI, SourceUnavailable
+
 from npu_job.errors import InputError
 from npu_job.parsing import count_from_text
 
@@ -69,8 +70,9 @@ def namespace_of(env: Mapping[str, str], account_dir: str = SERVICE_ACCOUNT_DIR)
 class KubeClient:
     """LIST calls on one HTTPS connection: ``with KubeClient(api) as client: client.list(...)``."""
 
-    def __init__(self, api: KubernetesAPI, *, quick: bool = False,
-                 page_size: Optional[int] = None) -> None:
+    def __init__(
+        self, api: KubernetesAPI, *, quick: bool = False, page_size: Optional[int] = None
+    ) -> None:
         self.api = api
         self.page_size = page_size or PAGE_SIZE
         self.retries = 1 if quick else RETRIES
@@ -81,7 +83,7 @@ class KubeClient:
         self._connection: Any = None
         self._context: Any = None
 
-    def __enter__(self) -> "KubeClient":
+    def __enter__(self) -> KubeClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -96,8 +98,11 @@ class KubeClient:
         """Every item of ``GET path`` (all pages), sorted by kind; ``params`` such as
         ``labelSelector`` go with every page."""
         name = f"{self.api.base_url}{path}"
-        query: Dict[str, str] = {**(params or {}), "limit": str(self.page_size),
-                                 "resourceVersion": "0"}
+        query: Dict[str, str] = {
+            **(params or {}),
+            "limit": str(self.page_size),
+            "resourceVersion": "0",
+        }
         objects = KubeObjects()
         pages = 0
         while True:
@@ -106,8 +111,12 @@ class KubeClient:
             pages += 1
             token = list_continue(document)
             if token is None:
-                log.debug("%s: %d page(s), %d item(s)", name, pages,
-                          len(objects.nodes) + len(objects.pods) + len(objects.hypernodes))
+                log.debug(
+                    "%s: %d page(s), %d item(s)",
+                    name,
+                    pages,
+                    len(objects.nodes) + len(objects.pods) + len(objects.hypernodes),
+                )
                 return objects
             query = {**(params or {}), "limit": str(self.page_size), "continue": token}
 
@@ -124,14 +133,19 @@ class KubeClient:
             try:
                 status, reason, headers, body = self._request(target, name)
             except ssl.SSLCertVerificationError as error:
-                raise InputError(name, "TLS", "expected a certificate trusted by the service "
-                                 f"account's CA ({_first_line(error)})") from None
+                raise InputError(
+                    name,
+                    "TLS",
+                    "expected a certificate trusted by the service "
+                    f"account's CA ({_first_line(error)})",
+                ) from None
             except (OSError, http.client.HTTPException) as error:
                 self.close()
                 if reused:  # the server closed a kept-alive connection: a fresh one, at once
                     continue
-                problem = SourceUnavailable(name, "connection", "expected a reachable API server "
-                                            f"({_first_line(error)})")
+                problem = SourceUnavailable(
+                    name, "connection", f"expected a reachable API server ({_first_line(error)})"
+                )
             else:
                 if status == 200:
                     return body
@@ -140,7 +154,7 @@ class KubeClient:
                     raise problem
             if attempt >= self.retries:
                 raise problem
-            time.sleep(BACKOFF * 2 ** attempt)
+            time.sleep(BACKOFF * 2**attempt)
             attempt += 1
 
     def _request(self, target: str, name: str) -> Tuple[int, str, Any, bytes]:
@@ -148,11 +162,19 @@ class KubeClient:
 
         if self._connection is None:
             self._connection = http.client.HTTPSConnection(
-                self._host, self._port, timeout=self.timeout, context=self._tls())
+                self._host, self._port, timeout=self.timeout, context=self._tls()
+            )
         token = _read_token(self.api.token_path)
-        self._connection.request("GET", target, headers={
-            "Authorization": f"Bearer {token}", "Accept": "application/json",
-            "Accept-Encoding": "gzip", "User-Agent": "npu-job-bootstrap"})
+        self._connection.request(
+            "GET",
+            target,
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Accept": "application/json",
+                "Accept-Encoding": "gzip",
+                "User-Agent": "npu-job-bootstrap",
+            },
+        )
         response = self._connection.getresponse()
         try:
             declared = count_from_text(response.getheader("Content-Length") or "")
@@ -197,8 +219,10 @@ def _status_error(name: str, status: int, reason: str, body: bytes) -> InputErro
     if status == 401:
         tip = "the service account token was refused: is it mounted and current?"
     elif status == 403:
-        tip = ("the job's service account needs list permission here (npu-job render emits the "
-               "Role and ClusterRole when routing uses the API)")
+        tip = (
+            "the job's service account needs list permission here (npu-job render emits the "
+            "Role and ClusterRole when routing uses the API)"
+        )
     error = InputError(name, "HTTP status", got, tip=tip)
     error.status = status  # type: ignore[attr-defined]  # 404: a resource this cluster lacks
     return error
@@ -222,7 +246,6 @@ def job_selector_query(job: str, task: Optional[str]) -> Dict[str, str]:
     return {"labelSelector": selector}
 
 
-
 def topology_objects(client: KubeClient, *, by_name: bool = False) -> KubeObjects:
     """The cluster's HyperNodes and Nodes, for a topology: a cluster without the HyperNode CRD
     (404) or a service account not allowed to list them (403) has none; likewise Nodes (then
@@ -235,8 +258,12 @@ def topology_objects(client: KubeClient, *, by_name: bool = False) -> KubeObject
 
     found = KubeObjects()
     for path in (HYPERNODES_PATH, NODES_PATH):
-        if path == NODES_PATH and by_name and found.hypernodes and not selects_by_label(
-                found.hypernodes):
+        if (
+            path == NODES_PATH
+            and by_name
+            and found.hypernodes
+            and not selects_by_label(found.hypernodes)
+        ):
             log.debug("topology: the HyperNodes name their nodes; the Nodes are not listed")
             break
         try:

@@ -31,12 +31,22 @@ from functools import lru_cache
 from itertools import repeat
 from types import MappingProxyType
 from typing import (
-    Any, Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple,
+    Any,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
 )
 
 from npu_job.bootstrap.fields import expect_list, expect_object, expect_str, fail, join_key
 from npu_job.bootstrap.jsondecode import decode_typed
 from npu_job.bootstrap.payload import decode_document, json_text
+
 from npu_job.errors import InputError, shown
 
 NODE = "Node"
@@ -45,7 +55,10 @@ HYPERNODE = "HyperNode"
 KINDS = (NODE, POD, HYPERNODE)
 # list kind -> the kind of its items when they carry none (what the API answers to a LIST)
 LIST_KINDS: Dict[str, Optional[str]] = {
-    "List": None, "NodeList": NODE, "PodList": POD, "HyperNodeList": HYPERNODE,
+    "List": None,
+    "NodeList": NODE,
+    "PodList": POD,
+    "HyperNodeList": HYPERNODE,
 }
 
 # Extended resources that count a pod's accelerators (device plugins' resource names): NVIDIA's
@@ -75,9 +88,10 @@ class KubeObjects:
     pods: Tuple[KubeObject, ...] = ()
     hypernodes: Tuple[KubeObject, ...] = ()
 
-    def __add__(self, other: "KubeObjects") -> "KubeObjects":
-        return KubeObjects(self.nodes + other.nodes, self.pods + other.pods,
-                           self.hypernodes + other.hypernodes)
+    def __add__(self, other: KubeObjects) -> KubeObjects:
+        return KubeObjects(
+            self.nodes + other.nodes, self.pods + other.pods, self.hypernodes + other.hypernodes
+        )
 
     def of(self, kind: str) -> Tuple[KubeObject, ...]:
         return {NODE: self.nodes, POD: self.pods, HYPERNODE: self.hypernodes}[kind]
@@ -142,8 +156,11 @@ def decode_kube_document(data: bytes, source: str, *, allow_yaml: bool = True) -
         text = None
     if text is not None:
         typed = decode_typed(text, _list_decoder)
-        if (type(typed) is dict and type(typed.get("items")) is list
-                and not _OTHER_FORMATS_KEYS.intersection(typed)):
+        if (
+            type(typed) is dict
+            and type(typed.get("items")) is list
+            and not _OTHER_FORMATS_KEYS.intersection(typed)
+        ):
             return typed
     return decode_document(data, source, allow_yaml=allow_yaml)
 
@@ -163,10 +180,19 @@ def read_objects(document: Any, source: str) -> KubeObjects:
         fail(source, "kind", expected, kind)
     implied = LIST_KINDS.get(kind) if kind is not None else None
     items = expect_list(doc.get("items", []), source, "items")
-    if implied is not None and _DICT.issuperset(map(type, items)) and not any(
-            map(_has_kind, items)):  # what the API answers: a typed list, no kind per item
-        listed = tuple(map(KubeObject, repeat(implied, len(items)),
-                           [f"items[{index}]" for index in range(len(items))], items))
+    if (
+        implied is not None
+        and _DICT.issuperset(map(type, items))
+        and not any(map(_has_kind, items))
+    ):  # what the API answers: a typed list, no kind per item
+        listed = tuple(
+            map(
+                KubeObject,
+                repeat(implied, len(items)),
+                [f"items[{index}]" for index in range(len(items))],
+                items,
+            )
+        )
         return KubeObjects(**{_FIELD_OF[implied]: listed})
     objects: List[KubeObject] = []
     for index, item in enumerate(items):
@@ -174,8 +200,9 @@ def read_objects(document: Any, source: str) -> KubeObjects:
         expect_object(item, source, where)
         item_kind = item.get("kind", implied)
         if item_kind is None:
-            fail(source, f"{where}.kind",
-                 "the kind of each item of a List (Node, Pod, HyperNode...)")
+            fail(
+                source, f"{where}.kind", "the kind of each item of a List (Node, Pod, HyperNode...)"
+            )
         if type(item_kind) is not str:
             fail(source, f"{where}.kind", "a string", item_kind)
         if item_kind in KINDS:
@@ -244,16 +271,20 @@ def optional_str(mapping: Mapping[str, Any], key: str, source: str, path: str) -
 # --- Nodes ----------------------------------------------------------------------------------------
 
 
-def named_once(objects: Sequence[KubeObject], source: str, what: str
-               ) -> Iterator[Tuple[KubeObject, str]]:
+def named_once(
+    objects: Sequence[KubeObject], source: str, what: str
+) -> Iterator[Tuple[KubeObject, str]]:
     """``(object, metadata.name)`` of each object; a name listed twice is an error (a list of
     cluster-scoped objects, or a hand-made List that repeats one)."""
     seen: Dict[str, str] = {}
     for obj in objects:
         name = object_name(obj, source)
         if name in seen:
-            fail(source, field_path(obj, name, "metadata.name"),
-                 f"a {what} name unique in the list; {shown(name)} is also {seen[name]}")
+            fail(
+                source,
+                field_path(obj, name, "metadata.name"),
+                f"a {what} name unique in the list; {shown(name)} is also {seen[name]}",
+            )
         seen[name] = obj.where or "the document"
         yield obj, name
 
@@ -278,15 +309,27 @@ def _node_fast(obj: KubeObject) -> Optional[NodeFacts]:
         if status is None:
             status = {}
         addresses = status.get("addresses")
-        internal = tuple([address["address"] for address in addresses or ()
-                          if address.get("type") == "InternalIP"])
+        internal = tuple(
+            [
+                address["address"]
+                for address in addresses or ()
+                if address.get("type") == "InternalIP"
+            ]
+        )
     except (KeyError, TypeError, AttributeError):
         return None
     if labels is None:
         labels = {}
-    if (type(name) is not str or not name or type(metadata) is not dict or type(status) is not dict
-            or not _string_map_ok(labels) or type(addresses) not in _LIST_OR_NONE
-            or not _STR.issuperset(map(type, internal)) or "" in internal):
+    if (
+        type(name) is not str
+        or not name
+        or type(metadata) is not dict
+        or type(status) is not dict
+        or not _string_map_ok(labels)
+        or type(addresses) not in _LIST_OR_NONE
+        or not _STR.issuperset(map(type, internal))
+        or "" in internal
+    ):
         return None
     return NodeFacts(name, internal, labels, obj.where)
 
@@ -296,22 +339,27 @@ _LIST_OR_NONE = frozenset({list, type(None)})
 
 
 def _string_map_ok(value: Any) -> bool:
-    return (type(value) is dict and _STR.issuperset(map(type, value))
-            and _STR.issuperset(map(type, value.values())))
+    return (
+        type(value) is dict
+        and _STR.issuperset(map(type, value))
+        and _STR.issuperset(map(type, value.values()))
+    )
 
 
 def _nodes_checked(objects: Sequence[KubeObject], source: str) -> List[NodeFacts]:
     nodes: List[NodeFacts] = []
     for obj, name in named_once(objects, source, "node"):
         metadata = obj.item["metadata"]
-        labels = string_map(metadata.get("labels"), source,
-                            field_path(obj, name, "metadata.labels"))
+        labels = string_map(
+            metadata.get("labels"), source, field_path(obj, name, "metadata.labels")
+        )
         status = section(obj, name, "status", source)
         here = field_path(obj, name, "status.addresses")
         internal: List[str] = []
         addresses = status.get("addresses")
-        for position, address in enumerate(expect_list([] if addresses is None else addresses,
-                                                       source, here)):
+        for position, address in enumerate(
+            expect_list([] if addresses is None else addresses, source, here)
+        ):
             at = f"{here}[{position}]"
             expect_object(address, source, at)
             if address.get("type") == "InternalIP":
@@ -355,12 +403,28 @@ def _pod_fast(obj: KubeObject) -> Optional[PodFacts]:
     if labels is None:
         labels = {}
     values = (namespace, node_name, host_ip, phase)
-    if (accelerators is None or type(name) is not str or not name or type(metadata) is not dict
-            or type(spec) is not dict or type(status) is not dict or not _string_map_ok(labels)
-            or not _STR_OR_NONE.issuperset(map(type, values))):
+    if (
+        accelerators is None
+        or type(name) is not str
+        or not name
+        or type(metadata) is not dict
+        or type(spec) is not dict
+        or type(status) is not dict
+        or not _string_map_ok(labels)
+        or not _STR_OR_NONE.issuperset(map(type, values))
+    ):
         return None
-    return PodFacts(name, namespace or "", labels, node_name or "", host_ip or "", phase or "",
-                    metadata.get("deletionTimestamp") is not None, accelerators, obj.where)
+    return PodFacts(
+        name,
+        namespace or "",
+        labels,
+        node_name or "",
+        host_ip or "",
+        phase or "",
+        metadata.get("deletionTimestamp") is not None,
+        accelerators,
+        obj.where,
+    )
 
 
 _STR_OR_NONE = frozenset({str, type(None)})
@@ -381,8 +445,11 @@ def _accelerators_fast(containers: Any) -> Optional[int]:
                 continue
             if type(amounts) is not dict:
                 return None
-            counted = [value for key, value in amounts.items()
-                       if type(key) is str and _ACCELERATOR.match(key)]
+            counted = [
+                value
+                for key, value in amounts.items()
+                if type(key) is str and _ACCELERATOR.match(key)
+            ]
             for value in counted:
                 if type(value) is str and value.isdigit() and value.isascii() and len(value) <= 9:
                     total += int(value)
@@ -422,8 +489,9 @@ def _accelerators(spec: Mapping[str, Any], source: str, path: str) -> int:
     (extended resources are requested through limits; requests where a container has no limits)."""
     containers = spec.get("containers")
     total = 0
-    for position, container in enumerate(expect_list([] if containers is None else containers,
-                                                     source, path)):
+    for position, container in enumerate(
+        expect_list([] if containers is None else containers, source, path)
+    ):
         here = f"{path}[{position}]"
         expect_object(container, source, here)
         resources = container.get("resources") or {}
@@ -433,8 +501,11 @@ def _accelerators(spec: Mapping[str, Any], source: str, path: str) -> int:
             if not amounts:
                 continue
             expect_object(amounts, source, f"{here}.resources.{kind}")
-            counted = [(key, value) for key, value in amounts.items()
-                       if type(key) is str and _ACCELERATOR.match(key)]
+            counted = [
+                (key, value)
+                for key, value in amounts.items()
+                if type(key) is str and _ACCELERATOR.match(key)
+            ]
             for key, value in counted:
                 total += _device_count(value, source, join_key(f"{here}.resources.{kind}", key))
             if counted:
@@ -466,18 +537,39 @@ def _list_decoder(msgspec: Any) -> Any:
     def typed(name: str, fields: Dict[str, Any]) -> Any:
         return TypedDict(name, fields, total=False)  # type: ignore[operator]
 
-    meta = typed("Meta", {"name": Any, "namespace": Any, "labels": Dict[str, str],
-                          "deletionTimestamp": Any})
+    meta = typed(
+        "Meta", {"name": Any, "namespace": Any, "labels": Dict[str, str], "deletionTimestamp": Any}
+    )
     resources = typed("Resources", {"limits": Dict[str, Any], "requests": Dict[str, Any]})
     container = typed("Container", {"resources": resources})
-    spec = typed("Spec", {"nodeName": Any, "containers": List[container], "tier": Any,
-                          "tierName": Any, "members": Any})
+    spec = typed(
+        "Spec",
+        {
+            "nodeName": Any,
+            "containers": List[container],  # type: ignore[valid-type]
+            "tier": Any,
+            "tierName": Any,
+            "members": Any,
+        },
+    )
     address = typed("Address", {"type": Any, "address": Any})
-    status = typed("Status", {"hostIP": Any, "phase": Any, "addresses": List[address]})
+    status = typed(
+        "Status",
+        {"hostIP": Any, "phase": Any, "addresses": List[address]},  # type: ignore[valid-type]
+    )
     item = typed("Item", {"kind": Any, "metadata": meta, "spec": spec, "status": status})
-    document = typed("Document", {"kind": Any, "apiVersion": Any, "metadata": Dict[str, Any],
-                                  "items": List[item], "servers": Any, "server_list": Any,
-                                  "tor_count": Any})
+    document = typed(
+        "Document",
+        {
+            "kind": Any,
+            "apiVersion": Any,
+            "metadata": Dict[str, Any],
+            "items": List[item],  # type: ignore[valid-type]
+            "servers": Any,
+            "server_list": Any,
+            "tor_count": Any,
+        },
+    )
     return msgspec.json.Decoder(document)
 
 
@@ -492,4 +584,3 @@ def kind_counts(objects: KubeObjects) -> str:
     """``"3 Nodes, 4 Pods"``: what a document held, for log lines."""
     parts = [f"{len(objects.of(kind))} {kind}s" for kind in KINDS if objects.of(kind)]
     return ", ".join(parts) if parts else "no Nodes, Pods or HyperNodes"
-

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 from npu_job.bootstrap import hypernode, labels
+from npu_job.bootstrap.fields import fail
 from npu_job.bootstrap.kubeobjects import (
     NODE,
     KubeObjects,
@@ -25,7 +26,7 @@ from npu_job.bootstrap.kubeobjects import (
 )
 from npu_job.bootstrap.model import Placement, Topology
 from npu_job.bootstrap.topology import K8S_NODE_LABELS, VOLCANO_HYPERNODES
-from npu_job.bootstrap.fields import fail
+
 from npu_job.errors import shown
 
 HYPERNODES = VOLCANO_HYPERNODES
@@ -54,14 +55,19 @@ class KubeTopology:
     notes: Tuple[str, ...] = ()
 
 
-def topology_from_document(document: object, source: str, fmt: Optional[str] = None,
-                           context: Optional[KubeContext] = None) -> KubeTopology:
+def topology_from_document(
+    document: object, source: str, fmt: Optional[str] = None, context: Optional[KubeContext] = None
+) -> KubeTopology:
     """The topology of a decoded list document (see :func:`topology_from_objects`)."""
     return topology_from_objects(read_objects(document, source), source, fmt, context)
 
 
-def topology_from_objects(objects: KubeObjects, source: str, fmt: Optional[str] = None,
-                          context: Optional[KubeContext] = None) -> KubeTopology:
+def topology_from_objects(
+    objects: KubeObjects,
+    source: str,
+    fmt: Optional[str] = None,
+    context: Optional[KubeContext] = None,
+) -> KubeTopology:
     """HyperNodes when there are any (or ``fmt`` is :data:`HYPERNODES`), else node labels."""
     context = context or KubeContext()
     everything = objects + context.objects
@@ -83,30 +89,37 @@ def topology_from_objects(objects: KubeObjects, source: str, fmt: Optional[str] 
             if found is not None:
                 by_node[node.name], scheme = found
                 schemes[scheme.title] = schemes.get(scheme.title, 0) + 1
-    notes = ()
+    notes: Tuple[str, ...] = ()
     if schemes:
         counted = ", ".join(f"{count} by {title}" for title, count in sorted(schemes.items()))
-        notes = (f"node labels placed {len(by_node)} of {len(nodes if wanted is None else wanted)}"
-                 f" node(s): {counted}",)
-    return KubeTopology(Topology(_keyed(by_node, nodes, wanted, source), source=NODE_LABELS),
-                        notes)
+        notes = (
+            f"node labels placed {len(by_node)} of {len(nodes if wanted is None else wanted)}"
+            f" node(s): {counted}",
+        )
+    return KubeTopology(Topology(_keyed(by_node, nodes, wanted, source), source=NODE_LABELS), notes)
 
 
-def _wanted_nodes(nodes: Sequence[NodeFacts], names: Optional[Iterable[str]]
-                  ) -> Optional[Tuple[str, ...]]:
+def _wanted_nodes(
+    nodes: Sequence[NodeFacts], names: Optional[Iterable[str]]
+) -> Optional[Tuple[str, ...]]:
     """The node names ``names`` stand for: a node's own name or one of its addresses; a name no
     listed node has is kept as it is (a node the HyperNodes name without a node list)."""
     if names is None:
         return None
     wanted = set(names)
-    found = {node.name for node in nodes
-             if node.name in wanted or not wanted.isdisjoint(node.addresses)}
+    found = {
+        node.name for node in nodes if node.name in wanted or not wanted.isdisjoint(node.addresses)
+    }
     addresses = {address for node in nodes for address in node.addresses}
     return tuple(sorted(found | (wanted - addresses)))
 
 
-def _keyed(by_node: Mapping[str, Placement], nodes: Sequence[NodeFacts],
-           wanted: Optional[Sequence[str]], source: str) -> Dict[str, Placement]:
+def _keyed(
+    by_node: Mapping[str, Placement],
+    nodes: Sequence[NodeFacts],
+    wanted: Optional[Sequence[str]],
+    source: str,
+) -> Dict[str, Placement]:
     """``by_node`` keyed by node name and by every InternalIP of the node as well."""
     keyed: Dict[str, Placement] = {}
     claimed: Dict[str, str] = {}  # key -> the node that claimed it first
@@ -119,12 +132,14 @@ def _keyed(by_node: Mapping[str, Placement], nodes: Sequence[NodeFacts],
             continue
         for key in (node.name, *node.addresses):
             if keyed.setdefault(key, placement) != placement:
-                fail(source, object_field(NODE, node.where, node.name, "status.addresses"),
-                     f"one placement per node address; {shown(key)} is claimed twice "
-                     f"(also by node {shown(claimed[key])})")
+                fail(
+                    source,
+                    object_field(NODE, node.where, node.name, "status.addresses"),
+                    f"one placement per node address; {shown(key)} is claimed twice "
+                    f"(also by node {shown(claimed[key])})",
+                )
             claimed.setdefault(key, node.name)
     for name, placement in by_node.items():  # named by the HyperNodes, not in the node list
         if name not in listed and keyed.setdefault(name, placement) != placement:
             fail(source, "items", f"one placement per node address; {shown(name)} is claimed twice")
     return keyed
-

@@ -37,8 +37,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Tuple
 
-from npu_job.bootstrap.model import Placement
 from npu_job.bootstrap.fields import expect_str
+from npu_job.bootstrap.model import Placement
+
 from npu_job.errors import InputError, shown
 
 CABINET_LABEL = "cce.kubectl.kubernetes.io/cabinet"
@@ -70,13 +71,23 @@ class LabelScheme:
 
 SCHEMES: Tuple[LabelScheme, ...] = (
     LabelScheme("cce", "CCE cabinet", ((CABINET_LABEL,),), joined_by="-"),
-    LabelScheme("volcano", "Volcano", ((VOLCANO_HYPERCLUSTER_LABEL,),
-                                      (VOLCANO_TOR_LABEL, VOLCANO_HYPERNODE_LABEL))),
+    LabelScheme(
+        "volcano",
+        "Volcano",
+        ((VOLCANO_HYPERCLUSTER_LABEL,), (VOLCANO_TOR_LABEL, VOLCANO_HYPERNODE_LABEL)),
+    ),
     LabelScheme("eks", "Amazon EKS", tuple((key,) for key in EKS_LAYER_LABELS)),
     LabelScheme("gke", "GKE", ((GKE_BLOCK_LABEL,), (GKE_SUBBLOCK_LABEL,))),
-    LabelScheme("topograph", "NVIDIA topograph", (
-        (TOPOGRAPH + "core", TOPOGRAPH + "datacenter"), (TOPOGRAPH + "spine",),
-        (TOPOGRAPH + "leaf", TOPOGRAPH + "block"), (TOPOGRAPH + "accelerator",))),
+    LabelScheme(
+        "topograph",
+        "NVIDIA topograph",
+        (
+            (TOPOGRAPH + "core", TOPOGRAPH + "datacenter"),
+            (TOPOGRAPH + "spine",),
+            (TOPOGRAPH + "leaf", TOPOGRAPH + "block"),
+            (TOPOGRAPH + "accelerator",),
+        ),
+    ),
 )
 
 
@@ -89,15 +100,21 @@ def label_keys_from_text(text: str, name: str) -> Tuple[str, ...]:
     """``"k1,k2,k3"`` (outermost first) as keys; ``name`` (a flag or variable) for the error."""
     keys = tuple(part.strip() for part in text.split(","))
     if not keys or any(not key or any(c.isspace() for c in key) for key in keys):
-        raise InputError("environment" if name.isupper() else "command line", name,
-                         "expected label keys separated by commas, outermost first "
-                         f"(e.g. example.com/spine,example.com/rack), got {shown(text)}")
+        raise InputError(
+            "environment" if name.isupper() else "command line",
+            name,
+            "expected label keys separated by commas, outermost first "
+            f"(e.g. example.com/spine,example.com/rack), got {shown(text)}",
+        )
     return keys
 
 
-def placement_from_labels(labels: Mapping[str, Any], source: str, path: str,
-                          keys: Optional[Sequence[str]] = None,
-                          ) -> Optional[Tuple[Placement, LabelScheme]]:
+def placement_from_labels(
+    labels: Mapping[str, Any],
+    source: str,
+    path: str,
+    keys: Optional[Sequence[str]] = None,
+) -> Optional[Tuple[Placement, LabelScheme]]:
     """Where the node with these labels sits and by which scheme; None when it has no topology
     label. ``keys``: only these (outermost first), instead of the schemes."""
 
@@ -108,8 +125,11 @@ def placement_from_labels(labels: Mapping[str, Any], source: str, path: str,
         return expect_str(value, source, f"{path}.{key}", empty_ok=True)
 
     for scheme in (user_scheme(keys),) if keys is not None else SCHEMES:
-        switches = [value for value in (next(filter(None, map(label, tier)), "")
-                                        for tier in scheme.tiers) if value]
+        switches = [
+            value
+            for value in (next(filter(None, map(label, tier)), "") for tier in scheme.tiers)
+            if value
+        ]
         if not switches:
             continue
         tors: Tuple[str, ...] = tuple(switches[-1:])

@@ -23,8 +23,14 @@ from typing import Any, Callable, Mapping, Optional, Tuple
 from npu_job.bootstrap import jobpods
 from npu_job.bootstrap.kubeobjects import KubeObjects, decode_objects, read_pods
 from npu_job.bootstrap.model import RankTable, Topology
-from npu_job.bootstrap.sources import K8S_TOPOLOGY, KubernetesAPI, SourceUnavailable, Verify
-from npu_job.bootstrap.sources import read_bytes
+from npu_job.bootstrap.sources import (
+    K8S_TOPOLOGY,
+    KubernetesAPI,
+    SourceUnavailable,
+    Verify,
+    read_bytes,
+)
+
 from npu_job.errors import InputError, NotReadyError
 from npu_job.parsing import count_from_text
 
@@ -45,13 +51,19 @@ class LoadedJob:
     client: Any = None  # the open KubeClient, when the pods came from the API
 
 
-def load_job(options: Any, env: Mapping[str, str], verify: Verify,
-             clock: Callable[[], float], sleep: Callable[[float], None]) -> LoadedJob:
+def load_job(
+    options: Any,
+    env: Mapping[str, str],
+    verify: Verify,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> LoadedJob:
     """Wait for the job's pods (see the module docstring) and make them the servers."""
     selector = _selector(options, env)
     fetch, location, client = _source(options, env, selector, verify)
-    log.info("no rank table: the servers are the pods of job %s from %s",
-             _job_text(selector), location)
+    log.info(
+        "no rank table: the servers are the pods of job %s from %s", _job_text(selector), location
+    )
     start = clock()
     while True:
         roster, objects, seen = _attempt(fetch, location, selector)
@@ -63,15 +75,19 @@ def load_job(options: Any, env: Mapping[str, str], verify: Verify,
         if elapsed >= options.wait_timeout:
             if roster is not None:
                 raise jobpods.not_ready_error(roster, location, options.wait_timeout)
-            raise NotReadyError(f"{location}: pods: expected the job's pods within "
-                                f"{options.wait_timeout:.0f} s, last seen {seen}")
-        log.info("waiting for the job's pods: %s, %.0f s of %.0f s", seen, elapsed,
-                 options.wait_timeout)
+            raise NotReadyError(
+                f"{location}: pods: expected the job's pods within "
+                f"{options.wait_timeout:.0f} s, last seen {seen}"
+            )
+        log.info(
+            "waiting for the job's pods: %s, %.0f s of %.0f s", seen, elapsed, options.wait_timeout
+        )
         sleep(max(0.0, min(options.poll_interval, options.wait_timeout - elapsed)))
 
 
-def _attempt(fetch: Callable[[], KubeObjects], location: str, selector: jobpods.JobSelector
-             ) -> Tuple[Optional[jobpods.Roster], KubeObjects, str]:
+def _attempt(
+    fetch: Callable[[], KubeObjects], location: str, selector: jobpods.JobSelector
+) -> Tuple[Optional[jobpods.Roster], KubeObjects, str]:
     try:
         objects = fetch()  # a missing file, a 403 or a bad certificate raise: polling won't help
     except SourceUnavailable as error:
@@ -84,14 +100,19 @@ def _selector(options: Any, env: Mapping[str, str]) -> jobpods.JobSelector:
     size = env.get(JOB_SIZE_ENV, "").strip()
     expected = count_from_text(size) if size else None
     if size and not expected:
-        raise InputError("environment", JOB_SIZE_ENV,
-                         f"expected the job's number of pods (a whole number >= 1), got {size!r}")
-    return jobpods.JobSelector(job=options.job, task=options.task, namespace=options.namespace,
-                               expected=expected)
+        raise InputError(
+            "environment",
+            JOB_SIZE_ENV,
+            f"expected the job's number of pods (a whole number >= 1), got {size!r}",
+        )
+    return jobpods.JobSelector(
+        job=options.job, task=options.task, namespace=options.namespace, expected=expected
+    )
 
 
-def _source(options: Any, env: Mapping[str, str], selector: jobpods.JobSelector, verify: Verify
-            ) -> Tuple[Callable[[], KubeObjects], str, Any]:
+def _source(
+    options: Any, env: Mapping[str, str], selector: jobpods.JobSelector, verify: Verify
+) -> Tuple[Callable[[], KubeObjects], str, Any]:
     """How to list the job's pods: ``(fetch, name, the API client or None)``."""
     if options.pods != K8S_TOPOLOGY:
         location = options.pods
@@ -104,17 +125,26 @@ def _source(options: Any, env: Mapping[str, str], selector: jobpods.JobSelector,
 
     api = KubernetesAPI.from_env(env)
     if api is None:
-        raise InputError("Kubernetes API", "KUBERNETES_SERVICE_HOST",
-                         "expected in-cluster credentials (service host and a service account "
-                         f"token) for {PODS_ENV}=k8s")
+        raise InputError(
+            "Kubernetes API",
+            "KUBERNETES_SERVICE_HOST",
+            "expected in-cluster credentials (service host and a service account "
+            f"token) for {PODS_ENV}=k8s",
+        )
     if not selector.job:
-        raise InputError("environment", "MA_VJ_NAME",
-                         "expected the Volcano job's name (MA_VJ_NAME, or --job) to list its pods")
+        raise InputError(
+            "environment",
+            "MA_VJ_NAME",
+            "expected the Volcano job's name (MA_VJ_NAME, or --job) to list its pods",
+        )
     namespace = selector.namespace or kubeapi.namespace_of(env)
     if not namespace:
-        raise InputError("environment", kubeapi.NAMESPACE_ENV,
-                         "expected the job's namespace ($NPU_JOB_NAMESPACE, --namespace, or the "
-                         "service account's namespace file)")
+        raise InputError(
+            "environment",
+            kubeapi.NAMESPACE_ENV,
+            "expected the job's namespace ($NPU_JOB_NAMESPACE, --namespace, or the "
+            "service account's namespace file)",
+        )
     path = kubeapi.pods_path(namespace)
     query = kubeapi.job_selector_query(selector.job, selector.task)
     client = kubeapi.KubeClient(api)  # one connection, kept for the topology's lists too
@@ -128,9 +158,13 @@ def _job_text(selector: jobpods.JobSelector) -> str:
     return job + (f" task {shown(selector.task)}" if selector.task else "")
 
 
-def job_topology(options: Any, env: Mapping[str, str], verify: Verify, job: LoadedJob,
-                 load_chain: Callable[..., Tuple[Optional[Topology], str]]
-                 ) -> Tuple[Optional[Topology], str]:
+def job_topology(
+    options: Any,
+    env: Mapping[str, str],
+    verify: Verify,
+    job: LoadedJob,
+    load_chain: Callable[..., Tuple[Optional[Topology], str]],
+) -> Tuple[Optional[Topology], str]:
     """The topology for ``job`` (first found, see the module docstring); ``load_chain`` is the
     rank-table path's :func:`~npu_job.bootstrap.run.load_topology`."""
     try:
@@ -141,9 +175,13 @@ def job_topology(options: Any, env: Mapping[str, str], verify: Verify, job: Load
     return jobpods.by_server(topology, job.table, job.nodes), name
 
 
-def _job_topology(options: Any, env: Mapping[str, str], verify: Verify, job: LoadedJob,
-                  load_chain: Callable[..., Tuple[Optional[Topology], str]]
-                  ) -> Tuple[Optional[Topology], str]:
+def _job_topology(
+    options: Any,
+    env: Mapping[str, str],
+    verify: Verify,
+    job: LoadedJob,
+    load_chain: Callable[..., Tuple[Optional[Topology], str]],
+) -> Tuple[Optional[Topology], str]:
     from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
 
     names = job.nodes + tuple(server.server_id for server in job.table.servers)
@@ -159,7 +197,11 @@ def _job_topology(options: Any, env: Mapping[str, str], verify: Verify, job: Loa
         _log_found(found.topology, job.location, found.notes)
         return found.topology, f"{job.location} ({found.topology.source})"
     if job.client is not None and env.get("NPU_JOB_K8S_TOPOLOGY", "1").lower() not in (
-            "0", "false", "no", "off"):
+        "0",
+        "false",
+        "no",
+        "off",
+    ):
         from npu_job.bootstrap import kubeapi
 
         base = job.client.api.base_url

@@ -59,8 +59,8 @@ def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str
         warnings.append(f"routing_source is api, but env {RANK_TABLE_ENV} names a rank table: the "
                         "bootstrap reads that rank table and not the job's pods")
     if spec.routes_by_api and not spec.anti_affinity:
-        warnings.append("routing by the Kubernetes API with anti_affinity off: pods of the job that "
-                        "share a node make every pod's bootstrap keep the scheduler's order "
+        warnings.append("routing by the Kubernetes API with anti_affinity off: pods of the job "
+                        "that share a node make every pod's bootstrap keep the scheduler's order "
                         "(routing orders nodes)")
     if "routing_source" in explicit and not spec.routing:
         warnings.append("routing_source is ignored: routing is off")

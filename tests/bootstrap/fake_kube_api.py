@@ -43,8 +43,15 @@ GZIP_FROM = 128 * 1024
 
 
 def status(code: int, reason: str, message: str) -> Response:
-    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code}
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
     return code, {"Content-Type": "application/json"}, json.dumps(body).encode()
 
 
@@ -52,10 +59,18 @@ class FakeKubernetesAPI:
     """The LIST endpoints of ``nodes``, ``pods`` (in ``namespaces``) and ``hypernodes`` on
     ``server`` (see the module docstring)."""
 
-    def __init__(self, server: HTTPSServer, token: str, nodes: Sequence[Dict[str, Any]] = (), *,
-                 pods: Sequence[Dict[str, Any]] = (), hypernodes: Optional[Sequence[Dict[str, Any]]] = None,
-                 namespaces: Iterable[str] = ("default",), forbidden: Iterable[str] = (),
-                 order: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        server: HTTPSServer,
+        token: str,
+        nodes: Sequence[Dict[str, Any]] = (),
+        *,
+        pods: Sequence[Dict[str, Any]] = (),
+        hypernodes: Optional[Sequence[Dict[str, Any]]] = None,
+        namespaces: Iterable[str] = ("default",),
+        forbidden: Iterable[str] = (),
+        order: Optional[int] = None,
+    ) -> None:
         self.token = token
         self.nodes = list(nodes)
         self.pods = list(pods)
@@ -67,21 +82,33 @@ class FakeKubernetesAPI:
         self._lock = threading.Lock()
         self._serialised: Dict[int, Tuple[Any, bytes]] = {}
         server.routes[NODES] = lambda handler: self._list(handler, "nodes", "NodeList")
-        server.routes[HYPERNODES] = lambda handler: self._list(handler, "hypernodes", "HyperNodeList")
+        server.routes[HYPERNODES] = lambda handler: self._list(
+            handler, "hypernodes", "HyperNodeList"
+        )
         for namespace in {*namespaces, *(p["metadata"].get("namespace", "default") for p in pods)}:
-            server.routes[f"/api/v1/namespaces/{namespace}/pods"] = (
-                lambda handler, ns=namespace: self._list(handler, "pods", "PodList", ns))
+            server.routes[f"/api/v1/namespaces/{namespace}/pods"] = lambda handler, ns=namespace: (
+                self._list(handler, "pods", "PodList", ns)
+            )
 
     # --- one LIST request --------------------------------------------------------------------
 
-    def _list(self, handler: BaseHTTPRequestHandler, resource: str, kind: str,
-              namespace: Optional[str] = None) -> Response:
+    def _list(
+        self,
+        handler: BaseHTTPRequestHandler,
+        resource: str,
+        kind: str,
+        namespace: Optional[str] = None,
+    ) -> Response:
         if handler.headers.get("Authorization") != f"Bearer {self.token}":
             return status(401, "Unauthorized", "Unauthorized")
         if resource in self.forbidden:
             where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
-            return status(403, "Forbidden", f'{resource} is forbidden: User "system:serviceaccount:'
-                          f'x:y" cannot list resource "{resource}"{where}')
+            return status(
+                403,
+                "Forbidden",
+                f'{resource} is forbidden: User "system:serviceaccount:'
+                f'x:y" cannot list resource "{resource}"{where}',
+            )
         if resource == "hypernodes" and self.hypernodes is None:
             return 404, {"Content-Type": "text/plain"}, b"404 page not found\n"
         url = urlsplit(handler.path)
@@ -89,7 +116,9 @@ class FakeKubernetesAPI:
         self.lists.append((url.path, query))
         token = query.get("continue", [None])[0]
         if token and query.get("resourceVersion"):
-            return status(400, "BadRequest", "specifying resource version is not allowed when using continue")
+            return status(
+                400, "BadRequest", "specifying resource version is not allowed when using continue"
+            )
         limit = int(query.get("limit", ["0"])[0] or 0)
         if token:
             snapshot_id, offset = json.loads(base64.urlsafe_b64decode(token))
@@ -103,7 +132,9 @@ class FakeKubernetesAPI:
         end = len(items) if not limit else min(len(items), offset + limit)
         metadata: Dict[str, Any] = {"resourceVersion": str(1000 + snapshot_id)}
         if end < len(items):
-            metadata["continue"] = base64.urlsafe_b64encode(json.dumps([snapshot_id, end]).encode()).decode()
+            metadata["continue"] = base64.urlsafe_b64encode(
+                json.dumps([snapshot_id, end]).encode()
+            ).decode()
             metadata["remainingItemCount"] = len(items) - end
         head = json.dumps({"kind": kind, "apiVersion": "v1", "metadata": metadata})[:-1].encode()
         body = head + b', "items": [' + b", ".join(items[offset:end]) + b"]}"
@@ -114,11 +145,16 @@ class FakeKubernetesAPI:
         return 200, headers, body
 
     def _snapshot(self, resource: str, namespace: Optional[str], selector: str) -> List[bytes]:
-        objects = {"nodes": self.nodes, "pods": self.pods, "hypernodes": self.hypernodes or []}[resource]
+        objects = {"nodes": self.nodes, "pods": self.pods, "hypernodes": self.hypernodes or []}[
+            resource
+        ]
         wanted = [tuple(part.split("=", 1)) for part in selector.split(",") if part]
-        chosen = [obj for obj in objects
-                  if (namespace is None or obj["metadata"].get("namespace", "default") == namespace)
-                  and all(obj["metadata"].get("labels", {}).get(key) == value for key, value in wanted)]
+        chosen = [
+            obj
+            for obj in objects
+            if (namespace is None or obj["metadata"].get("namespace", "default") == namespace)
+            and all(obj["metadata"].get("labels", {}).get(key) == value for key, value in wanted)
+        ]
         if self.order is not None:
             random.Random(self.order + len(self._snapshots)).shuffle(chosen)
         return [self._bytes(obj) for obj in chosen]
@@ -143,5 +179,8 @@ def service_account(directory, token: str, ca_file) -> Dict[str, str]:
 
 
 def in_cluster(server: HTTPSServer, account_env: Dict[str, str]) -> Dict[str, str]:
-    return {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(server.port),
-            **account_env}
+    return {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(server.port),
+        **account_env,
+    }

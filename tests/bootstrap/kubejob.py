@@ -25,8 +25,15 @@ def node_ip(index: int) -> str:
     return f"10.{16 + index // 65536}.{index // 256 % 256}.{index % 256}"
 
 
-def big_job(pods: int, *, leaves: int, per_spine: int = 16, seed: int = 0, job: str = "llama",
-            namespace: str = "team-a") -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]], List[Dict[str, Any]]]:
+def big_job(
+    pods: int,
+    *,
+    leaves: int,
+    per_spine: int = 16,
+    seed: int = 0,
+    job: str = "llama",
+    namespace: str = "team-a",
+) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]], List[Dict[str, Any]]]:
     """``(nodes, hypernodes, pods)`` of a ``pods``-pod job on as many nodes."""
     rng = random.Random(seed)
     nodes = []
@@ -36,8 +43,10 @@ def big_job(pods: int, *, leaves: int, per_spine: int = 16, seed: int = 0, job: 
         node["metadata"]["name"] = name
         node["metadata"]["labels"] = {**node["metadata"]["labels"], "kubernetes.io/hostname": name}
         node["metadata"]["labels"].pop("example.com/rack", None)
-        node["status"]["addresses"] = [{"address": node_ip(index), "type": "InternalIP"},
-                                       {"address": name, "type": "Hostname"}]
+        node["status"]["addresses"] = [
+            {"address": node_ip(index), "type": "InternalIP"},
+            {"address": name, "type": "Hostname"},
+        ]
         nodes.append(node)
     names = [node["metadata"]["name"] for node in nodes]
     leaf_of = sorted(range(pods), key=lambda i: rng.random())  # nodes scattered over the leaves
@@ -47,8 +56,14 @@ def big_job(pods: int, *, leaves: int, per_spine: int = 16, seed: int = 0, job: 
         members = [names[i] for position, i in enumerate(leaf_of) if position % leaves == leaf]
         hypernodes.append(_hypernode(f"leaf-{leaf}", 1, "Node", members))
     for spine in range(spines):
-        hypernodes.append(_hypernode(f"spine-{spine}", 2, "HyperNode",
-                                     [f"leaf-{leaf}" for leaf in range(leaves) if leaf // per_spine == spine]))
+        hypernodes.append(
+            _hypernode(
+                f"spine-{spine}",
+                2,
+                "HyperNode",
+                [f"leaf-{leaf}" for leaf in range(leaves) if leaf // per_spine == spine],
+            )
+        )
     hypernodes.append(_hypernode("root", 3, "HyperNode", [f"spine-{s}" for s in range(spines)]))
     placement = list(range(pods))
     rng.shuffle(placement)
@@ -58,9 +73,16 @@ def big_job(pods: int, *, leaves: int, per_spine: int = 16, seed: int = 0, job: 
         meta = pod["metadata"]
         meta["name"] = f"{job}-worker-{index}"
         meta["namespace"] = namespace
-        meta["labels"] = {**meta["labels"], "volcano.sh/job-name": job, "volcano.sh/task-index": str(index)}
-        meta["annotations"] = {**meta["annotations"], "volcano.sh/job-name": job,
-                               "volcano.sh/task-index": str(index)}
+        meta["labels"] = {
+            **meta["labels"],
+            "volcano.sh/job-name": job,
+            "volcano.sh/task-index": str(index),
+        }
+        meta["annotations"] = {
+            **meta["annotations"],
+            "volcano.sh/job-name": job,
+            "volcano.sh/task-index": str(index),
+        }
         meta["uid"] = f"{meta['uid'][:-12]}{index:012d}"
         pod["spec"]["nodeName"] = names[node_index]
         pod["spec"]["hostname"] = meta["name"]
@@ -71,8 +93,13 @@ def big_job(pods: int, *, leaves: int, per_spine: int = 16, seed: int = 0, job: 
 
 
 def _hypernode(name: str, tier: int, kind: str, members: List[str]) -> Dict[str, Any]:
-    return {"apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode",
-            "metadata": {"name": name, "resourceVersion": "1", "generation": 1},
-            "spec": {"tier": tier, "members": [{"type": kind, "selector": {"exactMatch": {"name": m}}}
-                                               for m in members]},
-            "status": {"nodeCount": len(members)}}
+    return {
+        "apiVersion": "topology.volcano.sh/v1alpha1",
+        "kind": "HyperNode",
+        "metadata": {"name": name, "resourceVersion": "1", "generation": 1},
+        "spec": {
+            "tier": tier,
+            "members": [{"type": kind, "selector": {"exactMatch": {"name": m}}} for m in members],
+        },
+        "status": {"nodeCount": len(members)},
+    }

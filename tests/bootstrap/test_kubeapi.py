@@ -6,7 +6,6 @@ import gzip
 import json
 
 import pytest
-
 from npu_job.bootstrap import kubeapi
 from npu_job.bootstrap.kubeapi import (
     HYPERNODES_PATH,
@@ -19,6 +18,7 @@ from npu_job.bootstrap.kubeapi import (
     topology_objects,
 )
 from npu_job.bootstrap.sources import KubernetesAPI, SourceUnavailable
+
 from npu_job.errors import InputError
 
 from .documents import node
@@ -38,13 +38,21 @@ def server(tls_files):
 def api(server, tmp_path, tls_files):
     (tmp_path / "token").write_text("tok\n")
     (tmp_path / "ca.crt").write_bytes(tls_files[0].read_bytes())
-    return KubernetesAPI(f"https://127.0.0.1:{server.port}", str(tmp_path / "token"), str(tmp_path / "ca.crt"))
+    return KubernetesAPI(
+        f"https://127.0.0.1:{server.port}", str(tmp_path / "token"), str(tmp_path / "ca.crt")
+    )
 
 
 def _pod(index, job="j"):
-    return {"metadata": {"name": f"{job}-worker-{index}", "namespace": "ns",
-                         "labels": {"volcano.sh/job-name": job, "volcano.sh/task-spec": "worker"}},
-            "spec": {"nodeName": f"n{index}"}, "status": {"hostIP": f"10.0.0.{index}"}}
+    return {
+        "metadata": {
+            "name": f"{job}-worker-{index}",
+            "namespace": "ns",
+            "labels": {"volcano.sh/job-name": job, "volcano.sh/task-spec": "worker"},
+        },
+        "spec": {"nodeName": f"n{index}"},
+        "status": {"hostIP": f"10.0.0.{index}"},
+    }
 
 
 def test_a_list_follows_continue_tokens_page_by_page(server, api):
@@ -61,7 +69,10 @@ def test_a_list_follows_continue_tokens_page_by_page(server, api):
 
 
 def test_big_answers_come_gzipped_and_read_the_same(server, api):
-    nodes = [node(f"n{i}", f"10.0.{i // 256}.{i % 256}", {"volcano.sh/tor": f"t{i % 9}"}) for i in range(800)]
+    nodes = [
+        node(f"n{i}", f"10.0.{i // 256}.{i % 256}", {"volcano.sh/tor": f"t{i % 9}"})
+        for i in range(800)
+    ]
     FakeKubernetesAPI(server, "tok", nodes)
     with KubeClient(api) as client:
         objects = client.list(NODES_PATH)
@@ -72,23 +83,29 @@ def test_big_answers_come_gzipped_and_read_the_same(server, api):
 def test_busy_and_failing_servers_are_retried_then_unavailable(server, api, monkeypatch):
     monkeypatch.setattr(kubeapi, "BACKOFF", 0.01)
     body = json.dumps({"kind": "NodeList", "items": []}).encode()
-    server.routes[NODES_PATH] = serve_sequence(status(503, "ServiceUnavailable", "etcd is slow"),
-                                               status(429, "TooManyRequests", "slow down"),
-                                               (200, {"Content-Type": "application/json"}, body))
+    server.routes[NODES_PATH] = serve_sequence(
+        status(503, "ServiceUnavailable", "etcd is slow"),
+        status(429, "TooManyRequests", "slow down"),
+        (200, {"Content-Type": "application/json"}, body),
+    )
     with KubeClient(api) as client:
         assert client.list(NODES_PATH).nodes == ()
     server.routes[NODES_PATH] = serve_sequence(status(500, "InternalError", "boom"))
     with pytest.raises(SourceUnavailable) as caught:
         KubeClient(api).list(NODES_PATH)
-    assert caught.value.message.endswith("/api/v1/nodes: HTTP status: expected 200 OK, got 500 "
-                                         "Internal Server Error: boom")
+    assert caught.value.message.endswith(
+        "/api/v1/nodes: HTTP status: expected 200 OK, got 500 Internal Server Error: boom"
+    )
 
 
 def test_an_expired_continue_token_is_a_passing_failure(server, api, monkeypatch):
     monkeypatch.setattr(kubeapi, "BACKOFF", 0.01)
-    server.routes[NODES_PATH] = serve_sequence(status(410, "Expired", "The provided continue parameter "
-                                                                      "is too old"))
-    with pytest.raises(SourceUnavailable, match="410 Gone: The provided continue parameter is too old"):
+    server.routes[NODES_PATH] = serve_sequence(
+        status(410, "Expired", "The provided continue parameter is too old")
+    )
+    with pytest.raises(
+        SourceUnavailable, match="410 Gone: The provided continue parameter is too old"
+    ):
         KubeClient(api).list(NODES_PATH)
 
 
@@ -107,8 +124,13 @@ def test_topology_objects_skip_what_the_cluster_lacks_or_refuses(server, api):
     with KubeClient(api) as client:
         objects = topology_objects(client)
     assert len(objects.nodes) == 1 and objects.hypernodes == ()
-    hypernode = {"metadata": {"name": "s0"}, "spec": {"tier": 1, "members": [
-        {"type": "Node", "selector": {"exactMatch": {"name": "n1"}}}]}}
+    hypernode = {
+        "metadata": {"name": "s0"},
+        "spec": {
+            "tier": 1,
+            "members": [{"type": "Node", "selector": {"exactMatch": {"name": "n1"}}}],
+        },
+    }
     fake = FakeKubernetesAPI(server, "tok", nodes, hypernodes=[hypernode], forbidden={"nodes"})
     with KubeClient(api) as client:
         objects = topology_objects(client)
@@ -118,8 +140,17 @@ def test_topology_objects_skip_what_the_cluster_lacks_or_refuses(server, api):
     with KubeClient(api) as client:  # the HyperNodes name their nodes: no need for the Nodes
         topology_objects(client, by_name=True)
     assert [path for path, _ in fake.lists] == [HYPERNODES_PATH]
-    fake.hypernodes = [{"metadata": {"name": "s0"}, "spec": {"tier": 1, "members": [
-        {"type": "Node", "selector": {"labelMatch": {"matchLabels": {"rack": "r1"}}}}]}}]
+    fake.hypernodes = [
+        {
+            "metadata": {"name": "s0"},
+            "spec": {
+                "tier": 1,
+                "members": [
+                    {"type": "Node", "selector": {"labelMatch": {"matchLabels": {"rack": "r1"}}}}
+                ],
+            },
+        }
+    ]
     fake.lists.clear()
     with KubeClient(api) as client:  # a label member: the Nodes' labels are needed
         topology_objects(client, by_name=True)
@@ -132,8 +163,11 @@ def test_an_untrusted_certificate_is_an_input_error_at_once(server, api, tmp_pat
     (tmp_path / "other").mkdir()
     other_ca, _ = make_self_signed(tmp_path / "other")
     stranger = KubernetesAPI(api.base_url, api.token_path, str(other_ca))
-    with pytest.raises(InputError, match=r"/api/v1/nodes: TLS: expected a certificate trusted by the "
-                                         r"service account's CA"):
+    with pytest.raises(
+        InputError,
+        match=r"/api/v1/nodes: TLS: expected a certificate trusted by the "
+        r"service account's CA",
+    ):
         KubeClient(stranger).list(NODES_PATH)
 
 
@@ -159,7 +193,9 @@ def test_gzip_bodies_are_what_the_reader_unwraps():
     assert decode_kube_document(gzip.compress(json.dumps(document).encode()), "x") == document
 
 
-def test_a_kept_alive_connection_the_server_closed_is_opened_again_at_once(server, api, monkeypatch):
+def test_a_kept_alive_connection_the_server_closed_is_opened_again_at_once(
+    server, api, monkeypatch
+):
     monkeypatch.setattr(kubeapi, "BACKOFF", 60.0)  # a retry that waited would time the test out
     body = json.dumps({"kind": "NodeList", "items": []}).encode()
     answers = [(200, {}, body), None, (200, {}, body)]

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from npu_job.bootstrap import kubeobjects
 from npu_job.bootstrap.kubeobjects import (
     KubeObject,
@@ -18,14 +17,21 @@ from npu_job.bootstrap.kubeobjects import (
     read_objects,
     read_pods,
 )
+
 from npu_job.errors import InputError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kube"
 CLUSTER = json.loads((FIXTURES / "cluster.json").read_text())
 NODE = next(i for i in CLUSTER["items"] if i["kind"] == "Node")
 POD = next(i for i in CLUSTER["items"] if i["kind"] == "Pod")
-VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 12), st.text(max_size=4),
-                   st.lists(st.integers(0, 2), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 12),
+    st.text(max_size=4),
+    st.lists(st.integers(0, 2), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
 
 
 def _paths(value, prefix=()):
@@ -86,23 +92,32 @@ def test_a_damaged_node_reads_the_same_either_way(data):
 
 def test_the_fixtures_read_the_same_either_way():
     objects = read_objects(CLUSTER, "c")
-    assert read_pods(objects.pods, "c") == tuple(kubeobjects._pod_checked(o, "c") for o in objects.pods)
+    assert read_pods(objects.pods, "c") == tuple(
+        kubeobjects._pod_checked(o, "c") for o in objects.pods
+    )
     assert read_nodes(objects.nodes, "c") == tuple(kubeobjects._nodes_checked(objects.nodes, "c"))
 
 
 def test_a_node_listed_twice_is_an_error_naming_both():
     objects = read_objects({"kind": "NodeList", "items": [NODE, NODE]}, "n")
-    with pytest.raises(InputError, match=r"^n: items\[1\] \(Node 'node-0'\): metadata.name: expected a "
-                                         r"node name unique in the list; 'node-0' is also items\[0\]$"):
+    with pytest.raises(
+        InputError,
+        match=r"^n: items\[1\] \(Node 'node-0'\): metadata.name: expected a "
+        r"node name unique in the list; 'node-0' is also items\[0\]$",
+    ):
         read_nodes(objects.nodes, "n")
 
 
 def test_typed_lists_imply_the_kind_and_lists_need_it():
     typed = read_objects({"kind": "PodList", "items": [{"metadata": {"name": "p"}}]}, "x")
     assert [o.kind for o in typed.pods] == ["Pod"]
-    with pytest.raises(InputError, match=r"^x: items\[0\].kind: expected the kind of each item of a List"):
+    with pytest.raises(
+        InputError, match=r"^x: items\[0\].kind: expected the kind of each item of a List"
+    ):
         read_objects({"kind": "List", "items": [{"metadata": {"name": "p"}}]}, "x")
-    with pytest.raises(InputError, match=r"^x: kind: expected HyperNodeList, List, NodeList, PodList or a single"):
+    with pytest.raises(
+        InputError, match=r"^x: kind: expected HyperNodeList, List, NodeList, PodList or a single"
+    ):
         read_objects({"kind": "ConfigMap", "items": []}, "x")
     single = read_objects(NODE, "x")
     assert single.nodes[0].where == "" and read_nodes(single.nodes, "x")[0].name == "node-0"
