@@ -1038,6 +1038,12 @@ class StoreProxy:
         return self._listen[0]
 
     @property
+    def alive(self) -> bool:
+        """The proxy's loop thread runs (False before start, after stop, or after it crashed)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    @property
     def stats(self) -> ProxyStats:
         """A consistent snapshot, taken on the proxy's loop while it runs."""
         loop, thread = self._loop, self._thread

@@ -22,6 +22,10 @@ nodes hanging in collectives. ``parallel`` keeps both properties that matter:
   workers as ``MASTER_ADDR``/``MASTER_PORT``, so the root sees a few connections per node instead of
   one per worker. Without tiering the workers connect to the root, as under torchrun.
 
+* **Faults** (:mod:`.watch`): agents talk to the root through a deadline-bound client
+  (:mod:`.rootclient`), heartbeat to it, and stop on one verdict that names the node at fault;
+  a joining node checks the root's identity first; a dead proxy is restarted on its port.
+
 Agents' own keys live under ``npu_run/<run_id>/`` (per round, like torch's
 ``torch.rendezvous.<run_id>.<round>`` prefix); everything else in the root belongs to workers.
 Store failures surface as torch ``RendezvousError`` subclasses whose message names the store
@@ -30,13 +34,16 @@ address; ``npu-run`` turns them into one ``LaunchError`` line.
 
 from __future__ import annotations
 
-import datetime
 import errno
+import json
 import logging
 import os
 import random
 import socket
+import sys
+import threading
 import time
+import uuid
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple
@@ -45,6 +52,7 @@ from torch.distributed import PrefixStore, Store, TCPStore
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
+    RendezvousError,
     RendezvousHandler,
     RendezvousParameters,
     RendezvousStateError,
@@ -55,8 +63,12 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from npu_job.errors import LaunchError
 
-from . import torchcompat
+from . import liveness, torchcompat, verdict
+from .liveness import LivenessSettings
+from .rootclient import RootClient, RootError, RootSilent
 from .torchcompat import StoreError
+from .verdict import FailureReport, Identity, Verdict
+from .watch import WATCH_THREAD, JobStopped, Watch
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +85,10 @@ BIND_GRACE = 2.0  # on top of close_timeout: how long node rank 0 retries a busy
 DEFAULT_WATCH_INTERVAL = 1.0
 PROGRESS_INTERVAL = 30.0
 MAX_LISTED_NODES = 16
+SETTLE_MARGIN = 5.0  # beyond the judge's own bound, before a failing node names itself
+SETTLE_POLL = 0.25
+SIGNAL_CALL_TIMEOUT = 2.0  # a signalled agent tells the others why, if the root answers quickly
+PROXY_PROBE_TIMEOUT = 2.0
 
 
 @dataclass(frozen=True)
@@ -100,10 +116,22 @@ class ParallelSettings:
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT
     watch_interval: float = DEFAULT_WATCH_INTERVAL
     node_order: Optional[str] = None
+    keep_alive_interval: float = liveness.DEFAULT_INTERVAL
+    keep_alive_max_attempt: int = liveness.DEFAULT_MAX_ATTEMPT
 
     @property
     def root(self) -> str:
         return f"{self.master_addr}:{self.master_port}"
+
+    @property
+    def liveness(self) -> LivenessSettings:
+        return LivenessSettings(self.keep_alive_interval, self.keep_alive_max_attempt)
+
+    @property
+    def call_timeout(self) -> float:
+        """How long an agent waits for the root to answer one call: the store timeout, or the
+        liveness window if shorter (a root silent that long is as dead as a silent node)."""
+        return min(self.store_timeout, self.liveness.window)
 
 
 def _seconds(params: RendezvousParameters, key: str, default: float) -> float:
@@ -214,6 +242,12 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
         raise LaunchError(
             f"--{TIERED_OPTION}: expected true or false, got {params.get(TIERED_OPTION)!r}"
         ) from None
+    try:
+        keep_alive = liveness.parse_settings(
+            _seconds(params, "keep_alive_interval", liveness.DEFAULT_INTERVAL),
+            _seconds(params, "keep_alive_max_attempt", liveness.DEFAULT_MAX_ATTEMPT))
+    except ValueError as error:
+        raise LaunchError(f"--rdzv_conf: {error}") from None
     return ParallelSettings(
         run_id=params.run_id,
         master_addr=host,
@@ -226,6 +260,8 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
         close_timeout=_seconds(params, "close_timeout", DEFAULT_CLOSE_TIMEOUT),
         watch_interval=_seconds(params, "watch_interval", DEFAULT_WATCH_INTERVAL),
         node_order=str(params.get(NODE_ORDER_OPTION) or "") or None,
+        keep_alive_interval=keep_alive.interval,
+        keep_alive_max_attempt=keep_alive.max_attempt,
     )
 
 
@@ -276,6 +312,32 @@ class _Keys:
     def agent_prefix(self, number: int) -> str:
         return f"{self.round(number)}/agent"
 
+    @property
+    def root_identity(self) -> str:
+        return f"{self.base}/root"
+
+    def who(self, node_rank: int) -> str:
+        return f"{self.base}/who/{node_rank}"
+
+    def alive(self, node_rank: int) -> str:
+        return f"{self.base}/alive/{node_rank}"
+
+    @property
+    def verdict(self) -> str:
+        return f"{self.base}/verdict"
+
+    @property
+    def verdict_claims(self) -> str:
+        return f"{self.base}/verdict_claims"
+
+    @property
+    def failures(self) -> str:
+        return f"{self.base}/failures"
+
+    @property
+    def failures_count(self) -> str:
+        return f"{self.base}/failures_count"
+
 
 def format_ranks(ranks: Sequence[int]) -> str:
     """``[1, 4, 7]``, shortened to the first few for big jobs."""
@@ -300,14 +362,21 @@ class NodeStoreProxy(Protocol):
     def stop(self) -> None: ...
 
 
-ProxyFactory = Callable[[str, int, float], NodeStoreProxy]
+ProxyFactory = Callable[..., NodeStoreProxy]  # (upstream host, upstream port, timeout, listen_port=0)
 
 
-def _start_store_proxy(upstream_host: str, upstream_port: int, timeout: float) -> NodeStoreProxy:
+def _start_store_proxy(upstream_host: str, upstream_port: int, timeout: float,
+                       listen_port: int = 0) -> NodeStoreProxy:
     from npu_job.launcher.proxy import StoreProxy  # the store engineer's module; imported when used
 
-    return StoreProxy(upstream_host, upstream_port, listen_host=LOOPBACK, listen_port=0, timeout=timeout,
-                      dialect=torchcompat.store_dialect())
+    return StoreProxy(upstream_host, upstream_port, listen_host=LOOPBACK, listen_port=listen_port,
+                      timeout=timeout, dialect=torchcompat.store_dialect())
+
+
+def this_node(local_address: Optional[str]) -> Identity:
+    """This pod's name (its host name, as Volcano's svc plugin sets it) and its host's address."""
+    host = os.environ.get("MA_CURRENT_HOST_IP") or local_address or "?"
+    return Identity(pod=socket.gethostname(), host=host)
 
 
 class ParallelRendezvousHandler(RendezvousHandler):
@@ -317,7 +386,14 @@ class ParallelRendezvousHandler(RendezvousHandler):
         self._settings = settings
         self._keys = _Keys(settings.run_id)
         self._proxy_factory = proxy_factory
-        self._store: Optional[TCPStore] = None
+        self._store: Optional[RootClient] = None
+        self._server: Optional[TCPStore] = None  # node rank 0: the root store itself
+        self._watch: Optional[Watch] = None
+        self._root_who = verdict.UNKNOWN
+        self._me = verdict.UNKNOWN
+        self._proxy_lock = threading.RLock()
+        self.verdict: Optional[Verdict] = None
+        self._outcome: Optional[str] = None  # npu-run's agent says how its run ended (see below)
         self._proxy: Optional[NodeStoreProxy] = None
         self._proxy_port = 0
         self._proxy_upstream: Optional[Tuple[str, int]] = None
@@ -359,6 +435,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
             self._raise_if_closed(store)
             if number == 0:
                 number = self._first_open_round(store)
+                self._start_watch(store)
             self._round_entered = number
             self._check_node_order(store)
             if store.add(self._keys.node(number, settings.node_rank), 1) > 1:
@@ -373,6 +450,8 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 settings.node_rank, number, settings.run_id, settings.nnodes, settings.root,
             )
             self._await_round(store, number)
+            if settings.node_rank == 0 and self._watch is not None:
+                self._watch.judge(list(range(1, settings.nnodes)))  # every node's counter exists now
             if torchcompat.HAS_LIST_KEYS:
                 if number > 0:
                     self._clear_previous_workers(store, number)
@@ -428,7 +507,12 @@ class ParallelRendezvousHandler(RendezvousHandler):
             store.get(self._keys.closed)
 
     def num_nodes_waiting(self) -> int:
-        """Nodes already in the next round (they restarted their workers); throttled."""
+        """Nodes already in the next round (they restarted their workers); throttled.
+
+        torch's agent asks this every ``--monitor_interval`` while its workers are healthy: this
+        is where an agent learns that the job ended elsewhere (:class:`~.watch.JobStopped`).
+        """
+        self._raise_if_stopped()
         if self._store is None or time.monotonic() < self._next_watch:
             return 0
         self._next_watch = time.monotonic() + self._settings.watch_interval
@@ -446,15 +530,19 @@ class ParallelRendezvousHandler(RendezvousHandler):
 
         torch calls this at the end of every run except one ended by a signal.
         """
+        watch = self._watch
+        if watch is not None:
+            self._announce_leaving(watch)
+            watch.stop()
+            if watch.verdict is not None and watch.verdict.kind == verdict.ROOT_LOST:
+                self._root_lost = True
         if self._store is None or self._root_lost:
             self.close()
             return not self._root_lost
         try:
             store = self._store
             store.set(self._keys.closed, str(self._settings.node_rank))
-            store.add(self._keys.departed, 1)
-            if self._settings.node_rank == 0 and self._round_entered is not None:
-                self._linger_for_departures(store, self._round_entered)
+            self._sign_off(store)
             return True
         except StoreError as error:
             logger.warning("could not sign off at the root store %s: %s", self._settings.root, error)
@@ -465,15 +553,172 @@ class ParallelRendezvousHandler(RendezvousHandler):
     # -- resources ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the proxy and drop the root store connection (or server, on node rank 0)."""
+        """Stop the watch and the proxy, and drop the root store connection (and server)."""
+        watch = self._watch
+        if watch is not None:
+            watch.stop()
+            self._note_verdict(watch.verdict)
         self._stop_proxy()
-        self._store = None
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
+        self._server = None
         _OPEN_HANDLERS.discard(self)
+
+    # -- faults (see watch.py) -------------------------------------------------------------------
+
+    def _start_watch(self, store: RootClient) -> None:
+        """Say who this node is, beat once, and start the watch thread (first join only)."""
+        settings = self._settings
+        if self._watch is not None:
+            return
+        self._me = this_node(store.local_address)
+        store.set(self._keys.who(settings.node_rank), self._me.to_json())
+        store.add(self._keys.alive(settings.node_rank), 1)
+        self._watch = Watch(store, self._keys, settings.node_rank, settings.nnodes, settings.liveness,
+                            self._root_who, self._check_proxy if settings.tiered else None)
+        store.on_poll = self._stop_polling
+        self._watch.start()
+
+    def _stop_polling(self) -> None:
+        """Between a wait's polls: unwind an agent thread whose job ended (not the watch's own)."""
+        if threading.current_thread().name != WATCH_THREAD:
+            self._raise_if_stopped()
+
+    def _raise_if_stopped(self) -> None:
+        watch = self._watch
+        if watch is not None and watch.verdict is not None:
+            self._note_verdict(watch.verdict)
+            watch.raise_if_stopped()
+
+    def _note_verdict(self, found: Optional[Verdict]) -> None:
+        if found is not None and self.verdict is None:
+            self.verdict = found
+            _VERDICTS.append(found)
+
+    def settle_failure(self, report: FailureReport) -> Optional[Verdict]:
+        """This node's workers failed for good: report to the judge and learn the job's verdict.
+
+        Returns the verdict when it names this node's failure (torch then prints its summary);
+        raises :class:`~.watch.JobStopped` when another node caused the end. Without a watch
+        (the rendezvous never completed) there is nothing to settle: None.
+        """
+        watch, store = self._watch, self._store
+        if watch is None or store is None:
+            return None
+        found = watch.verdict
+        try:
+            if found is None:
+                store.append(self._keys.failures, report.to_json() + "\n")
+                store.add(self._keys.failures_count, 1)
+                watch.wake()
+                found = self._await_verdict(watch, report)
+        except RootError as error:
+            found = watch.conclude(verdict.root_lost(self._settings.root, self._root_who, str(error)))
+        self._note_verdict(found)
+        if found.node_rank == self._settings.node_rank and found.kind == verdict.WORKERS_FAILED:
+            return found
+        raise JobStopped(found)
+
+    def _await_verdict(self, watch: Watch, report: FailureReport) -> Verdict:
+        """Wait for node rank 0 to name the cause; past every deadline it should meet, name ours."""
+        keep_alive = self._settings.liveness
+        deadline = time.monotonic() + keep_alive.window + 2 * keep_alive.interval + SETTLE_MARGIN
+        while True:
+            found = watch.read_verdict()
+            if found is not None:
+                return found
+            if time.monotonic() >= deadline:
+                logger.warning("node rank 0 named no cause within %.0fs; naming this node's failure",
+                               deadline - time.monotonic() + keep_alive.window)
+                return watch.publish(verdict.workers_failed(report, self._me))
+            time.sleep(SETTLE_POLL)
+
+    def report_outcome(self, outcome: str) -> None:
+        """npu-run's agent: "running" when its run starts, "succeeded" when its workers did."""
+        self._outcome = outcome
+
+    def _announce_leaving(self, watch: Watch) -> None:
+        """Leaving with no verdict while this run had not succeeded (the agent failed, or its own
+        rendezvous did): the others, maybe still training, learn why instead of waiting."""
+        if self._outcome != "running" or watch.verdict is not None or self._store is None:
+            return
+        error = sys.exc_info()[1]  # torch calls shutdown() in a finally: the error leaving
+        if isinstance(error, RendezvousError) and not isinstance(error, RendezvousTimeoutError):
+            return  # a closed rendezvous, a lost root: every node sees it alike
+        # a timeout is said once, by the first node that gives up: the nodes still waiting would
+        # otherwise see the rendezvous closed before their own timeout, without the reason
+        reason = f"{type(error).__name__}: {error}" if error is not None else "its agent stopped"
+        try:
+            self._note_verdict(watch.publish(verdict.left(self._settings.node_rank, self._me, reason)))
+        except StoreError as store_error:
+            logger.debug("could not tell the others why this node leaves: %s", store_error)
+
+    def stop_for_signal(self, signal_name: str) -> None:
+        """The agent got a signal: tell the other nodes why this one stops, then close.
+
+        Node rank 0 keeps the root up for the others to read it and sign off (``close_timeout``).
+        """
+        watch, store = self._watch, self._store
+        if watch is not None and store is not None and not self._root_lost and watch.verdict is None:
+            store.call_timeout = min(store.call_timeout, SIGNAL_CALL_TIMEOUT)
+            try:
+                watch.stop()
+                self._note_verdict(watch.publish(verdict.signalled(
+                    self._settings.node_rank, self._me, signal_name)))
+                self._sign_off(store)
+            except StoreError as error:
+                logger.warning("could not tell the other nodes about %s: %s", signal_name, error)
+        self.close()
+
+    def _sign_off(self, store: RootClient) -> None:
+        settings = self._settings
+        store.add(self._keys.departed, 1)
+        if settings.node_rank != 0:
+            store.add(self._keys.alive(settings.node_rank), liveness.DEPARTED)
+        elif self._round_entered is not None:
+            self._linger_for_departures(store, self._round_entered)
+
+    def _check_proxy(self) -> Optional[Verdict]:
+        """The watch's look at this node's proxy: a dead one is restarted on its own port.
+
+        Returns the verdict to publish when it cannot be brought back.
+        """
+        with self._proxy_lock:
+            proxy = self._proxy
+            if proxy is None:
+                return None
+            problem = proxy_problem(proxy, self._proxy_port)
+            return None if problem is None else self._restart_proxy(problem)
+
+    def _restart_proxy(self, problem: str) -> Optional[Verdict]:
+        settings = self._settings
+        address = f"{LOOPBACK}:{self._proxy_port}"
+        logger.warning("node rank %d: the store proxy %s died (%s); restarting it on the same port",
+                       settings.node_rank, address, problem)
+        old, self._proxy = self._proxy, None
+        if old is not None:
+            try:
+                old.stop()
+            except Exception as error:  # it is dead already; its port is what matters
+                logger.debug("stopping the dead proxy: %s", error)
+        assert self._proxy_upstream is not None
+        host, port = self._proxy_upstream
+        try:
+            proxy = self._proxy_factory(literal_ip(host, port), port, settings.store_timeout,
+                                        listen_port=self._proxy_port)
+            proxy.start()
+        except Exception as error:
+            return verdict.proxy_lost(settings.node_rank, self._me, address, str(error))
+        self._proxy = proxy
+        logger.warning("node rank %d: restarted the store proxy on %s", settings.node_rank, address)
+        return None
 
     # -- internals ---------------------------------------------------------------------------
 
     def _stop_proxy(self) -> None:
-        proxy, self._proxy = self._proxy, None
+        with self._proxy_lock:
+            proxy, self._proxy = self._proxy, None
         if proxy is not None:
             try:
                 proxy.stop()
@@ -483,15 +728,76 @@ class ParallelRendezvousHandler(RendezvousHandler):
     def _root_errors(self, doing: str) -> "_RootErrors":
         return _RootErrors(self, doing)
 
-    def _connect(self) -> TCPStore:
+    def _publish_or_keep(self, found: Verdict) -> Verdict:
+        watch = self._watch
+        if watch is None:
+            return found
+        try:
+            found = watch.publish(found)
+        except StoreError as error:
+            logger.warning("could not publish the verdict: %s", error)
+            found = watch.conclude(found)
+        self._note_verdict(found)
+        return found
+
+    def _connect(self) -> RootClient:
         if self._store is not None:
             return self._store
-        if self._settings.node_rank == 0:
-            self._store = self._host_root()
+        settings = self._settings
+        if settings.node_rank == 0:
+            self._server = self._host_root()
+            client = self._open_client()
+            self._root_who = this_node(None if os.environ.get("MA_CURRENT_HOST_IP") else
+                                       _own_address(settings.master_addr))
+            identity = json.dumps({"root_id": uuid.uuid4().hex, "pid": os.getpid(),
+                                   **json.loads(self._root_who.to_json())}, sort_keys=True)
+            with self._root_errors("saying which root it is"):
+                client.set(self._keys.root_identity, identity)
+            client.expect_identity(self._keys.root_identity, identity)
         else:
             self._await_root_listening()
-            self._store = self._open_client()
-        return self._store
+            client = self._open_client()
+            self._verify_root(client)
+        self._store = client
+        return client
+
+    def _verify_root(self, client: RootClient) -> None:
+        """Trust the root only once it says it is npu-run's root of this run (its identity key).
+
+        A program squatting on the port (accepts, never answers) or a store of another job is
+        refused naming the address, within the liveness window, instead of hanging.
+        """
+        settings = self._settings
+        key = self._keys.root_identity
+        wait = min(settings.liveness.window, settings.join_timeout)
+        deadline = time.monotonic() + wait
+        try:
+            while not client.check([key]):
+                if time.monotonic() >= deadline:
+                    raise RendezvousConnectionError(
+                        f"node rank {settings.node_rank}: {settings.root} answers as a store but is "
+                        f"not npu-run's root of run {settings.run_id!r} (no {key} after {wait:g}s): "
+                        "the store of another job, or another program on --master_port"
+                    )
+                time.sleep(0.1)
+            identity = bytes(client.get(key))
+        except RootSilent:
+            client.close()
+            raise RendezvousConnectionError(
+                f"node rank {settings.node_rank}: the process at {settings.root} accepts connections "
+                f"but did not answer as a store within {client.call_timeout:g}s: not npu-run's root "
+                "store (does another program hold --master_port?)"
+            ) from None
+        except RootError as error:
+            client.close()
+            raise RendezvousConnectionError(
+                f"node rank {settings.node_rank} cannot use the root store {settings.root}: {error}"
+            ) from None
+        client.expect_identity(key, identity)
+        try:
+            self._root_who = Identity.from_json(identity.decode())
+        except ValueError:
+            self._root_who = verdict.UNKNOWN
 
     def _host_root(self) -> TCPStore:
         """Start the root store server; retry while the port is still held by a finishing run.
@@ -553,17 +859,12 @@ class ParallelRendezvousHandler(RendezvousHandler):
             )
         return settings.master_addr, int(store.get(key))
 
-    def _open_client(self) -> TCPStore:
+    def _open_client(self) -> RootClient:
         settings = self._settings
-        timeout = datetime.timedelta(seconds=settings.store_timeout)
-        try:
-            return TCPStore(settings.master_addr, settings.master_port, None, False, timeout)
-        except (StoreError, RuntimeError) as error:
-            raise RendezvousConnectionError(
-                f"node rank {settings.node_rank} cannot connect to the root store {settings.root}: {error}"
-            ) from None
+        return RootClient(settings.master_addr, settings.master_port, timeout=settings.store_timeout,
+                          call_timeout=settings.call_timeout, dialect=torchcompat.store_dialect())
 
-    def _connect_to_open_run(self) -> TCPStore:
+    def _connect_to_open_run(self) -> RootClient:
         """Connect for a fresh agent; if the root belongs to a finished run, wait for a new root.
 
         When pods restart, a replacement agent can reach the previous node rank 0 agent while it
@@ -582,7 +883,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
             if not closed:
                 return store
             self._store = None
-            del store
+            store.close()
             if not announced:
                 logger.info("the root store %s belongs to a finished run; waiting for node rank 0 to "
                             "start a new one", settings.root)
@@ -621,7 +922,10 @@ class ParallelRendezvousHandler(RendezvousHandler):
             )
 
     def _raise_if_closed(self, store: Store) -> None:
+        self._raise_if_stopped()
         if torchcompat.key_exists(store, self._keys.closed):
+            if self._watch is not None and self._watch.read_verdict() is not None:
+                self._raise_if_stopped()  # the cause, rather than "closed"
             closer = store.get(self._keys.closed).decode(errors="replace")
             raise RendezvousClosedError(
                 f"the rendezvous {self._settings.run_id!r} was closed by node rank {closer} "
@@ -659,7 +963,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
             logger.info("round %d: %d of %d nodes joined after %.0fs", number, joined,
                         settings.nnodes, time.monotonic() - started)
 
-        closed_check = _Every(1.0, lambda: self._raise_if_closed(store))
+        closed_check = _Every(1.0, lambda: self._raise_if_closed(store), first=self._raise_if_stopped)
         progress_line = _Every(PROGRESS_INTERVAL, progress)
         if not poll_until(lambda: torchcompat.key_exists(store, complete), settings.join_timeout,
                           tick=lambda: (closed_check(), progress_line())):
@@ -701,6 +1005,16 @@ class ParallelRendezvousHandler(RendezvousHandler):
         hosted_by_rank_0 = not torchcompat.HAS_LIST_KEYS
         if not settings.tiered or (hosted_by_rank_0 and settings.node_rank == 0):
             return workers_store
+        with self._proxy_lock:
+            return self._node_proxy(workers_store)
+
+    def _node_proxy(self, workers_store: Tuple[str, int]) -> Tuple[str, int]:
+        settings = self._settings
+        if self._proxy is not None:  # before new workers start: is the proxy still serving?
+            problem = proxy_problem(self._proxy, self._proxy_port)
+            lost = None if problem is None else self._restart_proxy(problem)
+            if lost is not None:
+                raise JobStopped(self._publish_or_keep(lost))
         if self._proxy is None:
             host, port = workers_store
             upstream = literal_ip(host, port)
@@ -724,6 +1038,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
         turn a clean finish into "lost the root store". Nodes that never joined are not awaited.
         """
         expected = int(store.add(self._keys.joined(number), 0))
+        found = self.verdict
+        if found is not None and found.kind == verdict.DEAD:
+            expected -= 1  # a dead node signs off from nowhere
 
         def departed() -> int:
             return int(store.add(self._keys.departed, 0))
@@ -759,12 +1076,16 @@ def poll_until(
 class _Every:
     """A callable that runs ``action`` at most once per ``interval`` seconds (first after one)."""
 
-    def __init__(self, interval: float, action: Callable[[], object]) -> None:
+    def __init__(self, interval: float, action: Callable[[], object],
+                 first: Optional[Callable[[], object]] = None) -> None:
         self._interval = interval
         self._action = action
+        self._first = first
         self._next = time.monotonic() + interval
 
     def __call__(self) -> None:
+        if self._first is not None:  # every time: cheap checks that must not wait an interval
+            self._first()
         now = time.monotonic()
         if now >= self._next:
             self._next = now + self._interval
@@ -783,13 +1104,50 @@ class _RootErrors:
 
     def __exit__(self, kind, error, traceback) -> bool:
         if error is not None and isinstance(error, StoreError):
-            self._handler._root_lost = True
-            settings = self._handler.settings
+            handler = self._handler
+            handler._root_lost = True
+            settings = handler.settings
+            if isinstance(error, RootError) and handler._watch is not None:
+                # every node then ends with the same line, whether the watch or this call saw it
+                handler._note_verdict(handler._watch.conclude(
+                    verdict.root_lost(settings.root, handler._root_who, str(error))))
             raise RendezvousConnectionError(
                 f"node rank {settings.node_rank} lost the root store {settings.root} "
                 f"while {self._doing}: {error}"
             ) from None
         return False
+
+
+def proxy_problem(proxy: NodeStoreProxy, port: int) -> Optional[str]:
+    """Why this node's proxy no longer serves on ``port`` (its thread ended, or it refuses
+    connections), or None while it does."""
+    if not getattr(proxy, "alive", True):
+        return "its thread ended"
+    try:
+        socket.create_connection((LOOPBACK, port), timeout=PROXY_PROBE_TIMEOUT).close()
+    except OSError as error:
+        return f"connecting to it failed: {error}"
+    return None
+
+
+def _own_address(master_addr: str) -> Optional[str]:
+    """The address this host reaches ``master_addr`` from (node rank 0: its own), or None."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(master_addr, 1, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(address)  # UDP: picks a route, sends nothing
+            return str(probe.getsockname()[0])
+    except OSError:
+        return None
+
+
+# Verdicts this process's handlers reached, oldest first (npu-run prints the first).
+_VERDICTS: List[Verdict] = []
+
+
+def last_verdict() -> Optional[Verdict]:
+    """The verdict this process's rendezvous reached, if any (npu-run's last line)."""
+    return _VERDICTS[0] if _VERDICTS else None
 
 
 # Handlers this process created and not yet closed. torch skips ``shutdown()`` when the agent
@@ -802,6 +1160,12 @@ def create_handler(params: RendezvousParameters) -> ParallelRendezvousHandler:
     handler = ParallelRendezvousHandler(settings_from_params(params))
     _OPEN_HANDLERS.add(handler)
     return handler
+
+
+def stop_all_for_signal(signal_name: str) -> None:
+    """Tell the other nodes this one stops on a signal, then close (see ``stop_for_signal``)."""
+    for handler in list(_OPEN_HANDLERS):
+        handler.stop_for_signal(signal_name)
 
 
 def close_all() -> None:

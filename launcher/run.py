@@ -11,7 +11,10 @@ config is built by torch's ``config_from_args``, and ``elastic_launch`` runs tor
 * ``--rdzv_backend=parallel`` and ``--enable_tiered_parallel_tcpstore=true|false`` (torch_npu_run's
   flags, see :mod:`.rendezvous`);
 * one-line errors with exit codes from :mod:`npu_job.errors` instead of bare ``AssertionError``
-  tracebacks, and a clean exit on SIGTERM/SIGINT.
+  tracebacks, and a clean exit on SIGTERM/SIGINT;
+* faults named the same way on every node (the ``parallel`` backend's watch, see :mod:`.watch`):
+  torch's agent is subclassed only to report its workers' final failure to that watch before it
+  stops, and every worker starts behind :mod:`.pdeath`, so it dies with a SIGKILLed agent.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import signal
 import sys
 import textwrap
+import time
 import uuid
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
@@ -225,9 +229,91 @@ def launch_config(args: argparse.Namespace) -> Tuple[Any, Any, List[str]]:
 
 
 def _launch(config: Any, entrypoint: Any, cmd_args: Sequence[str]) -> Any:
-    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.launcher import api
 
-    return elastic_launch(config=config, entrypoint=entrypoint)(*cmd_args)
+    agent_class = api.LocalElasticAgent
+    api.LocalElasticAgent = _watched_agent_class()  # the name launch_agent builds its agent from
+    try:
+        return api.elastic_launch(config=config, entrypoint=entrypoint)(*cmd_args)
+    finally:
+        api.LocalElasticAgent = agent_class
+
+
+def _watched_agent_class() -> type:
+    """torch's ``LocalElasticAgent``, reporting a final worker failure to the rendezvous first.
+
+    When the workers failed for good, the ``parallel`` rendezvous learns which node caused the
+    end before this agent goes on (it may be another node: then :class:`~.watch.JobStopped`
+    unwinds this one, and only the culprit prints torch's failure summary).
+    """
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    class WatchedAgent(LocalElasticAgent):  # type: ignore[misc, valid-type]
+        _npu_failed_at = 0.0
+
+        def _monitor_workers(self, *args: Any, **kwargs: Any) -> Any:
+            result = super()._monitor_workers(*args, **kwargs)
+            if result.is_failed():
+                self._npu_failed_at = time.time()  # when this agent saw it (the last attempt's)
+            return result
+
+        def _invoke_run(self, *args: Any, **kwargs: Any) -> Any:
+            spec = self._worker_group.spec  # torch 2.1's agent has no _rdzv_handler
+            handler = spec.rdzv_handler
+            outcome = getattr(handler, "report_outcome", lambda outcome: None)
+            outcome("running")
+            result = super()._invoke_run(*args, **kwargs)
+            if result.is_failed():
+                _settle_failure(handler, result, self._npu_failed_at or time.time(),
+                                float(spec.monitor_interval))
+            else:
+                outcome("succeeded")
+            return result
+
+    return WatchedAgent
+
+
+def _settle_failure(handler: Any, result: Any, failed_at: float, interval: float) -> None:
+    from . import rendezvous
+    from .verdict import FailureReport
+
+    if not isinstance(handler, rendezvous.ParallelRendezvousHandler) or not result.failures:
+        return
+    when = {rank: _failed_when(failure, failed_at, interval) for rank, failure in result.failures.items()}
+    rank = min(when, key=lambda worker: (when[worker], worker))
+    failure = result.failures[rank]
+    handler.settle_failure(FailureReport(
+        node_rank=handler.settings.node_rank, seen_at=when[rank], worker_rank=int(rank),
+        local_rank=int(failure.local_rank), pid=int(failure.pid), exit_code=int(failure.exitcode),
+        message=_failure_message(failure),
+    ))
+
+
+def _failed_when(failure: Any, seen_at: float, monitor_interval: float) -> float:
+    """When the worker failed, as precisely as this node knows.
+
+    The error file ``@record`` writes at the exception is stamped to the nanosecond (its
+    modification time); a worker that failed because a peer died writes its own after the
+    peer's process has ended, so the root cause of a cascade is the earliest file. A worker
+    without one (a signal, ``os._exit``) died at some time within the agent's last monitor
+    interval: taken at its start.
+    """
+    try:
+        return os.stat(failure.error_file).st_mtime
+    except (OSError, TypeError, ValueError):
+        return seen_at - monitor_interval
+
+
+def _failure_message(failure: Any) -> str:
+    """The worker's own error (``@record``), else how it ended."""
+    if failure.error_file_data:
+        message = failure.message  # newer torch keeps the error file's {"message": ...} record
+        if isinstance(message, dict):
+            message = message.get("message", message)
+        return str(message)
+    if failure.exitcode < 0:
+        return f"killed by {failure.signal_name()}"
+    return f"exited with code {failure.exitcode} (no @record error file; see its output)"
 
 
 def _recorded_launch() -> Callable[..., Any]:
@@ -262,10 +348,12 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
 
-    from . import rendezvous
+    from . import pdeath, rendezvous, verdict
+    from .watch import JobStopped
 
     prepare(args, env)
     config, cmd, cmd_args = launch_config(args)
+    cmd, cmd_args = pdeath.wrap(cmd, cmd_args, os.getpid())
     rendezvous.register()
     previous_handler = _install_early_signal_handler()
     try:
@@ -273,10 +361,22 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         return 0
     except ChildFailedError as failed:
         print(f"{PROG}: error: {type(failed).__name__}:{failed}", file=sys.stderr)
+        found = rendezvous.last_verdict()
+        if found is not None:
+            print(f"{PROG}: error: {verdict.line(found)}", file=sys.stderr)
         return EXIT_WORKERS_FAILED
+    except JobStopped as stopped:
+        print(f"{PROG}: error: {verdict.line(stopped.verdict)}", file=sys.stderr)
+        return LaunchError.exit_code
     except RendezvousError as error:
+        found = rendezvous.last_verdict()
+        if found is not None:  # the watch knew why before the rendezvous failed
+            logger.info("rendezvous failed: %s", error)
+            print(f"{PROG}: error: {verdict.line(found)}", file=sys.stderr)
+            return LaunchError.exit_code
         raise LaunchError(f"rendezvous failed: {error}") from None
     except SignalException as caught:
+        rendezvous.stop_all_for_signal(caught.sigval.name)
         logger.warning("received %s: stopped the workers and the store", caught.sigval.name)
         return 128 + int(caught.sigval)
     finally:

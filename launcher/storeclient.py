@@ -122,16 +122,24 @@ class AsyncRawStoreClient:
         return self
 
     async def call(self, request: Request) -> ReplyValue:
+        return (await self.pipeline(request))[0]
+
+    async def pipeline(self, *requests: Request) -> list[ReplyValue]:
+        """Send ``requests`` in one write and return their replies in order (one round trip)."""
         assert self._writer is not None and self._reader is not None
-        self._writer.write(encode_request(request, self.dialect))
-        self.requests_sent += 1
-        if request.op in NO_REPLY_OPS:
-            return None
-        while True:
-            done, value = self._replies.take(request)
-            if done:
-                return value
-            self._replies.feed(await self._reader.read(1 << 16))
+        self._writer.write(b"".join(encode_request(request, self.dialect) for request in requests))
+        self.requests_sent += len(requests)
+        replies: list[ReplyValue] = []
+        for request in requests:
+            while request.op not in NO_REPLY_OPS:
+                done, value = self._replies.take(request)
+                if done:
+                    replies.append(value)
+                    break
+                self._replies.feed(await self._reader.read(1 << 16))
+            else:
+                replies.append(None)
+        return replies
 
     async def get(self, key: bytes) -> bytes:
         """torch's ``get``: WAIT for the key, then GET it."""

@@ -65,6 +65,8 @@ logger = logging.getLogger(__name__)
 
 #: What a failed store call raises on this torch (``DistError`` from 2.2, ``RuntimeError`` before).
 StoreError: Type[Exception] = getattr(dist, "DistError", RuntimeError)
+#: What a store wait that ran out of time raises (``DistStoreError`` from 2.2).
+StoreTimeoutError: Type[Exception] = getattr(dist, "DistStoreError", StoreError)
 
 HAS_RENDEZVOUS_INFO = hasattr(elastic_rendezvous, "RendezvousInfo")
 HAS_LIST_KEYS = hasattr(TCPStore, "list_keys")
@@ -88,13 +90,15 @@ def has_entry_point_handlers() -> bool:
 #: segfaults in the matrix's 2.1 rendezvous tests, and with two threads and nothing of npu-run's
 #: on 2.1 and 2.2; not on 2.4). npu-run calls no ``compare_set`` at all.
 _BINDINGS_NEED_SIDE_CHANNEL = not hasattr(dist.Store, "check")
-#: Connections an agent holds to the root besides its torch client's: the side channel, on 2.1.
-SIDE_CONNECTIONS = int(_BINDINGS_NEED_SIDE_CHANNEL)
 
 
 def key_exists(store: Any, key: str) -> bool:
-    """``store.check([key])``, on every supported torch (2.1's ``check`` is C++ only)."""
-    if not _BINDINGS_NEED_SIDE_CHANNEL:
+    """``store.check([key])``, on every supported torch (2.1's ``check`` is C++ only).
+
+    A store that says it ``answers_check`` (the agents' :class:`~.rootclient.RootClient`) is
+    asked directly; only torch's own clients on 2.1 need the side channel.
+    """
+    if not _BINDINGS_NEED_SIDE_CHANNEL or getattr(store, "answers_check", False):
         return bool(store.check([key]))
     request = Request(Op.CHECK, keys=(_wire_key(key),))
     return _side_channel(store).call(request) == CheckReply.READY

@@ -32,6 +32,12 @@ CASES = [
     pytest.param("bench_rendezvous.py", ["--cases", "2x2", "--repeat", "1", "--gloo-peers", "2"],
                  ["| 2x2 | 4 | flat |", "| 2x2 | 4 | tiered |", "Projection to 16384 ranks"],
                  marks=pytest.mark.torch),
+    pytest.param("bench_faults.py", ["--faults", "root-kill", "--launchers", "npu-run",
+                                     "--keep-alive", "1x3", "--cap", "30", "--beat-nodes", "64",
+                                     "--beat-interval", "1", "--beat-seconds", "2", "--repeat", "2"],
+                 ["| root-kill | npu-run |", "## Heartbeat cost (64 nodes",
+                  "| SIGKILL of the agent to its worker's death |"],
+                 marks=pytest.mark.torch),
     # the emulated fabric: namespaces, bridges, tc and 6 torch processes (about half a minute)
     pytest.param("bench_fabric.py", ["--shapes", "6x3", "--rounds", "1", "--size", "256KiB"],
                  ["| 6x3 | ring | planned | 3 (3) |", "6x3 ring: planned at the ring lower bound: yes",

@@ -2,7 +2,8 @@
 
 Every process a test starts carries a unique ``NPU_RUN_TEST_TAG`` in its environment, and the
 workers inherit it; :meth:`LocalCluster.kill_all` finds them by that tag in ``/proc`` (workers run
-in their own sessions and outlive a killed agent), so a failing test leaves nothing behind.
+in their own sessions; npu-run makes them die with their agent, but the harness does not count
+on the code under test), so a failing test leaves nothing behind.
 Connection counts come from ``/proc/net/tcp*`` joined with each process's socket inodes: the
 same view ``ss -tnp`` gives, asserted from outside the launcher.
 """
@@ -227,3 +228,50 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+_SYS_PIDFD_GETFD = 438  # the same number on x86-64 and arm64 (Linux 5.6+)
+
+
+def shut_down_sockets(pid: int, port: int) -> int:
+    """Break every socket process ``pid`` has on local ``port``: its listener stops listening and
+    its connections are reset, as if that part of the process died (the process lives on).
+
+    Takes a duplicate of each socket with pidfd_getfd(2) (root, Linux 5.6+) and calls
+    shutdown(2) on it, which acts on the socket itself, not on our duplicate. Returns how many.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    inodes = {inode for inode, local, _, _ in _tcp_sockets() if local == port}
+    pidfd = os.pidfd_open(pid)
+    broken = 0
+    try:
+        for entry in os.scandir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(entry.path)
+            except OSError:
+                continue
+            if not target.startswith("socket:[") or int(target[8:-1]) not in inodes:
+                continue
+            fd = libc.syscall(_SYS_PIDFD_GETFD, pidfd, int(entry.name), 0)
+            if fd < 0:
+                raise OSError(ctypes.get_errno(), f"pidfd_getfd({pid}, {entry.name}) failed")
+            with socket.socket(fileno=fd) as sock:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    broken += 1
+                except OSError:
+                    pass
+    finally:
+        os.close(pidfd)
+    return broken

@@ -28,6 +28,7 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 from npu_job.errors import LaunchError
 from npu_job.launcher import rendezvous, torchcompat
 from npu_job.launcher.rendezvous import ParallelRendezvousHandler, ParallelSettings
+from npu_job.launcher.watch import JobStopped
 
 from .cluster import free_port, port_is_free
 from .torch_features import Joined, joined
@@ -433,3 +434,47 @@ def test_an_ipv6_master_hosts_the_root_and_serves_the_workers(closing, tiered):
     other = workers_store(nodes[1], hosting=False)
     other.set("from-rank-2", "over IPv6")
     assert rank_0.get("from-rank-2") == b"over IPv6"
+
+
+def test_a_node_whose_agent_fails_tells_the_others_why_it_leaves(closing):
+    """An agent that leaves on an error of its own (not a rendezvous error, not a verdict) names
+    itself and the error, so nodes still training stop instead of waiting for it."""
+    handlers = make_handlers(2, [0, 1], keep_alive_interval=0.2)
+    closing(handlers.values())
+    join_all([handlers[0], handlers[1]])
+    handlers[1].report_outcome("running")
+    try:
+        raise ValueError("the agent broke")
+    except ValueError:
+        handlers[1].shutdown()  # as torch's launch_agent does, in a finally
+    with pytest.raises(JobStopped, match=r"node rank 1 \(pod .*\) left the job: ValueError: the agent broke"):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            handlers[0].num_nodes_waiting()
+            time.sleep(0.05)
+
+
+def test_a_proxy_that_cannot_take_its_port_again_stops_the_job_naming_it(closing):
+    """The proxy's thread ends and its port cannot be bound again: the node's watch publishes
+    the verdict, and every node stops naming that proxy."""
+    made = []
+
+    def factory(host, port, timeout, listen_port=0):
+        if listen_port:
+            raise OSError(98, "Address already in use")
+        made.append(rendezvous._start_store_proxy(host, port, timeout, listen_port))
+        return made[-1]
+
+    settings = make_handlers(2, [0, 1], keep_alive_interval=0.2, tiered=True)
+    handlers = {rank: ParallelRendezvousHandler(h.settings, proxy_factory=factory)
+                for rank, h in settings.items()}
+    closing(handlers.values())
+    join_all([handlers[0], handlers[1]])
+    made[-1].stop()  # node 1's proxy (joined last or first: either node's will do)
+    with pytest.raises(JobStopped, match=r"its store proxy 127\.0\.0\.1:\d+ died and could not be "
+                                         r"restarted on the same port: \[Errno 98\]"):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for handler in handlers.values():
+                handler.num_nodes_waiting()
+            time.sleep(0.05)
