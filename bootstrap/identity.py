@@ -14,6 +14,7 @@ import logging
 from typing import Optional
 
 from npu_job.bootstrap.model import RankTable
+
 from npu_job.errors import InconsistentError, InputError, shown
 from npu_job.parsing import count_from_text
 
@@ -26,8 +27,9 @@ def parse_task_index(value: Optional[str], name: str = "VC_TASK_INDEX") -> Optio
         return None
     index = count_from_text(value.strip())
     if index is None:
-        raise InputError("environment", name,
-                         f"expected a non-negative integer pod index, got {shown(value)}")
+        raise InputError(
+            "environment", name, f"expected a non-negative integer pod index, got {shown(value)}"
+        )
     return index
 
 
@@ -58,7 +60,7 @@ def find_pod_index(
                 "in the rank "
                 f"table, but VC_TASK_INDEX is {task_index}",
                 tip="the rank table may be stale or out of pod order; "
-                    "--pod-index/--host-ip override",
+                "--pod-index/--host-ip override",
             )
         return index
     if task_index is not None:

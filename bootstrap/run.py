@@ -32,6 +32,7 @@ from npu_job.bootstrap.sources import (
     read_bytes,
     topology_candidates,
 )
+
 from npu_job.errors import EXIT_OK, InputError, NpuJobError, shown
 from npu_job.parsing import count_from_text, seconds_from_text
 from npu_job.podfacts import OUTPUT_DIR, OUTPUT_DIR_ENV, TASK_INDEX_ENV
@@ -87,8 +88,9 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
             return default
         number = seconds_from_text(text, zero_ok=True)
         if number is None:
-            raise InputError("environment", name,
-                             f"expected a number of seconds >= 0, got {shown(text)}")
+            raise InputError(
+                "environment", name, f"expected a number of seconds >= 0, got {shown(text)}"
+            )
         return number
 
     def count(flag: str, name: str) -> Optional[int]:
@@ -100,8 +102,9 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
             return None
         number = count_from_text(text)
         if number is None or number < 1:
-            raise InputError("environment", name,
-                             f"expected a whole number >= 1, got {shown(text)}")
+            raise InputError(
+                "environment", name, f"expected a whole number >= 1, got {shown(text)}"
+            )
         return number
 
     strict_flag = flags.get("strict")
@@ -148,8 +151,12 @@ def bootstrap(
             gc.enable()
 
 
-def _bootstrap(flags: Mapping[str, Any], env: Optional[Mapping[str, str]],
-               clock: Callable[[], float], sleep: Callable[[float], None]) -> BootstrapResult:
+def _bootstrap(
+    flags: Mapping[str, Any],
+    env: Optional[Mapping[str, str]],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> BootstrapResult:
     environ = os.environ if env is None else env
     strict = bool(flags.get("strict")) or environ.get("NPU_JOB_STRICT", "").strip().lower() in _TRUE
     output_dir = flags.get("output_dir") or environ.get(OUTPUT_DIR_ENV) or OUTPUT_DIR
@@ -181,15 +188,22 @@ def _bootstrap(flags: Mapping[str, Any], env: Optional[Mapping[str, str]],
         log.error("%s", failure.message)
         if failure.tip:
             log.info("TIP: %s", failure.tip)
-        log.info("continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX); "
-                 "--strict makes this fatal")
+        log.info(
+            "continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX); "
+            "--strict makes this fatal"
+        )
     if flags.get("json"):
         sys.stdout.write(json.dumps(route_plan, indent=2, sort_keys=True) + "\n")
     return BootstrapResult(EXIT_OK, route_plan)
 
 
-def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], float],
-         sleep: Callable[[float], None], context: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def _run(
+    options: BootstrapOptions,
+    env: Mapping[str, str],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    context: Dict[str, Any],
+) -> Optional[Dict[str, Any]]:
     """Plan and write this pod's files; the route plan, or None when the plan gives no order
     (``context["plan"]`` says why)."""
     from npu_job.bootstrap import identity, wait, writers
@@ -225,7 +239,10 @@ def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], 
         return None
     node_rank = plan.node_rank_of_pod[pod_index]
     route_plan = writers.route_plan_document(
-        plan, node_count=table.node_count, pod_index=pod_index, rank_table=location,
+        plan,
+        node_count=table.node_count,
+        pod_index=pod_index,
+        rank_table=location,
         topology=topology_source,
     )
     try:
@@ -239,14 +256,22 @@ def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], 
             original_rank_table=None if is_url(location) else location,
         )
     except OSError as error:
-        raise InputError(options.output_dir, "output directory",
-                         f"expected a writable directory ({error.strerror or error})") from None
+        raise InputError(
+            options.output_dir,
+            "output directory",
+            f"expected a writable directory ({error.strerror or error})",
+        ) from None
     for note in plan.reasons:
         log.info("note: %s", note)
     log.info(
         "node rank %d of %d (pod index %d), master index %d, %s order on %s; wrote %s",
-        node_rank, table.node_count, pod_index, plan.master_index, collective,
-        topology_source, written[-1],
+        node_rank,
+        table.node_count,
+        pod_index,
+        plan.master_index,
+        collective,
+        topology_source,
+        written[-1],
     )
     return route_plan
 
@@ -256,8 +281,12 @@ def _not_planned(plan: Plan, rank_table: str) -> NpuJobError:
     return InputError(rank_table, "plan", "; ".join(plan.reasons) or "no usable order")
 
 
-def _plan(table: RankTable, topology: Optional[Topology], collective: Collective,
-          full_node_devices: Optional[int]) -> Plan:
+def _plan(
+    table: RankTable,
+    topology: Optional[Topology],
+    collective: Collective,
+    full_node_devices: Optional[int],
+) -> Plan:
     from npu_job.bootstrap import planner
 
     return planner.plan(table, topology, collective, full_node_devices=full_node_devices)
@@ -270,8 +299,9 @@ def choose_collective(flag: Optional[str], env: Mapping[str, str]) -> Collective
             return Collective(flag.strip().lower())
         except ValueError:
             choices = ", ".join(c.value for c in Collective)
-            raise InputError("--collective", "",
-                             f"expected one of {choices}, got {shown(flag)}") from None
+            raise InputError(
+                "--collective", "", f"expected one of {choices}, got {shown(flag)}"
+            ) from None
     from npu_job.bootstrap import planner
 
     algo = env.get("HCCL_ALGO")
@@ -282,8 +312,9 @@ def choose_collective(flag: Optional[str], env: Mapping[str, str]) -> Collective
     return Collective.RING
 
 
-def load_topology(options: BootstrapOptions, rank_table: str, env: Mapping[str, str],
-                  verify: Verify) -> Tuple[Optional[Topology], str]:
+def load_topology(
+    options: BootstrapOptions, rank_table: str, env: Mapping[str, str], verify: Verify
+) -> Tuple[Optional[Topology], str]:
     """The first topology found (see :func:`~npu_job.bootstrap.sources.topology_candidates`).
 
     Returns ``(None, "none")`` when there is none. A source named explicitly must work; an
@@ -307,15 +338,18 @@ def load_topology(options: BootstrapOptions, rank_table: str, env: Mapping[str, 
     return None, "none"
 
 
-def _read_candidate(candidate: TopologyCandidate, env: Mapping[str, str],
-                    verify: Verify) -> Optional[Tuple[bytes, str]]:
+def _read_candidate(
+    candidate: TopologyCandidate, env: Mapping[str, str], verify: Verify
+) -> Optional[Tuple[bytes, str]]:
     if candidate.location == K8S_TOPOLOGY:
         api = KubernetesAPI.from_env(env)
         if api is None:
             if candidate.required:
-                raise InputError("Kubernetes API", "KUBERNETES_SERVICE_HOST",
-                                 "expected in-cluster credentials "
-                                 "(service host and a service account token)")
+                raise InputError(
+                    "Kubernetes API",
+                    "KUBERNETES_SERVICE_HOST",
+                    "expected in-cluster credentials (service host and a service account token)",
+                )
             return None
         try:
             # in the automatic chain the API is optional: do not hold the pod up for it

@@ -28,6 +28,7 @@ from npu_job.bootstrap.payload import (
     check_size,
     verbatim_or_shown,
 )
+
 from npu_job.errors import InputError
 from npu_job.parsing import count_from_text
 from npu_job.podfacts import (
@@ -130,8 +131,14 @@ def fetch_url(
     label = name or url
     http = session or http_session()
     try:
-        with http.get(url, headers=dict(headers or {}), params=params, verify=verify,
-                      timeout=timeout, stream=True) as response:
+        with http.get(
+            url,
+            headers=dict(headers or {}),
+            params=params,
+            verify=verify,
+            timeout=timeout,
+            stream=True,
+        ) as response:
             reason = verbatim_or_shown(response.reason or "")
             got = f"expected 200 OK, got {response.status_code} {reason}"
             if response.status_code >= 500 or response.status_code == 429:
@@ -178,7 +185,7 @@ class KubernetesAPI:
     @classmethod
     def from_env(
         cls, env: Mapping[str, str], account_dir: str = SERVICE_ACCOUNT_DIR
-    ) -> Optional["KubernetesAPI"]:
+    ) -> Optional[KubernetesAPI]:
         """The in-cluster API, or None when not in a cluster (no service host or no token)."""
         host = env.get("KUBERNETES_SERVICE_HOST")
         port = env.get("KUBERNETES_SERVICE_PORT", "443")
@@ -190,8 +197,9 @@ class KubernetesAPI:
             host = f"[{host}]"  # IPv6 literal
         return cls(f"https://{host}:{port}", str(token), str(account / "ca.crt"))
 
-    def get(self, api_path: str, params: Optional[Mapping[str, str]] = None, *,
-            quick: bool = False) -> bytes:
+    def get(
+        self, api_path: str, params: Optional[Mapping[str, str]] = None, *, quick: bool = False
+    ) -> bytes:
         """GET ``api_path`` with the bearer token; ``quick``: one retry and short timeouts, for
         an optional source that must not hold up a pod when the API is unreachable."""
         token = read_file(self.token_path).decode("utf-8", "replace").strip()
@@ -220,8 +228,9 @@ class KubernetesAPI:
 # --- locating inputs ------------------------------------------------------------------------------
 
 
-def locate_rank_table(explicit: Optional[str], env: Mapping[str, str],
-                      exists: Callable[[str], bool] = os.path.exists) -> str:
+def locate_rank_table(
+    explicit: Optional[str], env: Mapping[str, str], exists: Callable[[str], bool] = os.path.exists
+) -> str:
     """The rank table's path or URL; an :class:`InputError` listing where we looked if none."""
     given = explicit or env.get(RANK_TABLE_ENV)
     if given:
@@ -253,8 +262,9 @@ class TopologyCandidate:
     required: bool = False  # named explicitly by the user: a failure is an error, not a skip
 
 
-def topology_candidates(explicit: Optional[str], fmt: Optional[str], rank_table: str,
-                        env: Mapping[str, str]) -> List[TopologyCandidate]:
+def topology_candidates(
+    explicit: Optional[str], fmt: Optional[str], rank_table: str, env: Mapping[str, str]
+) -> List[TopologyCandidate]:
     """Where to look for the switch topology, in order; the first that exists wins."""
     given = explicit or env.get("NPU_JOB_TOPOLOGY")
     if given:

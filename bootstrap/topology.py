@@ -41,7 +41,6 @@ from functools import lru_cache
 from itertools import chain
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
-from npu_job.bootstrap.model import Placement, RankTable, Topology
 from npu_job.bootstrap.fields import (
     expect_count,
     expect_list,
@@ -55,7 +54,9 @@ from npu_job.bootstrap.fields import (
     require_unique_id,
 )
 from npu_job.bootstrap.jsondecode import decode_typed, parse_json, scan_array_member
+from npu_job.bootstrap.model import Placement, RankTable, Topology
 from npu_job.bootstrap.payload import decode_document, encode_b64_gzip, json_text
+
 from npu_job.errors import shown
 
 logger = logging.getLogger(__name__)
@@ -173,10 +174,8 @@ def _cce_decoder(msgspec: Any) -> Any:
     """msgspec's decoder of the two fields :func:`_cce_servers_fast` reads (built once)."""
     device = msgspec.defstruct("CceDevice", [("tor_ip", str)])
     # device and server are classes made at run time: mypy cannot check them as types
-    server = msgspec.defstruct(
-        "CceServer", [("server_id", str), ("device", List[device])])  # type: ignore[valid-type]
-    document = msgspec.defstruct(
-        "CceDocument", [("server_list", List[server])])  # type: ignore[valid-type]
+    server = msgspec.defstruct("CceServer", [("server_id", str), ("device", List[device])])  # type: ignore[valid-type]
+    document = msgspec.defstruct("CceDocument", [("server_list", List[server])])  # type: ignore[valid-type]
     return msgspec.json.Decoder(document)
 
 
@@ -249,21 +248,33 @@ def ranktable_tor_document(
         tors = placement.tors if placement is not None and placement.tors else ("",)
         devices = []
         for position, device in enumerate(server.devices):
-            devices.append({
-                "device_id": device.device_id,
-                "device_ip": device.device_ip or "",
-                "rank_id": "",
-                "tor_ip": tors[position % len(tors)],
-                "tor_port": f"200GE1/0/{position + 1}",
-            })
-        server_list.append({"pod_name": name_of(server.pod_index), "server_id": server.server_id,
-                            "device": devices})
-    return {"status": "completed", "version": "1.0", "server_count": str(len(server_list)),
-            "server_list": server_list}
+            devices.append(
+                {
+                    "device_id": device.device_id,
+                    "device_ip": device.device_ip or "",
+                    "rank_id": "",
+                    "tor_ip": tors[position % len(tors)],
+                    "tor_port": f"200GE1/0/{position + 1}",
+                }
+            )
+        server_list.append(
+            {
+                "pod_name": name_of(server.pod_index),
+                "server_id": server.server_id,
+                "device": devices,
+            }
+        )
+    return {
+        "status": "completed",
+        "version": "1.0",
+        "server_count": str(len(server_list)),
+        "server_list": server_list,
+    }
 
 
-def encode_ranktable_tor(table: RankTable, topology: Topology,
-                         pod_names: Optional[Callable[[int], str]] = None) -> bytes:
+def encode_ranktable_tor(
+    table: RankTable, topology: Topology, pod_names: Optional[Callable[[int], str]] = None
+) -> bytes:
     """``ranktable_tor.json`` bytes exactly as CCE mounts them: base64(gzip(JSON))."""
     return encode_b64_gzip(ranktable_tor_document(table, topology, pod_names))
 
@@ -309,17 +320,26 @@ def _tor_info(doc: Dict[str, Any], source: str) -> Topology:
             here = f"{path}.server[{position}]"
             expect_object(member, source, here)
             server_ip = require_str(member, "server_ip", source, here)
-            slot = expect_count(require(member, "slice_id", source, here), source,
-                                f"{here}.slice_id")
+            slot = expect_count(
+                require(member, "slice_id", source, here), source, f"{here}.slice_id"
+            )
             if slot >= slots:
-                fail(source, f"{here}.slice_id",
-                     f"a slot below tor_count ({slots} slots per ToR), got {slot}")
+                fail(
+                    source,
+                    f"{here}.slice_id",
+                    f"a slot below tor_count ({slots} slots per ToR), got {slot}",
+                )
             first = listed_at.setdefault((name, server_ip), here)
             if first != here:  # MindCluster's own doc example does this (placeholder addresses)
                 logger.warning(
                     "%s: %s.server_ip: server %s is listed twice under ToR %s (also %s); its "
-                    "entries are merged, taking the lower slot", source, here, shown(server_ip),
-                    shown(name), first)
+                    "entries are merged, taking the lower slot",
+                    source,
+                    here,
+                    shown(server_ip),
+                    shown(name),
+                    first,
+                )
             tors_of.setdefault(server_ip, set()).add(name)
             slot_of[server_ip] = min(slot, slot_of.get(server_ip, slot))
     placements = {ip: Placement(tors=tuple(tors), slot=slot_of[ip]) for ip, tors in tors_of.items()}
@@ -336,8 +356,9 @@ def _read_node_list(document: Any, source: str) -> Topology:
     for index, node in enumerate(items):
         path = f"items[{index}]"
         expect_object(node, source, path)
-        metadata = expect_object(require(node, "metadata", source, path), source,
-                                 f"{path}.metadata")
+        metadata = expect_object(
+            require(node, "metadata", source, path), source, f"{path}.metadata"
+        )
         name = require_str(metadata, "name", source, f"{path}.metadata")
         labels = metadata.get("labels") or {}
         expect_object(labels, source, f"{path}.metadata.labels")
@@ -355,8 +376,7 @@ def _read_node_list(document: Any, source: str) -> Topology:
                 keys.append(require_str(address, "address", source, here))
         for key in keys:
             if key in placements and placements[key] != placement:
-                fail(source, path,
-                     f"one placement per node address; {shown(key)} is claimed twice")
+                fail(source, path, f"one placement per node address; {shown(key)} is claimed twice")
             placements[key] = placement
     return Topology(placements, source=K8S_NODE_LABELS)
 
@@ -386,8 +406,11 @@ def _read_plain(document: Any, source: str) -> Topology:
     doc = expect_object(document, source, "")
     unknown = sorted(set(doc) - {"version", "servers"}, key=str)  # YAML keys: any type
     if unknown:
-        fail(source, join_key("", unknown[0]),
-             "only the keys 'version' and 'servers' at the top level")
+        fail(
+            source,
+            join_key("", unknown[0]),
+            "only the keys 'version' and 'servers' at the top level",
+        )
     servers = expect_object(require(doc, "servers", source, ""), source, "servers")
     placements: Dict[str, Placement] = {}
     for server_id, spec in servers.items():
@@ -405,8 +428,12 @@ def _plain_placement(spec: Any, source: str, path: str) -> Placement:
         switches = _switch_path(spec, source, path)
         return Placement(tiers=switches[:-1], tors=switches[-1:])
     if type(spec) is not dict:
-        fail(source, path,
-             "a switch path list, a ToR id, or {path: [...], slot: N, tors: [...]}", spec)
+        fail(
+            source,
+            path,
+            "a switch path list, a ToR id, or {path: [...], slot: N, tors: [...]}",
+            spec,
+        )
     unknown = sorted(set(spec) - {"path", "slot", "tors"}, key=str)
     if unknown:
         fail(source, join_key(path, unknown[0]), "only the keys 'path', 'slot' and 'tors'")

@@ -25,15 +25,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import re
 import posixpath
+import re
 import shlex
 import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from npu_job import podfacts
-from npu_job.errors import RenderError
 from npu_job.render.spec import (
     DEVICE_RESOURCE,
     NPU_HOST_MOUNTS,
@@ -41,6 +39,9 @@ from npu_job.render.spec import (
     SHM_VOLUME,
     JobSpec,
 )
+
+from npu_job import podfacts
+from npu_job.errors import RenderError
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,9 @@ class RenderedJob:
 
     spec: JobSpec
     documents: Tuple[Document, ...]  # ConfigMap first, then the Job
-    scripts: Tuple[Tuple[str, str], ...]  # (file name, text): train.sh, [install.sh], [bootstrap.sh]
+    scripts: Tuple[
+        Tuple[str, str], ...
+    ]  # (file name, text): train.sh, [install.sh], [bootstrap.sh]
     warnings: Tuple[str, ...] = ()
 
     def stream(self) -> str:
@@ -82,7 +85,9 @@ class RenderedJob:
 
     def files(self) -> Tuple[Tuple[str, str, int], ...]:
         """(file name, text, mode) of what ``--output-dir`` writes: config.yaml, then the scripts."""
-        return (("config.yaml", self.stream(), 0o644),) + tuple((name, text, 0o755) for name, text in self.scripts)
+        return (("config.yaml", self.stream(), 0o644),) + tuple(
+            (name, text, 0o755) for name, text in self.scripts
+        )
 
     @property
     def job(self) -> Document:
@@ -109,7 +114,9 @@ def yaml_scalar(value: Any) -> str:
     JSON and YAML. Other non-ASCII text stays readable. (JSON's surrogate-pair escapes for
     characters beyond U+FFFF are avoided: YAML reads them as two lone surrogates.)
     """
-    return _QUOTED_UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", json.dumps(value, ensure_ascii=False))
+    return _QUOTED_UNSAFE.sub(
+        lambda match: f"\\u{ord(match.group()):04x}", json.dumps(value, ensure_ascii=False)
+    )
 
 
 _QUOTED_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
@@ -200,7 +207,9 @@ def _render_template(env: Any, name: str, context: Mapping[str, Any]) -> str:
     try:
         return env.get_template(name).render(**context)
     except jinja2.TemplateSyntaxError as error:
-        raise RenderError(f"templates/{error.name or name}, line {error.lineno}: {error.message}") from None
+        raise RenderError(
+            f"templates/{error.name or name}, line {error.lineno}: {error.message}"
+        ) from None
     except jinja2.TemplateError as error:
         raise RenderError(f"templates/{name}, line {_template_line(name)}: {error}") from None
 
@@ -259,10 +268,13 @@ def _context(spec: JobSpec) -> Dict[str, Any]:
         "cce_routing": npu_routing,
         "configmap_labels": _pairs((MANAGED_BY,), spec.labels),
         "pod_labels": _pairs((MANAGED_BY,), spec.labels),
-        "pod_annotations": _pairs((("cabinet", "cabinet"),) if npu_routing else (), spec.annotations),
+        "pod_annotations": _pairs(
+            (("cabinet", "cabinet"),) if npu_routing else (), spec.annotations
+        ),
         "resources": tuple(resources),
         "node_selector": _pairs(
-            (("accelerator/huawei-npu", "ascend-1980"),) if spec.device == "npu" else (), spec.node_selector
+            (("accelerator/huawei-npu", "ascend-1980"),) if spec.device == "npu" else (),
+            spec.node_selector,
         ),
     }
 
@@ -288,7 +300,9 @@ def render(spec: JobSpec, *, bootstrap: Optional[str] = None) -> RenderedJob:
         if spec.bootstrap_url:
             scripts.append(("bootstrap.sh", _render_template(env, "bootstrap-url.sh.j2", context)))
         else:
-            scripts.append(("bootstrap.sh", bootstrap if bootstrap is not None else bootstrap_script()))
+            scripts.append(
+                ("bootstrap.sh", bootstrap if bootstrap is not None else bootstrap_script())
+            )
     context["scripts"] = tuple(scripts)
 
     documents = []
@@ -299,6 +313,10 @@ def render(spec: JobSpec, *, bootstrap: Optional[str] = None) -> RenderedJob:
         try:
             parsed = yaml.safe_load(text)
         except yaml.YAMLError as error:
-            raise RenderError(f"templates/{template}: rendered text is not valid YAML: {error}") from None
-        documents.append(Document(SOURCE_PREFIX + template, parsed["kind"], parsed["metadata"]["name"], text))
+            raise RenderError(
+                f"templates/{template}: rendered text is not valid YAML: {error}"
+            ) from None
+        documents.append(
+            Document(SOURCE_PREFIX + template, parsed["kind"], parsed["metadata"]["name"], text)
+        )
     return RenderedJob(spec, tuple(documents), tuple(scripts), spec.warnings)

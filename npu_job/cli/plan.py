@@ -117,8 +117,13 @@ def run(args: argparse.Namespace) -> int:
     if args.picture:
         from npu_job.cli._args import write_picture
 
-        write_picture(args.picture, table, topology, plan,
-                      f"npu-job plan: {table.node_count} nodes, {os.path.basename(table_source)}")
+        write_picture(
+            args.picture,
+            table,
+            topology,
+            plan,
+            f"npu-job plan: {table.node_count} nodes, {os.path.basename(table_source)}",
+        )
     keys = scorer.switch_keys(table, topology)
     shuffled = list(range(table.node_count))
     random.Random(args.seed).shuffle(shuffled)
@@ -145,8 +150,8 @@ def _load(args: argparse.Namespace):
     """Read the rank table and topology with the bootstrap's readers (errors: one line, exit 3)."""
     from npu_job.bootstrap.ranktable import parse_rank_table
     from npu_job.bootstrap.sources import is_url, locate_rank_table, read_bytes
-    from npu_job.podfacts import RANKTABLE_TOR_NAME
     from npu_job.bootstrap.topology import parse_topology
+    from npu_job.podfacts import RANKTABLE_TOR_NAME
 
     table_source = locate_rank_table(args.rank_table, {})
     table = parse_rank_table(read_bytes(table_source), table_source)
