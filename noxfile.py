@@ -94,7 +94,7 @@ def oldest_msgspec(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("torch", list(MATRIX))
 def launcher(session: nox.Session, torch: str) -> None:
-    """npu-run's tests (multi-node tiered and flat, restarts, proxy vs root, torchrun) on one torch."""
+    """npu-run's tests (tiered and flat, restarts, proxy vs root, torchrun) on one torch."""
     session.install(f"torch=={torch}", *MATRIX[torch], "-e", ".[launcher,test]")
     RESULTS.mkdir(parents=True, exist_ok=True)
     report = RESULTS / f"{torch}.junit.xml"

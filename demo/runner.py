@@ -179,7 +179,7 @@ class Supervisor:
             self.say(self.status(now))
 
     def workers_running(self) -> int:
-        """Worker processes alive in the pods: ``python [options] SCRIPT ...`` (npu-run's children)."""
+        """Workers alive in the pods: ``python [options] SCRIPT ...`` (npu-run's children)."""
         from npu_job.demo import podsim
 
         count = 0
@@ -195,7 +195,7 @@ class Supervisor:
         return count
 
     def status(self, now: float) -> str:
-        """One line: how far the pods got, from their logs (and how many workers run, from /proc)."""
+        """One line: how far the pods got, from their logs (and how many workers run)."""
         pods = len(self.prepared.specs)
         options = self.prepared.options
         workers = f"{self.workers_running()}/{pods * options.nproc_per_node} workers"

@@ -257,7 +257,7 @@ class RootClient(dist.Store):
         return reply == CheckReply.READY
 
     def wait(self, keys: Sequence[str], timeout: Optional[datetime.timedelta] = None) -> None:
-        """Poll until every key exists (``RootWaitTimeout`` after ``timeout``, default the store's)."""
+        """Poll until every key exists (``RootWaitTimeout`` after ``timeout``, or the store's)."""
         seconds = (timeout if timeout is not None else self.timeout).total_seconds()
         deadline = time.monotonic() + seconds
         delay = POLL_FIRST

@@ -84,7 +84,7 @@ class RenderedJob:
         return "".join(f"---\n# Source: {doc.source}\n{doc.text}" for doc in self.documents)
 
     def files(self) -> Tuple[Tuple[str, str, int], ...]:
-        """(file name, text, mode) of what ``--output-dir`` writes: config.yaml, then the scripts."""
+        """(file name, text, mode) of what ``--output-dir`` writes: config.yaml, then scripts."""
         return (("config.yaml", self.stream(), 0o644),) + tuple(
             (name, text, 0o755) for name, text in self.scripts
         )

@@ -375,7 +375,7 @@ class _Record:
         self.empty_items = 0  # list items --set indices padded with null so far
 
     def _forget(self, path: Path) -> None:
-        """Drop what was known at and below ``path``, and any null of an ancestor (it exists now)."""
+        """Drop what was known at and below ``path``, and a null of an ancestor (it exists now)."""
         self._origins.drop(path)
         self._nulls.drop(path)
         for end in range(1, len(path)):
@@ -396,7 +396,7 @@ class _Record:
         self._nulls.set(path, source)
 
     def padded(self, path: Path, start: int, end: int, assignment: Assignment) -> None:
-        """The list at ``path`` gets nulls at ``start..end-1`` for ``assignment``'s index ``end``."""
+        """The list at ``path`` gets nulls at ``start..end-1`` for the index ``end``."""
         self.empty_items += end - start
         if self.empty_items > MAX_LIST_INDEX:
             key = format_path(path)

@@ -1,4 +1,4 @@
-"""``npu-job demo``: the whole pipeline on a simulated cluster on this machine (see npu_job.demo)."""
+"""``npu-job demo``: the whole pipeline on a cluster simulated on this machine (npu_job.demo)."""
 
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_inputs(args: argparse.Namespace) -> int:
-    """``--write-inputs DIR``: the simulated cluster's CCE files, nothing else (never overwritten)."""
+    """``--write-inputs DIR``: the simulated cluster's CCE files only (never overwritten)."""
     from pathlib import Path
 
     from npu_job import demo
