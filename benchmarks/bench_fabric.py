@@ -50,11 +50,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-import _fabric_model as model
-import _fabric_net as net
-from _report import publish
-from npu_job.bootstrap import planner, scorer
-from npu_job.bootstrap.model import Collective, Plan, Topology
+try:
+    import _fabric_model as model
+    import _fabric_net as net
+    from _report import publish
+    from npu_job.bootstrap import planner, scorer
+    from npu_job.bootstrap.model import Collective, Plan, Topology
+except ImportError:
+    # An unprivileged user may not even be able to read a root-owned install; the fabric needs
+    # root anyway, so say that (and exit as unavailable) rather than show the import's traceback.
+    if os.geteuid() != 0:
+        print(
+            "bench_fabric: cannot build the emulated fabric: needs root (network namespaces, "
+            "bridges and tc)",
+            file=sys.stderr,
+        )
+        sys.exit(77)  # EXIT_UNAVAILABLE, defined below
+    raise
 
 EXIT_UNAVAILABLE = 77  # the "skipped" convention: this machine cannot build the fabric
 EXIT_FAILED = 1  # a check of correctness failed (plans disagree, wrong sum, not a ring)
