@@ -78,14 +78,23 @@ def oldest_msgspec(session: nox.Session) -> None:
     Its DecodeError became a ValueError only in 0.21; the readers must fall back alike before.
     """
     session.install("msgspec==0.18.6", "-e", ".[test]")
-    session.run("python", "-m", "pytest", "tests/bootstrap", "tests/cli", "-q", "-p", "no:cacheprovider",
-                *session.posargs)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "tests/bootstrap",
+        "tests/cli",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+    )
 
 
 @nox.session
 @nox.parametrize("torch", list(MATRIX))
 def launcher(session: nox.Session, torch: str) -> None:
-    """npu-run's tests (multi-node tiered and flat, restarts, proxy vs root, torchrun) on one torch."""
+    """npu-run's tests (tiered and flat, restarts, proxy vs root, torchrun) on one torch."""
     session.install(f"torch=={torch}", *MATRIX[torch], "-e", ".[launcher,test]")
     RESULTS.mkdir(parents=True, exist_ok=True)
     report = RESULTS / f"{torch}.junit.xml"
@@ -93,11 +102,22 @@ def launcher(session: nox.Session, torch: str) -> None:
     if features is None:  # nox --install-only
         return
     report.unlink(missing_ok=True)
-    session.run("python", "-m", "pytest", LAUNCHER_TESTS, "-q", "-p", "no:cacheprovider",
-                f"--junitxml={report}", *session.posargs, success_codes=[0, 1])
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        LAUNCHER_TESTS,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={report}",
+        *session.posargs,
+        success_codes=[0, 1],
+    )
     summary, failed = _junit_summary(report)
-    (RESULTS / f"{torch}.json").write_text(json.dumps({"torch": torch, "summary": summary,
-                                                       **json.loads(features)}))
+    (RESULTS / f"{torch}.json").write_text(
+        json.dumps({"torch": torch, "summary": summary, **json.loads(features)})
+    )
     session.log(f"torch {torch}: {summary}")
     if failed:
         session.error(f"torch {torch}: {summary}")
@@ -109,6 +129,9 @@ def _junit_summary(report: Path) -> tuple[str, int]:
 
     suite = ElementTree.parse(report).getroot()
     suite = suite if suite.tag == "testsuite" else suite[0]
-    total, failed = int(suite.get("tests", 0)), int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+    total, failed = (
+        int(suite.get("tests", 0)),
+        int(suite.get("failures", 0)) + int(suite.get("errors", 0)),
+    )
     skipped = int(suite.get("skipped", 0))
     return f"{total - failed - skipped} passed, {skipped} skipped, {failed} failed", failed

@@ -23,14 +23,30 @@ from typing import Dict, List
 ROOT = Path(__file__).resolve().parent.parent
 # Modules that take values and return values (no I/O beyond fileio's helpers): mypy must pass here.
 PURE_CORE = [
-    "npu_job.parsing", "npu_job.errors", "npu_job.podfacts", "npu_job.fileio",
-    "npu_job.bootstrap.model", "npu_job.bootstrap.columns", "npu_job.bootstrap.planner",
-    "npu_job.bootstrap.scorer", "npu_job.bootstrap.canonical", "npu_job.bootstrap.ranktable",
-    "npu_job.bootstrap.topology", "npu_job.bootstrap.fields", "npu_job.bootstrap.jsondecode",
-    "npu_job.bootstrap.payload", "npu_job.bootstrap.kubeobjects", "npu_job.bootstrap.hypernode",
-    "npu_job.bootstrap.kubetopology", "npu_job.bootstrap.labels", "npu_job.bootstrap.jobpods",
-    "npu_job.render.spec", "npu_job.render.checks", "npu_job.render.values",
-    "npu_job.render.render", "npu_job.render.lint",
+    "npu_job.parsing",
+    "npu_job.errors",
+    "npu_job.podfacts",
+    "npu_job.fileio",
+    "npu_job.bootstrap.model",
+    "npu_job.bootstrap.columns",
+    "npu_job.bootstrap.planner",
+    "npu_job.bootstrap.scorer",
+    "npu_job.bootstrap.canonical",
+    "npu_job.bootstrap.ranktable",
+    "npu_job.bootstrap.topology",
+    "npu_job.bootstrap.fields",
+    "npu_job.bootstrap.jsondecode",
+    "npu_job.bootstrap.payload",
+    "npu_job.bootstrap.kubeobjects",
+    "npu_job.bootstrap.hypernode",
+    "npu_job.bootstrap.kubetopology",
+    "npu_job.bootstrap.labels",
+    "npu_job.bootstrap.jobpods",
+    "npu_job.render.spec",
+    "npu_job.render.checks",
+    "npu_job.render.values",
+    "npu_job.render.render",
+    "npu_job.render.lint",
 ]
 
 
@@ -69,12 +85,19 @@ def build_link_tree(dest: Path, root: Path = ROOT) -> Path:
 
 
 def main(argv: List[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-p", "--package", action="append", dest="packages",
-                        help="a module or package to check instead of the pure core (repeatable)")
-    parser.add_argument("--mypy", default=sys.executable,
-                        help="the Python whose mypy runs (default: this one)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "-p",
+        "--package",
+        action="append",
+        dest="packages",
+        help="a module or package to check instead of the pure core (repeatable)",
+    )
+    parser.add_argument(
+        "--mypy", default=sys.executable, help="the Python whose mypy runs (default: this one)"
+    )
     args = parser.parse_args(argv)
     targets = args.packages or PURE_CORE
     with tempfile.TemporaryDirectory(prefix="npu-job-typecheck-") as tmp:

@@ -70,8 +70,9 @@ def id_sort_key(identifier: str) -> IdKey:
         except ValueError:
             pass
     pieces = _DIGITS.split(identifier)  # [text, digits, text, digits, ..., text]
-    natural = tuple(_number_key(piece) if index % 2 else piece
-                    for index, piece in enumerate(pieces))
+    natural = tuple(
+        _number_key(piece) if index % 2 else piece for index, piece in enumerate(pieces)
+    )
     return (1, natural, identifier)
 
 
@@ -107,7 +108,9 @@ def id_order(identifiers: Sequence[str]) -> List[int]:
 ADDRESS_FIELDS = ("server_id", "host_ip", "container_ip")
 
 
-def topology_entry(server: Server, topology: Optional[Topology]) -> Tuple[Optional[str], Optional[Placement]]:
+def topology_entry(
+    server: Server, topology: Optional[Topology]
+) -> Tuple[Optional[str], Optional[Placement]]:
     """``(field, placement)``: the first of :data:`ADDRESS_FIELDS` whose value the topology
     places, or ``(None, None)``."""
     if topology is None:

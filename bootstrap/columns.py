@@ -53,11 +53,24 @@ def servers_from_columns(
     ``__post_init__`` either)."""
     servers = list(map(object.__new__, repeat(Server, len(server_ids))))
     for state, *row in zip(
-        map(vars, servers), server_ids, pod_indices, devices, host_ips, container_ips, pod_names,
+        map(vars, servers),
+        server_ids,
+        pod_indices,
+        devices,
+        host_ips,
+        container_ips,
+        pod_names,
         super_pod_ids,
     ):
-        (state["server_id"], state["pod_index"], state["devices"], state["host_ip"],
-         state["container_ip"], state["pod_name"], state["super_pod_id"]) = row
+        (
+            state["server_id"],
+            state["pod_index"],
+            state["devices"],
+            state["host_ip"],
+            state["container_ip"],
+            state["pod_name"],
+            state["super_pod_id"],
+        ) = row
     return servers
 
 
@@ -81,10 +94,14 @@ class DeviceColumns:
 
     def devices_of(self, position: int) -> Tuple[Device, ...]:
         start, stop = self.offsets[position], self.offsets[position + 1]
-        return tuple(devices_from_columns(
-            self.device_ids[start:stop], self.device_ips[start:stop], self.rank_ids[start:stop],
-            self.super_device_ids[start:stop],
-        ))
+        return tuple(
+            devices_from_columns(
+                self.device_ids[start:stop],
+                self.device_ips[start:stop],
+                self.rank_ids[start:stop],
+                self.super_device_ids[start:stop],
+            )
+        )
 
 
 def servers_from_device_columns(
@@ -100,11 +117,24 @@ def servers_from_device_columns(
     when first read (``device_count`` never builds them): equal, in every field, to the servers
     :func:`servers_from_columns` makes from the materialised device tuples."""
     servers = list(map(object.__new__, repeat(Server, len(server_ids))))
-    for position, (state, *row) in enumerate(zip(
-        map(vars, servers), server_ids, pod_indices, host_ips, container_ips, pod_names,
-        super_pod_ids,
-    )):
-        (state["server_id"], state["pod_index"], state["host_ip"], state["container_ip"],
-         state["pod_name"], state["super_pod_id"]) = row
+    for position, (state, *row) in enumerate(
+        zip(
+            map(vars, servers),
+            server_ids,
+            pod_indices,
+            host_ips,
+            container_ips,
+            pod_names,
+            super_pod_ids,
+        )
+    ):
+        (
+            state["server_id"],
+            state["pod_index"],
+            state["host_ip"],
+            state["container_ip"],
+            state["pod_name"],
+            state["super_pod_id"],
+        ) = row
         state["_device_rows"] = (devices, position)
     return servers

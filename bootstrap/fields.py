@@ -77,10 +77,11 @@ def expect_count(value: Any, source: str, path: str) -> int:
         count = count_from_text(value)
         if count is not None:
             return count
-    if (type(value) is int and value > 0) or (type(value) is str and value.isdigit()
-                                              and value.isascii()):
+    if (type(value) is int and value > 0) or (
+        type(value) is str and value.isdigit() and value.isascii()
+    ):
         fail(source, path, f"a non-negative integer below 10^{MAX_COUNT_DIGITS}", value)
-    fail(source, path, "a non-negative integer (as a string, e.g. \"0\")", value)
+    fail(source, path, 'a non-negative integer (as a string, e.g. "0")', value)
 
 
 def require_str(mapping: Dict[str, Any], key: str, source: str, path: str) -> str:
@@ -100,8 +101,9 @@ def require_unique_id(
     where = join(path, key)
     value = require_str(mapping, key, source, path)
     if value in seen:
-        fail(source, where,
-             f"a unique {key.replace('_', ' ')}; {shown(value)} is also {seen[value]}")
+        fail(
+            source, where, f"a unique {key.replace('_', ' ')}; {shown(value)} is also {seen[value]}"
+        )
     seen[value] = path
     return value
 

@@ -14,6 +14,7 @@ import logging
 from typing import Optional
 
 from npu_job.bootstrap.model import RankTable
+
 from npu_job.errors import InconsistentError, InputError, shown
 from npu_job.parsing import count_from_text
 
@@ -26,14 +27,21 @@ def parse_task_index(value: Optional[str], name: str = "VC_TASK_INDEX") -> Optio
         return None
     index = count_from_text(value.strip())
     if index is None:
-        raise InputError("environment", name,
-                         f"expected a non-negative integer pod index, got {shown(value)}")
+        raise InputError(
+            "environment", name, f"expected a non-negative integer pod index, got {shown(value)}"
+        )
     return index
 
 
 def find_pod_index(
-    table: RankTable, host_ip: Optional[str], task_index: Optional[int], source: str, *,
-    entries: str = "server_list", what: str = "the rank table", ids: str = "server ids",
+    table: RankTable,
+    host_ip: Optional[str],
+    task_index: Optional[int],
+    source: str,
+    *,
+    entries: str = "server_list",
+    what: str = "the rank table",
+    ids: str = "server ids",
 ) -> int:
     """The pod index of this pod in ``table``; see the module docstring for the rules.
     ``entries`` and ``what`` name the servers' source in messages (a job's pods have no
@@ -60,7 +68,7 @@ def find_pod_index(
                 f"{source}: {entries}[{index}]: this host {shown(host_ip)} is pod index {index} "
                 f"in {what}, but VC_TASK_INDEX is {task_index}",
                 tip="the rank table may be stale or out of pod order; "
-                    "--pod-index/--host-ip override",
+                "--pod-index/--host-ip override",
             )
         return index
     if task_index is not None:

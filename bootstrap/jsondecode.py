@@ -57,6 +57,7 @@ def msgspec_for(size: int) -> Any:
             _msgspec = msgspec
     return _msgspec
 
+
 _T = TypeVar("_T")
 _SKIP_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace, as json.decoder skips it
 # Its match() never returns None: the pattern matches the empty string at any index.
@@ -92,27 +93,27 @@ def _scan_array_member(
     skip = _skip_space
     found: Optional[List[_T]] = None
     index = skip(string, 0).end()
-    if string[index:index + 1] != "{":
+    if string[index : index + 1] != "{":
         return None
     index = skip(string, index + 1).end()
     while True:  # one "name": value member per turn; "{}" has no key and is left to the caller
-        if string[index:index + 1] != '"':
+        if string[index : index + 1] != '"':
             return None
         name, index = scanstring(string, index + 1)
         index = skip(string, index).end()
-        if string[index:index + 1] != ":":
+        if string[index : index + 1] != ":":
             return None
         index = skip(string, index + 1).end()
         if name != key:
             index = _scan_once(string, index)[1]
-        elif found is not None or string[index:index + 1] != "[":
+        elif found is not None or string[index : index + 1] != "[":
             return None  # a second one (json.loads would keep the last), or not an array
         else:
             found, index = _scan_items(string, index + 1, each)
             if found is None:
                 return None
         index = skip(string, index).end()
-        separator = string[index:index + 1]
+        separator = string[index : index + 1]
         index = skip(string, index + 1).end()
         if separator == "}":
             break
@@ -121,8 +122,9 @@ def _scan_array_member(
     return found if index == len(string) else None  # nothing may follow the object
 
 
-def _scan_items(string: str, index: int, each: Callable[[Any], Optional[_T]]
-                ) -> Tuple[Optional[List[_T]], int]:
+def _scan_items(
+    string: str, index: int, each: Callable[[Any], Optional[_T]]
+) -> Tuple[Optional[List[_T]], int]:
     """The array after ``[`` at ``index``, step for step as json.decoder's JSONArray.
 
     Whitespace is skipped only where there is some (:data:`_SPACE` is JSON's whitespace, and
@@ -133,7 +135,7 @@ def _scan_items(string: str, index: int, each: Callable[[Any], Optional[_T]]
     results: List[_T] = []
     append = results.append
     index = skip(string, index).end()
-    if string[index:index + 1] == "]":
+    if string[index : index + 1] == "]":
         return results, index + 1
     while True:
         item, index = scan(string, index)
@@ -141,27 +143,30 @@ def _scan_items(string: str, index: int, each: Callable[[Any], Optional[_T]]
         if result is None:
             return None, index
         append(result)
-        separator = string[index:index + 1]
+        separator = string[index : index + 1]
         if separator in _SPACE:
             index = skip(string, index).end()
-            separator = string[index:index + 1]
+            separator = string[index : index + 1]
         if separator == "]":
             return results, index + 1
         if separator != ",":
             return None, index
         index += 1
-        if string[index:index + 1] in _SPACE:
+        if string[index : index + 1] in _SPACE:
             index = skip(string, index).end()
+
 
 def parse_json(text: bytes, source: str) -> Any:
     """``json.loads(text)`` (msgspec's when it agrees, see the module docstring); a syntax error is
     an :class:`InputError` naming line and column."""
     if not fits_decoded(text):
         raise InputError(
-            source, "content",
+            source,
+            "content",
             f"expected a document that decodes into at most {MAX_DECODED_BYTES >> 20} MiB (a "
             f"16k-node rank table takes about 130), got one of about "
-            f"{decoded_size(text) >> 20} MiB ({_value_count(text)} values in {len(text)} bytes)")
+            f"{decoded_size(text) >> 20} MiB ({_value_count(text)} values in {len(text)} bytes)",
+        )
     msgspec = msgspec_for(len(text))
     if msgspec is not None:
         try:
@@ -249,7 +254,8 @@ def _bounded_int(literal: str) -> int:
     if len(literal.lstrip("-")) > MAX_INT_DIGITS:
         raise _UnreadableNumber(
             f"expected integers of at most {MAX_INT_DIGITS} digits, got one of "
-            f"{len(literal.lstrip('-'))} digits")
+            f"{len(literal.lstrip('-'))} digits"
+        )
     return int(literal)
 
 
@@ -262,7 +268,9 @@ class _NumberHooks(TypedDict):
 
 
 _NUMBER_HOOKS = _NumberHooks(
-    parse_constant=_not_a_number, parse_float=_finite_float, parse_int=_bounded_int,
+    parse_constant=_not_a_number,
+    parse_float=_finite_float,
+    parse_int=_bounded_int,
 )
 _DECODER = json.JSONDecoder(**_NUMBER_HOOKS)
 # JSONDecoder.__init__ sets scan_once (the C scanner when built); typeshed does not declare it
@@ -306,6 +314,7 @@ def encode_compact(document: Any) -> bytes:
             pass
     text = json.dumps(document, separators=(",", ":"), check_circular=False, allow_nan=False)
     return text.encode("ascii")  # ensure_ascii: a lone surrogate is written as \ud800
+
 
 class NotUtf8(InputError):
     """Text that is not UTF-8 (so neither JSON nor YAML)."""

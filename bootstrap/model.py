@@ -74,7 +74,9 @@ class _DevicesFromColumns:
     def __get__(self, server: Optional[Server], owner: Optional[type] = None) -> Tuple[Device, ...]:
         rows = None if server is None else server.__dict__.get("_device_rows")
         if server is None or rows is None:  # as for any field without a default
-            raise AttributeError(f"{owner.__name__ if owner else 'Server'!s} has no attribute 'devices'")
+            raise AttributeError(
+                f"{owner.__name__ if owner else 'Server'!s} has no attribute 'devices'"
+            )
         columns, position = rows
         devices = columns.devices_of(position)
         server.__dict__["devices"] = devices

@@ -35,6 +35,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from npu_job.bootstrap.jsondecode import MAX_INT_DIGITS, NotUtf8, fits_decoded, not_utf8, parse_json
+
 from npu_job.errors import InputError, shown
 
 MAX_INPUT_BYTES = 64 * 1024 * 1024
@@ -121,10 +122,11 @@ def _body(data: bytes, source: str) -> bytes:
     check_size(len(data), source)
     body = data.strip()
     if body.startswith(_UTF8_BOM):
-        body = body[len(_UTF8_BOM):].lstrip()
+        body = body[len(_UTF8_BOM) :].lstrip()
     if not body:
         raise InputError(source, "content", "expected a JSON document, got an empty input")
     return body
+
 
 def encode_b64_gzip(document: Any) -> bytes:
     """base64(gzip(compact JSON)) with StdEncoding, as the CCE plugin writes it (deterministic)."""
@@ -167,6 +169,7 @@ def _gunzip(raw: bytes, source: str, what: str) -> bytes:
         )
     return out
 
+
 def _parse_yaml(text: bytes, source: str) -> Any:
     import yaml  # only the hand-written topology file may be YAML; keep it off the fast path
 
@@ -178,8 +181,9 @@ def _parse_yaml(text: bytes, source: str) -> Any:
         where = _yaml_where(getattr(error, "problem_mark", None))
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         # PyYAML's problems quote what they found: a tag, an alias or anchor name, of any length
-        raise InputError(source, where,
-                         f"expected valid JSON or YAML ({verbatim_or_shown(problem)})") from None
+        raise InputError(
+            source, where, f"expected valid JSON or YAML ({verbatim_or_shown(problem)})"
+        ) from None
     except _BadYamlScalar as error:
         raise InputError(source, _yaml_where(error.mark), error.expected) from None
     except UnicodeDecodeError as error:
@@ -204,22 +208,32 @@ def _check_yaml_shape(yaml: Any, loader: Any, text: bytes, source: str) -> None:
     collections = set()
     for count, event in enumerate(yaml.parse(text, Loader=loader), 1):
         if count > MAX_YAML_VALUES:
-            raise _YamlTooBig(source, "content", f"expected at most {MAX_YAML_VALUES} YAML values "
-                              "(a hand-written topology of 16k nodes has about 160000)")
+            raise _YamlTooBig(
+                source,
+                "content",
+                f"expected at most {MAX_YAML_VALUES} YAML values "
+                "(a hand-written topology of 16k nodes has about 160000)",
+            )
         if isinstance(event, events.CollectionStartEvent):
             depth += 1
             if depth > MAX_YAML_DEPTH:
-                raise _YamlTooBig(source, _yaml_where(event.start_mark),
-                                  f"expected YAML nested at most {MAX_YAML_DEPTH} levels deep")
+                raise _YamlTooBig(
+                    source,
+                    _yaml_where(event.start_mark),
+                    f"expected YAML nested at most {MAX_YAML_DEPTH} levels deep",
+                )
             if event.anchor is not None:
                 collections.add(event.anchor)
         elif isinstance(event, events.CollectionEndEvent):
             depth -= 1
         elif isinstance(event, events.AliasEvent) and event.anchor in collections:
             alias = verbatim_or_shown(event.anchor)
-            raise InputError(source, _yaml_where(event.start_mark),
-                             f"expected no alias of a list or mapping (*{alias}): write the value "
-                             "out where it is used")
+            raise InputError(
+                source,
+                _yaml_where(event.start_mark),
+                f"expected no alias of a list or mapping (*{alias}): write the value "
+                "out where it is used",
+            )
 
 
 def _yaml_where(mark: Any) -> str:
@@ -268,6 +282,7 @@ def _yaml_loader(yaml: Any) -> Any:
 
 
 _INT_LIMIT = 10**MAX_INT_DIGITS
+
 
 def _preview(body: bytes) -> str:
     return repr(body[:16].decode("utf-8", "replace"))

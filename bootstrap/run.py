@@ -32,6 +32,7 @@ from npu_job.bootstrap.sources import (
     read_bytes,
     topology_candidates,
 )
+
 from npu_job.errors import EXIT_OK, InputError, NpuJobError, shown
 from npu_job.parsing import count_from_text, seconds_from_text
 from npu_job.podfacts import OUTPUT_DIR, OUTPUT_DIR_ENV, RANK_TABLE_ENV, TASK_INDEX_ENV
@@ -93,8 +94,9 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
             return default
         number = seconds_from_text(text, zero_ok=True)
         if number is None:
-            raise InputError("environment", name,
-                             f"expected a number of seconds >= 0, got {shown(text)}")
+            raise InputError(
+                "environment", name, f"expected a number of seconds >= 0, got {shown(text)}"
+            )
         return number
 
     def count(flag: str, name: str) -> Optional[int]:
@@ -106,8 +108,9 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
             return None
         number = count_from_text(text)
         if number is None or number < 1:
-            raise InputError("environment", name,
-                             f"expected a whole number >= 1, got {shown(text)}")
+            raise InputError(
+                "environment", name, f"expected a whole number >= 1, got {shown(text)}"
+            )
         return number
 
     strict_flag = flags.get("strict")
@@ -139,8 +142,9 @@ def _label_keys(flag: Optional[str], env: Mapping[str, str]) -> Optional[Tuple[s
         return None
     from npu_job.bootstrap.labels import label_keys_from_text
 
-    return label_keys_from_text(text, "--topology-labels" if flag is not None else
-                                "NPU_JOB_TOPOLOGY_LABELS")
+    return label_keys_from_text(
+        text, "--topology-labels" if flag is not None else "NPU_JOB_TOPOLOGY_LABELS"
+    )
 
 
 @dataclass(frozen=True)
@@ -170,8 +174,12 @@ def bootstrap(
             gc.enable()
 
 
-def _bootstrap(flags: Mapping[str, Any], env: Optional[Mapping[str, str]],
-               clock: Callable[[], float], sleep: Callable[[float], None]) -> BootstrapResult:
+def _bootstrap(
+    flags: Mapping[str, Any],
+    env: Optional[Mapping[str, str]],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> BootstrapResult:
     environ = os.environ if env is None else env
     strict = bool(flags.get("strict")) or environ.get("NPU_JOB_STRICT", "").strip().lower() in _TRUE
     output_dir = flags.get("output_dir") or environ.get(OUTPUT_DIR_ENV) or OUTPUT_DIR
@@ -203,15 +211,22 @@ def _bootstrap(flags: Mapping[str, Any], env: Optional[Mapping[str, str]],
         log.error("%s", failure.message)
         if failure.tip:
             log.info("TIP: %s", failure.tip)
-        log.info("continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX); "
-                 "--strict makes this fatal")
+        log.info(
+            "continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX); "
+            "--strict makes this fatal"
+        )
     if flags.get("json"):
         sys.stdout.write(json.dumps(route_plan, indent=2, sort_keys=True) + "\n")
     return BootstrapResult(EXIT_OK, route_plan)
 
 
-def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], float],
-         sleep: Callable[[float], None], context: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def _run(
+    options: BootstrapOptions,
+    env: Mapping[str, str],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    context: Dict[str, Any],
+) -> Optional[Dict[str, Any]]:
     """Plan and write this pod's files; the route plan, or None when the plan gives no order
     (``context["plan"]`` says why)."""
     from npu_job.bootstrap import identity, writers
@@ -229,16 +244,23 @@ def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], 
         table, location, reorder = _load_rank_table(options, env, verify, clock, sleep, context)
     context["node_count"] = table.node_count
     pod_index = identity.find_pod_index(
-        table, options.host_ip, identity.parse_task_index(options.pod_index), location,
-        **({"entries": "pods", "what": "the job's pods", "ids": "pods' host IPs"}
-           if job is not None else {}),
+        table,
+        options.host_ip,
+        identity.parse_task_index(options.pod_index),
+        location,
+        **(
+            {"entries": "pods", "what": "the job's pods", "ids": "pods' host IPs"}
+            if job is not None
+            else {}
+        ),
     )
     context["pod_index"] = pod_index
     if job is not None:
         topology, topology_source = podrun.job_topology(options, env, verify, job, load_topology)
     else:
-        topology, topology_source = load_topology(options, location, env, verify,
-                                                  names=server_addresses(table))
+        topology, topology_source = load_topology(
+            options, location, env, verify, names=server_addresses(table)
+        )
     context["topology"] = topology_source
     collective = choose_collective(options.collective, env)
     plan = _plan(table, topology, collective, options.full_node_devices)
@@ -248,8 +270,11 @@ def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], 
         return None
     node_rank = plan.node_rank_of_pod[pod_index]
     route_plan = writers.route_plan_document(
-        plan, node_count=table.node_count, pod_index=pod_index,
-        rank_table=None if job is not None else location, topology=topology_source,
+        plan,
+        node_count=table.node_count,
+        pod_index=pod_index,
+        rank_table=None if job is not None else location,
+        topology=topology_source,
         pods=location if job is not None else None,
     )
     try:
@@ -262,22 +287,34 @@ def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], 
             original_rank_table=None if job is not None or is_url(location) else location,
         )
     except OSError as error:
-        raise InputError(options.output_dir, "output directory",
-                         f"expected a writable directory ({error.strerror or error})") from None
+        raise InputError(
+            options.output_dir,
+            "output directory",
+            f"expected a writable directory ({error.strerror or error})",
+        ) from None
     for note in plan.reasons:
         log.info("note: %s", note)
     log.info(
         "node rank %d of %d (pod index %d), master index %d, %s order on %s; wrote %s",
-        node_rank, table.node_count, pod_index, plan.master_index, collective,
-        topology_source, written[-1],
+        node_rank,
+        table.node_count,
+        pod_index,
+        plan.master_index,
+        collective,
+        topology_source,
+        written[-1],
     )
     return route_plan
 
 
-def _load_rank_table(options: BootstrapOptions, env: Mapping[str, str], verify: Verify,
-                     clock: Callable[[], float], sleep: Callable[[float], None],
-                     context: Dict[str, Any],
-                     ) -> Tuple[RankTable, str, Callable[[Plan], Dict[str, Any]]]:
+def _load_rank_table(
+    options: BootstrapOptions,
+    env: Mapping[str, str],
+    verify: Verify,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    context: Dict[str, Any],
+) -> Tuple[RankTable, str, Callable[[Plan], Dict[str, Any]]]:
     """The completed rank table, where it is, and how to write it in a plan's order."""
     from npu_job.bootstrap import wait
     from npu_job.bootstrap.ranktable import reordered_document
@@ -296,8 +333,11 @@ def _load_rank_table(options: BootstrapOptions, env: Mapping[str, str], verify: 
     if KEEP_UNTIL_EXIT is not None:
         KEEP_UNTIL_EXIT.append(loaded)
     # the run owns this freshly decoded document and only serialises the result
-    return loaded.table, location, lambda plan: reordered_document(
-        loaded.document, loaded.table, plan, in_place=True)
+    return (
+        loaded.table,
+        location,
+        lambda plan: reordered_document(loaded.document, loaded.table, plan, in_place=True),
+    )
 
 
 def _not_planned(plan: Plan, servers: str) -> NpuJobError:
@@ -306,8 +346,12 @@ def _not_planned(plan: Plan, servers: str) -> NpuJobError:
     return InputError(servers, "plan", "; ".join(plan.reasons) or "no usable order")
 
 
-def _plan(table: RankTable, topology: Optional[Topology], collective: Collective,
-          full_node_devices: Optional[int]) -> Plan:
+def _plan(
+    table: RankTable,
+    topology: Optional[Topology],
+    collective: Collective,
+    full_node_devices: Optional[int],
+) -> Plan:
     from npu_job.bootstrap import planner
 
     return planner.plan(table, topology, collective, full_node_devices=full_node_devices)
@@ -320,8 +364,9 @@ def choose_collective(flag: Optional[str], env: Mapping[str, str]) -> Collective
             return Collective(flag.strip().lower())
         except ValueError:
             choices = ", ".join(c.value for c in Collective)
-            raise InputError("--collective", "",
-                             f"expected one of {choices}, got {shown(flag)}") from None
+            raise InputError(
+                "--collective", "", f"expected one of {choices}, got {shown(flag)}"
+            ) from None
     from npu_job.bootstrap import planner
 
     algo = env.get("HCCL_ALGO")
@@ -334,13 +379,22 @@ def choose_collective(flag: Optional[str], env: Mapping[str, str]) -> Collective
 
 def server_addresses(table: RankTable) -> Tuple[str, ...]:
     """Every address a server of ``table`` may be known by in a topology (canonical's order)."""
-    return tuple(address for server in table.servers
-                 for address in (server.server_id, server.host_ip, server.container_ip) if address)
+    return tuple(
+        address
+        for server in table.servers
+        for address in (server.server_id, server.host_ip, server.container_ip)
+        if address
+    )
 
 
-def load_topology(options: BootstrapOptions, rank_table: str, env: Mapping[str, str],
-                  verify: Verify, *, names: Optional[Tuple[str, ...]] = None,
-                  ) -> Tuple[Optional[Topology], str]:
+def load_topology(
+    options: BootstrapOptions,
+    rank_table: str,
+    env: Mapping[str, str],
+    verify: Verify,
+    *,
+    names: Optional[Tuple[str, ...]] = None,
+) -> Tuple[Optional[Topology], str]:
     """The first topology found (see :func:`~npu_job.bootstrap.sources.topology_candidates`).
 
     Returns ``(None, "none")`` when there is none. A source named explicitly must work; an
@@ -362,8 +416,7 @@ def load_topology(options: BootstrapOptions, rank_table: str, env: Mapping[str, 
             nodes = KubeObjects()
             if options.nodes:
                 nodes = decode_objects(read_bytes(options.nodes, verify=verify), options.nodes)
-            made.append(KubeContext(objects=nodes, names=names,
-                                    label_keys=options.topology_labels))
+            made.append(KubeContext(objects=nodes, names=names, label_keys=options.topology_labels))
         return made[0]
 
     chain = topology_candidates(options.topology, options.topology_format, rank_table, env)
@@ -388,8 +441,11 @@ def load_topology(options: BootstrapOptions, rank_table: str, env: Mapping[str, 
     return None, "none"
 
 
-def _api_topology(candidate: TopologyCandidate, env: Mapping[str, str], context: Any,
-                  ) -> Optional[Tuple[Topology, str]]:
+def _api_topology(
+    candidate: TopologyCandidate,
+    env: Mapping[str, str],
+    context: Any,
+) -> Optional[Tuple[Topology, str]]:
     """The cluster's HyperNodes, else its node labels, from the in-cluster API; None when not in a
     cluster or (in the automatic chain) the API refuses us or cannot be reached."""
     from npu_job.bootstrap import kubeapi
@@ -398,9 +454,11 @@ def _api_topology(candidate: TopologyCandidate, env: Mapping[str, str], context:
     api = KubernetesAPI.from_env(env)
     if api is None:
         if candidate.required:
-            raise InputError("Kubernetes API", "KUBERNETES_SERVICE_HOST",
-                             "expected in-cluster credentials "
-                             "(service host and a service account token)")
+            raise InputError(
+                "Kubernetes API",
+                "KUBERNETES_SERVICE_HOST",
+                "expected in-cluster credentials (service host and a service account token)",
+            )
         return None
     try:
         # in the automatic chain the API is optional: do not hold the pod up for it

@@ -28,6 +28,7 @@ from npu_job.bootstrap.payload import (
     check_size,
     verbatim_or_shown,
 )
+
 from npu_job.errors import InputError
 from npu_job.parsing import count_from_text
 from npu_job.podfacts import (
@@ -128,8 +129,14 @@ def fetch_url(
     label = name or url
     http = session or http_session()
     try:
-        with http.get(url, headers=dict(headers or {}), params=params, verify=verify,
-                      timeout=timeout, stream=True) as response:
+        with http.get(
+            url,
+            headers=dict(headers or {}),
+            params=params,
+            verify=verify,
+            timeout=timeout,
+            stream=True,
+        ) as response:
             reason = verbatim_or_shown(response.reason or "")
             got = f"expected 200 OK, got {response.status_code} {reason}"
             if response.status_code >= 500 or response.status_code == 429:
@@ -177,7 +184,7 @@ class KubernetesAPI:
     @classmethod
     def from_env(
         cls, env: Mapping[str, str], account_dir: str = SERVICE_ACCOUNT_DIR
-    ) -> Optional["KubernetesAPI"]:
+    ) -> Optional[KubernetesAPI]:
         """The in-cluster API, or None when not in a cluster (no service host or no token)."""
         host = env.get("KUBERNETES_SERVICE_HOST")
         port = env.get("KUBERNETES_SERVICE_PORT", "443")
@@ -193,8 +200,9 @@ class KubernetesAPI:
 # --- locating inputs ------------------------------------------------------------------------------
 
 
-def locate_rank_table(explicit: Optional[str], env: Mapping[str, str],
-                      exists: Callable[[str], bool] = os.path.exists) -> str:
+def locate_rank_table(
+    explicit: Optional[str], env: Mapping[str, str], exists: Callable[[str], bool] = os.path.exists
+) -> str:
     """The rank table's path or URL; an :class:`InputError` listing where we looked if none."""
     given = explicit or env.get(RANK_TABLE_ENV)
     if given:
@@ -214,7 +222,7 @@ def locate_rank_table(explicit: Optional[str], env: Mapping[str, str],
         f"expected $RANK_TABLE_FILE or one of {', '.join(DEFAULT_RANK_TABLES)} "
         "(none is set or exists)",
         tip="is routing acceleration enabled for this job (the configmap1980 plugin)? A job "
-            "without a rank table routes by its pods: NPU_JOB_PODS=k8s",
+        "without a rank table routes by its pods: NPU_JOB_PODS=k8s",
     )
 
 
@@ -227,8 +235,9 @@ class TopologyCandidate:
     required: bool = False  # named explicitly by the user: a failure is an error, not a skip
 
 
-def topology_candidates(explicit: Optional[str], fmt: Optional[str], rank_table: str,
-                        env: Mapping[str, str]) -> List[TopologyCandidate]:
+def topology_candidates(
+    explicit: Optional[str], fmt: Optional[str], rank_table: str, env: Mapping[str, str]
+) -> List[TopologyCandidate]:
     """Where to look for the switch topology, in order; the first that exists wins."""
     given = explicit or env.get("NPU_JOB_TOPOLOGY")
     if given:

@@ -44,7 +44,6 @@ from functools import lru_cache
 from itertools import chain
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
-from npu_job.bootstrap.model import Placement, RankTable, Topology
 from npu_job.bootstrap.fields import (
     expect_count,
     expect_list,
@@ -63,7 +62,9 @@ from npu_job.bootstrap.jsondecode import (
     parse_json,
     scan_array_member,
 )
+from npu_job.bootstrap.model import Placement, RankTable, Topology
 from npu_job.bootstrap.payload import decode_document, encode_b64_gzip, json_text
+
 from npu_job.errors import shown
 
 logger = logging.getLogger(__name__)
@@ -77,8 +78,9 @@ PLAIN_FILE = "file"
 FORMATS = (CCE_RANKTABLE_TOR, BASIC_TOR_NODE_CM, K8S_NODE_LABELS, VOLCANO_HYPERNODES, PLAIN_FILE)
 
 
-def parse_topology(data: bytes, source: str, fmt: Optional[str] = None, *,
-                   context: Any = None) -> Topology:
+def parse_topology(
+    data: bytes, source: str, fmt: Optional[str] = None, *, context: Any = None
+) -> Topology:
     """Decode ``data`` and read it as ``fmt`` (one of :data:`FORMATS`), detected when None.
 
     ``context`` (a :class:`~npu_job.bootstrap.kubetopology.KubeContext`, or a function that makes
@@ -106,8 +108,9 @@ def parse_topology(data: bytes, source: str, fmt: Optional[str] = None, *,
     return topology_from_document(document, source, fmt, context=context)
 
 
-def topology_from_document(document: Any, source: str, fmt: Optional[str] = None, *,
-                           context: Any = None) -> Topology:
+def topology_from_document(
+    document: Any, source: str, fmt: Optional[str] = None, *, context: Any = None
+) -> Topology:
     chosen = fmt or detect_format(document, source)
     if chosen in KUBE_FORMATS:
         from npu_job.bootstrap import kubetopology
@@ -126,7 +129,8 @@ def detect_format(document: Any, source: str) -> str:
     if type(document) is dict:
         items = document.get("items")
         if document.get("kind") == "HyperNodeList" or (
-            type(items) is list and "servers" not in document
+            type(items) is list
+            and "servers" not in document
             and any(type(item) is dict and item.get("kind") == "HyperNode" for item in items)
         ):
             return VOLCANO_HYPERNODES
@@ -207,10 +211,8 @@ def _cce_decoder(msgspec: Any) -> Any:
     """msgspec's decoder of the two fields :func:`_cce_servers_fast` reads (built once)."""
     device = msgspec.defstruct("CceDevice", [("tor_ip", str)])
     # device and server are classes made at run time: mypy cannot check them as types
-    server = msgspec.defstruct(
-        "CceServer", [("server_id", str), ("device", List[device])])  # type: ignore[valid-type]
-    document = msgspec.defstruct(
-        "CceDocument", [("server_list", List[server])])  # type: ignore[valid-type]
+    server = msgspec.defstruct("CceServer", [("server_id", str), ("device", List[device])])  # type: ignore[valid-type]
+    document = msgspec.defstruct("CceDocument", [("server_list", List[server])])  # type: ignore[valid-type]
     return msgspec.json.Decoder(document)
 
 
@@ -283,21 +285,33 @@ def ranktable_tor_document(
         tors = placement.tors if placement is not None and placement.tors else ("",)
         devices = []
         for position, device in enumerate(server.devices):
-            devices.append({
-                "device_id": device.device_id,
-                "device_ip": device.device_ip or "",
-                "rank_id": "",
-                "tor_ip": tors[position % len(tors)],
-                "tor_port": f"200GE1/0/{position + 1}",
-            })
-        server_list.append({"pod_name": name_of(server.pod_index), "server_id": server.server_id,
-                            "device": devices})
-    return {"status": "completed", "version": "1.0", "server_count": str(len(server_list)),
-            "server_list": server_list}
+            devices.append(
+                {
+                    "device_id": device.device_id,
+                    "device_ip": device.device_ip or "",
+                    "rank_id": "",
+                    "tor_ip": tors[position % len(tors)],
+                    "tor_port": f"200GE1/0/{position + 1}",
+                }
+            )
+        server_list.append(
+            {
+                "pod_name": name_of(server.pod_index),
+                "server_id": server.server_id,
+                "device": devices,
+            }
+        )
+    return {
+        "status": "completed",
+        "version": "1.0",
+        "server_count": str(len(server_list)),
+        "server_list": server_list,
+    }
 
 
-def encode_ranktable_tor(table: RankTable, topology: Topology,
-                         pod_names: Optional[Callable[[int], str]] = None) -> bytes:
+def encode_ranktable_tor(
+    table: RankTable, topology: Topology, pod_names: Optional[Callable[[int], str]] = None
+) -> bytes:
     """``ranktable_tor.json`` bytes exactly as CCE mounts them: base64(gzip(JSON))."""
     return encode_b64_gzip(ranktable_tor_document(table, topology, pod_names))
 
@@ -343,17 +357,26 @@ def _tor_info(doc: Dict[str, Any], source: str) -> Topology:
             here = f"{path}.server[{position}]"
             expect_object(member, source, here)
             server_ip = require_str(member, "server_ip", source, here)
-            slot = expect_count(require(member, "slice_id", source, here), source,
-                                f"{here}.slice_id")
+            slot = expect_count(
+                require(member, "slice_id", source, here), source, f"{here}.slice_id"
+            )
             if slot >= slots:
-                fail(source, f"{here}.slice_id",
-                     f"a slot below tor_count ({slots} slots per ToR), got {slot}")
+                fail(
+                    source,
+                    f"{here}.slice_id",
+                    f"a slot below tor_count ({slots} slots per ToR), got {slot}",
+                )
             first = listed_at.setdefault((name, server_ip), here)
             if first != here:  # MindCluster's own doc example does this (placeholder addresses)
                 logger.warning(
                     "%s: %s.server_ip: server %s is listed twice under ToR %s (also %s); its "
-                    "entries are merged, taking the lower slot", source, here, shown(server_ip),
-                    shown(name), first)
+                    "entries are merged, taking the lower slot",
+                    source,
+                    here,
+                    shown(server_ip),
+                    shown(name),
+                    first,
+                )
             tors_of.setdefault(server_ip, set()).add(name)
             slot_of[server_ip] = min(slot, slot_of.get(server_ip, slot))
     placements = {ip: Placement(tors=tuple(tors), slot=slot_of[ip]) for ip, tors in tors_of.items()}
@@ -367,8 +390,11 @@ def _read_plain(document: Any, source: str) -> Topology:
     doc = expect_object(document, source, "")
     unknown = sorted(set(doc) - {"version", "servers"}, key=str)  # YAML keys: any type
     if unknown:
-        fail(source, join_key("", unknown[0]),
-             "only the keys 'version' and 'servers' at the top level")
+        fail(
+            source,
+            join_key("", unknown[0]),
+            "only the keys 'version' and 'servers' at the top level",
+        )
     servers = expect_object(require(doc, "servers", source, ""), source, "servers")
     placements: Dict[str, Placement] = {}
     for server_id, spec in servers.items():
@@ -386,8 +412,12 @@ def _plain_placement(spec: Any, source: str, path: str) -> Placement:
         switches = _switch_path(spec, source, path)
         return Placement(tiers=switches[:-1], tors=switches[-1:])
     if type(spec) is not dict:
-        fail(source, path,
-             "a switch path list, a ToR id, or {path: [...], slot: N, tors: [...]}", spec)
+        fail(
+            source,
+            path,
+            "a switch path list, a ToR id, or {path: [...], slot: N, tors: [...]}",
+            spec,
+        )
     unknown = sorted(set(spec) - {"path", "slot", "tors"}, key=str)
     if unknown:
         fail(source, join_key(path, unknown[0]), "only the keys 'path', 'slot' and 'tors'")

@@ -24,9 +24,10 @@ import shlex
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from npu_job import __version__
-from npu_job.bootstrap.model import Plan
 from npu_job.bootstrap.jsondecode import encode_compact
+from npu_job.bootstrap.model import Plan
+
+from npu_job import __version__
 from npu_job.fileio import write_atomic
 from npu_job.podfacts import ENV_FILE, MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN_FILE
 
@@ -113,8 +114,11 @@ def write_plan_outputs(
     written += [
         write_atomic(
             out / ENV_FILE,
-            env_file_text(node_rank, master_index,
-                          str(copy.absolute()) if reordered_table is not None else None),
+            env_file_text(
+                node_rank,
+                master_index,
+                str(copy.absolute()) if reordered_table is not None else None,
+            ),
             durable=False,
         ),
         write_atomic(out / ROUTE_PLAN_FILE, _json_text(route_plan), durable=False),

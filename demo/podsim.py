@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from npu_job.demo.podspec import SETUP_FAILED, PodSpec, hosts_file_text
+
 from npu_job.errors import LaunchError
 from npu_job.podfacts import PYTHON_ENV
 
@@ -50,7 +51,9 @@ def this_installation() -> Dict[str, str]:
     package = os.path.dirname(os.path.abspath(__file__))
     if package.startswith(site.getusersitepackages() + os.sep):  # pip install --user
         dirs.append(sysconfig.get_path("scripts", f"{os.name}_user"))
-    installation = {"PATH": os.pathsep.join(dict.fromkeys(d for d in dirs if d and os.path.isdir(d)))}
+    installation = {
+        "PATH": os.pathsep.join(dict.fromkeys(d for d in dirs if d and os.path.isdir(d)))
+    }
     python3 = os.path.join(here, "python3")
     if not (os.path.exists(python3) and os.path.samefile(python3, sys.executable)):
         installation[PYTHON_ENV] = sys.executable
@@ -63,7 +66,8 @@ def unshare_unavailable_reason() -> Optional[str]:
         return "the 'unshare' command (util-linux) is not installed"
     probe = subprocess.run(unshare_prefix() + ["true"], capture_output=True, text=True)
     if probe.returncode != 0:
-        return f"'{' '.join(unshare_prefix())} true' failed: {probe.stderr.strip() or probe.returncode}"
+        command = " ".join(unshare_prefix())
+        return f"'{command} true' failed: {probe.stderr.strip() or probe.returncode}"
     return None
 
 
@@ -72,7 +76,16 @@ def unshare_prefix(user_namespace: Optional[bool] = None) -> List[str]:
     # A PID namespace makes the pod a container: when its first process dies (or ``unshare`` is
     # killed: --kill-child), the kernel kills every process left in it, workers that called
     # setsid() included, so a killed pod leaves nothing behind.
-    prefix = ["unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child", "--propagation", "private"]
+    prefix = [
+        "unshare",
+        "--mount",
+        "--uts",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--propagation",
+        "private",
+    ]
     if user_namespace if user_namespace is not None else os.geteuid() != 0:
         prefix[1:1] = ["--user", "--map-root-user"]
     return prefix + ["--"]
@@ -103,17 +116,28 @@ def reset_pod_tmp(directory: Path) -> None:
     (directory / "tmp").chmod(0o1777)
 
 
-def pod_argv(spec_file: Path, prefix: Sequence[str] = (), user_namespace: Optional[bool] = None) -> List[str]:
+def pod_argv(
+    spec_file: Path, prefix: Sequence[str] = (), user_namespace: Optional[bool] = None
+) -> List[str]:
     """The command that starts a staged pod (``prefix`` e.g. ``ip netns exec NS``)."""
-    return [*prefix, *unshare_prefix(user_namespace), sys.executable, "-m", "npu_job.demo.podsim",
-            "enter",
-            str(spec_file), os.readlink("/proc/self/ns/mnt")]
+    return [
+        *prefix,
+        *unshare_prefix(user_namespace),
+        sys.executable,
+        "-m",
+        "npu_job.demo.podsim",
+        "enter",
+        str(spec_file),
+        os.readlink("/proc/self/ns/mnt"),
+    ]
 
 
 class PodProcess:
     """One running attempt of a pod's container, in its own process group."""
 
-    def __init__(self, spec: PodSpec, directory: Path, process: subprocess.Popen, attempt: int) -> None:
+    def __init__(
+        self, spec: PodSpec, directory: Path, process: subprocess.Popen, attempt: int
+    ) -> None:
         self.spec = spec
         self.directory = directory
         self.process = process
@@ -124,7 +148,8 @@ class PodProcess:
         return self.process.poll()
 
     def kill(self) -> None:
-        """SIGKILL the pod (what a node failure looks like): unshare dies, so does its PID namespace."""
+        """SIGKILL the pod (what a node failure looks like): unshare dies, so does its PID
+        namespace."""
         kill_process_groups([self.process])
 
 
@@ -159,8 +184,14 @@ def processes_inside(directory: Path) -> List[int]:
     return found
 
 
-def start_pod(spec_file: Path, *, attempt: int = 0, prefix: Sequence[str] = (),
-              log_file: Optional[Path] = None, user_namespace: Optional[bool] = None) -> PodProcess:
+def start_pod(
+    spec_file: Path,
+    *,
+    attempt: int = 0,
+    prefix: Sequence[str] = (),
+    log_file: Optional[Path] = None,
+    user_namespace: Optional[bool] = None,
+) -> PodProcess:
     """Start a staged pod; its stdout+stderr go to ``log_file`` (appended) or ``<dir>/pod.log``."""
     spec = PodSpec.from_json(spec_file.read_text())
     directory = spec_file.parent
@@ -171,8 +202,12 @@ def start_pod(spec_file: Path, *, attempt: int = 0, prefix: Sequence[str] = (),
         handle.write(f"--- {spec.name} attempt {attempt}\n".encode())
         handle.flush()
         process = subprocess.Popen(
-            pod_argv(spec_file, prefix, user_namespace), stdin=subprocess.DEVNULL, stdout=handle,
-            stderr=subprocess.STDOUT, start_new_session=True, env={"PATH": os.environ.get("PATH", "")},
+            pod_argv(spec_file, prefix, user_namespace),
+            stdin=subprocess.DEVNULL,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={"PATH": os.environ.get("PATH", "")},
         )
     return PodProcess(spec, directory, process, attempt)
 
@@ -182,13 +217,20 @@ _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_BIND, _MS_MOVE, _MS_REC = 4096, 8192, 16384
 
 
-def _mount(source: str, target: str, fstype: Optional[str], flags: int, data: Optional[str] = None) -> None:
+def _mount(
+    source: str, target: str, fstype: Optional[str], flags: int, data: Optional[str] = None
+) -> None:
     import ctypes
     import ctypes.util
 
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    result = libc.mount(source.encode() if source else None, target.encode(),
-                        fstype.encode() if fstype else None, flags, data.encode() if data else None)
+    result = libc.mount(
+        source.encode() if source else None,
+        target.encode(),
+        fstype.encode() if fstype else None,
+        flags,
+        data.encode() if data else None,
+    )
     if result != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"mount {source or '-'} on {target}: {os.strerror(errno)}")
@@ -205,15 +247,24 @@ def software_under_tmp(tmp: str = "/tmp") -> Tuple[str, ...]:
     import importlib.util
 
     candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path]
-    for package in ("npu_job", "npu_job.bootstrap", "npu_job.launcher", "npu_job.render",
-                    "npu_job.scripts", "npu_job.examples"):
+    for package in (
+        "npu_job",
+        "npu_job.bootstrap",
+        "npu_job.launcher",
+        "npu_job.render",
+        "npu_job.scripts",
+        "npu_job.examples",
+    ):
         spec = importlib.util.find_spec(package)
         candidates.extend(spec.submodule_search_locations or () if spec else ())
     root = Path(tmp).resolve()
-    inside = sorted({
-        resolved for resolved in (Path(c).resolve() for c in candidates if c and os.path.isdir(c))
-        if root in resolved.parents
-    })
+    inside = sorted(
+        {
+            resolved
+            for resolved in (Path(c).resolve() for c in candidates if c and os.path.isdir(c))
+            if root in resolved.parents
+        }
+    )
     outermost: List[Path] = []
     for path in inside:  # sorted, so a directory comes before everything under it
         if not any(kept in path.parents for kept in outermost):
@@ -265,9 +316,12 @@ class _RootBuilder:
                     link = os.readlink(following)
                     inside = "/" + str(current.relative_to(self.root))
                     resolved = Path(link) if os.path.isabs(link) else Path(inside) / link
-                    rest = parts[position + 1:]
-                    return self.ensure(os.path.normpath(str(resolved.joinpath(*rest))), directory=directory)
-                # the mount replaces the link itself (e.g. /etc/localtime -> ../usr/share/zoneinfo/UTC)
+                    rest = parts[position + 1 :]
+                    return self.ensure(
+                        os.path.normpath(str(resolved.joinpath(*rest))), directory=directory
+                    )
+                # the mount replaces the link itself (e.g. /etc/localtime ->
+                # ../usr/share/zoneinfo/UTC)
                 if current not in self.owned:
                     self._mirror(current)
                 following.unlink()
@@ -313,8 +367,11 @@ def enter_pod(spec_file: Path, host_mount_namespace: str) -> None:
     spec = PodSpec.from_json(spec_file.read_text())
     directory = spec_file.parent.resolve()
     if os.readlink("/proc/self/ns/mnt") == host_mount_namespace:
-        # Never mount anything in the launching machine's namespace (pod_argv runs us under unshare).
-        raise LaunchError("not inside a private mount namespace; refusing to touch the host's mounts")
+        # Never mount anything in the launching machine's namespace (pod_argv runs us under
+        # unshare).
+        raise LaunchError(
+            "not inside a private mount namespace; refusing to touch the host's mounts"
+        )
     builder = _RootBuilder(directory / "root")
     builder.populate(directory / "tmp")
     for path in software_under_tmp():
@@ -328,9 +385,19 @@ def enter_pod(spec_file: Path, host_mount_namespace: str) -> None:
         builder.bind(source, mount.mount_path, read_only=mount.read_only)
     for number, host_mount in enumerate(spec.host_mounts):
         if host_mount.memory:
-            _mount("tmpfs", str(builder.ensure(host_mount.mount_path, directory=True)), "tmpfs", 0, "mode=1777")
+            _mount(
+                "tmpfs",
+                str(builder.ensure(host_mount.mount_path, directory=True)),
+                "tmpfs",
+                0,
+                "mode=1777",
+            )
             continue
-        source = Path(host_mount.host_path) if host_mount.host_path else directory / "emptydir" / str(number)
+        source = (
+            Path(host_mount.host_path)
+            if host_mount.host_path
+            else directory / "emptydir" / str(number)
+        )
         if not source.exists():  # a hostPath without a type: the runtime creates an empty directory
             source = directory / "emptydir" / f"missing-{number}"
             source.mkdir(parents=True, exist_ok=True)
@@ -350,7 +417,9 @@ def enter_pod(spec_file: Path, host_mount_namespace: str) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 3 or args[0] != "enter":
-        sys.stderr.write("usage: python -m npu_job.demo.podsim enter POD_JSON HOST_MNT_NS  (see pod_argv)\n")
+        sys.stderr.write(
+            "usage: python -m npu_job.demo.podsim enter POD_JSON HOST_MNT_NS  (see pod_argv)\n"
+        )
         return 2
     try:
         enter_pod(Path(args[1]), args[2])

@@ -46,12 +46,34 @@ IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # a
 
 # Variables a Volcano pod never inherits from the machine that runs the demo: a pod starts from
 # its image's environment, and this machine's launcher or bootstrap settings must not leak in.
-_LEAKY_PREFIXES = ("VC_", "VK_", "MA_", "NPU_JOB_", "PET_", "TORCHELASTIC_", "HCCL_", "GLOO_", "NCCL_")
-_LEAKY_NAMES = frozenset({
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-    "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", RANK_TABLE_ENV, RANK_ENV, "HOSTNAME",
-    "PYTEST_CURRENT_TEST",
-})
+_LEAKY_PREFIXES = (
+    "VC_",
+    "VK_",
+    "MA_",
+    "NPU_JOB_",
+    "PET_",
+    "TORCHELASTIC_",
+    "HCCL_",
+    "GLOO_",
+    "NCCL_",
+)
+_LEAKY_NAMES = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        RANK_TABLE_ENV,
+        RANK_ENV,
+        "HOSTNAME",
+        "PYTEST_CURRENT_TEST",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -105,13 +127,14 @@ class PodSpec:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "PodSpec":
+    def from_json(cls, text: str) -> PodSpec:
         raw = json.loads(text)
         raw["argv"] = tuple(raw["argv"])
         raw["env"] = tuple(tuple(pair) for pair in raw["env"])
         raw["hosts"] = tuple((ip, tuple(names)) for ip, names in raw["hosts"])
         raw["file_mounts"] = tuple(
-            FileMount(**{**m, "files": tuple(tuple(f) for f in m["files"])}) for m in raw["file_mounts"]
+            FileMount(**{**m, "files": tuple(tuple(f) for f in m["files"])})
+            for m in raw["file_mounts"]
         )
         raw["host_mounts"] = tuple(HostMount(**m) for m in raw["host_mounts"])
         return cls(**raw)
@@ -139,7 +162,7 @@ def expand_references(text: str, variables: Mapping[str, str]) -> str:
                     out.append("$(")
                     advance = 1
                 else:
-                    name = text[cursor + 2:closer]
+                    name = text[cursor + 2 : closer]
                     out.append(variables[name] if name in variables else f"$({name})")
                     advance = closer - cursor
             else:
@@ -157,8 +180,9 @@ def svc_env_name(task: str, suffix: str) -> str:
     return f"VC_{task.upper().replace('-', '_')}_{suffix}"
 
 
-def image_environment(environ: Mapping[str, str],
-                      installation: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+def image_environment(
+    environ: Mapping[str, str], installation: Optional[Mapping[str, str]] = None
+) -> Dict[str, str]:
     """This machine's environment as a container image's ENV: without launch or pod settings.
 
     ``installation`` (see :func:`this_installation`) is the software the image holds: its PATH
@@ -166,12 +190,16 @@ def image_environment(environ: Mapping[str, str],
     variables are set as they are.
     """
     env = {
-        key: value for key, value in environ.items()
+        key: value
+        for key, value in environ.items()
         if key not in _LEAKY_NAMES and not key.startswith(_LEAKY_PREFIXES)
     }
     installation = installation or {}
     env.update({key: value for key, value in installation.items() if key != "PATH"})
-    entries = [*installation.get("PATH", "").split(os.pathsep), *env.get("PATH", IMAGE_PATH).split(os.pathsep)]
+    entries = [
+        *installation.get("PATH", "").split(os.pathsep),
+        *env.get("PATH", IMAGE_PATH).split(os.pathsep),
+    ]
     env["PATH"] = os.pathsep.join(dict.fromkeys(entry for entry in entries if entry))
     return env
 
@@ -186,12 +214,18 @@ def _require(mapping: Any, key: str, source: str, path: str, kind: type = dict) 
 def find_job(documents: Sequence[Any], source: str = "manifest") -> Tuple[int, Dict[str, Any]]:
     """The (document index, document) of the Volcano Job in a rendered stream."""
     jobs = [
-        (index, doc) for index, doc in enumerate(documents)
-        if isinstance(doc, dict) and doc.get("kind") == "Job"
+        (index, doc)
+        for index, doc in enumerate(documents)
+        if isinstance(doc, dict)
+        and doc.get("kind") == "Job"
         and str(doc.get("apiVersion", "")).startswith("batch.volcano.sh/")
     ]
     if len(jobs) != 1:
-        raise InputError(source, "kind", f"expected exactly one Volcano Job ({JOB_API_VERSION}), found {len(jobs)}")
+        raise InputError(
+            source,
+            "kind",
+            f"expected exactly one Volcano Job ({JOB_API_VERSION}), found {len(jobs)}",
+        )
     return jobs[0]
 
 
@@ -209,12 +243,22 @@ def config_maps(documents: Sequence[Any]) -> Dict[str, Dict[str, str]]:
     return found
 
 
-def _field_ref(path: str, *, pod: Dict[str, str], annotations: Mapping[str, str],
-               labels: Mapping[str, str], where: str, source: str) -> str:
+def _field_ref(
+    path: str,
+    *,
+    pod: Dict[str, str],
+    annotations: Mapping[str, str],
+    labels: Mapping[str, str],
+    where: str,
+    source: str,
+) -> str:
     simple = {
-        "metadata.name": pod["name"], "metadata.namespace": pod["namespace"],
-        "status.hostIP": pod["host_ip"], "status.podIP": pod["host_ip"],
-        "spec.nodeName": pod["node_name"], "spec.serviceAccountName": "default",
+        "metadata.name": pod["name"],
+        "metadata.namespace": pod["namespace"],
+        "status.hostIP": pod["host_ip"],
+        "status.podIP": pod["host_ip"],
+        "spec.nodeName": pod["node_name"],
+        "spec.serviceAccountName": "default",
         "metadata.uid": f"uid-{pod['name']}",
     }
     if path in simple:
@@ -227,8 +271,12 @@ def _field_ref(path: str, *, pod: Dict[str, str], annotations: Mapping[str, str]
 
 
 def _volume_mounts(
-    container: Dict[str, Any], volumes: Mapping[str, Dict[str, Any]], maps: Mapping[str, Dict[str, str]],
-    *, source: str, where: str,
+    container: Dict[str, Any],
+    volumes: Mapping[str, Dict[str, Any]],
+    maps: Mapping[str, Dict[str, str]],
+    *,
+    source: str,
+    where: str,
 ) -> Tuple[List[FileMount], List[HostMount]]:
     file_mounts: List[FileMount] = []
     host_mounts: List[HostMount] = []
@@ -250,23 +298,33 @@ def _volume_mounts(
                 if ref.get("optional"):
                     data = {}
                 else:
-                    raise InputError(source, f"volumes[{name}].configMap.name",
-                                     f"a ConfigMap in the stream named {ref.get('name')!r}")
+                    raise InputError(
+                        source,
+                        f"volumes[{name}].configMap.name",
+                        f"a ConfigMap in the stream named {ref.get('name')!r}",
+                    )
             mode = int(ref.get("defaultMode", DEFAULT_CONFIGMAP_MODE))
             if ref.get("items"):
                 files = []
                 for item in ref["items"]:
                     if item.get("key") not in data:
-                        raise InputError(source, f"volumes[{name}].configMap.items",
-                                         f"key {item.get('key')!r} in ConfigMap {ref.get('name')!r}")
+                        raise InputError(
+                            source,
+                            f"volumes[{name}].configMap.items",
+                            f"key {item.get('key')!r} in ConfigMap {ref.get('name')!r}",
+                        )
                     files.append((str(item.get("path") or item["key"]), data[item["key"]]))
             else:
                 files = sorted(data.items())
             if sub_path:
                 chosen = [text for path, text in files if path == sub_path]
                 if not chosen:
-                    raise InputError(source, f"{at}.subPath", f"a file of ConfigMap {ref.get('name')!r}")
-                file_mounts.append(FileMount(mount_path, ((Path(mount_path).name, chosen[0]),), mode, True))
+                    raise InputError(
+                        source, f"{at}.subPath", f"a file of ConfigMap {ref.get('name')!r}"
+                    )
+                file_mounts.append(
+                    FileMount(mount_path, ((Path(mount_path).name, chosen[0]),), mode, True)
+                )
             else:
                 file_mounts.append(FileMount(mount_path, tuple(files), mode, False, True))
         elif "hostPath" in volume:
@@ -279,8 +337,11 @@ def _volume_mounts(
             host_mounts.append(HostMount(mount_path, "", False, medium == "Memory"))
         else:
             kinds = sorted(set(volume) - {"name"})
-            raise InputError(source, f"volumes[{name}]",
-                             f"a configMap, hostPath or emptyDir volume (podsim cannot provide {kinds})")
+            raise InputError(
+                source,
+                f"volumes[{name}]",
+                f"a configMap, hostPath or emptyDir volume (podsim cannot provide {kinds})",
+            )
     return file_mounts, host_mounts
 
 
@@ -311,8 +372,11 @@ def pod_specs(
     maps = config_maps(documents)
     replicas_of = [int(task.get("replicas", 1)) for task in tasks]
     if len(host_ips) != sum(replicas_of):
-        raise InputError(source, "spec.tasks[*].replicas",
-                         f"{len(host_ips)} pods (one per host address), found {sum(replicas_of)}")
+        raise InputError(
+            source,
+            "spec.tasks[*].replicas",
+            f"{len(host_ips)} pods (one per host address), found {sum(replicas_of)}",
+        )
 
     pod_names = [
         [f"{job_name}-{task.get('name')}-{index}" for index in range(count)]
@@ -328,10 +392,12 @@ def pod_specs(
             task_key = str(task.get("name")).replace("-", "_")
             svc_env[svc_env_name(str(task.get("name")), "HOSTS")] = ",".join(fqdns)
             svc_env[svc_env_name(str(task.get("name")), "NUM")] = str(len(names))
-            svc_files += [(f"{task_key}.host", "\n".join(fqdns)),
-                          (svc_env_name(str(task.get("name")), "HOSTS"), ",".join(fqdns)),
-                          (svc_env_name(str(task.get("name")), "NUM"), str(len(names)))]
-            for name, fqdn in zip(names, fqdns):
+            svc_files += [
+                (f"{task_key}.host", "\n".join(fqdns)),
+                (svc_env_name(str(task.get("name")), "HOSTS"), ",".join(fqdns)),
+                (svc_env_name(str(task.get("name")), "NUM"), str(len(names))),
+            ]
+            for fqdn in fqdns:
                 hosts.append((host_ips[flat], (fqdn,)))
                 flat += 1
 
@@ -344,26 +410,39 @@ def pod_specs(
         pod_spec = _require(template, "spec", source, f"{where_task}.template")
         containers = _require(pod_spec, "containers", source, f"{where_task}.template.spec", list)
         if len(containers) != 1:
-            raise InputError(source, f"{where_task}.template.spec.containers",
-                             f"exactly one container (podsim runs one process per pod), found {len(containers)}")
+            raise InputError(
+                source,
+                f"{where_task}.template.spec.containers",
+                f"exactly one container (podsim runs one process per pod), found {len(containers)}",
+            )
         container = containers[0]
         where = f"{where_task}.template.spec.containers[0]"
         volumes = {str(v.get("name")): v for v in pod_spec.get("volumes") or []}
-        file_mounts, host_mounts = _volume_mounts(container, volumes, maps, source=source, where=where)
+        file_mounts, host_mounts = _volume_mounts(
+            container, volumes, maps, source=source, where=where
+        )
         if svc_files:
             file_mounts.append(FileMount(SVC_MOUNT_PATH, tuple(sorted(svc_files))))
         for path, text in sorted((cluster_files or {}).items()):
-            file_mounts.append(FileMount(path, ((Path(path).name, text),), DEFAULT_CONFIGMAP_MODE, True))
+            file_mounts.append(
+                FileMount(path, ((Path(path).name, text),), DEFAULT_CONFIGMAP_MODE, True)
+            )
         annotations = {
             **{str(k): str(v) for k, v in (template_meta.get("annotations") or {}).items()},
-            "volcano.sh/job-name": job_name, "volcano.sh/task-spec": str(task.get("name")),
+            "volcano.sh/job-name": job_name,
+            "volcano.sh/task-spec": str(task.get("name")),
         }
         labels = {str(k): str(v) for k, v in (template_meta.get("labels") or {}).items()}
         for index, name in enumerate(names):
             host_ip = host_ips[flat]
             annotations_i = {**annotations, "volcano.sh/task-index": str(index)}
             own_names = (f"{name}.{job_name}", name) if "svc" in plugins else (name,)
-            pod = {"name": name, "namespace": namespace, "host_ip": host_ip, "node_name": f"node-{host_ip}"}
+            pod = {
+                "name": name,
+                "namespace": namespace,
+                "host_ip": host_ip,
+                "node_name": f"node-{host_ip}",
+            }
             env: Dict[str, str] = dict(image_env or {})
             env.update(cluster_env or {})
             env["HOSTNAME"] = name
@@ -376,23 +455,47 @@ def pod_specs(
                 if "valueFrom" in variable:
                     ref = (variable.get("valueFrom") or {}).get("fieldRef")
                     if not isinstance(ref, dict):
-                        raise InputError(source, f"{at}.valueFrom", "a fieldRef (podsim resolves no other source)")
-                    env[key] = _field_ref(str(ref.get("fieldPath")), pod=pod, annotations=annotations_i,
-                                          labels=labels, where=f"{at}.valueFrom.fieldRef.fieldPath", source=source)
+                        raise InputError(
+                            source,
+                            f"{at}.valueFrom",
+                            "a fieldRef (podsim resolves no other source)",
+                        )
+                    env[key] = _field_ref(
+                        str(ref.get("fieldPath")),
+                        pod=pod,
+                        annotations=annotations_i,
+                        labels=labels,
+                        where=f"{at}.valueFrom.fieldRef.fieldPath",
+                        source=source,
+                    )
                 else:
                     env[key] = expand_references(str(variable.get("value", "")), env)
-            argv = [expand_references(str(part), env)
-                    for part in list(container.get("command") or []) + list(container.get("args") or [])]
+            argv = [
+                expand_references(str(part), env)
+                for part in list(container.get("command") or []) + list(container.get("args") or [])
+            ]
             if not argv:
-                raise InputError(source, f"{where}.command", "a command (podsim has no image entrypoint)")
-            specs.append(PodSpec(
-                job=job_name, namespace=namespace, task=str(task.get("name")), index=index, name=name,
-                subdomain=job_name if "svc" in plugins else "", host_ip=host_ip, argv=tuple(argv),
-                env=tuple(env.items()), working_dir=str(container.get("workingDir") or "/"),
-                hosts=tuple(hosts) + ((host_ip, own_names),),
-                file_mounts=tuple(file_mounts), host_mounts=tuple(host_mounts),
-                restart_policy=str(pod_spec.get("restartPolicy") or "Always"),
-            ))
+                raise InputError(
+                    source, f"{where}.command", "a command (podsim has no image entrypoint)"
+                )
+            specs.append(
+                PodSpec(
+                    job=job_name,
+                    namespace=namespace,
+                    task=str(task.get("name")),
+                    index=index,
+                    name=name,
+                    subdomain=job_name if "svc" in plugins else "",
+                    host_ip=host_ip,
+                    argv=tuple(argv),
+                    env=tuple(env.items()),
+                    working_dir=str(container.get("workingDir") or "/"),
+                    hosts=tuple(hosts) + ((host_ip, own_names),),
+                    file_mounts=tuple(file_mounts),
+                    host_mounts=tuple(host_mounts),
+                    restart_policy=str(pod_spec.get("restartPolicy") or "Always"),
+                )
+            )
             flat += 1
     return tuple(specs)
 
@@ -402,8 +505,9 @@ def hosts_file_text(spec: PodSpec) -> str:
     return "".join(f"{ip}\t{' '.join(names)}\n" for ip, names in spec.hosts)
 
 
-def cce_cluster_files(rank_table: Optional[str], ranktable_tor: Optional[str],
-                      directory: str = "/user/config") -> Dict[str, str]:
+def cce_cluster_files(
+    rank_table: Optional[str], ranktable_tor: Optional[str], directory: str = "/user/config"
+) -> Dict[str, str]:
     """What CCE's ``configmap1980`` plugin mounts into every pod (DESIGN §3-4)."""
     files: Dict[str, str] = {}
     if rank_table is not None:

@@ -26,8 +26,8 @@ from npu_job.demo.scenario import (
     ClusterAPI,
     DemoOptions,
     DemoResult,
-    PodOutcome,
     Phases,
+    PodOutcome,
     Prepared,
     SimulatedCluster,
     check_outcome,
@@ -44,6 +44,7 @@ from npu_job.demo.scenario import (
     ring_score,
     simulated_cluster,
 )
+
 from npu_job.errors import InconsistentError, LaunchError, shown
 from npu_job.podfacts import MASTER_FILE, RANK_FILE, ROUTE_PLAN_FILE
 
@@ -52,7 +53,9 @@ log = logging.getLogger(__name__)
 # ``python -m npu_job.demo.podsim``, which imports this package (npu_job.demo imports this module)
 # first, and runpy warns in each pod when the module it runs was imported before.
 
-PROGRESS_EVERY = 5.0  # seconds without a progress line before the supervisor says where the pods are
+PROGRESS_EVERY = (
+    5.0  # seconds without a progress line before the supervisor says where the pods are
+)
 
 
 def free_port() -> int:
@@ -68,8 +71,10 @@ def example_script() -> bytes:
     try:
         return resources.files("npu_job.examples").joinpath(EXAMPLE_SCRIPT).read_bytes()
     except OSError as error:
-        raise LaunchError(f"npu_job/examples/{EXAMPLE_SCRIPT}: the demo's example script is missing ({error})",
-                          tip="reinstall npu-job (the wheel ships it as package data)") from None
+        raise LaunchError(
+            f"npu_job/examples/{EXAMPLE_SCRIPT}: the demo's example script is missing ({error})",
+            tip="reinstall npu-job (the wheel ships it as package data)",
+        ) from None
 
 
 def write_cluster_inputs(cluster: SimulatedCluster, directory: Path) -> Tuple[Path, ...]:
@@ -78,11 +83,15 @@ def write_cluster_inputs(cluster: SimulatedCluster, directory: Path) -> Tuple[Pa
     from npu_job.fileio import write_atomic
 
     texts = (cluster.rank_table_json, cluster.ranktable_tor_b64)
-    return tuple(write_atomic(directory / name, text, durable=False) for name, text in zip(INPUT_FILES, texts))
+    return tuple(
+        write_atomic(directory / name, text, durable=False)
+        for name, text in zip(INPUT_FILES, texts)
+    )
 
 
-def prepare(options: DemoOptions, workspace: Path, host_ips: Sequence[str],
-            api: Optional[ClusterAPI] = None) -> Prepared:
+def prepare(
+    options: DemoOptions, workspace: Path, host_ips: Sequence[str], api: Optional[ClusterAPI] = None
+) -> Prepared:
     """Simulate the cluster, render the job and stage every pod under ``workspace``; ``api``:
     the Kubernetes API the pods of a ``routing_source="api"`` run reach (it must serve
     :func:`~npu_job.demo.scenario.cluster_objects` of this run, written to
@@ -104,16 +113,25 @@ def prepare(options: DemoOptions, workspace: Path, host_ips: Sequence[str],
     _, job = podspec.find_job(documents)
     cluster_files: Dict[str, str] = {}
     plugins = job["spec"].get("plugins") or {}
-    pod_annotations = job["spec"]["tasks"][0]["template"].get("metadata", {}).get("annotations") or {}
+    pod_annotations = (
+        job["spec"]["tasks"][0]["template"].get("metadata", {}).get("annotations") or {}
+    )
     if "configmap1980" in plugins and options.deliver_rank_table:
         cluster_files = podspec.cce_cluster_files(
-            cluster.rank_table_json, cluster.ranktable_tor_b64 if "cabinet" in pod_annotations else None)
+            cluster.rank_table_json,
+            cluster.ranktable_tor_b64 if "cabinet" in pod_annotations else None,
+        )
     write_cluster_inputs(cluster, workspace / "cluster")
     pod_volumes = job["spec"]["tasks"][0]["template"]["spec"].get("volumes") or []
-    if any((volume.get("configMap") or {}).get("name") == RANK_TABLE_CONFIGMAP for volume in pod_volumes):
+    if any(
+        (volume.get("configMap") or {}).get("name") == RANK_TABLE_CONFIGMAP
+        for volume in pod_volumes
+    ):
         # the job mounts its own rank table: apply that ConfigMap with it, as its user would
         configmap = rank_table_configmap(cluster)
-        (workspace / "cluster" / "ranktable-configmap.json").write_text(json.dumps(configmap, indent=1) + "\n")
+        (workspace / "cluster" / "ranktable-configmap.json").write_text(
+            json.dumps(configmap, indent=1) + "\n"
+        )
         documents.append(configmap)
     objects = None
     cluster_env: Dict[str, str] = {}
@@ -121,28 +139,56 @@ def prepare(options: DemoOptions, workspace: Path, host_ips: Sequence[str],
         if api is None:
             raise ValueError("routing_source 'api' needs the Kubernetes API the pods reach (api=)")
         objects = cluster_objects(cluster, host_ips, api.namespace)
-        listed = [{"kind": kind, "apiVersion": version, **item} for kind, version, key in (
-            ("HyperNode", "topology.volcano.sh/v1alpha1", "hypernodes"), ("Node", "v1", "nodes"),
-            ("Pod", "v1", "pods")) for item in objects[key]]
-        (workspace / "cluster" / "cluster.json").write_text(json.dumps(  # npu-job plan --pods ...
-            {"apiVersion": "v1", "kind": "List", "items": listed}, indent=1) + "\n")
+        listed = [
+            {"kind": kind, "apiVersion": version, **item}
+            for kind, version, key in (
+                ("HyperNode", "topology.volcano.sh/v1alpha1", "hypernodes"),
+                ("Node", "v1", "nodes"),
+                ("Pod", "v1", "pods"),
+            )
+            for item in objects[key]
+        ]
+        (workspace / "cluster" / "cluster.json").write_text(
+            json.dumps(  # npu-job plan --pods ...
+                {"apiVersion": "v1", "kind": "List", "items": listed}, indent=1
+            )
+            + "\n"
+        )
         cluster_files.update(api.pod_files())
         cluster_env = api.pod_env()
     image_env = podspec.image_environment(os.environ, podsim.this_installation())
-    specs = podspec.pod_specs(documents, host_ips, image_env=image_env, cluster_files=cluster_files,
-                              cluster_env=cluster_env)
+    specs = podspec.pod_specs(
+        documents,
+        host_ips,
+        image_env=image_env,
+        cluster_files=cluster_files,
+        cluster_env=cluster_env,
+    )
     spec_files = tuple(podsim.stage_pod(spec, workspace / "pods" / spec.name) for spec in specs)
-    return Prepared(options, workspace, cluster, expected_plan(cluster, options, objects), rendered,
-                    specs, spec_files)
+    return Prepared(
+        options,
+        workspace,
+        cluster,
+        expected_plan(cluster, options, objects),
+        rendered,
+        specs,
+        spec_files,
+    )
 
 
 class Supervisor:
     """Runs the staged pods like a kubelet with ``restartPolicy: OnFailure``, and watches their logs
     (saying how far the pods got when nothing else was said for :data:`PROGRESS_EVERY` seconds)."""
 
-    def __init__(self, prepared: Prepared, *, prefix_of: Callable[[int], Sequence[str]] = lambda index: (),
-                 progress: Callable[[str], None] = lambda line: None, phases: Optional[Phases] = None,
-                 user_namespace: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        prepared: Prepared,
+        *,
+        prefix_of: Callable[[int], Sequence[str]] = lambda index: (),
+        progress: Callable[[str], None] = lambda line: None,
+        phases: Optional[Phases] = None,
+        user_namespace: Optional[bool] = None,
+    ) -> None:
         self.prepared = prepared
         self.user_namespace = user_namespace  # None: only when not root (podsim.unshare_prefix)
         self.prefix_of = prefix_of
@@ -157,7 +203,9 @@ class Supervisor:
         self.node_rank_lines: Dict[int, str] = {}
         self.log_tail: Dict[int, List[str]] = {i: [] for i in range(len(prepared.specs))}
         self.setup_error: Optional[str] = None  # a pod could not get its namespaces: no retry helps
-        self.first_errors: Dict[int, str] = {}  # pod index -> its first error line, in the order seen
+        self.first_errors: Dict[
+            int, str
+        ] = {}  # pod index -> its first error line, in the order seen
         self.joined: Set[int] = set()  # pods whose npu-run joined the rendezvous (this attempt)
         self.through: Set[int] = set()  # pods whose rendezvous round completed (this attempt)
         self._last_progress = time.monotonic()
@@ -173,13 +221,15 @@ class Supervisor:
             self.say(self.status(now))
 
     def workers_running(self) -> int:
-        """Worker processes alive in the pods: ``python [options] SCRIPT ...`` (npu-run's children)."""
+        """Workers alive in the pods: ``python [options] SCRIPT ...`` (npu-run's children)."""
         from npu_job.demo import podsim
 
         count = 0
         for pid in podsim.processes_inside(self.prepared.workspace / "pods"):
             try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+                argv = (
+                    Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace").split("\0")
+                )
             except OSError:
                 continue
             program = next((arg for arg in argv[1:] if not arg.startswith("-")), "")
@@ -187,7 +237,7 @@ class Supervisor:
         return count
 
     def status(self, now: float) -> str:
-        """One line: how far the pods got, from their logs (and how many workers run, from /proc)."""
+        """One line: how far the pods got, from their logs (and how many workers run)."""
         pods = len(self.prepared.specs)
         options = self.prepared.options
         workers = f"{self.workers_running()}/{pods * options.nproc_per_node} workers"
@@ -198,9 +248,12 @@ class Supervisor:
             parts = [f"training step {self.losses[-1][0]}/{options.steps}", f"{workers} running"]
         else:
             started = "bootstrapped" if options.routing else "ran train.sh"
-            parts = [f"{len(self.node_rank_lines)}/{pods} pods {started}",
-                     f"{len(self.joined)}/{pods} joined the rendezvous", f"{len(self.through)}/{pods} through it",
-                     f"{workers} running"]
+            parts = [
+                f"{len(self.node_rank_lines)}/{pods} pods {started}",
+                f"{len(self.joined)}/{pods} joined the rendezvous",
+                f"{len(self.through)}/{pods} through it",
+                f"{workers} running",
+            ]
         elapsed = now - self.phases.marks.get("start", now)
         return f"waiting ({elapsed:.0f} s): " + ", ".join(parts)
 
@@ -208,8 +261,11 @@ class Supervisor:
         from npu_job.demo import podsim
 
         for index, spec_file in enumerate(self.prepared.spec_files):
-            self.pods.append(podsim.start_pod(spec_file, prefix=self.prefix_of(index),
-                                              user_namespace=self.user_namespace))
+            self.pods.append(
+                podsim.start_pod(
+                    spec_file, prefix=self.prefix_of(index), user_namespace=self.user_namespace
+                )
+            )
         self.phases.mark("pods_started")
 
     def kill(self, index: int) -> None:
@@ -223,10 +279,16 @@ class Supervisor:
         self.restarts[index] += 1
         self.joined.discard(index)
         self.through.discard(index)
-        self.say(f"pod {index}: exited {self.pods[index].poll()}; restartPolicy OnFailure: "
-                 f"restart {self.restarts[index]}/{self.prepared.options.max_restarts}")
-        self.pods[index] = podsim.start_pod(self.prepared.spec_files[index], attempt=self.restarts[index],
-                                            prefix=self.prefix_of(index), user_namespace=self.user_namespace)
+        self.say(
+            f"pod {index}: exited {self.pods[index].poll()}; restartPolicy OnFailure: "
+            f"restart {self.restarts[index]}/{self.prepared.options.max_restarts}"
+        )
+        self.pods[index] = podsim.start_pod(
+            self.prepared.spec_files[index],
+            attempt=self.restarts[index],
+            prefix=self.prefix_of(index),
+            user_namespace=self.user_namespace,
+        )
 
     def poll_logs(self) -> None:
         for index, pod in enumerate(self.pods):
@@ -265,7 +327,9 @@ class Supervisor:
             self.through.add(index)
             if len(self.through) == len(self.prepared.specs):
                 workers = len(self.prepared.specs) * self.prepared.options.nproc_per_node
-                self.say(f"rendezvous: all {len(self.through)} nodes joined; starting {workers} workers")
+                self.say(
+                    f"rendezvous: all {len(self.through)} nodes joined; starting {workers} workers"
+                )
         elif seen.step is not None:
             step, total, loss = seen.step
             self.phases.mark("training_started")
@@ -287,16 +351,21 @@ class Supervisor:
                 return True
             if self.setup_error is not None:
                 self.stop()
-                raise LaunchError(f"cannot start the pods: {self.setup_error}",
-                                  tip="pods need mount, UTS and PID namespaces: run as root, or allow "
-                                      "unprivileged user namespaces")
+                raise LaunchError(
+                    f"cannot start the pods: {self.setup_error}",
+                    tip="pods need mount, UTS and PID namespaces: run as root, or allow "
+                    "unprivileged user namespaces",
+                )
             running = False
             for index, pod in enumerate(self.pods):
                 code = pod.poll()
                 if code is None:
                     running = True
-                elif code != 0 and restart_policy in ("OnFailure", "Always") \
-                        and self.restarts[index] < self.prepared.options.max_restarts:
+                elif (
+                    code != 0
+                    and restart_policy in ("OnFailure", "Always")
+                    and self.restarts[index] < self.prepared.options.max_restarts
+                ):
                     self._restart(index)
                     running = True
                 else:
@@ -310,8 +379,10 @@ class Supervisor:
                 return True
             self.heartbeat(time.monotonic())
             if time.monotonic() > deadline:
-                self.say(f"timeout: the job did not finish within {self.prepared.options.timeout:.0f} s; "
-                         "killing every pod")
+                self.say(
+                    f"timeout: the job did not finish within {self.prepared.options.timeout:.0f} "
+                    "s; killing every pod"
+                )
                 self.stop()
                 return False
             time.sleep(0.1)
@@ -322,7 +393,9 @@ class Supervisor:
             self.exit_codes[index] = pod.poll()
 
 
-def read_outcomes(prepared: Prepared, supervisor: Supervisor) -> Tuple[List[PodOutcome], List[Dict[str, Any]]]:
+def read_outcomes(
+    prepared: Prepared, supervisor: Supervisor
+) -> Tuple[List[PodOutcome], List[Dict[str, Any]]]:
     """Each pod's bootstrap files (from its private /tmp) and every worker's report."""
     pods = []
     for index, spec_file in enumerate(prepared.spec_files):
@@ -333,10 +406,16 @@ def read_outcomes(prepared: Prepared, supervisor: Supervisor) -> Tuple[List[PodO
                 route_plan = json.loads((tmp / ROUTE_PLAN_FILE).read_text())
             except ValueError:
                 route_plan = {"status": "unreadable"}
-        pods.append(PodOutcome(
-            index, supervisor.exit_codes[index], supervisor.restarts[index], route_plan,
-            _read(tmp / RANK_FILE), _read(tmp / MASTER_FILE),
-        ))
+        pods.append(
+            PodOutcome(
+                index,
+                supervisor.exit_codes[index],
+                supervisor.restarts[index],
+                route_plan,
+                _read(tmp / RANK_FILE),
+                _read(tmp / MASTER_FILE),
+            )
+        )
     reports = []
     for path in sorted((prepared.workspace / "shared" / "output" / "reports").glob("rank-*.json")):
         reports.append(json.loads(path.read_text()))
@@ -350,12 +429,18 @@ def _read(path: Path) -> Optional[str]:
         return None
 
 
-def run(options: DemoOptions, workspace: Path, *, host_ips: Optional[Sequence[str]] = None,
-        prefix_of: Callable[[int], Sequence[str]] = lambda index: (),
-        progress: Callable[[str], None] = lambda line: None,
-        fault: Optional[Callable[[Supervisor], None]] = None,
-        user_namespace: Optional[bool] = None, phases: Optional[Phases] = None,
-        api: Optional[ClusterAPI] = None) -> DemoResult:
+def run(
+    options: DemoOptions,
+    workspace: Path,
+    *,
+    host_ips: Optional[Sequence[str]] = None,
+    prefix_of: Callable[[int], Sequence[str]] = lambda index: (),
+    progress: Callable[[str], None] = lambda line: None,
+    fault: Optional[Callable[[Supervisor], None]] = None,
+    user_namespace: Optional[bool] = None,
+    phases: Optional[Phases] = None,
+    api: Optional[ClusterAPI] = None,
+) -> DemoResult:
     """The whole pipeline; ``fault(supervisor)`` may inject a failure while the pods run.
 
     ``user_namespace=True`` runs the pods as an unprivileged user would (the default when not root).
@@ -370,12 +455,20 @@ def run(options: DemoOptions, workspace: Path, *, host_ips: Optional[Sequence[st
     describe_plan(prepared, progress)
     score = ring_score(prepared.cluster, prepared.plan) if routed else None
     if score is not None:
-        progress(f"cross-ToR ring edges: scheduler order {score.cross_before}, planned {score.cross_after}, "
-                 f"lower bound {score.lower_bound}")
-    supervisor = Supervisor(prepared, prefix_of=prefix_of, progress=progress, phases=phases,
-                            user_namespace=user_namespace)
-    progress(f"starting {options.nodes} pods x {options.nproc_per_node} workers "
-             f"(workspace {workspace})")
+        progress(
+            f"cross-ToR ring edges: scheduler order {score.cross_before}, planned "
+            f"{score.cross_after}, lower bound {score.lower_bound}"
+        )
+    supervisor = Supervisor(
+        prepared,
+        prefix_of=prefix_of,
+        progress=progress,
+        phases=phases,
+        user_namespace=user_namespace,
+    )
+    progress(
+        f"starting {options.nodes} pods x {options.nproc_per_node} workers (workspace {workspace})"
+    )
     try:
         supervisor.start()
         if fault is not None:
@@ -395,7 +488,9 @@ def run(options: DemoOptions, workspace: Path, *, host_ips: Optional[Sequence[st
             if supervisor.exit_codes[index] not in (0, None) or not finished:
                 for line in lines[-8:]:
                     log.debug("pod %d: %s", index, line)
-    return DemoResult(options, prepared, score, pods, reports, problems, phases, supervisor.losses, finished)
+    return DemoResult(
+        options, prepared, score, pods, reports, problems, phases, supervisor.losses, finished
+    )
 
 
 def keep_directory_problem(keep: Optional[str]) -> Optional[str]:
@@ -405,7 +500,10 @@ def keep_directory_problem(keep: Optional[str]) -> Optional[str]:
         if path.exists() and not path.is_dir():
             return f"--keep {path}: not a directory"
         if path.exists() and any(path.iterdir()):
-            return f"--keep {path}: the directory is not empty; choose a new one (the demo never overwrites one)"
+            return (
+                f"--keep {path}: the directory is not empty; choose a new one "
+                "(the demo never overwrites one)"
+            )
     return None
 
 

@@ -34,14 +34,19 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from npu_job.demo.podspec import SETUP_FAILED
+
 from npu_job.podfacts import MIN_NODES, RANK_TABLE_ENV, RANK_TABLE_NAME
 
 SUMMARY_VERSION = 1
 JOB_NAME = "demo"
 TASK_NAME = "worker"
-SHARED_MOUNT = "/job"  # the shared volume every pod mounts (code in, reports out), like the seed's /job
+SHARED_MOUNT = (
+    "/job"  # the shared volume every pod mounts (code in, reports out), like the seed's /job
+)
 EXAMPLE_SCRIPT = "train_ddp.py"
-RANK_TABLE_CONFIGMAP = f"{JOB_NAME}-ranktable"  # the CPU job's own rank table (see the module docstring)
+RANK_TABLE_CONFIGMAP = (
+    f"{JOB_NAME}-ranktable"  # the CPU job's own rank table (see the module docstring)
+)
 RANK_TABLE_DIR = "/user/config"  # where the job mounts it: where CCE puts it for NPU jobs
 DEVICES = ("cpu", "npu")
 ROUTING_SOURCES = ("rank-table", "api")  # the job's own rank table (CCE's on npu), or the pods
@@ -75,8 +80,10 @@ class DemoOptions:
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.routing_source not in ROUTING_SOURCES:
-            raise ValueError(f"routing_source must be one of {', '.join(ROUTING_SOURCES)}, "
-                             f"got {self.routing_source!r}")
+            raise ValueError(
+                f"routing_source must be one of {', '.join(ROUTING_SOURCES)}, "
+                f"got {self.routing_source!r}"
+            )
         if self.routing and self.deliver_rank_table and not 1 <= self.tors <= self.nodes:
             raise ValueError(f"tors must be within 1..nodes ({self.nodes}), got {self.tors}")
 
@@ -97,9 +104,11 @@ class ClusterAPI:
         return {"KUBERNETES_SERVICE_HOST": self.host, "KUBERNETES_SERVICE_PORT": str(self.port)}
 
     def pod_files(self) -> Dict[str, str]:
-        return {f"{SERVICE_ACCOUNT_DIR}/token": self.token,
-                f"{SERVICE_ACCOUNT_DIR}/ca.crt": self.ca_pem,
-                f"{SERVICE_ACCOUNT_DIR}/namespace": self.namespace}
+        return {
+            f"{SERVICE_ACCOUNT_DIR}/token": self.token,
+            f"{SERVICE_ACCOUNT_DIR}/ca.crt": self.ca_pem,
+            f"{SERVICE_ACCOUNT_DIR}/namespace": self.namespace,
+        }
 
 
 @dataclass(frozen=True)
@@ -107,7 +116,9 @@ class SimulatedCluster:
     """The cluster the scheduler gave the job: rank table, topology, and what CCE mounts."""
 
     table: Any  # npu_job.bootstrap.model.RankTable, as the pods will read it
-    topology: Any  # npu_job.bootstrap.model.Topology, as the pods will read it (no slots in CCE's format)
+    topology: (
+        Any  # npu_job.bootstrap.model.Topology, as the pods will read it (no slots in CCE's format)
+    )
     rank_table_json: str
     ranktable_tor_b64: str
 
@@ -127,8 +138,12 @@ def simulated_cluster(options: DemoOptions, host_ips: Sequence[str]) -> Simulate
 
     tors = min(max(1, options.tors), options.nodes)
     table, topology = synthetic_cluster(
-        options.nodes, tors, npus_per_node=options.nproc_per_node, seed=options.seed,
-        job_name=JOB_NAME, scatter=True,
+        options.nodes,
+        tors,
+        npus_per_node=options.nproc_per_node,
+        seed=options.seed,
+        job_name=JOB_NAME,
+        scatter=True,
     )
     return cce_cluster(table, topology, host_ips)
 
@@ -141,12 +156,22 @@ def cce_cluster(table: Any, topology: Any, host_ips: Sequence[str]) -> Simulated
     from npu_job.bootstrap.ranktable import parse_rank_table, rank_table_document
     from npu_job.bootstrap.topology import encode_ranktable_tor, parse_topology
 
-    renamed: Dict[str, str] = {server.server_id: host_ips[server.pod_index] for server in table.servers}
-    servers = tuple(replace(server, server_id=renamed[server.server_id], host_ip=renamed[server.server_id],
-                            pod_name=f"{JOB_NAME}-{TASK_NAME}-{server.pod_index}")
-                    for server in table.servers)
+    renamed: Dict[str, str] = {
+        server.server_id: host_ips[server.pod_index] for server in table.servers
+    }
+    servers = tuple(
+        replace(
+            server,
+            server_id=renamed[server.server_id],
+            host_ip=renamed[server.server_id],
+            pod_name=f"{JOB_NAME}-{TASK_NAME}-{server.pod_index}",
+        )
+        for server in table.servers
+    )
     table = replace(table, servers=servers)
-    placements: Dict[str, Placement] = {renamed[sid]: placement for sid, placement in topology.placements.items()}
+    placements: Dict[str, Placement] = {
+        renamed[sid]: placement for sid, placement in topology.placements.items()
+    }
     topology = Topology(placements, source=topology.source)
     rank_table = json.dumps(rank_table_document(table), indent=1, sort_keys=True) + "\n"
     tor = encode_ranktable_tor(table, topology, lambda index: f"{JOB_NAME}-{TASK_NAME}-{index}")
@@ -159,17 +184,32 @@ def cce_cluster(table: Any, topology: Any, host_ips: Sequence[str]) -> Simulated
 
 def demo_spec_values(options: DemoOptions, master_port: int, shared_dir: str) -> Dict[str, Any]:
     """The job spec a user would write for this run (``npu-job render`` input)."""
-    args = ["--steps", str(options.steps), "--report-dir", f"{SHARED_MOUNT}/output/reports",
-            "--seed", str(options.seed + 1), "--timeout", "60",
-            # the NPU job runs hccl where torch_npu works and falls back to gloo here
-            "--device", "cpu" if options.device == "cpu" else "auto"]
+    args = [
+        "--steps",
+        str(options.steps),
+        "--report-dir",
+        f"{SHARED_MOUNT}/output/reports",
+        "--seed",
+        str(options.seed + 1),
+        "--timeout",
+        "60",
+        # the NPU job runs hccl where torch_npu works and falls back to gloo here
+        "--device",
+        "cpu" if options.device == "cpu" else "auto",
+    ]
     if options.checkpoint_every:
-        args += ["--checkpoint-dir", f"{SHARED_MOUNT}/output/checkpoint",
-                 "--checkpoint-every", str(options.checkpoint_every)]
+        args += [
+            "--checkpoint-dir",
+            f"{SHARED_MOUNT}/output/checkpoint",
+            "--checkpoint-every",
+            str(options.checkpoint_every),
+        ]
     if options.step_delay:
         args += ["--step-delay", str(options.step_delay)]
     env = {"NPU_JOB_WAIT_TIMEOUT": "20", "PYTHONUNBUFFERED": "1"}
-    volumes: List[Dict[str, Any]] = [{"name": "demo-shared", "hostPath": {"path": shared_dir, "type": "Directory"}}]
+    volumes: List[Dict[str, Any]] = [
+        {"name": "demo-shared", "hostPath": {"path": shared_dir, "type": "Directory"}}
+    ]
     mounts: List[Dict[str, Any]] = [{"name": "demo-shared", "mountPath": SHARED_MOUNT}]
     values: Dict[str, Any] = {
         "name": JOB_NAME,
@@ -202,9 +242,13 @@ def rank_table_configmap(cluster: SimulatedCluster) -> Dict[str, Any]:
     """The ConfigMap a CPU job's user creates beside the job (``kubectl create configmap
     demo-ranktable --from-file=jobstart_hccl.json --from-file=ranktable_tor.json``)."""
     return {
-        "apiVersion": "v1", "kind": "ConfigMap",
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
         "metadata": {"name": RANK_TABLE_CONFIGMAP, "namespace": "default"},
-        "data": {"jobstart_hccl.json": cluster.rank_table_json, "ranktable_tor.json": cluster.ranktable_tor_b64},
+        "data": {
+            "jobstart_hccl.json": cluster.rank_table_json,
+            "ranktable_tor.json": cluster.ranktable_tor_b64,
+        },
     }
 
 
@@ -228,8 +272,9 @@ def node_name(host_ip: str) -> str:
     return f"node-{host_ip}"
 
 
-def cluster_objects(cluster: SimulatedCluster, host_ips: Sequence[str],
-                    namespace: str = "default") -> Dict[str, List[Dict[str, Any]]]:
+def cluster_objects(
+    cluster: SimulatedCluster, host_ips: Sequence[str], namespace: str = "default"
+) -> Dict[str, List[Dict[str, Any]]]:
     """What the Kubernetes API holds once the scheduler placed the job (pure): its pods (Volcano's
     labels, node, host IP), the Nodes, and the HyperNodes of the simulated fabric: one per ToR
     (tier 1) holding its nodes by ``exactMatch``, all under one spine (tier 2), as Volcano's
@@ -237,27 +282,63 @@ def cluster_objects(cluster: SimulatedCluster, host_ips: Sequence[str],
     pods, nodes = [], []
     for index, ip in enumerate(host_ips):
         name = f"{JOB_NAME}-{TASK_NAME}-{index}"
-        pods.append({
-            "metadata": {"name": name, "namespace": namespace, "labels": {
-                "volcano.sh/job-name": JOB_NAME, "volcano.sh/task-spec": TASK_NAME,
-                "volcano.sh/task-index": str(index)}},
-            "spec": {"nodeName": node_name(ip), "containers": [{"name": "train", "resources": {}}]},
-            "status": {"phase": "Running", "hostIP": ip, "podIP": ip},
-        })
-        nodes.append({"metadata": {"name": node_name(ip),
-                                   "labels": {"kubernetes.io/hostname": node_name(ip)}},
-                      "status": {"addresses": [{"type": "InternalIP", "address": ip}]}})
+        pods.append(
+            {
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": {
+                        "volcano.sh/job-name": JOB_NAME,
+                        "volcano.sh/task-spec": TASK_NAME,
+                        "volcano.sh/task-index": str(index),
+                    },
+                },
+                "spec": {
+                    "nodeName": node_name(ip),
+                    "containers": [{"name": "train", "resources": {}}],
+                },
+                "status": {"phase": "Running", "hostIP": ip, "podIP": ip},
+            }
+        )
+        nodes.append(
+            {
+                "metadata": {
+                    "name": node_name(ip),
+                    "labels": {"kubernetes.io/hostname": node_name(ip)},
+                },
+                "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
+            }
+        )
     members: Dict[str, List[str]] = {}
     for server in cluster.table.servers:
         placement = cluster.topology.placement_of(server.server_id)
         for tor in placement.tors if placement else ():
             members.setdefault(f"tor-{tor}", []).append(node_name(host_ips[server.pod_index]))
-    hypernodes = [{"metadata": {"name": tor}, "spec": {"tier": 1, "members": [
-        {"type": "Node", "selector": {"exactMatch": {"name": node}}} for node in sorted(nodes_of)]}}
-        for tor, nodes_of in sorted(members.items())]
-    hypernodes.append({"metadata": {"name": "spine"}, "spec": {"tier": 2, "members": [
-        {"type": "HyperNode", "selector": {"exactMatch": {"name": tor}}}
-        for tor in sorted(members)]}})
+    hypernodes = [
+        {
+            "metadata": {"name": tor},
+            "spec": {
+                "tier": 1,
+                "members": [
+                    {"type": "Node", "selector": {"exactMatch": {"name": node}}}
+                    for node in sorted(nodes_of)
+                ],
+            },
+        }
+        for tor, nodes_of in sorted(members.items())
+    ]
+    hypernodes.append(
+        {
+            "metadata": {"name": "spine"},
+            "spec": {
+                "tier": 2,
+                "members": [
+                    {"type": "HyperNode", "selector": {"exactMatch": {"name": tor}}}
+                    for tor in sorted(members)
+                ],
+            },
+        }
+    )
     return {"pods": pods, "nodes": nodes, "hypernodes": hypernodes}
 
 
@@ -271,17 +352,26 @@ def api_plan(objects: Mapping[str, List[Dict[str, Any]]]) -> Any:
     from npu_job.bootstrap.planner import plan
 
     kinds = (("Pod", "pods"), ("Node", "nodes"), ("HyperNode", "hypernodes"))
-    listed = read_objects({"kind": "List", "items": [
-        {"kind": kind, **item} for kind, key in kinds for item in objects[key]]}, "api")
-    roster = jobpods.job_roster(read_pods(listed.pods, "api"), jobpods.JobSelector(job=JOB_NAME),
-                                "api")
+    listed = read_objects(
+        {
+            "kind": "List",
+            "items": [{"kind": kind, **item} for kind, key in kinds for item in objects[key]],
+        },
+        "api",
+    )
+    roster = jobpods.job_roster(
+        read_pods(listed.pods, "api"), jobpods.JobSelector(job=JOB_NAME), "api"
+    )
     table, nodes = jobpods.roster_table(roster, "api"), jobpods.node_names(roster)
     topology = topology_from_objects(listed, "api", context=KubeContext(names=nodes)).topology
     return plan(table, jobpods.by_server(topology, table, nodes), Collective.RING)
 
 
-def expected_plan(cluster: SimulatedCluster, options: DemoOptions,
-                  objects: Optional[Mapping[str, List[Dict[str, Any]]]] = None) -> Any:
+def expected_plan(
+    cluster: SimulatedCluster,
+    options: DemoOptions,
+    objects: Optional[Mapping[str, List[Dict[str, Any]]]] = None,
+) -> Any:
     """The plan every pod's bootstrap must arrive at (identity when it must fall back);
     ``objects``: what the API serves, for ``routing_source="api"``."""
     from npu_job.bootstrap.model import Collective, Plan, PlanStatus
@@ -291,8 +381,12 @@ def expected_plan(cluster: SimulatedCluster, options: DemoOptions,
         return api_plan(objects)
     if options.routing and options.deliver_rank_table:
         return plan(cluster.table, cluster.topology, Collective.RING)
-    return Plan(PlanStatus.FAILED, tuple(range(options.nodes)), Collective.RING,
-                ("routing off" if not options.routing else "no rank table delivered",))
+    return Plan(
+        PlanStatus.FAILED,
+        tuple(range(options.nodes)),
+        Collective.RING,
+        ("routing off" if not options.routing else "no rank table delivered",),
+    )
 
 
 @dataclass(frozen=True)
@@ -307,8 +401,11 @@ def ring_score(cluster: SimulatedCluster, plan: Any) -> RingScore:
 
     keys = switch_keys(cluster.table, cluster.topology)
     pods = list(range(len(keys)))
-    return RingScore(ring_cross_edges(pods, keys), ring_cross_edges(list(plan.pod_of_node_rank), keys),
-                     ring_lower_bound(pods, keys))
+    return RingScore(
+        ring_cross_edges(pods, keys),
+        ring_cross_edges(list(plan.pod_of_node_rank), keys),
+        ring_lower_bound(pods, keys),
+    )
 
 
 def tor_of_pod(cluster: SimulatedCluster) -> Tuple[str, ...]:
@@ -332,8 +429,12 @@ class PodOutcome:
 
 
 def check_outcome(
-    plan: Any, options: DemoOptions, pods: Sequence[PodOutcome], reports: Sequence[Dict[str, Any]],
-    *, expect_routing: bool,
+    plan: Any,
+    options: DemoOptions,
+    pods: Sequence[PodOutcome],
+    reports: Sequence[Dict[str, Any]],
+    *,
+    expect_routing: bool,
 ) -> List[str]:
     """Every inconsistency in the chain, one sentence each (empty: the run proved its point)."""
     problems: List[str] = []
@@ -347,29 +448,49 @@ def check_outcome(
             if pod.route_plan is None:
                 problems.append(f"{where}: the bootstrap wrote no route plan")
             elif pod.route_plan.get("status") != "success":
-                problems.append(f"{where}: the bootstrap did not plan: {pod.route_plan.get('reasons')}")
+                problems.append(
+                    f"{where}: the bootstrap did not plan: {pod.route_plan.get('reasons')}"
+                )
             elif pod.route_plan.get("rank_mapping") != plan.rank_mapping:
-                problems.append(f"{where}: bootstrap mapping {pod.route_plan.get('rank_mapping')!r} != "
-                                f"expected {plan.rank_mapping!r}")
+                problems.append(
+                    f"{where}: bootstrap mapping {pod.route_plan.get('rank_mapping')!r} != "
+                    f"expected {plan.rank_mapping!r}"
+                )
             if pod.rank_after_acc != str(planned):
-                problems.append(f"{where}: /tmp/RANK_AFTER_ACC is {pod.rank_after_acc!r}, expected {planned}")
+                problems.append(
+                    f"{where}: /tmp/RANK_AFTER_ACC is {pod.rank_after_acc!r}, expected {planned}"
+                )
             if pod.master_index != str(plan.master_index):
-                problems.append(f"{where}: /tmp/MASTER_INDEX is {pod.master_index!r}, expected {plan.master_index}")
+                problems.append(
+                    f"{where}: /tmp/MASTER_INDEX is {pod.master_index!r}, expected "
+                    f"{plan.master_index}"
+                )
         elif pod.rank_after_acc is not None:
-            problems.append(f"{where}: fallback expected, but /tmp/RANK_AFTER_ACC is {pod.rank_after_acc!r}")
+            problems.append(
+                f"{where}: fallback expected, but /tmp/RANK_AFTER_ACC is {pod.rank_after_acc!r}"
+            )
     by_rank = {report.get("rank"): report for report in reports}
     missing = sorted(set(range(world)) - set(by_rank))
     if missing:
         problems.append(f"no report from rank(s) {missing} (of {world})")
     digests = {report.get("param_digest") for report in reports}
     if len(digests) > 1:
-        problems.append(f"ranks disagree on the trained parameters ({len(digests)} different digests)")
+        problems.append(
+            f"ranks disagree on the trained parameters ({len(digests)} different digests)"
+        )
     for report in sorted(reports, key=lambda r: r.get("rank", -1)):
-        rank, pod_index, local = report.get("rank"), report.get("pod_index"), report.get("local_rank")
+        rank, pod_index, local = (
+            report.get("rank"),
+            report.get("pod_index"),
+            report.get("local_rank"),
+        )
         if isinstance(pod_index, int) and isinstance(local, int) and 0 <= pod_index < options.nodes:
             expected = plan.node_rank_of_pod[pod_index] * options.nproc_per_node + local
             if rank != expected:
-                problems.append(f"rank {rank} runs on pod {pod_index} local rank {local}; the plan gives {expected}")
+                problems.append(
+                    f"rank {rank} runs on pod {pod_index} local rank {local}; the plan gives "
+                    f"{expected}"
+                )
         else:
             problems.append(f"rank {rank}: report lacks pod_index/local_rank")
         if report.get("world_size") != world:
@@ -383,9 +504,15 @@ def check_outcome(
 
 # (mark, the phase that ends at it), in order; a phase whose mark was never reached is merged
 # into the next one. "finished" is marked by whoever owns the run's end (the CLI, after clean-up).
-_PHASES = (("prepared", "cluster+render"), ("pods_started", "start pods"), ("bootstrap_done", "bootstrap"),
-           ("training_started", "launch+rendezvous"), ("training_done", "training"),
-           ("pods_exited", "shutdown"), ("finished", "checks+clean-up"))
+_PHASES = (
+    ("prepared", "cluster+render"),
+    ("pods_started", "start pods"),
+    ("bootstrap_done", "bootstrap"),
+    ("training_started", "launch+rendezvous"),
+    ("training_done", "training"),
+    ("pods_exited", "shutdown"),
+    ("finished", "checks+clean-up"),
+)
 
 
 @dataclass
@@ -441,7 +568,9 @@ class PodLine:
 def read_pod_line(line: str) -> PodLine:
     """What ``line`` of a pod's log says, for the supervisor's progress and first error."""
     flags: Dict[str, Any] = {
-        "setup_failed": line[len(SETUP_FAILED):].strip() if line.startswith(SETUP_FAILED) else None,
+        "setup_failed": line[len(SETUP_FAILED) :].strip()
+        if line.startswith(SETUP_FAILED)
+        else None,
         "error": bool(_ERROR_LINE.search(line)),
     }
     match = _NODE_RANK.search(line)
@@ -456,7 +585,9 @@ def read_pod_line(line: str) -> PodLine:
         step = (int(match.group(1)), int(match.group(2)), float(match.group(3)))
         return PodLine(**flags, step=step)
     done = "train_ddp: done" in line
-    return PodLine(**flags, done=done, failed=not done and "train_ddp:" in line and "FAILED" in line)
+    return PodLine(
+        **flags, done=done, failed=not done and "train_ddp:" in line and "FAILED" in line
+    )
 
 
 @dataclass
@@ -496,30 +627,62 @@ class DemoResult:
         return {
             "version": SUMMARY_VERSION,
             "ok": self.ok,
-            "options": {k: getattr(self.options, k) for k in ("nodes", "nproc_per_node", "tors", "seed",
-                                                            "steps", "routing")},
+            "options": {
+                k: getattr(self.options, k)
+                for k in ("nodes", "nproc_per_node", "tors", "seed", "steps", "routing")
+            },
             "workspace": str(self.prepared.workspace),
             "plan": {
-                "status": str(plan.status), "rank_mapping": plan.rank_mapping,
-                "master_index": plan.master_index, "reasons": list(plan.reasons),
-                "pods": [{"pod_index": pod, "node_rank": plan.node_rank_of_pod[pod], "tor": tors[pod],
-                          "host_ip": self.prepared.specs[pod].host_ip} for pod in range(len(tors))],
+                "status": str(plan.status),
+                "rank_mapping": plan.rank_mapping,
+                "master_index": plan.master_index,
+                "reasons": list(plan.reasons),
+                "pods": [
+                    {
+                        "pod_index": pod,
+                        "node_rank": plan.node_rank_of_pod[pod],
+                        "tor": tors[pod],
+                        "host_ip": self.prepared.specs[pod].host_ip,
+                    }
+                    for pod in range(len(tors))
+                ],
             },
-            "ring": None if self.score is None else {
+            "ring": None
+            if self.score is None
+            else {
                 "cross_tor_edges_scheduler_order": self.score.cross_before,
                 "cross_tor_edges_planned": self.score.cross_after,
                 "lower_bound": self.score.lower_bound,
             },
-            "pods": [{"pod_index": p.index, "exit_code": p.exit_code, "restarts": p.restarts,
-                      "rank_after_acc": p.rank_after_acc, "master_index": p.master_index,
-                      "route_plan_status": (p.route_plan or {}).get("status")} for p in self.pods],
-            "workers": [{"rank": r.get("rank"), "pod_index": r.get("pod_index"),
-                         "local_rank": r.get("local_rank"), "expected_rank": r.get("expected_rank"),
-                         "host": r.get("host"), "ok": r.get("ok"), "start_step": r.get("start_step"),
-                         "param_digest": r.get("param_digest")} for r in by_rank],
-            "loss": {"train": [loss for _, loss in self.losses],
-                     "eval_initial": by_rank[0].get("eval_loss_initial") if by_rank else None,
-                     "eval_final": by_rank[0].get("eval_loss_final") if by_rank else None},
+            "pods": [
+                {
+                    "pod_index": p.index,
+                    "exit_code": p.exit_code,
+                    "restarts": p.restarts,
+                    "rank_after_acc": p.rank_after_acc,
+                    "master_index": p.master_index,
+                    "route_plan_status": (p.route_plan or {}).get("status"),
+                }
+                for p in self.pods
+            ],
+            "workers": [
+                {
+                    "rank": r.get("rank"),
+                    "pod_index": r.get("pod_index"),
+                    "local_rank": r.get("local_rank"),
+                    "expected_rank": r.get("expected_rank"),
+                    "host": r.get("host"),
+                    "ok": r.get("ok"),
+                    "start_step": r.get("start_step"),
+                    "param_digest": r.get("param_digest"),
+                }
+                for r in by_rank
+            ],
+            "loss": {
+                "train": [loss for _, loss in self.losses],
+                "eval_initial": by_rank[0].get("eval_loss_initial") if by_rank else None,
+                "eval_final": by_rank[0].get("eval_loss_final") if by_rank else None,
+            },
             "phases_s": self.phases.durations(),
             "problems": self.problems,
         }
@@ -536,12 +699,19 @@ def describe_plan(prepared: Prepared, progress: Callable[[str], None]) -> None:
     options = prepared.options
     if not options.routing or not (options.deliver_rank_table or options.routing_source == "api"):
         why = "off (routing disabled)" if not options.routing else "none (no rank table delivered)"
-        progress(f"route plan: {why}: every pod keeps the scheduler's order (node rank = VC_TASK_INDEX)")
+        progress(
+            f"route plan: {why}: every pod keeps the scheduler's order (node rank = VC_TASK_INDEX)"
+        )
         return
     tors = tor_of_pod(prepared.cluster)
-    progress(f"route plan ({plan.status}): rank_mapping {plan.rank_mapping}; master = pod {plan.master_index}")
+    progress(
+        f"route plan ({plan.status}): rank_mapping {plan.rank_mapping}; master = pod "
+        f"{plan.master_index}"
+    )
     for rank, pod in enumerate(plan.pod_of_node_rank):
-        progress(f"  new rank {rank} <- pod {pod} ({prepared.specs[pod].name}, {prepared.specs[pod].host_ip}) "
-                 f"on ToR {tors[pod]}")
+        progress(
+            f"  new rank {rank} <- pod {pod} ({prepared.specs[pod].name}, "
+            f"{prepared.specs[pod].host_ip}) on ToR {tors[pod]}"
+        )
     for reason in plan.reasons:
         progress(f"  reason: {reason}")

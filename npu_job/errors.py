@@ -2,7 +2,8 @@
 
 Every user-facing failure is one of these; the commands' edges (``npu-job``, ``npu-run``) turn
 them into one ``<prog>: error: ...`` line (plus an optional ``TIP:`` line) and the exit code
-below, never a traceback, through :func:`report_error`. Library code raises them with a message that names the file, the field and what was
+below, never a traceback, through :func:`report_error`. Library code raises them with a message that
+names the file, the field and what was
 expected; it never prints.
 
 Exit codes (stable, documented in the README):
@@ -115,9 +116,7 @@ class SpecError(NpuJobError):
 
     exit_code = 5
 
-    def __init__(
-        self, source: str, problems: Sequence[str], *, tip: Optional[str] = None
-    ) -> None:
+    def __init__(self, source: str, problems: Sequence[str], *, tip: Optional[str] = None) -> None:
         self.source = source
         self.problems = tuple(problems)
         if len(self.problems) == 1:

@@ -51,12 +51,22 @@ def add_log_options(parser: argparse.ArgumentParser, suffix: str = "") -> None:
     A subcommand's copies have their own destinations and no defaults, so that ``npu-job -v
     bootstrap`` is not undone by the subcommand's default and ``-v`` counts on both sides.
     """
-    parser.add_argument("-v", "--verbose", dest="verbose" + suffix, action="count",
-                        default=argparse.SUPPRESS if suffix else 0,
-                        help="more log output (repeatable)")
-    parser.add_argument("-q", "--quiet", dest="quiet" + suffix, action="store_true",
-                        default=argparse.SUPPRESS if suffix else False,
-                        help="only warnings and errors on stderr")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbose" + suffix,
+        action="count",
+        default=argparse.SUPPRESS if suffix else 0,
+        help="more log output (repeatable)",
+    )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        dest="quiet" + suffix,
+        action="store_true",
+        default=argparse.SUPPRESS if suffix else False,
+        help="only warnings and errors on stderr",
+    )
 
 
 def verbosity(args: argparse.Namespace) -> int:

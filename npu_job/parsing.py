@@ -31,7 +31,7 @@ def is_count(text: str) -> bool:
 
 
 def seconds_from_text(text: str, *, zero_ok: bool) -> Optional[float]:
-    """``text`` as a duration in seconds, > 0 (or >= 0 with ``zero_ok``); None otherwise (NaN too)."""
+    """``text`` as seconds, > 0 (or >= 0 with ``zero_ok``); None otherwise (NaN too)."""
     try:
         value = float(text)
     except ValueError:

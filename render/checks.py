@@ -20,20 +20,29 @@ import difflib
 import re
 from dataclasses import dataclass, field
 from typing import (
-    Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Protocol, Sequence, Tuple, Union,
+    Any,
+    Callable,
+    Dict,
+    FrozenSet,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Union,
 )
 
-from npu_job.errors import LISTED_PROBLEMS
 from npu_job.render.values import MergedValues, Path, SetScalar, format_path, typed
+
+from npu_job.errors import LISTED_PROBLEMS
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 ABSOLUTE_PATH = re.compile(r"/[^\x00-\x1f\x7f]*\Z")
-_QUANTITY = re.compile(
-    r"\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i|[numkMGTPE])?\Z"
-)
+_QUANTITY = re.compile(r"\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i|[numkMGTPE])?\Z")
 
 DNS_LABEL_RULE = (
     "a DNS-1123 label: lower-case letters, digits and '-', starting and ending with a letter or "
@@ -82,7 +91,7 @@ class Checker:
         value: Any,
         path: Path,
         *,
-        pattern: Optional["re.Pattern[str]"] = None,
+        pattern: Optional[re.Pattern[str]] = None,
         rule: str = "",
         max_length: Optional[int] = None,
         allow_int: bool = False,
@@ -315,7 +324,7 @@ class Text:
     """A string matching ``pattern`` (``rule`` says it in words); ``--set`` gives the text."""
 
     kind: str = "string"
-    pattern: Optional["re.Pattern[str]"] = None
+    pattern: Optional[re.Pattern[str]] = None
     rule: str = ""
     max_length: Optional[int] = None
     empty: str = ""
@@ -389,7 +398,7 @@ class TextList:
 
     kind: str = "list of strings"
     allow_int: bool = False  # an integer item is written in decimal
-    pattern: Optional["re.Pattern[str]"] = None
+    pattern: Optional[re.Pattern[str]] = None
     rule: str = ""
     one_is_a_list: bool = False
     empty: str = "`[]`"
@@ -410,7 +419,7 @@ class TextMap:
     kind: str = "map of strings"
     keys: str = "label"
     reserved: Mapping[str, str] = field(default_factory=dict, hash=False)
-    pattern: Optional["re.Pattern[str]"] = None
+    pattern: Optional[re.Pattern[str]] = None
     rule: str = ""
     max_length: Optional[int] = None
     empty: str = "`{}`"
@@ -421,8 +430,12 @@ class TextMap:
 
         key_check = env_name if self.keys == "env" else check.qualified_key
         return check.string_map(
-            value, path, key_check=key_check,
-            pattern=self.pattern, rule=self.rule, max_length=self.max_length,
+            value,
+            path,
+            key_check=key_check,
+            pattern=self.pattern,
+            rule=self.rule,
+            max_length=self.max_length,
         )
 
 
@@ -446,7 +459,10 @@ class Volumes:
             if not check.required(volume, "name", where):
                 continue
             name = check.string(
-                volume["name"], where + ("name",), pattern=DNS_LABEL, rule=DNS_LABEL_RULE,
+                volume["name"],
+                where + ("name",),
+                pattern=DNS_LABEL,
+                rule=DNS_LABEL_RULE,
                 max_length=63,
             )
             if name is None:
@@ -492,13 +508,13 @@ class Mounts:
             if name is not None and name not in volume_names:
                 close = difflib.get_close_matches(name, volume_names, n=1)
                 hint = f"did you mean {close[0]!r}?" if close else "declare it under volumes"
-                check.problem(
-                    where + ("name",), f"{name!r} is not a volume in volumes ({hint})"
-                )
+                check.problem(where + ("name",), f"{name!r} is not a volume in volumes ({hint})")
             mount_path = None
             if check.required(mount, "mountPath", where):
                 mount_path = check.string(
-                    mount["mountPath"], where + ("mountPath",), pattern=ABSOLUTE_PATH,
+                    mount["mountPath"],
+                    where + ("mountPath",),
+                    pattern=ABSOLUTE_PATH,
                     rule="an absolute path",
                 )
             if mount_path is not None:

@@ -22,13 +22,18 @@ def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str
     warnings: List[str] = []
     explicit = set(explicit_keys)
     full = spec.full_node_npus
-    if (spec.routing and spec.routing_source == "rank-table" and spec.device != "npu"
-            and not brings_a_rank_table(spec)):
+    if (
+        spec.routing
+        and spec.routing_source == "rank-table"
+        and spec.device != "npu"
+        and not brings_a_rank_table(spec)
+    ):
         warnings.append(
-            f"routing is on for device {spec.device}, but no rank table source is configured (CCE's "
-            f"configmap1980 plugin serves NPU jobs only): set env RANK_TABLE_FILE (a file in one of "
-            f"volumes, or an http(s) URL) or mount one at {_default_rank_table_dirs()[0]}; without it each "
-            f"pod's bootstrap finds no rank table and keeps the scheduler's order"
+            f"routing is on for device {spec.device}, but no rank table source is configured "
+            "(CCE's configmap1980 plugin serves NPU jobs only): set env RANK_TABLE_FILE (a file "
+            "in one of volumes, or an http(s) URL) or mount one at "
+            f"{_default_rank_table_dirs()[0]}; without it each pod's bootstrap finds no rank table "
+            "and keeps the scheduler's order"
         )
     if spec.routing and spec.nodes < MIN_NODES:
         warnings.append(
@@ -37,12 +42,16 @@ def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str
         )
     if full is not None and spec.npus_per_node < full:
         tail = (
-            f"; each pod's bootstrap ({FULL_NODE_ENV}={full}) will find partial nodes in the rank table, "
-            f"write a failed route_plan.json and keep the scheduler's order (NODE_RANK = VC_TASK_INDEX, "
-            f"master index 0): routing acceleration needs full nodes"
-            if spec.routing else ""
+            f"; each pod's bootstrap ({FULL_NODE_ENV}={full}) will find partial nodes in the rank "
+            "table, write a failed route_plan.json and keep the scheduler's order (NODE_RANK = "
+            "VC_TASK_INDEX, master index 0): routing acceleration needs full nodes"
+            if spec.routing
+            else ""
         )
-        warnings.append(f"npus_per_node is {spec.npus_per_node}, below a full node (full_node_npus {full}){tail}")
+        warnings.append(
+            f"npus_per_node is {spec.npus_per_node}, below a full node (full_node_npus "
+            f"{full}){tail}"
+        )
     arrival = _arrival_order_flags(spec.launcher_args)
     if spec.routing and arrival:
         warnings.append(
@@ -56,18 +65,24 @@ def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str
     if spec.bootstrap_url and not spec.routing:
         warnings.append("bootstrap.url is ignored: routing is off, so the pod runs no bootstrap")
     if spec.routes_by_api and RANK_TABLE_ENV in dict(spec.env):
-        warnings.append(f"routing_source is api, but env {RANK_TABLE_ENV} names a rank table: the "
-                        "bootstrap reads that rank table and not the job's pods")
+        warnings.append(
+            f"routing_source is api, but env {RANK_TABLE_ENV} names a rank table: the "
+            "bootstrap reads that rank table and not the job's pods"
+        )
     if spec.routes_by_api and not spec.anti_affinity:
-        warnings.append("routing by the Kubernetes API with anti_affinity off: pods of the job "
-                        "that share a node make every pod's bootstrap keep the scheduler's order "
-                        "(routing orders nodes)")
+        warnings.append(
+            "routing by the Kubernetes API with anti_affinity off: pods of the job "
+            "that share a node make every pod's bootstrap keep the scheduler's order "
+            "(routing orders nodes)"
+        )
     if "routing_source" in explicit and not spec.routing:
         warnings.append("routing_source is ignored: routing is off")
     topology = spec.network_topology
     if topology.mode == "soft" and topology.highest_tier_allowed is not None:
-        warnings.append("network_topology.highest_tier_allowed is ignored in soft mode (Volcano "
-                        "reads it in hard mode only)")
+        warnings.append(
+            "network_topology.highest_tier_allowed is ignored in soft mode (Volcano "
+            "reads it in hard mode only)"
+        )
     return tuple(warnings)
 
 
@@ -82,8 +97,10 @@ def brings_a_rank_table(spec: JobSpec) -> bool:
         return True
     for mount in spec.mounts:
         path = str(mount.get("mountPath", "")).rstrip("/")
-        if any(place == path or place.startswith(path + "/") or path.startswith(place + "/")
-               for place in _default_rank_table_dirs()):
+        if any(
+            place == path or place.startswith(path + "/") or path.startswith(place + "/")
+            for place in _default_rank_table_dirs()
+        ):
             return True
     return False
 
@@ -95,7 +112,9 @@ def _arrival_order_flags(args: Sequence[str]) -> List[str]:
         match = re.match(r"--rdzv[-_]backend(?:=(.*))?\Z", arg)
         if match:
             inline = match.group(1)
-            backend = inline if inline is not None else (args[index + 1] if index + 1 < len(args) else "")
+            backend = (
+                inline if inline is not None else (args[index + 1] if index + 1 < len(args) else "")
+            )
             if backend not in ("static", "parallel"):
                 flags.append(arg if inline is not None else f"{arg} {backend}")
         elif arg == "--standalone":

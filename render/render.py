@@ -25,15 +25,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import re
 import posixpath
+import re
 import shlex
 import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from npu_job import podfacts
-from npu_job.errors import RenderError
 from npu_job.render.spec import (
     DEVICE_RESOURCE,
     NPU_HOST_MOUNTS,
@@ -41,6 +39,9 @@ from npu_job.render.spec import (
     SHM_VOLUME,
     JobSpec,
 )
+
+from npu_job import podfacts
+from npu_job.errors import RenderError
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,9 @@ class RenderedJob:
 
     spec: JobSpec
     documents: Tuple[Document, ...]  # ConfigMap first, then (routing by the API) RBAC, the Job
-    scripts: Tuple[Tuple[str, str], ...]  # (file name, text): train.sh, [install.sh], [bootstrap.sh]
+    scripts: Tuple[
+        Tuple[str, str], ...
+    ]  # (file name, text): train.sh, [install.sh], [bootstrap.sh]
     warnings: Tuple[str, ...] = ()
 
     def stream(self) -> str:
@@ -81,8 +84,10 @@ class RenderedJob:
         return "".join(f"---\n# Source: {doc.source}\n{doc.text}" for doc in self.documents)
 
     def files(self) -> Tuple[Tuple[str, str, int], ...]:
-        """(file name, text, mode) of what ``--output-dir`` writes: config.yaml, then the scripts."""
-        return (("config.yaml", self.stream(), 0o644),) + tuple((name, text, 0o755) for name, text in self.scripts)
+        """(file name, text, mode) of what ``--output-dir`` writes: config.yaml, then scripts."""
+        return (("config.yaml", self.stream(), 0o644),) + tuple(
+            (name, text, 0o755) for name, text in self.scripts
+        )
 
     @property
     def job(self) -> Document:
@@ -109,7 +114,9 @@ def yaml_scalar(value: Any) -> str:
     JSON and YAML. Other non-ASCII text stays readable. (JSON's surrogate-pair escapes for
     characters beyond U+FFFF are avoided: YAML reads them as two lone surrogates.)
     """
-    return _QUOTED_UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", json.dumps(value, ensure_ascii=False))
+    return _QUOTED_UNSAFE.sub(
+        lambda match: f"\\u{ord(match.group()):04x}", json.dumps(value, ensure_ascii=False)
+    )
 
 
 _QUOTED_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
@@ -200,7 +207,9 @@ def _render_template(env: Any, name: str, context: Mapping[str, Any]) -> str:
     try:
         return env.get_template(name).render(**context)
     except jinja2.TemplateSyntaxError as error:
-        raise RenderError(f"templates/{error.name or name}, line {error.lineno}: {error.message}") from None
+        raise RenderError(
+            f"templates/{error.name or name}, line {error.lineno}: {error.message}"
+        ) from None
     except jinja2.TemplateError as error:
         raise RenderError(f"templates/{name}, line {_template_line(name)}: {error}") from None
 
@@ -264,10 +273,13 @@ def _context(spec: JobSpec) -> Dict[str, Any]:
         # a namespace or job name: no two jobs share one)
         "cluster_role": f"npu-job:{spec.namespace}:{spec.name}-routing",
         "pod_labels": _pairs((MANAGED_BY,), spec.labels),
-        "pod_annotations": _pairs((("cabinet", "cabinet"),) if npu_routing else (), spec.annotations),
+        "pod_annotations": _pairs(
+            (("cabinet", "cabinet"),) if npu_routing else (), spec.annotations
+        ),
         "resources": tuple(resources),
         "node_selector": _pairs(
-            (("accelerator/huawei-npu", "ascend-1980"),) if spec.device == "npu" else (), spec.node_selector
+            (("accelerator/huawei-npu", "ascend-1980"),) if spec.device == "npu" else (),
+            spec.node_selector,
         ),
     }
 
@@ -293,7 +305,9 @@ def render(spec: JobSpec, *, bootstrap: Optional[str] = None) -> RenderedJob:
         if spec.bootstrap_url:
             scripts.append(("bootstrap.sh", _render_template(env, "bootstrap-url.sh.j2", context)))
         else:
-            scripts.append(("bootstrap.sh", bootstrap if bootstrap is not None else bootstrap_script()))
+            scripts.append(
+                ("bootstrap.sh", bootstrap if bootstrap is not None else bootstrap_script())
+            )
     context["scripts"] = tuple(scripts)
 
     templates = ["configmap.yaml.j2", "job.yaml.j2"]
@@ -309,7 +323,9 @@ def render(spec: JobSpec, *, bootstrap: Optional[str] = None) -> RenderedJob:
                 parsed = yaml.safe_load(text)
             except yaml.YAMLError as error:
                 raise RenderError(
-                    f"templates/{template}: rendered text is not valid YAML: {error}") from None
-            documents.append(Document(SOURCE_PREFIX + template, parsed["kind"],
-                                      parsed["metadata"]["name"], text))
+                    f"templates/{template}: rendered text is not valid YAML: {error}"
+                ) from None
+            documents.append(
+                Document(SOURCE_PREFIX + template, parsed["kind"], parsed["metadata"]["name"], text)
+            )
     return RenderedJob(spec, tuple(documents), tuple(scripts), spec.warnings)

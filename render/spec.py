@@ -21,7 +21,8 @@ the value and the fix, the cross-key rules need code anyway, and it keeps render
 runtime dependency the package does not otherwise need.
 
 What is valid but will disappoint (routing with fewer than 3 nodes, part of a node, a launcher
-option that assigns ranks by arrival) is ``lint``'s: its warnings travel in :attr:`JobSpec.warnings`.
+option that assigns ranks by arrival) is ``lint``'s: its warnings travel in
+:attr:`JobSpec.warnings`.
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
-from npu_job.errors import SpecError
-from npu_job.podfacts import FULL_NODE_ENV, MIN_NODES
 from npu_job.render.checks import (
     ABSOLUTE_PATH,
     DNS_LABEL,
@@ -54,6 +53,9 @@ from npu_job.render.checks import (
 )
 from npu_job.render.lint import brings_a_rank_table, spec_warnings
 from npu_job.render.values import MergedValues
+
+from npu_job.errors import SpecError
+from npu_job.podfacts import FULL_NODE_ENV, MIN_NODES
 
 # --- constants the templates and validation share ---------------------------------------------
 
@@ -192,41 +194,60 @@ class KeySpec:
 
 SPEC_KEYS: Tuple[KeySpec, ...] = (
     KeySpec(
-        "name", Text("DNS-1123 label", DNS_LABEL, DNS_LABEL_RULE, 63), REQUIRED,
+        "name",
+        Text("DNS-1123 label", DNS_LABEL, DNS_LABEL_RULE, 63),
+        REQUIRED,
         "Job name. Pods are `<name>-<task_name>-<i>`.",
     ),
     KeySpec(
         "image",
         Text(
-            "image reference", re.compile(r"[^\s\x00-\x1f\x7f]+\Z"),
+            "image reference",
+            re.compile(r"[^\s\x00-\x1f\x7f]+\Z"),
             "an image reference (no spaces or control characters)",
         ),
-        REQUIRED, "Container image (with torch, torch_npu and npu-job installed).",
+        REQUIRED,
+        "Container image (with torch, torch_npu and npu-job installed).",
     ),
     KeySpec(
-        "script", Text("path", _NO_CONTROL, "a path (no control characters)"), REQUIRED,
+        "script",
+        Text("path", _NO_CONTROL, "a path (no control characters)"),
+        REQUIRED,
         "Training entry inside the container, relative to `workdir` or absolute.",
     ),
     KeySpec(
-        "device", Choice(DEVICES), DEVICES[0],
+        "device",
+        Choice(DEVICES),
+        DEVICES[0],
         "What each pod requests: "
-        + ", ".join(f"{resource or 'no accelerator'} ({device})"
-                    for device, resource in DEVICE_RESOURCE.items()) + ".",
+        + ", ".join(
+            f"{resource or 'no accelerator'} ({device})"
+            for device, resource in DEVICE_RESOURCE.items()
+        )
+        + ".",
     ),
     KeySpec(
-        "args", TextList(allow_int=True), (),
+        "args",
+        TextList(allow_int=True),
+        (),
         "Arguments of the script (integers are written in decimal).",
     ),
     KeySpec(
-        "launcher_args", TextList(allow_int=True), (),
+        "launcher_args",
+        TextList(allow_int=True),
+        (),
         "Extra launcher flags, placed before the script.",
     ),
     KeySpec(
-        "nodes", Integer(1, 100_000), 1,
+        "nodes",
+        Integer(1, 100_000),
+        1,
         "Number of pods (one per node): replicas = minAvailable = `MA_NUM_HOSTS`.",
     ),
     KeySpec(
-        "full_node_npus", Integer(1, MAX_NODE_ACCELERATORS), per_device(FULL_NODE_NPUS, cpu=None),
+        "full_node_npus",
+        Integer(1, MAX_NODE_ACCELERATORS),
+        per_device(FULL_NODE_NPUS, cpu=None),
         "Accelerators of a full node: 8 on ascend-1980 nodes, 16 on Atlas A3 super-pod nodes. "
         "`npus_per_node` may not exceed it. With routing on, the pods' bootstrap gets it as "
         f"`{FULL_NODE_ENV}` and keeps the scheduler's order when any server of the rank table "
@@ -234,46 +255,61 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
         "full node: the key is ignored there.",
     ),
     KeySpec(
-        "npus_per_node", Integer(1, per_device(MAX_NODE_ACCELERATORS, cpu=1024)),
+        "npus_per_node",
+        Integer(1, per_device(MAX_NODE_ACCELERATORS, cpu=1024)),
         per_device(FULL_NODE_NPUS, cpu=1),
         "Accelerators (cpu: processes) per pod: `--nproc_per_node`, `MA_NUM_GPUS`.",
     ),
     KeySpec(
-        "namespace", Text("DNS-1123 label", DNS_LABEL, DNS_LABEL_RULE, 63), "default",
+        "namespace",
+        Text("DNS-1123 label", DNS_LABEL, DNS_LABEL_RULE, 63),
+        "default",
         "Namespace of the Job and its ConfigMap.",
     ),
     KeySpec(
-        "task_name", Text("DNS-1123 label", DNS_LABEL, DNS_LABEL_RULE, 63), "worker",
+        "task_name",
+        Text("DNS-1123 label", DNS_LABEL, DNS_LABEL_RULE, 63),
+        "worker",
         "Volcano task name (`MA_TASK_NAME`).",
     ),
     KeySpec(
-        "queue", Text("DNS-1123 subdomain", DNS_SUBDOMAIN, DNS_SUBDOMAIN_RULE, 253), "default",
+        "queue",
+        Text("DNS-1123 subdomain", DNS_SUBDOMAIN, DNS_SUBDOMAIN_RULE, 253),
+        "default",
         "Volcano queue.",
     ),
     KeySpec(
-        "priority_class", Text("DNS-1123 subdomain", DNS_SUBDOMAIN, DNS_SUBDOMAIN_RULE, 253), None,
+        "priority_class",
+        Text("DNS-1123 subdomain", DNS_SUBDOMAIN, DNS_SUBDOMAIN_RULE, 253),
+        None,
         "priorityClassName of the Job and its pods.",
     ),
     KeySpec(
-        "workdir", Text("absolute path", ABSOLUTE_PATH, "an absolute path (starting with '/')"),
-        None, "Directory train.sh changes to before starting the launcher (none: the image's).",
+        "workdir",
+        Text("absolute path", ABSOLUTE_PATH, "an absolute path (starting with '/')"),
+        None,
+        "Directory train.sh changes to before starting the launcher (none: the image's).",
     ),
     KeySpec(  # it appears in the pod command: plain path characters only
         "scripts_dir",
         Text(
-            "absolute path", re.compile(r"/[A-Za-z0-9._/-]*\Z"),
+            "absolute path",
+            re.compile(r"/[A-Za-z0-9._/-]*\Z"),
             "an absolute path of letters, digits, '.', '_', '-' and '/'",
         ),
         "/opt/npu-job",
         "Where the scripts ConfigMap is mounted; the pod command runs there.",
     ),
     KeySpec(
-        "env", TextMap(keys="env", reserved=RESERVED_ENV), (),
+        "env",
+        TextMap(keys="env", reserved=RESERVED_ENV),
+        (),
         "Extra container env (name: value); names npu-job sets are rejected.",
     ),
     KeySpec("launcher", Choice(LAUNCHERS), LAUNCHERS[0], "The launcher train.sh starts."),
     KeySpec(
-        "routing", Flag(),
+        "routing",
+        Flag(),
         Derived(
             f"`nodes >= {MIN_NODES}` on npu, else `false`",
             lambda keys: keys["device"] == "npu" and keys["nodes"] >= MIN_NODES,
@@ -285,7 +321,9 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
         "(`routing_source`).",
     ),
     KeySpec(
-        "routing_source", Choice(ROUTING_SOURCES), ROUTING_SOURCES[0],
+        "routing_source",
+        Choice(ROUTING_SOURCES),
+        ROUTING_SOURCES[0],
         "Where routing finds the servers. `rank-table`: a rank table (CCE's on npu, the job's "
         "own on gpu/cpu). `api`: the job's pods, listed by each pod's bootstrap from the "
         "Kubernetes API (`NPU_JOB_PODS=k8s`), and the cluster's Volcano HyperNodes or node labels "
@@ -295,40 +333,52 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
     ),
     KeySpec(
         "service_account",
-        Text("DNS-1123 subdomain", DNS_SUBDOMAIN, DNS_SUBDOMAIN_RULE, 253), None,
+        Text("DNS-1123 subdomain", DNS_SUBDOMAIN, DNS_SUBDOMAIN_RULE, 253),
+        None,
         "The pods' ServiceAccount. None and routing by the API: render emits `<name>-routing` "
         "with least privilege: a Role that may list pods in the namespace and a ClusterRole that "
         "may list nodes and Volcano hypernodes, each bound to it. Given: no RBAC is emitted, and "
         "this account needs those permissions for routing by the API.",
     ),
     KeySpec(
-        "tiered_store", Flag(),
+        "tiered_store",
+        Flag(),
         Derived("`true` with npu-run", lambda keys: keys["launcher"] == "npu-run"),
         "npu-run's per-node store proxy (`--rdzv_backend=parallel "
         "--enable_tiered_parallel_tcpstore=true`).",
     ),
     KeySpec(
-        "host_network", Flag(), False,
+        "host_network",
+        Flag(),
+        False,
         "Run pods in the host network (dnsPolicy ClusterFirstWithHostNet).",
     ),
     KeySpec(
-        "anti_affinity", Flag(), per_device(True, cpu=False),
+        "anti_affinity",
+        Flag(),
+        per_device(True, cpu=False),
         "At most one pod of the job per node (kubernetes.io/hostname).",
     ),
     KeySpec(
-        "master_port", Integer(1, 65535), 29500,
+        "master_port",
+        Integer(1, 65535),
+        29500,
         "Rendezvous / TCPStore port on the master node.",
     ),
     KeySpec("max_retry", Integer(0, 2**31 - 1), 3, "Volcano `maxRetry`."),
     KeySpec(
-        "network_topology.mode", Choice(NETWORK_TOPOLOGY_MODES), None,
+        "network_topology.mode",
+        Choice(NETWORK_TOPOLOGY_MODES),
+        None,
         "Volcano Job `networkTopology.mode` (Volcano >= 1.12, its network-topology-aware plugin): "
         "`hard` keeps the job inside one HyperNode of at most `highest_tier_allowed`, `soft` "
         "tries to; the bootstrap then orders the ranks inside it. None, with "
         "`highest_tier_allowed` given: `hard`.",
     ),
     KeySpec(
-        "network_topology.highest_tier_allowed", Integer(0, 2**31 - 1), None,
+        "network_topology.highest_tier_allowed",
+        Integer(0, 2**31 - 1),
+        None,
         "Volcano Job `networkTopology.highestTierAllowed`: the highest HyperNode tier the job may "
         "span (hard mode).",
     ),
@@ -341,32 +391,45 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
     KeySpec(
         "labels",
         TextMap("map of label values", pattern=_LABEL_VALUE, rule=_LABEL_VALUE_RULE, max_length=63),
-        (), "Labels of the Job, its pods and the scripts ConfigMap.",
+        (),
+        "Labels of the Job, its pods and the scripts ConfigMap.",
     ),
     KeySpec("annotations", TextMap(), (), "Annotations of the Job and its pods."),
     KeySpec(
-        "image_pull_policy", Choice(PULL_POLICIES), PULL_POLICIES[0],
+        "image_pull_policy",
+        Choice(PULL_POLICIES),
+        PULL_POLICIES[0],
         "The container's imagePullPolicy.",
     ),
     KeySpec(
         "image_pull_secrets",
         TextList("list of DNS-1123 subdomains", pattern=DNS_SUBDOMAIN, rule=DNS_SUBDOMAIN_RULE),
-        (), "Names of image pull secrets.",
+        (),
+        "Names of image pull secrets.",
     ),
     KeySpec(
-        "shm_size", Quantity(), "16Gi", "Size of the in-memory /dev/shm.",
+        "shm_size",
+        Quantity(),
+        "16Gi",
+        "Size of the in-memory /dev/shm.",
         null="no /dev/shm volume: the container runtime's default",
     ),
     KeySpec(
-        "hccl.connect_timeout", Integer(120, 7200), 1200,
+        "hccl.connect_timeout",
+        Integer(120, 7200),
+        1200,
         "`HCCL_CONNECT_TIMEOUT` in seconds; npu only.",
     ),
     KeySpec(
-        "hccl.base_port", Integer(1024, 65536 - HCCL_PORT_COUNT), 60000,
+        "hccl.base_port",
+        Integer(1024, 65536 - HCCL_PORT_COUNT),
+        60000,
         f"`HCCL_IF_BASE_PORT`; HCCL uses {HCCL_PORT_COUNT} ports from it; npu only.",
     ),
     KeySpec(
-        "hccl.reserve_ports", Flag(), False,
+        "hccl.reserve_ports",
+        Flag(),
+        False,
         f"Reserve those {HCCL_PORT_COUNT} ports in the pod (sysctl "
         "`net.ipv4.ip_local_reserved_ports`, a safe sysctl from Kubernetes 1.27); not with "
         "host_network.",
@@ -374,8 +437,12 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
     KeySpec("resources.cpu", Quantity(), None, "CPU per pod; requests = limits."),
     KeySpec("resources.memory", Quantity(), None, "Memory per pod; requests = limits."),
     KeySpec(
-        "bootstrap.url", Text("http(s) URL", re.compile(r"https?://[^\s]+\Z"),
-                              "an http:// or https:// URL without spaces"),
+        "bootstrap.url",
+        Text(
+            "http(s) URL",
+            re.compile(r"https?://[^\s]+\Z"),
+            "an http:// or https:// URL without spaces",
+        ),
         None,
         "Fetch bootstrap.sh from this URL at pod start instead of the bundled one.",
     ),
@@ -384,18 +451,23 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
         TextList(
             "list of strings (one string: a list of one)",
             pattern=re.compile(r"[^\s-][^\x00-\x1f\x7f]*\Z"),
-            rule="a pip requirement such as npu-job==0.1.0 (not an option)", one_is_a_list=True,
+            rule="a pip requirement such as npu-job==0.1.0 (not an option)",
+            one_is_a_list=True,
         ),
         (),
         "pip requirements installed at pod start before anything else (e.g. `npu-job==0.1.0`), "
         "for images without npu-job.",
     ),
     KeySpec(
-        "volumes", Volumes(reserved=RESERVED_VOLUMES), (),
+        "volumes",
+        Volumes(reserved=RESERVED_VOLUMES),
+        (),
         "Extra Kubernetes volumes (passed through), on top of the NPU driver mounts.",
     ),
     KeySpec(
-        "mounts", Mounts(keys=_MOUNT_KEYS), (),
+        "mounts",
+        Mounts(keys=_MOUNT_KEYS),
+        (),
         "Extra volumeMounts (`name`, `mountPath`, `readOnly`, `subPath`) of `volumes`.",
     ),
 )
@@ -487,8 +559,7 @@ class NetworkTopologySpec:
 
 #: the dataclass a dotted key's group becomes (other dotted keys: ``bootstrap.url`` ->
 #: ``JobSpec.bootstrap_url``)
-_RECORDS = {"hccl": HcclSpec, "resources": ResourceSpec,
-            "network_topology": NetworkTopologySpec}
+_RECORDS = {"hccl": HcclSpec, "resources": ResourceSpec, "network_topology": NetworkTopologySpec}
 
 
 @dataclass(frozen=True)
@@ -546,7 +617,8 @@ class JobSpec:
         if not self.routing or self.routing_source == "rank-table":
             return False
         return self.routing_source == "api" or (
-            self.device != "npu" and not brings_a_rank_table(self))
+            self.device != "npu" and not brings_a_rank_table(self)
+        )
 
     @property
     def routing_service_account(self) -> Optional[str]:
@@ -600,7 +672,8 @@ def validate(merged: MergedValues, source: Optional[str] = None) -> JobSpec:
             if top not in groups:  # a nested mapping: its own unknown keys when first met
                 groups[top] = (
                     check.mapping(tree[top], (top,), _SUB_KEYS[top], _SUB_KEY_HINTS.get(top, {}))
-                    if present(top) else {}
+                    if present(top)
+                    else {}
                 )
             node = groups[top]
         name = sub or top
@@ -628,17 +701,21 @@ def _check_across_keys(check: Checker, spec: JobSpec) -> None:
     if len(longest) > 63:
         check.problem(
             ("name",),
-            f"too long for the pod names: {longest!r} has {len(longest)} characters; a pod's hostname "
-            f"'<name>-<task_name>-<index>' must have at most 63",
+            f"too long for the pod names: {longest!r} has {len(longest)} characters; a pod's "
+            "hostname '<name>-<task_name>-<index>' must have at most 63",
         )
     if spec.full_node_npus is not None and spec.npus_per_node > spec.full_node_npus:
         check.problem(
             ("npus_per_node",),
-            f"{spec.npus_per_node} is more than a full node (full_node_npus {spec.full_node_npus}); "
-            f"on nodes with {spec.npus_per_node} accelerators (e.g. Atlas A3) set full_node_npus: {spec.npus_per_node}",
+            f"{spec.npus_per_node} is more than a full node (full_node_npus "
+            f"{spec.full_node_npus}); on nodes with {spec.npus_per_node} accelerators (e.g. Atlas "
+            f"A3) set full_node_npus: {spec.npus_per_node}",
         )
     if spec.tiered_store and spec.launcher != "npu-run":
-        check.problem(("tiered_store",), f"the tiered store needs launcher npu-run; launcher is {spec.launcher}")
+        check.problem(
+            ("tiered_store",),
+            f"the tiered store needs launcher npu-run; launcher is {spec.launcher}",
+        )
     if spec.device == "npu":
         low = spec.hccl.base_port
         if low <= spec.master_port < low + HCCL_PORT_COUNT:
@@ -650,8 +727,8 @@ def _check_across_keys(check: Checker, spec: JobSpec) -> None:
         if spec.hccl.reserve_ports and spec.host_network:
             check.problem(
                 ("hccl", "reserve_ports"),
-                "a pod in the host network cannot set net.* sysctls; reserve the ports on the nodes "
-                "(net.ipv4.ip_local_reserved_ports) or turn host_network off",
+                "a pod in the host network cannot set net.* sysctls; reserve the ports on the "
+                "nodes (net.ipv4.ip_local_reserved_ports) or turn host_network off",
             )
     if spec.routing and spec.device == "npu":
         for path, key, owner in (
@@ -660,7 +737,14 @@ def _check_across_keys(check: Checker, spec: JobSpec) -> None:
         ):
             if key in dict(getattr(spec, path[0])):
                 check.problem(path + (key,), f"set by npu-job for routing ({owner}); remove it")
-    ours = {spec.scripts_dir} | ({"/dev/shm"} if spec.shm_size else set()) | ({host for _, host in NPU_HOST_MOUNTS} if spec.device == "npu" else set())
+    ours = (
+        {spec.scripts_dir}
+        | ({"/dev/shm"} if spec.shm_size else set())
+        | ({host for _, host in NPU_HOST_MOUNTS} if spec.device == "npu" else set())
+    )
     for index, mount in enumerate(spec.mounts):
         if mount.get("mountPath") in ours:
-            check.problem(("mounts", index, "mountPath"), f"{mount['mountPath']!r} is mounted by npu-job itself")
+            check.problem(
+                ("mounts", index, "mountPath"),
+                f"{mount['mountPath']!r} is mounted by npu-job itself",
+            )

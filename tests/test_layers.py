@@ -53,9 +53,12 @@ def package_dirs() -> Dict[str, Path]:
     )
     folders = {}
     for name in packages:  # as setuptools does: the longest mapped prefix, then folders
-        parent = max((known for known in mapped if name == known or name.startswith(known + ".")),
-                     key=len, default="")
-        rest = name[len(parent):].replace(".", "/")
+        parent = max(
+            (known for known in mapped if name == known or name.startswith(known + ".")),
+            key=len,
+            default="",
+        )
+        rest = name[len(parent) :].replace(".", "/")
         folders[name] = REPO / (mapped[parent] + rest if parent else name.replace(".", "/"))
     assert all(folder.is_dir() for folder in folders.values()), folders
     return folders
@@ -87,8 +90,11 @@ def imported(module: str, path: Path) -> Iterator[Tuple[str, int]]:
 
 
 def layer_of(module: str) -> Optional[Tuple[int, str]]:
-    best = max((prefix for prefix in LAYERS if module == prefix or module.startswith(prefix + ".")),
-               key=len, default=None)
+    best = max(
+        (prefix for prefix in LAYERS if module == prefix or module.startswith(prefix + ".")),
+        key=len,
+        default=None,
+    )
     return LAYERS[best] if best is not None else None
 
 
@@ -104,8 +110,10 @@ def violations() -> List[str]:
             upward = target[0] > importer[0]
             sideways = target[0] == importer[0] and importer[0] == 1  # one part into another
             if upward or sideways:
-                found.append(f"{path.relative_to(REPO)}:{line}: {module} ({importer[1]}) imports "
-                             f"the {target[1]}")
+                found.append(
+                    f"{path.relative_to(REPO)}:{line}: {module} ({importer[1]}) imports "
+                    f"the {target[1]}"
+                )
     return sorted(set(found))
 
 

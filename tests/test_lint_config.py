@@ -43,10 +43,18 @@ def _run_commands(function: ast.FunctionDef) -> List[List[str]]:
     """The string arguments of each ``session.run(...)`` in ``function``, in order."""
     commands = []
     for node in ast.walk(function):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "run"):
-            commands.append([arg.value for arg in node.args
-                             if isinstance(arg, ast.Constant) and isinstance(arg.value, str)])
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "run"
+        ):
+            commands.append(
+                [
+                    arg.value
+                    for arg in node.args
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+                ]
+            )
     return commands
 
 
@@ -54,21 +62,30 @@ def test_lint_session_is_a_nox_session_ci_runs() -> None:
     lint = _session("lint")
     decorators = [ast.unparse(decorator) for decorator in lint.decorator_list]
     assert decorators == ["nox.session"]
-    sessions = [node for node in ast.walk(_noxfile()) if isinstance(node, ast.Assign)
-                and ast.unparse(node.targets[0]) == "nox.options.sessions"]
+    sessions = [
+        node
+        for node in ast.walk(_noxfile())
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "nox.options.sessions"
+    ]
     assert len(sessions) == 1
     assert "lint" in ast.literal_eval(sessions[0].value)
 
 
 def test_lint_session_installs_the_pinned_tools_and_runs_them() -> None:
-    tools = [node for node in _noxfile().body if isinstance(node, ast.Assign)
-             and ast.unparse(node.targets[0]) == "LINT_TOOLS"]
+    tools = [
+        node
+        for node in _noxfile().body
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "LINT_TOOLS"
+    ]
     assert len(tools) == 1
     pinned = ast.literal_eval(tools[0].value)
     assert {"ruff==0.17.6", "mypy==2.4.1", "types-PyYAML", "types-requests"} <= set(pinned)
     assert "session.install(*LINT_TOOLS)" in ast.unparse(_session("lint"))
     assert _run_commands(_session("lint")) == [
-        ["python", ".ci/typecheck.py"], ["ruff", "check", "."], ["ruff", "format", "--check", "."]]
+        ["python", ".ci/typecheck.py"],
+        ["ruff", "check", "."],
+        ["ruff", "format", "--check", "."],
+    ]
 
 
 def _package_dir() -> Dict[str, str]:
@@ -108,7 +125,10 @@ def test_link_tree_follows_a_new_package_dir_entry(tmp_path: Path) -> None:
 def test_every_checked_module_exists_in_the_link_tree(tmp_path: Path) -> None:
     typecheck = _typecheck()
     tree = typecheck.build_link_tree(tmp_path / "tree")
-    missing = [name for name in typecheck.PURE_CORE
-               if not tree.joinpath(*name.split(".")).with_suffix(".py").is_file()
-               and not (tree.joinpath(*name.split(".")) / "__init__.py").is_file()]
+    missing = [
+        name
+        for name in typecheck.PURE_CORE
+        if not tree.joinpath(*name.split(".")).with_suffix(".py").is_file()
+        and not (tree.joinpath(*name.split(".")) / "__init__.py").is_file()
+    ]
     assert missing == []

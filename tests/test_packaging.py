@@ -28,9 +28,11 @@ def _mapped_folders() -> tuple:
 
 
 SOURCES = ("setup.cfg", "pyproject.toml", "README.md", "npu_job", *_mapped_folders())
-SHIPPED = {"npu_job/scripts/bootstrap.sh": "scripts/bootstrap.sh",
-           "npu_job/examples/train_ddp.py": "examples/train_ddp.py",
-           "npu_job/render/templates/job.yaml.j2": "render/templates/job.yaml.j2"}
+SHIPPED = {
+    "npu_job/scripts/bootstrap.sh": "scripts/bootstrap.sh",
+    "npu_job/examples/train_ddp.py": "examples/train_ddp.py",
+    "npu_job/render/templates/job.yaml.j2": "render/templates/job.yaml.j2",
+}
 
 
 def test_the_wheel_ships_the_files_the_commands_read_and_the_console_scripts(tmp_path):
@@ -42,13 +44,30 @@ def test_the_wheel_ships_the_files_the_commands_read_and_the_console_scripts(tmp
             shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=ignore)
         else:
             shutil.copy2(ROOT / name, source / name)
-    links = [path for name in SOURCES for path in [source / name, *(source / name).rglob("*")]
-             if path.is_symlink()]
+    links = [
+        path
+        for name in SOURCES
+        for path in [source / name, *(source / name).rglob("*")]
+        if path.is_symlink()
+    ]
     assert links == [], "package data is real files in the folder of its package"
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
-         "-q", "-w", str(tmp_path / "dist"), str(source)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-cache-dir",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "dist").glob("npu_job-*.whl")
@@ -56,7 +75,9 @@ def test_the_wheel_ships_the_files_the_commands_read_and_the_console_scripts(tmp
         names = set(archive.namelist())
         for packaged, target in SHIPPED.items():
             info = archive.getinfo(packaged)
-            assert (info.external_attr >> 16) & 0o170000 != 0o120000, f"{packaged} is stored as a symlink"
+            assert (info.external_attr >> 16) & 0o170000 != 0o120000, (
+                f"{packaged} is stored as a symlink"
+            )
             assert archive.read(packaged) == (ROOT / target).read_bytes(), packaged
         packages = configparser.ConfigParser()
         packages.read(ROOT / "setup.cfg")
@@ -69,7 +90,11 @@ def test_the_wheel_ships_the_files_the_commands_read_and_the_console_scripts(tmp
         shipped.read_string(archive.read(entry_points).decode())
     declared = configparser.ConfigParser()
     declared.read(ROOT / "setup.cfg")
-    scripts = dict(line.split("=", 1) for line in declared["options.entry_points"]["console_scripts"].split("\n") if line)
+    scripts = dict(
+        line.split("=", 1)
+        for line in declared["options.entry_points"]["console_scripts"].split("\n")
+        if line
+    )
     expected = {name.strip(): target.strip() for name, target in scripts.items()}
     assert dict(shipped["console_scripts"]) == expected and {"npu-job", "npu-run"} <= set(expected)
 
@@ -85,7 +110,12 @@ def test_the_launcher_extra_brings_numpy_so_torch_imports_without_a_warning():
     the README's install (the launcher extra) must bring it."""
     setup = configparser.ConfigParser()
     setup.read(ROOT / "setup.cfg")
-    launcher = [line.split(";")[0].strip() for line in setup["options.extras_require"]["launcher"].splitlines()]
+    launcher = [
+        line.split(";")[0].strip()
+        for line in setup["options.extras_require"]["launcher"].splitlines()
+    ]
     assert any(requirement.startswith("numpy") for requirement in launcher)
-    result = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", "import torch"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0 and "NumPy" not in result.stderr, result.stderr

@@ -23,9 +23,14 @@ from npu_job.logs import PROG, add_log_options, setup_logging, verbosity
 
 # name -> (module, one-line help); the order is the order of `npu-job --help`.
 SUBCOMMANDS: Dict[str, Tuple[str, str]] = {
-    "bootstrap": ("npu_job.bootstrap.command",
-                  "compute this pod's routing-affine node rank (pod step 1)"),
-    "plan": ("npu_job.cli.plan", "show the routing-affine order for a rank table and how it scores"),
+    "bootstrap": (
+        "npu_job.bootstrap.command",
+        "compute this pod's routing-affine node rank (pod step 1)",
+    ),
+    "plan": (
+        "npu_job.cli.plan",
+        "show the routing-affine order for a rank table and how it scores",
+    ),
     "render": ("npu_job.cli.render", "render a job spec into a Volcano Job and train.sh"),
     "demo": ("npu_job.cli.demo", "run the whole pipeline on a simulated cluster on this machine"),
 }

@@ -18,7 +18,8 @@ def picture_file(text: str) -> str:
 
     if picture_format(text) is None:
         raise argparse.ArgumentTypeError(
-            f"expected a file name ending in .png or .svg, got {text!r}")
+            f"expected a file name ending in .png or .svg, got {text!r}"
+        )
     return text
 
 

@@ -62,11 +62,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "yaml), or one kubectl get hypernodes,nodes,pods -o json whose HyperNodes or node "
         "labels are then the topology",
     )
-    parser.add_argument("--job", metavar="NAME",
-                        help="with --pods: the job (label volcano.sh/job-name; default: the one "
-                             "job the pods belong to)")
-    parser.add_argument("--task", metavar="NAME",
-                        help="with --pods: only this task's pods (label volcano.sh/task-spec)")
+    parser.add_argument(
+        "--job",
+        metavar="NAME",
+        help="with --pods: the job (label volcano.sh/job-name; default: the one "
+        "job the pods belong to)",
+    )
+    parser.add_argument(
+        "--task",
+        metavar="NAME",
+        help="with --pods: only this task's pods (label volcano.sh/task-spec)",
+    )
     parser.add_argument("--namespace", metavar="NAME", help="with --pods: only this namespace")
     parser.add_argument(
         "--topology",
@@ -80,8 +86,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--topology-format",
         "--topology_format",
         dest="topology_format",
-        choices=("cce-ranktable-tor", "basic-tor-node-cm", "k8s-node-labels",
-                 "volcano-hypernodes", "file"),
+        choices=(
+            "cce-ranktable-tor",
+            "basic-tor-node-cm",
+            "k8s-node-labels",
+            "volcano-hypernodes",
+            "file",
+        ),
         help="read --topology as this format (default: detect by content)",
     )
     parser.add_argument(
@@ -151,8 +162,13 @@ def run(args: argparse.Namespace) -> int:
     if args.picture:
         from npu_job.cli._args import write_picture
 
-        write_picture(args.picture, table, topology, plan,
-                      f"npu-job plan: {table.node_count} nodes, {os.path.basename(table_source)}")
+        write_picture(
+            args.picture,
+            table,
+            topology,
+            plan,
+            f"npu-job plan: {table.node_count} nodes, {os.path.basename(table_source)}",
+        )
     keys = scorer.switch_keys(table, topology)
     shuffled = list(range(table.node_count))
     random.Random(args.seed).shuffle(shuffled)
@@ -183,8 +199,8 @@ def _load(args: argparse.Namespace):
     from npu_job.bootstrap.ranktable import parse_rank_table
     from npu_job.bootstrap.run import server_addresses
     from npu_job.bootstrap.sources import is_url, locate_rank_table, read_bytes
-    from npu_job.podfacts import RANKTABLE_TOR_NAME
     from npu_job.bootstrap.topology import parse_topology
+    from npu_job.podfacts import RANKTABLE_TOR_NAME
 
     nodes = KubeObjects()
     if args.nodes:
@@ -230,16 +246,26 @@ def _load_pods(args: argparse.Namespace, nodes, keys):
     topology, topology_source = None, args.topology
     if topology_source is not None:
         context = KubeContext(objects=objects + nodes, names=names, label_keys=keys)
-        topology = parse_topology(read_bytes(topology_source), topology_source,
-                                  args.topology_format, context=context)
+        topology = parse_topology(
+            read_bytes(topology_source), topology_source, args.topology_format, context=context
+        )
     elif objects.hypernodes or objects.nodes or nodes.nodes:
-        found = topology_from_objects(objects, source, args.topology_format, KubeContext(
-            objects=nodes, names=names, label_keys=keys))
+        found = topology_from_objects(
+            objects,
+            source,
+            args.topology_format,
+            KubeContext(objects=nodes, names=names, label_keys=keys),
+        )
         for note in found.notes:
             logging.getLogger(__name__).info("topology: note: %s", note)
         topology, topology_source = found.topology, f"{source} ({found.topology.source})"
-    return (table, source, jobpods.by_server(topology, table, node_names), topology_source,
-            node_names)
+    return (
+        table,
+        source,
+        jobpods.by_server(topology, table, node_names),
+        topology_source,
+        node_names,
+    )
 
 
 def _score_fields(score) -> Dict[str, Any]:
@@ -252,7 +278,13 @@ def _score_fields(score) -> Dict[str, Any]:
 
 
 def _report(
-    table, topology, plan, scores, args, table_source: str, topology_source: Optional[str],
+    table,
+    topology,
+    plan,
+    scores,
+    args,
+    table_source: str,
+    topology_source: Optional[str],
     nodes: Optional[Sequence[str]] = None,
 ) -> Dict[str, Any]:
     from npu_job.bootstrap.canonical import switch_path
@@ -332,10 +364,13 @@ def _text(report: Dict[str, Any]) -> List[str]:
     )
     rows: List[Tuple[str, str, str, str]] = [("new rank", "pod index", "server", "switch path")]
     rows.extend(
-        (str(e["node_rank"]), str(e["pod_index"]),
-         verbatim_or_shown(e["server_id"]) + (f" ({verbatim_or_shown(e['node'])})" if "node" in e
-                                              else ""),
-         _path_text(e))
+        (
+            str(e["node_rank"]),
+            str(e["pod_index"]),
+            verbatim_or_shown(e["server_id"])
+            + (f" ({verbatim_or_shown(e['node'])})" if "node" in e else ""),
+            _path_text(e),
+        )
         for e in report["order"]
     )
     widths = [max(len(row[i]) for row in rows) for i in range(3)]

@@ -38,7 +38,7 @@ def private_tmp_shell(private_dir: str) -> str:
     """
     steps = []
     for path in software_under_tmp():
-        inside = shlex.quote(private_dir + path[len("/tmp"):])
+        inside = shlex.quote(private_dir + path[len("/tmp") :])
         steps.append(f"mkdir -p {inside} && mount --bind -o ro {shlex.quote(path)} {inside}")
     steps.append(f"mount --rbind {shlex.quote(private_dir)} /tmp")
     return " && ".join(steps)
@@ -49,8 +49,9 @@ def delete_network_namespace(name: str, timeout: float = 5.0) -> None:
     seconds) until none is, then delete the namespace and its ``/etc/netns/NAME`` files."""
 
     def pids() -> List[str]:
-        listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
-                                timeout=30)
+        listed = subprocess.run(
+            ["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30
+        )
         return listed.stdout.split()
 
     deadline = time.monotonic() + timeout
@@ -104,20 +105,27 @@ class NetnsCluster:
     ``/etc/hosts`` resolves all of them.
     """
 
-    def __init__(self, n: int, *, hostnames: Optional[Mapping[str, int]] = None, tag: str = "") -> None:
+    def __init__(
+        self, n: int, *, hostnames: Optional[Mapping[str, int]] = None, tag: str = ""
+    ) -> None:
         self.tag = tag or f"{os.getpid() % 100000}"
         self.bridge = f"npjbr{self.tag}"[:15]
         self.subnet_prefix = f"198.18.{os.getpid() % 250 + 1}"
         self.hostnames = dict(hostnames or {})
         self._root = Path(tempfile.mkdtemp(prefix="npujob-netns-"))
         self.hosts: List[Host] = [
-            Host(i, f"npujob-{self.tag}-{i}", f"{self.subnet_prefix}.{i + 10}", self._root / f"tmp{i}")
+            Host(
+                i,
+                f"npujob-{self.tag}-{i}",
+                f"{self.subnet_prefix}.{i + 10}",
+                self._root / f"tmp{i}",
+            )
             for i in range(n)
         ]
         self._processes: List[subprocess.Popen] = []
 
     # -- lifecycle -------------------------------------------------------------------------
-    def __enter__(self) -> "NetnsCluster":
+    def __enter__(self) -> NetnsCluster:
         try:
             self._create()
         except BaseException:
@@ -145,7 +153,9 @@ class NetnsCluster:
             host.tmp_dir.chmod(0o1777)
             veth = self._veth(host)
             _ip("netns", "add", host.namespace)
-            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host.namespace)
+            _ip(
+                "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host.namespace
+            )
             _ip("link", "set", veth, "master", self.bridge, "up")
             _ip("-n", host.namespace, "addr", "add", f"{host.ip}/24", "dev", "eth0")
             _ip("-n", host.namespace, "link", "set", "eth0", "up")
@@ -186,9 +196,20 @@ class NetnsCluster:
         """
         host = self.hosts[index]
         wrapped = [
-            "ip", "netns", "exec", host.namespace,
-            "unshare", "--mount", "--propagation", "private", "--",
-            "sh", "-c", private_tmp_shell(str(host.tmp_dir)) + ' && exec "$@"', "pod", *argv,
+            "ip",
+            "netns",
+            "exec",
+            host.namespace,
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            private_tmp_shell(str(host.tmp_dir)) + ' && exec "$@"',
+            "pod",
+            *argv,
         ]
         process = subprocess.Popen(wrapped, env=env, start_new_session=True, **kwargs)  # type: ignore[arg-type]
         self._processes.append(process)

@@ -16,9 +16,9 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import pytest
 import yaml
+from npu_job.render.spec import JobSpec
 
 from npu_job.errors import SpecError
-from npu_job.render.spec import JobSpec
 
 from .conftest import spec_from, with_keys
 
@@ -161,10 +161,17 @@ def test_a_documented_integer_range_is_the_one_enforced(key, device, low, high):
     assert range_problems(key, device, low) == range_problems(key, device, high) == []
     for outside in (low - 1, high + 1):
         assert range_problems(key, device, outside) == [
-            f"{key} (from --set): expected an integer from {low} to {high}, got {outside}"]
+            f"{key} (from --set): expected an integer from {low} to {high}, got {outside}"
+        ]
 
 
 def test_every_integer_key_documents_its_range():
     assert {key for key, _, _, _ in integer_ranges()} >= {
-        "nodes", "npus_per_node", "full_node_npus", "master_port", "max_retry",
-        "hccl.connect_timeout", "hccl.base_port"}
+        "nodes",
+        "npus_per_node",
+        "full_node_npus",
+        "master_port",
+        "max_retry",
+        "hccl.connect_timeout",
+        "hccl.base_port",
+    }
