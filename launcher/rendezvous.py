@@ -62,6 +62,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from npu_job.errors import LaunchError
+from npu_job.parsing import seconds_from_text
 
 from . import liveness, torchcompat, verdict
 from .liveness import LivenessSettings
@@ -136,11 +137,8 @@ class ParallelSettings:
 
 def _seconds(params: RendezvousParameters, key: str, default: float) -> float:
     raw = params.get(key, default)
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise LaunchError(f"--rdzv_conf: {key}: expected seconds (a number), got {raw!r}") from None
-    if value <= 0:
+    value = seconds_from_text(str(raw), zero_ok=False)
+    if value is None:
         raise LaunchError(f"--rdzv_conf: {key}: expected a positive number of seconds, got {raw!r}")
     return value
 

@@ -340,9 +340,13 @@ def test_settings_come_from_torchs_rendezvous_parameters():
         pytest.param(dict(endpoint=""), "--master_addr/--master_port", id="no-endpoint"),
         pytest.param(dict(endpoint="10.0.0.1"), "port 1..65535", id="no-port"),
         pytest.param(
-            dict(join_timeout="soon"), "join_timeout: expected seconds", id="bad-join-timeout"
+            dict(join_timeout="soon"),
+            "join_timeout: expected a positive number of seconds",
+            id="bad-join-timeout",
         ),
         pytest.param(dict(timeout="-1"), "timeout: expected a positive", id="negative-timeout"),
+        # float() reads "nan", and NaN <= 0 is false: it passed as a timeout before
+        pytest.param(dict(close_timeout="nan"), "close_timeout: expected a pos", id="nan-timeout"),
         pytest.param(
             dict(enable_tiered_parallel_tcpstore="maybe"), "expected true or false", id="bad-tiered"
         ),
