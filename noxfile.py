@@ -10,6 +10,7 @@ supported`` turns those records into the README's "Supported torch" table.
     nox                        # the whole matrix
     nox -s "launcher(torch='2.1.0')"
     nox -s supported           # the table, from the last matrix run
+    nox -s lint                # mypy over the pure core, ruff (pinned tools, no torch)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ ENVDIR = Path(os.environ.get("NPU_JOB_NOX_ENVDIR", Path.home() / ".cache" / "npu
 RESULTS = ENVDIR / "results"
 nox.options.envdir = str(ENVDIR)
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["launcher", "oldest_msgspec"]
+nox.options.sessions = ["lint", "launcher", "oldest_msgspec"]
 nox.options.error_on_missing_interpreters = True
 
 # Releases of the matrix and what else each needs. torch built against NumPy 1.x (before 2.3)
@@ -37,6 +38,9 @@ MATRIX = {
     "2.14.1": [],
 }
 LAUNCHER_TESTS = "tests/launcher"
+# The lint session's tools, pinned so that a new release never fails CI by itself; the stubs are
+# those of the pure core's third-party imports.
+LINT_TOOLS = ["ruff==0.17.6", "mypy==2.4.1", "types-PyYAML", "types-requests"]
 
 
 @nox.session(python=False)
@@ -54,20 +58,43 @@ def supported(session: nox.Session) -> None:
 
 
 @nox.session
+def lint(session: nox.Session) -> None:
+    """mypy over the pure core (.ci/typecheck.py: settings in pyproject's [tool.mypy]), then
+    ``ruff check`` and ``ruff format --check`` (pyproject's [tool.ruff]) over the repository.
+
+    Only the tools are installed, not the project: mypy reads the sources through a link tree of
+    setup.cfg's package_dir, and a third-party module without stubs counts as ``Any``.
+    """
+    session.install(*LINT_TOOLS)
+    session.run("python", ".ci/typecheck.py", *session.posargs)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
 def oldest_msgspec(session: nox.Session) -> None:
     """The bootstrap and plan readers with the oldest msgspec setup.cfg admits (no torch needed).
 
     Its DecodeError became a ValueError only in 0.21; the readers must fall back alike before.
     """
     session.install("msgspec==0.18.6", "-e", ".[test]")
-    session.run("python", "-m", "pytest", "tests/bootstrap", "tests/cli", "-q", "-p", "no:cacheprovider",
-                *session.posargs)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "tests/bootstrap",
+        "tests/cli",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+    )
 
 
 @nox.session
 @nox.parametrize("torch", list(MATRIX))
 def launcher(session: nox.Session, torch: str) -> None:
-    """npu-run's tests (multi-node tiered and flat, restarts, proxy vs root, torchrun) on one torch."""
+    """npu-run's tests (tiered and flat, restarts, proxy vs root, torchrun) on one torch."""
     session.install(f"torch=={torch}", *MATRIX[torch], "-e", ".[launcher,test]")
     RESULTS.mkdir(parents=True, exist_ok=True)
     report = RESULTS / f"{torch}.junit.xml"
@@ -75,11 +102,22 @@ def launcher(session: nox.Session, torch: str) -> None:
     if features is None:  # nox --install-only
         return
     report.unlink(missing_ok=True)
-    session.run("python", "-m", "pytest", LAUNCHER_TESTS, "-q", "-p", "no:cacheprovider",
-                f"--junitxml={report}", *session.posargs, success_codes=[0, 1])
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        LAUNCHER_TESTS,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={report}",
+        *session.posargs,
+        success_codes=[0, 1],
+    )
     summary, failed = _junit_summary(report)
-    (RESULTS / f"{torch}.json").write_text(json.dumps({"torch": torch, "summary": summary,
-                                                       **json.loads(features)}))
+    (RESULTS / f"{torch}.json").write_text(
+        json.dumps({"torch": torch, "summary": summary, **json.loads(features)})
+    )
     session.log(f"torch {torch}: {summary}")
     if failed:
         session.error(f"torch {torch}: {summary}")
@@ -91,6 +129,9 @@ def _junit_summary(report: Path) -> tuple[str, int]:
 
     suite = ElementTree.parse(report).getroot()
     suite = suite if suite.tag == "testsuite" else suite[0]
-    total, failed = int(suite.get("tests", 0)), int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+    total, failed = (
+        int(suite.get("tests", 0)),
+        int(suite.get("failures", 0)) + int(suite.get("errors", 0)),
+    )
     skipped = int(suite.get("skipped", 0))
     return f"{total - failed - skipped} passed, {skipped} skipped, {failed} failed", failed

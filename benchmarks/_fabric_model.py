@@ -164,8 +164,10 @@ def predict(
         flow_bytes = phase.volume * nbytes
         for link, flows in load.items():
             link_bytes[link] = link_bytes.get(link, 0.0) + flows * flow_bytes
-        seconds += max((flows * flow_bytes / link_rate(shape, link, rate)
-                        for link, flows in load.items()), default=0.0)
+        seconds += max(
+            (flows * flow_bytes / link_rate(shape, link, rate) for link, flows in load.items()),
+            default=0.0,
+        )
     return Prediction(seconds, link_bytes)
 
 
@@ -229,8 +231,11 @@ def rhd_schedule(nodes: int) -> Schedule:
     everything = tuple(range(power))
     steps: List[Step] = []
     if extra:
-        steps.append(Step("fold", 0, tuple(
-            Transfer(2 * i, 2 * i + 1, everything, True) for i in range(extra))))
+        steps.append(
+            Step(
+                "fold", 0, tuple(Transfer(2 * i, 2 * i + 1, everything, True) for i in range(extra))
+            )
+        )
     low = [0] * power
     size = power
     distance = power // 2
@@ -242,20 +247,28 @@ def rhd_schedule(nodes: int) -> Schedule:
             keep_low = not v & distance
             give = low[v] + half if keep_low else low[v]
             kept.append(low[v] if keep_low else low[v] + half)
-            transfers.append(Transfer(real[v], real[v ^ distance], tuple(range(give, give + half)),
-                                      True))
+            transfers.append(
+                Transfer(real[v], real[v ^ distance], tuple(range(give, give + half)), True)
+            )
         steps.append(Step(f"reduce-scatter d={distance}", distance, tuple(transfers)))
         low, size, distance = kept, half, distance // 2
     distance = 1
     while distance < power:
-        transfers = [Transfer(real[v], real[v ^ distance], tuple(range(low[v], low[v] + size)),
-                              False) for v in range(power)]
+        transfers = [
+            Transfer(real[v], real[v ^ distance], tuple(range(low[v], low[v] + size)), False)
+            for v in range(power)
+        ]
         steps.append(Step(f"allgather d={distance}", distance, tuple(transfers)))
         low = [min(low[v], low[v ^ distance]) for v in range(power)]
         size, distance = size * 2, distance * 2
     if extra:
-        steps.append(Step("unfold", 0, tuple(
-            Transfer(2 * i + 1, 2 * i, everything, False) for i in range(extra))))
+        steps.append(
+            Step(
+                "unfold",
+                0,
+                tuple(Transfer(2 * i + 1, 2 * i, everything, False) for i in range(extra)),
+            )
+        )
     return Schedule(Collective.RHD, nodes, power, True, tuple(steps))
 
 
@@ -274,15 +287,25 @@ def nhr_schedule(nodes: int) -> Schedule:
         return Schedule(Collective.NHR, nodes, nodes, True, _nhr_exact(nodes))
     blocks = 1 << steps_count
     reduce_scatter = [
-        Step(f"reduce-scatter d={1 << s}", 1 << s, tuple(
-            Transfer(r, (r - (1 << s)) % nodes, tuple(range(blocks >> (s + 1))), True)
-            for r in range(nodes)))
+        Step(
+            f"reduce-scatter d={1 << s}",
+            1 << s,
+            tuple(
+                Transfer(r, (r - (1 << s)) % nodes, tuple(range(blocks >> (s + 1))), True)
+                for r in range(nodes)
+            ),
+        )
         for s in range(steps_count)
     ]
     allgather = [
-        Step(f"allgather d={1 << s}", 1 << s, tuple(
-            Transfer(r, (r - (1 << s)) % nodes, tuple(range(blocks >> (s + 1))), False)
-            for r in range(nodes)))
+        Step(
+            f"allgather d={1 << s}",
+            1 << s,
+            tuple(
+                Transfer(r, (r - (1 << s)) % nodes, tuple(range(blocks >> (s + 1))), False)
+                for r in range(nodes)
+            ),
+        )
         for s in reversed(range(steps_count))
     ]
     return Schedule(Collective.NHR, nodes, blocks, False, tuple(reduce_scatter + allgather))
@@ -302,14 +325,28 @@ def _nhr_exact(nodes: int) -> Tuple[Step, ...]:
     steps: List[Step] = []
     for level in range(levels, 0, -1):  # distance 1, 2, ..., n/2
         distance = nodes >> level
-        steps.append(Step(f"reduce-scatter d={distance}", distance, tuple(
-            Transfer(r, (r - distance) % nodes, below(level - 1, r - distance), True)
-            for r in range(nodes))))
+        steps.append(
+            Step(
+                f"reduce-scatter d={distance}",
+                distance,
+                tuple(
+                    Transfer(r, (r - distance) % nodes, below(level - 1, r - distance), True)
+                    for r in range(nodes)
+                ),
+            )
+        )
     for level in range(1, levels + 1):  # distance n/2, ..., 1
         distance = nodes >> level
-        steps.append(Step(f"allgather d={distance}", distance, tuple(
-            Transfer(r, (r - distance) % nodes, above(level - 1, r), False)
-            for r in range(nodes))))
+        steps.append(
+            Step(
+                f"allgather d={distance}",
+                distance,
+                tuple(
+                    Transfer(r, (r - distance) % nodes, above(level - 1, r), False)
+                    for r in range(nodes)
+                ),
+            )
+        )
     return tuple(steps)
 
 
@@ -368,15 +405,23 @@ def parse_ss(text: str) -> Tuple[Socket, ...]:
             continue
         if current is not None and line[:1].isspace():
             fields = dict(_SS_FIELD.findall(line))
-            sockets.append(Socket(current[1].strip("[]"), int(current[2]), current[3].strip("[]"),
-                                  int(current[4]), int(fields.get("bytes_acked", 0)),
-                                  int(fields.get("bytes_received", 0))))
+            sockets.append(
+                Socket(
+                    current[1].strip("[]"),
+                    int(current[2]),
+                    current[3].strip("[]"),
+                    int(current[4]),
+                    int(fields.get("bytes_acked", 0)),
+                    int(fields.get("bytes_received", 0)),
+                )
+            )
             current = None
     return tuple(sockets)
 
 
-def sent_by_peer(before: Iterable[Socket], after: Iterable[Socket],
-                 ignore_ports: Sequence[int] = ()) -> Dict[str, int]:
+def sent_by_peer(
+    before: Iterable[Socket], after: Iterable[Socket], ignore_ports: Sequence[int] = ()
+) -> Dict[str, int]:
     """Bytes sent to each peer address between two ``ss`` snapshots of one host."""
     start = {(s.local_port, s.peer, s.peer_port): s.bytes_acked for s in before}
     sent: Dict[str, int] = {}
@@ -418,8 +463,11 @@ def ring_check(sent: Mapping[int, Mapping[int, int]], order: Sequence[int]) -> R
 
 def link_tx_bytes(ip_json: str) -> Dict[str, int]:
     """``ip -j -s link show`` -> transmitted bytes per interface name."""
-    return {entry["ifname"]: int(entry["stats64"]["tx"]["bytes"]) for entry in json.loads(ip_json)
-            if "stats64" in entry}
+    return {
+        entry["ifname"]: int(entry["stats64"]["tx"]["bytes"])
+        for entry in json.loads(ip_json)
+        if "stats64" in entry
+    }
 
 
 def median(values: Sequence[float]) -> float:

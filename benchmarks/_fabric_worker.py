@@ -28,7 +28,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
 from _fabric_model import Schedule, schedule  # noqa: E402
 from npu_job.bootstrap.model import Collective  # noqa: E402
 
@@ -43,8 +42,9 @@ def expected(nodes: int, elements: int) -> torch.Tensor:
     return nodes * (nodes + 1) // 2 * (1 + torch.arange(elements, dtype=torch.float32) % PATTERN)
 
 
-def run_schedule(group: dist.ProcessGroupGloo, plan: Schedule, rank: int,
-                 data: torch.Tensor) -> None:
+def run_schedule(
+    group: dist.ProcessGroupGloo, plan: Schedule, rank: int, data: torch.Tensor
+) -> None:
     chunks = torch.tensor_split(data, plan.blocks)
     for tag, step in enumerate(plan.steps):
         works = []
@@ -63,7 +63,7 @@ def run_schedule(group: dist.ProcessGroupGloo, plan: Schedule, rank: int,
             offset = 0
             for block in transfer.blocks:
                 chunk = chunks[block]
-                part = into[offset:offset + chunk.numel()]
+                part = into[offset : offset + chunk.numel()]
                 offset += chunk.numel()
                 if transfer.reduce:
                     chunk.add_(part)
@@ -76,13 +76,19 @@ def main(config_path: str, pod: int) -> int:
         config = json.load(handle)
     orders = json.loads(sys.stdin.readline())["orders"]
     nodes = int(config["nodes"])
-    store = dist.TCPStore(config["master"], int(config["port"]), nodes, is_master=pod == 0,
-                          timeout=timedelta(seconds=float(config["timeout"])))
+    store = dist.TCPStore(
+        config["master"],
+        int(config["port"]),
+        nodes,
+        is_master=pod == 0,
+        timeout=timedelta(seconds=float(config["timeout"])),
+    )
     groups: Dict[str, Tuple[dist.ProcessGroupGloo, int]] = {}
     for name, order in sorted(orders.items()):
         rank = order.index(pod)
-        group = dist.ProcessGroupGloo(dist.PrefixStore(name, store), rank, nodes,
-                                      timedelta(seconds=float(config["timeout"])))
+        group = dist.ProcessGroupGloo(
+            dist.PrefixStore(name, store), rank, nodes, timedelta(seconds=float(config["timeout"]))
+        )
         groups[name] = (group, rank)
     for group, _ in groups.values():  # connect every group before the first measurement
         group.barrier().wait()

@@ -52,8 +52,11 @@ def write_job(directory: Path, nodes: int, seed: int = 7) -> Dict[str, str]:
     (config / "jobstart_hccl.json").write_text(json.dumps(rank_table_document(table)))
     (config / "ranktable_tor.json").write_bytes(encode_ranktable_tor(table, topology))
     me = table.servers[nodes // 2]
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("NPU_JOB_", "KUBERNETES_"))}
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("NPU_JOB_", "KUBERNETES_"))
+    }
     # A pod runs an installed package, whose bytecode pip compiled: let the warm-up run cache it
     # here too instead of timing the compiler (this checkout may set PYTHONDONTWRITEBYTECODE).
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -103,7 +106,8 @@ def hide_msgspec(directory: Path, env: Dict[str, str]) -> Dict[str, str]:
     package = directory / "msgspec"
     package.mkdir(parents=True, exist_ok=True)
     (package / "__init__.py").write_text(
-        'raise ImportError("hidden by bench_bootstrap to time the standard-library path")\n')
+        'raise ImportError("hidden by bench_bootstrap to time the standard-library path")\n'
+    )
     path = os.pathsep.join(filter(None, [str(directory), env.get("PYTHONPATH")]))
     return {**env, "PYTHONPATH": path}
 
@@ -153,9 +157,11 @@ def table_text(rows: Sequence[Row], repeat: int) -> str:
         f"{'excess s':>9} {'cpu excess':>10} {'ratio':>6}",
     ]
     for name, nodes, wall, wall_min, cpu, cpu_min, excess in rows:
-        lines.append(f"{name:<18} {nodes or '-':>6} {wall:>9.3f} {wall_min:>9.3f} "
-                     f"{cpu:>8.3f} {cpu_min:>8.3f} "
-                     f"{excess:>9.3f} {cpu - base[4]:>10.3f} {wall / base[2]:>6.2f}")
+        lines.append(
+            f"{name:<18} {nodes or '-':>6} {wall:>9.3f} {wall_min:>9.3f} "
+            f"{cpu:>8.3f} {cpu_min:>8.3f} "
+            f"{excess:>9.3f} {cpu - base[4]:>10.3f} {wall / base[2]:>6.2f}"
+        )
     by_case = {(row[0], row[1]): row for row in rows[1:]}
     biggest = max(nodes for _name, nodes in by_case)
     shipped, stdlib = by_case[WITH_MSGSPEC, biggest], by_case[WITHOUT_MSGSPEC, biggest]

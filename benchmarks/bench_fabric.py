@@ -50,20 +50,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from npu_job.bootstrap import planner, scorer
-from npu_job.bootstrap.model import Collective, Plan, Topology
-
-import _fabric_model as model
-import _fabric_net as net
-from _report import publish
+try:
+    import _fabric_model as model
+    import _fabric_net as net
+    from _report import publish
+    from npu_job.bootstrap import planner, scorer
+    from npu_job.bootstrap.model import Collective, Plan, Topology
+except ImportError:
+    # An unprivileged user may not even be able to read a root-owned install; the fabric needs
+    # root anyway, so say that (and exit as unavailable) rather than show the import's traceback.
+    if os.geteuid() != 0:
+        print(
+            "bench_fabric: cannot build the emulated fabric: needs root (network namespaces, "
+            "bridges and tc)",
+            file=sys.stderr,
+        )
+        sys.exit(77)  # EXIT_UNAVAILABLE, defined below
+    raise
 
 EXIT_UNAVAILABLE = 77  # the "skipped" convention: this machine cannot build the fabric
 EXIT_FAILED = 1  # a check of correctness failed (plans disagree, wrong sum, not a ring)
 DEFAULT_SHAPES = ("12x4", "16:6,4,4,2", "16x4/2@2")
 COLLECTIVES = (Collective.RING, Collective.RHD, Collective.NHR)
 ORDERS = ("scheduler", "planned", "random")
-HCCL_ALGO = {Collective.RING: None, Collective.RHD: "level0:NA;level1:H-D_R",
-             Collective.NHR: "level0:NA;level1:NHR"}
+HCCL_ALGO = {
+    Collective.RING: None,
+    Collective.RHD: "level0:NA;level1:H-D_R",
+    Collective.NHR: "level0:NA;level1:NHR",
+}
 JOB, TASK = "fabric", "worker"
 STORE_PORT = 29400
 HERE = Path(__file__).resolve().parent
@@ -76,8 +90,9 @@ STARTED = time.monotonic()
 
 
 def log(message: str) -> None:
-    print(f"bench_fabric: {time.monotonic() - STARTED:5.0f} s: {message}", file=sys.stderr,
-          flush=True)
+    print(
+        f"bench_fabric: {time.monotonic() - STARTED:5.0f} s: {message}", file=sys.stderr, flush=True
+    )
 
 
 def size_bytes(text: str) -> int:
@@ -115,13 +130,22 @@ class Job:
 def make_job(shape: model.Shape, seed: int) -> Job:
     from npu_job.bootstrap.canonical import id_sort_key
     from npu_job.bootstrap.synthetic import synthetic_cluster
-    from npu_job.bootstrap.topology import parse_topology, plain_topology_document
+    from npu_job.bootstrap.topology import parse_topology
     from npu_job.demo import cce_cluster
+
+    from tests.bootstrap.documents import plain_topology_document  # the root is on sys.path: net
 
     ips = [net.pod_ip(pod) for pod in range(shape.nodes)]
     table, topology = synthetic_cluster(
-        shape.nodes, shape.tors, npus_per_node=1, seed=seed, tor_sizes=shape.tor_sizes,
-        spine_groups=shape.spines, job_name=JOB, scatter=True)
+        shape.nodes,
+        shape.tors,
+        npus_per_node=1,
+        seed=seed,
+        tor_sizes=shape.tor_sizes,
+        spine_groups=shape.spines,
+        job_name=JOB,
+        scatter=True,
+    )
     cluster = cce_cluster(table, topology, ips)
     seen = cluster.topology
     plain = None
@@ -130,8 +154,9 @@ def make_job(shape: model.Shape, seed: int) -> Job:
         plain = json.dumps(plain_topology_document(Topology(renamed, "synthetic")), indent=1)
         seen = parse_topology(plain.encode(), "topology.json")
     tors = sorted({p.tors[0] for p in seen.placements.values()}, key=id_sort_key)
-    tor_of_pod = tuple(tors.index(seen.placement_of(s.server_id).tors[0])
-                       for s in cluster.table.servers)
+    tor_of_pod = tuple(
+        tors.index(seen.placement_of(s.server_id).tors[0]) for s in cluster.table.servers
+    )
     sizes = tuple(tor_of_pod.count(t) for t in range(len(tors)))
     assert sizes == shape.tor_sizes, (sizes, shape.tor_sizes)
     plans = {c: planner.plan(cluster.table, seen, c) for c in COLLECTIVES}
@@ -149,7 +174,9 @@ def random_order(nodes: int, seed: int) -> Tuple[int, ...]:
 # ---------------------------------------------------------------------------------------------
 def stage_scripts(job: Job, workspace: Path) -> Tuple[str, Dict[str, str]]:
     """Render the job, stage its scripts; the container command and its literal env."""
-    from npu_job import demo, podsim
+    from npu_job.demo import podspec
+
+    from npu_job import demo
 
     scripts = workspace / "scripts"
     cluster_dir = workspace / "cluster"
@@ -158,26 +185,42 @@ def stage_scripts(job: Job, workspace: Path) -> Tuple[str, Dict[str, str]]:
     if job.topology_file is not None:
         (cluster_dir / "topology.json").write_text(job.topology_file)
         env["NPU_JOB_TOPOLOGY"] = str(cluster_dir / "topology.json")
-    rendered = demo.render_job({
-        "name": JOB, "image": "fabric:local", "script": "/bin/true", "nodes": job.shape.nodes,
-        "npus_per_node": 1, "device": "cpu", "task_name": TASK, "routing": True,
-        "scripts_dir": str(scripts), "env": env,
-    })
+    rendered = demo.render_job(
+        {
+            "name": JOB,
+            "image": "fabric:local",
+            "script": "/bin/true",
+            "nodes": job.shape.nodes,
+            "npus_per_node": 1,
+            "device": "cpu",
+            "task_name": TASK,
+            "routing": True,
+            "scripts_dir": str(scripts),
+            "env": env,
+        }
+    )
     scripts.mkdir(parents=True)
-    for name, text, mode in rendered.files():
+    for name, text, _mode in rendered.files():
         if name == "bootstrap.sh":
             (scripts / name).write_text(text)
     # train.sh's place: say which node rank and master index the pod command gave it
     (scripts / "train.sh").write_text(
-        'echo "fabric-pod node_rank=${RANK_AFTER_ACC} master_index=${MA_MASTER_INDEX}"\n')
-    _, manifest = podsim.find_job(demo.manifest_documents(rendered))
+        'echo "fabric-pod node_rank=${RANK_AFTER_ACC} master_index=${MA_MASTER_INDEX}"\n'
+    )
+    _, manifest = podspec.find_job(demo.manifest_documents(rendered))
     container = manifest["spec"]["tasks"][0]["template"]["spec"]["containers"][0]
     literal = {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
     return container["command"][-1], literal
 
 
-def run_pods(fabric: net.Fabric, job: Job, workspace: Path, collectives: Sequence[Collective],
-             command: str, literal_env: Mapping[str, str]) -> Dict[Collective, Tuple[int, ...]]:
+def run_pods(
+    fabric: net.Fabric,
+    job: Job,
+    workspace: Path,
+    collectives: Sequence[Collective],
+    command: str,
+    literal_env: Mapping[str, str],
+) -> Dict[Collective, Tuple[int, ...]]:
     """Every pod's command once per collective (all at once); the order each collective's pods
     produced, checked against the planner's."""
     processes = {}
@@ -188,30 +231,43 @@ def run_pods(fabric: net.Fabric, job: Job, workspace: Path, collectives: Sequenc
             tmp.chmod(0o1777)
             env = {
                 "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-                "HOME": "/root", **literal_env, "MA_CURRENT_HOST_IP": net.pod_ip(pod),
-                "VC_TASK_INDEX": str(pod), "MA_VJ_NAME": JOB, "MA_TASK_NAME": TASK,
-                "NPU_JOB_PYTHON": sys.executable, "NPU_JOB_K8S_TOPOLOGY": "0",
+                "HOME": "/root",
+                **literal_env,
+                "MA_CURRENT_HOST_IP": net.pod_ip(pod),
+                "VC_TASK_INDEX": str(pod),
+                "MA_VJ_NAME": JOB,
+                "MA_TASK_NAME": TASK,
+                "NPU_JOB_PYTHON": sys.executable,
+                "NPU_JOB_K8S_TOPOLOGY": "0",
                 "NPU_JOB_WAIT_TIMEOUT": "20",
             }
             if HCCL_ALGO[collective]:
                 env["HCCL_ALGO"] = HCCL_ALGO[collective]
             processes[(collective, pod)] = fabric.popen(
-                pod, ["bash", "-c", command], env=env, private_tmp=tmp, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, text=True)
+                pod,
+                ["bash", "-c", command],
+                env=env,
+                private_tmp=tmp,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
     orders = {}
     for collective in collectives:
-        orders[collective] = _pods_order(job, collective, [
-            processes[(collective, pod)] for pod in range(job.shape.nodes)])
+        orders[collective] = _pods_order(
+            job, collective, [processes[(collective, pod)] for pod in range(job.shape.nodes)]
+        )
     return orders
 
 
-def _pods_order(job: Job, collective: Collective,
-                processes: Sequence[subprocess.Popen]) -> Tuple[int, ...]:
+def _pods_order(
+    job: Job, collective: Collective, processes: Sequence[subprocess.Popen]
+) -> Tuple[int, ...]:
     ranks: Dict[int, int] = {}
     masters = set()
     for pod, process in enumerate(processes):
         out, _ = process.communicate(timeout=120)
-        line = next((l for l in out.splitlines() if l.startswith("fabric-pod ")), "")
+        line = next((ln for ln in out.splitlines() if ln.startswith("fabric-pod ")), "")
         fields = dict(part.split("=", 1) for part in line.split()[1:])
         if process.returncode != 0 or "node_rank" not in fields:
             raise RuntimeError(f"pod {pod} ({collective}): exit {process.returncode}: {out[-500:]}")
@@ -223,8 +279,10 @@ def _pods_order(job: Job, collective: Collective,
     if masters != {order[0]}:
         raise RuntimeError(f"{collective}: master indices {sorted(masters)}, expected {order[0]}")
     if order != job.plans[collective].pod_of_node_rank:
-        raise RuntimeError(f"{collective}: the pods' order {order} is not the planner's"
-                           f" {job.plans[collective].pod_of_node_rank}")
+        raise RuntimeError(
+            f"{collective}: the pods' order {order} is not the planner's"
+            f" {job.plans[collective].pod_of_node_rank}"
+        )
     return order
 
 
@@ -236,18 +294,31 @@ class Workers:
 
     def __init__(self, fabric: net.Fabric, nodes: int, workspace: Path) -> None:
         config = workspace / "workers.json"
-        config.write_text(json.dumps({"nodes": nodes, "master": net.pod_ip(0), "port": STORE_PORT,
-                                      "timeout": 300}))
+        config.write_text(
+            json.dumps(
+                {"nodes": nodes, "master": net.pod_ip(0), "port": STORE_PORT, "timeout": 300}
+            )
+        )
         self.selector = selectors.DefaultSelector()
         self.processes = []
         self.buffers: Dict[int, str] = {}
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/root",
-               "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": "/root",
+            "GLOO_SOCKET_IFNAME": "eth0",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
         for pod in range(nodes):
             stderr = open(workspace / f"worker-{pod}.log", "w")
-            process = fabric.popen(pod, [sys.executable, str(HERE / "_fabric_worker.py"),
-                                         str(config), str(pod)], env=env,
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
+            process = fabric.popen(
+                pod,
+                [sys.executable, str(HERE / "_fabric_worker.py"), str(config), str(pod)],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+            )
             stderr.close()
             os.set_blocking(process.stdout.fileno(), False)
             self.selector.register(process.stdout, selectors.EVENT_READ, pod)
@@ -269,8 +340,10 @@ class Workers:
             left = deadline - time.monotonic()
             if left <= 0:
                 missing = sorted(set(range(len(self.processes))) - set(answers))
-                raise TimeoutError(f"workers {missing} did not answer within {timeout:.0f} s"
-                                   f" (see {self.workspace}/worker-*.log)")
+                raise TimeoutError(
+                    f"workers {missing} did not answer within {timeout:.0f} s"
+                    f" (see {self.workspace}/worker-*.log)"
+                )
             for key, _ in self.selector.select(min(left, 1.0)):
                 chunk = key.fileobj.read()
                 if chunk:
@@ -347,21 +420,29 @@ def measure_shape(shape: model.Shape, args: argparse.Namespace) -> ShapeResult:
     load_before = _loadavg()
     job = make_job(shape, args.seed)
     rate = args.rate * 1e6 / 8
-    workspace = Path(tempfile.mkdtemp(prefix=f"{net.PREFIX}{os.getpid()}-",
-                                      dir=str(net.WORKSPACES)))
+    workspace = Path(
+        tempfile.mkdtemp(prefix=f"{net.PREFIX}{os.getpid()}-", dir=str(net.WORKSPACES))
+    )
     try:
         with net.Fabric(shape, job.tor_of_pod, args.rate) as fabric:
-            spines = (f", {shape.spines} spines at {shape.oversubscription:g}:1"
-                      if shape.spines else "")
-            log(f"{shape.text}: fabric up ({shape.nodes} nodes, {shape.tors} ToRs{spines},"
-                f" {args.rate:g} Mbit/s links)")
+            spines = (
+                f", {shape.spines} spines at {shape.oversubscription:g}:1" if shape.spines else ""
+            )
+            log(
+                f"{shape.text}: fabric up ({shape.nodes} nodes, {shape.tors} ToRs{spines},"
+                f" {args.rate:g} Mbit/s links)"
+            )
             command, literal_env = stage_scripts(job, workspace)
             workers = Workers(fabric, shape.nodes, workspace)  # torch loads while the pods plan
             planned = run_pods(fabric, job, workspace, args.collectives, command, literal_env)
-            log(f"{shape.text}: every pod's bootstrap gave the planner's order for "
-                + ", ".join(c.value for c in args.collectives))
-            orders = {"scheduler": tuple(range(shape.nodes)),
-                      "random": random_order(shape.nodes, args.seed)}
+            log(
+                f"{shape.text}: every pod's bootstrap gave the planner's order for "
+                + ", ".join(c.value for c in args.collectives)
+            )
+            orders = {
+                "scheduler": tuple(range(shape.nodes)),
+                "random": random_order(shape.nodes, args.seed),
+            }
             for collective, order in planned.items():
                 orders[f"planned-{collective.value}"] = order
             workers.send({"orders": {name: list(order) for name, order in orders.items()}})
@@ -375,22 +456,38 @@ def measure_shape(shape: model.Shape, args: argparse.Namespace) -> ShapeResult:
             total0, idle0 = _cpu_times()
             for round_index in range(args.rounds):
                 for collective in args.collectives:
-                    rotated = ORDERS[round_index % 3:] + ORDERS[:round_index % 3]
+                    rotated = ORDERS[round_index % 3 :] + ORDERS[: round_index % 3]
                     for name in rotated:
-                        _measure(fabric, workers, cells[(collective, name)], args.size, rate,
-                                 job, sockets=round_index == 0 and collective is Collective.RING)
+                        _measure(
+                            fabric,
+                            workers,
+                            cells[(collective, name)],
+                            args.size,
+                            rate,
+                            job,
+                            sockets=round_index == 0 and collective is Collective.RING,
+                        )
                 log(f"{shape.text}: round {round_index + 1}/{args.rounds} done")
             total1, idle1 = _cpu_times()
             workers.quit()
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
     busy = 1 - (idle1 - idle0) / max(1e-9, total1 - total0)
-    return ShapeResult(job, rate, args.size, cells, load_before, _loadavg(), busy,
-                       time.monotonic() - started)
+    return ShapeResult(
+        job, rate, args.size, cells, load_before, _loadavg(), busy, time.monotonic() - started
+    )
 
 
-def _measure(fabric: net.Fabric, workers: Workers, cell: Cell, nbytes: int, rate: float,
-             job: Job, *, sockets: bool) -> None:
+def _measure(
+    fabric: net.Fabric,
+    workers: Workers,
+    cell: Cell,
+    nbytes: int,
+    rate: float,
+    job: Job,
+    *,
+    sockets: bool,
+) -> None:
     expected = model.predict(job.shape, job.tor_of_pod, cell.order, cell.collective, nbytes, rate)
     before_sockets = [fabric.sockets(pod) for pod in range(job.shape.nodes)] if sockets else None
     before = fabric.uplink_bytes()
@@ -446,30 +543,56 @@ def rows_of(result: ShapeResult) -> List[Row]:
         algbw = model.algbw(result.nbytes, seconds)
         busbw = model.allreduce_busbw(algbw, shape.nodes)
         score = scorer.score_order(cell.order, keys, collective, uplinks=1, samples=0)
-        predicted = model.predict(shape, job.tor_of_pod, cell.order, collective, result.nbytes,
-                                  result.rate)
-        by_collective.setdefault(collective, {})[name] = (busbw, score.best_busbw_fraction,
-                                                          predicted.seconds)
+        predicted = model.predict(
+            shape, job.tor_of_pod, cell.order, collective, result.nbytes, result.rate
+        )
+        by_collective.setdefault(collective, {})[name] = (
+            busbw,
+            score.best_busbw_fraction,
+            predicted.seconds,
+        )
         links = model.uplinks(shape)
-        measured_max = model.median([max(r[l] for l in links) for r in cell.uplink_bytes])
-        predicted_total = sum(predicted.link_bytes.get(l, 0.0) for l in links)
-        measured_total = model.median([sum(r[l] for l in links) for r in cell.uplink_bytes])
+        measured_max = model.median([max(r[link] for link in links) for r in cell.uplink_bytes])
+        predicted_total = sum(predicted.link_bytes.get(link, 0.0) for link in links)
+        measured_total = model.median([sum(r[link] for link in links) for r in cell.uplink_bytes])
         exacts = set(cell.exact)
-        rows.append(Row(
-            shape.text, collective, name, score.ring_cross_edges, score.ring_lower_bound,
-            seconds, algbw, busbw, busbw / result.rate,
-            model.allreduce_busbw(model.algbw(result.nbytes, predicted.seconds), shape.nodes)
-            / result.rate, measured_max,
-            max(predicted.link_bytes.get(l, 0.0) for l in links),
-            measured_total / predicted_total if predicted_total else float("nan"),
-            None, None, None, None if None in exacts else exacts == {True}, cell.ring))
+        rows.append(
+            Row(
+                shape.text,
+                collective,
+                name,
+                score.ring_cross_edges,
+                score.ring_lower_bound,
+                seconds,
+                algbw,
+                busbw,
+                busbw / result.rate,
+                model.allreduce_busbw(model.algbw(result.nbytes, predicted.seconds), shape.nodes)
+                / result.rate,
+                measured_max,
+                max(predicted.link_bytes.get(link, 0.0) for link in links),
+                measured_total / predicted_total if predicted_total else float("nan"),
+                None,
+                None,
+                None,
+                None if None in exacts else exacts == {True},
+                cell.ring,
+            )
+        )
     finished = []
     for row in rows:
         base = by_collective[row.collective]["scheduler"]
         mine = by_collective[row.collective][row.order_name]
-        finished.append(Row(**{**row.__dict__, "ratio_measured": mine[0] / base[0],
-                                "ratio_scorer": mine[1] / base[1],
-                                "ratio_links": base[2] / mine[2]}))
+        finished.append(
+            Row(
+                **{
+                    **row.__dict__,
+                    "ratio_measured": mine[0] / base[0],
+                    "ratio_scorer": mine[1] / base[1],
+                    "ratio_links": base[2] / mine[2],
+                }
+            )
+        )
     return finished
 
 
@@ -490,26 +613,30 @@ def table_lines(results: Sequence[ShapeResult], args: argparse.Namespace) -> Lis
     for result in results:
         for row in rows_of(result):
             exact = {True: "yes", False: "NO", None: "n/a"}[row.exact]
-            edges = (f"{row.ring_edges} ({row.ring_bound})" if row.collective is Collective.RING
-                     else "-")
+            edges = (
+                f"{row.ring_edges} ({row.ring_bound})" if row.collective is Collective.RING else "-"
+            )
             lines.append(
                 f"| {row.shape} | {row.collective.value} | {row.order_name} |"
                 f" {edges} | {row.seconds:.2f} |"
                 f" {row.algbw / 1e6:.2f} | {row.busbw / 1e6:.2f} | {row.busbw_per_link:.2f} |"
                 f" {row.uplink_max_measured / 1e6:.1f} / {row.uplink_max_predicted / 1e6:.1f} |"
                 f" {row.uplink_total_ratio:.2f} | {row.ratio_measured:.2f} |"
-                f" {row.ratio_scorer:.2f} | {row.ratio_links:.2f} | {exact} |")
+                f" {row.ratio_scorer:.2f} | {row.ratio_links:.2f} | {exact} |"
+            )
     lines.append("")
     for result in results:
         lines.append(
             f"{result.job.shape.text}: load average {result.load_before} -> {result.load_after};"
             f" machine CPU busy {100 * result.cpu_busy:.0f}% while measuring (all processes);"
-            f" {result.wall:.0f} s")
+            f" {result.wall:.0f} s"
+        )
     return lines
 
 
-def verdict_lines(results: Sequence[ShapeResult], elapsed: float,
-                  default_run: bool) -> Tuple[List[str], bool]:
+def verdict_lines(
+    results: Sequence[ShapeResult], elapsed: float, default_run: bool
+) -> Tuple[List[str], bool]:
     """The targets, each with its verdict; and whether every correctness check passed."""
     lines = ["", "targets"]
     correct = True
@@ -525,18 +652,22 @@ def verdict_lines(results: Sequence[ShapeResult], elapsed: float,
                 f" ({ring.ring_edges} cross-ToR edges, bound {ring.ring_bound});"
                 f" measured x{ring.ratio_measured:.2f} vs predicted x{ring.ratio_links:.2f}"
                 f" ({int(round(100 * off)):+d}%, target within {100 * RATIO_TOLERANCE:.0f}%):"
-                f" {'met' if abs(off) <= RATIO_TOLERANCE else 'MISSED'}")
+                f" {'met' if abs(off) <= RATIO_TOLERANCE else 'MISSED'}"
+            )
             if shape in TARGET_RATIO:
                 met = ring.ratio_measured >= TARGET_RATIO[shape]
-                lines.append(f"  {shape} ring: planned/scheduler x{ring.ratio_measured:.2f},"
-                             f" target >= x{TARGET_RATIO[shape]:g}: {'met' if met else 'MISSED'}")
+                lines.append(
+                    f"  {shape} ring: planned/scheduler x{ring.ratio_measured:.2f},"
+                    f" target >= x{TARGET_RATIO[shape]:g}: {'met' if met else 'MISSED'}"
+                )
         for collective in (Collective.RHD, Collective.NHR):
             row = rows.get((collective, "planned"))
             if row is not None:
                 lines.append(
                     f"  {shape} {collective.value}: planner's order x{row.ratio_measured:.2f} of"
                     f" the scheduler's busbw (predicted x{row.ratio_links:.2f}); never slower:"
-                    f" {'met' if row.ratio_measured >= 1 else 'MISSED'}")
+                    f" {'met' if row.ratio_measured >= 1 else 'MISSED'}"
+                )
         for (collective, name), cell in result.cells.items():
             if cell.ring is not None:
                 is_ring = cell.ring.direction != 0 and cell.ring.worst_share >= 0.95
@@ -547,19 +678,25 @@ def verdict_lines(results: Sequence[ShapeResult], elapsed: float,
                     f" {100 * cell.ring.worst_share:.1f}% of its bytes to rank"
                     f" {'r+1' if cell.ring.direction > 0 else 'r-1'};"
                     f" {cell.ring.bytes_per_rank / 1e6:.2f} MB per rank, 2(n-1)/n of the buffer is"
-                    f" {model.allreduce_busbw(result.nbytes, result.job.shape.nodes) / 1e6:.2f})")
+                    f" {model.allreduce_busbw(result.nbytes, result.job.shape.nodes) / 1e6:.2f})"
+                )
             if False in cell.exact:
                 correct = False
                 lines.append(f"  {shape} {collective.value} {name}: WRONG allreduce result")
-    unchecked = sorted({f"{r.job.shape.text}" for r in results
-                        for c in r.cells.values() if None in c.exact})
+    unchecked = sorted(
+        {f"{r.job.shape.text}" for r in results for c in r.cells.values() if None in c.exact}
+    )
     if unchecked:
-        lines.append(f"  nhr on {', '.join(unchecked)}: n is not a power of two; the schedule"
-                     " moves the model's volumes between the model's pairs but computes no sum"
-                     " (HCCL's NHR schedule for such n is unpublished)")
+        lines.append(
+            f"  nhr on {', '.join(unchecked)}: n is not a power of two; the schedule"
+            " moves the model's volumes between the model's pairs but computes no sum"
+            " (HCCL's NHR schedule for such n is unpublished)"
+        )
     if default_run:
-        lines.append(f"  the default shapes ran in {elapsed:.0f} s, target under 300 s:"
-                     f" {'met' if elapsed < 300 else 'MISSED'}")
+        lines.append(
+            f"  the default shapes ran in {elapsed:.0f} s, target under 300 s:"
+            f" {'met' if elapsed < 300 else 'MISSED'}"
+        )
     else:
         lines.append(f"  ran in {elapsed:.0f} s")
     return lines, correct
@@ -569,8 +706,12 @@ def plot(results: Sequence[ShapeResult], path: str, rate_mbit: float) -> None:
     """Busbw over the link rate by order, per shape and collective; predictions as ticks."""
     from npu_job.picture import figure, save_figure
 
-    groups = [(result, collective) for result in results
-              for collective in COLLECTIVES if (collective, "scheduler") in result.cells]
+    groups = [
+        (result, collective)
+        for result in results
+        for collective in COLLECTIVES
+        if (collective, "scheduler") in result.cells
+    ]
     fig = figure(width=max(6.0, 1.3 * len(groups) + 1.5), height=4.2)
     axes = fig.add_subplot(1, 1, 1)
     colours = {"scheduler": "#c44e52", "planned": "#4c72b0", "random": "#999999"}
@@ -580,11 +721,20 @@ def plot(results: Sequence[ShapeResult], path: str, rate_mbit: float) -> None:
         for offset, name in enumerate(ORDERS):
             row = rows[name]
             x = index + (offset - 1) * width
-            axes.bar(x, row.busbw_per_link, width * 0.95, color=colours[name],
-                     label=name if index == 0 else None)
-            axes.plot([x - width / 2, x + width / 2], [row.model_busbw_per_link] * 2,
-                      color="black", lw=1.2,
-                      label="link model" if index == 0 and name == "scheduler" else None)
+            axes.bar(
+                x,
+                row.busbw_per_link,
+                width * 0.95,
+                color=colours[name],
+                label=name if index == 0 else None,
+            )
+            axes.plot(
+                [x - width / 2, x + width / 2],
+                [row.model_busbw_per_link] * 2,
+                color="black",
+                lw=1.2,
+                label="link model" if index == 0 and name == "scheduler" else None,
+            )
     axes.set_xticks(range(len(groups)))
     axes.set_xticklabels([f"{r.job.shape.text}\n{c.value}" for r, c in groups], fontsize=8)
     axes.set_ylabel(f"busbw / link rate ({rate_mbit:g} Mbit/s)")
@@ -625,6 +775,7 @@ def _positive(kind: type):
         if value <= 0:
             raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number")
         return value
+
     return parse
 
 
@@ -632,26 +783,56 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="Exit status: 0 done (targets are reported, not enforced), 1 a correctness check"
-               f" failed, 2 bad flags, {EXIT_UNAVAILABLE} cannot build the fabric here (needs"
-               " root and ip netns), 130 interrupted.")
-    parser.add_argument("--shapes", nargs="+", type=_shape, metavar="SHAPE",
-                        default=[model.parse_shape(s) for s in DEFAULT_SHAPES],
-                        help=f"{model.SHAPE_SYNTAX} (default: {' '.join(DEFAULT_SHAPES)})")
-    parser.add_argument("--rate", type=_positive(float), default=100.0, metavar="MBIT",
-                        help="rate of every node link and ToR uplink in Mbit/s (default 100)")
-    parser.add_argument("--size", type=size_bytes, default=3 << 20,
-                        help="allreduce buffer, e.g. 4MiB (default 3MiB: the default shapes then"
-                             " finish within 5 minutes on a busy 2-core machine)")
-    parser.add_argument("--rounds", type=_positive(int), default=3,
-                        help="rounds; each runs every collective in every order (default 3)")
-    parser.add_argument("--collectives", type=_collectives, default=COLLECTIVES,
-                        help="subset of ring,rhd,nhr (default all)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the placement and of the random order (default 0)")
+        f" failed, 2 bad flags, {EXIT_UNAVAILABLE} cannot build the fabric here (needs"
+        " root and ip netns), 130 interrupted.",
+    )
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        type=_shape,
+        metavar="SHAPE",
+        default=[model.parse_shape(s) for s in DEFAULT_SHAPES],
+        help=f"{model.SHAPE_SYNTAX} (default: {' '.join(DEFAULT_SHAPES)})",
+    )
+    parser.add_argument(
+        "--rate",
+        type=_positive(float),
+        default=100.0,
+        metavar="MBIT",
+        help="rate of every node link and ToR uplink in Mbit/s (default 100)",
+    )
+    parser.add_argument(
+        "--size",
+        type=size_bytes,
+        default=3 << 20,
+        help="allreduce buffer, e.g. 4MiB (default 3MiB: the default shapes then"
+        " finish within 5 minutes on a busy 2-core machine)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=_positive(int),
+        default=3,
+        help="rounds; each runs every collective in every order (default 3)",
+    )
+    parser.add_argument(
+        "--collectives",
+        type=_collectives,
+        default=COLLECTIVES,
+        help="subset of ring,rhd,nhr (default all)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the placement and of the random order (default 0)",
+    )
     parser.add_argument("--output", metavar="FILE", help="also write the table to FILE")
-    parser.add_argument("--plot", metavar="FILE",
-                        help="also draw busbw by order and shape to FILE (.png or .svg;"
-                             " needs the [picture] extra: matplotlib)")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="also draw busbw by order and shape to FILE (.png or .svg;"
+        " needs the [picture] extra: matplotlib)",
+    )
     args = parser.parse_args(list(argv))
     if args.plot and not args.plot.lower().endswith((".png", ".svg")):
         parser.error(f"--plot {args.plot}: expected a file name ending in .png or .svg")

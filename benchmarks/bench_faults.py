@@ -50,11 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from _report import publish
 from npu_job.launcher import pdeath
 from npu_job.launcher.protocol import Op, Request, encode_reply, encode_request
 from npu_job.launcher.storeclient import AsyncRawStoreClient
-
-from _report import publish
 
 FAULTS = ("agent-kill", "root-kill", "root-freeze", "squatter", "worker-fails")
 LAUNCHERS = ("npu-run", "torchrun")
@@ -67,7 +66,7 @@ ROOT_CODE = (
     "print(port, flush=True)\n"
     "time.sleep(3600)\n"
 )
-WORKER = '''
+WORKER = """
 import os, sys, time, torch, torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -83,7 +82,7 @@ def main():
         time.sleep(0.1)
 
 main()
-'''
+"""
 
 
 def free_port() -> int:
@@ -104,21 +103,53 @@ class Detection:
     named: bool
 
 
-def _command(launcher: str, rank: int, port: int, worker: Path, workdir: Path, mode: str,
-             keep_alive: Tuple[float, int], restarts: int) -> List[str]:
+def _command(
+    launcher: str,
+    rank: int,
+    port: int,
+    worker: Path,
+    workdir: Path,
+    mode: str,
+    keep_alive: Tuple[float, int],
+    restarts: int,
+) -> List[str]:
     conf = "timeout=20,join_timeout=30"
-    common = [f"--nnodes={NODES}", "--nproc_per_node=1", "--monitor_interval=0.1",
-              f"--max_restarts={restarts}"]
+    common = [
+        f"--nnodes={NODES}",
+        "--nproc_per_node=1",
+        "--monitor_interval=0.1",
+        f"--max_restarts={restarts}",
+    ]
     if launcher == "npu-run":
         interval, attempts = keep_alive
-        return [sys.executable, "-m", "npu_job.launcher", *common, f"--node_rank={rank}",
-                "--rdzv_backend=parallel", "--enable_tiered_parallel_tcpstore=true",
-                "--master_addr=127.0.0.1", f"--master_port={port}",
-                f"--rdzv_conf={conf},keep_alive_interval={interval:g},keep_alive_max_attempt={attempts}",
-                str(worker), str(workdir), mode]
-    return [sys.executable, "-m", "torch.distributed.run", *common, "--rdzv_backend=c10d",
-            f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=bench", f"--rdzv_conf={conf}",
-            str(worker), str(workdir), mode]
+        return [
+            sys.executable,
+            "-m",
+            "npu_job.launcher",
+            *common,
+            f"--node_rank={rank}",
+            "--rdzv_backend=parallel",
+            "--enable_tiered_parallel_tcpstore=true",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            f"--rdzv_conf={conf},keep_alive_interval={interval:g},keep_alive_max_attempt={attempts}",
+            str(worker),
+            str(workdir),
+            mode,
+        ]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *common,
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint=127.0.0.1:{port}",
+        "--rdzv_id=bench",
+        f"--rdzv_conf={conf}",
+        str(worker),
+        str(workdir),
+        mode,
+    ]
 
 
 def _kill_tree(processes: Sequence[subprocess.Popen], tag: str) -> None:
@@ -183,23 +214,35 @@ def detect(fault: str, launcher: str, keep_alive: Tuple[float, int], cap: float)
         try:
             started = time.monotonic()
             for rank in range(NODES):
-                processes.append(subprocess.Popen(
-                    _command(launcher, rank, port, worker, workdir, mode, keep_alive, restarts),
-                    stdout=logs[rank], stderr=subprocess.STDOUT, env=env, start_new_session=True))
+                processes.append(
+                    subprocess.Popen(
+                        _command(launcher, rank, port, worker, workdir, mode, keep_alive, restarts),
+                        stdout=logs[rank],
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                    )
+                )
             survivors = list(range(NODES))
             if fault in ("agent-kill", "root-kill", "root-freeze"):
                 deadline = time.monotonic() + 120
                 while sum(1 for p in workdir.glob("*.ready")) < NODES:
                     if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
-                        return Detection(fault, launcher, None, tuple(p.poll() for p in processes), False)
+                        return Detection(
+                            fault, launcher, None, tuple(p.poll() for p in processes), False
+                        )
                     time.sleep(0.05)
                 victim = 1 if fault == "agent-kill" else 0
-                os.kill(processes[victim].pid,
-                        signal.SIGSTOP if fault == "root-freeze" else signal.SIGKILL)
+                os.kill(
+                    processes[victim].pid,
+                    signal.SIGSTOP if fault == "root-freeze" else signal.SIGKILL,
+                )
                 started = time.monotonic()
                 survivors.remove(victim)
             deadline = started + cap
-            while time.monotonic() < deadline and any(processes[r].poll() is None for r in survivors):
+            while time.monotonic() < deadline and any(
+                processes[r].poll() is None for r in survivors
+            ):
                 time.sleep(0.05)
             ended = all(processes[r].poll() is not None for r in survivors)
             seconds = time.monotonic() - started if ended else None
@@ -208,9 +251,13 @@ def detect(fault: str, launcher: str, keep_alive: Tuple[float, int], cap: float)
             _kill_tree(processes, tag)
             if squatter is not None:
                 squatter.close()
-        culprit = {"agent-kill": "node rank 1", "root-kill": "node rank 0",
-                   "root-freeze": "node rank 0", "squatter": str(port),
-                   "worker-fails": "node rank 1"}[fault]
+        culprit = {
+            "agent-kill": "node rank 1",
+            "root-kill": "node rank 0",
+            "root-freeze": "node rank 0",
+            "squatter": str(port),
+            "worker-fails": "node rank 1",
+        }[fault]
         lasts = []
         for rank in survivors:  # each one's last error line (a TIP line may follow it)
             logs[rank].seek(0)
@@ -225,7 +272,8 @@ def detection_table(results: Sequence[Detection], cap: float, keep_alive: Tuple[
     interval, attempts = keep_alive
     rows = [
         f"## Detection (3 nodes x 1 worker, loopback; timeout=20, join_timeout=30; npu-run "
-        f"keep_alive {interval:g} s x {attempts}; cap {cap:g} s)", "",
+        f"keep_alive {interval:g} s x {attempts}; cap {cap:g} s)",
+        "",
         "| fault | launcher | time to every node stopped | exit codes (node 0, 1, 2) "
         "| last error lines name the cause |",
         "|---|---|---|---|---|",
@@ -233,7 +281,9 @@ def detection_table(results: Sequence[Detection], cap: float, keep_alive: Tuple[
     for r in results:
         time_text = f"{r.seconds:.1f} s" if r.seconds is not None else f">{cap:g} s (still running)"
         codes = ", ".join("running" if c is None else str(c) for c in r.codes)
-        rows.append(f"| {r.fault} | {r.launcher} | {time_text} | {codes} | {'yes' if r.named else 'no'} |")
+        rows.append(
+            f"| {r.fault} | {r.launcher} | {time_text} | {codes} | {'yes' if r.named else 'no'} |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -250,8 +300,9 @@ def _k(text: str) -> bytes:
     return b"/" + text.encode()
 
 
-async def _beats(nodes: int, port: int, interval: float, seconds: float,
-                 connected: Callable[[], None]) -> Tuple[int, int, int]:
+async def _beats(
+    nodes: int, port: int, interval: float, seconds: float, connected: Callable[[], None]
+) -> Tuple[int, int, int]:
     """Connect, call ``connected``, then run the agents' and the judge's rounds for ``seconds``;
     returns (requests, bytes on the wire, judge rounds)."""
     base = "npu_run/bench"
@@ -261,7 +312,9 @@ async def _beats(nodes: int, port: int, interval: float, seconds: float,
     for rank in range(1, nodes + 1):
         await clients[rank].call(Request(Op.ADD, keys=(_k(f"{base}/alive/{rank}"),), number=1))
     verdict_check = Request(Op.CHECK, keys=(_k(f"{base}/verdict"),))
-    judge_read = Request(Op.MULTI_GET, keys=tuple(_k(f"{base}/alive/{r}") for r in range(1, nodes + 1)))
+    judge_read = Request(
+        Op.MULTI_GET, keys=tuple(_k(f"{base}/alive/{r}") for r in range(1, nodes + 1))
+    )
     failures = Request(Op.ADD, keys=(_k(f"{base}/failures_count"),), number=0)
     totals = [0, 0, 0]
     connected()
@@ -274,8 +327,12 @@ async def _beats(nodes: int, port: int, interval: float, seconds: float,
         while loop.time() < end:
             value, ready = await clients[rank].pipeline(beat, verdict_check)  # as the watch sends
             totals[0] += 2
-            totals[1] += (len(encode_request(beat)) + len(encode_reply(Op.ADD, value))
-                          + len(encode_request(verdict_check)) + len(encode_reply(Op.CHECK, ready)))
+            totals[1] += (
+                len(encode_request(beat))
+                + len(encode_reply(Op.ADD, value))
+                + len(encode_request(verdict_check))
+                + len(encode_reply(Op.CHECK, ready))
+            )
             await asyncio.sleep(interval)
 
     async def judge() -> None:
@@ -283,9 +340,14 @@ async def _beats(nodes: int, port: int, interval: float, seconds: float,
         while loop.time() < end:
             ready, values, count = await clients[0].pipeline(verdict_check, judge_read, failures)
             totals[0] += 3
-            totals[1] += (len(encode_request(judge_read)) + len(encode_reply(Op.MULTI_GET, values))
-                          + len(encode_request(failures)) + len(encode_reply(Op.ADD, count))
-                          + len(encode_request(verdict_check)) + len(encode_reply(Op.CHECK, ready)))
+            totals[1] += (
+                len(encode_request(judge_read))
+                + len(encode_reply(Op.MULTI_GET, values))
+                + len(encode_request(failures))
+                + len(encode_reply(Op.ADD, count))
+                + len(encode_request(verdict_check))
+                + len(encode_reply(Op.CHECK, ready))
+            )
             totals[2] += 1
             await asyncio.sleep(interval)
 
@@ -317,7 +379,9 @@ def beat_cost(nodes: int, interval: float, seconds: float) -> BeatCost:
         def connected() -> None:  # the connections' set-up is not the heartbeat's cost
             mark.update(cpu=cpu_seconds(root.pid), at=time.monotonic())
 
-        requests, wire, rounds = loop.run_until_complete(_beats(nodes, port, interval, seconds, connected))
+        requests, wire, rounds = loop.run_until_complete(
+            _beats(nodes, port, interval, seconds, connected)
+        )
         elapsed = time.monotonic() - mark["at"]
         cpu = cpu_seconds(root.pid) - mark["cpu"]
         loop.close()
@@ -335,7 +399,8 @@ def beat_table(cost: BeatCost) -> str:
     share = 100 * cost.root_cpu / cost.seconds
     rows = [
         f"## Heartbeat cost ({cost.nodes} nodes, one round each per {cost.interval:g} s, "
-        f"{cost.seconds:.0f} s measured, stock TCPStore root)", "",
+        f"{cost.seconds:.0f} s measured, stock TCPStore root)",
+        "",
         "| nodes | interval | requests / node / s | bytes / node / s | root requests / s "
         "| root CPU (share of one core) | judge rounds |",
         "|---|---|---|---|---|---|---|",
@@ -347,14 +412,14 @@ def beat_table(cost: BeatCost) -> str:
 
 # ------------------------------------------------------------------ 3. workers die with their agent
 
-PARENT = '''
+PARENT = """
 import os, subprocess, sys, time
 from npu_job.launcher import pdeath
 entry, args = pdeath.wrap(sys.executable, ["-c", "import time; time.sleep(600)"], os.getpid())
 child = subprocess.Popen([entry, *args], start_new_session=True)
 print(child.pid, flush=True)
 time.sleep(600)
-'''
+"""
 
 
 def death_delay() -> float:
@@ -395,8 +460,10 @@ def start_cost(repeat: int) -> Tuple[float, float]:
 
 def pdeath_table(delays: List[float], plain: float, wrapped: float) -> str:
     rows = [
-        "## Workers die with their agent (parent-death signal wrapper)", "",
-        "| measure | median | range |", "|---|---|---|",
+        "## Workers die with their agent (parent-death signal wrapper)",
+        "",
+        "| measure | median | range |",
+        "|---|---|---|",
         f"| SIGKILL of the agent to its worker's death | {1000 * statistics.median(delays):.1f} ms | "
         f"{1000 * min(delays):.1f}-{1000 * max(delays):.1f} ms |",
         f"| `python -c pass`, plain | {1000 * plain:.1f} ms | |",
@@ -414,16 +481,26 @@ def parse_keep_alive(text: str) -> Tuple[float, int]:
     try:
         return float(interval), int(attempts)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected INTERVALxATTEMPTS like 5x3, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected INTERVALxATTEMPTS like 5x3, got {text!r}"
+        ) from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--faults", nargs="*", choices=FAULTS, default=list(FAULTS))
     parser.add_argument("--launchers", nargs="+", choices=LAUNCHERS, default=list(LAUNCHERS))
-    parser.add_argument("--keep-alive", type=parse_keep_alive, default=(5.0, 3),
-                        help="npu-run's keep_alive_interval x keep_alive_max_attempt (default 5x3)")
-    parser.add_argument("--cap", type=float, default=60.0, help="seconds before a run counts as hung")
+    parser.add_argument(
+        "--keep-alive",
+        type=parse_keep_alive,
+        default=(5.0, 3),
+        help="npu-run's keep_alive_interval x keep_alive_max_attempt (default 5x3)",
+    )
+    parser.add_argument(
+        "--cap", type=float, default=60.0, help="seconds before a run counts as hung"
+    )
     parser.add_argument("--beat-nodes", type=int, default=4096)
     parser.add_argument("--beat-interval", type=float, default=5.0)
     parser.add_argument("--beat-seconds", type=float, default=30.0)
@@ -432,8 +509,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     parts = []
-    results = [detect(fault, launcher, args.keep_alive, args.cap)
-               for fault in args.faults for launcher in args.launchers]
+    results = [
+        detect(fault, launcher, args.keep_alive, args.cap)
+        for fault in args.faults
+        for launcher in args.launchers
+    ]
     if results:
         parts.append(detection_table(results, args.cap, args.keep_alive))
     parts.append(beat_table(beat_cost(args.beat_nodes, args.beat_interval, args.beat_seconds)))

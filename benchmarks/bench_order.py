@@ -26,11 +26,10 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
+from _report import publish
 from npu_job.bootstrap import planner, scorer
 from npu_job.bootstrap.model import Collective, PlanStatus
 from npu_job.bootstrap.synthetic import synthetic_cluster
-
-from _report import publish
 
 
 @dataclass(frozen=True)

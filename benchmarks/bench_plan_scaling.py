@@ -22,11 +22,10 @@ import sys
 import time
 from typing import List, Sequence, Tuple
 
+from _report import publish
 from npu_job.bootstrap import planner
 from npu_job.bootstrap.model import Collective, PlanStatus
 from npu_job.bootstrap.synthetic import synthetic_cluster
-
-from _report import publish
 
 TOLERANCE = 1.5  # allowed growth of time / (n log2 n) from the smallest to the largest size
 
@@ -37,8 +36,12 @@ def time_plans(sizes: Sequence[int], repeat: int) -> List[Row]:
     rows: List[Row] = []
     for nodes in sizes:
         table, topology = synthetic_cluster(
-            nodes, max(2, nodes // 16), seed=11, occupancy="uneven",
-            missing_topology=nodes // 64, multi_tor=nodes // 128,
+            nodes,
+            max(2, nodes // 16),
+            seed=11,
+            occupancy="uneven",
+            missing_topology=nodes // 64,
+            multi_tor=nodes // 128,
         )
         for collective in (Collective.RING, Collective.RHD):
             best = math.inf
@@ -67,20 +70,29 @@ def table_text(rows: Sequence[Row], repeat: int) -> str:
             exponent = ""
             if previous is not None:
                 exponent = f"{math.log(seconds / previous[2]) / math.log(nodes / previous[1]):.2f}"
-            lines.append(f"{name:<10} {nodes:>6} {seconds:>9.4f} {normalised:>13.1f} {exponent:>11}")
+            lines.append(
+                f"{name:<10} {nodes:>6} {seconds:>9.4f} {normalised:>13.1f} {exponent:>11}"
+            )
             previous = (name, nodes, seconds)
         growth = mine[-1][3] / mine[0][3]
         verdict = "met" if growth <= TOLERANCE else "NOT met"
-        verdicts.append(f"  {collective}: time per n*log2(n) x{growth:.2f} from {mine[0][1]} to "
-                        f"{mine[-1][1]} nodes: {verdict}")
+        verdicts.append(
+            f"  {collective}: time per n*log2(n) x{growth:.2f} from {mine[0][1]} to "
+            f"{mine[-1][1]} nodes: {verdict}"
+        )
     return "\n".join(lines + ["", "target (O(n log n)):"] + verdicts) + "\n"
 
 
 def main(argv: Sequence[str] = ()) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1024,4096,16384,65536",
-                        help="comma-separated node counts, smallest first (default: %(default)s)")
-    parser.add_argument("--repeat", type=int, default=5, help="timed runs per case; the best counts")
+    parser.add_argument(
+        "--sizes",
+        default="1024,4096,16384,65536",
+        help="comma-separated node counts, smallest first (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=5, help="timed runs per case; the best counts"
+    )
     parser.add_argument("--output", metavar="FILE", help="also write the table to FILE")
     args = parser.parse_args(list(argv) or None)
     sizes = sorted(int(size) for size in args.sizes.split(",") if size.strip())

@@ -50,12 +50,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from _report import publish
 from npu_job.launcher.protocol import Op, Request
 from npu_job.launcher.proxy import AsyncStoreProxy, new_event_loop
 from npu_job.launcher.storeclient import AsyncRawStoreClient, established_connections
-
-from _report import publish
-
 
 LOOPBACK = "127.0.0.1"
 HOSTS = 2
@@ -108,13 +106,16 @@ def k(text: str) -> bytes:
 # ------------------------------------------------------------------ simulated node
 
 
-async def run_node(node: int, case: Case, root_port: int, tiered: bool, peers: int, deadline: float,
-                   keep: list) -> tuple[int, int, int]:
+async def run_node(
+    node: int, case: Case, root_port: int, tiered: bool, peers: int, deadline: float, keep: list
+) -> tuple[int, int, int]:
     """One node: agent, optional proxy, workers. Returns (agent reqs, worker reqs, proxy upstream reqs)."""
     agent = await AsyncRawStoreClient.connect(LOOPBACK, root_port, retry_until=deadline)
     keep.append(agent)
     order = await agent.call(Request(Op.ADD, (k("rdzv/joined"),), number=1))
-    await agent.call(Request(Op.SET, (k(f"rdzv/node/{node}"),), (f"10.0.{node // 256}.{node % 256}".encode(),)))
+    await agent.call(
+        Request(Op.SET, (k(f"rdzv/node/{node}"),), (f"10.0.{node // 256}.{node % 256}".encode(),))
+    )
     if order == case.nodes:
         await agent.call(Request(Op.SET, (k("rdzv/closed"),), (b"1",)))
     await agent.get(k("rdzv/closed"))
@@ -130,21 +131,32 @@ async def run_node(node: int, case: Case, root_port: int, tiered: bool, peers: i
         port = sock.getsockname()[1]
         await proxy.start(sock)
         keep.append(proxy)
-    clients = await asyncio.gather(*(
-        run_worker(node * case.workers + local, case, port, peers, deadline, keep) for local in range(case.workers)
-    ))
+    clients = await asyncio.gather(
+        *(
+            run_worker(node * case.workers + local, case, port, peers, deadline, keep)
+            for local in range(case.workers)
+        )
+    )
     upstream = proxy.snapshot().requests_upstream if proxy else 0
     return agent.requests_sent, sum(clients), upstream
 
 
-async def run_worker(rank: int, case: Case, port: int, peers: int, deadline: float, keep: list) -> int:
+async def run_worker(
+    rank: int, case: Case, port: int, peers: int, deadline: float, keep: list
+) -> int:
     c = await AsyncRawStoreClient.connect(LOOPBACK, port, retry_until=deadline)
     keep.append(c)
     await c.call(Request(Op.ADD, (k("init/count"),), number=1))
     if rank == 0:
         await c.call(Request(Op.SET, (k("nccl/id"),), (os.urandom(128),)))
     await c.get(k("nccl/id"))
-    await c.call(Request(Op.SET, (k(f"gloo/{rank}"),), (f"[10.1.{rank // 256}.{rank % 256}]:{40000 + rank}".encode(),)))
+    await c.call(
+        Request(
+            Op.SET,
+            (k(f"gloo/{rank}"),),
+            (f"[10.1.{rank // 256}.{rank % 256}]:{40000 + rank}".encode(),),
+        )
+    )
     for peer in range(min(peers, case.ranks)):
         if peer != rank:
             await c.get(k(f"gloo/{peer}"))
@@ -155,23 +167,39 @@ async def run_worker(rank: int, case: Case, port: int, peers: int, deadline: flo
     return c.requests_sent
 
 
-def host_main(nodes: Sequence[int], case: Case, root_port: int, tiered: bool, peers: int, start_at: float,
-              loop_kind: str, conn) -> None:  # type: ignore[no-untyped-def]
+def host_main(
+    nodes: Sequence[int],
+    case: Case,
+    root_port: int,
+    tiered: bool,
+    peers: int,
+    start_at: float,
+    loop_kind: str,
+    conn,
+) -> None:  # type: ignore[no-untyped-def]
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
     async def main() -> None:
         keep: list = []
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
-        results = await asyncio.gather(*(
-            run_node(n, case, root_port, tiered, peers, start_at + 600, keep) for n in nodes
-        ))
+        results = await asyncio.gather(
+            *(run_node(n, case, root_port, tiered, peers, start_at + 600, keep) for n in nodes)
+        )
         end = time.monotonic()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         coalesced = sum(p.snapshot().coalesced for p in keep if isinstance(p, AsyncStoreProxy))
-        conn.send((end, [sum(r[i] for r in results) for i in range(3)], coalesced,
-                   usage.ru_utime + usage.ru_stime - cpu_start))
-        await asyncio.get_running_loop().run_in_executor(None, conn.recv)  # hold connections until counted
+        conn.send(
+            (
+                end,
+                [sum(r[i] for r in results) for i in range(3)],
+                coalesced,
+                usage.ru_utime + usage.ru_stime - cpu_start,
+            )
+        )
+        await asyncio.get_running_loop().run_in_executor(
+            None, conn.recv
+        )  # hold connections until counted
         for item in keep:
             if isinstance(item, AsyncStoreProxy):
                 await item.aclose()
@@ -180,7 +208,9 @@ def host_main(nodes: Sequence[int], case: Case, root_port: int, tiered: bool, pe
 
     start = resource.getrusage(resource.RUSAGE_SELF)
     cpu_start = start.ru_utime + start.ru_stime
-    loop = new_event_loop(loop_kind)  # the same loop kind for flat and tiered: clients run on it too
+    loop = new_event_loop(
+        loop_kind
+    )  # the same loop kind for flat and tiered: clients run on it too
     try:
         loop.run_until_complete(main())
     finally:
@@ -208,8 +238,10 @@ def run_case(case: Case, tiered: bool, peers: int, loop_kind: str = "asyncio") -
         for h in range(HOSTS):
             parent, child = ctx.Pipe()
             nodes = list(range(h, case.nodes, HOSTS))
-            proc = ctx.Process(target=host_main, args=(nodes, case, root_port, tiered, peers, start_at,
-                                                           loop_kind, child))
+            proc = ctx.Process(
+                target=host_main,
+                args=(nodes, case, root_port, tiered, peers, start_at, loop_kind, child),
+            )
             proc.start()
             pipes.append(parent)
             procs.append(proc)
@@ -228,9 +260,18 @@ def run_case(case: Case, tiered: bool, peers: int, loop_kind: str = "asyncio") -
         worker_reqs = sum(r[1][1] for r in reports)
         upstream = sum(r[1][2] for r in reports)
         root_requests = agent_reqs + (upstream if tiered else worker_reqs)
-        return Result(case, "tiered" if tiered else "flat", wall, connections, root_requests,
-                      cpu_after - cpu_before, agent_reqs + worker_reqs, sum(r[2] for r in reports), loop_kind,
-                      sum(r[3] for r in reports))
+        return Result(
+            case,
+            "tiered" if tiered else "flat",
+            wall,
+            connections,
+            root_requests,
+            cpu_after - cpu_before,
+            agent_reqs + worker_reqs,
+            sum(r[2] for r in reports),
+            loop_kind,
+            sum(r[3] for r in reports),
+        )
     finally:
         root.kill()
         root.wait()
@@ -273,8 +314,10 @@ def format_table(results: list[Result], peers: int, dns: tuple[float, float]) ->
         "Each row is the median-wall run of its repetitions (all walls listed). host CPU s: the two client",
         "host processes (simulated clients, plus every node's proxy when tiered), on the loop named.",
         "",
-        ("| case | ranks | mode | loop | wall s | walls | root conns | root requests | root CPU s | host CPU s "
-         "| client requests | coalesced |"),
+        (
+            "| case | ranks | mode | loop | wall s | walls | root conns | root requests | root CPU s | host CPU s "
+            "| client requests | coalesced |"
+        ),
         "|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r, walls in rows:
@@ -283,12 +326,20 @@ def format_table(results: list[Result], peers: int, dns: tuple[float, float]) ->
             f"| {r.root_connections} | {r.root_requests} | {r.root_cpu:.2f} | {r.host_cpu:.2f} "
             f"| {r.client_requests} | {r.coalesced} |"
         )
-    lines += ["", ("proxy CPU/request: (tiered host CPU - flat host CPU) / client requests, same loop. all CPU: "
-                   "host + root CPU seconds, tiered/flat - what the wall ratio follows when the two cores are "
-                   "the bottleneck, and steadier than wall on a shared machine."), "",
-              ("| case | loop | conns tiered/nodes | requests tiered/flat | root CPU tiered/flat | wall tiered/flat "
-               "| all CPU tiered/flat | proxy CPU us/request |"),
-              "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        (
+            "proxy CPU/request: (tiered host CPU - flat host CPU) / client requests, same loop. all CPU: "
+            "host + root CPU seconds, tiered/flat - what the wall ratio follows when the two cores are "
+            "the bottleneck, and steadier than wall on a shared machine."
+        ),
+        "",
+        (
+            "| case | loop | conns tiered/nodes | requests tiered/flat | root CPU tiered/flat | wall tiered/flat "
+            "| all CPU tiered/flat | proxy CPU us/request |"
+        ),
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for (name, loop), modes in by_case.items():
         if "flat" in modes and "tiered" in modes:
             f, t = modes["flat"], modes["tiered"]
@@ -301,20 +352,38 @@ def format_table(results: list[Result], peers: int, dns: tuple[float, float]) ->
             )
     largest = max(by_case.values(), key=lambda modes: next(iter(modes.values())).case.ranks)
     if "flat" in largest and "tiered" in largest:
-        lines += ["", (f"Projection to {PROJECT_RANKS} ranks ({PROJECT_RANKS // PROJECT_WORKERS}x{PROJECT_WORKERS}), "
-                  f"same traffic mix (gloo peers = {peers}), from the largest case's per-rank requests and "
-                  "the root's measured CPU per request:"), "",
-                  "| mode | root requests | root CPU s | root conns |", "|---|---:|---:|---:|"]
+        lines += [
+            "",
+            (
+                f"Projection to {PROJECT_RANKS} ranks ({PROJECT_RANKS // PROJECT_WORKERS}x{PROJECT_WORKERS}), "
+                f"same traffic mix (gloo peers = {peers}), from the largest case's per-rank requests and "
+                "the root's measured CPU per request:"
+            ),
+            "",
+            "| mode | root requests | root CPU s | root conns |",
+            "|---|---:|---:|---:|",
+        ]
         for mode in ("flat", "tiered"):
             r = largest[mode]
             requests = r.root_requests / r.case.ranks * PROJECT_RANKS
             per_request = r.root_cpu / r.root_requests if r.root_requests else 0.0
-            conns = (PROJECT_RANKS + PROJECT_RANKS // PROJECT_WORKERS if mode == "flat"
-                     else r.root_connections / r.case.nodes * PROJECT_RANKS // PROJECT_WORKERS)
-            lines.append(f"| {mode} | {requests:.0f} | {requests * per_request:.1f} | {conns:.0f} |")
-    lines += ["", (f"Reverse DNS per accepted peer: 127.0.0.1 (this root's IPv4 listener, /etc/hosts) {dns[0] * 1e3:.3f} ms; "
-              f"::ffff:127.0.0.1 (torch's default dual-stack listener, goes to DNS) {dns[1] * 1e3:.3f} ms."),
-              "", f"Load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)."]
+            conns = (
+                PROJECT_RANKS + PROJECT_RANKS // PROJECT_WORKERS
+                if mode == "flat"
+                else r.root_connections / r.case.nodes * PROJECT_RANKS // PROJECT_WORKERS
+            )
+            lines.append(
+                f"| {mode} | {requests:.0f} | {requests * per_request:.1f} | {conns:.0f} |"
+            )
+    lines += [
+        "",
+        (
+            f"Reverse DNS per accepted peer: 127.0.0.1 (this root's IPv4 listener, /etc/hosts) {dns[0] * 1e3:.3f} ms; "
+            f"::ffff:127.0.0.1 (torch's default dual-stack listener, goes to DNS) {dns[1] * 1e3:.3f} ms."
+        ),
+        "",
+        f"Load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -331,26 +400,49 @@ def parse_case(text: str) -> Case:
 
 def main(argv: Sequence[str] | None = None) -> int:  # type: ignore[assignment]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", nargs="+", type=parse_case, default=[Case(8, 8), Case(64, 8), Case(128, 16)],
-                        help="NODESxWORKERS cases (default: 8x8 64x8 128x16)")
-    parser.add_argument("--gloo-peers", type=int, default=64,
-                        help="peers each rank reads in the gloo phase (default 64; all = the ranks count)")
-    parser.add_argument("--modes", nargs="+", choices=["flat", "tiered"], default=["flat", "tiered"])
-    parser.add_argument("--loop", nargs="+", choices=["asyncio", "uvloop"], default=["asyncio"],
-                        help="event loop of the client host processes (clients and proxies) - several run side "
-                             "by side (default asyncio; uvloop must be installed)")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per case, mode and loop; the median is shown")
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        type=parse_case,
+        default=[Case(8, 8), Case(64, 8), Case(128, 16)],
+        help="NODESxWORKERS cases (default: 8x8 64x8 128x16)",
+    )
+    parser.add_argument(
+        "--gloo-peers",
+        type=int,
+        default=64,
+        help="peers each rank reads in the gloo phase (default 64; all = the ranks count)",
+    )
+    parser.add_argument(
+        "--modes", nargs="+", choices=["flat", "tiered"], default=["flat", "tiered"]
+    )
+    parser.add_argument(
+        "--loop",
+        nargs="+",
+        choices=["asyncio", "uvloop"],
+        default=["asyncio"],
+        help="event loop of the client host processes (clients and proxies) - several run side "
+        "by side (default asyncio; uvloop must be installed)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per case, mode and loop; the median is shown"
+    )
     parser.add_argument("--output", help="also write the table to this file")
     args = parser.parse_args(argv)
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     results = []
     for case in args.cases:
-        for repetition in range(args.repeat):  # interleaved, so drifting machine load hits every variant
+        for repetition in range(
+            args.repeat
+        ):  # interleaved, so drifting machine load hits every variant
             for loop_kind in args.loop:
                 for mode in args.modes:
-                    print(f"running {case} {mode} {loop_kind} ({repetition + 1}/{args.repeat}) ...",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"running {case} {mode} {loop_kind} ({repetition + 1}/{args.repeat}) ...",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     results.append(run_case(case, mode == "tiered", args.gloo_peers, loop_kind))
     dns = (reverse_dns_seconds((LOOPBACK, 1)), reverse_dns_seconds(("::ffff:127.0.0.1", 1, 0, 0)))
     table = format_table(results, args.gloo_peers, dns)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from itertools import repeat
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Literal, Optional, Sequence, Tuple, Union
 
 from npu_job.bootstrap.model import Collective, Placement, RankTable, Server, Topology
 
@@ -39,6 +39,7 @@ try:
 except ImportError:
     from socket import inet_aton as _inet_aton
     from socket import inet_ntoa as _inet_ntoa
+_BIG: Literal["big"] = "big"  # int.from_bytes' byte order, typed as it accepts it
 
 # (kind, ...) tuples; kind 0 = IP address (then version, integer value), kind 1 = natural order.
 IdKey = Tuple[Union[int, str, Tuple[Union[str, Tuple[int, str]], ...]], ...]
@@ -69,8 +70,9 @@ def id_sort_key(identifier: str) -> IdKey:
         except ValueError:
             pass
     pieces = _DIGITS.split(identifier)  # [text, digits, text, digits, ..., text]
-    natural = tuple(_number_key(piece) if index % 2 else piece
-                    for index, piece in enumerate(pieces))
+    natural = tuple(
+        _number_key(piece) if index % 2 else piece for index, piece in enumerate(pieces)
+    )
     return (1, natural, identifier)
 
 
@@ -94,7 +96,7 @@ def id_order(identifiers: Sequence[str]) -> List[int]:
     except (OSError, ValueError, TypeError):
         packed = None
     if packed is not None and list(map(_inet_ntoa, packed)) == list(identifiers):
-        keys: Sequence[Any] = list(map(int.from_bytes, packed, repeat("big")))
+        keys: Sequence[Any] = list(map(int.from_bytes, packed, repeat(_BIG)))
     else:
         keys = list(map(id_sort_key, identifiers))
     return sorted(range(len(keys)), key=keys.__getitem__)
@@ -106,7 +108,9 @@ def id_order(identifiers: Sequence[str]) -> List[int]:
 ADDRESS_FIELDS = ("server_id", "host_ip", "container_ip")
 
 
-def topology_entry(server: Server, topology: Optional[Topology]) -> Tuple[Optional[str], Optional[Placement]]:
+def topology_entry(
+    server: Server, topology: Optional[Topology]
+) -> Tuple[Optional[str], Optional[Placement]]:
     """``(field, placement)``: the first of :data:`ADDRESS_FIELDS` whose value the topology
     places, or ``(None, None)``."""
     if topology is None:

@@ -14,6 +14,7 @@ import logging
 from typing import Optional
 
 from npu_job.bootstrap.model import RankTable
+
 from npu_job.errors import InconsistentError, InputError, shown
 from npu_job.parsing import count_from_text
 
@@ -26,15 +27,25 @@ def parse_task_index(value: Optional[str], name: str = "VC_TASK_INDEX") -> Optio
         return None
     index = count_from_text(value.strip())
     if index is None:
-        raise InputError("environment", name,
-                         f"expected a non-negative integer pod index, got {shown(value)}")
+        raise InputError(
+            "environment", name, f"expected a non-negative integer pod index, got {shown(value)}"
+        )
     return index
 
 
 def find_pod_index(
-    table: RankTable, host_ip: Optional[str], task_index: Optional[int], source: str
+    table: RankTable,
+    host_ip: Optional[str],
+    task_index: Optional[int],
+    source: str,
+    *,
+    entries: str = "server_list",
+    what: str = "the rank table",
+    ids: str = "server ids",
 ) -> int:
-    """The pod index of this pod in ``table``; see the module docstring for the rules."""
+    """The pod index of this pod in ``table``; see the module docstring for the rules.
+    ``entries`` and ``what`` name the servers' source in messages (a job's pods have no
+    ``server_list``)."""
     count = table.node_count
     if host_ip:
         matches = [s.pod_index for s in table.servers if s.server_id == host_ip]
@@ -42,30 +53,29 @@ def find_pod_index(
             matches = [s.pod_index for s in table.servers if s.host_ip == host_ip]
         if not matches:
             raise InconsistentError(
-                f"{source}: server_list: expected this host's IP {shown(host_ip)} "
-                f"(MA_CURRENT_HOST_IP) among the {count} server ids, it is not there",
+                f"{source}: {entries}: expected this host's IP {shown(host_ip)} "
+                f"(MA_CURRENT_HOST_IP) among the {count} {ids}, it is not there",
                 tip="is MA_CURRENT_HOST_IP set from status.hostIP? --host-ip overrides it",
             )
         if len(matches) > 1:
             raise InconsistentError(
-                f"{source}: server_list: expected one server with host IP {shown(host_ip)}, "
+                f"{source}: {entries}: expected one server with host IP {shown(host_ip)}, "
                 f"found {len(matches)}"
             )
         index = matches[0]
         if task_index is not None and task_index != index:
             raise InconsistentError(
-                f"{source}: server_list[{index}]: this host {shown(host_ip)} is pod index {index} "
-                "in the rank "
-                f"table, but VC_TASK_INDEX is {task_index}",
+                f"{source}: {entries}[{index}]: this host {shown(host_ip)} is pod index {index} "
+                f"in {what}, but VC_TASK_INDEX is {task_index}",
                 tip="the rank table may be stale or out of pod order; "
-                    "--pod-index/--host-ip override",
+                "--pod-index/--host-ip override",
             )
         return index
     if task_index is not None:
         if task_index >= count:
             raise InconsistentError(
-                f"{source}: server_list: expected an entry for VC_TASK_INDEX {task_index}, "
-                f"the table has {count} servers"
+                f"{source}: {entries}: expected an entry for VC_TASK_INDEX {task_index}, "
+                f"{what} lists {count}"
             )
         log.info("MA_CURRENT_HOST_IP is not set; this pod is index %d by VC_TASK_INDEX", task_index)
         return task_index

@@ -3,7 +3,7 @@
 Small frozen dataclasses only; no I/O and no parsing here. Readers (``ranktable``, ``topology``)
 build these from bytes, the planner turns them into a :class:`Plan`, the scorer measures orders,
 and the writers serialise results. Every module of the bootstrap imports this one and none of the
-others sideways.
+others sideways. Building thousands of them fast from already validated columns is ``columns``'s.
 
 Conventions:
 
@@ -19,9 +19,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import repeat
 from types import MappingProxyType
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ class Server:
     @property
     def device_count(self) -> int:
         """``len(self.devices)``, without building the :class:`Device` objects of a server made by
-        :func:`servers_from_device_columns` that nobody has asked for yet."""
+        ``columns.servers_from_device_columns`` that nobody has asked for yet."""
         state = self.__dict__
         devices = state.get("devices")
         if devices is not None:
@@ -63,125 +62,29 @@ class Server:
 
 
 class _DevicesFromColumns:
-    """``Server.devices`` of a server made by :func:`servers_from_device_columns`.
+    """``Server.devices`` of a server made by ``columns.servers_from_device_columns``.
 
     A non-data descriptor: a server made by its constructor (or already asked once) has
     ``devices`` in its ``__dict__``, which wins over this. Otherwise the first access builds the
-    tuple from the server's rows of the shared :class:`DeviceColumns` and stores it there, so
+    tuple from the server's rows of the shared ``columns.DeviceColumns`` and stores it there, so
     ``devices`` reads like any other field afterwards (equality, hash, repr and pickle all read
     the field through ``getattr`` and so see the same tuple an eagerly built server holds).
     """
 
     def __get__(self, server: Optional[Server], owner: Optional[type] = None) -> Tuple[Device, ...]:
         rows = None if server is None else server.__dict__.get("_device_rows")
-        if rows is None:  # as for any field without a default
-            raise AttributeError(f"{owner.__name__ if owner else 'Server'!s} has no attribute 'devices'")
+        if server is None or rows is None:  # as for any field without a default
+            raise AttributeError(
+                f"{owner.__name__ if owner else 'Server'!s} has no attribute 'devices'"
+            )
         columns, position = rows
         devices = columns.devices_of(position)
-        server.__dict__["devices"] = devices  # type: ignore[union-attr]
+        server.__dict__["devices"] = devices
         return devices
 
 
 # Set after @dataclass so that the field keeps no default and __init__ its signature.
 Server.devices = _DevicesFromColumns()  # type: ignore[assignment]
-
-
-def devices_from_columns(
-    device_ids: Sequence[str],
-    device_ips: Iterable[Optional[str]],
-    rank_ids: Iterable[Optional[int]],
-    super_device_ids: Iterable[Optional[str]],
-) -> List[Device]:
-    """``[Device(*row) for row in zip(...)]`` for already validated columns, about 2.5x faster.
-
-    A rank table of 4096 nodes has 32k devices, and a frozen dataclass's ``__init__`` stores every
-    field through ``object.__setattr__`` (its frozen guard), which is most of the cost of building
-    them. This writes the same fields into each new instance's ``__dict__`` directly, the way
-    ``pickle`` and ``copy`` restore a frozen dataclass: the results are indistinguishable from
-    ``Device(...)`` (equality, hash, repr, immutability). Valid because :class:`Device` has no
-    ``__post_init__`` and no default factories; ``tests/bootstrap/test_model.py`` holds the field
-    list here to the dataclass's.
-    """
-    devices = list(map(object.__new__, repeat(Device, len(device_ids))))
-    for state, device_id, device_ip, rank_id, super_device_id in zip(
-        map(vars, devices), device_ids, device_ips, rank_ids, super_device_ids
-    ):
-        state["device_id"] = device_id
-        state["device_ip"] = device_ip
-        state["rank_id"] = rank_id
-        state["super_device_id"] = super_device_id
-    return devices
-
-
-def servers_from_columns(
-    server_ids: Sequence[str],
-    pod_indices: Iterable[int],
-    devices: Iterable[Tuple[Device, ...]],
-    host_ips: Iterable[Optional[str]],
-    container_ips: Iterable[Optional[str]],
-    pod_names: Iterable[Optional[str]],
-    super_pod_ids: Iterable[Optional[str]],
-) -> List[Server]:
-    """``[Server(*row) for row in zip(...)]`` for already validated columns; see
-    :func:`devices_from_columns` for why and why it is the same (:class:`Server` has no
-    ``__post_init__`` either)."""
-    servers = list(map(object.__new__, repeat(Server, len(server_ids))))
-    for state, *row in zip(
-        map(vars, servers), server_ids, pod_indices, devices, host_ips, container_ips, pod_names,
-        super_pod_ids,
-    ):
-        (state["server_id"], state["pod_index"], state["devices"], state["host_ip"],
-         state["container_ip"], state["pod_name"], state["super_pod_id"]) = row
-    return servers
-
-
-@dataclass(frozen=True, eq=False)
-class DeviceColumns:
-    """The devices of a run of servers as flat, already validated columns, one row per device.
-
-    Server ``i``'s devices are rows ``offsets[i]:offsets[i + 1]``. A 4096-node table has 32k
-    devices, and bootstrapping reads only how many each server has: servers made with
-    :func:`servers_from_device_columns` build their :class:`Device` objects on first access.
-    """
-
-    device_ids: Sequence[str]
-    device_ips: Sequence[Optional[str]]
-    rank_ids: Sequence[Optional[int]]
-    super_device_ids: Sequence[Optional[str]]
-    offsets: Sequence[int]  # len(servers) + 1 entries, offsets[0] == 0
-
-    def count_of(self, position: int) -> int:
-        return self.offsets[position + 1] - self.offsets[position]
-
-    def devices_of(self, position: int) -> Tuple[Device, ...]:
-        start, stop = self.offsets[position], self.offsets[position + 1]
-        return tuple(devices_from_columns(
-            self.device_ids[start:stop], self.device_ips[start:stop], self.rank_ids[start:stop],
-            self.super_device_ids[start:stop],
-        ))
-
-
-def servers_from_device_columns(
-    server_ids: Sequence[str],
-    pod_indices: Iterable[int],
-    devices: DeviceColumns,
-    host_ips: Iterable[Optional[str]],
-    container_ips: Iterable[Optional[str]],
-    pod_names: Iterable[Optional[str]],
-    super_pod_ids: Iterable[Optional[str]],
-) -> List[Server]:
-    """:func:`servers_from_columns` where server ``i`` gets ``devices.devices_of(i)``, built only
-    when first read (``device_count`` never builds them): equal, in every field, to the servers
-    :func:`servers_from_columns` makes from the materialised device tuples."""
-    servers = list(map(object.__new__, repeat(Server, len(server_ids))))
-    for position, (state, *row) in enumerate(zip(
-        map(vars, servers), server_ids, pod_indices, host_ips, container_ips, pod_names,
-        super_pod_ids,
-    )):
-        (state["server_id"], state["pod_index"], state["host_ip"], state["container_ip"],
-         state["pod_name"], state["super_pod_id"]) = row
-        state["_device_rows"] = (devices, position)
-    return servers
 
 
 @dataclass(frozen=True)

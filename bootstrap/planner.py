@@ -51,6 +51,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from npu_job.bootstrap import canonical
 from npu_job.bootstrap.model import Collective, Plan, PlanStatus, RankTable, Topology
+
 from npu_job.errors import shown
 from npu_job.podfacts import MIN_NODES
 
@@ -136,9 +137,8 @@ def precondition_failures(
     for server in servers:
         if server.server_id in first_pod:
             reasons.append(
-                f"duplicate server_id {shown(server.server_id)}"
-                f" (pod indices {first_pod[server.server_id]}"
-                f" and {server.pod_index})"
+                f"duplicate server_id {shown(server.server_id)} (pod indices "
+                f"{first_pod[server.server_id]} and {server.pod_index})"
             )
         else:
             first_pod[server.server_id] = server.pod_index
@@ -166,7 +166,10 @@ def _matched_by_note(table: RankTable, topology: Optional[Topology]) -> List[str
     if set(fields) <= {"server_id"}:
         return []
     found = ", ".join(f"{fields[f]} by {f}" for f in canonical.ADDRESS_FIELDS if f in fields)
-    return [f"topology entries found for {sum(fields.values())} of {len(table.servers)} servers: {found}"]
+    return [
+        f"topology entries found for {sum(fields.values())} of {len(table.servers)} servers: "
+        f"{found}"
+    ]
 
 
 def _partial_node_reasons(table: RankTable, full_node_devices: Optional[int]) -> List[str]:

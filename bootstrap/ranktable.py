@@ -27,16 +27,8 @@ from collections import deque
 from itertools import accumulate, chain, repeat
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from npu_job.bootstrap.model import (
-    Device,
-    DeviceColumns,
-    Plan,
-    RankTable,
-    Server,
-    servers_from_device_columns,
-)
-from npu_job.bootstrap.payload import (
-    decode_document,
+from npu_job.bootstrap.columns import DeviceColumns, servers_from_device_columns
+from npu_job.bootstrap.fields import (
     expect_count,
     expect_list,
     expect_object,
@@ -47,6 +39,9 @@ from npu_job.bootstrap.payload import (
     require_str,
     require_unique_id,
 )
+from npu_job.bootstrap.model import Device, Plan, RankTable, Server
+from npu_job.bootstrap.payload import decode_document
+
 from npu_job.errors import shown
 from npu_job.parsing import COUNT_LIMIT, MAX_COUNT_DIGITS, count_from_text
 
@@ -54,8 +49,16 @@ LEGACY_VERSION = "0"
 # Volcano names pods <job>-<task>-<index>: the index is the last hyphen-separated part (a name
 # that is only digits counts too). Linear: the digit run is tried once.
 _POD_SUFFIX = re.compile(r"(?:\A|-)([0-9]+)\Z")
-POD_INDEX_EXPECTED = ("a pod name ending in -<index>, as Volcano names pods <job>-<task>-<index> "
-                      "(the digits of a random suffix are not an index)")
+POD_INDEX_EXPECTED = (
+    "a pod name ending in -<index>, as Volcano names pods <job>-<task>-<index> "
+    "(the digits of a random suffix are not an index)"
+)
+
+
+def pod_index_from_name(pod_name: str) -> Optional[int]:
+    """The index a Volcano pod name ends in (``<job>-<task>-<index>``), or None."""
+    match = _POD_SUFFIX.search(pod_name)
+    return None if match is None else count_from_text(match.group(1))
 
 
 def parse_rank_table(data: bytes, source: str) -> RankTable:
@@ -84,21 +87,27 @@ def rank_table_from_document(document: Any, source: str) -> RankTable:
     if "server_count" in doc:
         count = expect_count(doc["server_count"], source, "server_count")
         if count != len(servers):
-            fail(source, "server_count",
-                 f'"{len(servers)}" (the number of entries in server_list), got "{count}"')
+            fail(
+                source,
+                "server_count",
+                f'"{len(servers)}" (the number of entries in server_list), got "{count}"',
+            )
     unknown = set(super_pods) - {server.server_id for server in servers}
     if unknown:
-        fail(source, "super_pod_list",
-             f"only server ids of server_list, got unknown {shown(sorted(unknown)[0])}")
+        fail(
+            source,
+            "super_pod_list",
+            f"only server ids of server_list, got unknown {shown(sorted(unknown)[0])}",
+        )
     return RankTable(version=version, status=status, servers=servers)
 
 
 def _servers(server_list: List[Any], super_pods: Dict[str, str], source: str) -> Tuple[Server, ...]:
     fast = _all_devices_fast(server_list)
     if fast is not None:
-        servers = _servers_fast(server_list, fast, super_pods)
-        if servers is not None:
-            return servers
+        built = _servers_fast(server_list, fast, super_pods)
+        if built is not None:
+            return built
     servers: List[Server] = []
     seen: Dict[str, str] = {}
     for index, entry in enumerate(server_list):
@@ -109,22 +118,25 @@ def _servers(server_list: List[Any], super_pods: Dict[str, str], source: str) ->
             devices = fast.devices_of(index)
         else:
             devices = _devices_checked(entry, f"{path}.device", source)
-        servers.append(Server(
-            server_id,
-            index,
-            devices,
-            host_ip=_optional_str(entry, "host_ip", path, source),
-            container_ip=_optional_str(entry, "container_ip", path, source),
-            pod_name=_optional_str(entry, "pod_name", path, source),
-            super_pod_id=super_pods.get(server_id),
-        ))
+        servers.append(
+            Server(
+                server_id,
+                index,
+                devices,
+                host_ip=_optional_str(entry, "host_ip", path, source),
+                container_ip=_optional_str(entry, "container_ip", path, source),
+                pod_name=_optional_str(entry, "pod_name", path, source),
+                super_pod_id=super_pods.get(server_id),
+            )
+        )
     if fast is None:  # the fast path has checked rank ids already
         _check_unique_ranks(servers, source)
     return tuple(servers)
 
 
-def _servers_fast(server_list: List[Any], devices: DeviceColumns,
-                  super_pods: Dict[str, str]) -> Optional[Tuple[Server, ...]]:
+def _servers_fast(
+    server_list: List[Any], devices: DeviceColumns, super_pods: Dict[str, str]
+) -> Optional[Tuple[Server, ...]]:
     """The servers of a well-formed table, column by column; None: check one by one."""
     try:
         ids = [entry["server_id"] for entry in server_list]
@@ -138,8 +150,18 @@ def _servers_fast(server_list: List[Any], devices: DeviceColumns,
         if set(map(type, values)) not in _STR_OR_NONE:
             return None
         columns.append([value or None for value in values])
-    return tuple(servers_from_device_columns(ids, range(len(ids)), devices, *columns,
-                                             map(super_pods.get, ids)))
+    host_ips, container_ips, pod_names = columns
+    return tuple(
+        servers_from_device_columns(
+            ids,
+            range(len(ids)),
+            devices,
+            host_ips,
+            container_ips,
+            pod_names,
+            map(super_pods.get, ids),
+        )
+    )
 
 
 _STR = {str}
@@ -220,9 +242,12 @@ def _check_unique_ranks(servers: List[Server], source: str) -> None:
         for position, device in enumerate(server.devices):
             here = f"server_list[{index}].device[{position}]"
             if device.rank_id in where:
-                fail(source, f"{here}.rank_id",
-                     f'a rank id unique in the table; "{device.rank_id}" is also '
-                     f"{where[device.rank_id]}")
+                fail(
+                    source,
+                    f"{here}.rank_id",
+                    f'a rank id unique in the table; "{device.rank_id}" is also '
+                    f"{where[device.rank_id]}",
+                )
             where[device.rank_id] = here
 
 
@@ -243,15 +268,21 @@ def _refuse_other_layouts(doc: Dict[str, Any], source: str) -> None:
             first = instances[0]
     per_rank = first is not None and "rank_id" in first and "pod_name" not in first
     if "board_id" in doc or "chip_info" in doc or per_rank:
-        fail(source, "document",
-             "the rank table of a Volcano/Kubernetes job (server_list, or group_list with pod "
-             "names); this is the bare-metal HCCL v0 layout (board_id/chip_info, one instance per "
-             "rank), which lists hosts, not pods: there is no pod order to plan")
+        fail(
+            source,
+            "document",
+            "the rank table of a Volcano/Kubernetes job (server_list, or group_list with pod "
+            "names); this is the bare-metal HCCL v0 layout (board_id/chip_info, one instance per "
+            "rank), which lists hosts, not pods: there is no pod order to plan",
+        )
     if "server_group_list" in doc and "server_list" not in doc:
-        fail(source, "document",
-             "the rank table of one training job (server_list or group_list); this is MindIE's "
-             "global rank table (server_group_list), which describes an inference deployment of "
-             "several server groups")
+        fail(
+            source,
+            "document",
+            "the rank table of one training job (server_list or group_list); this is MindIE's "
+            "global rank table (server_group_list), which describes an inference deployment of "
+            "several server groups",
+        )
 
 
 def _super_pods(doc: Dict[str, Any], source: str) -> Dict[str, str]:
@@ -270,9 +301,12 @@ def _super_pods(doc: Dict[str, Any], source: str) -> Dict[str, str]:
             expect_object(member, source, here)
             server_id = require_str(member, "server_id", source, here)
             if server_id in where:
-                fail(source, f"{here}.server_id",
-                     f"each server in one super pod; {shown(server_id)} is also in "
-                     f"{where[server_id]}")
+                fail(
+                    source,
+                    f"{here}.server_id",
+                    f"each server in one super pod; {shown(server_id)} is also in "
+                    f"{where[server_id]}",
+                )
             where[server_id] = path
             result[server_id] = pod_id
     return result
@@ -292,14 +326,20 @@ def _legacy_table(doc: Dict[str, Any], status: str, source: str) -> RankTable:
         path = f"group_list[0].instance_list[{index}]"
         expect_object(instance, source, path)
         pod_name = require_str(instance, "pod_name", source, path)
-        match = _POD_SUFFIX.search(pod_name)
-        suffix = None if match is None else count_from_text(match.group(1))
+        suffix = pod_index_from_name(pod_name)
         if suffix is None:
-            fail(source, f"{path}.pod_name",
-                 f"{POD_INDEX_EXPECTED}, below 10^{MAX_COUNT_DIGITS} (e.g. job-worker-0)", pod_name)
+            fail(
+                source,
+                f"{path}.pod_name",
+                f"{POD_INDEX_EXPECTED}, below 10^{MAX_COUNT_DIGITS} (e.g. job-worker-0)",
+                pod_name,
+            )
         if suffix in by_suffix:
-            fail(source, f"{path}.pod_name",
-                 f"a unique pod index; {suffix} is also {by_suffix[suffix][0]}")
+            fail(
+                source,
+                f"{path}.pod_name",
+                f"a unique pod index; {suffix} is also {by_suffix[suffix][0]}",
+            )
         server_id = require_unique_id(instance, "server_id", source, path, ids)
         raw_devices = require_list(instance, "devices", source, path)
         if not raw_devices:
@@ -319,10 +359,13 @@ def _legacy_table(doc: Dict[str, Any], status: str, source: str) -> RankTable:
         missing = sorted(set(range(len(suffixes))) - set(suffixes))
         beyond = suffixes[-1]
         beyond_path, beyond_server = by_suffix[beyond]
-        fail(source, "group_list[0].instance_list",
-             f"pod name suffixes 0..{len(suffixes) - 1}, index {missing[0]} is missing "
-             f"({beyond_path}.pod_name {shown(beyond_server.pod_name)} has index {beyond}: "
-             f"{len(suffixes)} pods of one job are <job>-<task>-0..{len(suffixes) - 1})")
+        fail(
+            source,
+            "group_list[0].instance_list",
+            f"pod name suffixes 0..{len(suffixes) - 1}, index {missing[0]} is missing "
+            f"({beyond_path}.pod_name {shown(beyond_server.pod_name)} has index {beyond}: "
+            f"{len(suffixes)} pods of one job are <job>-<task>-0..{len(suffixes) - 1})",
+        )
     servers = tuple(
         Server(s.server_id, suffix, s.devices, pod_name=s.pod_name)
         for suffix, (_, s) in sorted(by_suffix.items())
@@ -413,9 +456,11 @@ def reordered_document(
         for pod in order:
             entry = originals[pod]
             count = len(entry["device"])
-            ranks = rank_texts[next_rank:next_rank + count]
+            ranks = rank_texts[next_rank : next_rank + count]
             next_rank += count
-            renumbered = [{**device, "rank_id": rank} for device, rank in zip(entry["device"], ranks)]
+            renumbered = [
+                {**device, "rank_id": rank} for device, rank in zip(entry["device"], ranks)
+            ]
             server_list.append({**entry, "device": renumbered})
     result = dict(document)
     result["server_list"] = server_list

@@ -32,9 +32,10 @@ from npu_job.bootstrap.sources import (
     read_bytes,
     topology_candidates,
 )
+
 from npu_job.errors import EXIT_OK, InputError, NpuJobError, shown
 from npu_job.parsing import count_from_text, seconds_from_text
-from npu_job.podfacts import OUTPUT_DIR, OUTPUT_DIR_ENV, TASK_INDEX_ENV
+from npu_job.podfacts import OUTPUT_DIR, OUTPUT_DIR_ENV, RANK_TABLE_ENV, TASK_INDEX_ENV
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,12 @@ class BootstrapOptions:
     strict: bool = False
     ca_bundle: Optional[str] = None  # CA file for https:// inputs; None: the system's
     full_node_devices: Optional[int] = None  # devices of a full node; None: only equal counts
+    nodes: Optional[str] = None  # kubectl get nodes -o json (path or URL) for a HyperNode file
+    topology_labels: Optional[Tuple[str, ...]] = None  # node label keys, outermost first
+    pods: Optional[str] = None  # no rank table: "k8s" (the API) or a kubectl get pods -o json
+    job: Optional[str] = None  # the Volcano job whose pods those are (MA_VJ_NAME)
+    task: Optional[str] = None  # its task (MA_TASK_NAME)
+    namespace: Optional[str] = None  # its namespace; None: the service account's
 
 
 def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOptions:
@@ -87,8 +94,9 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
             return default
         number = seconds_from_text(text, zero_ok=True)
         if number is None:
-            raise InputError("environment", name,
-                             f"expected a number of seconds >= 0, got {shown(text)}")
+            raise InputError(
+                "environment", name, f"expected a number of seconds >= 0, got {shown(text)}"
+            )
         return number
 
     def count(flag: str, name: str) -> Optional[int]:
@@ -100,8 +108,9 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
             return None
         number = count_from_text(text)
         if number is None or number < 1:
-            raise InputError("environment", name,
-                             f"expected a whole number >= 1, got {shown(text)}")
+            raise InputError(
+                "environment", name, f"expected a whole number >= 1, got {shown(text)}"
+            )
         return number
 
     strict_flag = flags.get("strict")
@@ -118,6 +127,23 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
         strict=bool(strict_flag) or env.get("NPU_JOB_STRICT", "").strip().lower() in _TRUE,
         ca_bundle=pick("ca_bundle", "NPU_JOB_CA_BUNDLE"),
         full_node_devices=count("full_node_devices", "NPU_JOB_FULL_NODE_DEVICES"),
+        nodes=pick("nodes", "NPU_JOB_NODES"),
+        topology_labels=_label_keys(flags.get("topology_labels"), env),
+        pods=pick("pods", "NPU_JOB_PODS"),
+        job=pick("job", "MA_VJ_NAME"),
+        task=pick("task", "MA_TASK_NAME"),
+        namespace=pick("namespace", "NPU_JOB_NAMESPACE"),
+    )
+
+
+def _label_keys(flag: Optional[str], env: Mapping[str, str]) -> Optional[Tuple[str, ...]]:
+    text = env.get("NPU_JOB_TOPOLOGY_LABELS", "").strip() if flag is None else str(flag)
+    if flag is None and not text:
+        return None
+    from npu_job.bootstrap.labels import label_keys_from_text
+
+    return label_keys_from_text(
+        text, "--topology-labels" if flag is not None else "NPU_JOB_TOPOLOGY_LABELS"
     )
 
 
@@ -148,25 +174,27 @@ def bootstrap(
             gc.enable()
 
 
-def _bootstrap(flags: Mapping[str, Any], env: Optional[Mapping[str, str]],
-               clock: Callable[[], float], sleep: Callable[[float], None]) -> BootstrapResult:
+def _bootstrap(
+    flags: Mapping[str, Any],
+    env: Optional[Mapping[str, str]],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> BootstrapResult:
     environ = os.environ if env is None else env
     strict = bool(flags.get("strict")) or environ.get("NPU_JOB_STRICT", "").strip().lower() in _TRUE
     output_dir = flags.get("output_dir") or environ.get(OUTPUT_DIR_ENV) or OUTPUT_DIR
     context: Dict[str, Any] = {}
+    failure: Optional[NpuJobError] = None
     try:
         options = resolve(flags, environ)
         output_dir = options.output_dir
-        route_plan = _run(options, environ, clock, sleep, context)
+        planned = _run(options, environ, clock, sleep, context)
+        if planned is None:  # a plan that gives no order is a result: fall back with its reasons
+            failure = _not_planned(context["plan"], context.get("rank_table") or context["pods"])
+        else:
+            route_plan = planned
     except NpuJobError as error:
-        route_plan = _fall_back(output_dir, error.message, context)
-        if strict:
-            raise
-        log.error("%s", error.message)
-        if error.tip:
-            log.info("TIP: %s", error.tip)
-        log.info("continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX); "
-                 "--strict makes this fatal")
+        failure = error
     except Exception as error:  # a bug of ours must not stop the training job either
         first_line = (str(error).splitlines() or [""])[0]
         summary = f"{type(error).__name__}: {verbatim_or_shown(first_line)}"
@@ -176,17 +204,121 @@ def _bootstrap(flags: Mapping[str, Any], env: Optional[Mapping[str, str]],
         log.error("internal error (a bug, please report it): %s", summary)
         log.debug("traceback", exc_info=True)
         log.info("continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX)")
+    if failure is not None:
+        route_plan = _fall_back(output_dir, failure.message, context)
+        if strict:  # the error is the outcome --strict asks for
+            raise failure
+        log.error("%s", failure.message)
+        if failure.tip:
+            log.info("TIP: %s", failure.tip)
+        log.info(
+            "continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX); "
+            "--strict makes this fatal"
+        )
     if flags.get("json"):
         sys.stdout.write(json.dumps(route_plan, indent=2, sort_keys=True) + "\n")
     return BootstrapResult(EXIT_OK, route_plan)
 
 
-def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], float],
-         sleep: Callable[[float], None], context: Dict[str, Any]) -> Dict[str, Any]:
-    from npu_job.bootstrap import identity, wait, writers
-    from npu_job.bootstrap.ranktable import reordered_document
+def _run(
+    options: BootstrapOptions,
+    env: Mapping[str, str],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    context: Dict[str, Any],
+) -> Optional[Dict[str, Any]]:
+    """Plan and write this pod's files; the route plan, or None when the plan gives no order
+    (``context["plan"]`` says why)."""
+    from npu_job.bootstrap import identity, writers
 
     verify: Verify = options.ca_bundle or True
+    job: Any = None
+    reorder: Optional[Callable[[Plan], Dict[str, Any]]] = None
+    if options.pods and not (options.rank_table or env.get(RANK_TABLE_ENV)):
+        from npu_job.bootstrap import podrun  # no rank table: the job's pods are the servers
+
+        job = podrun.load_job(options, env, verify, clock, sleep)
+        table, location = job.table, job.location
+        context["pods"] = location
+    else:
+        table, location, reorder = _load_rank_table(options, env, verify, clock, sleep, context)
+    context["node_count"] = table.node_count
+    pod_index = identity.find_pod_index(
+        table,
+        options.host_ip,
+        identity.parse_task_index(options.pod_index),
+        location,
+        **(
+            {"entries": "pods", "what": "the job's pods", "ids": "pods' host IPs"}
+            if job is not None
+            else {}
+        ),
+    )
+    context["pod_index"] = pod_index
+    if job is not None:
+        topology, topology_source = podrun.job_topology(options, env, verify, job, load_topology)
+    else:
+        topology, topology_source = load_topology(
+            options, location, env, verify, names=server_addresses(table)
+        )
+    context["topology"] = topology_source
+    collective = choose_collective(options.collective, env)
+    plan = _plan(table, topology, collective, options.full_node_devices)
+    context["plan"] = plan
+    log.info("input sha256 %s, mapping sha256 %s", plan.input_digest, plan.mapping_digest)
+    if plan.status is not PlanStatus.SUCCESS:
+        return None
+    node_rank = plan.node_rank_of_pod[pod_index]
+    route_plan = writers.route_plan_document(
+        plan,
+        node_count=table.node_count,
+        pod_index=pod_index,
+        rank_table=None if job is not None else location,
+        topology=topology_source,
+        pods=location if job is not None else None,
+    )
+    try:
+        written = writers.write_plan_outputs(
+            options.output_dir,
+            node_rank=node_rank,
+            master_index=plan.master_index,
+            reordered_table=reorder(plan) if reorder is not None else None,
+            route_plan=route_plan,
+            original_rank_table=None if job is not None or is_url(location) else location,
+        )
+    except OSError as error:
+        raise InputError(
+            options.output_dir,
+            "output directory",
+            f"expected a writable directory ({error.strerror or error})",
+        ) from None
+    for note in plan.reasons:
+        log.info("note: %s", note)
+    log.info(
+        "node rank %d of %d (pod index %d), master index %d, %s order on %s; wrote %s",
+        node_rank,
+        table.node_count,
+        pod_index,
+        plan.master_index,
+        collective,
+        topology_source,
+        written[-1],
+    )
+    return route_plan
+
+
+def _load_rank_table(
+    options: BootstrapOptions,
+    env: Mapping[str, str],
+    verify: Verify,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    context: Dict[str, Any],
+) -> Tuple[RankTable, str, Callable[[Plan], Dict[str, Any]]]:
+    """The completed rank table, where it is, and how to write it in a plan's order."""
+    from npu_job.bootstrap import wait
+    from npu_job.bootstrap.ranktable import reordered_document
+
     location = locate_rank_table(options.rank_table, env)
     context["rank_table"] = location
     log.debug("rank table: %s", location)
@@ -198,52 +330,28 @@ def _run(options: BootstrapOptions, env: Mapping[str, str], clock: Callable[[], 
         clock=clock,
         sleep=sleep,
     )
-    table = loaded.table
     if KEEP_UNTIL_EXIT is not None:
         KEEP_UNTIL_EXIT.append(loaded)
-    context["node_count"] = table.node_count
-    pod_index = identity.find_pod_index(
-        table, options.host_ip, identity.parse_task_index(options.pod_index), location
+    # the run owns this freshly decoded document and only serialises the result
+    return (
+        loaded.table,
+        location,
+        lambda plan: reordered_document(loaded.document, loaded.table, plan, in_place=True),
     )
-    context["pod_index"] = pod_index
-    topology, topology_source = load_topology(options, location, env, verify)
-    context["topology"] = topology_source
-    collective = choose_collective(options.collective, env)
-    plan = _plan(table, topology, collective, options.full_node_devices)
-    context["plan"] = plan
-    log.info("input sha256 %s, mapping sha256 %s", plan.input_digest, plan.mapping_digest)
-    if plan.status is not PlanStatus.SUCCESS:
-        raise InputError(location, "plan", "; ".join(plan.reasons) or "no usable order")
-    node_rank = plan.node_rank_of_pod[pod_index]
-    route_plan = writers.route_plan_document(
-        plan, node_count=table.node_count, pod_index=pod_index, rank_table=location,
-        topology=topology_source,
-    )
-    try:
-        written = writers.write_plan_outputs(
-            options.output_dir,
-            node_rank=node_rank,
-            master_index=plan.master_index,
-            # the run owns this freshly decoded document and only serialises the result
-            reordered_table=reordered_document(loaded.document, table, plan, in_place=True),
-            route_plan=route_plan,
-            original_rank_table=None if is_url(location) else location,
-        )
-    except OSError as error:
-        raise InputError(options.output_dir, "output directory",
-                         f"expected a writable directory ({error.strerror or error})") from None
-    for note in plan.reasons:
-        log.info("note: %s", note)
-    log.info(
-        "node rank %d of %d (pod index %d), master index %d, %s order on %s; wrote %s",
-        node_rank, table.node_count, pod_index, plan.master_index, collective,
-        topology_source, written[-1],
-    )
-    return route_plan
 
 
-def _plan(table: RankTable, topology: Optional[Topology], collective: Collective,
-          full_node_devices: Optional[int]) -> Plan:
+def _not_planned(plan: Plan, servers: str) -> NpuJobError:
+    """How a plan that gives no order is reported (and what ``--strict`` exits with);
+    ``servers`` names where they came from (the rank table, or the job's pods)."""
+    return InputError(servers, "plan", "; ".join(plan.reasons) or "no usable order")
+
+
+def _plan(
+    table: RankTable,
+    topology: Optional[Topology],
+    collective: Collective,
+    full_node_devices: Optional[int],
+) -> Plan:
     from npu_job.bootstrap import planner
 
     return planner.plan(table, topology, collective, full_node_devices=full_node_devices)
@@ -256,8 +364,9 @@ def choose_collective(flag: Optional[str], env: Mapping[str, str]) -> Collective
             return Collective(flag.strip().lower())
         except ValueError:
             choices = ", ".join(c.value for c in Collective)
-            raise InputError("--collective", "",
-                             f"expected one of {choices}, got {shown(flag)}") from None
+            raise InputError(
+                "--collective", "", f"expected one of {choices}, got {shown(flag)}"
+            ) from None
     from npu_job.bootstrap import planner
 
     algo = env.get("HCCL_ALGO")
@@ -268,22 +377,61 @@ def choose_collective(flag: Optional[str], env: Mapping[str, str]) -> Collective
     return Collective.RING
 
 
-def load_topology(options: BootstrapOptions, rank_table: str, env: Mapping[str, str],
-                  verify: Verify) -> Tuple[Optional[Topology], str]:
+def server_addresses(table: RankTable) -> Tuple[str, ...]:
+    """Every address a server of ``table`` may be known by in a topology (canonical's order)."""
+    return tuple(
+        address
+        for server in table.servers
+        for address in (server.server_id, server.host_ip, server.container_ip)
+        if address
+    )
+
+
+def load_topology(
+    options: BootstrapOptions,
+    rank_table: str,
+    env: Mapping[str, str],
+    verify: Verify,
+    *,
+    names: Optional[Tuple[str, ...]] = None,
+) -> Tuple[Optional[Topology], str]:
     """The first topology found (see :func:`~npu_job.bootstrap.sources.topology_candidates`).
 
     Returns ``(None, "none")`` when there is none. A source named explicitly must work; an
     automatic one that is absent, or (Kubernetes API) refuses us, is skipped with a log line.
+    ``names`` are the job's servers: a Kubernetes topology places only those (with the Nodes of
+    ``options.nodes`` for a HyperNode file's label members and addresses).
     """
     from npu_job.bootstrap.topology import parse_topology
 
+    made: List[Any] = []
+
+    def context() -> Any:
+        """The KubeContext of a Kubernetes topology, made (and --nodes read) only for one: the
+        rank-table path imports none of it."""
+        if not made:
+            from npu_job.bootstrap.kubeobjects import KubeObjects, decode_objects
+            from npu_job.bootstrap.kubetopology import KubeContext
+
+            nodes = KubeObjects()
+            if options.nodes:
+                nodes = decode_objects(read_bytes(options.nodes, verify=verify), options.nodes)
+            made.append(KubeContext(objects=nodes, names=names, label_keys=options.topology_labels))
+        return made[0]
+
     chain = topology_candidates(options.topology, options.topology_format, rank_table, env)
     for candidate in chain:
-        found = _read_candidate(candidate, env, verify)
-        if found is None:
-            continue
-        data, name = found
-        topology = parse_topology(data, name, candidate.fmt)
+        if candidate.location == K8S_TOPOLOGY:
+            topology_and_name = _api_topology(candidate, env, context())
+            if topology_and_name is None:
+                continue
+            topology, name = topology_and_name
+        else:
+            found = _read_candidate(candidate, verify)
+            if found is None:
+                continue
+            data, name = found
+            topology = parse_topology(data, name, candidate.fmt, context=context)
         if not topology.placements and not candidate.required:
             log.info("topology: %s places no server; trying the next source", name)
             continue
@@ -293,25 +441,42 @@ def load_topology(options: BootstrapOptions, rank_table: str, env: Mapping[str, 
     return None, "none"
 
 
-def _read_candidate(candidate: TopologyCandidate, env: Mapping[str, str],
-                    verify: Verify) -> Optional[Tuple[bytes, str]]:
-    if candidate.location == K8S_TOPOLOGY:
-        api = KubernetesAPI.from_env(env)
-        if api is None:
-            if candidate.required:
-                raise InputError("Kubernetes API", "KUBERNETES_SERVICE_HOST",
-                                 "expected in-cluster credentials "
-                                 "(service host and a service account token)")
-            return None
-        try:
-            # in the automatic chain the API is optional: do not hold the pod up for it
-            data = api.node_list(quick=not candidate.required)
-            return data, f"{api.base_url}/api/v1/nodes"
-        except InputError as error:
-            if candidate.required:
-                raise
-            log.info("topology: skipping Kubernetes node labels: %s", error.message)
-            return None
+def _api_topology(
+    candidate: TopologyCandidate,
+    env: Mapping[str, str],
+    context: Any,
+) -> Optional[Tuple[Topology, str]]:
+    """The cluster's HyperNodes, else its node labels, from the in-cluster API; None when not in a
+    cluster or (in the automatic chain) the API refuses us or cannot be reached."""
+    from npu_job.bootstrap import kubeapi
+    from npu_job.bootstrap.kubetopology import topology_from_objects
+
+    api = KubernetesAPI.from_env(env)
+    if api is None:
+        if candidate.required:
+            raise InputError(
+                "Kubernetes API",
+                "KUBERNETES_SERVICE_HOST",
+                "expected in-cluster credentials (service host and a service account token)",
+            )
+        return None
+    try:
+        # in the automatic chain the API is optional: do not hold the pod up for it
+        with kubeapi.KubeClient(api, quick=not candidate.required) as client:
+            objects = kubeapi.topology_objects(client)
+    except InputError as error:
+        if candidate.required:
+            raise
+        log.info("topology: skipping Kubernetes node labels and HyperNodes: %s", error.message)
+        return None
+    found = topology_from_objects(objects, api.base_url, candidate.fmt, context)
+    for note in found.notes:
+        log.info("topology: note: %s", note)
+    path = kubeapi.HYPERNODES_PATH if objects.hypernodes else kubeapi.NODES_PATH
+    return found.topology, f"{api.base_url}{path}"
+
+
+def _read_candidate(candidate: TopologyCandidate, verify: Verify) -> Optional[Tuple[bytes, str]]:
     absent = not is_url(candidate.location) and not os.path.exists(candidate.location)
     if absent and not candidate.required:
         return None
@@ -330,6 +495,7 @@ def _fall_back(output_dir: str, reason: str, context: Mapping[str, Any]) -> Dict
         rank_table=context.get("rank_table"),
         topology=context.get("topology"),
         error=None if plan is not None and plan.status is not PlanStatus.SUCCESS else reason,
+        pods=context.get("pods"),
     )
     try:
         writers.write_fallback_outputs(output_dir, route_plan)

@@ -28,6 +28,7 @@ from npu_job.bootstrap.payload import (
     check_size,
     verbatim_or_shown,
 )
+
 from npu_job.errors import InputError
 from npu_job.parsing import count_from_text
 from npu_job.podfacts import (
@@ -48,8 +49,6 @@ HTTP_CONNECT_TIMEOUT = 5.0
 HTTP_READ_TIMEOUT = 30.0
 HTTP_RETRIES = 3
 HTTP_BACKOFF = 0.5  # seconds; doubles per retry (urllib3 Retry)
-QUICK_CONNECT_TIMEOUT = 2.0  # an optional source (the API in the automatic chain)
-QUICK_READ_TIMEOUT = 10.0
 
 Verify = Union[bool, str]
 
@@ -130,8 +129,14 @@ def fetch_url(
     label = name or url
     http = session or http_session()
     try:
-        with http.get(url, headers=dict(headers or {}), params=params, verify=verify,
-                      timeout=timeout, stream=True) as response:
+        with http.get(
+            url,
+            headers=dict(headers or {}),
+            params=params,
+            verify=verify,
+            timeout=timeout,
+            stream=True,
+        ) as response:
             reason = verbatim_or_shown(response.reason or "")
             got = f"expected 200 OK, got {response.status_code} {reason}"
             if response.status_code >= 500 or response.status_code == 429:
@@ -169,7 +174,8 @@ def _first_line(error: BaseException) -> str:
 
 @dataclass(frozen=True)
 class KubernetesAPI:
-    """In-cluster API access: ``KUBERNETES_SERVICE_HOST/PORT`` + the service account token/CA."""
+    """In-cluster API access: ``KUBERNETES_SERVICE_HOST/PORT`` + the service account token/CA
+    (:mod:`npu_job.bootstrap.kubeapi` asks it)."""
 
     base_url: str
     token_path: str
@@ -178,7 +184,7 @@ class KubernetesAPI:
     @classmethod
     def from_env(
         cls, env: Mapping[str, str], account_dir: str = SERVICE_ACCOUNT_DIR
-    ) -> Optional["KubernetesAPI"]:
+    ) -> Optional[KubernetesAPI]:
         """The in-cluster API, or None when not in a cluster (no service host or no token)."""
         host = env.get("KUBERNETES_SERVICE_HOST")
         port = env.get("KUBERNETES_SERVICE_PORT", "443")
@@ -190,38 +196,13 @@ class KubernetesAPI:
             host = f"[{host}]"  # IPv6 literal
         return cls(f"https://{host}:{port}", str(token), str(account / "ca.crt"))
 
-    def get(self, api_path: str, params: Optional[Mapping[str, str]] = None, *,
-            quick: bool = False) -> bytes:
-        """GET ``api_path`` with the bearer token; ``quick``: one retry and short timeouts, for
-        an optional source that must not hold up a pod when the API is unreachable."""
-        token = read_file(self.token_path).decode("utf-8", "replace").strip()
-        verify: Verify = self.ca_path if Path(self.ca_path).is_file() else True
-        if quick:
-            session, timeout = http_session(1, 0.2), (QUICK_CONNECT_TIMEOUT, QUICK_READ_TIMEOUT)
-        else:
-            session, timeout = http_session(), (HTTP_CONNECT_TIMEOUT, HTTP_READ_TIMEOUT)
-        with session:
-            return fetch_url(
-                f"{self.base_url}{api_path}",
-                verify=verify,
-                headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
-                params=params,
-                name=f"{self.base_url}{api_path}",
-                session=session,
-                timeout=timeout,
-            )
-
-    def node_list(self, *, quick: bool = False) -> bytes:
-        # resourceVersion=0 lets the API server answer from its watch cache instead of etcd:
-        # every pod of a big job asks at once.
-        return self.get("/api/v1/nodes", params={"resourceVersion": "0"}, quick=quick)
-
 
 # --- locating inputs ------------------------------------------------------------------------------
 
 
-def locate_rank_table(explicit: Optional[str], env: Mapping[str, str],
-                      exists: Callable[[str], bool] = os.path.exists) -> str:
+def locate_rank_table(
+    explicit: Optional[str], env: Mapping[str, str], exists: Callable[[str], bool] = os.path.exists
+) -> str:
     """The rank table's path or URL; an :class:`InputError` listing where we looked if none."""
     given = explicit or env.get(RANK_TABLE_ENV)
     if given:
@@ -240,7 +221,8 @@ def locate_rank_table(explicit: Optional[str], env: Mapping[str, str],
         "location",
         f"expected $RANK_TABLE_FILE or one of {', '.join(DEFAULT_RANK_TABLES)} "
         "(none is set or exists)",
-        tip="is routing acceleration enabled for this job (the configmap1980 plugin)?",
+        tip="is routing acceleration enabled for this job (the configmap1980 plugin)? A job "
+        "without a rank table routes by its pods: NPU_JOB_PODS=k8s",
     )
 
 
@@ -253,13 +235,14 @@ class TopologyCandidate:
     required: bool = False  # named explicitly by the user: a failure is an error, not a skip
 
 
-def topology_candidates(explicit: Optional[str], fmt: Optional[str], rank_table: str,
-                        env: Mapping[str, str]) -> List[TopologyCandidate]:
+def topology_candidates(
+    explicit: Optional[str], fmt: Optional[str], rank_table: str, env: Mapping[str, str]
+) -> List[TopologyCandidate]:
     """Where to look for the switch topology, in order; the first that exists wins."""
     given = explicit or env.get("NPU_JOB_TOPOLOGY")
     if given:
-        if given == K8S_TOPOLOGY:
-            return [TopologyCandidate(K8S_TOPOLOGY, "k8s-node-labels", required=True)]
+        if given == K8S_TOPOLOGY:  # the cluster's HyperNodes, else its node labels
+            return [TopologyCandidate(K8S_TOPOLOGY, fmt, required=True)]
         return [TopologyCandidate(given, fmt, required=True)]
     candidates = []
     if not is_url(rank_table):
@@ -269,6 +252,6 @@ def topology_candidates(explicit: Optional[str], fmt: Optional[str], rank_table:
     if tor_info:
         candidates.append(TopologyCandidate(tor_info, fmt or "basic-tor-node-cm"))
     if env.get("NPU_JOB_K8S_TOPOLOGY", "1").lower() not in ("0", "false", "no", "off"):
-        candidates.append(TopologyCandidate(K8S_TOPOLOGY, "k8s-node-labels"))
+        candidates.append(TopologyCandidate(K8S_TOPOLOGY, fmt))
     candidates.extend(TopologyCandidate(path, fmt or "file") for path in DEFAULT_PLAIN_TOPOLOGIES)
     return candidates

@@ -130,7 +130,7 @@ def synthetic_cluster(
                 devices=tuple(devices),
                 host_ip=server_id,
                 container_ip=f"192.{168 + pod_index // 62500}.{pod_index % 62500 // 250}."
-                             f"{pod_index % 250 + 1}",
+                f"{pod_index % 250 + 1}",
                 pod_name=f"{job_name}-worker-{pod_index}",
             )
         )

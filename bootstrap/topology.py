@@ -12,10 +12,13 @@ Formats (DESIGN §4), detected by content unless ``fmt`` names one:
     ``tor_count`` is the number of server slots per ToR (NOT the number of ToRs); ``slice_id`` is
     the slot and must be below it. The ToR id is its ``tor_ip`` (``tor-<tor_id>`` without one).
 ``k8s-node-labels``
-    A Kubernetes ``NodeList`` (``GET /api/v1/nodes``). A node is keyed by its ``InternalIP``
-    (the rank table's ``server_id``) and by its name. ToRs: label
-    ``cce.kubectl.kubernetes.io/cabinet`` (ToR IPs joined by ``-``), else ``volcano.sh/tor``, else
-    ``volcano.sh/hypernode``; ``volcano.sh/hypercluster`` is an outer tier.
+    A Kubernetes ``NodeList`` (``GET /api/v1/nodes``, or kubectl's ``List``). A node is keyed by
+    its ``InternalIP`` (the rank table's ``server_id``) and by its name; its placement comes from
+    its topology labels (:mod:`npu_job.bootstrap.labels` knows the keys).
+``volcano-hypernodes``
+    Volcano's HyperNodes (``kubectl get hypernodes -o json`` or ``-o yaml``, or a ``List`` that
+    holds Nodes and Pods too): each node's path in their tree (:mod:`npu_job.bootstrap.hypernode`),
+    with the Nodes of the same document (or of ``context``) for label members and addresses.
 ``file``
     The plain topology file users write (YAML or JSON)::
 
@@ -41,25 +44,27 @@ from functools import lru_cache
 from itertools import chain
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
-from npu_job.bootstrap.model import Placement, RankTable, Topology
-from npu_job.bootstrap.payload import (
-    decode_document,
-    decode_typed,
-    encode_b64_gzip,
+from npu_job.bootstrap.fields import (
     expect_count,
     expect_list,
     expect_object,
     expect_str,
     fail,
     join_key,
-    json_text,
-    parse_json,
     require,
     require_list,
     require_str,
     require_unique_id,
+)
+from npu_job.bootstrap.jsondecode import (
+    MSGSPEC_FROM_BYTES,
+    decode_typed,
+    parse_json,
     scan_array_member,
 )
+from npu_job.bootstrap.model import Placement, RankTable, Topology
+from npu_job.bootstrap.payload import decode_document, encode_b64_gzip, json_text
+
 from npu_job.errors import shown
 
 logger = logging.getLogger(__name__)
@@ -67,19 +72,30 @@ logger = logging.getLogger(__name__)
 CCE_RANKTABLE_TOR = "cce-ranktable-tor"
 BASIC_TOR_NODE_CM = "basic-tor-node-cm"
 K8S_NODE_LABELS = "k8s-node-labels"
+VOLCANO_HYPERNODES = "volcano-hypernodes"
+KUBE_FORMATS = (K8S_NODE_LABELS, VOLCANO_HYPERNODES)  # read by npu_job.bootstrap.kubetopology
 PLAIN_FILE = "file"
-FORMATS = (CCE_RANKTABLE_TOR, BASIC_TOR_NODE_CM, K8S_NODE_LABELS, PLAIN_FILE)
-
-CABINET_LABEL = "cce.kubectl.kubernetes.io/cabinet"
-VOLCANO_TOR_LABEL = "volcano.sh/tor"
-VOLCANO_HYPERNODE_LABEL = "volcano.sh/hypernode"
-VOLCANO_HYPERCLUSTER_LABEL = "volcano.sh/hypercluster"
+FORMATS = (CCE_RANKTABLE_TOR, BASIC_TOR_NODE_CM, K8S_NODE_LABELS, VOLCANO_HYPERNODES, PLAIN_FILE)
 
 
-def parse_topology(data: bytes, source: str, fmt: Optional[str] = None) -> Topology:
-    """Decode ``data`` and read it as ``fmt`` (one of :data:`FORMATS`), detected when None."""
+def parse_topology(
+    data: bytes, source: str, fmt: Optional[str] = None, *, context: Any = None
+) -> Topology:
+    """Decode ``data`` and read it as ``fmt`` (one of :data:`FORMATS`), detected when None.
+
+    ``context`` (a :class:`~npu_job.bootstrap.kubetopology.KubeContext`, or a function that makes
+    one when asked) serves the Kubernetes formats: more Nodes, the servers that matter, the label
+    keys to read.
+    """
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"unknown topology format {fmt!r}")
+    # a big Kubernetes list is decoded into only the fields read (decode_typed's threshold)
+    if fmt in KUBE_FORMATS or (fmt is None and len(data) >= MSGSPEC_FROM_BYTES):
+        from npu_job.bootstrap.kubeobjects import decode_kube_document
+
+        # the API's NodeList is JSON; what people write or kubectl prints may be YAML
+        document = decode_kube_document(data, source, allow_yaml=fmt != K8S_NODE_LABELS)
+        return topology_from_document(document, source, fmt, context=context)
     if fmt == CCE_RANKTABLE_TOR:
         text = json_text(data, source)
         # 4096 nodes: 32k device objects, read for one field each
@@ -89,19 +105,37 @@ def parse_topology(data: bytes, source: str, fmt: Optional[str] = None) -> Topol
         return _read_cce(parse_json(text, source), source)  # names what is wrong, if anything
     yaml_ok = fmt in (None, PLAIN_FILE, BASIC_TOR_NODE_CM)  # formats people write or kubectl prints
     document = decode_document(data, source, allow_yaml=yaml_ok)
-    return topology_from_document(document, source, fmt)
+    return topology_from_document(document, source, fmt, context=context)
 
 
-def topology_from_document(document: Any, source: str, fmt: Optional[str] = None) -> Topology:
+def topology_from_document(
+    document: Any, source: str, fmt: Optional[str] = None, *, context: Any = None
+) -> Topology:
     chosen = fmt or detect_format(document, source)
+    if chosen in KUBE_FORMATS:
+        from npu_job.bootstrap import kubetopology
+
+        if callable(context):
+            context = context()
+        found = kubetopology.topology_from_document(document, source, chosen, context)
+        for note in found.notes:
+            logger.info("topology: note: %s", note)
+        return found.topology
     return _READERS[chosen](document, source)
 
 
 def detect_format(document: Any, source: str) -> str:
     """Which format ``document`` is in, by its shape; an error lists what each format looks like."""
     if type(document) is dict:
+        items = document.get("items")
+        if document.get("kind") == "HyperNodeList" or (
+            type(items) is list
+            and "servers" not in document
+            and any(type(item) is dict and item.get("kind") == "HyperNode" for item in items)
+        ):
+            return VOLCANO_HYPERNODES
         if document.get("kind") == "NodeList" or (
-            type(document.get("items")) is list and "servers" not in document
+            type(items) is list and "servers" not in document
         ):
             return K8S_NODE_LABELS
         if document.get("kind") == "ConfigMap" or "tor_count" in document:
@@ -118,8 +152,8 @@ def detect_format(document: Any, source: str) -> str:
         source,
         "document",
         "a topology: CCE ranktable_tor.json (server_list[].device[].tor_ip), basic-tor-node-cm "
-        "tor_info (tor_count, server_list[].server[]), a Kubernetes NodeList (items) or a plain "
-        "file ({servers: {<server_id>: [<tier>..., <tor>]}})",
+        "tor_info (tor_count, server_list[].server[]), a Kubernetes NodeList or HyperNodeList "
+        "(items) or a plain file ({servers: {<server_id>: [<tier>..., <tor>]}})",
     )
 
 
@@ -176,8 +210,10 @@ def _cce_servers_fast(text: bytes) -> Optional[List[Tuple[str, FrozenSet[str]]]]
 def _cce_decoder(msgspec: Any) -> Any:
     """msgspec's decoder of the two fields :func:`_cce_servers_fast` reads (built once)."""
     device = msgspec.defstruct("CceDevice", [("tor_ip", str)])
-    server = msgspec.defstruct("CceServer", [("server_id", str), ("device", List[device])])
-    return msgspec.json.Decoder(msgspec.defstruct("CceDocument", [("server_list", List[server])]))
+    # device and server are classes made at run time: mypy cannot check them as types
+    server = msgspec.defstruct("CceServer", [("server_id", str), ("device", List[device])])  # type: ignore[valid-type]
+    document = msgspec.defstruct("CceDocument", [("server_list", List[server])])  # type: ignore[valid-type]
+    return msgspec.json.Decoder(document)
 
 
 def _cce_server(entry: Any) -> Optional[Tuple[str, FrozenSet[str]]]:
@@ -249,21 +285,33 @@ def ranktable_tor_document(
         tors = placement.tors if placement is not None and placement.tors else ("",)
         devices = []
         for position, device in enumerate(server.devices):
-            devices.append({
-                "device_id": device.device_id,
-                "device_ip": device.device_ip or "",
-                "rank_id": "",
-                "tor_ip": tors[position % len(tors)],
-                "tor_port": f"200GE1/0/{position + 1}",
-            })
-        server_list.append({"pod_name": name_of(server.pod_index), "server_id": server.server_id,
-                            "device": devices})
-    return {"status": "completed", "version": "1.0", "server_count": str(len(server_list)),
-            "server_list": server_list}
+            devices.append(
+                {
+                    "device_id": device.device_id,
+                    "device_ip": device.device_ip or "",
+                    "rank_id": "",
+                    "tor_ip": tors[position % len(tors)],
+                    "tor_port": f"200GE1/0/{position + 1}",
+                }
+            )
+        server_list.append(
+            {
+                "pod_name": name_of(server.pod_index),
+                "server_id": server.server_id,
+                "device": devices,
+            }
+        )
+    return {
+        "status": "completed",
+        "version": "1.0",
+        "server_count": str(len(server_list)),
+        "server_list": server_list,
+    }
 
 
-def encode_ranktable_tor(table: RankTable, topology: Topology,
-                         pod_names: Optional[Callable[[int], str]] = None) -> bytes:
+def encode_ranktable_tor(
+    table: RankTable, topology: Topology, pod_names: Optional[Callable[[int], str]] = None
+) -> bytes:
     """``ranktable_tor.json`` bytes exactly as CCE mounts them: base64(gzip(JSON))."""
     return encode_b64_gzip(ranktable_tor_document(table, topology, pod_names))
 
@@ -309,74 +357,30 @@ def _tor_info(doc: Dict[str, Any], source: str) -> Topology:
             here = f"{path}.server[{position}]"
             expect_object(member, source, here)
             server_ip = require_str(member, "server_ip", source, here)
-            slot = expect_count(require(member, "slice_id", source, here), source,
-                                f"{here}.slice_id")
+            slot = expect_count(
+                require(member, "slice_id", source, here), source, f"{here}.slice_id"
+            )
             if slot >= slots:
-                fail(source, f"{here}.slice_id",
-                     f"a slot below tor_count ({slots} slots per ToR), got {slot}")
+                fail(
+                    source,
+                    f"{here}.slice_id",
+                    f"a slot below tor_count ({slots} slots per ToR), got {slot}",
+                )
             first = listed_at.setdefault((name, server_ip), here)
             if first != here:  # MindCluster's own doc example does this (placeholder addresses)
                 logger.warning(
                     "%s: %s.server_ip: server %s is listed twice under ToR %s (also %s); its "
-                    "entries are merged, taking the lower slot", source, here, shown(server_ip),
-                    shown(name), first)
+                    "entries are merged, taking the lower slot",
+                    source,
+                    here,
+                    shown(server_ip),
+                    shown(name),
+                    first,
+                )
             tors_of.setdefault(server_ip, set()).add(name)
             slot_of[server_ip] = min(slot, slot_of.get(server_ip, slot))
     placements = {ip: Placement(tors=tuple(tors), slot=slot_of[ip]) for ip, tors in tors_of.items()}
     return Topology(placements, source=BASIC_TOR_NODE_CM)
-
-
-# --- Kubernetes node labels -----------------------------------------------------------------------
-
-
-def _read_node_list(document: Any, source: str) -> Topology:
-    doc = expect_object(document, source, "")
-    items = require_list(doc, "items", source, "")
-    placements: Dict[str, Placement] = {}
-    for index, node in enumerate(items):
-        path = f"items[{index}]"
-        expect_object(node, source, path)
-        metadata = expect_object(require(node, "metadata", source, path), source,
-                                 f"{path}.metadata")
-        name = require_str(metadata, "name", source, f"{path}.metadata")
-        labels = metadata.get("labels") or {}
-        expect_object(labels, source, f"{path}.metadata.labels")
-        placement = _placement_from_labels(labels, source, f"{path}.metadata.labels")
-        if placement is None:
-            continue
-        keys = [name]
-        status = node.get("status") or {}
-        expect_object(status, source, f"{path}.status")
-        addresses = expect_list(status.get("addresses") or [], source, f"{path}.status.addresses")
-        for position, address in enumerate(addresses):
-            here = f"{path}.status.addresses[{position}]"
-            expect_object(address, source, here)
-            if address.get("type") == "InternalIP":
-                keys.append(require_str(address, "address", source, here))
-        for key in keys:
-            if key in placements and placements[key] != placement:
-                fail(source, path,
-                     f"one placement per node address; {shown(key)} is claimed twice")
-            placements[key] = placement
-    return Topology(placements, source=K8S_NODE_LABELS)
-
-
-def _placement_from_labels(labels: Dict[str, Any], source: str, path: str) -> Optional[Placement]:
-    def label(key: str) -> str:
-        value = labels.get(key)
-        if value is None:
-            return ""
-        return expect_str(value, source, f"{path}.{key}", empty_ok=True)
-
-    cabinet = label(CABINET_LABEL)
-    tors: Tuple[str, ...] = tuple(part for part in cabinet.split("-") if part)
-    if not tors:
-        tor = label(VOLCANO_TOR_LABEL) or label(VOLCANO_HYPERNODE_LABEL)
-        tors = (tor,) if tor else ()
-    if not tors:
-        return None
-    hypercluster = label(VOLCANO_HYPERCLUSTER_LABEL)
-    return Placement(tiers=(hypercluster,) if hypercluster else (), tors=tors)
 
 
 # --- the plain topology file ----------------------------------------------------------------------
@@ -386,8 +390,11 @@ def _read_plain(document: Any, source: str) -> Topology:
     doc = expect_object(document, source, "")
     unknown = sorted(set(doc) - {"version", "servers"}, key=str)  # YAML keys: any type
     if unknown:
-        fail(source, join_key("", unknown[0]),
-             "only the keys 'version' and 'servers' at the top level")
+        fail(
+            source,
+            join_key("", unknown[0]),
+            "only the keys 'version' and 'servers' at the top level",
+        )
     servers = expect_object(require(doc, "servers", source, ""), source, "servers")
     placements: Dict[str, Placement] = {}
     for server_id, spec in servers.items():
@@ -405,8 +412,12 @@ def _plain_placement(spec: Any, source: str, path: str) -> Placement:
         switches = _switch_path(spec, source, path)
         return Placement(tiers=switches[:-1], tors=switches[-1:])
     if type(spec) is not dict:
-        fail(source, path,
-             "a switch path list, a ToR id, or {path: [...], slot: N, tors: [...]}", spec)
+        fail(
+            source,
+            path,
+            "a switch path list, a ToR id, or {path: [...], slot: N, tors: [...]}",
+            spec,
+        )
     unknown = sorted(set(spec) - {"path", "slot", "tors"}, key=str)
     if unknown:
         fail(source, join_key(path, unknown[0]), "only the keys 'path', 'slot' and 'tors'")
@@ -436,24 +447,8 @@ def _switch_id(value: Any, source: str, path: str) -> str:
     return expect_str(value, source, path)
 
 
-def plain_topology_document(topology: Topology) -> Dict[str, Any]:
-    """The plain-file document for ``topology`` (long form for every server; JSON or YAML)."""
-    servers: Dict[str, Any] = {}
-    for server_id, placement in topology.placements.items():
-        entry: Dict[str, Any]
-        if len(placement.tors) == 1:
-            entry = {"path": [*placement.tiers, placement.tors[0]]}
-        else:
-            entry = {"path": list(placement.tiers), "tors": list(placement.tors)}
-        if placement.slot is not None:
-            entry["slot"] = placement.slot
-        servers[server_id] = entry
-    return {"version": 1, "servers": servers}
-
-
 _READERS: Dict[str, Callable[[Any, str], Topology]] = {
     CCE_RANKTABLE_TOR: _read_cce,
     BASIC_TOR_NODE_CM: _read_tor_info,
-    K8S_NODE_LABELS: _read_node_list,
     PLAIN_FILE: _read_plain,
 }

@@ -25,6 +25,7 @@ from npu_job.bootstrap.model import RankTable
 from npu_job.bootstrap.payload import decode_document
 from npu_job.bootstrap.ranktable import rank_table_from_document
 from npu_job.bootstrap.sources import SourceUnavailable
+
 from npu_job.errors import InputError, NotReadyError, shown
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,9 @@ def wait_for_rank_table(
         last_error.tip = f"it stayed like this for {timeout:.0f} s (NPU_JOB_WAIT_TIMEOUT)"
         raise last_error
     raise NotReadyError(
-        f"{source}: status: expected \"completed\" within {timeout:.0f} s, last seen {last_seen}",
+        f'{source}: status: expected "completed" within {timeout:.0f} s, last seen {last_seen}',
         tip="raise NPU_JOB_WAIT_TIMEOUT (or --wait-timeout) if the platform is slow to fill "
-            "the rank table",
+        "the rank table",
     )
 
 

@@ -22,11 +22,12 @@ import json
 import os
 import shlex
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
+
+from npu_job.bootstrap.jsondecode import encode_compact
+from npu_job.bootstrap.model import Plan
 
 from npu_job import __version__
-from npu_job.bootstrap.model import Plan
-from npu_job.bootstrap.payload import encode_compact
 from npu_job.fileio import write_atomic
 from npu_job.podfacts import ENV_FILE, MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN_FILE
 
@@ -42,8 +43,10 @@ def route_plan_document(
     rank_table: Optional[str] = None,
     topology: Optional[str] = None,
     error: Optional[str] = None,
+    pods: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """The route-plan JSON: status, the platform's ``rank_mapping``, reasons and both digests."""
+    """The route-plan JSON: status, the platform's ``rank_mapping``, reasons and both digests;
+    ``pods`` names where the job's pods came from when there was no rank table."""
     usable = plan is not None and error is None and plan.status.value == "success"
     reasons: List[str] = list(plan.reasons) if plan is not None else []
     if error is not None:
@@ -64,18 +67,20 @@ def route_plan_document(
         "input_digest": plan.input_digest if plan is not None else None,
         "mapping_digest": plan.mapping_digest if plan is not None else None,
         "rank_table": rank_table,
+        **({"pods": pods} if pods is not None else {}),
         "topology": topology,
     }
 
 
-def env_file_text(node_rank: int, master_index: int, rank_table_file: str) -> str:
-    """Shell lines for ``source``; every value shell-quoted."""
+def env_file_text(node_rank: int, master_index: int, rank_table_file: Optional[str]) -> str:
+    """Shell lines for ``source``; every value shell-quoted (no RANK_TABLE_FILE without one)."""
     lines = [
         "# written by npu-job bootstrap; source it: . ./npu_job_env.sh",
         f"export NODE_RANK={shlex.quote(str(node_rank))}",
         f"export MASTER_INDEX={shlex.quote(str(master_index))}",
-        f"export RANK_TABLE_FILE={shlex.quote(rank_table_file)}",
     ]
+    if rank_table_file is not None:
+        lines.append(f"export RANK_TABLE_FILE={shlex.quote(rank_table_file)}")
     return "\n".join(lines) + "\n"
 
 
@@ -84,24 +89,36 @@ def write_plan_outputs(
     *,
     node_rank: int,
     master_index: int,
-    reordered_table: Dict[str, Any],
+    reordered_table: Optional[Dict[str, Any]],
     route_plan: Dict[str, Any],
     original_rank_table: Optional[str] = None,
 ) -> List[Path]:
-    """Write all five files for a usable plan; returns their paths in write order."""
+    """Write the files of a usable plan (all five; without a rank table, no reordered copy, and a
+    stale one is removed); returns their paths in write order."""
     out = Path(output_dir)
     copy = out / RANK_TABLE_COPY
     if original_rank_table is not None and _same_file(copy, original_rank_table):
         raise ValueError(f"refusing to overwrite the input rank table {original_rank_table}")
-    table_text = encode_compact(reordered_table) + b"\n"
     # Not durable: these files live in the pod's /tmp and die with it, and every restart of the
     # pod recomputes them; the rename alone keeps readers from seeing partial data. Five fsyncs
     # cost ~40 ms of the pod's start-up.
-    written = [
-        write_atomic(copy, table_text, durable=False),
+    written = []
+    if reordered_table is not None:
+        table_text = encode_compact(reordered_table) + b"\n"
+        written.append(write_atomic(copy, table_text, durable=False))
+    else:
+        try:
+            copy.unlink()
+        except FileNotFoundError:
+            pass
+    written += [
         write_atomic(
             out / ENV_FILE,
-            env_file_text(node_rank, master_index, str(copy.absolute())),
+            env_file_text(
+                node_rank,
+                master_index,
+                str(copy.absolute()) if reordered_table is not None else None,
+            ),
             durable=False,
         ),
         write_atomic(out / ROUTE_PLAN_FILE, _json_text(route_plan), durable=False),
@@ -133,7 +150,3 @@ def _same_file(path: Path, other: str) -> bool:
         return path.exists() and os.path.samefile(path, other)
     except OSError:
         return False
-
-
-def describe_written(paths: Sequence[Path]) -> str:
-    return ", ".join(str(path) for path in paths)

@@ -55,18 +55,35 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
     parser.add_argument("--seed", type=int, default=1234, help="seed of model and data")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda", "npu"], default="auto")
-    parser.add_argument("--report-dir", default=os.environ.get("NPU_JOB_REPORT_DIR"),
-                        help="write rank-<RANK>.json here (default $NPU_JOB_REPORT_DIR; none if unset)")
-    parser.add_argument("--route-plan", default=os.environ.get("NPU_JOB_ROUTE_PLAN"),
-                        help="the bootstrap's route-plan JSON (default "
-                             f"$NPU_JOB_ROUTE_PLAN, else $NPU_JOB_OUTPUT_DIR or /tmp / {ROUTE_PLAN_FILE})")
-    parser.add_argument("--checkpoint-dir", default=None,
-                        help="shared directory for checkpoint/resume (rank 0 writes)")
+    parser.add_argument(
+        "--report-dir",
+        default=os.environ.get("NPU_JOB_REPORT_DIR"),
+        help="write rank-<RANK>.json here (default $NPU_JOB_REPORT_DIR; none if unset)",
+    )
+    parser.add_argument(
+        "--route-plan",
+        default=os.environ.get("NPU_JOB_ROUTE_PLAN"),
+        help="the bootstrap's route-plan JSON (default "
+        f"$NPU_JOB_ROUTE_PLAN, else $NPU_JOB_OUTPUT_DIR or /tmp / {ROUTE_PLAN_FILE})",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        help="shared directory for checkpoint/resume (rank 0 writes)",
+    )
     parser.add_argument("--checkpoint-every", type=int, default=5, help="steps between checkpoints")
-    parser.add_argument("--step-delay", type=float, default=0.0,
-                        help="sleep seconds after each step (to leave time for fault tests)")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds a collective may block before the run fails (no hangs)")
+    parser.add_argument(
+        "--step-delay",
+        type=float,
+        default=0.0,
+        help="sleep seconds after each step (to leave time for fault tests)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds a collective may block before the run fails (no hangs)",
+    )
     return parser.parse_args(argv)
 
 
@@ -92,8 +109,9 @@ def parse_rank_mapping(mapping: str) -> Dict[int, int]:
     return node_rank_of_pod
 
 
-def planned_node_rank(pod_index: Optional[int], route_plan: Path,
-                      rank_file: Path) -> Tuple[Optional[int], str, List[str]]:
+def planned_node_rank(
+    pod_index: Optional[int], route_plan: Path, rank_file: Path
+) -> Tuple[Optional[int], str, List[str]]:
     """The node rank the bootstrap planned for this pod, where that came from, and problems."""
     problems: List[str] = []
     from_file: Optional[int] = None
@@ -135,9 +153,9 @@ def pick_device(choice: str) -> Tuple[str, str]:
 
             if torch.npu.is_available():  # type: ignore[attr-defined]
                 return "npu", "hccl"
-        except ImportError:
+        except ImportError as missing:
             if choice == "npu":
-                raise SystemExit("--device npu: torch_npu is not installed")
+                raise SystemExit("--device npu: torch_npu is not installed") from missing
     if choice in ("auto", "cuda") and torch.cuda.is_available():
         return "cuda", "nccl"
     if choice == "cuda":
@@ -155,7 +173,9 @@ def batch(seed: int, step: int, rank: int, size: int) -> Tuple[torch.Tensor, tor
     generator = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + rank)
     inputs = torch.randn(size, 8, generator=generator)
     weights = torch.linspace(-1.0, 1.0, 8)
-    target = torch.sin(inputs @ weights).unsqueeze(1) + 0.01 * torch.randn(size, 1, generator=generator)
+    target = torch.sin(inputs @ weights).unsqueeze(1) + 0.01 * torch.randn(
+        size, 1, generator=generator
+    )
     return inputs, target
 
 
@@ -220,8 +240,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if env_rank != rank:
         problems.append(f"RANK env {env_rank} != process group rank {rank}")
     if expected_rank is not None and rank != expected_rank:
-        problems.append(f"rank {rank} but the plan ({source}) gives node rank {node_rank}, "
-                        f"so expected {node_rank}*{local_world}+{local_rank}={expected_rank}")
+        problems.append(
+            f"rank {rank} but the plan ({source}) gives node rank {node_rank}, "
+            f"so expected {node_rank}*{local_world}+{local_rank}={expected_rank}"
+        )
     if node_rank is not None and group_rank is not None and group_rank != node_rank:
         problems.append(f"GROUP_RANK {group_rank} != planned node rank {node_rank}")
     rank_ok = not problems  # so far: reading the plan and checking the rank against it
@@ -269,27 +291,47 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     report = {
         "version": REPORT_VERSION,
-        "rank": rank, "world_size": world, "local_rank": local_rank,
-        "local_world_size": local_world, "group_rank": group_rank, "pod_index": pod_index,
-        "planned_node_rank": node_rank, "plan_source": source, "expected_rank": expected_rank,
+        "rank": rank,
+        "world_size": world,
+        "local_rank": local_rank,
+        "local_world_size": local_world,
+        "group_rank": group_rank,
+        "pod_index": pod_index,
+        "planned_node_rank": node_rank,
+        "plan_source": source,
+        "expected_rank": expected_rank,
         "rank_ok": rank_ok,
-        "backend": backend, "host": socket.gethostname(),
-        "master_addr": os.environ.get("MASTER_ADDR"), "master_port": os.environ.get("MASTER_PORT"),
+        "backend": backend,
+        "host": socket.gethostname(),
+        "master_addr": os.environ.get("MASTER_ADDR"),
+        "master_port": os.environ.get("MASTER_PORT"),
         "restart_count": env_int("TORCHELASTIC_RESTART_COUNT"),
-        "steps": args.steps, "start_step": start_step, "losses": losses,
-        "eval_loss_initial": initial_eval, "eval_loss_final": final_eval,
-        "loss_decreased": loss_decreased, "param_digest": digest,
-        "digests_agree": digests_agree, "rank_digests": rank_digests,
-        "problems": problems, "ok": not problems,
+        "steps": args.steps,
+        "start_step": start_step,
+        "losses": losses,
+        "eval_loss_initial": initial_eval,
+        "eval_loss_final": final_eval,
+        "loss_decreased": loss_decreased,
+        "param_digest": digest,
+        "digests_agree": digests_agree,
+        "rank_digests": rank_digests,
+        "problems": problems,
+        "ok": not problems,
         "seconds": round(time.monotonic() - started, 3),
     }
     if args.report_dir:
-        write_atomic(Path(args.report_dir) / f"rank-{rank}.json", json.dumps(report, indent=1, sort_keys=True) + "\n")
+        write_atomic(
+            Path(args.report_dir) / f"rank-{rank}.json",
+            json.dumps(report, indent=1, sort_keys=True) + "\n",
+        )
     for problem in problems:
         print(f"train_ddp: rank {rank}: FAILED: {problem}", file=sys.stderr, flush=True)
     if rank == 0 and not problems:
-        print(f"train_ddp: done: {world} ranks agree on parameters {digest[:12]}, "
-              f"held-out loss {initial_eval:.5f} -> {final_eval:.5f}", flush=True)
+        print(
+            f"train_ddp: done: {world} ranks agree on parameters {digest[:12]}, "
+            f"held-out loss {initial_eval:.5f} -> {final_eval:.5f}",
+            flush=True,
+        )
     return 0 if not problems else 1
 
 

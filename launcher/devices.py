@@ -1,4 +1,5 @@
-"""How many workers ``--nproc_per_node`` means on this node (``auto``, ``npu``, ``gpu``, ``cpu``, N).
+"""How many workers ``--nproc_per_node`` means on this node (``auto``, ``npu``, ``gpu``, ``cpu``,
+N).
 
 torchrun's ``auto`` only knows the accelerator torch has loaded; Ascend's ``torch_npu`` registers
 itself only once imported, so a plain torchrun on an NPU node counts CPUs. ``npu-run`` imports
@@ -58,8 +59,10 @@ def resolve_nproc_per_node(value: str, counts: Callable[[], DeviceCounts]) -> Tu
         return max(found.cpu, 1), "cpu"
     number = getattr(found, kind)
     if number < 1:
-        hint = "torch_npu is not importable or sees no NPU" if kind == "npu" else (
-            "torch.cuda sees no GPU" if kind == "gpu" else "no CPU is usable"
+        hint = (
+            "torch_npu is not importable or sees no NPU"
+            if kind == "npu"
+            else ("torch.cuda sees no GPU" if kind == "gpu" else "no CPU is usable")
         )
         raise LaunchError(f"--nproc_per_node={kind}: this node has no {kind.upper()} ({hint})")
     return number, kind

@@ -74,8 +74,11 @@ class BeatTracker:
 
     def silent(self, now: float, window: float) -> List[Tuple[int, Seen]]:
         """Nodes (not departed) whose counter has not moved for ``window`` s, longest first."""
-        quiet = [(rank, seen) for rank, seen in self._seen.items()
-                 if not seen.departed and now - seen.moved_at >= window]
+        quiet = [
+            (rank, seen)
+            for rank, seen in self._seen.items()
+            if not seen.departed and now - seen.moved_at >= window
+        ]
         return sorted(quiet, key=lambda item: (item[1].moved_at, item[0]))
 
     def counts(self) -> Dict[int, int]:
@@ -90,8 +93,9 @@ class Pending:
     counts_then: Mapping[int, int]
 
 
-def settled(pending: Pending, tracker: BeatTracker, reported: Iterable[int], now: float,
-            window: float) -> Tuple[bool, Optional[int]]:
+def settled(
+    pending: Pending, tracker: BeatTracker, reported: Iterable[int], now: float, window: float
+) -> Tuple[bool, Optional[int]]:
     """``(decided, silent node or None)``: whether every node is accounted for since the first
     report (reported, beat again, departed, or silent for the window), and the silent one."""
     done = set(reported)
@@ -111,7 +115,11 @@ def settled(pending: Pending, tracker: BeatTracker, reported: Iterable[int], now
 def parse_settings(interval: float, max_attempt: float) -> LivenessSettings:
     """Checked settings (``ValueError`` naming the knob)."""
     if not interval > 0:
-        raise ValueError(f"keep_alive_interval: expected a positive number of seconds, got {interval!r}")
+        raise ValueError(
+            f"keep_alive_interval: expected a positive number of seconds, got {interval!r}"
+        )
     if int(max_attempt) != max_attempt or max_attempt < 1:
-        raise ValueError(f"keep_alive_max_attempt: expected a whole number >= 1, got {max_attempt!r}")
+        raise ValueError(
+            f"keep_alive_max_attempt: expected a whole number >= 1, got {max_attempt!r}"
+        )
     return LivenessSettings(float(interval), int(max_attempt))

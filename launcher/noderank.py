@@ -4,7 +4,8 @@ The bootstrap (pod step 1) computes the routing-affine node order and leaves thi
 in two places, which the platform's pod command forwards (DESIGN §1)::
 
     export RANK_AFTER_ACC=${VC_TASK_INDEX}
-    rank_acc=$(cat /tmp/RANK_AFTER_ACC 2>/dev/null); [ -n "${rank_acc}" ] && export RANK_AFTER_ACC=...
+    rank_acc=$(cat /tmp/RANK_AFTER_ACC 2>/dev/null)
+    [ -n "${rank_acc}" ] && export RANK_AFTER_ACC=...
 
 ``auto`` reads them in that spirit, first match wins:
 
@@ -42,6 +43,8 @@ from npu_job.podfacts import (
 )
 
 AUTO = "auto"
+
+
 @dataclass(frozen=True)
 class NodeRankChoice:
     """The node rank ``auto`` resolved to and where it came from (for the log line)."""
@@ -82,16 +85,19 @@ def resolve_node_rank(
     """This node's rank for ``--node_rank=auto`` (see the module docstring for the order)."""
     from_env = env.get(RANK_ENV, "").strip()
     if from_env:
-        return NodeRankChoice(parse_node_rank(from_env, f"environment {RANK_ENV}"),
-                              f"environment {RANK_ENV}")
+        return NodeRankChoice(
+            parse_node_rank(from_env, f"environment {RANK_ENV}"), f"environment {RANK_ENV}"
+        )
     path = rank_file_path(env)
     from_file = (read_text(path) or "").strip()
     if from_file:
         return NodeRankChoice(parse_node_rank(from_file, path), f"bootstrap file {path}")
     from_scheduler = env.get(TASK_INDEX_ENV, "").strip()
     if from_scheduler:
-        return NodeRankChoice(parse_node_rank(from_scheduler, f"environment {TASK_INDEX_ENV}"),
-                              f"environment {TASK_INDEX_ENV} (scheduler order)")
+        return NodeRankChoice(
+            parse_node_rank(from_scheduler, f"environment {TASK_INDEX_ENV}"),
+            f"environment {TASK_INDEX_ENV} (scheduler order)",
+        )
     return NodeRankChoice(0, f"default (no {RANK_ENV}, bootstrap file or {TASK_INDEX_ENV})")
 
 
@@ -133,5 +139,7 @@ def node_order(
         return planned
     if node_rank == plan.get("pod_index"):
         return SCHEDULER_ORDER
-    return (f"order of no plan (--node_rank={node_rank} is neither this pod's planned rank "
-            f"{plan.get('node_rank')} nor its pod index {plan.get('pod_index')})")
+    return (
+        f"order of no plan (--node_rank={node_rank} is neither this pod's planned rank "
+        f"{plan.get('node_rank')} nor its pod index {plan.get('pod_index')})"
+    )

@@ -26,8 +26,13 @@ import sys
 # No typing import (nor anything else the wrapper's start would pay for): annotations stay text.
 
 # "-0 or ...": code that starts with "-" (see the module docstring), running this very file
-LAUNCH = ("-I", "-S", "-c", f"-0 or exec(compile(open({__file__!r}).read(), {__file__!r}, 'exec'), "
-                            f"{{'__name__': '__main__', '__file__': {__file__!r}}})")
+LAUNCH = (
+    "-I",
+    "-S",
+    "-c",
+    f"-0 or exec(compile(open({__file__!r}).read(), {__file__!r}, 'exec'), "
+    f"{{'__name__': '__main__', '__file__': {__file__!r}}})",
+)
 PARENT_FLAG = "--parent="
 EXEC_FLAG = "--exec="
 PR_SET_PDEATHSIG = 1
@@ -57,9 +62,9 @@ def parse(argv: "Sequence[str]") -> "tuple[int, str | None, list[str]]":
     while rest and rest[0].startswith((PARENT_FLAG, EXEC_FLAG)):
         flag = rest.pop(0)
         if flag.startswith(PARENT_FLAG):
-            parent = int(flag[len(PARENT_FLAG):])
+            parent = int(flag[len(PARENT_FLAG) :])
         else:
-            program = flag[len(EXEC_FLAG):]
+            program = flag[len(EXEC_FLAG) :]
     if parent is None:
         raise SystemExit(f"{__file__}: expected {PARENT_FLAG}PID first, got {list(argv)!r}")
     return parent, program, rest

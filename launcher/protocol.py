@@ -64,8 +64,17 @@ NO_REPLY_OPS = frozenset({Op.VALIDATE, Op.SET, Op.APPEND, Op.MULTI_SET, Op.QUEUE
 BLOCKING_OPS = frozenset({Op.WAIT, Op.BARRIER})
 # Ops after which the stored value of each named key may differ.
 WRITE_OPS = frozenset(
-    {Op.SET, Op.COMPARE_SET, Op.ADD, Op.DELETE_KEY, Op.APPEND, Op.MULTI_SET,
-     Op.QUEUE_PUSH, Op.QUEUE_POP, Op.BARRIER}
+    {
+        Op.SET,
+        Op.COMPARE_SET,
+        Op.ADD,
+        Op.DELETE_KEY,
+        Op.APPEND,
+        Op.MULTI_SET,
+        Op.QUEUE_PUSH,
+        Op.QUEUE_POP,
+        Op.BARRIER,
+    }
 )
 QUEUE_OPS = frozenset({Op.QUEUE_PUSH, Op.QUEUE_POP, Op.QUEUE_LEN})
 
@@ -96,13 +105,23 @@ class Dialect:
 _LEGACY_OPS = tuple(op for op in Op if Op.SET <= op <= Op.CANCEL_WAIT)
 
 
-def make_dialect(*, validate: bool = True, ping: bool = True, queues: bool = True,
-                 list_keys: bool = True, barrier: bool = True) -> Dialect:
+def make_dialect(
+    *,
+    validate: bool = True,
+    ping: bool = True,
+    queues: bool = True,
+    list_keys: bool = True,
+    barrier: bool = True,
+) -> Dialect:
     """The dialect with the given optional requests (all of them: the newest torch's)."""
     ops = list(_LEGACY_OPS)
-    extras = ((validate, (Op.VALIDATE,)), (ping, (Op.PING,)),
-              (queues, (Op.QUEUE_PUSH, Op.QUEUE_POP, Op.QUEUE_LEN)),
-              (list_keys, (Op.LIST_KEYS,)), (barrier, (Op.BARRIER,)))
+    extras = (
+        (validate, (Op.VALIDATE,)),
+        (ping, (Op.PING,)),
+        (queues, (Op.QUEUE_PUSH, Op.QUEUE_POP, Op.QUEUE_LEN)),
+        (list_keys, (Op.LIST_KEYS,)),
+        (barrier, (Op.BARRIER,)),
+    )
     for present, extra in extras:
         if present:
             ops += extra
@@ -236,7 +255,7 @@ class _Cursor:
         end = self.pos + n
         if end > len(self.buf):
             raise _Incomplete
-        out = bytes(self.buf[self.pos:end])
+        out = bytes(self.buf[self.pos : end])
         self.pos = end
         return out
 
@@ -261,8 +280,9 @@ class _Cursor:
         return count
 
 
-def _key(buf: bytes | bytearray | memoryview, pos: int, limit: int = MAX_KEY_LEN,
-         what: str = "key") -> tuple[bytes, int]:
+def _key(
+    buf: bytes | bytearray | memoryview, pos: int, limit: int = MAX_KEY_LEN, what: str = "key"
+) -> tuple[bytes, int]:
     if pos + 8 > len(buf):
         raise _Incomplete
     (size,) = _U64.unpack_from(buf, pos)

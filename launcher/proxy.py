@@ -170,13 +170,18 @@ class _Upstream:
         while True:
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port), timeout=max(0.1, min(10.0, deadline - loop.time()))
+                    asyncio.open_connection(host, port),
+                    timeout=max(0.1, min(10.0, deadline - loop.time())),
                 )
                 break
             except (OSError, asyncio.TimeoutError) as exc:
                 if loop.time() + delay > deadline:
-                    raise UpstreamLost(f"cannot connect to the root store at {host}:{port}: {exc}") from exc
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # full jitter keeps nodes apart
+                    raise UpstreamLost(
+                        f"cannot connect to the root store at {host}:{port}: {exc}"
+                    ) from exc
+                await asyncio.sleep(
+                    delay * random.uniform(0.5, 1.0)
+                )  # full jitter keeps nodes apart
                 delay = min(delay * 2, 2.0)
         _set_nodelay(writer.get_extra_info("socket"))
         self._writer = writer
@@ -193,16 +198,22 @@ class _Upstream:
         answer = self.send(probe)
         assert answer is not None
         try:
-            echoed = await asyncio.wait_for(asyncio.shield(answer), timeout=max(0.1, deadline - loop.time()))
+            echoed = await asyncio.wait_for(
+                asyncio.shield(answer), timeout=max(0.1, deadline - loop.time())
+            )
         except asyncio.TimeoutError:
             self.close()
-            raise UpstreamLost(f"the root store at {host}:{port} did not answer {probe.op.name}") from None
+            raise UpstreamLost(
+                f"the root store at {host}:{port} did not answer {probe.op.name}"
+            ) from None
         except UpstreamLost:
             self.close()
             raise
         if probe.op == Op.PING and echoed != nonce:
             self.close()
-            raise UpstreamLost(f"{host}:{port} is not a TCPStore (PING answered {echoed}, sent {nonce})")
+            raise UpstreamLost(
+                f"{host}:{port} is not a TCPStore (PING answered {echoed}, sent {nonce})"
+            )
 
     @property
     def busy(self) -> bool:
@@ -211,7 +222,9 @@ class _Upstream:
     def send(self, request: Request) -> asyncio.Future | None:
         """Queue ``request``; returns the future of its reply (None for no-reply ops)."""
         if self.closed:
-            raise UpstreamLost(f"connection to the root store {self._proxy.upstream_text} is closed")
+            raise UpstreamLost(
+                f"connection to the root store {self._proxy.upstream_text} is closed"
+            )
         self._out.append(encode_request(request, self._proxy.dialect))
         counters = self._proxy.counters
         counters.requests_upstream += 1
@@ -251,14 +264,20 @@ class _Upstream:
                     self._pending.popleft()
                     # A wait the root cancelled without waking it: its single byte is the
                     # reply to the CANCEL_WAIT queued right behind it.
-                    if (request.op in BLOCKING_OPS and value == WaitReply.WAIT_CANCELED
-                            and self._pending and self._pending[0][0].op == Op.CANCEL_WAIT):
+                    if (
+                        request.op in BLOCKING_OPS
+                        and value == WaitReply.WAIT_CANCELED
+                        and self._pending
+                        and self._pending[0][0].op == Op.CANCEL_WAIT
+                    ):
                         _resolve(self._pending.popleft()[1], value)
                     _resolve(future, value)
                 if pos:
                     del buf[:pos]
                 if buf and not self._pending:
-                    error = ProtocolError(f"unexpected bytes from the root store: {bytes(buf[:16]).hex()}")
+                    error = ProtocolError(
+                        f"unexpected bytes from the root store: {bytes(buf[:16]).hex()}"
+                    )
                     break
         except (OSError, asyncio.IncompleteReadError) as exc:
             error = exc
@@ -324,7 +343,8 @@ class _Client(asyncio.BufferedProtocol):
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it: no isinstance check
+        # uvloop's transports implement asyncio.Transport without subclassing it: no isinstance
+        # check
         self.transport = transport  # type: ignore[assignment]
         _set_nodelay(transport.get_extra_info("socket"))
         self.proxy.add_client(self)
@@ -477,7 +497,9 @@ class _WaitGroup:
 
     def __init__(self, keys: tuple[bytes, ...]) -> None:
         self.keys = keys
-        self.waiters: dict[int, _Client] = {}  # by client id; answered directly, no future per waiter
+        self.waiters: dict[
+            int, _Client
+        ] = {}  # by client id; answered directly, no future per waiter
         self.state = "queued"  # queued -> active -> done | cancelling
         self.conn: _Upstream | None = None
         self.joinable = True
@@ -529,7 +551,9 @@ class AsyncStoreProxy:
     async def start(self, sock: socket.socket) -> None:
         """Serve local clients on an already listening socket."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Client(self), sock=sock, backlog=LISTEN_BACKLOG)
+        self._server = await loop.create_server(
+            lambda: _Client(self), sock=sock, backlog=LISTEN_BACKLOG
+        )
         self.spawn(self._warm_up())
 
     async def _warm_up(self) -> None:
@@ -570,8 +594,12 @@ class AsyncStoreProxy:
             coalesced=c.coalesced,
             waits_active=sum(1 for conn in self.upstream_open if conn.kind != "main" and conn.busy),
             waits_queued=sum(1 for group in self._queued if group.state == "queued"),
-            received_by_op=types.MappingProxyType({op.name: n for op, n in c.received_by_op.items()}),
-            upstream_by_op=types.MappingProxyType({op.name: n for op, n in c.upstream_by_op.items()}),
+            received_by_op=types.MappingProxyType(
+                {op.name: n for op, n in c.received_by_op.items()}
+            ),
+            upstream_by_op=types.MappingProxyType(
+                {op.name: n for op, n in c.upstream_by_op.items()}
+            ),
         )
 
     def spawn(self, coro) -> asyncio.Task:  # type: ignore[no-untyped-def]
@@ -602,7 +630,9 @@ class AsyncStoreProxy:
     def on_upstream_lost(self, conn: _Upstream) -> None:
         if self._closing:
             return
-        logger.warning("store proxy: lost %s connection to the root store %s", conn.kind, self.upstream_text)
+        logger.warning(
+            "store proxy: lost %s connection to the root store %s", conn.kind, self.upstream_text
+        )
         if conn is self._main:
             self._main = None
         if conn in self._wait_pool:
@@ -617,8 +647,11 @@ class AsyncStoreProxy:
             probe = _Upstream(self, "main")
             await probe.open(asyncio.get_running_loop().time() + _PROBE_TIMEOUT)
         except UpstreamLost as exc:
-            logger.error("store proxy: root store unreachable (%s); closing %d local client(s)",
-                         exc, len(self._clients))
+            logger.error(
+                "store proxy: root store unreachable (%s); closing %d local client(s)",
+                exc,
+                len(self._clients),
+            )
             for client in list(self._clients.values()):
                 client.abort()
             for conn in list(self.upstream_open):
@@ -714,7 +747,9 @@ class AsyncStoreProxy:
             return self._add(main, request.keys[0], request.number)
         return main.send(request)
 
-    def _join_or_send(self, main: _Upstream, request: Request, table: dict, key: object) -> asyncio.Future:
+    def _join_or_send(
+        self, main: _Upstream, request: Request, table: dict, key: object
+    ) -> asyncio.Future:
         future = table.get(key)
         if future is not None:
             self.counters.coalesced += 1
@@ -745,7 +780,9 @@ class AsyncStoreProxy:
             self._send_adds(main, key, [(delta, future)])
         return future
 
-    def _send_adds(self, main: _Upstream, key: bytes, batch: list[tuple[int, asyncio.Future]]) -> None:
+    def _send_adds(
+        self, main: _Upstream, key: bytes, batch: list[tuple[int, asyncio.Future]]
+    ) -> None:
         total = sum(delta for delta, _ in batch)
         if not -(1 << 63) <= total < (1 << 63):  # the merged delta must fit the wire's i64
             for delta, future in batch[1:]:
@@ -847,7 +884,9 @@ class AsyncStoreProxy:
             while group.state == "queued":
                 main = await self._get_main()
                 ready = await asyncio.shield(
-                    self._join_or_send(main, Request(Op.CHECK, keys=group.keys), self._check_inflight, group.keys)
+                    self._join_or_send(
+                        main, Request(Op.CHECK, keys=group.keys), self._check_inflight, group.keys
+                    )
                 )
                 if group.state != "queued":
                     return
@@ -904,7 +943,11 @@ class AsyncStoreProxy:
             return
         assert cancelled is not None
         cancelled.add_done_callback(
-            lambda f: self._release_wait_conn(conn) if not f.cancelled() and f.exception() is None else None
+            lambda f: (
+                self._release_wait_conn(conn)
+                if not f.cancelled() and f.exception() is None
+                else None
+            )
         )
 
     # ------------------------------------------------------------ BARRIER
@@ -953,7 +996,8 @@ class AsyncStoreProxy:
 
 
 def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
-    """A fresh loop for a proxy: uvloop when ``kind`` is "uvloop", or "auto" and uvloop is importable.
+    """A fresh loop for a proxy: uvloop when ``kind`` is "uvloop", or "auto" and uvloop is
+    importable.
 
     uvloop is an optional accelerator (not a dependency): it roughly halves the proxy's CPU per
     relayed request (``benchmarks/bench_rendezvous.py --loop``). ``NPU_JOB_PROXY_LOOP=asyncio``
@@ -1017,10 +1061,17 @@ class StoreProxy:
         try:
             ipaddress.ip_address(listen_host)
         except ValueError:
-            raise ValueError(f"listen_host must be a literal IP address, got {listen_host!r}") from None
+            raise ValueError(
+                f"listen_host must be a literal IP address, got {listen_host!r}"
+            ) from None
         self._listen = (listen_host, int(listen_port))
-        self._proxy = AsyncStoreProxy(upstream_host, upstream_port, timeout=timeout,
-                                      wait_connections=wait_connections, dialect=dialect)
+        self._proxy = AsyncStoreProxy(
+            upstream_host,
+            upstream_port,
+            timeout=timeout,
+            wait_connections=wait_connections,
+            dialect=dialect,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._port: int | None = None
@@ -1047,7 +1098,12 @@ class StoreProxy:
     def stats(self) -> ProxyStats:
         """A consistent snapshot, taken on the proxy's loop while it runs."""
         loop, thread = self._loop, self._thread
-        if loop is None or thread is None or not thread.is_alive() or threading.current_thread() is thread:
+        if (
+            loop is None
+            or thread is None
+            or not thread.is_alive()
+            or threading.current_thread() is thread
+        ):
             return self._proxy.snapshot()
         result: concurrent.futures.Future[ProxyStats] = concurrent.futures.Future()
 
@@ -1103,15 +1159,20 @@ class StoreProxy:
                     loop.close()
 
             self._loop = loop
-            self._thread = threading.Thread(target=run, name=f"npu-store-proxy-{self._port}", daemon=True)
+            self._thread = threading.Thread(
+                target=run, name=f"npu-store-proxy-{self._port}", daemon=True
+            )
             self._thread.start()
             started.wait()
             if failure:
                 self._thread.join()
                 self._thread = None
                 raise failure[0]
-            logger.info("store proxy listening on %s, upstream %s",
-                        _format_address(host, self._port), self._proxy.upstream_text)
+            logger.info(
+                "store proxy listening on %s, upstream %s",
+                _format_address(host, self._port),
+                self._proxy.upstream_text,
+            )
             return self._port
 
     def stop(self) -> None:
@@ -1140,27 +1201,43 @@ def main(argv: list[str] | None = None) -> int:
     Prints ``{"version": 1, "port": N}`` once listening; then each ``stats`` line on stdin
     prints the counters as JSON; EOF or ``stop`` stops it.
     """
-    parser = argparse.ArgumentParser(prog="python -m npu_job.launcher.proxy", description=main.__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m npu_job.launcher.proxy", description=main.__doc__
+    )
     parser.add_argument("upstream", help="root store address, HOST:PORT (literal IP preferred)")
     parser.add_argument("--listen-host", default="127.0.0.1")
     parser.add_argument("--listen-port", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to keep retrying the root")
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to keep retrying the root"
+    )
     parser.add_argument("--wait-connections", type=int, default=DEFAULT_WAIT_CONNECTIONS)
-    parser.add_argument("--dialect", choices=("newest", "torch"), default="newest",
-                        help="store protocol to speak: the newest, or the installed torch's (probed)")
+    parser.add_argument(
+        "--dialect",
+        choices=("newest", "torch"),
+        default="newest",
+        help="store protocol to speak: the newest, or the installed torch's (probed)",
+    )
     args = parser.parse_args(argv)
     host, sep, port = args.upstream.rpartition(":")
     if not sep or not port.isdigit():
         parser.error(f"upstream: expected HOST:PORT, got {args.upstream!r}")
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     dialect = NEWEST
     if args.dialect == "torch":
         from npu_job.launcher.torchcompat import store_dialect
 
         dialect = store_dialect()
-    with StoreProxy(host.strip("[]"), int(port), listen_host=args.listen_host, listen_port=args.listen_port,
-                    timeout=args.timeout, wait_connections=args.wait_connections,
-                    dialect=dialect) as proxy:
+    with StoreProxy(
+        host.strip("[]"),
+        int(port),
+        listen_host=args.listen_host,
+        listen_port=args.listen_port,
+        timeout=args.timeout,
+        wait_connections=args.wait_connections,
+        dialect=dialect,
+    ) as proxy:
         print(json.dumps({"version": 1, "port": proxy.port}), flush=True)
         for line in sys.stdin:
             command = line.strip()

@@ -57,11 +57,12 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousParameters,
     RendezvousStateError,
     RendezvousTimeoutError,
+    rendezvous_handler_registry,
 )
-from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from npu_job.errors import LaunchError
+from npu_job.parsing import seconds_from_text
 
 from . import liveness, torchcompat, verdict
 from .liveness import LivenessSettings
@@ -136,11 +137,8 @@ class ParallelSettings:
 
 def _seconds(params: RendezvousParameters, key: str, default: float) -> float:
     raw = params.get(key, default)
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise LaunchError(f"--rdzv_conf: {key}: expected seconds (a number), got {raw!r}") from None
-    if value <= 0:
+    value = seconds_from_text(str(raw), zero_ok=False)
+    if value is None:
         raise LaunchError(f"--rdzv_conf: {key}: expected a positive number of seconds, got {raw!r}")
     return value
 
@@ -160,7 +158,9 @@ def ipv4_listen_fd(master_addr: str, port: int) -> Optional[int]:
     or unresolvable names the stock listener is kept (None).
     """
     try:
-        families = {info[0] for info in socket.getaddrinfo(master_addr, port, type=socket.SOCK_STREAM)}
+        families = {
+            info[0] for info in socket.getaddrinfo(master_addr, port, type=socket.SOCK_STREAM)
+        }
     except OSError:
         return None
     if families != {socket.AF_INET}:
@@ -223,19 +223,26 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
     try:
         node_rank = int(params.config["rank"])
     except (TypeError, ValueError):
-        raise LaunchError(f"--node_rank: expected an integer, got {params.config['rank']!r}") from None
+        raise LaunchError(
+            f"--node_rank: expected an integer, got {params.config['rank']!r}"
+        ) from None
     if not 0 <= node_rank < params.max_nodes:
         raise LaunchError(
-            f"--node_rank={node_rank}: expected 0..{params.max_nodes - 1} for --nnodes={params.max_nodes}"
+            f"--node_rank={node_rank}: expected 0..{params.max_nodes - 1} for "
+            f"--nnodes={params.max_nodes}"
         )
     if not params.endpoint.strip():
-        raise LaunchError("the parallel rendezvous needs the root store: pass --master_addr/--master_port")
+        raise LaunchError(
+            "the parallel rendezvous needs the root store: pass --master_addr/--master_port"
+        )
     try:
         host, port = parse_rendezvous_endpoint(params.endpoint, -1)
     except ValueError as error:
         raise LaunchError(f"--rdzv_endpoint={params.endpoint!r}: {error}") from None
     if not 0 < port < 2**16:
-        raise LaunchError(f"--rdzv_endpoint={params.endpoint!r}: expected host:port with a port 1..65535")
+        raise LaunchError(
+            f"--rdzv_endpoint={params.endpoint!r}: expected host:port with a port 1..65535"
+        )
     try:
         tiered = bool(params.get_as_bool(TIERED_OPTION, False))
     except ValueError:
@@ -245,7 +252,8 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
     try:
         keep_alive = liveness.parse_settings(
             _seconds(params, "keep_alive_interval", liveness.DEFAULT_INTERVAL),
-            _seconds(params, "keep_alive_max_attempt", liveness.DEFAULT_MAX_ATTEMPT))
+            _seconds(params, "keep_alive_max_attempt", liveness.DEFAULT_MAX_ATTEMPT),
+        )
     except ValueError as error:
         raise LaunchError(f"--rdzv_conf: {error}") from None
     return ParallelSettings(
@@ -351,7 +359,9 @@ def literal_ip(host: str, port: int) -> str:
     try:
         return str(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0])
     except OSError as error:
-        raise RendezvousConnectionError(f"cannot resolve the root store host {host!r}: {error}") from None
+        raise RendezvousConnectionError(
+            f"cannot resolve the root store host {host!r}: {error}"
+        ) from None
 
 
 class NodeStoreProxy(Protocol):
@@ -362,15 +372,24 @@ class NodeStoreProxy(Protocol):
     def stop(self) -> None: ...
 
 
-ProxyFactory = Callable[..., NodeStoreProxy]  # (upstream host, upstream port, timeout, listen_port=0)
+ProxyFactory = Callable[
+    ..., NodeStoreProxy
+]  # (upstream host, upstream port, timeout, listen_port=0)
 
 
-def _start_store_proxy(upstream_host: str, upstream_port: int, timeout: float,
-                       listen_port: int = 0) -> NodeStoreProxy:
+def _start_store_proxy(
+    upstream_host: str, upstream_port: int, timeout: float, listen_port: int = 0
+) -> NodeStoreProxy:
     from npu_job.launcher.proxy import StoreProxy  # the store engineer's module; imported when used
 
-    return StoreProxy(upstream_host, upstream_port, listen_host=LOOPBACK, listen_port=listen_port,
-                      timeout=timeout, dialect=torchcompat.store_dialect())
+    return StoreProxy(
+        upstream_host,
+        upstream_port,
+        listen_host=LOOPBACK,
+        listen_port=listen_port,
+        timeout=timeout,
+        dialect=torchcompat.store_dialect(),
+    )
 
 
 def this_node(local_address: Optional[str]) -> Identity:
@@ -382,7 +401,9 @@ def this_node(local_address: Optional[str]) -> Identity:
 class ParallelRendezvousHandler(RendezvousHandler):
     """Static-membership rendezvous over a root ``TCPStore`` hosted by node rank 0's agent."""
 
-    def __init__(self, settings: ParallelSettings, proxy_factory: ProxyFactory = _start_store_proxy):
+    def __init__(
+        self, settings: ParallelSettings, proxy_factory: ProxyFactory = _start_store_proxy
+    ):
         self._settings = settings
         self._keys = _Keys(settings.run_id)
         self._proxy_factory = proxy_factory
@@ -430,7 +451,11 @@ class ParallelRendezvousHandler(RendezvousHandler):
         number = self._rounds_done
         if number > 0 and not torchcompat.HAS_LIST_KEYS:
             self._stop_proxy()  # its upstream, the last round's workers' store, is gone
-        store = self._connect_to_open_run() if number == 0 and settings.node_rank != 0 else self._connect()
+        store = (
+            self._connect_to_open_run()
+            if number == 0 and settings.node_rank != 0
+            else self._connect()
+        )
         with self._root_errors(f"joining round {number}"):
             self._raise_if_closed(store)
             if number == 0:
@@ -447,11 +472,17 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 store.set(self._keys.complete(number), str(settings.node_rank))
             logger.info(
                 "node rank %d joined round %d of %r; waiting for %d node(s) at the root store %s",
-                settings.node_rank, number, settings.run_id, settings.nnodes, settings.root,
+                settings.node_rank,
+                number,
+                settings.run_id,
+                settings.nnodes,
+                settings.root,
             )
             self._await_round(store, number)
             if settings.node_rank == 0 and self._watch is not None:
-                self._watch.judge(list(range(1, settings.nnodes)))  # every node's counter exists now
+                self._watch.judge(
+                    list(range(1, settings.nnodes))
+                )  # every node's counter exists now
             if torchcompat.HAS_LIST_KEYS:
                 if number > 0:
                     self._clear_previous_workers(store, number)
@@ -462,12 +493,19 @@ class ParallelRendezvousHandler(RendezvousHandler):
         self._rounds_done = number + 1
         logger.info(
             "round %d complete: node rank %d of %d; workers use the store at %s:%d%s",
-            number, settings.node_rank, settings.nnodes, address, port,
+            number,
+            settings.node_rank,
+            settings.nnodes,
+            address,
+            port,
             " (this node's proxy)" if settings.tiered else "",
         )
         return torchcompat.rendezvous_result(
-            PrefixStore(self._keys.agent_prefix(number), store), settings.node_rank, settings.nnodes,
-            address, port,
+            PrefixStore(self._keys.agent_prefix(number), store),
+            settings.node_rank,
+            settings.nnodes,
+            address,
+            port,
         )
 
     def _check_node_order(self, store: Store) -> None:
@@ -545,7 +583,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
             self._sign_off(store)
             return True
         except StoreError as error:
-            logger.warning("could not sign off at the root store %s: %s", self._settings.root, error)
+            logger.warning(
+                "could not sign off at the root store %s: %s", self._settings.root, error
+            )
             return False
         finally:
             self.close()
@@ -575,8 +615,15 @@ class ParallelRendezvousHandler(RendezvousHandler):
         self._me = this_node(store.local_address)
         store.set(self._keys.who(settings.node_rank), self._me.to_json())
         store.add(self._keys.alive(settings.node_rank), 1)
-        self._watch = Watch(store, self._keys, settings.node_rank, settings.nnodes, settings.liveness,
-                            self._root_who, self._check_proxy if settings.tiered else None)
+        self._watch = Watch(
+            store,
+            self._keys,
+            settings.node_rank,
+            settings.nnodes,
+            settings.liveness,
+            self._root_who,
+            self._check_proxy if settings.tiered else None,
+        )
         store.on_poll = self._stop_polling
         self._watch.start()
 
@@ -614,7 +661,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 watch.wake()
                 found = self._await_verdict(watch, report)
         except RootError as error:
-            found = watch.conclude(verdict.root_lost(self._settings.root, self._root_who, str(error)))
+            found = watch.conclude(
+                verdict.root_lost(self._settings.root, self._root_who, str(error))
+            )
         self._note_verdict(found)
         if found.node_rank == self._settings.node_rank and found.kind == verdict.WORKERS_FAILED:
             return found
@@ -629,8 +678,10 @@ class ParallelRendezvousHandler(RendezvousHandler):
             if found is not None:
                 return found
             if time.monotonic() >= deadline:
-                logger.warning("node rank 0 named no cause within %.0fs; naming this node's failure",
-                               deadline - time.monotonic() + keep_alive.window)
+                logger.warning(
+                    "node rank 0 named no cause within %.0fs; naming this node's failure",
+                    deadline - time.monotonic() + keep_alive.window,
+                )
                 return watch.publish(verdict.workers_failed(report, self._me))
             time.sleep(SETTLE_POLL)
 
@@ -650,7 +701,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
         # otherwise see the rendezvous closed before their own timeout, without the reason
         reason = f"{type(error).__name__}: {error}" if error is not None else "its agent stopped"
         try:
-            self._note_verdict(watch.publish(verdict.left(self._settings.node_rank, self._me, reason)))
+            self._note_verdict(
+                watch.publish(verdict.left(self._settings.node_rank, self._me, reason))
+            )
         except StoreError as store_error:
             logger.debug("could not tell the others why this node leaves: %s", store_error)
 
@@ -660,12 +713,20 @@ class ParallelRendezvousHandler(RendezvousHandler):
         Node rank 0 keeps the root up for the others to read it and sign off (``close_timeout``).
         """
         watch, store = self._watch, self._store
-        if watch is not None and store is not None and not self._root_lost and watch.verdict is None:
+        if (
+            watch is not None
+            and store is not None
+            and not self._root_lost
+            and watch.verdict is None
+        ):
             store.call_timeout = min(store.call_timeout, SIGNAL_CALL_TIMEOUT)
             try:
                 watch.stop()
-                self._note_verdict(watch.publish(verdict.signalled(
-                    self._settings.node_rank, self._me, signal_name)))
+                self._note_verdict(
+                    watch.publish(
+                        verdict.signalled(self._settings.node_rank, self._me, signal_name)
+                    )
+                )
                 self._sign_off(store)
             except StoreError as error:
                 logger.warning("could not tell the other nodes about %s: %s", signal_name, error)
@@ -694,8 +755,12 @@ class ParallelRendezvousHandler(RendezvousHandler):
     def _restart_proxy(self, problem: str) -> Optional[Verdict]:
         settings = self._settings
         address = f"{LOOPBACK}:{self._proxy_port}"
-        logger.warning("node rank %d: the store proxy %s died (%s); restarting it on the same port",
-                       settings.node_rank, address, problem)
+        logger.warning(
+            "node rank %d: the store proxy %s died (%s); restarting it on the same port",
+            settings.node_rank,
+            address,
+            problem,
+        )
         old, self._proxy = self._proxy, None
         if old is not None:
             try:
@@ -705,8 +770,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
         assert self._proxy_upstream is not None
         host, port = self._proxy_upstream
         try:
-            proxy = self._proxy_factory(literal_ip(host, port), port, settings.store_timeout,
-                                        listen_port=self._proxy_port)
+            proxy = self._proxy_factory(
+                literal_ip(host, port), port, settings.store_timeout, listen_port=self._proxy_port
+            )
             proxy.start()
         except Exception as error:
             return verdict.proxy_lost(settings.node_rank, self._me, address, str(error))
@@ -725,7 +791,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
             except Exception as error:  # closing must go on whatever the proxy says
                 logger.warning("stopping the store proxy failed: %s", error)
 
-    def _root_errors(self, doing: str) -> "_RootErrors":
+    def _root_errors(self, doing: str) -> _RootErrors:
         return _RootErrors(self, doing)
 
     def _publish_or_keep(self, found: Verdict) -> Verdict:
@@ -747,10 +813,17 @@ class ParallelRendezvousHandler(RendezvousHandler):
         if settings.node_rank == 0:
             self._server = self._host_root()
             client = self._open_client()
-            self._root_who = this_node(None if os.environ.get("MA_CURRENT_HOST_IP") else
-                                       _own_address(settings.master_addr))
-            identity = json.dumps({"root_id": uuid.uuid4().hex, "pid": os.getpid(),
-                                   **json.loads(self._root_who.to_json())}, sort_keys=True)
+            self._root_who = this_node(
+                None if os.environ.get("MA_CURRENT_HOST_IP") else _own_address(settings.master_addr)
+            )
+            identity = json.dumps(
+                {
+                    "root_id": uuid.uuid4().hex,
+                    "pid": os.getpid(),
+                    **json.loads(self._root_who.to_json()),
+                },
+                sort_keys=True,
+            )
             with self._root_errors("saying which root it is"):
                 client.set(self._keys.root_identity, identity)
             client.expect_identity(self._keys.root_identity, identity)
@@ -775,18 +848,18 @@ class ParallelRendezvousHandler(RendezvousHandler):
             while not client.check([key]):
                 if time.monotonic() >= deadline:
                     raise RendezvousConnectionError(
-                        f"node rank {settings.node_rank}: {settings.root} answers as a store but is "
-                        f"not npu-run's root of run {settings.run_id!r} (no {key} after {wait:g}s): "
-                        "the store of another job, or another program on --master_port"
+                        f"node rank {settings.node_rank}: {settings.root} answers as a store but "
+                        f"is not npu-run's root of run {settings.run_id!r} (no {key} after "
+                        f"{wait:g}s): the store of another job, or another program on --master_port"
                     )
                 time.sleep(0.1)
             identity = bytes(client.get(key))
         except RootSilent:
             client.close()
             raise RendezvousConnectionError(
-                f"node rank {settings.node_rank}: the process at {settings.root} accepts connections "
-                f"but did not answer as a store within {client.call_timeout:g}s: not npu-run's root "
-                "store (does another program hold --master_port?)"
+                f"node rank {settings.node_rank}: the process at {settings.root} accepts "
+                f"connections but did not answer as a store within {client.call_timeout:g}s: not "
+                "npu-run's root store (does another program hold --master_port?)"
             ) from None
         except RootError as error:
             client.close()
@@ -812,7 +885,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
 
         def bound() -> bool:
             try:
-                servers.append(host_store(settings.master_addr, settings.master_port, settings.store_timeout))
+                servers.append(
+                    host_store(settings.master_addr, settings.master_port, settings.store_timeout)
+                )
                 return True
             except (StoreError, RuntimeError, OSError) as error:
                 if not _port_in_use(error):
@@ -828,7 +903,8 @@ class ParallelRendezvousHandler(RendezvousHandler):
             ) from None
         if not hosted:
             raise LaunchError(
-                f"node rank 0 cannot host the root store on port {settings.master_port}: {errors[-1]}",
+                f"node rank 0 cannot host the root store on port {settings.master_port}: "
+                f"{errors[-1]}",
                 tip="pick a free --master_port, or stop the process that holds it",
             ) from None
         logger.info("hosting the root store on %s", settings.root)
@@ -849,8 +925,12 @@ class ParallelRendezvousHandler(RendezvousHandler):
         if settings.node_rank == 0:
             port = free_port_near(settings.master_addr)
             store.set(key, str(port))
-            logger.info("round %d: global rank 0 hosts the workers' store on %s:%d",
-                        number, settings.master_addr, port)
+            logger.info(
+                "round %d: global rank 0 hosts the workers' store on %s:%d",
+                number,
+                settings.master_addr,
+                port,
+            )
             return settings.master_addr, port
         if not poll_until(lambda: torchcompat.key_exists(store, key), settings.join_timeout):
             raise RendezvousTimeoutError(
@@ -861,8 +941,13 @@ class ParallelRendezvousHandler(RendezvousHandler):
 
     def _open_client(self) -> RootClient:
         settings = self._settings
-        return RootClient(settings.master_addr, settings.master_port, timeout=settings.store_timeout,
-                          call_timeout=settings.call_timeout, dialect=torchcompat.store_dialect())
+        return RootClient(
+            settings.master_addr,
+            settings.master_port,
+            timeout=settings.store_timeout,
+            call_timeout=settings.call_timeout,
+            dialect=torchcompat.store_dialect(),
+        )
 
     def _connect_to_open_run(self) -> RootClient:
         """Connect for a fresh agent; if the root belongs to a finished run, wait for a new root.
@@ -885,8 +970,11 @@ class ParallelRendezvousHandler(RendezvousHandler):
             self._store = None
             store.close()
             if not announced:
-                logger.info("the root store %s belongs to a finished run; waiting for node rank 0 to "
-                            "start a new one", settings.root)
+                logger.info(
+                    "the root store %s belongs to a finished run; waiting for node rank 0 to "
+                    "start a new one",
+                    settings.root,
+                )
                 announced = True
             if time.monotonic() >= deadline:
                 raise RendezvousClosedError(
@@ -906,14 +994,22 @@ class ParallelRendezvousHandler(RendezvousHandler):
 
         def listening() -> bool:
             try:
-                with socket.create_connection((settings.master_addr, settings.master_port), timeout=5):
+                with socket.create_connection(
+                    (settings.master_addr, settings.master_port), timeout=5
+                ):
                     return True
             except OSError as error:
                 last_error[:] = [error]
                 return False
 
-        progress = _Every(PROGRESS_INTERVAL, lambda: logger.info(
-            "still waiting for node rank 0's root store at %s (%s)", settings.root, last_error[-1]))
+        progress = _Every(
+            PROGRESS_INTERVAL,
+            lambda: logger.info(
+                "still waiting for node rank 0's root store at %s (%s)",
+                settings.root,
+                last_error[-1],
+            ),
+        )
         if not poll_until(listening, settings.join_timeout, first=0.05, cap=1.0, tick=progress):
             raise RendezvousTimeoutError(
                 f"node rank {settings.node_rank} timed out after {settings.join_timeout:g}s "
@@ -943,12 +1039,15 @@ class ParallelRendezvousHandler(RendezvousHandler):
         while torchcompat.key_exists(store, self._keys.complete(number)):
             number += 1
         if number > 0:
-            logger.info("node rank %d rejoins a running job at round %d", self._settings.node_rank, number)
+            logger.info(
+                "node rank %d rejoins a running job at round %d", self._settings.node_rank, number
+            )
         return number
 
     def _missing_nodes(self, store: Store, number: int) -> List[int]:
         return [
-            rank for rank in range(self._settings.nnodes)
+            rank
+            for rank in range(self._settings.nnodes)
             if not torchcompat.key_exists(store, self._keys.node(number, rank))
         ]
 
@@ -960,13 +1059,23 @@ class ParallelRendezvousHandler(RendezvousHandler):
 
         def progress() -> None:
             joined = int(store.add(self._keys.joined(number), 0))
-            logger.info("round %d: %d of %d nodes joined after %.0fs", number, joined,
-                        settings.nnodes, time.monotonic() - started)
+            logger.info(
+                "round %d: %d of %d nodes joined after %.0fs",
+                number,
+                joined,
+                settings.nnodes,
+                time.monotonic() - started,
+            )
 
-        closed_check = _Every(1.0, lambda: self._raise_if_closed(store), first=self._raise_if_stopped)
+        closed_check = _Every(
+            1.0, lambda: self._raise_if_closed(store), first=self._raise_if_stopped
+        )
         progress_line = _Every(PROGRESS_INTERVAL, progress)
-        if not poll_until(lambda: torchcompat.key_exists(store, complete), settings.join_timeout,
-                          tick=lambda: (closed_check(), progress_line())):
+        if not poll_until(
+            lambda: torchcompat.key_exists(store, complete),
+            settings.join_timeout,
+            tick=lambda: (closed_check(), progress_line()),
+        ):
             missing = self._missing_nodes(store, number)
             raise RendezvousTimeoutError(
                 f"node rank {settings.node_rank} timed out after {settings.join_timeout:g}s in "
@@ -983,7 +1092,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
         """
         ready = self._keys.ready(number)
         if self._settings.node_rank != 0:
-            if not poll_until(lambda: torchcompat.key_exists(store, ready), self._settings.join_timeout):
+            if not poll_until(
+                lambda: torchcompat.key_exists(store, ready), self._settings.join_timeout
+            ):
                 raise RendezvousTimeoutError(
                     f"node rank 0 did not clear the root store {self._settings.root} for round "
                     f"{number} within {self._settings.join_timeout:g}s"
@@ -1022,12 +1133,17 @@ class ParallelRendezvousHandler(RendezvousHandler):
             try:
                 self._proxy_port = int(proxy.start())
             except Exception as error:
-                raise LaunchError(f"node rank {settings.node_rank} cannot start its store proxy: {error}") from None
+                raise LaunchError(
+                    f"node rank {settings.node_rank} cannot start its store proxy: {error}"
+                ) from None
             self._proxy = proxy
             self._proxy_upstream = workers_store
             logger.debug(
                 "store proxy for this node's workers on %s:%d -> %s:%d",
-                LOOPBACK, self._proxy_port, upstream, port,
+                LOOPBACK,
+                self._proxy_port,
+                upstream,
+                port,
             )
         return LOOPBACK, self._proxy_port
 
@@ -1046,8 +1162,12 @@ class ParallelRendezvousHandler(RendezvousHandler):
             return int(store.add(self._keys.departed, 0))
 
         if not poll_until(lambda: departed() >= expected, self._settings.close_timeout, first=0.01):
-            logger.warning("closing the root store %s although only %d of %d agents signed off",
-                           self._settings.root, departed(), expected)
+            logger.warning(
+                "closing the root store %s although only %d of %d agents signed off",
+                self._settings.root,
+                departed(),
+                expected,
+            )
 
 
 def poll_until(
@@ -1076,8 +1196,12 @@ def poll_until(
 class _Every:
     """A callable that runs ``action`` at most once per ``interval`` seconds (first after one)."""
 
-    def __init__(self, interval: float, action: Callable[[], object],
-                 first: Optional[Callable[[], object]] = None) -> None:
+    def __init__(
+        self,
+        interval: float,
+        action: Callable[[], object],
+        first: Optional[Callable[[], object]] = None,
+    ) -> None:
         self._interval = interval
         self._action = action
         self._first = first
@@ -1109,8 +1233,11 @@ class _RootErrors:
             settings = handler.settings
             if isinstance(error, RootError) and handler._watch is not None:
                 # every node then ends with the same line, whether the watch or this call saw it
-                handler._note_verdict(handler._watch.conclude(
-                    verdict.root_lost(settings.root, handler._root_who, str(error))))
+                handler._note_verdict(
+                    handler._watch.conclude(
+                        verdict.root_lost(settings.root, handler._root_who, str(error))
+                    )
+                )
             raise RendezvousConnectionError(
                 f"node rank {settings.node_rank} lost the root store {settings.root} "
                 f"while {self._doing}: {error}"
@@ -1152,7 +1279,7 @@ def last_verdict() -> Optional[Verdict]:
 
 # Handlers this process created and not yet closed. torch skips ``shutdown()`` when the agent
 # dies of a signal (to keep elastic rendezvous open), so the launcher closes them by this list.
-_OPEN_HANDLERS: "weakref.WeakSet[ParallelRendezvousHandler]" = weakref.WeakSet()
+_OPEN_HANDLERS: weakref.WeakSet[ParallelRendezvousHandler] = weakref.WeakSet()
 
 
 def create_handler(params: RendezvousParameters) -> ParallelRendezvousHandler:
@@ -1186,5 +1313,3 @@ def register() -> None:
         rendezvous_handler_registry.register(BACKEND, entry_point_factory)
     except ValueError:  # another factory holds the name: an older npu-job's entry point
         logger.debug("the %r rendezvous backend was already registered", BACKEND)
-
-

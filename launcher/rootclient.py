@@ -46,8 +46,19 @@ RECONNECT_CAP = 1.0
 CLOSE_WAIT = 2.0
 # Requests that may be sent again after a connection broke mid-call: repeating them changes
 # nothing (SET writes the same value again; the rest only read or delete).
-_REPEATABLE = frozenset({Op.SET, Op.GET, Op.CHECK, Op.MULTI_GET, Op.MULTI_SET, Op.GETNUMKEYS,
-                         Op.DELETE_KEY, Op.LIST_KEYS, Op.PING})
+_REPEATABLE = frozenset(
+    {
+        Op.SET,
+        Op.GET,
+        Op.CHECK,
+        Op.MULTI_GET,
+        Op.MULTI_SET,
+        Op.GETNUMKEYS,
+        Op.DELETE_KEY,
+        Op.LIST_KEYS,
+        Op.PING,
+    }
+)
 
 
 class RootError(StoreError):  # type: ignore[misc, valid-type]
@@ -87,8 +98,16 @@ class RootClient(dist.Store):
 
     answers_check = True  # torchcompat.key_exists: ask this store's own check(), on every torch
 
-    def __init__(self, host: str, port: int, *, timeout: float, call_timeout: float,
-                 dialect: Dialect, on_poll: Optional[Callable[[], None]] = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        timeout: float,
+        call_timeout: float,
+        dialect: Dialect,
+        on_poll: Optional[Callable[[], None]] = None,
+    ) -> None:
         super().__init__()
         self.set_timeout(datetime.timedelta(seconds=timeout))
         self.host = host
@@ -120,7 +139,9 @@ class RootClient(dist.Store):
         finally:
             self._lock.release()
 
-    def _call_locked(self, requests: Sequence[Request], started: float, limit: float) -> List[ReplyValue]:
+    def _call_locked(
+        self, requests: Sequence[Request], started: float, limit: float
+    ) -> List[ReplyValue]:
         repeatable = all(request.op in _REPEATABLE for request in requests)
         delay = RECONNECT_FIRST
         while True:
@@ -155,17 +176,25 @@ class RootClient(dist.Store):
         if self._client is not None:
             return self._client
         try:
-            client = RawStoreClient(self.host, self.port, timeout=max(0.001, limit - time.monotonic()),
-                                    dialect=self.dialect)
+            client = RawStoreClient(
+                self.host,
+                self.port,
+                timeout=max(0.001, limit - time.monotonic()),
+                dialect=self.dialect,
+            )
         except ConnectionRefusedError:
-            raise RootGone(f"the root store {self.address} refused the connection: "
-                           "nothing listens there any more") from None
+            raise RootGone(
+                f"the root store {self.address} refused the connection: "
+                "nothing listens there any more"
+            ) from None
         self.local_address = str(client.sock.getsockname()[0])
         if self._identity is not None:
             key, expected = self._identity
             try:
                 found = client.call(Request(Op.CHECK, keys=(key,)))
-                seen = client.call(Request(Op.GET, keys=(key,))) if found == CheckReply.READY else None
+                seen = (
+                    client.call(Request(Op.GET, keys=(key,))) if found == CheckReply.READY else None
+                )
             except BaseException:
                 client.close()
                 raise
@@ -180,8 +209,10 @@ class RootClient(dist.Store):
 
     def _silent(self, started: float, why: str) -> RootSilent:
         quiet = time.monotonic() - max(self.last_answer, started)
-        return RootSilent(f"the root store {self.address} has not answered for {quiet:.1f}s "
-                          f"({why}; deadline {self.call_timeout:g}s)")
+        return RootSilent(
+            f"the root store {self.address} has not answered for {quiet:.1f}s "
+            f"({why}; deadline {self.call_timeout:g}s)"
+        )
 
     def _drop(self) -> None:
         if self._client is not None:
@@ -226,14 +257,16 @@ class RootClient(dist.Store):
         return reply == CheckReply.READY
 
     def wait(self, keys: Sequence[str], timeout: Optional[datetime.timedelta] = None) -> None:
-        """Poll until every key exists (``RootWaitTimeout`` after ``timeout``, default the store's)."""
+        """Poll until every key exists (``RootWaitTimeout`` after ``timeout``, or the store's)."""
         seconds = (timeout if timeout is not None else self.timeout).total_seconds()
         deadline = time.monotonic() + seconds
         delay = POLL_FIRST
         while not self.check(keys):
             if time.monotonic() >= deadline:
-                raise RootWaitTimeout(f"wait timeout after {seconds:g}s for keys {list(keys)} "
-                                      f"at the root store {self.address}")
+                raise RootWaitTimeout(
+                    f"wait timeout after {seconds:g}s for keys {list(keys)} "
+                    f"at the root store {self.address}"
+                )
             if self.on_poll is not None:
                 self.on_poll()
             time.sleep(min(delay * random.uniform(0.8, 1.2), max(0.0, deadline - time.monotonic())))
@@ -249,8 +282,13 @@ class RootClient(dist.Store):
         return [bytes(value) for value in values]  # type: ignore[union-attr]
 
     def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
-        self.one(Request(Op.MULTI_SET, keys=tuple(_wire(k) for k in keys),
-                         values=tuple(_bytes(v) for v in values)))
+        self.one(
+            Request(
+                Op.MULTI_SET,
+                keys=tuple(_wire(k) for k in keys),
+                values=tuple(_bytes(v) for v in values),
+            )
+        )
 
     def delete_key(self, key: str) -> bool:
         return int(self.one(Request(Op.DELETE_KEY, keys=(_wire(key),)))) > 0  # type: ignore[arg-type]
@@ -260,8 +298,12 @@ class RootClient(dist.Store):
 
     def list_keys(self) -> List[str]:
         keys = self.one(Request(Op.LIST_KEYS))
-        return [key.decode(errors="replace")[1:] if key.startswith(b"/") else key.decode(errors="replace")
-                for key in keys]  # type: ignore[union-attr]
+        return [
+            key.decode(errors="replace")[1:]
+            if key.startswith(b"/")
+            else key.decode(errors="replace")
+            for key in keys
+        ]  # type: ignore[union-attr]
 
     def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
         raise NotImplementedError("npu-run never calls compare_set (torch 2.1/2.2 crash in it)")

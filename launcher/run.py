@@ -62,10 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
         width=90,
     )
     parser.epilog = (
-        "Examples:\n"
-        "  npu-run --nnodes=4 --node_rank=auto --nproc_per_node=auto --master_addr=$MASTER_ADDR \\\n"
-        "          --master_port=29500 --rdzv_backend=parallel --enable_tiered_parallel_tcpstore=true train.py\n"
-        "  npu-run --standalone --nproc_per_node=2 train.py --epochs 3"
+        "Examples:\n  npu-run --nnodes=4 --node_rank=auto --nproc_per_node=auto "
+        "--master_addr=$MASTER_ADDR \\\n          --master_port=29500 --rdzv_backend=parallel "
+        "--enable_tiered_parallel_tcpstore=true train.py\n  npu-run --standalone "
+        "--nproc_per_node=2 train.py --epochs 3"
     )
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     options = parser._option_string_actions
@@ -78,8 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         "else VC_TASK_INDEX, else 0."
     )
     options["--nproc-per-node"].help = (
-        "Workers per node: N, or auto (NPUs if torch_npu sees any, else GPUs, else CPUs), npu, gpu, "
-        "cpu (or torch's xpu / custom device names)."
+        "Workers per node: N, or auto (NPUs if torch_npu sees any, else GPUs, else CPUs), npu, "
+        "gpu, cpu (or torch's xpu / custom device names)."
     )
     options["--rdzv-backend"].help = (
         "Rendezvous backend: static (default), c10d, etcd, etcd-v2, or parallel (static membership "
@@ -170,22 +170,40 @@ def prepare(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namesp
     if args.max_restarts < 0:
         raise UsageError(f"--max_restarts: expected 0 or more, got {args.max_restarts}")
     if args.monitor_interval <= 0:
-        raise UsageError(f"--monitor_interval: expected a positive number, got {args.monitor_interval}")
+        raise UsageError(
+            f"--monitor_interval: expected a positive number, got {args.monitor_interval}"
+        )
 
     if tiered and args.standalone:
-        raise UsageError("--enable_tiered_parallel_tcpstore=true and --standalone exclude each other")
+        raise UsageError(
+            "--enable_tiered_parallel_tcpstore=true and --standalone exclude each other"
+        )
     if tiered and args.rdzv_backend == "static":
         logger.info("--enable_tiered_parallel_tcpstore=true: using --rdzv_backend=parallel")
         args.rdzv_backend = "parallel"
     elif tiered and args.rdzv_backend != "parallel":
         raise UsageError(
-            f"--enable_tiered_parallel_tcpstore=true needs --rdzv_backend=parallel, got {args.rdzv_backend!r}"
+            "--enable_tiered_parallel_tcpstore=true needs --rdzv_backend=parallel, got "
+            f"{args.rdzv_backend!r}"
         )
 
     if args.standalone:  # torchrun's behaviour
-        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
-    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None and max_nodes == 1:
-        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = (
+            "c10d",
+            "localhost:0",
+            str(uuid.uuid4()),
+        )
+    elif (
+        args.rdzv_backend == "static"
+        and not args.rdzv_endpoint
+        and args.master_port is None
+        and max_nodes == 1
+    ):
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = (
+            "c10d",
+            "localhost:0",
+            str(uuid.uuid4()),
+        )
     if args.master_port is None:
         args.master_port = DEFAULT_MASTER_PORT
 
@@ -209,7 +227,9 @@ def launch_config(args: argparse.Namespace) -> Tuple[Any, Any, List[str]]:
 
     torch_args = copy.copy(args)
     if args.rdzv_backend == "parallel":
-        torch_args.node_rank = 0  # torch warns that node_rank is static-only; parallel uses it below
+        torch_args.node_rank = (
+            0  # torch warns that node_rank is static-only; parallel uses it below
+        )
     try:
         config, cmd, cmd_args = config_from_args(torch_args)
     except (ValueError, AssertionError, RuntimeError) as error:
@@ -221,8 +241,12 @@ def launch_config(args: argparse.Namespace) -> Tuple[Any, Any, List[str]]:
             config.rdzv_configs[rendezvous.NODE_ORDER_OPTION] = args.node_order
         rendezvous.settings_from_params(  # fail here, in one line, rather than inside the agent
             RendezvousParameters(
-                backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id=config.run_id,
-                min_nodes=config.min_nodes, max_nodes=config.max_nodes, **config.rdzv_configs,
+                backend=config.rdzv_backend,
+                endpoint=config.rdzv_endpoint,
+                run_id=config.run_id,
+                min_nodes=config.min_nodes,
+                max_nodes=config.max_nodes,
+                **config.rdzv_configs,
             )
         )
     return config, cmd, cmd_args
@@ -264,8 +288,12 @@ def _watched_agent_class() -> type:
             outcome("running")
             result = super()._invoke_run(*args, **kwargs)
             if result.is_failed():
-                _settle_failure(handler, result, self._npu_failed_at or time.time(),
-                                float(spec.monitor_interval))
+                _settle_failure(
+                    handler,
+                    result,
+                    self._npu_failed_at or time.time(),
+                    float(spec.monitor_interval),
+                )
             else:
                 outcome("succeeded")
             return result
@@ -279,14 +307,23 @@ def _settle_failure(handler: Any, result: Any, failed_at: float, interval: float
 
     if not isinstance(handler, rendezvous.ParallelRendezvousHandler) or not result.failures:
         return
-    when = {rank: _failed_when(failure, failed_at, interval) for rank, failure in result.failures.items()}
+    when = {
+        rank: _failed_when(failure, failed_at, interval)
+        for rank, failure in result.failures.items()
+    }
     rank = min(when, key=lambda worker: (when[worker], worker))
     failure = result.failures[rank]
-    handler.settle_failure(FailureReport(
-        node_rank=handler.settings.node_rank, seen_at=when[rank], worker_rank=int(rank),
-        local_rank=int(failure.local_rank), pid=int(failure.pid), exit_code=int(failure.exitcode),
-        message=_failure_message(failure),
-    ))
+    handler.settle_failure(
+        FailureReport(
+            node_rank=handler.settings.node_rank,
+            seen_at=when[rank],
+            worker_rank=int(rank),
+            local_rank=int(failure.local_rank),
+            pid=int(failure.pid),
+            exit_code=int(failure.exitcode),
+            message=_failure_message(failure),
+        )
+    )
 
 
 def _failed_when(failure: Any, seen_at: float, monitor_interval: float) -> float:
@@ -327,7 +364,9 @@ def _recorded_launch() -> Callable[..., Any]:
 def _terminate_on(signum: int, frame: Any) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    raise SignalException(f"{PROG} got signal {signal.Signals(signum).name}", sigval=signal.Signals(signum))
+    raise SignalException(
+        f"{PROG} got signal {signal.Signals(signum).name}", sigval=signal.Signals(signum)
+    )
 
 
 def _install_early_signal_handler() -> Optional[Any]:

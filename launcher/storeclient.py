@@ -3,7 +3,8 @@
 torch's own client is the real thing and npu-run and its tests use it wherever they can. This
 one exists for what it cannot do: pipeline several requests or send them from many simulated ranks
 in one process without a thread (and a GIL-holding C++ call) per rank, hand-craft bytes, and ask
-what torch 2.1's bindings cannot ask safely (:func:`npu_job.launcher.torchcompat.key_exists`). It speaks
+what torch 2.1's bindings cannot ask safely (:func:`npu_job.launcher.torchcompat.key_exists`). It
+speaks
 exactly :mod:`npu_job.launcher.protocol` in a given dialect (default the newest), connecting as
 that torch's client does (VALIDATE, then PING, where the dialect has them).
 """
@@ -52,7 +53,9 @@ class _ReplyBuffer:
 class RawStoreClient:
     """Blocking client: ``send`` requests (pipelining allowed), ``receive`` replies in order."""
 
-    def __init__(self, host: str, port: int, timeout: float = 30.0, dialect: Dialect = NEWEST) -> None:
+    def __init__(
+        self, host: str, port: int, timeout: float = 30.0, dialect: Dialect = NEWEST
+    ) -> None:
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.dialect = dialect
@@ -101,8 +104,9 @@ class AsyncRawStoreClient:
         self.requests_sent = 0
 
     @classmethod
-    async def connect(cls, host: str, port: int, retry_until: float = 0.0,
-                      dialect: Dialect = NEWEST) -> AsyncRawStoreClient:
+    async def connect(
+        cls, host: str, port: int, retry_until: float = 0.0, dialect: Dialect = NEWEST
+    ) -> AsyncRawStoreClient:
         self = cls(dialect)
         loop = asyncio.get_running_loop()
         delay = 0.01

@@ -114,7 +114,8 @@ class _SideChannel:
     """One raw-protocol connection to a ``TCPStore``'s server, for what its bindings cannot ask.
 
     It is a connection of its own, so a call here is not ordered after what the same
-    ``TCPStore`` sent before it: npu-run uses it only to poll for keys other agents write. A broken connection is opened again once per call (the
+    ``TCPStore`` sent before it: npu-run uses it only to poll for keys other agents write. A broken
+    connection is opened again once per call (the
     root may have been restarted on the same port), then the call fails with :data:`StoreError`.
     """
 
@@ -129,8 +130,9 @@ class _SideChannel:
             for attempt in (1, 2):
                 try:
                     if self._client is None:
-                        self._client = RawStoreClient(*self._address, timeout=self._timeout,
-                                                      dialect=store_dialect())
+                        self._client = RawStoreClient(
+                            *self._address, timeout=self._timeout, dialect=store_dialect()
+                        )
                     return self._client.call(request)
                 except (OSError, ProtocolError) as error:
                     self._drop()
@@ -145,7 +147,7 @@ class _SideChannel:
             self._client = None
 
 
-_SIDE_CHANNELS: "dict[Tuple[str, int], _SideChannel]" = {}
+_SIDE_CHANNELS: dict[Tuple[str, int], _SideChannel] = {}
 _SIDE_CHANNELS_LOCK = threading.Lock()
 
 
@@ -177,7 +179,10 @@ class NodeStoreView:
 
     def __init__(self, store: Any, master_addr: str, master_port: int) -> None:
         self._store = store
-        self._answers = {MASTER_ADDR_KEY: master_addr.encode(), MASTER_PORT_KEY: str(master_port).encode()}
+        self._answers = {
+            MASTER_ADDR_KEY: master_addr.encode(),
+            MASTER_PORT_KEY: str(master_port).encode(),
+        }
 
     def get(self, key: str) -> bytes:
         answer = self._answers.get(key)
@@ -187,7 +192,9 @@ class NodeStoreView:
         return getattr(self._store, name)
 
 
-def rendezvous_result(store: Any, rank: int, world_size: int, master_addr: str, master_port: int) -> Any:
+def rendezvous_result(
+    store: Any, rank: int, world_size: int, master_addr: str, master_port: int
+) -> Any:
     """What ``next_rendezvous`` returns on this torch: ``RendezvousInfo`` or the older tuple."""
     if HAS_RENDEZVOUS_INFO:
         info = elastic_rendezvous.RendezvousInfo
@@ -222,9 +229,12 @@ def host_tcpstore(host: str, port: int, timeout: float, listen_fd: Optional[int]
         except (StoreError, RuntimeError) as error:
             if not _refuses_listen_fds(error) or not _accepts("use_libuv"):
                 raise
-            logger.debug("this torch's libuv store server takes no listen fd: hosting the classic one")
-            return TCPStore(host, port, None, True, delta, master_listen_fd=listen_fd,
-                            use_libuv=False, **common)
+            logger.debug(
+                "this torch's libuv store server takes no listen fd: hosting the classic one"
+            )
+            return TCPStore(
+                host, port, None, True, delta, master_listen_fd=listen_fd, use_libuv=False, **common
+            )
     except BaseException:
         _close_fd(listen_fd)
         raise
@@ -316,8 +326,13 @@ def store_dialect() -> Dialect:
     thread = threading.Thread(target=serve, name="npu-run-store-probe", daemon=True)
     thread.start()
     try:
-        client = TCPStore("127.0.0.1", listener.getsockname()[1], None, False,
-                          datetime.timedelta(seconds=_PROBE_TIMEOUT))
+        client = TCPStore(
+            "127.0.0.1",
+            listener.getsockname()[1],
+            None,
+            False,
+            datetime.timedelta(seconds=_PROBE_TIMEOUT),
+        )
         client.add(_PROBE_KEY, 1)
         del client
     finally:
@@ -328,9 +343,16 @@ def store_dialect() -> Dialect:
     shake = seen[0]
     shift = int(Op.ADD) - shake.add_byte
     if shift not in (0, 1) or (shift == 1) == shake.validates:
-        raise RuntimeError(f"unknown store protocol: ADD is {shake.add_byte}, VALIDATE {shake.validates}")
-    dialect = make_dialect(validate=shake.validates, ping=shake.pings, queues=HAS_QUEUES,
-                           list_keys=HAS_LIST_KEYS, barrier=HAS_BARRIER)
+        raise RuntimeError(
+            f"unknown store protocol: ADD is {shake.add_byte}, VALIDATE {shake.validates}"
+        )
+    dialect = make_dialect(
+        validate=shake.validates,
+        ping=shake.pings,
+        queues=HAS_QUEUES,
+        list_keys=HAS_LIST_KEYS,
+        barrier=HAS_BARRIER,
+    )
     logger.debug("store protocol of this torch: %s", dialect.name)
     return dialect
 
@@ -352,15 +374,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import argparse
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m npu_job.launcher.torchcompat", description=main.__doc__)
-    parser.add_argument("--json", action="store_true", help="one JSON object (the version matrix reads it)")
+    parser = argparse.ArgumentParser(
+        prog="python -m npu_job.launcher.torchcompat", description=main.__doc__
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="one JSON object (the version matrix reads it)"
+    )
     args = parser.parse_args(argv)
     import torch
 
-    features = [*describe(), ("PING", Op.PING in store_dialect()), ("VALIDATE", store_dialect().validates)]
+    features = [
+        *describe(),
+        ("PING", Op.PING in store_dialect()),
+        ("VALIDATE", store_dialect().validates),
+    ]
     if args.json:
-        print(json.dumps({"torch_version": torch.__version__, "features": features,
-                          "dialect": store_dialect().name}))
+        print(
+            json.dumps(
+                {
+                    "torch_version": torch.__version__,
+                    "features": features,
+                    "dialect": store_dialect().name,
+                }
+            )
+        )
     else:
         print(f"torch {torch.__version__}; store protocol: {store_dialect().name}")
         for name, present in features:

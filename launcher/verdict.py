@@ -40,7 +40,7 @@ class Identity:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "Identity":
+    def from_json(cls, text: str) -> Identity:
         data = json.loads(text)
         return cls(pod=str(data.get("pod", "?")), host=str(data.get("host", "?")))
 
@@ -60,7 +60,7 @@ class Verdict:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "Verdict":
+    def from_json(cls, text: str) -> Verdict:
         data = json.loads(text)
         return cls(node_rank=int(data["node_rank"]), kind=str(data["kind"]), text=str(data["text"]))
 
@@ -81,7 +81,7 @@ class FailureReport:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "FailureReport":
+    def from_json(cls, text: str) -> FailureReport:
         data = json.loads(text)
         return cls(**{name: data[name] for name in cls.__dataclass_fields__})
 
@@ -115,19 +115,30 @@ def clock(wall: float) -> str:
 
 
 def dead_node(node_rank: int, who: Identity, silent_for: float, last_seen: float) -> Verdict:
-    return Verdict(node_rank, DEAD, (
-        f"{who.describe(node_rank)} stopped: no heartbeat for {silent_for:.1f}s "
-        f"(last seen at {clock(last_seen)} by node rank 0)"
-    ))
+    return Verdict(
+        node_rank,
+        DEAD,
+        (
+            f"{who.describe(node_rank)} stopped: no heartbeat for {silent_for:.1f}s "
+            f"(last seen at {clock(last_seen)} by node rank 0)"
+        ),
+    )
 
 
 def workers_failed(report: FailureReport, who: Identity) -> Verdict:
-    how = (f"was killed by signal {-report.exit_code}" if report.exit_code < 0
-           else f"failed with exit code {report.exit_code}")
-    return Verdict(report.node_rank, WORKERS_FAILED, (
-        f"{who.describe(report.node_rank)}: worker rank {report.worker_rank} (local rank "
-        f"{report.local_rank}, pid {report.pid}) {how}: {short(report.message)}"
-    ))
+    how = (
+        f"was killed by signal {-report.exit_code}"
+        if report.exit_code < 0
+        else f"failed with exit code {report.exit_code}"
+    )
+    return Verdict(
+        report.node_rank,
+        WORKERS_FAILED,
+        (
+            f"{who.describe(report.node_rank)}: worker rank {report.worker_rank} (local rank "
+            f"{report.local_rank}, pid {report.pid}) {how}: {short(report.message)}"
+        ),
+    )
 
 
 def signalled(node_rank: int, who: Identity, signal_name: str) -> Verdict:
@@ -135,10 +146,14 @@ def signalled(node_rank: int, who: Identity, signal_name: str) -> Verdict:
 
 
 def proxy_lost(node_rank: int, who: Identity, address: str, error: str) -> Verdict:
-    return Verdict(node_rank, PROXY, (
-        f"{who.describe(node_rank)}: its store proxy {address} died and could not be "
-        f"restarted on the same port: {error}"
-    ))
+    return Verdict(
+        node_rank,
+        PROXY,
+        (
+            f"{who.describe(node_rank)}: its store proxy {address} died and could not be "
+            f"restarted on the same port: {error}"
+        ),
+    )
 
 
 def root_lost(root: str, who: Identity, error: str) -> Verdict:
@@ -146,10 +161,14 @@ def root_lost(root: str, who: Identity, error: str) -> Verdict:
 
 
 def stalled(node_rank: int, who: Identity, stalled_for: float, window: float) -> Verdict:
-    return Verdict(node_rank, STALLED, (
-        f"{who.describe(node_rank)} was stalled for {stalled_for:.1f}s (a frozen host?), longer "
-        f"than the liveness window of {window:g}s: the other nodes have given up on it"
-    ))
+    return Verdict(
+        node_rank,
+        STALLED,
+        (
+            f"{who.describe(node_rank)} was stalled for {stalled_for:.1f}s (a frozen host?), "
+            f"longer than the liveness window of {window:g}s: the other nodes have given up on it"
+        ),
+    )
 
 
 def left(node_rank: int, who: Identity, reason: str) -> Verdict:

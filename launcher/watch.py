@@ -64,9 +64,16 @@ def _wire(key: str) -> bytes:
 class Watch:
     """The heartbeat, verdict and judge thread of one agent (see the module docstring)."""
 
-    def __init__(self, client: RootClient, keys: WatchKeys, node_rank: int, nnodes: int,
-                 settings: LivenessSettings, root_who: Identity,
-                 check_proxy: Optional[Callable[[], Optional[Verdict]]] = None) -> None:
+    def __init__(
+        self,
+        client: RootClient,
+        keys: WatchKeys,
+        node_rank: int,
+        nnodes: int,
+        settings: LivenessSettings,
+        root_who: Identity,
+        check_proxy: Optional[Callable[[], Optional[Verdict]]] = None,
+    ) -> None:
         self._client = client
         self._keys = keys
         self._node_rank = node_rank
@@ -172,7 +179,9 @@ class Watch:
                     self._tick()
             except RootError as error:
                 if not self._stopping.is_set():
-                    self.conclude(verdict.root_lost(self._client.address, self._root_who, str(error)))
+                    self.conclude(
+                        verdict.root_lost(self._client.address, self._root_who, str(error))
+                    )
                 break
             except Exception:  # a bug in the watch must not take the agent down with it
                 logger.exception("the liveness watch failed a round (it goes on)")
@@ -188,8 +197,11 @@ class Watch:
         return int(self._client.add(self._keys.failures_count, 0)) > self._reports_seen
 
     def _stalled(self, gap: float) -> None:
-        logger.warning("this agent was stalled for %.1fs (longer than the liveness window of %gs)",
-                       gap, self._settings.window)
+        logger.warning(
+            "this agent was stalled for %.1fs (longer than the liveness window of %gs)",
+            gap,
+            self._settings.window,
+        )
         if self._node_rank == 0 and self._tracker is not None:
             self.publish(verdict.stalled(0, self._root_who, gap, self._settings.window))
 
@@ -201,7 +213,9 @@ class Watch:
         requests.append(Request(Op.CHECK, keys=(_wire(keys.verdict),)))
         tracker = self._tracker
         if tracker is not None:
-            requests.append(Request(Op.MULTI_GET, keys=tuple(_wire(keys.alive(r)) for r in tracker.ranks)))
+            requests.append(
+                Request(Op.MULTI_GET, keys=tuple(_wire(keys.alive(r)) for r in tracker.ranks))
+            )
             requests.append(Request(Op.ADD, keys=(_wire(keys.failures_count),), number=0))
         replies = self._client.call(*requests)
         self.beats += 1
@@ -215,14 +229,19 @@ class Watch:
 
     def _judge(self, tracker: BeatTracker, counters: tuple, reported: int) -> None:
         now, wall = time.monotonic(), time.time()
-        tracker.observe({rank: int(value or 0) for rank, value in zip(tracker.ranks, counters)}, now, wall)
+        tracker.observe(
+            {rank: int(value or 0) for rank, value in zip(tracker.ranks, counters)}, now, wall
+        )
         if reported > self._reports_seen:
             self._reports = verdict.parse_reports(self._client.get(self._keys.failures))
             self._reports_seen = reported
             if self._pending is None and self._reports:
                 self._pending = Pending(now, tracker.counts())
-                logger.info("node rank 0: %d failure report(s); waiting for every node's next "
-                            "heartbeat before naming the cause", len(self._reports))
+                logger.info(
+                    "node rank 0: %d failure report(s); waiting for every node's next "
+                    "heartbeat before naming the cause",
+                    len(self._reports),
+                )
         window = self._settings.window
         if self._pending is None:
             silent = tracker.silent(now, window)
@@ -230,7 +249,8 @@ class Watch:
                 self._dead(*silent[0], now)
             return
         decided, silent_rank = liveness.settled(
-            self._pending, tracker, {r.node_rank for r in self._reports}, now, window)
+            self._pending, tracker, {r.node_rank for r in self._reports}, now, window
+        )
         if not decided:
             return
         if silent_rank is not None:
@@ -241,4 +261,6 @@ class Watch:
             self.publish(verdict.workers_failed(first, self.identity(first.node_rank)))
 
     def _dead(self, rank: int, seen: liveness.Seen, now: float) -> None:
-        self.publish(verdict.dead_node(rank, self.identity(rank), now - seen.moved_at, seen.moved_at_wall))
+        self.publish(
+            verdict.dead_node(rank, self.identity(rank), now - seen.moved_at, seen.moved_at_wall)
+        )

@@ -3,7 +3,7 @@
 The package is split by where the code runs:
 
 * ``npu_job.bootstrap`` runs inside every pod before training (no torch).
-* ``npu_job.render`` and ``npu_job.templates`` turn a job spec into manifests (no torch).
+* ``npu_job.render`` (code and templates) turns a job spec into manifests (no torch).
 * ``npu_job.launcher`` is ``npu-run``, the only part that imports torch.
 * ``npu_job.cli`` is the thin ``npu-job`` command line over all of them.
 """

@@ -2,7 +2,8 @@
 
 Every user-facing failure is one of these; the commands' edges (``npu-job``, ``npu-run``) turn
 them into one ``<prog>: error: ...`` line (plus an optional ``TIP:`` line) and the exit code
-below, never a traceback, through :func:`report_error`. Library code raises them with a message that names the file, the field and what was
+below, never a traceback, through :func:`report_error`. Library code raises them with a message that
+names the file, the field and what was
 expected; it never prints.
 
 Exit codes (stable, documented in the README):
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import reprlib
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -115,9 +116,7 @@ class SpecError(NpuJobError):
 
     exit_code = 5
 
-    def __init__(
-        self, source: str, problems: Sequence[str], *, tip: Optional[str] = None
-    ) -> None:
+    def __init__(self, source: str, problems: Sequence[str], *, tip: Optional[str] = None) -> None:
         self.source = source
         self.problems = tuple(problems)
         if len(self.problems) == 1:
@@ -161,3 +160,22 @@ def report_error(error: NpuJobError, prog: str) -> int:
     if error.tip:
         print(f"TIP: {error.tip}", file=sys.stderr)
     return error.exit_code
+
+
+def exit_code_of(command: Callable[[], int], prog: str) -> int:
+    """Run a command's body and return its exit code: an :class:`NpuJobError` is one line
+    (:func:`report_error`), Ctrl-C 130, a closed pipe (``| head``) 0, and anything else a bug,
+    shown with its traceback (exit 1)."""
+    try:
+        return command()
+    except NpuJobError as error:
+        return report_error(error, prog)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `npu-job render ... | head`
+        return 0
+    except Exception:  # a bug: show it, it is ours to fix
+        import logging
+
+        logging.getLogger("npu_job").exception("internal error (please report it)")
+        return EXIT_INTERNAL

@@ -7,6 +7,7 @@ like the rest of the tool's output. stdout stays free for data.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from typing import Optional, TextIO
@@ -41,3 +42,35 @@ def setup_logging(verbosity: int = 0, *, prog: str = PROG, stream: Optional[Text
     logger.handlers[:] = [handler]
     logger.setLevel(level)
     logger.propagate = False
+
+
+def add_log_options(parser: argparse.ArgumentParser, suffix: str = "") -> None:
+    """-v/-q: on ``npu-job`` itself and the bootstrap's command line, and (``suffix`` "_after")
+    on every subcommand of ``npu-job``.
+
+    A subcommand's copies have their own destinations and no defaults, so that ``npu-job -v
+    bootstrap`` is not undone by the subcommand's default and ``-v`` counts on both sides.
+    """
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbose" + suffix,
+        action="count",
+        default=argparse.SUPPRESS if suffix else 0,
+        help="more log output (repeatable)",
+    )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        dest="quiet" + suffix,
+        action="store_true",
+        default=argparse.SUPPRESS if suffix else False,
+        help="only warnings and errors on stderr",
+    )
+
+
+def verbosity(args: argparse.Namespace) -> int:
+    """The log verbosity -v/-q asked for on either side of a subcommand: -1 quiet, 0, 1+."""
+    if args.quiet or getattr(args, "quiet_after", False):
+        return -1
+    return int(args.verbose) + int(getattr(args, "verbose_after", 0))

@@ -42,13 +42,21 @@ class Box:
     def centre(self) -> Tuple[float, float]:
         return self.x + self.w / 2, self.y + self.h / 2
 
-    def contains(self, other: "Box") -> bool:
-        return (self.x <= other.x and other.x + other.w <= self.x + self.w
-                and self.y <= other.y and other.y + other.h <= self.y + self.h)
+    def contains(self, other: Box) -> bool:
+        return (
+            self.x <= other.x
+            and other.x + other.w <= self.x + self.w
+            and self.y <= other.y
+            and other.y + other.h <= self.y + self.h
+        )
 
-    def overlaps(self, other: "Box") -> bool:
-        return (self.x < other.x + other.w and other.x < self.x + self.w
-                and self.y < other.y + other.h and other.y < self.y + self.h)
+    def overlaps(self, other: Box) -> bool:
+        return (
+            self.x < other.x + other.w
+            and other.x < self.x + self.w
+            and self.y < other.y + other.h
+            and other.y < self.y + self.h
+        )
 
 
 @dataclass(frozen=True)
@@ -104,11 +112,14 @@ def layout(table: Any, topology: Any, plan: Any, *, title: str = "") -> Picture:
     switches: List[SwitchBox] = []
     nodes: Dict[int, NodeBox] = {}
     sizes = [_switch_size(len(group)) for group in groups]
-    rows = [list(range(start, min(start + SWITCHES_PER_ROW, len(groups))))
-            for start in range(0, len(groups), SWITCHES_PER_ROW)]
+    rows = [
+        list(range(start, min(start + SWITCHES_PER_ROW, len(groups))))
+        for start in range(0, len(groups), SWITCHES_PER_ROW)
+    ]
     row_heights = [max(sizes[i][1] for i in row) for row in rows]
-    width = max((sum(sizes[i][0] for i in row) + SWITCH_GAP * (len(row) - 1) for row in rows),
-                default=0.0)
+    width = max(
+        (sum(sizes[i][0] for i in row) + SWITCH_GAP * (len(row) - 1) for row in rows), default=0.0
+    )
     height = sum(row_heights) + SWITCH_GAP * max(0, len(rows) - 1)
     top = height
     for row, row_height in zip(rows, row_heights):
@@ -117,14 +128,21 @@ def layout(table: Any, topology: Any, plan: Any, *, title: str = "") -> Picture:
             group = sorted(groups[index], key=ours.__getitem__)
             w, h = sizes[index]
             box = Box(x, top - h, w, h)
-            switches.append(SwitchBox(_group_label(canonical, table, topology, group), box,
-                                      tuple(group)))
+            switches.append(
+                SwitchBox(_group_label(canonical, table, topology, group), box, tuple(group))
+            )
             for position, pod in enumerate(group):
                 column, place = divmod(position, NODES_PER_COLUMN)
-                nodes[pod] = NodeBox(pod, Box(
-                    x + PAD + column * (NODE_W + NODE_GAP),
-                    top - HEADER - (place + 1) * NODE_H - place * NODE_GAP,
-                    NODE_W, NODE_H), len(switches) - 1)
+                nodes[pod] = NodeBox(
+                    pod,
+                    Box(
+                        x + PAD + column * (NODE_W + NODE_GAP),
+                        top - HEADER - (place + 1) * NODE_H - place * NODE_GAP,
+                        NODE_W,
+                        NODE_H,
+                    ),
+                    len(switches) - 1,
+                )
             x += w + SWITCH_GAP
         top -= row_height + SWITCH_GAP
     keys = scorer.switch_keys(table, topology)
@@ -138,25 +156,35 @@ def layout(table: Any, topology: Any, plan: Any, *, title: str = "") -> Picture:
         rank_of_pod = [0] * count
         for rank, pod in enumerate(order):
             rank_of_pod[pod] = rank
-        return Panel(f"{name}: {len(edges)} cross-switch ring edges (lower bound {bound})",
-                     tuple(rank_of_pod), edges)
+        return Panel(
+            f"{name}: {len(edges)} cross-switch ring edges (lower bound {bound})",
+            tuple(rank_of_pod),
+            edges,
+        )
 
-    ours_name = (f"npu-job order ({plan.collective.value})" if planned
-                 else "npu-job order: not planned, scheduler order kept")
+    ours_name = (
+        f"npu-job order ({plan.collective.value})"
+        if planned
+        else "npu-job order: not planned, scheduler order kept"
+    )
     return Picture(
         title or f"{count} nodes on {len(groups)} switch groups",
         tuple(switches),
         tuple(nodes[pod] for pod in range(count)),
         (panel("scheduler order (rank = pod index)", scheduler), panel(ours_name, ours_order)),
-        width, height, count <= LABELLED_NODES,
+        width,
+        height,
+        count <= LABELLED_NODES,
     )
 
 
 def _switch_size(members: int) -> Tuple[float, float]:
     columns = max(1, math.ceil(members / NODES_PER_COLUMN))
     rows = min(members, NODES_PER_COLUMN)
-    return (2 * PAD + columns * NODE_W + (columns - 1) * NODE_GAP,
-            HEADER + rows * NODE_H + max(0, rows - 1) * NODE_GAP + PAD)
+    return (
+        2 * PAD + columns * NODE_W + (columns - 1) * NODE_GAP,
+        HEADER + rows * NODE_H + max(0, rows - 1) * NODE_GAP + PAD,
+    )
 
 
 def _group_label(canonical: Any, table: Any, topology: Any, group: Sequence[int]) -> str:
@@ -168,8 +196,9 @@ def _group_label(canonical: Any, table: Any, topology: Any, group: Sequence[int]
     return " / ".join(parts)
 
 
-def _cross_edges(order: Sequence[int],
-                 keys: Sequence[Tuple[str, ...]]) -> Tuple[Tuple[int, int], ...]:
+def _cross_edges(
+    order: Sequence[int], keys: Sequence[Tuple[str, ...]]
+) -> Tuple[Tuple[int, int], ...]:
     count = len(order)
     if count < 2:
         return ()
@@ -187,7 +216,8 @@ def require_matplotlib() -> None:
     except ImportError:
         raise MissingExtraError(
             f"drawing a picture needs matplotlib, which is not installed: "
-            f"pip install 'npu-job[{EXTRA}]'") from None
+            f"pip install 'npu-job[{EXTRA}]'"
+        ) from None
 
 
 def picture_format(path: str) -> Optional[str]:
@@ -216,8 +246,7 @@ def save_figure(fig: Any, path: str) -> Path:
     buffer = io.BytesIO()
     # text stays text in SVG, ids do not change from run to run, and no date is embedded
     with rc_context({"svg.fonttype": "none", "svg.hashsalt": "npu-job"}):
-        fig.savefig(buffer, format=fmt, dpi=150,
-                    metadata={"Date": None} if fmt == "svg" else None)
+        fig.savefig(buffer, format=fmt, dpi=150, metadata={"Date": None} if fmt == "svg" else None)
     return write_atomic(path, buffer.getvalue(), durable=False)
 
 
@@ -244,33 +273,85 @@ def draw(picture: Picture, path: str) -> Path:
     # plus the title (0.45 inch), the caption (0.3) and the panel titles (0.35)
     fig = figure(width=width, height=min((picture.height + 1.1) * per_unit + 1.1, 40.0))
     fig.suptitle(picture.title, fontsize=12)
-    fig.text(0.5, 0.015, "boxes: switch groups (ToR), nodes ordered by the new rank; red arrows: "
-             "ring edges rank r -> r+1 that leave their switch", ha="center", fontsize=8,
-             color="#555555")
+    fig.text(
+        0.5,
+        0.015,
+        "boxes: switch groups (ToR), nodes ordered by the new rank; red arrows: "
+        "ring edges rank r -> r+1 that leave their switch",
+        ha="center",
+        fontsize=8,
+        color="#555555",
+    )
     for index, panel in enumerate(picture.panels):
         axes = fig.add_subplot(1, len(picture.panels), index + 1)
         axes.set_title(panel.title, fontsize=9)
         for switch in picture.switches:
             b = switch.box
-            axes.add_patch(FancyBboxPatch((b.x, b.y), b.w, b.h, boxstyle="round,pad=0.02",
-                                          facecolor="#eef2f7", edgecolor="#5a6b82", lw=1.2,
-                                          zorder=1))
-            axes.text(b.x + b.w / 2, b.y + b.h - HEADER / 2, switch.label, ha="center",
-                      va="center", fontsize=7, color="#23324a", fontweight="bold", zorder=2)
+            axes.add_patch(
+                FancyBboxPatch(
+                    (b.x, b.y),
+                    b.w,
+                    b.h,
+                    boxstyle="round,pad=0.02",
+                    facecolor="#eef2f7",
+                    edgecolor="#5a6b82",
+                    lw=1.2,
+                    zorder=1,
+                )
+            )
+            axes.text(
+                b.x + b.w / 2,
+                b.y + b.h - HEADER / 2,
+                switch.label,
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="#23324a",
+                fontweight="bold",
+                zorder=2,
+            )
         for node in picture.nodes:
             b = node.box
-            axes.add_patch(FancyBboxPatch((b.x, b.y), b.w, b.h, boxstyle="round,pad=0.02",
-                                          facecolor="#ffffff", edgecolor="#8a97a8", lw=0.8,
-                                          zorder=2))
+            axes.add_patch(
+                FancyBboxPatch(
+                    (b.x, b.y),
+                    b.w,
+                    b.h,
+                    boxstyle="round,pad=0.02",
+                    facecolor="#ffffff",
+                    edgecolor="#8a97a8",
+                    lw=0.8,
+                    zorder=2,
+                )
+            )
             if picture.labelled:
-                axes.text(b.x + b.w / 2, b.y + b.h / 2, panel.label(node.pod), ha="center",
-                          va="center", fontsize=7, linespacing=1.15, zorder=3)
+                axes.text(
+                    b.x + b.w / 2,
+                    b.y + b.h / 2,
+                    panel.label(node.pod),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    linespacing=1.15,
+                    zorder=3,
+                )
         for source, target in panel.cross_edges:
             start, end = _anchors(picture.nodes[source].box, picture.nodes[target].box)
-            axes.add_patch(FancyArrowPatch(start, end, connectionstyle="arc3,rad=-0.12",
-                                           arrowstyle="-|>", mutation_scale=9,
-                                           color="#d1495b", lw=1.1, alpha=0.85, zorder=4,
-                                           shrinkA=1, shrinkB=1))
+            axes.add_patch(
+                FancyArrowPatch(
+                    start,
+                    end,
+                    connectionstyle="arc3,rad=-0.12",
+                    arrowstyle="-|>",
+                    mutation_scale=9,
+                    color="#d1495b",
+                    lw=1.1,
+                    alpha=0.85,
+                    zorder=4,
+                    shrinkA=1,
+                    shrinkB=1,
+                )
+            )
         axes.set_xlim(-0.5, panel_w + 0.5)
         axes.set_ylim(-0.8, picture.height + 0.3)
         axes.set_aspect("equal")

@@ -31,6 +31,9 @@ TASK_INDEX_ENV = "VC_TASK_INDEX"
 RANK_TABLE_ENV = "RANK_TABLE_FILE"
 #: The interpreter bootstrap.sh runs (default: python3 on PATH).
 PYTHON_ENV = "NPU_JOB_PYTHON"
+#: The devices of a full node, which render passes to routed pods and the bootstrap reads
+#: (``--full-node-devices``): a rank table listing other counts is not reordered.
+FULL_NODE_ENV = "NPU_JOB_FULL_NODE_DEVICES"
 
 #: Where CCE's configmap1980 plugin and MindX mount the rank table, in the order they are tried.
 RANK_TABLE_NAME = "jobstart_hccl.json"

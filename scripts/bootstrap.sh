@@ -15,12 +15,13 @@ if ! command -v "${python}" >/dev/null 2>&1; then
     exit 0
 fi
 # One interpreter start (the pod-side time budget is tight): this is `python3 -m npu_job.bootstrap
-# "$@"`, plus a clear message instead of a traceback when npu_job is not installed in this image.
+# "$@"` (npu_job/bootstrap/command.py, then run.py), plus a clear message instead of a traceback
+# when npu_job is not installed in this image.
 exec "${python}" -c '
 import os, sys
 try:
     from npu_job.bootstrap import run as bootstrap_run
-    from npu_job.bootstrap.__main__ import main
+    from npu_job.bootstrap.command import main
 except ImportError as error:
     print("npu-job: error: bootstrap.sh: %s: the npu_job package is not importable (%s); "
           "keeping the scheduler order" % (sys.executable, error), file=sys.stderr)

@@ -13,7 +13,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from npu_job.bootstrap import planner, scorer
 from npu_job.bootstrap.model import Collective
 from npu_job.bootstrap.synthetic import synthetic_cluster
@@ -24,35 +23,41 @@ import _fabric_model as model  # noqa: E402
 
 
 # -- shapes ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text, sizes, spines, over", [
-    ("12x4", (3, 3, 3, 3), 0, 1.0),
-    ("10x4", (3, 3, 2, 2), 0, 1.0),
-    ("16:6,4,4,2", (6, 4, 4, 2), 0, 1.0),
-    ("16x4/2", (4, 4, 4, 4), 2, 1.0),
-    ("16x4/2@2", (4, 4, 4, 4), 2, 2.0),
-    ("16:6,4,4,2/2@1.5", (6, 4, 4, 2), 2, 1.5),
-    (" 6x3 ", (2, 2, 2), 0, 1.0),
-])
+@pytest.mark.parametrize(
+    "text, sizes, spines, over",
+    [
+        ("12x4", (3, 3, 3, 3), 0, 1.0),
+        ("10x4", (3, 3, 2, 2), 0, 1.0),
+        ("16:6,4,4,2", (6, 4, 4, 2), 0, 1.0),
+        ("16x4/2", (4, 4, 4, 4), 2, 1.0),
+        ("16x4/2@2", (4, 4, 4, 4), 2, 2.0),
+        ("16:6,4,4,2/2@1.5", (6, 4, 4, 2), 2, 1.5),
+        (" 6x3 ", (2, 2, 2), 0, 1.0),
+    ],
+)
 def test_shapes_parse(text, sizes, spines, over):
     shape = model.parse_shape(text)
     assert (shape.tor_sizes, shape.spines, shape.oversubscription) == (sizes, spines, over)
     assert shape.nodes == sum(sizes) and shape.tors == len(sizes)
 
 
-@pytest.mark.parametrize("text, says", [
-    ("12", "expected NODESxTORS"),
-    ("12x0", "expected 1 to 12 ToRs"),
-    ("4x5", "expected 1 to 4 ToRs"),
-    ("16:6,4,4", "add up to 14, not 16"),
-    ("4:4,0", "at least one node"),
-    ("2x1", "expected 3 to 64 nodes"),
-    ("100x4", "expected 3 to 64 nodes"),
-    ("16x4/1", "expected 2 to 4 spine groups"),
-    ("16x4/5", "expected 2 to 4 spine groups"),
-    ("16x4/2@0.5", "at least 1"),
-    ("16x4/2@", "expected NODESxTORS"),
-    ("12x4x2", "expected NODESxTORS"),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("12", "expected NODESxTORS"),
+        ("12x0", "expected 1 to 12 ToRs"),
+        ("4x5", "expected 1 to 4 ToRs"),
+        ("16:6,4,4", "add up to 14, not 16"),
+        ("4:4,0", "at least one node"),
+        ("2x1", "expected 3 to 64 nodes"),
+        ("100x4", "expected 3 to 64 nodes"),
+        ("16x4/1", "expected 2 to 4 spine groups"),
+        ("16x4/5", "expected 2 to 4 spine groups"),
+        ("16x4/2@0.5", "at least 1"),
+        ("16x4/2@", "expected NODESxTORS"),
+        ("12x4x2", "expected NODESxTORS"),
+    ],
+)
 def test_bad_shapes_say_what_was_expected(text, says):
     with pytest.raises(ValueError, match=says) as caught:
         model.parse_shape(text)
@@ -61,12 +66,14 @@ def test_bad_shapes_say_what_was_expected(text, says):
 
 def test_spine_groups_split_tors_as_the_synthetic_generator_does():
     shape = model.parse_shape("16:6,4,4,2/2@2")
-    table, topology = synthetic_cluster(16, 4, tor_sizes=shape.tor_sizes, spine_groups=2,
-                                        scatter=False)
+    table, topology = synthetic_cluster(
+        16, 4, tor_sizes=shape.tor_sizes, spine_groups=2, scatter=False
+    )
     spine_by_tor = {p.tors[0]: p.tiers[0] for p in topology.placements.values()}
     ordered = sorted(spine_by_tor, key=lambda ip: tuple(map(int, ip.split("."))))
     assert [int(spine_by_tor[t].split("-")[1]) for t in ordered] == [
-        shape.spine_of_tor(t) for t in range(4)]
+        shape.spine_of_tor(t) for t in range(4)
+    ]
     assert [shape.tors_under_spine(g) for g in range(2)] == [2, 2]
 
 
@@ -98,8 +105,9 @@ def test_a_broken_schedule_is_caught_by_the_simulation():
     plan = model.rhd_schedule(8)
     first = plan.steps[0]
     dropped = model.Step(first.label, first.distance, first.transfers[1:])
-    broken = model.Schedule(plan.collective, plan.nodes, plan.blocks, True,
-                            (dropped,) + plan.steps[1:])
+    broken = model.Schedule(
+        plan.collective, plan.nodes, plan.blocks, True, (dropped,) + plan.steps[1:]
+    )
     assert not _allreduced(broken)
 
 
@@ -150,10 +158,13 @@ def test_rhd_goes_far_first_and_nhr_near_first():
 # -- the link model ----------------------------------------------------------------------------
 def _placed(text: str, seed: int = 0):
     shape = model.parse_shape(text)
-    table, topology = synthetic_cluster(shape.nodes, shape.tors, tor_sizes=shape.tor_sizes,
-                                        spine_groups=shape.spines, seed=seed)
-    tors = sorted({p.tors[0] for p in topology.placements.values()},
-                  key=lambda ip: tuple(map(int, ip.split("."))))
+    table, topology = synthetic_cluster(
+        shape.nodes, shape.tors, tor_sizes=shape.tor_sizes, spine_groups=shape.spines, seed=seed
+    )
+    tors = sorted(
+        {p.tors[0] for p in topology.placements.values()},
+        key=lambda ip: tuple(map(int, ip.split("."))),
+    )
     tor_of_pod = [tors.index(topology.placement_of(s.server_id).tors[0]) for s in table.servers]
     return shape, table, topology, tor_of_pod
 
@@ -164,10 +175,19 @@ def test_a_flow_crosses_the_links_of_its_path():
     assert model.path(shape, tor_of_pod, 0, 0) == ()
     assert model.path(shape, tor_of_pod, 0, 1) == (("node-up", 0), ("node-down", 1))
     assert model.path(shape, tor_of_pod, 0, 2) == (
-        ("node-up", 0), ("tor-up", 0), ("tor-down", 1), ("node-down", 2))
+        ("node-up", 0),
+        ("tor-up", 0),
+        ("tor-down", 1),
+        ("node-down", 2),
+    )
     assert model.path(shape, tor_of_pod, 0, 7) == (
-        ("node-up", 0), ("tor-up", 0), ("spine-up", 0), ("spine-down", 1), ("tor-down", 3),
-        ("node-down", 7))
+        ("node-up", 0),
+        ("tor-up", 0),
+        ("spine-up", 0),
+        ("spine-down", 1),
+        ("tor-down", 3),
+        ("node-down", 7),
+    )
     assert model.link_rate(shape, ("spine-up", 0), 100.0) == 100.0  # 2 ToRs at 100 / 2
     assert model.link_rate(shape, ("tor-up", 3), 100.0) == 100.0
 
@@ -177,8 +197,10 @@ def test_a_flow_crosses_the_links_of_its_path():
 def test_without_spines_the_link_model_is_the_scorer_with_one_uplink(text, collective):
     shape, table, topology, tor_of_pod = _placed(text)
     keys = scorer.switch_keys(table, topology)
-    for order in (tuple(range(shape.nodes)),
-                  planner.plan(table, topology, collective).pod_of_node_rank):
+    for order in (
+        tuple(range(shape.nodes)),
+        planner.plan(table, topology, collective).pod_of_node_rank,
+    ):
         predicted = model.predict(shape, tor_of_pod, order, collective, 1.0, 1.0)
         score = scorer.score_order(order, keys, collective, uplinks=1, samples=0)
         ideal = sum(p.volume for p in scorer.phases(shape.nodes, collective))
@@ -228,17 +250,25 @@ def test_ss_output_is_read_with_or_without_the_state_column():
     sockets = model.parse_ss(SS_SAMPLE)
     seen = [(s.local_port, s.peer, s.peer_port, s.bytes_acked, s.bytes_received) for s in sockets]
     assert seen == [
-        (41234, "198.18.0.11", 53100, 1000, 70), (29400, "198.18.0.12", 40000, 5, 900),
-        (41236, "::ffff:198.18.0.13", 53102, 7, 0)]
+        (41234, "198.18.0.11", 53100, 1000, 70),
+        (29400, "198.18.0.12", 40000, 5, 900),
+        (41236, "::ffff:198.18.0.13", 53102, 7, 0),
+    ]
 
 
 def test_bytes_sent_by_peer_are_deltas_and_skip_the_store():
     before = model.parse_ss(SS_SAMPLE)
-    after = [model.Socket(s.local, s.local_port, s.peer, s.peer_port, s.bytes_acked + 100,
-                          s.bytes_received) for s in before]
+    after = [
+        model.Socket(
+            s.local, s.local_port, s.peer, s.peer_port, s.bytes_acked + 100, s.bytes_received
+        )
+        for s in before
+    ]
     after.append(model.Socket("198.18.0.10", 5000, "198.18.0.11", 6000, 50, 0))  # a new socket
     assert model.sent_by_peer(before, after, ignore_ports=(29400,)) == {
-        "198.18.0.11": 150, "::ffff:198.18.0.13": 100}
+        "198.18.0.11": 150,
+        "::ffff:198.18.0.13": 100,
+    }
 
 
 def test_ring_check_finds_the_direction_and_the_worst_share():
@@ -252,8 +282,7 @@ def test_ring_check_finds_the_direction_and_the_worst_share():
 
 
 def test_link_counters_come_from_ip_json():
-    text = ('[{"ifname":"t0u","stats64":{"tx":{"bytes":123},"rx":{"bytes":1}}},'
-            '{"ifname":"lo"}]')
+    text = '[{"ifname":"t0u","stats64":{"tx":{"bytes":123},"rx":{"bytes":1}}},{"ifname":"lo"}]'
     assert model.link_tx_bytes(text) == {"t0u": 123}
 
 
@@ -293,8 +322,10 @@ def _result(text: str, seconds, ring_share: float = 1.0, exact=True):
     """A ShapeResult as measure_shape would return it, with the given times per order."""
     shape = model.parse_shape(text)
     job = bench_fabric.make_job(shape, seed=0)
-    orders = {"scheduler": tuple(range(shape.nodes)),
-              "random": bench_fabric.random_order(shape.nodes, 0)}
+    orders = {
+        "scheduler": tuple(range(shape.nodes)),
+        "random": bench_fabric.random_order(shape.nodes, 0),
+    }
     cells = {}
     for collective in bench_fabric.COLLECTIVES:
         for name in bench_fabric.ORDERS:
@@ -304,13 +335,15 @@ def _result(text: str, seconds, ring_share: float = 1.0, exact=True):
             cell.cpu = [1.0] * 3
             cell.exact = [exact] * 3
             predicted = model.predict(shape, job.tor_of_pod, order, collective, 1 << 20, 12.5e6)
-            cell.uplink_bytes = [{link: int(predicted.link_bytes.get(link, 0)) for link in
-                                  model.uplinks(shape)}] * 3
+            cell.uplink_bytes = [
+                {link: int(predicted.link_bytes.get(link, 0)) for link in model.uplinks(shape)}
+            ] * 3
             if collective is Collective.RING:
                 cell.ring = model.RingCheck(-1, ring_share, 1.0)
             cells[(collective, name)] = cell
-    return bench_fabric.ShapeResult(job, 12.5e6, 1 << 20, cells, "1.0 1.0 1.0", "2.0 1.0 1.0",
-                                    0.5, 60.0)
+    return bench_fabric.ShapeResult(
+        job, 12.5e6, 1 << 20, cells, "1.0 1.0 1.0", "2.0 1.0 1.0", 0.5, 60.0
+    )
 
 
 def _args():
@@ -360,8 +393,9 @@ def test_missed_targets_and_failed_checks_are_said_and_fail_the_run():
     assert not correct and "WRONG allreduce result" in "\n".join(verdicts)
 
 
-@pytest.mark.parametrize("text, value", [("4MiB", 4 << 20), ("512KiB", 512 << 10),
-                                         ("1MB", 10**6), ("65536", 65536)])
+@pytest.mark.parametrize(
+    "text, value", [("4MiB", 4 << 20), ("512KiB", 512 << 10), ("1MB", 10**6), ("65536", 65536)]
+)
 def test_buffer_sizes(text, value):
     assert bench_fabric.size_bytes(text) == value
 

@@ -18,40 +18,102 @@ from tests.e2e.netns import netns_unavailable_reason
 
 REPO = Path(__file__).resolve().parent.parent
 FABRIC_REASON = netns_unavailable_reason() or (
-    None if shutil.which("tc") and shutil.which("ss") else "needs tc and ss (iproute2)")
+    None if shutil.which("tc") and shutil.which("ss") else "needs tc and ss (iproute2)"
+)
 
 CASES = [
-    ("bench_bootstrap.py", ["--sizes", "64,128", "--repeat", "1"],
-     ["bash bootstrap.sh", "without msgspec", "target (128 nodes within 0.15 s"]),
-    ("bench_order.py", ["--max-nodes", "16", "--samples", "2"],
-     ["violations (ours worse than scheduler on a metric, or above the ring bound): 0"]),
-    ("bench_plan_scaling.py", ["--sizes", "64,256", "--repeat", "1"],
-     ["growth exp", "ring: time per n*log2(n) ", "from 64 to 256 nodes", "rhd: time per n*log2(n) "]),
-    pytest.param("bench_rendezvous.py", ["--cases", "2x2", "--repeat", "1", "--gloo-peers", "2"],
-                 ["| 2x2 | 4 | flat |", "| 2x2 | 4 | tiered |", "Projection to 16384 ranks"],
-                 marks=pytest.mark.torch),
-    pytest.param("bench_faults.py", ["--faults", "root-kill", "--launchers", "npu-run",
-                                     "--keep-alive", "1x3", "--cap", "30", "--beat-nodes", "64",
-                                     "--beat-interval", "1", "--beat-seconds", "2", "--repeat", "2"],
-                 ["| root-kill | npu-run |", "## Heartbeat cost (64 nodes",
-                  "| SIGKILL of the agent to its worker's death |"],
-                 marks=pytest.mark.torch),
+    (
+        "bench_bootstrap.py",
+        ["--sizes", "64,128", "--repeat", "1"],
+        ["bash bootstrap.sh", "without msgspec", "target (128 nodes within 0.15 s"],
+    ),
+    (
+        "bench_bootstrap_api.py",
+        ["--sizes", "8,16", "--repeat", "1"],
+        [
+            "bash bootstrap.sh",
+            "target (16 pods within 0.15 s of bare start-up, once the API",
+            "cpu:  median excess",
+        ],
+    ),
+    (
+        "bench_order.py",
+        ["--max-nodes", "16", "--samples", "2"],
+        ["violations (ours worse than scheduler on a metric, or above the ring bound): 0"],
+    ),
+    (
+        "bench_plan_scaling.py",
+        ["--sizes", "64,256", "--repeat", "1"],
+        [
+            "growth exp",
+            "ring: time per n*log2(n) ",
+            "from 64 to 256 nodes",
+            "rhd: time per n*log2(n) ",
+        ],
+    ),
+    pytest.param(
+        "bench_rendezvous.py",
+        ["--cases", "2x2", "--repeat", "1", "--gloo-peers", "2"],
+        ["| 2x2 | 4 | flat |", "| 2x2 | 4 | tiered |", "Projection to 16384 ranks"],
+        marks=pytest.mark.torch,
+    ),
+    pytest.param(
+        "bench_faults.py",
+        [
+            "--faults",
+            "root-kill",
+            "--launchers",
+            "npu-run",
+            "--keep-alive",
+            "1x3",
+            "--cap",
+            "30",
+            "--beat-nodes",
+            "64",
+            "--beat-interval",
+            "1",
+            "--beat-seconds",
+            "2",
+            "--repeat",
+            "2",
+        ],
+        [
+            "| root-kill | npu-run |",
+            "## Heartbeat cost (64 nodes",
+            "| SIGKILL of the agent to its worker's death |",
+        ],
+        marks=pytest.mark.torch,
+    ),
     # the emulated fabric: namespaces, bridges, tc and 6 torch processes (about half a minute)
-    pytest.param("bench_fabric.py", ["--shapes", "6x3", "--rounds", "1", "--size", "256KiB"],
-                 ["| 6x3 | ring | planned | 3 (3) |", "6x3 ring: planned at the ring lower bound: yes",
-                  "gloo all_reduce in the planned order is a ring: yes", "never slower"],
-                 marks=[pytest.mark.torch, pytest.mark.netns,
-                        pytest.mark.skipif(FABRIC_REASON is not None, reason=FABRIC_REASON or "")]),
+    pytest.param(
+        "bench_fabric.py",
+        ["--shapes", "6x3", "--rounds", "1", "--size", "256KiB"],
+        [
+            "| 6x3 | ring | planned | 3 (3) |",
+            "6x3 ring: planned at the ring lower bound: yes",
+            "gloo all_reduce in the planned order is a ring: yes",
+            "never slower",
+        ],
+        marks=[
+            pytest.mark.torch,
+            pytest.mark.netns,
+            pytest.mark.skipif(FABRIC_REASON is not None, reason=FABRIC_REASON or ""),
+        ],
+    ),
 ]
 
 
-@pytest.mark.parametrize("script, arguments, expected", CASES,
-                         ids=lambda value: value if isinstance(value, str) else "")
+@pytest.mark.parametrize(
+    "script, arguments, expected", CASES, ids=lambda value: value if isinstance(value, str) else ""
+)
 def test_benchmark_runs_and_writes_its_table(tmp_path, script, arguments, expected):
     output = tmp_path / "table.txt"
     process = subprocess.Popen(
         [sys.executable, str(REPO / "benchmarks" / script), *arguments, "--output", str(output)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
     )
     try:
         stdout, stderr = process.communicate(timeout=240)

@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from npu_job import demo, podsim
 from npu_job.bootstrap.model import Collective, Plan, PlanStatus
+from npu_job.demo import podsim, podspec
+
+from npu_job import demo
 from npu_job.cli import main
 
 UNSHARE = podsim.unshare_unavailable_reason()
@@ -33,7 +34,9 @@ def test_simulated_cluster_is_what_the_pods_will_read():
     assert len(set(demo.tor_of_pod(cluster))) == 3
     plan = demo.expected_plan(cluster, options)
     score = demo.ring_score(cluster, plan)
-    assert str(plan.status) == "success" and plan.master_index != 0  # the default demo moves the master
+    assert (
+        str(plan.status) == "success" and plan.master_index != 0
+    )  # the default demo moves the master
     assert score.cross_after == score.lower_bound == 3 < score.cross_before  # scattered, then fixed
 
 
@@ -45,26 +48,39 @@ def test_the_demo_renders_a_routed_cpu_job_that_brings_its_own_rank_table():
     command = rendered.pod_command
     assert "bash bootstrap.sh" in command and "bash train.sh" in command
     documents = demo.manifest_documents(rendered)
-    _, job = podsim.find_job(documents)
+    _, job = podspec.find_job(documents)
     template = job["spec"]["tasks"][0]["template"]
     assert "configmap1980" not in job["spec"]["plugins"] and "cabinet" not in rendered.job.text
     container = template["spec"]["containers"][0]
     assert "resources" not in container  # no accelerator requested
     env = {item["name"]: item.get("value") for item in container["env"]}
     assert env["RANK_TABLE_FILE"] == "/user/config/jobstart_hccl.json"
-    assert {"name": "ranktable", "configMap": {"name": demo.RANK_TABLE_CONFIGMAP}} in template["spec"]["volumes"]
-    assert {"name": "ranktable", "mountPath": "/user/config", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "ranktable", "configMap": {"name": demo.RANK_TABLE_CONFIGMAP}} in template[
+        "spec"
+    ]["volumes"]
+    assert {"name": "ranktable", "mountPath": "/user/config", "readOnly": True} in container[
+        "volumeMounts"
+    ]
     cluster = demo.simulated_cluster(options, demo.loopback_ips(options.nodes))
     configmap = demo.rank_table_configmap(cluster)
-    spec = podsim.pod_specs(documents + [configmap], demo.loopback_ips(options.nodes))[0]
+    spec = podspec.pod_specs(documents + [configmap], demo.loopback_ips(options.nodes))[0]
     delivered = {mount.mount_path: dict(mount.files) for mount in spec.file_mounts}["/user/config"]
-    assert delivered == {"jobstart_hccl.json": cluster.rank_table_json, "ranktable_tor.json": cluster.ranktable_tor_b64}
+    assert delivered == {
+        "jobstart_hccl.json": cluster.rank_table_json,
+        "ranktable_tor.json": cluster.ranktable_tor_b64,
+    }
 
 
-@pytest.mark.parametrize("deliver, routing", [(False, True), (True, False)], ids=["no-rank-table", "routing-off"])
+@pytest.mark.parametrize(
+    "deliver, routing", [(False, True), (True, False)], ids=["no-rank-table", "routing-off"]
+)
 def test_without_a_rank_table_to_use_the_cpu_job_mounts_none(deliver, routing):
-    values = demo.demo_spec_values(demo.DemoOptions(deliver_rank_table=deliver, routing=routing), 29500, "/srv")
-    assert "RANK_TABLE_FILE" not in values["env"] and [v["name"] for v in values["volumes"]] == ["demo-shared"]
+    values = demo.demo_spec_values(
+        demo.DemoOptions(deliver_rank_table=deliver, routing=routing), 29500, "/srv"
+    )
+    assert "RANK_TABLE_FILE" not in values["env"] and [v["name"] for v in values["volumes"]] == [
+        "demo-shared"
+    ]
 
 
 def test_the_npu_variant_is_the_cce_job_with_nodes_of_the_simulated_size():
@@ -79,13 +95,27 @@ def plan_of(mapping):
 
 
 def report(rank, pod, local, **extra):
-    return {"rank": rank, "pod_index": pod, "local_rank": local, "world_size": 4, "param_digest": "d",
-            "problems": [], "loss_decreased": True, **extra}
+    return {
+        "rank": rank,
+        "pod_index": pod,
+        "local_rank": local,
+        "world_size": 4,
+        "param_digest": "d",
+        "problems": [],
+        "loss_decreased": True,
+        **extra,
+    }
 
 
 def outcome(index, **extra):
-    values = {"exit_code": 0, "restarts": 0, "route_plan": {"status": "success", "rank_mapping": "0-1,1-0"},
-              "rank_after_acc": str(1 - index), "master_index": "1", **extra}
+    values = {
+        "exit_code": 0,
+        "restarts": 0,
+        "route_plan": {"status": "success", "rank_mapping": "0-1,1-0"},
+        "rank_after_acc": str(1 - index),
+        "master_index": "1",
+        **extra,
+    }
     return demo.PodOutcome(index, **values)
 
 
@@ -97,19 +127,61 @@ GOOD_REPORTS = [report(0, 1, 0), report(1, 1, 1), report(2, 0, 0), report(3, 0, 
     [
         ([outcome(0), outcome(1)], GOOD_REPORTS, None),
         ([outcome(0, exit_code=1), outcome(1)], GOOD_REPORTS, "pod 0: exited with 1"),
-        ([outcome(0, rank_after_acc="0"), outcome(1)], GOOD_REPORTS, "pod 0: /tmp/RANK_AFTER_ACC is '0', expected 1"),
-        ([outcome(0, master_index="0"), outcome(1)], GOOD_REPORTS, "pod 0: /tmp/MASTER_INDEX is '0'"),
-        ([outcome(0, route_plan=None), outcome(1)], GOOD_REPORTS, "pod 0: the bootstrap wrote no route plan"),
-        ([outcome(0, route_plan={"status": "success", "rank_mapping": "0-0,1-1"}), outcome(1)], GOOD_REPORTS,
-         "bootstrap mapping '0-0,1-1' != expected '0-1,1-0'"),
+        (
+            [outcome(0, rank_after_acc="0"), outcome(1)],
+            GOOD_REPORTS,
+            "pod 0: /tmp/RANK_AFTER_ACC is '0', expected 1",
+        ),
+        (
+            [outcome(0, master_index="0"), outcome(1)],
+            GOOD_REPORTS,
+            "pod 0: /tmp/MASTER_INDEX is '0'",
+        ),
+        (
+            [outcome(0, route_plan=None), outcome(1)],
+            GOOD_REPORTS,
+            "pod 0: the bootstrap wrote no route plan",
+        ),
+        (
+            [outcome(0, route_plan={"status": "success", "rank_mapping": "0-0,1-1"}), outcome(1)],
+            GOOD_REPORTS,
+            "bootstrap mapping '0-0,1-1' != expected '0-1,1-0'",
+        ),
         ([outcome(0), outcome(1)], GOOD_REPORTS[:3], "no report from rank(s) [3]"),
-        ([outcome(0), outcome(1)], [report(0, 0, 0)] + GOOD_REPORTS[1:], "rank 0 runs on pod 0 local rank 0; the plan gives 2"),
-        ([outcome(0), outcome(1)], GOOD_REPORTS[:3] + [report(3, 0, 1, param_digest="e")], "disagree on the trained parameters"),
-        ([outcome(0), outcome(1)], GOOD_REPORTS[:3] + [report(3, 0, 1, loss_decreased=False)], "rank 3: the loss did not go down"),
-        ([outcome(0), outcome(1)], GOOD_REPORTS[:3] + [report(3, 0, 1, problems=["RANK env 3 != 2"])], "rank 3: RANK env 3 != 2"),
+        (
+            [outcome(0), outcome(1)],
+            [report(0, 0, 0)] + GOOD_REPORTS[1:],
+            "rank 0 runs on pod 0 local rank 0; the plan gives 2",
+        ),
+        (
+            [outcome(0), outcome(1)],
+            GOOD_REPORTS[:3] + [report(3, 0, 1, param_digest="e")],
+            "disagree on the trained parameters",
+        ),
+        (
+            [outcome(0), outcome(1)],
+            GOOD_REPORTS[:3] + [report(3, 0, 1, loss_decreased=False)],
+            "rank 3: the loss did not go down",
+        ),
+        (
+            [outcome(0), outcome(1)],
+            GOOD_REPORTS[:3] + [report(3, 0, 1, problems=["RANK env 3 != 2"])],
+            "rank 3: RANK env 3 != 2",
+        ),
     ],
-    ids=["consistent", "pod-failed", "wrong-rank-file", "wrong-master", "no-route-plan", "other-mapping", "missing-worker",
-         "rank-off-plan", "parameters-differ", "loss-not-down", "worker-own-check"],
+    ids=[
+        "consistent",
+        "pod-failed",
+        "wrong-rank-file",
+        "wrong-master",
+        "no-route-plan",
+        "other-mapping",
+        "missing-worker",
+        "rank-off-plan",
+        "parameters-differ",
+        "loss-not-down",
+        "worker-own-check",
+    ],
 )
 def test_every_inconsistency_in_the_chain_is_reported(pods, reports, expected):
     options = demo.DemoOptions(nodes=2, nproc_per_node=2, tors=2)
@@ -123,27 +195,48 @@ def test_every_inconsistency_in_the_chain_is_reported(pods, reports, expected):
 def test_a_fallback_that_still_wrote_rank_files_is_reported():
     options = demo.DemoOptions(nodes=2, nproc_per_node=2, tors=2)
     identity = Plan(PlanStatus.FAILED, (0, 1), Collective.RING)
-    pods = [outcome(0, rank_after_acc="0", route_plan=None), outcome(1, rank_after_acc=None, route_plan=None)]
+    pods = [
+        outcome(0, rank_after_acc="0", route_plan=None),
+        outcome(1, rank_after_acc=None, route_plan=None),
+    ]
     reports = [report(0, 0, 0), report(1, 0, 1), report(2, 1, 0), report(3, 1, 1)]
     problems = demo.check_outcome(identity, options, pods, reports, expect_routing=False)
     assert problems == ["pod 0: fallback expected, but /tmp/RANK_AFTER_ACC is '0'"]
 
 
 def test_the_phases_add_up_to_the_one_total_as_printed():
-    phases = demo.Phases({"start": 100.0, "prepared": 100.04, "pods_started": 100.08, "bootstrap_done": 101.26,
-                          "training_started": 125.33, "training_done": 126.01, "pods_exited": 134.27,
-                          "finished": 134.3})
+    phases = demo.Phases(
+        {
+            "start": 100.0,
+            "prepared": 100.04,
+            "pods_started": 100.08,
+            "bootstrap_done": 101.26,
+            "training_started": 125.33,
+            "training_done": 126.01,
+            "pods_exited": 134.27,
+            "finished": 134.3,
+        }
+    )
     printed = phases.durations(digits=1)
     total = printed.pop("total")
-    assert list(printed) == ["cluster+render", "start pods", "bootstrap", "launch+rendezvous", "training",
-                             "shutdown", "checks+clean-up"]
+    assert list(printed) == [
+        "cluster+render",
+        "start pods",
+        "bootstrap",
+        "launch+rendezvous",
+        "training",
+        "shutdown",
+        "checks+clean-up",
+    ]
     assert f"{sum(printed.values()):.1f}" == f"{total:.1f}" == "34.3"
     assert phases.durations()["total"] == 34.3
 
 
 def staged_job(tmp_path, **options):
     """A job rendered and staged as the demo does, its pods not started."""
-    prepared = demo.prepare(demo.DemoOptions(**options), tmp_path, demo.loopback_ips(options["nodes"]))
+    prepared = demo.prepare(
+        demo.DemoOptions(**options), tmp_path, demo.loopback_ips(options["nodes"])
+    )
     lines = []
     return demo.Supervisor(prepared, progress=lines.append), lines
 
@@ -153,23 +246,39 @@ def test_while_the_pods_start_the_supervisor_says_how_far_they_got(tmp_path):
     supervisor.phases.mark("start", 1000.0)
     supervisor.say("starting")
     for index, node_rank in enumerate((2, 0, 1)):
-        supervisor._on_line(index, f"npu-job: node rank {node_rank} of 3, master demo-worker-1.demo:29500")
+        supervisor._on_line(
+            index, f"npu-job: node rank {node_rank} of 3, master demo-worker-1.demo:29500"
+        )
     for index in (0, 1):
-        supervisor._on_line(index, f"npu-run: node rank {index} joined round 0 of 'none'; waiting for 3 node(s)")
-    supervisor._on_line(1, "npu-run: round 0 complete: node rank 0 of 3; workers use the store at 127.0.0.1:1")
+        supervisor._on_line(
+            index, f"npu-run: node rank {index} joined round 0 of 'none'; waiting for 3 node(s)"
+        )
+    supervisor._on_line(
+        1, "npu-run: round 0 complete: node rank 0 of 3; workers use the store at 127.0.0.1:1"
+    )
     supervisor.heartbeat(supervisor._last_progress + 1)  # said something a moment ago: quiet
     assert not any(line.startswith("waiting") for line in lines)
     supervisor.heartbeat(supervisor._last_progress + demo.PROGRESS_EVERY)
     assert lines[-1].startswith("waiting (") and lines[-1].endswith(
-        "3/3 pods bootstrapped, 2/3 joined the rendezvous, 1/3 through it, 0/6 workers running")
+        "3/3 pods bootstrapped, 2/3 joined the rendezvous, 1/3 through it, 0/6 workers running"
+    )
     for index in (0, 2):
-        supervisor._on_line(index, f"npu-run: round 0 complete: node rank {index} of 3; workers use the store")
+        supervisor._on_line(
+            index, f"npu-run: round 0 complete: node rank {index} of 3; workers use the store"
+        )
     assert lines[-1] == "rendezvous: all 3 nodes joined; starting 6 workers"
     supervisor._on_line(1, "train_ddp: step 3/20 loss 0.4")
     assert supervisor.status(1010.0) == "waiting (10 s): training step 3/20, 0/6 workers running"
-    supervisor._on_line(1, "train_ddp: done: 6 ranks agree on parameters 0123, held-out loss 0.5 -> 0.3")
-    assert supervisor.status(1020.0) == "waiting (20 s): training done, 0/6 workers still running, 0/3 pods exited"
-    assert not any("held-out loss" in line for line in lines)  # the CLI's closing line says it, once
+    supervisor._on_line(
+        1, "train_ddp: done: 6 ranks agree on parameters 0123, held-out loss 0.5 -> 0.3"
+    )
+    assert (
+        supervisor.status(1020.0)
+        == "waiting (20 s): training done, 0/6 workers still running, 0/3 pods exited"
+    )
+    assert not any(
+        "held-out loss" in line for line in lines
+    )  # the CLI's closing line says it, once
 
 
 def test_a_pods_first_error_line_is_what_went_wrong_not_a_warning(tmp_path):
@@ -184,8 +293,10 @@ def test_a_pods_first_error_line_is_what_went_wrong_not_a_warning(tmp_path):
 def test_a_run_without_routing_says_routing_is_off_not_that_a_plan_failed(tmp_path):
     supervisor, lines = staged_job(tmp_path, nodes=3, tors=3, nproc_per_node=1, routing=False)
     demo.describe_plan(supervisor.prepared, lines.append)
-    assert lines == ["route plan: off (routing disabled): every pod keeps the scheduler's order "
-                     "(node rank = VC_TASK_INDEX)"]
+    assert lines == [
+        "route plan: off (routing disabled): every pod keeps the scheduler's order "
+        "(node rank = VC_TASK_INDEX)"
+    ]
 
 
 # -- the command ------------------------------------------------------------------------------
@@ -196,8 +307,24 @@ def test_demo_runs_the_whole_chain_and_says_so(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(podsim.os, "geteuid", lambda: 1000)
     assert "--user" in podsim.unshare_prefix()
     keep = tmp_path / "demo"
-    code = main(["demo", "--nodes", "3", "--tors", "3", "--nproc-per-node", "1", "--steps", "4",
-                 "--seed", "0", "--keep", str(keep), "--json"])
+    code = main(
+        [
+            "demo",
+            "--nodes",
+            "3",
+            "--tors",
+            "3",
+            "--nproc-per-node",
+            "1",
+            "--steps",
+            "4",
+            "--seed",
+            "0",
+            "--keep",
+            str(keep),
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     summary = json.loads(out)
@@ -209,10 +336,24 @@ def test_demo_runs_the_whole_chain_and_says_so(tmp_path, capsys, monkeypatch):
     assert len({w["param_digest"] for w in summary["workers"]}) == 1
     assert summary["loss"]["eval_final"] < summary["loss"]["eval_initial"]
     assert summary["ring"]["cross_tor_edges_planned"] == summary["ring"]["lower_bound"]
-    assert set(summary["phases_s"]) >= {"cluster+render", "bootstrap", "launch+rendezvous", "training", "total"}
-    for line in ("route plan (success)", "cross-ToR ring edges", "train.sh: node rank",
-                 "rendezvous: all 3 nodes joined; starting 3 workers", "training: step 4/4",
-                 "ranks: 3/3 workers", "parameters: identical", "phases:", "OK: the whole chain is consistent"):
+    assert set(summary["phases_s"]) >= {
+        "cluster+render",
+        "bootstrap",
+        "launch+rendezvous",
+        "training",
+        "total",
+    }
+    for line in (
+        "route plan (success)",
+        "cross-ToR ring edges",
+        "train.sh: node rank",
+        "rendezvous: all 3 nodes joined; starting 3 workers",
+        "training: step 4/4",
+        "ranks: 3/3 workers",
+        "parameters: identical",
+        "phases:",
+        "OK: the whole chain is consistent",
+    ):
         assert line in err
     assert err.count("held-out loss") == 1 and "total" not in err  # the result once, one total
     phases = [line for line in err.splitlines() if line.startswith("npu-job: phases: ")]
@@ -255,9 +396,25 @@ def test_the_installed_demo_runs_whatever_the_callers_PATH(tmp_path, layout):
         command, path = links / "npu-job", f"{links}:{CRON_PATH}"
     try:
         run = subprocess.run(
-            [str(command), "demo", "--nodes", "3", "--tors", "3", "--nproc-per-node", "1", "--steps", "2",
-             "--keep", str(tmp_path / "demo"), "--json"],
-            env={"PATH": path, "HOME": os.environ.get("HOME", "/")}, capture_output=True, text=True, timeout=280,
+            [
+                str(command),
+                "demo",
+                "--nodes",
+                "3",
+                "--tors",
+                "3",
+                "--nproc-per-node",
+                "1",
+                "--steps",
+                "2",
+                "--keep",
+                str(tmp_path / "demo"),
+                "--json",
+            ],
+            env={"PATH": path, "HOME": os.environ.get("HOME", "/")},
+            capture_output=True,
+            text=True,
+            timeout=280,
         )
     finally:
         if links is not None:
@@ -275,9 +432,28 @@ def test_a_failed_run_names_the_first_error_a_pod_printed(tmp_path, monkeypatch,
     monkeypatch.setattr(podsim, "this_installation", lambda: {})
     monkeypatch.setenv("PATH", CRON_PATH)
     keep = tmp_path / "demo"
-    assert main(["demo", "--nodes", "1", "--tors", "1", "--nproc-per-node", "1", "--no-routing",
-                 "--keep", str(keep)]) == 7
-    summary = [line for line in capsys.readouterr().err.splitlines() if line.startswith("npu-job: error: demo:")]
+    assert (
+        main(
+            [
+                "demo",
+                "--nodes",
+                "1",
+                "--tors",
+                "1",
+                "--nproc-per-node",
+                "1",
+                "--no-routing",
+                "--keep",
+                str(keep),
+            ]
+        )
+        == 7
+    )
+    summary = [
+        line
+        for line in capsys.readouterr().err.splitlines()
+        if line.startswith("npu-job: error: demo:")
+    ]
     assert len(summary) == 1
     assert summary[0].startswith("npu-job: error: demo: first error: pod 0: ")
     assert "npu-run: not found" in summary[0] and "None" not in summary[0]
@@ -286,7 +462,11 @@ def test_a_failed_run_names_the_first_error_a_pod_printed(tmp_path, monkeypatch,
 @pytest.mark.parametrize(
     "argv, code, message",
     [
-        (["--nodes", "3", "--tors", "4"], 2, "--tors 4: cannot spread 3 node(s) over more ToRs than nodes"),
+        (
+            ["--nodes", "3", "--tors", "4"],
+            2,
+            "--tors 4: cannot spread 3 node(s) over more ToRs than nodes",
+        ),
         (["--nodes", "0"], 2, "expected an integer >= 1, got '0'"),
         (["--steps", "x"], 2, "expected an integer >= 1, got 'x'"),
     ],
@@ -305,11 +485,16 @@ def test_a_non_empty_keep_directory_is_never_overwritten(tmp_path, capsys):
     (tmp_path / "precious").write_text("x")
     assert main(["demo", "--keep", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert f"npu-job demo: error: --keep {tmp_path}: the directory is not empty" in err and "Traceback" not in err
+    assert (
+        f"npu-job demo: error: --keep {tmp_path}: the directory is not empty" in err
+        and "Traceback" not in err
+    )
     assert (tmp_path / "precious").read_text() == "x"
 
 
-def test_write_inputs_writes_the_simulated_clusters_cce_files_and_never_overwrites_them(tmp_path, capsys):
+def test_write_inputs_writes_the_simulated_clusters_cce_files_and_never_overwrites_them(
+    tmp_path, capsys
+):
     from npu_job.bootstrap.ranktable import parse_rank_table
 
     target = tmp_path / "cfg"
@@ -333,9 +518,97 @@ def test_without_unshare_the_demo_says_what_to_install(tmp_path, monkeypatch, ca
 
 
 @pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
-def test_pods_that_cannot_get_namespaces_fail_fast_with_one_clear_error(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(podsim, "unshare_prefix", lambda user_namespace=None: [])  # pods without namespaces
-    assert main(["demo", "--nodes", "3", "--nproc-per-node", "1", "--keep", str(tmp_path / "d")]) == 8
+def test_pods_that_cannot_get_namespaces_fail_fast_with_one_clear_error(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(
+        podsim, "unshare_prefix", lambda user_namespace=None: []
+    )  # pods without namespaces
+    assert (
+        main(["demo", "--nodes", "3", "--nproc-per-node", "1", "--keep", str(tmp_path / "d")]) == 8
+    )
     err = capsys.readouterr().err
-    assert "cannot start the pods: pod " in err and "private mount namespace" in err and "TIP:" in err
+    assert (
+        "cannot start the pods: pod " in err and "private mount namespace" in err and "TIP:" in err
+    )
     assert "Traceback" not in err
+
+
+# -- a job without a rank table: its pods from the Kubernetes API -------------------------------
+
+
+def test_a_routed_cpu_job_without_a_rank_table_renders_to_the_api_and_stages_its_account(tmp_path):
+    """The pods get what the kubelet gives them (KUBERNETES_SERVICE_*, the service account's
+    files); the job gets NPU_JOB_PODS and its RBAC; the expected plan is the bootstrap's own."""
+    from tests.bootstrap.https_server import make_self_signed
+
+    cert, _ = make_self_signed(tmp_path)
+    api = demo.ClusterAPI("127.0.0.1", 6443, "tok", cert.read_text())
+    options = demo.DemoOptions(nodes=6, tors=3, nproc_per_node=1, routing_source="api")
+    prepared = demo.prepare(options, tmp_path / "w", demo.loopback_ips(6), api)
+    kinds = [doc.kind for doc in prepared.rendered.documents]
+    assert "ServiceAccount" in kinds and "ClusterRole" in kinds
+    env = prepared.specs[0].env_dict()
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("127.0.0.1", "6443")
+    assert env["NPU_JOB_PODS"] == "k8s" and "RANK_TABLE_FILE" not in env
+    mounted = {mount.mount_path for mount in prepared.specs[0].file_mounts}
+    assert {
+        f"{demo.scenario.SERVICE_ACCOUNT_DIR}/{name}" for name in ("token", "ca.crt", "namespace")
+    } <= mounted
+    assert prepared.plan.status.value == "success"
+    # the same order as from the rank table and ranktable_tor.json of the same cluster
+    by_rank_table = demo.expected_plan(
+        prepared.cluster, demo.DemoOptions(nodes=6, tors=3, nproc_per_node=1)
+    )
+    assert prepared.plan.rank_mapping == by_rank_table.rank_mapping
+    listed = json.loads((tmp_path / "w" / "cluster" / "cluster.json").read_text())
+    assert {item["kind"] for item in listed["items"]} == {"HyperNode", "Node", "Pod"}
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
+def test_a_cpu_job_routes_with_no_rank_table_by_the_api_on_loopback(tmp_path):
+    """The pod simulator runs a CPU job with routing on and no rank table: every pod's bootstrap
+    lists the job's pods, Nodes and HyperNodes from a Kubernetes API served on loopback (a real
+    HTTPS server, the thin fake of the documented LIST endpoints in tests/bootstrap), plans,
+    and npu-run trains under the planned ranks."""
+    from tests.bootstrap.fake_kube_api import FakeKubernetesAPI
+    from tests.bootstrap.https_server import HTTPSServer, make_self_signed
+
+    cert, key = make_self_signed(tmp_path)
+    options = demo.DemoOptions(
+        nodes=4, tors=2, nproc_per_node=1, steps=4, seed=1, routing_source="api", timeout=200
+    )
+    ips = demo.loopback_ips(options.nodes)
+    objects = demo.cluster_objects(demo.simulated_cluster(options, ips), ips)
+    with HTTPSServer(cert, key, keep_alive=True) as server:
+        fake = FakeKubernetesAPI(
+            server,
+            "pod-token",
+            objects["nodes"],
+            pods=objects["pods"],
+            hypernodes=objects["hypernodes"],
+            namespaces=("default",),
+        )
+        api = demo.ClusterAPI("127.0.0.1", server.port, "pod-token", cert.read_text())
+        result = demo.run(options, tmp_path / "w", api=api)
+    logs = "\n".join(
+        (f.parent / "pod.log").read_text(errors="replace")[-1500:]
+        for f in result.prepared.spec_files
+    )
+    assert result.ok, "\n".join(result.problems) + "\n" + logs
+    plan = result.prepared.plan
+    assert plan.status.value == "success" and not plan.is_identity
+    for pod in result.pods:
+        assert pod.route_plan["pods"].endswith("/api/v1/namespaces/default/pods")
+        assert pod.route_plan["topology"].endswith(
+            "/apis/topology.volcano.sh/v1alpha1/hypernodes (volcano-hypernodes)"
+        )
+        assert pod.route_plan["rank_mapping"] == plan.rank_mapping
+    assert sorted(r["rank"] for r in result.reports) == list(range(options.nodes))
+    pod_lists = [query for path, query in fake.lists if path.endswith("/pods")]
+    assert len(pod_lists) >= options.nodes  # every pod listed its job itself
+    assert all(
+        query["labelSelector"] == ["volcano.sh/job-name=demo,volcano.sh/task-spec=worker"]
+        for query in pod_lists
+    )

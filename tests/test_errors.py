@@ -20,8 +20,8 @@ def _all_error_classes(base: type = errors.NpuJobError) -> list:
 
 def test_the_readme_and_the_module_list_exactly_the_exit_codes_the_errors_carry() -> None:
     readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Exit codes"):]
-    section = section[:section.index("\n## ", 4)] if "\n## " in section[4:] else section
+    section = readme[readme.index("## Exit codes") :]
+    section = section[: section.index("\n## ", 4)] if "\n## " in section[4:] else section
     in_readme = {int(code) for code in re.findall(r"^\| (\d+) \|", section, re.M)}
     in_module = {int(code) for code in re.findall(r"^(\d+)\s{2,}", errors.__doc__ or "", re.M)}
     carried = {errors.EXIT_OK, errors.EXIT_INTERNAL, errors.EXIT_USAGE}
@@ -30,11 +30,13 @@ def test_the_readme_and_the_module_list_exactly_the_exit_codes_the_errors_carry(
 
 
 def test_an_error_is_reported_as_one_line_and_a_tip_with_its_exit_code(capsys) -> None:
-    error = errors.InputError("ranktable.json", "server_count", "expected an integer, got 'x'",
-                              tip="fix the file")
+    error = errors.InputError(
+        "ranktable.json", "server_count", "expected an integer, got 'x'", tip="fix the file"
+    )
     assert errors.report_error(error, "npu-run") == 3
     assert capsys.readouterr().err == (
-        "npu-run: error: ranktable.json: server_count: expected an integer, got 'x'\nTIP: fix the file\n")
+        "npu-run: error: ranktable.json: server_count: expected an integer, got 'x'\nTIP: fix the file\n"
+    )
 
 
 @given(st.text())
@@ -73,6 +75,8 @@ def test_a_spec_error_lists_the_first_problems_and_counts_the_rest() -> None:
     error = SpecError("job.yaml", [f"args[{i}]: expected a string, got null" for i in range(1000)])
     lines = error.message.splitlines()
     assert lines[0] == "job.yaml: 1000 problems:"
-    assert lines[1:-1] == [f"  - args[{i}]: expected a string, got null" for i in range(LISTED_PROBLEMS)]
+    assert lines[1:-1] == [
+        f"  - args[{i}]: expected a string, got null" for i in range(LISTED_PROBLEMS)
+    ]
     assert lines[-1] == f"  - and {1000 - LISTED_PROBLEMS} more"
     assert len(error.problems) == 1000

@@ -16,18 +16,48 @@ POD_SIDE_MODULES = [
     "npu_job.bootstrap.planner",
     "npu_job.bootstrap.scorer",
     "npu_job.bootstrap.synthetic",
-    *(f"npu_job.bootstrap.{name}" for name in ("payload", "ranktable", "topology", "sources", "wait", "identity", "writers", "run", "__main__")),
-    "npu_job.cli.bootstrap",
+    *(
+        f"npu_job.bootstrap.{name}"
+        for name in (
+            "payload",
+            "jsondecode",
+            "fields",
+            "ranktable",
+            "topology",
+            "sources",
+            "wait",
+            "identity",
+            "writers",
+            "run",
+            "__main__",
+        )
+    ),
+    "npu_job.bootstrap.command",
+    *(
+        f"npu_job.bootstrap.{name}"
+        for name in (
+            "kubeobjects",
+            "hypernode",
+            "labels",
+            "kubetopology",
+            "jobpods",
+            "kubeapi",
+            "podrun",
+        )
+    ),
     "npu_job.cli.plan",
     "npu_job.cli._args",
-    *(f"npu_job.render.{name}" for name in ("values", "spec", "render")), "npu_job.cli.render",
+    *(f"npu_job.render.{name}" for name in ("values", "checks", "lint", "spec", "render")),
+    "npu_job.cli.render",
     # npu-run's torch-free helpers (torch only inside the functions that need it)
     "npu_job.launcher.noderank",
     "npu_job.launcher.devices",
     # the store proxy runs in the agent but needs no torch (wire protocol only)
     *(f"npu_job.launcher.{name}" for name in ("protocol", "proxy", "storeclient")),
     # the demo's pod simulator and orchestration (torch only inside the pods it starts)
-    "npu_job.podsim", "npu_job.demo", "npu_job.cli.demo",
+    *(f"npu_job.demo.{name}" for name in ("podspec", "podsim", "scenario", "runner")),
+    "npu_job.demo",
+    "npu_job.cli.demo",
     # pictures: matplotlib only inside the drawing functions
     "npu_job.picture",
 ]
@@ -46,7 +76,9 @@ def test_module_does_not_import_torch(module):
 
 
 def test_the_hygiene_check_sees_matplotlib():
-    code = ("import sys; import npu_job.picture as p; p.require_matplotlib();"
-            " print(any(m.split('.')[0] == 'matplotlib' for m in sys.modules))")
+    code = (
+        "import sys; import npu_job.picture as p; p.require_matplotlib();"
+        " print(any(m.split('.')[0] == 'matplotlib' for m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"

@@ -24,12 +24,13 @@ LAYERS: Dict[str, Tuple[int, str]] = {
     "npu_job.logs": (0, "core"),
     "npu_job.podfacts": (0, "core"),
     "npu_job.parsing": (0, "core"),
-    "npu_job.templates": (0, "core"),  # data: Jinja templates and pod scripts
+    # files the commands ship (the pod's scripts, the demo's workload); they import no npu_job
+    "npu_job.scripts": (0, "data"),
+    "npu_job.examples": (0, "data"),
     "npu_job.bootstrap": (1, "bootstrap"),
     "npu_job.render": (1, "render"),
     "npu_job.launcher": (1, "launcher"),
     "npu_job.demo": (2, "demo"),
-    "npu_job.podsim": (2, "demo"),
     "npu_job.picture": (2, "picture"),  # pictures of plans: beside the demo, above the parts
     "npu_job.cli": (3, "entry points"),
     "npu_job.__main__": (3, "entry points"),
@@ -41,7 +42,7 @@ LAYER_NAMES = {0: "core", 1: "parts", 2: "demo and picture", 3: "entry points"}
 
 
 def package_dirs() -> Dict[str, Path]:
-    """Each package of setup.cfg and its folder (``package_dir`` maps three of them elsewhere)."""
+    """Each package of setup.cfg and its folder (``package_dir`` maps some of them elsewhere)."""
     config = configparser.ConfigParser()
     config.read(REPO / "setup.cfg")
     packages = config["options"]["packages"].split()
@@ -50,7 +51,17 @@ def package_dirs() -> Dict[str, Path]:
         for line in config["options"]["package_dir"].strip().splitlines()
         for name, folder in [line.split("=")]
     )
-    return {name: REPO / mapped.get(name, name.replace(".", "/")) for name in packages}
+    folders = {}
+    for name in packages:  # as setuptools does: the longest mapped prefix, then folders
+        parent = max(
+            (known for known in mapped if name == known or name.startswith(known + ".")),
+            key=len,
+            default="",
+        )
+        rest = name[len(parent) :].replace(".", "/")
+        folders[name] = REPO / (mapped[parent] + rest if parent else name.replace(".", "/"))
+    assert all(folder.is_dir() for folder in folders.values()), folders
+    return folders
 
 
 def modules() -> Iterator[Tuple[str, Path]]:
@@ -79,8 +90,11 @@ def imported(module: str, path: Path) -> Iterator[Tuple[str, int]]:
 
 
 def layer_of(module: str) -> Optional[Tuple[int, str]]:
-    best = max((prefix for prefix in LAYERS if module == prefix or module.startswith(prefix + ".")),
-               key=len, default=None)
+    best = max(
+        (prefix for prefix in LAYERS if module == prefix or module.startswith(prefix + ".")),
+        key=len,
+        default=None,
+    )
     return LAYERS[best] if best is not None else None
 
 
@@ -96,8 +110,10 @@ def violations() -> List[str]:
             upward = target[0] > importer[0]
             sideways = target[0] == importer[0] and importer[0] == 1  # one part into another
             if upward or sideways:
-                found.append(f"{path.relative_to(REPO)}:{line}: {module} ({importer[1]}) imports "
-                             f"the {target[1]}")
+                found.append(
+                    f"{path.relative_to(REPO)}:{line}: {module} ({importer[1]}) imports "
+                    f"the {target[1]}"
+                )
     return sorted(set(found))
 
 

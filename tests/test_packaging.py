@@ -1,9 +1,10 @@
 """The wheel users install carries what the commands need at run time, as real files.
 
-`templates/bootstrap.sh` and `templates/train_ddp.py` are symlinks in the source tree (one copy of
-each file); a wheel must hold their content, or `npu-job render` (bootstrap.sh in the ConfigMap)
-and `npu-job demo` (its workload) would break outside a source checkout. The wheel is built from
-a copy of the tree with the symlinks kept, exactly as a fresh clone has them.
+`npu-job render` ships `scripts/bootstrap.sh` in the ConfigMap (package data of `npu_job.scripts`,
+also installed on PATH), reads its templates from `render/templates/`, and `npu-job demo` runs
+`examples/train_ddp.py` (`npu_job.examples`); without them both would break outside a source
+checkout. The wheel is built from a copy of the tree exactly as a fresh clone has it (symlinks
+kept as symlinks, so one would show).
 """
 
 from __future__ import annotations
@@ -16,13 +17,25 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("setup.cfg", "pyproject.toml", "README.md", "npu_job", "bootstrap", "launcher", "templates",
-           "scripts", "examples")
-LINKED = {"npu_job/templates/bootstrap.sh": "scripts/bootstrap.sh",
-          "npu_job/templates/train_ddp.py": "examples/train_ddp.py"}
 
 
-def test_the_wheel_ships_the_linked_files_as_content_and_the_console_scripts(tmp_path):
+def _mapped_folders() -> tuple:
+    """The top-level folders setup.cfg's ``package_dir`` maps into ``npu_job``."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    lines = config["options"]["package_dir"].strip().splitlines()
+    return tuple(sorted({line.split("=")[1].strip().split("/")[0] for line in lines}))
+
+
+SOURCES = ("setup.cfg", "pyproject.toml", "README.md", "npu_job", *_mapped_folders())
+SHIPPED = {
+    "npu_job/scripts/bootstrap.sh": "scripts/bootstrap.sh",
+    "npu_job/examples/train_ddp.py": "examples/train_ddp.py",
+    "npu_job/render/templates/job.yaml.j2": "render/templates/job.yaml.j2",
+}
+
+
+def test_the_wheel_ships_the_files_the_commands_read_and_the_console_scripts(tmp_path):
     source = tmp_path / "src"
     source.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
@@ -31,29 +44,57 @@ def test_the_wheel_ships_the_linked_files_as_content_and_the_console_scripts(tmp
             shutil.copytree(ROOT / name, source / name, symlinks=True, ignore=ignore)
         else:
             shutil.copy2(ROOT / name, source / name)
-    for packaged, target in LINKED.items():  # the premise: the source tree links, it does not copy
-        link = source / "templates" / Path(packaged).name
-        assert link.is_symlink() and link.resolve() == (source / target).resolve()
+    links = [
+        path
+        for name in SOURCES
+        for path in [source / name, *(source / name).rglob("*")]
+        if path.is_symlink()
+    ]
+    assert links == [], "package data is real files in the folder of its package"
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir",
-         "-q", "-w", str(tmp_path / "dist"), str(source)],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-cache-dir",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "dist").glob("npu_job-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        for packaged, target in LINKED.items():
+        for packaged, target in SHIPPED.items():
             info = archive.getinfo(packaged)
-            assert (info.external_attr >> 16) & 0o170000 != 0o120000, f"{packaged} is stored as a symlink"
+            assert (info.external_attr >> 16) & 0o170000 != 0o120000, (
+                f"{packaged} is stored as a symlink"
+            )
             assert archive.read(packaged) == (ROOT / target).read_bytes(), packaged
-        assert "npu_job/templates/job.yaml.j2" in names
+        packages = configparser.ConfigParser()
+        packages.read(ROOT / "setup.cfg")
+        for package in packages["options"]["packages"].split():
+            assert f"{package.replace('.', '/')}/__init__.py" in names, package
+        (script,) = [name for name in names if name.endswith(".data/scripts/bootstrap.sh")]
+        assert archive.read(script) == (ROOT / "scripts" / "bootstrap.sh").read_bytes()
         (entry_points,) = [name for name in names if name.endswith(".dist-info/entry_points.txt")]
         shipped = configparser.ConfigParser()
         shipped.read_string(archive.read(entry_points).decode())
     declared = configparser.ConfigParser()
     declared.read(ROOT / "setup.cfg")
-    scripts = dict(line.split("=", 1) for line in declared["options.entry_points"]["console_scripts"].split("\n") if line)
+    scripts = dict(
+        line.split("=", 1)
+        for line in declared["options.entry_points"]["console_scripts"].split("\n")
+        if line
+    )
     expected = {name.strip(): target.strip() for name, target in scripts.items()}
     assert dict(shipped["console_scripts"]) == expected and {"npu-job", "npu-run"} <= set(expected)
 
@@ -69,7 +110,12 @@ def test_the_launcher_extra_brings_numpy_so_torch_imports_without_a_warning():
     the README's install (the launcher extra) must bring it."""
     setup = configparser.ConfigParser()
     setup.read(ROOT / "setup.cfg")
-    launcher = [line.split(";")[0].strip() for line in setup["options.extras_require"]["launcher"].splitlines()]
+    launcher = [
+        line.split(";")[0].strip()
+        for line in setup["options.extras_require"]["launcher"].splitlines()
+    ]
     assert any(requirement.startswith("numpy") for requirement in launcher)
-    result = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", "import torch"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0 and "NumPy" not in result.stderr, result.stderr

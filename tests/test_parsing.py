@@ -16,10 +16,24 @@ def test_a_count_is_read_back_with_or_without_leading_zeros(value: int, zeros: i
     assert count_from_text("0" * zeros + str(value)) == value
 
 
-@pytest.mark.parametrize("text", [
-    "", " 5", "5 ", "+5", "-1", "1_000", "1e3", "0x10", "²", "٣", "5\n",
-    str(COUNT_LIMIT), "9" * 5000,
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        " 5",
+        "5 ",
+        "+5",
+        "-1",
+        "1_000",
+        "1e3",
+        "0x10",
+        "²",
+        "٣",
+        "5\n",
+        str(COUNT_LIMIT),
+        "9" * 5000,
+    ],
+)
 def test_anything_but_ascii_digits_below_the_limit_is_not_a_count(text: str) -> None:
     assert count_from_text(text) is None and not is_count(text)
 
@@ -30,11 +44,23 @@ def test_a_count_is_exactly_what_spells_one(text: str) -> None:
     assert (count_from_text(text) is not None) == spelled
 
 
-@pytest.mark.parametrize("text, zero_ok, expected", [
-    ("1.5", False, 1.5), ("0", True, 0.0), ("1e2", False, 100.0), (" 3 ", False, 3.0),
-    ("0", False, None), ("-1", True, None), ("nan", True, None), ("soon", True, None), ("", True, None),
-])
-def test_seconds_are_what_float_reads_within_the_bound_and_never_nan(text, zero_ok, expected) -> None:
+@pytest.mark.parametrize(
+    "text, zero_ok, expected",
+    [
+        ("1.5", False, 1.5),
+        ("0", True, 0.0),
+        ("1e2", False, 100.0),
+        (" 3 ", False, 3.0),
+        ("0", False, None),
+        ("-1", True, None),
+        ("nan", True, None),
+        ("soon", True, None),
+        ("", True, None),
+    ],
+)
+def test_seconds_are_what_float_reads_within_the_bound_and_never_nan(
+    text, zero_ok, expected
+) -> None:
     assert seconds_from_text(text, zero_ok=zero_ok) == expected
 
 

@@ -16,10 +16,10 @@ from itertools import combinations
 from pathlib import Path
 
 import pytest
-
 from npu_job.bootstrap import planner, scorer
 from npu_job.bootstrap.model import Collective, PlanStatus
 from npu_job.bootstrap.synthetic import synthetic_cluster
+
 from npu_job.cli import main
 from npu_job.picture import layout
 
@@ -83,8 +83,7 @@ def test_many_switches_wrap_into_rows_and_big_switches_into_columns():
 
 
 def test_outer_tiers_nodes_on_two_tors_and_nodes_without_topology_are_labelled():
-    table, topology, plan = _plan(nodes=12, tors=4, spine_groups=2, multi_tor=1,
-                                  missing_topology=1)
+    table, topology, plan = _plan(nodes=12, tors=4, spine_groups=2, multi_tor=1, missing_topology=1)
     labels = [s.label for s in layout(table, topology, plan).switches]
     assert any(label.startswith("spine-0 / 172.16.0.") for label in labels)
     assert any("+" in label for label in labels)
@@ -143,8 +142,22 @@ def test_the_same_plan_draws_the_same_svg(tmp_path):
 
 def test_demo_draws_its_jobs_picture(tmp_path):
     target = tmp_path / "demo.svg"
-    assert main(["demo", "--nodes", "6", "--tors", "3", "--write-inputs", str(tmp_path / "in"),
-                 "--picture", str(target)]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--nodes",
+                "6",
+                "--tors",
+                "3",
+                "--write-inputs",
+                str(tmp_path / "in"),
+                "--picture",
+                str(target),
+            ]
+        )
+        == 0
+    )
     joined = "".join(ElementTree.parse(target).getroot().itertext())
     assert "npu-job demo: 6 pods on 3 ToRs" in joined and "pod 5" in joined
 
@@ -157,38 +170,60 @@ def test_a_picture_name_without_png_or_svg_is_a_usage_error(tmp_path, capsys):
 
 def test_an_unwritable_picture_is_one_line_and_exit_3(tmp_path, capsys):
     (tmp_path / "file").write_text("")
-    code = main(["plan", "--rank-table", str(_inputs(tmp_path)), "--picture",
-                 str(tmp_path / "file" / "p.png")])
+    code = main(
+        [
+            "plan",
+            "--rank-table",
+            str(_inputs(tmp_path)),
+            "--picture",
+            str(tmp_path / "file" / "p.png"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 3
     assert err[-1].startswith("npu-job: error: ") and "cannot write the picture" in err[-1]
 
 
-HIDDEN = ("import sys; sys.modules['matplotlib'] = None; from npu_job.cli import main;"
-          " sys.exit(main(sys.argv[1:]))")
+HIDDEN = (
+    "import sys; sys.modules['matplotlib'] = None; from npu_job.cli import main;"
+    " sys.exit(main(sys.argv[1:]))"
+)
 
 
-@pytest.mark.parametrize("command", [["plan", "--rank-table", "RANK_TABLE"],
-                                     ["demo", "--write-inputs", "INPUTS"]])
+@pytest.mark.parametrize(
+    "command", [["plan", "--rank-table", "RANK_TABLE"], ["demo", "--write-inputs", "INPUTS"]]
+)
 def test_without_matplotlib_picture_is_one_line_naming_the_extra_and_exit_9(tmp_path, command):
     rank_table = _inputs(tmp_path)
-    argv = [str(rank_table) if a == "RANK_TABLE" else str(tmp_path / "new") if a == "INPUTS" else a
-            for a in command]
+    argv = [
+        str(rank_table) if a == "RANK_TABLE" else str(tmp_path / "new") if a == "INPUTS" else a
+        for a in command
+    ]
     done = subprocess.run(
         [sys.executable, "-c", HIDDEN, *argv, "--picture", str(tmp_path / "p.png")],
-        capture_output=True, text=True, timeout=60)
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 9
     assert done.stderr.strip().splitlines() == [
         "npu-job: error: drawing a picture needs matplotlib, which is not installed:"
-        " pip install 'npu-job[picture]'"]
+        " pip install 'npu-job[picture]'"
+    ]
     assert not (tmp_path / "p.png").exists() and not (tmp_path / "new").exists()
 
 
 def test_plan_without_picture_never_imports_matplotlib(tmp_path):
-    code = ("import sys; from npu_job.cli import main; rc = main(sys.argv[1:]);"
-            " print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))")
-    done = subprocess.run([sys.executable, "-c", code, "plan", "--rank-table",
-                           str(_inputs(tmp_path))], capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys; from npu_job.cli import main; rc = main(sys.argv[1:]);"
+        " print(sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "plan", "--rank-table", str(_inputs(tmp_path))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "[]"
 
 

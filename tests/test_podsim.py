@@ -14,8 +14,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from npu_job.demo import podsim, podspec
 
-from npu_job import podsim
 from npu_job.errors import InputError
 
 IPS = ("127.0.0.20", "127.0.0.21", "127.0.0.22")
@@ -37,11 +37,23 @@ IPS = ("127.0.0.20", "127.0.0.21", "127.0.0.22")
         ("$(A", "$(A"),
         ("$$$(A)", "$a"),
     ],
-    ids=["ref", "refs-in-text", "escaped-ref", "escaped-dollar", "unknown-kept", "command-substitution-kept",
-         "braces-are-shell", "bare-dollar-name", "lone-dollar", "trailing-dollar", "unclosed", "escape-then-ref"],
+    ids=[
+        "ref",
+        "refs-in-text",
+        "escaped-ref",
+        "escaped-dollar",
+        "unknown-kept",
+        "command-substitution-kept",
+        "braces-are-shell",
+        "bare-dollar-name",
+        "lone-dollar",
+        "trailing-dollar",
+        "unclosed",
+        "escape-then-ref",
+    ],
 )
 def test_kubelet_reference_expansion(text, expected):
-    assert podsim.expand_references(text, {"A": "a", "B": "b-"}) == expected
+    assert podspec.expand_references(text, {"A": "a", "B": "b-"}) == expected
 
 
 def rendered_job(**overrides):
@@ -49,8 +61,15 @@ def rendered_job(**overrides):
     from npu_job.render.spec import validate
     from npu_job.render.values import SpecInput, merge_values
 
-    values = {"name": "job", "image": "img", "script": "/code/train.py", "nodes": 3, "npus_per_node": 8,
-              "device": "npu", **overrides}
+    values = {
+        "name": "job",
+        "image": "img",
+        "script": "/code/train.py",
+        "nodes": 3,
+        "npus_per_node": 8,
+        "device": "npu",
+        **overrides,
+    }
     return render(validate(merge_values([SpecInput("test", values)])))
 
 
@@ -58,13 +77,17 @@ def specs_of(rendered, **kwargs):
     import yaml
 
     documents = [doc for doc in yaml.safe_load_all(rendered.stream()) if doc]
-    return podsim.pod_specs(documents, IPS, **kwargs)
+    return podspec.pod_specs(documents, IPS, **kwargs)
 
 
 def test_rendered_job_gives_each_pod_the_volcano_env_names_and_files():
     rendered = rendered_job()
-    specs = specs_of(rendered, image_env=podsim.image_environment(
-        {"PATH": "/usr/bin", "RANK": "9", "VC_TASK_INDEX": "7", "MASTER_ADDR": "elsewhere"}))
+    specs = specs_of(
+        rendered,
+        image_env=podspec.image_environment(
+            {"PATH": "/usr/bin", "RANK": "9", "VC_TASK_INDEX": "7", "MASTER_ADDR": "elsewhere"}
+        ),
+    )
     assert [spec.name for spec in specs] == ["job-worker-0", "job-worker-1", "job-worker-2"]
     for index, spec in enumerate(specs):
         env = spec.env_dict()
@@ -76,7 +99,7 @@ def test_rendered_job_gives_each_pod_the_volcano_env_names_and_files():
         assert env["VC_WORKER_NUM"] == "3"
         assert spec.argv == ("/bin/bash", "-c", rendered.pod_command)  # exactly as rendered
         assert spec.restart_policy == "OnFailure"
-        hosts = podsim.hosts_file_text(spec)
+        hosts = podspec.hosts_file_text(spec)
         for other, ip in enumerate(IPS):
             assert f"{ip}\tjob-worker-{other}.job" in hosts
         mounted = {mount.mount_path: dict(mount.files) for mount in spec.file_mounts}
@@ -87,9 +110,11 @@ def test_rendered_job_gives_each_pod_the_volcano_env_names_and_files():
 def test_the_image_puts_this_installation_first_on_the_pods_PATH():
     caller = {"PATH": "/usr/bin:/opt/venv/bin", "RANK": "3", "NPU_JOB_PYTHON": "/elsewhere/python"}
     installation = {"PATH": "/opt/venv/bin", "NPU_JOB_PYTHON": "/opt/venv/bin/python3.12"}
-    env = podsim.image_environment(caller, installation)
+    env = podspec.image_environment(caller, installation)
     assert env == {"PATH": "/opt/venv/bin:/usr/bin", "NPU_JOB_PYTHON": "/opt/venv/bin/python3.12"}
-    assert podsim.image_environment({}, installation)["PATH"] == "/opt/venv/bin:" + podsim.IMAGE_PATH
+    assert (
+        podspec.image_environment({}, installation)["PATH"] == "/opt/venv/bin:" + podspec.IMAGE_PATH
+    )
 
 
 def test_this_installation_is_the_running_python_and_its_console_scripts():
@@ -108,42 +133,99 @@ def test_hostile_env_values_reach_the_process_exactly_as_written():
 
 
 def test_cluster_files_are_mounted_where_the_plugin_puts_them():
-    files = podsim.cce_cluster_files('{"status": "completed"}', "H4sI")
+    files = podspec.cce_cluster_files('{"status": "completed"}', "H4sI")
     spec = specs_of(rendered_job(), cluster_files=files)[0]
     mounted = {mount.mount_path: mount for mount in spec.file_mounts}
-    assert mounted["/user/config/jobstart_hccl.json"].files == (("jobstart_hccl.json", '{"status": "completed"}'),)
+    assert mounted["/user/config/jobstart_hccl.json"].files == (
+        ("jobstart_hccl.json", '{"status": "completed"}'),
+    )
     assert mounted["/user/config/ranktable_tor.json"].single_file
 
 
 def job_document(container=None, volumes=(), replicas=3):
     container = {"name": "c", "image": "i", "command": ["true"], **(container or {})}
-    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "j"},
-            "spec": {"plugins": {"env": [], "svc": []}, "tasks": [{"name": "w", "replicas": replicas, "template": {
-                "spec": {"containers": [container], "volumes": list(volumes)}}}]}}
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "j"},
+        "spec": {
+            "plugins": {"env": [], "svc": []},
+            "tasks": [
+                {
+                    "name": "w",
+                    "replicas": replicas,
+                    "template": {"spec": {"containers": [container], "volumes": list(volumes)}},
+                }
+            ],
+        },
+    }
 
 
 @pytest.mark.parametrize(
     "documents, field",
     [
-        ([job_document({"env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "status.phase"}}}]})],
-         "spec.tasks[0].template.spec.containers[0].env[0].valueFrom.fieldRef.fieldPath"),
-        ([job_document({"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]})],
-         "spec.tasks[0].template.spec.containers[0].env[0].valueFrom"),
-        ([job_document({"volumeMounts": [{"name": "v", "mountPath": "/v"}]}, [{"name": "v", "configMap": {"name": "absent"}}])],
-         "volumes[v].configMap.name"),
-        ([job_document({"volumeMounts": [{"name": "v", "mountPath": "/v"}]}, [{"name": "v", "nfs": {"server": "x"}}])],
-         "volumes[v]"),
-        ([job_document({"volumeMounts": [{"name": "nope", "mountPath": "/v"}]})],
-         "spec.tasks[0].template.spec.containers[0].volumeMounts[0].name"),
+        (
+            [
+                job_document(
+                    {
+                        "env": [
+                            {"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "status.phase"}}}
+                        ]
+                    }
+                )
+            ],
+            "spec.tasks[0].template.spec.containers[0].env[0].valueFrom.fieldRef.fieldPath",
+        ),
+        (
+            [
+                job_document(
+                    {
+                        "env": [
+                            {"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
+                        ]
+                    }
+                )
+            ],
+            "spec.tasks[0].template.spec.containers[0].env[0].valueFrom",
+        ),
+        (
+            [
+                job_document(
+                    {"volumeMounts": [{"name": "v", "mountPath": "/v"}]},
+                    [{"name": "v", "configMap": {"name": "absent"}}],
+                )
+            ],
+            "volumes[v].configMap.name",
+        ),
+        (
+            [
+                job_document(
+                    {"volumeMounts": [{"name": "v", "mountPath": "/v"}]},
+                    [{"name": "v", "nfs": {"server": "x"}}],
+                )
+            ],
+            "volumes[v]",
+        ),
+        (
+            [job_document({"volumeMounts": [{"name": "nope", "mountPath": "/v"}]})],
+            "spec.tasks[0].template.spec.containers[0].volumeMounts[0].name",
+        ),
         ([job_document(replicas=2)], "spec.tasks[*].replicas"),
         ([], "kind"),
     ],
-    ids=["unsupported-fieldref", "secret-ref", "missing-configmap", "nfs-volume", "undeclared-volume",
-         "pods-vs-addresses", "no-job"],
+    ids=[
+        "unsupported-fieldref",
+        "secret-ref",
+        "missing-configmap",
+        "nfs-volume",
+        "undeclared-volume",
+        "pods-vs-addresses",
+        "no-job",
+    ],
 )
 def test_what_a_cluster_could_not_start_is_a_precise_input_error(documents, field):
     with pytest.raises(InputError) as error:
-        podsim.pod_specs(documents, IPS)
+        podspec.pod_specs(documents, IPS)
     assert error.value.field == field
 
 
@@ -160,8 +242,18 @@ setsid sleep 300 &
 
 # Where the probe pod mounts or writes something, and the directories above: what a pod could
 # touch on the host. Some exist on real machines (a ModelArts notebook has /user/config).
-TOUCHABLE = ("/user", "/user/config", "/opt", "/opt/npu-job", "/home", "/home/ma-user",
-             "/home/ma-user/work", "/etc/volcano", "/etc/hosts", "/tmp/mine")
+TOUCHABLE = (
+    "/user",
+    "/user/config",
+    "/opt",
+    "/opt/npu-job",
+    "/home",
+    "/home/ma-user",
+    "/home/ma-user/work",
+    "/etc/volcano",
+    "/etc/hosts",
+    "/tmp/mine",
+)
 
 
 def host_state(paths=TOUCHABLE):
@@ -205,23 +297,44 @@ def host_user_config():
 
 @pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
 @pytest.mark.parametrize("user_namespace", [False, True], ids=["root", "user-namespace"])
-def test_a_pod_sees_its_own_host_and_leaves_the_machine_untouched(tmp_path, user_namespace, host_user_config):
+def test_a_pod_sees_its_own_host_and_leaves_the_machine_untouched(
+    tmp_path, user_namespace, host_user_config
+):
     if not user_namespace and os.geteuid() != 0:
         pytest.skip("mount namespaces without a user namespace need root")
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "in.txt").write_text("from the host")
     documents = [
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "scripts"}, "data": {"probe.sh": PROBE}},
-        job_document({"command": ["/bin/bash", "-c"], "args": ["bash /opt/npu-job/probe.sh"],
-                      "workingDir": "/home/ma-user/work",
-                      "volumeMounts": [{"name": "scripts", "mountPath": "/opt/npu-job"},
-                                       {"name": "shared", "mountPath": "/job"}]},
-                     [{"name": "scripts", "configMap": {"name": "scripts"}},
-                      {"name": "shared", "hostPath": {"path": str(shared)}}], replicas=2),
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "scripts"},
+            "data": {"probe.sh": PROBE},
+        },
+        job_document(
+            {
+                "command": ["/bin/bash", "-c"],
+                "args": ["bash /opt/npu-job/probe.sh"],
+                "workingDir": "/home/ma-user/work",
+                "volumeMounts": [
+                    {"name": "scripts", "mountPath": "/opt/npu-job"},
+                    {"name": "shared", "mountPath": "/job"},
+                ],
+            },
+            [
+                {"name": "scripts", "configMap": {"name": "scripts"}},
+                {"name": "shared", "hostPath": {"path": str(shared)}},
+            ],
+            replicas=2,
+        ),
     ]
-    specs = podsim.pod_specs(documents, IPS[:2], image_env={"PATH": os.environ["PATH"]},
-                             cluster_files=podsim.cce_cluster_files('{"table": 1}', None))
+    specs = podspec.pod_specs(
+        documents,
+        IPS[:2],
+        image_env={"PATH": os.environ["PATH"]},
+        cluster_files=podspec.cce_cluster_files('{"table": 1}', None),
+    )
     before = host_state()
     outputs = []
     for attempt in range(2):  # the second attempt is a container restart: /tmp starts empty again
@@ -233,7 +346,9 @@ def test_a_pod_sees_its_own_host_and_leaves_the_machine_untouched(tmp_path, user
     assert out.splitlines()[0] == "j-w-1"
     assert "127.0.0.20\tj-w-0.j" in out and "127.0.0.21\tj-w-1.j j-w-1" in out
     # private and fresh on restart: only this machine's own Python/npu-job, when under /tmp
-    carried = sorted({Path(path).relative_to("/tmp").parts[0] for path in podsim.software_under_tmp()})
+    carried = sorted(
+        {Path(path).relative_to("/tmp").parts[0] for path in podsim.software_under_tmp()}
+    )
     assert f"tmp=[{chr(10).join(carried)}]" in out
     assert '{"table": 1}' in out and "probe.sh" in out and "j-w-0.j,j-w-1.j" in out
     assert "shared=from the host" in out and "/home/ma-user/work" in out and "pid=1" in out
@@ -245,8 +360,10 @@ def test_a_pod_sees_its_own_host_and_leaves_the_machine_untouched(tmp_path, user
 
 @pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
 def test_killing_a_pod_kills_every_process_in_it(tmp_path):
-    documents = [job_document({"command": ["/bin/bash", "-c", "setsid sleep 300 & sleep 300"]}, replicas=1)]
-    spec = podsim.pod_specs(documents, IPS[:1], image_env={"PATH": os.environ["PATH"]})[0]
+    documents = [
+        job_document({"command": ["/bin/bash", "-c", "setsid sleep 300 & sleep 300"]}, replicas=1)
+    ]
+    spec = podspec.pod_specs(documents, IPS[:1], image_env={"PATH": os.environ["PATH"]})[0]
     pod = podsim.start_pod(podsim.stage_pod(spec, tmp_path / spec.name))
     for _ in range(100):
         if len(podsim.processes_inside(tmp_path)) >= 3:
@@ -265,9 +382,11 @@ def test_killing_a_pod_kills_every_process_in_it(tmp_path):
 def test_entering_a_pod_outside_its_namespaces_refuses_to_touch_the_host(tmp_path):
     import sys
 
-    spec = podsim.pod_specs([job_document(replicas=1)], IPS[:1])[0]
+    spec = podspec.pod_specs([job_document(replicas=1)], IPS[:1])[0]
     spec_file = podsim.stage_pod(spec, tmp_path / spec.name)
     argv = podsim.pod_argv(spec_file)
-    run = subprocess.run(argv[argv.index(sys.executable):], capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        argv[argv.index(sys.executable) :], capture_output=True, text=True, timeout=60
+    )
     assert run.returncode == 126
-    assert run.stderr.startswith(podsim.SETUP_FAILED) and "private mount namespace" in run.stderr
+    assert run.stderr.startswith(podspec.SETUP_FAILED) and "private mount namespace" in run.stderr

@@ -46,7 +46,10 @@ def _interpreter(version: Tuple[int, int]) -> Optional[str]:
         str(path) for root in roots for path in root.glob(f"{version[0]}.{version[1]}.*/bin/{name}")
     )
     for candidate in candidates:
-        if candidate and subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+        if (
+            candidate
+            and subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0
+        ):
             return candidate
     return None
 
@@ -55,7 +58,9 @@ def _interpreter(version: Tuple[int, int]) -> Optional[str]:
 def floor_python() -> str:
     found = _interpreter(floor())
     if found is None:
-        pytest.skip(f"no Python {'.'.join(map(str, floor()))} interpreter (python3.X on PATH or pyenv) on this machine")
+        pytest.skip(
+            f"no Python {'.'.join(map(str, floor()))} interpreter (python3.X on PATH or pyenv) on this machine"
+        )
     return found
 
 
@@ -63,35 +68,67 @@ def stage_package(target: Path) -> Path:
     """Copy the packages of setup.cfg under ``target`` as an install lays them out; return it."""
     options = _setup_cfg()["options"]
     mapped: Dict[str, str] = dict(
-        (name.strip(), folder.strip()) for name, folder in
-        (line.split("=") for line in options["package_dir"].splitlines() if line.strip())
+        (name.strip(), folder.strip())
+        for name, folder in (
+            line.split("=") for line in options["package_dir"].splitlines() if line.strip()
+        )
     )
     for package in (line.strip() for line in options["packages"].splitlines() if line.strip()):
-        source = ROOT / mapped.get(package, package.replace(".", "/"))
+        # as setuptools does: the longest mapped prefix, then the rest of the name as folders
+        parent = max(
+            (name for name in mapped if package == name or package.startswith(name + ".")),
+            key=len,
+            default="",
+        )
+        folder = (
+            mapped[parent] + package[len(parent) :].replace(".", "/")
+            if parent
+            else package.replace(".", "/")
+        )
+        source = ROOT / folder
         destination = target / package.replace(".", "/")
         destination.mkdir(parents=True, exist_ok=True)
         for entry in source.iterdir():  # a package's own files; its subpackages are listed too
             if entry.is_file() and "__pycache__" not in entry.parts:
-                shutil.copyfile(entry, destination / entry.name)  # follows symlinks, as a wheel does
+                shutil.copyfile(
+                    entry, destination / entry.name
+                )  # follows symlinks, as a wheel does
     return target
 
 
 def _pod_env(stage: Path, **extra: str) -> Dict[str, str]:
     """A pod's environment: no npu-job variables, the package importable, no user site-packages."""
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(stage), "PYTHONNOUSERSITE": "1", "HOME": str(stage)}
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(stage),
+        "PYTHONNOUSERSITE": "1",
+        "HOME": str(stage),
+    }
     env.update(extra)
     return env
 
 
 def _outputs(directory: Path) -> Dict[str, bytes]:
-    return {path.name: path.read_bytes().replace(str(directory).encode(), b"OUT") for path in sorted(directory.iterdir())}
+    return {
+        path.name: path.read_bytes().replace(str(directory).encode(), b"OUT")
+        for path in sorted(directory.iterdir())
+    }
 
 
-def test_the_bootstrap_runs_on_the_floor_python_with_the_standard_library_only(tmp_path, floor_python):
+def test_the_bootstrap_runs_on_the_floor_python_with_the_standard_library_only(
+    tmp_path, floor_python
+):
     stage = stage_package(tmp_path / "site")
     table, _, _ = write_cce_job(tmp_path / "config", 6, 2)
-    flags = ["--rank-table", str(tmp_path / "config"), "--host-ip", table.servers[2].server_id, "--pod-index", "2",
-             "--strict"]
+    flags = [
+        "--rank-table",
+        str(tmp_path / "config"),
+        "--host-ip",
+        table.servers[2].server_id,
+        "--pod-index",
+        "2",
+        "--strict",
+    ]
     runs: List[Dict[str, bytes]] = []
     for name, command in (
         ("this-python", [sys.executable, "-m", "npu_job.bootstrap"]),
@@ -100,14 +137,23 @@ def test_the_bootstrap_runs_on_the_floor_python_with_the_standard_library_only(t
     ):
         out = tmp_path / name
         done = subprocess.run(
-            [*command, *flags, "--output-dir", str(out)], env=_pod_env(stage, NPU_JOB_PYTHON=floor_python),
-            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            [*command, *flags, "--output-dir", str(out)],
+            env=_pod_env(stage, NPU_JOB_PYTHON=floor_python),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert done.returncode == 0, f"{name}: {done.stderr}"
         assert "node rank" in done.stderr and "error" not in done.stderr, done.stderr
         runs.append(_outputs(out))
-    assert sorted(runs[0]) == ["MASTER_INDEX", "RANK_AFTER_ACC", "jobstart_hccl.reordered.json", "npu_job_env.sh",
-                               "route_plan.json"]
+    assert sorted(runs[0]) == [
+        "MASTER_INDEX",
+        "RANK_AFTER_ACC",
+        "jobstart_hccl.reordered.json",
+        "npu_job_env.sh",
+        "route_plan.json",
+    ]
     assert runs[1] == runs[0] and runs[2] == runs[0]
 
 
@@ -118,12 +164,21 @@ def _render_dependencies(target: Path, floor_python: str) -> Path:
     import yaml
 
     for module in (jinja2, markupsafe, yaml):
-        shutil.copytree(Path(module.__file__).parent, target / module.__name__,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    probe = subprocess.run([floor_python, "-c", "import jinja2, yaml"], env={"PYTHONPATH": str(target)},
-                           capture_output=True, text=True)
+        shutil.copytree(
+            Path(module.__file__).parent,
+            target / module.__name__,
+            ignore=shutil.ignore_patterns("__pycache__", "*.so"),
+        )
+    probe = subprocess.run(
+        [floor_python, "-c", "import jinja2, yaml"],
+        env={"PYTHONPATH": str(target)},
+        capture_output=True,
+        text=True,
+    )
     if probe.returncode:
-        pytest.skip(f"this environment's jinja2/pyyaml do not import on {floor_python}: {probe.stderr[-200:]}")
+        pytest.skip(
+            f"this environment's jinja2/pyyaml do not import on {floor_python}: {probe.stderr[-200:]}"
+        )
     return target
 
 
@@ -137,7 +192,11 @@ def test_render_runs_on_the_floor_python(tmp_path, floor_python):
         for python, path in ((sys.executable, stage), (floor_python, f"{stage}{os.pathsep}{deps}")):
             done = subprocess.run(
                 [python, "-m", "npu_job", "render", str(example), "--set", "shm_size=null"],
-                env=_pod_env(Path(path)), cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                env=_pod_env(Path(path)),
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
             )
             assert done.returncode == 0, f"{python} {example.name}: {done.stderr}"
             streams.append(done.stdout)
@@ -146,4 +205,6 @@ def test_render_runs_on_the_floor_python(tmp_path, floor_python):
 
 def test_ruff_targets_the_floor():
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    assert re.search(r'^target-version = "py(\d)(\d+)"$', text, re.M).groups() == tuple(map(str, floor()))
+    assert re.search(r'^target-version = "py(\d)(\d+)"$', text, re.M).groups() == tuple(
+        map(str, floor())
+    )

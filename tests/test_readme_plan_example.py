@@ -28,7 +28,9 @@ def plan_example() -> List[Tuple[str, List[str]]]:
     return steps
 
 
-def test_the_plan_example_runs_verbatim_from_the_inputs_the_demo_writes(tmp_path, monkeypatch, capsys):
+def test_the_plan_example_runs_verbatim_from_the_inputs_the_demo_writes(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     steps = plan_example()
     assert [command.split()[:2] for command, _ in steps][-1] == ["npu-job", "plan"]

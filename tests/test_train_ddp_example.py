@@ -18,28 +18,48 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py"
 @pytest.mark.torch
 @pytest.mark.parametrize(
     "rank_mapping, rank_file, problem",
-    [("0-1,1-0", "1", "rank 0 but the plan (route-plan) gives node rank 1"),
-     ("0-0,1-1", "1", "RANK_AFTER_ACC says 1 but the route plan says 0")],
+    [
+        ("0-1,1-0", "1", "rank 0 but the plan (route-plan) gives node rank 1"),
+        ("0-0,1-1", "1", "RANK_AFTER_ACC says 1 but the route plan says 0"),
+    ],
     ids=["pod-should-be-node-1", "rank-file-contradicts-plan"],
 )
 def test_a_rank_off_the_route_plan_fails_the_run(tmp_path, rank_mapping, rank_file, problem):
     from npu_job.podfacts import RANK_FILE, ROUTE_PLAN_FILE
 
-    (tmp_path / ROUTE_PLAN_FILE).write_text(json.dumps({"status": "success", "rank_mapping": rank_mapping}))
+    (tmp_path / ROUTE_PLAN_FILE).write_text(
+        json.dumps({"status": "success", "rank_mapping": rank_mapping})
+    )
     (tmp_path / RANK_FILE).write_text(rank_file)
     env = {**os.environ, "VC_TASK_INDEX": "0", "NPU_JOB_OUTPUT_DIR": str(tmp_path)}
     reports = tmp_path / "reports"
     run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-         str(EXAMPLE), "--steps", "6", "--report-dir", str(reports)],
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            str(EXAMPLE),
+            "--steps",
+            "6",
+            "--report-dir",
+            str(reports),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode != 0
     report = json.loads((reports / "rank-0.json").read_text())
     assert report["rank_ok"] is False and report["ok"] is False
     assert any(problem in line for line in report["problems"]), report["problems"]
     assert f"FAILED: {report['problems'][0]}" in run.stderr
-    assert report["eval_loss_final"] < report["eval_loss_initial"]  # it trained; only the rank is wrong
+    assert (
+        report["eval_loss_final"] < report["eval_loss_initial"]
+    )  # it trained; only the rank is wrong
 
 
 @pytest.mark.torch
@@ -48,14 +68,34 @@ def test_the_example_needs_torch_alone_not_numpy(tmp_path):
     package that refuses to import and the example must still train and report."""
     hidden = tmp_path / "no-numpy" / "numpy"
     hidden.mkdir(parents=True)
-    (hidden / "__init__.py").write_text('raise ModuleNotFoundError("numpy is hidden by the test", name="numpy")\n')
-    env = {**os.environ, "PYTHONPATH": str(hidden.parent), "VC_TASK_INDEX": "0",
-           "NPU_JOB_OUTPUT_DIR": str(tmp_path)}
+    (hidden / "__init__.py").write_text(
+        'raise ModuleNotFoundError("numpy is hidden by the test", name="numpy")\n'
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(hidden.parent),
+        "VC_TASK_INDEX": "0",
+        "NPU_JOB_OUTPUT_DIR": str(tmp_path),
+    }
     reports = tmp_path / "reports"
     run = subprocess.run(  # 2 ranks: torch's *_object collectives need numpy only with peers
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(EXAMPLE), "--steps", "4", "--report-dir", str(reports)],
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(EXAMPLE),
+            "--steps",
+            "4",
+            "--report-dir",
+            str(reports),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     ranks = [json.loads((reports / f"rank-{r}.json").read_text()) for r in range(2)]

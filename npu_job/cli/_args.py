@@ -1,36 +1,15 @@
-"""argparse value types shared by the subcommands (one message per kind of bad value)."""
+"""argparse value types shared by the subcommands (one message per kind of bad value).
+
+The number types are :mod:`npu_job.parsing`'s (the bootstrap's own command line uses them too).
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Callable
 
-from npu_job.parsing import count_from_text, seconds_from_text
+from npu_job.parsing import int_at_least, seconds
 
-
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse ``type`` for whole numbers >= ``minimum`` ("expected an integer >= 1, got 'x'")."""
-
-    def parse(text: str) -> int:
-        value = count_from_text(text.strip())
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
-        return value
-
-    return parse
-
-
-def seconds(*, zero_ok: bool) -> Callable[[str], float]:
-    """An argparse ``type`` for a duration in seconds, > 0 (or >= 0 with ``zero_ok``); rejects nan."""
-    bound = ">= 0" if zero_ok else "> 0"
-
-    def parse(text: str) -> float:
-        value = seconds_from_text(text, zero_ok=zero_ok)
-        if value is None:
-            raise argparse.ArgumentTypeError(f"expected a number of seconds {bound}, got {text!r}")
-        return value
-
-    return parse
+__all__ = ["int_at_least", "picture_file", "seconds", "write_picture"]
 
 
 def picture_file(text: str) -> str:
@@ -39,7 +18,8 @@ def picture_file(text: str) -> str:
 
     if picture_format(text) is None:
         raise argparse.ArgumentTypeError(
-            f"expected a file name ending in .png or .svg, got {text!r}")
+            f"expected a file name ending in .png or .svg, got {text!r}"
+        )
     return text
 
 

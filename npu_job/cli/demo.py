@@ -1,4 +1,4 @@
-"""``npu-job demo``: the whole pipeline on a simulated cluster on this machine (see npu_job.demo)."""
+"""``npu-job demo``: the whole pipeline on a cluster simulated on this machine (npu_job.demo)."""
 
 from __future__ import annotations
 
@@ -29,36 +29,80 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "agree on the trained parameters and that the loss went down. No root needed (uses "
         "'unshare --user --map-root-user')."
     )
-    parser.epilog = ("Exit status: 0 when the whole chain is consistent, 2 for bad flags, 7 when a check failed, "
-                     "8 when pods cannot run, 9 for --picture without the [picture] extra.")
+    parser.epilog = (
+        "Exit status: 0 when the whole chain is consistent, 2 for bad flags, 7 when a check "
+        "failed, 8 when pods cannot run, 9 for --picture without the [picture] extra."
+    )
     parser.set_defaults(_demo_parser=parser)  # for usage errors found after parsing (_usage_error)
-    parser.add_argument("--nodes", type=POSITIVE, default=6, help="pods (nodes) of the job (default 6)")
-    parser.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=POSITIVE,
-                        default=2, help="workers per pod (default 2)")
-    parser.add_argument("--tors", type=POSITIVE, default=3, help="ToR switches the pods are spread over (default 3)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the simulated cluster and the training (default 0)")
+    parser.add_argument(
+        "--nodes", type=POSITIVE, default=6, help="pods (nodes) of the job (default 6)"
+    )
+    parser.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nproc_per_node",
+        type=POSITIVE,
+        default=2,
+        help="workers per pod (default 2)",
+    )
+    parser.add_argument(
+        "--tors", type=POSITIVE, default=3, help="ToR switches the pods are spread over (default 3)"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the simulated cluster and the training (default 0)",
+    )
     parser.add_argument("--steps", type=POSITIVE, default=20, help="training steps (default 20)")
-    parser.add_argument("--no-routing", dest="routing", action="store_false",
-                        help="render with routing acceleration off (pods keep the scheduler's order)")
-    parser.add_argument("--keep", metavar="DIR", default=None,
-                        help="keep everything (rendered job, pod logs, private /tmp of each pod, reports) in DIR")
-    parser.add_argument("--write-inputs", metavar="DIR", default=None,
-                        help="only write the simulated cluster's rank table and ranktable_tor.json (as CCE "
-                             "mounts them) to DIR, for npu-job plan or npu-job bootstrap, and exit: no pods")
-    parser.add_argument("--timeout", type=SECONDS, default=240.0, help="seconds before every pod is killed (default 240)")
-    parser.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
-    parser.add_argument("--picture", metavar="FILE", type=picture_file,
-                        help="also draw the job's plan to FILE (.png or .svg), as npu-job plan --picture "
-                             "does, before the pods start (needs the extra: pip install 'npu-job[picture]')")
+    parser.add_argument(
+        "--no-routing",
+        dest="routing",
+        action="store_false",
+        help="render with routing acceleration off (pods keep the scheduler's order)",
+    )
+    parser.add_argument(
+        "--keep",
+        metavar="DIR",
+        default=None,
+        help="keep everything (rendered job, pod logs, private /tmp of each pod, reports) in DIR",
+    )
+    parser.add_argument(
+        "--write-inputs",
+        metavar="DIR",
+        default=None,
+        help="only write the simulated cluster's rank table and ranktable_tor.json (as CCE "
+        "mounts them) to DIR, for npu-job plan or npu-job bootstrap, and exit: no pods",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=SECONDS,
+        default=240.0,
+        help="seconds before every pod is killed (default 240)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print a machine-readable summary on stdout"
+    )
+    parser.add_argument(
+        "--picture",
+        metavar="FILE",
+        type=picture_file,
+        help="also draw the job's plan to FILE (.png or .svg), as npu-job plan --picture "
+        "does, before the pods start (needs the extra: pip install 'npu-job[picture]')",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from npu_job import demo, podsim
+    from npu_job import demo
+    from npu_job.demo import podsim
     from npu_job.errors import InconsistentError, LaunchError
 
     if args.tors > args.nodes:
-        return _usage_error(args, f"--tors {args.tors}: cannot spread {args.nodes} node(s) over more ToRs than "
-                                  f"nodes; use --tors {args.nodes} or fewer")
+        return _usage_error(
+            args,
+            f"--tors {args.tors}: cannot spread {args.nodes} node(s) over more ToRs than "
+            f"nodes; use --tors {args.nodes} or fewer",
+        )
     if args.picture:
         from npu_job.picture import require_matplotlib
 
@@ -73,19 +117,30 @@ def run(args: argparse.Namespace) -> int:
         return _usage_error(args, problem)
     reason = podsim.unshare_unavailable_reason()
     if reason is not None:
-        raise LaunchError(f"cannot give each pod its own mount namespace: {reason}",
-                          tip="install util-linux and allow unprivileged user namespaces "
-                              "(sysctl kernel.unprivileged_userns_clone=1 or "
-                              "kernel.apparmor_restrict_unprivileged_userns=0), or run as root")
-    options = demo.DemoOptions(nodes=args.nodes, nproc_per_node=args.nproc_per_node, tors=args.tors,
-                               seed=args.seed, steps=args.steps, routing=args.routing, timeout=args.timeout)
+        raise LaunchError(
+            f"cannot give each pod its own mount namespace: {reason}",
+            tip="install util-linux and allow unprivileged user namespaces "
+            "(sysctl kernel.unprivileged_userns_clone=1 or "
+            "kernel.apparmor_restrict_unprivileged_userns=0), or run as root",
+        )
+    options = demo.DemoOptions(
+        nodes=args.nodes,
+        nproc_per_node=args.nproc_per_node,
+        tors=args.tors,
+        seed=args.seed,
+        steps=args.steps,
+        routing=args.routing,
+        timeout=args.timeout,
+    )
     if args.picture:
         _write_picture(args)
     phases = demo.Phases()
     phases.mark("start")
     workspace, remove = demo.default_workspace(args.keep)
     try:
-        result = demo.run(options, workspace, progress=lambda line: log.info("%s", line), phases=phases)
+        result = demo.run(
+            options, workspace, progress=lambda line: log.info("%s", line), phases=phases
+        )
     finally:
         if remove:
             shutil.rmtree(workspace, ignore_errors=True)
@@ -97,15 +152,20 @@ def run(args: argparse.Namespace) -> int:
         json.dump(summary, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     if not result.ok:
-        shown = "; ".join(result.problems[:3]) + (f" (+{len(result.problems) - 3} more)" if len(result.problems) > 3 else "")
-        raise InconsistentError(f"demo: {shown}",
-                                tip="rerun with --keep DIR and read DIR/pods/*/pod.log" if remove else
-                                f"read {workspace}/pods/*/pod.log")
+        shown = "; ".join(result.problems[:3]) + (
+            f" (+{len(result.problems) - 3} more)" if len(result.problems) > 3 else ""
+        )
+        raise InconsistentError(
+            f"demo: {shown}",
+            tip="rerun with --keep DIR and read DIR/pods/*/pod.log"
+            if remove
+            else f"read {workspace}/pods/*/pod.log",
+        )
     return 0
 
 
 def _write_inputs(args: argparse.Namespace) -> int:
-    """``--write-inputs DIR``: the simulated cluster's CCE files, nothing else (never overwritten)."""
+    """``--write-inputs DIR``: the simulated cluster's CCE files only (never overwritten)."""
     from pathlib import Path
 
     from npu_job import demo
@@ -113,11 +173,16 @@ def _write_inputs(args: argparse.Namespace) -> int:
     directory = Path(args.write_inputs)
     existing = [name for name in demo.INPUT_FILES if (directory / name).exists()]
     if existing:
-        return _usage_error(args, f"--write-inputs {directory}: it already holds {', '.join(existing)}; "
-                                  "the demo never overwrites a file")
+        return _usage_error(
+            args,
+            f"--write-inputs {directory}: it already holds {', '.join(existing)}; "
+            "the demo never overwrites a file",
+        )
     if directory.exists() and not directory.is_dir():
         return _usage_error(args, f"--write-inputs {directory}: not a directory")
-    options = demo.DemoOptions(nodes=args.nodes, nproc_per_node=args.nproc_per_node, tors=args.tors, seed=args.seed)
+    options = demo.DemoOptions(
+        nodes=args.nodes, nproc_per_node=args.nproc_per_node, tors=args.tors, seed=args.seed
+    )
     cluster = demo.simulated_cluster(options, demo.loopback_ips(options.nodes))
     for path in demo.write_cluster_inputs(cluster, directory):
         log.info("wrote %s", path)
@@ -129,11 +194,21 @@ def _write_picture(args: argparse.Namespace) -> None:
     from npu_job import demo
     from npu_job.cli._args import write_picture
 
-    options = demo.DemoOptions(nodes=args.nodes, nproc_per_node=args.nproc_per_node, tors=args.tors,
-                               seed=args.seed, routing=args.routing)
+    options = demo.DemoOptions(
+        nodes=args.nodes,
+        nproc_per_node=args.nproc_per_node,
+        tors=args.tors,
+        seed=args.seed,
+        routing=args.routing,
+    )
     cluster = demo.simulated_cluster(options, demo.loopback_ips(options.nodes))
-    write_picture(args.picture, cluster.table, cluster.topology, demo.expected_plan(cluster, options),
-                  f"npu-job demo: {options.nodes} pods on {options.tors} ToRs (seed {options.seed})")
+    write_picture(
+        args.picture,
+        cluster.table,
+        cluster.topology,
+        demo.expected_plan(cluster, options),
+        f"npu-job demo: {options.nodes} pods on {options.tors} ToRs (seed {options.seed})",
+    )
 
 
 def _usage_error(args: argparse.Namespace, message: str) -> int:
@@ -152,19 +227,36 @@ def _report(result, *, keep) -> None:
     plan = result.prepared.plan
     nproc = result.options.nproc_per_node
     checked = [r for r in result.reports if r.get("rank_ok")]
-    log.info("ranks: %d/%d workers run at the global rank the plan gives (node_rank*%d + local_rank)",
-             len(checked), result.options.nodes * nproc, nproc)
+    log.info(
+        "ranks: %d/%d workers run at the global rank the plan gives (node_rank*%d + local_rank)",
+        len(checked),
+        result.options.nodes * nproc,
+        nproc,
+    )
     for report in sorted(result.reports, key=lambda r: r.get("rank", -1)):
         pod = report.get("pod_index")
-        node_rank = plan.node_rank_of_pod[pod] if isinstance(pod, int) and pod < len(plan.node_rank_of_pod) else "?"
-        log.debug("  rank %s = pod %s (node rank %s) local rank %s on %s", report.get("rank"), pod, node_rank,
-                  report.get("local_rank"), report.get("host"))
+        node_rank = (
+            plan.node_rank_of_pod[pod]
+            if isinstance(pod, int) and pod < len(plan.node_rank_of_pod)
+            else "?"
+        )
+        log.debug(
+            "  rank %s = pod %s (node rank %s) local rank %s on %s",
+            report.get("rank"),
+            pod,
+            node_rank,
+            report.get("local_rank"),
+            report.get("host"),
+        )
     if result.reports:
         first = min(result.reports, key=lambda r: r.get("rank", 0))
         digests = {r.get("param_digest") for r in result.reports}
-        log.info("parameters: %s across all ranks; held-out loss %.4f -> %.4f",
-                 "identical" if len(digests) == 1 else f"{len(digests)} DIFFERENT digests",
-                 first.get("eval_loss_initial", float("nan")), first.get("eval_loss_final", float("nan")))
+        log.info(
+            "parameters: %s across all ranks; held-out loss %.4f -> %.4f",
+            "identical" if len(digests) == 1 else f"{len(digests)} DIFFERENT digests",
+            first.get("eval_loss_initial", float("nan")),
+            first.get("eval_loss_final", float("nan")),
+        )
     phases = result.phases.durations(digits=1)
     total = phases.pop("total", 0.0)
     log.info("phases: %s", ", ".join(f"{name} {value:.1f} s" for name, value in phases.items()))

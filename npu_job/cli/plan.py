@@ -1,8 +1,10 @@
 """``npu-job plan``: show the routing-affine order for a rank table and how it scores.
 
-Reads a rank table and (optionally) a switch topology with the bootstrap's own readers, runs the
-planner exactly as every pod would, and compares three orders on the scorer's fabric model: the
-scheduler's pod order, a seeded random order and ours. Text by default, ``--json`` for machines.
+Reads a rank table, or a Volcano job's pods (``kubectl get pods -o json``, or one
+``kubectl get hypernodes,nodes,pods -o json`` that holds the topology too), and (optionally) a
+switch topology with the bootstrap's own readers, runs the planner exactly as every pod would,
+and compares three orders on the scorer's fabric model: the scheduler's pod order, a seeded random
+order and ours. Text by default, ``--json`` for machines.
 A plan that cannot be made (fewer than 3 nodes, partial nodes, no topology...) is a result, not an
 error: it is shown with its reasons and the exit status is 0.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import random
 import sys
@@ -33,6 +36,8 @@ Examples:
   npu-job plan --rank-table jobstart_hccl.json --topology ranktable_tor.json
   npu-job plan --rank-table hccl.json --topology topology.yaml --collective rhd --uplinks 16 --json
   npu-job plan --rank-table jobstart_hccl.json --picture plan.svg   # needs npu-job[picture]
+  kubectl get hypernodes,nodes,pods -o json > cluster.json; npu-job plan --pods cluster.json
+  npu-job plan --pods pods.json --job llama --topology hypernodes.yaml --nodes nodes.json
 """
 
 
@@ -41,28 +46,68 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
-    parser.add_argument(
+    servers = parser.add_mutually_exclusive_group(required=True)
+    servers.add_argument(
         "--rank-table",
         "--rank_table",
         dest="rank_table",
-        required=True,
         metavar="PATH|URL",
         help="rank table: a file, a directory holding jobstart_hccl.json, or an http(s) URL "
         "(any format the bootstrap reads; plain JSON or base64+gzip)",
     )
+    servers.add_argument(
+        "--pods",
+        metavar="PATH|URL",
+        help="instead of a rank table, a Volcano job's pods: kubectl get pods -o json (or -o "
+        "yaml), or one kubectl get hypernodes,nodes,pods -o json whose HyperNodes or node "
+        "labels are then the topology",
+    )
+    parser.add_argument(
+        "--job",
+        metavar="NAME",
+        help="with --pods: the job (label volcano.sh/job-name; default: the one "
+        "job the pods belong to)",
+    )
+    parser.add_argument(
+        "--task",
+        metavar="NAME",
+        help="with --pods: only this task's pods (label volcano.sh/task-spec)",
+    )
+    parser.add_argument("--namespace", metavar="NAME", help="with --pods: only this namespace")
     parser.add_argument(
         "--topology",
         metavar="PATH|URL",
         help="switch topology file or URL (ranktable_tor.json, basic-tor-node-cm tor_info, "
-        "a Kubernetes NodeList, or a plain YAML/JSON topology; default: "
-        "ranktable_tor.json beside the rank table if it exists)",
+        "a Kubernetes NodeList or HyperNodeList, or a plain YAML/JSON topology; default: "
+        "ranktable_tor.json beside the rank table if it exists, or the HyperNodes or Nodes "
+        "in the --pods file)",
     )
     parser.add_argument(
         "--topology-format",
         "--topology_format",
         dest="topology_format",
-        choices=("cce-ranktable-tor", "basic-tor-node-cm", "k8s-node-labels", "file"),
+        choices=(
+            "cce-ranktable-tor",
+            "basic-tor-node-cm",
+            "k8s-node-labels",
+            "volcano-hypernodes",
+            "file",
+        ),
         help="read --topology as this format (default: detect by content)",
+    )
+    parser.add_argument(
+        "--nodes",
+        metavar="PATH|URL",
+        help="the cluster's Nodes (kubectl get nodes -o json) beside a HyperNode topology: their "
+        "labels serve labelMatch members, their InternalIPs match rank-table server ids",
+    )
+    parser.add_argument(
+        "--topology-labels",
+        "--topology_labels",
+        dest="topology_labels",
+        metavar="KEY,KEY,...",
+        help="read switch paths from these node labels, outermost first, instead of the known "
+        "Volcano, CCE, EKS, GKE and topograph labels",
     )
     parser.add_argument(
         "--collective",
@@ -111,14 +156,19 @@ def run(args: argparse.Namespace) -> int:
         from npu_job.picture import require_matplotlib
 
         require_matplotlib()  # before any work: a missing extra is one line, exit 9
-    table, table_source, topology, topology_source = _load(args)
+    table, table_source, topology, topology_source, nodes = _load(args)
     collective = choose_collective(args.collective, os.environ)
     plan = planner.plan(table, topology, collective)
     if args.picture:
         from npu_job.cli._args import write_picture
 
-        write_picture(args.picture, table, topology, plan,
-                      f"npu-job plan: {table.node_count} nodes, {os.path.basename(table_source)}")
+        write_picture(
+            args.picture,
+            table,
+            topology,
+            plan,
+            f"npu-job plan: {table.node_count} nodes, {os.path.basename(table_source)}",
+        )
     keys = scorer.switch_keys(table, topology)
     shuffled = list(range(table.node_count))
     random.Random(args.seed).shuffle(shuffled)
@@ -133,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         )
         for name, order in orders.items()
     }
-    report = _report(table, topology, plan, scores, args, table_source, topology_source)
+    report = _report(table, topology, plan, scores, args, table_source, topology_source, nodes)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
@@ -142,12 +192,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace):
-    """Read the rank table and topology with the bootstrap's readers (errors: one line, exit 3)."""
+    """Read the servers and topology with the bootstrap's readers (errors: one line, exit 3)."""
+    from npu_job.bootstrap.kubeobjects import KubeObjects, decode_objects
+    from npu_job.bootstrap.kubetopology import KubeContext
+    from npu_job.bootstrap.labels import label_keys_from_text
     from npu_job.bootstrap.ranktable import parse_rank_table
+    from npu_job.bootstrap.run import server_addresses
     from npu_job.bootstrap.sources import is_url, locate_rank_table, read_bytes
-    from npu_job.podfacts import RANKTABLE_TOR_NAME
     from npu_job.bootstrap.topology import parse_topology
+    from npu_job.podfacts import RANKTABLE_TOR_NAME
 
+    nodes = KubeObjects()
+    if args.nodes:
+        nodes = decode_objects(read_bytes(args.nodes), args.nodes)
+    keys = None
+    if args.topology_labels is not None:
+        keys = label_keys_from_text(args.topology_labels, "--topology-labels")
+    if args.pods:
+        return _load_pods(args, nodes, keys)
     table_source = locate_rank_table(args.rank_table, {})
     table = parse_rank_table(read_bytes(table_source), table_source)
     topology_source: Optional[str] = args.topology
@@ -157,10 +219,53 @@ def _load(args: argparse.Namespace):
             topology_source = beside
     topology = None
     if topology_source is not None:
+        context = KubeContext(objects=nodes, names=server_addresses(table), label_keys=keys)
         topology = parse_topology(
-            read_bytes(topology_source), topology_source, args.topology_format
+            read_bytes(topology_source), topology_source, args.topology_format, context=context
         )
-    return table, table_source, topology, topology_source
+    return table, table_source, topology, topology_source, None
+
+
+def _load_pods(args: argparse.Namespace, nodes, keys):
+    """A job's pods as the servers; the topology from --topology, else from the same file."""
+    from npu_job.bootstrap import jobpods
+    from npu_job.bootstrap.kubeobjects import decode_objects, read_pods
+    from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
+    from npu_job.bootstrap.sources import read_bytes
+    from npu_job.bootstrap.topology import parse_topology
+
+    source = args.pods
+    objects = decode_objects(read_bytes(source), source)
+    selector = jobpods.JobSelector(job=args.job, task=args.task, namespace=args.namespace)
+    roster = jobpods.job_roster(read_pods(objects.pods, source), selector, source)
+    if not roster.ready:
+        raise jobpods.not_ready_error(roster, source)
+    table = jobpods.roster_table(roster, source)
+    node_names = jobpods.node_names(roster)
+    names = node_names + tuple(server.server_id for server in table.servers)
+    topology, topology_source = None, args.topology
+    if topology_source is not None:
+        context = KubeContext(objects=objects + nodes, names=names, label_keys=keys)
+        topology = parse_topology(
+            read_bytes(topology_source), topology_source, args.topology_format, context=context
+        )
+    elif objects.hypernodes or objects.nodes or nodes.nodes:
+        found = topology_from_objects(
+            objects,
+            source,
+            args.topology_format,
+            KubeContext(objects=nodes, names=names, label_keys=keys),
+        )
+        for note in found.notes:
+            logging.getLogger(__name__).info("topology: note: %s", note)
+        topology, topology_source = found.topology, f"{source} ({found.topology.source})"
+    return (
+        table,
+        source,
+        jobpods.by_server(topology, table, node_names),
+        topology_source,
+        node_names,
+    )
 
 
 def _score_fields(score) -> Dict[str, Any]:
@@ -173,7 +278,14 @@ def _score_fields(score) -> Dict[str, Any]:
 
 
 def _report(
-    table, topology, plan, scores, args, table_source: str, topology_source: Optional[str]
+    table,
+    topology,
+    plan,
+    scores,
+    args,
+    table_source: str,
+    topology_source: Optional[str],
+    nodes: Optional[Sequence[str]] = None,
 ) -> Dict[str, Any]:
     from npu_job.bootstrap.canonical import switch_path
 
@@ -189,11 +301,13 @@ def _report(
                 "tiers": list(tiers),
                 "tors": list(tors),
                 "slot": slot,
+                **({"node": nodes[pod]} if nodes is not None else {}),
             }
         )
     return {
         "version": JSON_VERSION,
-        "rank_table": table_source,
+        "rank_table": None if args.pods else table_source,
+        "pods": args.pods,
         "topology": topology_source,
         "status": plan.status.value,
         "collective": plan.collective.value,
@@ -250,7 +364,13 @@ def _text(report: Dict[str, Any]) -> List[str]:
     )
     rows: List[Tuple[str, str, str, str]] = [("new rank", "pod index", "server", "switch path")]
     rows.extend(
-        (str(e["node_rank"]), str(e["pod_index"]), verbatim_or_shown(e["server_id"]), _path_text(e))
+        (
+            str(e["node_rank"]),
+            str(e["pod_index"]),
+            verbatim_or_shown(e["server_id"])
+            + (f" ({verbatim_or_shown(e['node'])})" if "node" in e else ""),
+            _path_text(e),
+        )
         for e in report["order"]
     )
     widths = [max(len(row[i]) for row in rows) for i in range(3)]

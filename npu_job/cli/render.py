@@ -72,20 +72,39 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("spec", metavar="SPEC", help="job spec YAML file ('-' reads stdin)")
     parser.add_argument(
-        "-f", "--values", dest="layers", action=_Ordered, const="file", metavar="FILE",
+        "-f",
+        "--values",
+        dest="layers",
+        action=_Ordered,
+        const="file",
+        metavar="FILE",
         help="more spec values, merged over SPEC in order ('-' reads stdin)",
     )
     parser.add_argument(
-        "--set", dest="layers", action=_Ordered, const="set", type=_SetArgument(False), metavar="KEY=VALUE",
-        help="set a value over the files (repeatable): nodes=6, env.FOO=bar, 'args={--lr,0.1}', args[0]=x",
+        "--set",
+        dest="layers",
+        action=_Ordered,
+        const="set",
+        type=_SetArgument(False),
+        metavar="KEY=VALUE",
+        help="set a value over the files (repeatable): nodes=6, env.FOO=bar, 'args={--lr,0.1}', "
+        "args[0]=x",
     )
     parser.add_argument(
-        "--set-string", dest="layers", action=_Ordered, const="set", type=_SetArgument(True), metavar="KEY=VALUE",
+        "--set-string",
+        dest="layers",
+        action=_Ordered,
+        const="set",
+        type=_SetArgument(True),
+        metavar="KEY=VALUE",
         help="like --set, but every value stays a string",
     )
     parser.add_argument(
-        "--output-dir", metavar="DIR", type=Path,
-        help="write config.yaml, train.sh (and bootstrap.sh) into DIR instead of printing the stream",
+        "--output-dir",
+        metavar="DIR",
+        type=Path,
+        help="write config.yaml, train.sh (and bootstrap.sh) into DIR instead of printing the "
+        "stream",
     )
 
 
@@ -116,13 +135,19 @@ def run(args: argparse.Namespace) -> int:
     inputs: List[SpecInput] = []
     layers = list(args.layers or [])
     # as helm: every file first (in order), then every --set/--set-string (in order)
-    ordered = [("file", args.spec)] + [item for item in layers if item[0] == "file"] + [item for item in layers if item[0] == "set"]
+    ordered = (
+        [("file", args.spec)]
+        + [item for item in layers if item[0] == "file"]
+        + [item for item in layers if item[0] == "set"]
+    )
     for kind, value in ordered:
         if kind == "file":
             source, text = _read(value, stdin_used)
             inputs.append(SpecInput(source, values=load_yaml_values(text, source)))
         else:
-            inputs.append(SpecInput(value[0].source if value else "--set", assignments=tuple(value)))
+            inputs.append(
+                SpecInput(value[0].source if value else "--set", assignments=tuple(value))
+            )
     spec = validate(merge_values(inputs))
     rendered = render(spec)
 
@@ -150,4 +175,8 @@ def _write_output_dir(directory: Path, files: Sequence[Tuple[str, str, int]]) ->
             reason = f"{error.filename}: {error.strerror}"
         else:  # the directory itself, a parent, or a temporary file in it
             reason = error.strerror or str(error)
-        raise InputError(str(directory), "--output-dir", f"expected a directory to write {listed} into ({reason})") from None
+        raise InputError(
+            str(directory),
+            "--output-dir",
+            f"expected a directory to write {listed} into ({reason})",
+        ) from None

@@ -18,7 +18,9 @@ from npu_job.bootstrap.synthetic import synthetic_cluster
 from npu_job.bootstrap.topology import encode_ranktable_tor, parse_topology
 
 
-def devices(node: int, count: int = 2, *, first_rank: Optional[int] = None, **extra: str) -> List[Dict[str, str]]:
+def devices(
+    node: int, count: int = 2, *, first_rank: Optional[int] = None, **extra: str
+) -> List[Dict[str, str]]:
     start = node * count if first_rank is None else first_rank
     return [
         {"device_id": str(d), "device_ip": f"29.{node}.{d}.1", "rank_id": str(start + d), **extra}
@@ -40,21 +42,29 @@ def v1_2_super_pods() -> Dict[str, Any]:
     """Atlas A3 v1.2: host_ip/container_ip/hardware_type per server, super_device_id, super pods."""
     servers = []
     for i in range(4):
-        servers.append({
-            "device": devices(i, super_device_id=str(37748736 + i)),
-            "server_id": f"node-{i}",
-            "host_ip": f"10.0.0.{i + 1}",
-            "container_ip": f"192.168.149.{i + 1}",
-            "hardware_type": "800I-A3-64G",
-        })
+        servers.append(
+            {
+                "device": devices(i, super_device_id=str(37748736 + i)),
+                "server_id": f"node-{i}",
+                "host_ip": f"10.0.0.{i + 1}",
+                "container_ip": f"192.168.149.{i + 1}",
+                "hardware_type": "800I-A3-64G",
+            }
+        )
     return {
         "status": "completed",
         "server_list": servers,
         "server_count": "4",
         "version": "1.2",
         "super_pod_list": [
-            {"super_pod_id": "1", "server_list": [{"server_id": "node-1"}, {"server_id": "node-3"}]},
-            {"super_pod_id": "0", "server_list": [{"server_id": "node-0"}, {"server_id": "node-2"}]},
+            {
+                "super_pod_id": "1",
+                "server_list": [{"server_id": "node-1"}, {"server_id": "node-3"}],
+            },
+            {
+                "super_pod_id": "0",
+                "server_list": [{"server_id": "node-0"}, {"server_id": "node-2"}],
+            },
         ],
     }
 
@@ -62,8 +72,10 @@ def v1_2_super_pods() -> Dict[str, Any]:
 def v1_4_cce() -> Dict[str, Any]:
     """volcano-global v1.4: data_version (a number), dpu_ip, numa_id, super pods, cluster_list."""
     servers = [
-        {"server_id": f"111.111.111.{i + 1}",
-         "device": devices(i, super_device_id=str(i), dpu_ip="0.0.0.0", numa_id="0")}
+        {
+            "server_id": f"111.111.111.{i + 1}",
+            "device": devices(i, super_device_id=str(i), dpu_ip="0.0.0.0", numa_id="0"),
+        }
         for i in range(3)
     ]
     return {
@@ -73,16 +85,26 @@ def v1_4_cce() -> Dict[str, Any]:
         "server_count": "3",
         "server_list": servers,
         "super_pod_list": [
-            {"super_pod_id": f"hypernode-{i}", "server_list": [{"server_id": f"111.111.111.{i + 1}"}]}
+            {
+                "super_pod_id": f"hypernode-{i}",
+                "server_list": [{"server_id": f"111.111.111.{i + 1}"}],
+            }
             for i in range(3)
         ],
-        "cluster_list": [{"cluster_id": "0", "az_id": "az1", "region_id": "cn-north-7",
-                          "super_pod_list": [{"super_pod_id": f"hypernode-{i}"} for i in range(3)]}],
+        "cluster_list": [
+            {
+                "cluster_id": "0",
+                "az_id": "az1",
+                "region_id": "cn-north-7",
+                "super_pod_list": [{"super_pod_id": f"hypernode-{i}"} for i in range(3)],
+            }
+        ],
     }
 
 
 def legacy_group_list() -> Dict[str, Any]:
     """Legacy "v0": one group, instances in arrival order (pod-2, pod-0, pod-1), no rank ids."""
+
     def instance(index: int) -> Dict[str, Any]:
         return {
             "pod_name": f"fake-job-pod-{index}",
@@ -93,8 +115,14 @@ def legacy_group_list() -> Dict[str, Any]:
     return {
         "status": "completed",
         "group_count": "1",
-        "group_list": [{"group_name": "fake-job", "device_count": "6", "instance_count": "3",
-                        "instance_list": [instance(2), instance(0), instance(1)]}],
+        "group_list": [
+            {
+                "group_name": "fake-job",
+                "device_count": "6",
+                "instance_count": "3",
+                "instance_list": [instance(2), instance(0), instance(1)],
+            }
+        ],
     }
 
 
@@ -102,17 +130,28 @@ def ranktable_tor(servers: Dict[str, List[str]]) -> Dict[str, Any]:
     """CCE ``ranktable_tor.json``: per-device tor_ip (one entry per device), rank_id empty."""
     server_list = []
     for index, (server_id, tors) in enumerate(servers.items()):
-        server_list.append({
-            "pod_name": f"demo-job-worker-{index}",
-            "server_id": server_id,
-            "device": [
-                {"device_id": str(d), "device_ip": f"29.{index}.{d}.1", "rank_id": "",
-                 "tor_ip": tor, "tor_port": f"200GE1/0/{d + 1}"}
-                for d, tor in enumerate(tors)
-            ],
-        })
-    return {"status": "completed", "version": "1.0", "server_count": str(len(server_list)),
-            "server_list": server_list}
+        server_list.append(
+            {
+                "pod_name": f"demo-job-worker-{index}",
+                "server_id": server_id,
+                "device": [
+                    {
+                        "device_id": str(d),
+                        "device_ip": f"29.{index}.{d}.1",
+                        "rank_id": "",
+                        "tor_ip": tor,
+                        "tor_port": f"200GE1/0/{d + 1}",
+                    }
+                    for d, tor in enumerate(tors)
+                ],
+            }
+        )
+    return {
+        "status": "completed",
+        "version": "1.0",
+        "server_count": str(len(server_list)),
+        "server_list": server_list,
+    }
 
 
 def tor_info() -> Dict[str, Any]:
@@ -121,10 +160,22 @@ def tor_info() -> Dict[str, Any]:
         "version": "1.0",
         "tor_count": 4,
         "server_list": [
-            {"tor_id": 0, "IsSharedTor": 1, "tor_ip": "1.0.0.0",
-             "server": [{"server_ip": f"1.1.0.{i}", "npu_count": 8, "slice_id": i} for i in range(4)]},
-            {"tor_id": 1, "tor_ip": "1.0.0.1",
-             "server": [{"server_ip": f"1.1.0.{4 + i}", "npu_count": 8, "slice_id": 3 - i} for i in range(3)]},
+            {
+                "tor_id": 0,
+                "IsSharedTor": 1,
+                "tor_ip": "1.0.0.0",
+                "server": [
+                    {"server_ip": f"1.1.0.{i}", "npu_count": 8, "slice_id": i} for i in range(4)
+                ],
+            },
+            {
+                "tor_id": 1,
+                "tor_ip": "1.0.0.1",
+                "server": [
+                    {"server_ip": f"1.1.0.{4 + i}", "npu_count": 8, "slice_id": 3 - i}
+                    for i in range(3)
+                ],
+            },
         ],
     }
 
@@ -132,23 +183,35 @@ def tor_info() -> Dict[str, Any]:
 def node(name: str, ip: str, labels: Dict[str, str]) -> Dict[str, Any]:
     """A Node as ``GET /api/v1/nodes`` lists it (only the fields we read, plus a few others)."""
     return {
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels},
-                     "resourceVersion": "1"},
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, **labels},
+            "resourceVersion": "1",
+        },
         "spec": {"podCIDR": "172.20.0.0/24"},
-        "status": {"addresses": [{"type": "InternalIP", "address": ip},
-                                 {"type": "Hostname", "address": name}]},
+        "status": {
+            "addresses": [
+                {"type": "InternalIP", "address": ip},
+                {"type": "Hostname", "address": name},
+            ]
+        },
     }
 
 
 def node_list(*nodes: Dict[str, Any]) -> Dict[str, Any]:
-    return {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}, "items": list(nodes)}
+    return {
+        "kind": "NodeList",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": "7"},
+        "items": list(nodes),
+    }
 
 
 def b64_gzip(document: Any, *, wrap: int = 0) -> bytes:
     """base64(gzip(JSON)) the way the Go plugin writes it, optionally wrapped like ``base64 -w``."""
     text = base64.b64encode(gzip.compress(json.dumps(document).encode()))
     if wrap:
-        text = b"\n".join(text[i:i + wrap] for i in range(0, len(text), wrap)) + b"\n"
+        text = b"\n".join(text[i : i + wrap] for i in range(0, len(text), wrap)) + b"\n"
     return text
 
 
@@ -156,8 +219,9 @@ def as_json(document: Any) -> bytes:
     return json.dumps(document, indent=2).encode()
 
 
-def write_cce_job(directory: Path, nodes: int, tors: int, *, seed: int = 3,
-                  compress_rank_table: bool = False) -> Tuple[RankTable, Topology, Path]:
+def write_cce_job(
+    directory: Path, nodes: int, tors: int, *, seed: int = 3, compress_rank_table: bool = False
+) -> Tuple[RankTable, Topology, Path]:
     """A generated CCE job as mounted in a pod: ``<dir>/jobstart_hccl.json`` + ``ranktable_tor.json``.
 
     Returns ``(table, topology, rank table path)`` where ``topology`` is what a pod reads back from
@@ -171,3 +235,18 @@ def write_cce_job(directory: Path, nodes: int, tors: int, *, seed: int = 3,
     tor_file = encode_ranktable_tor(table, topology)
     (directory / "ranktable_tor.json").write_bytes(tor_file)
     return table, parse_topology(tor_file, "ranktable_tor.json"), directory / "jobstart_hccl.json"
+
+
+def plain_topology_document(topology: Topology) -> Dict[str, Any]:
+    """The plain-file document for ``topology`` (long form for every server; JSON or YAML)."""
+    servers: Dict[str, Any] = {}
+    for server_id, placement in topology.placements.items():
+        entry: Dict[str, Any]
+        if len(placement.tors) == 1:
+            entry = {"path": [*placement.tiers, placement.tors[0]]}
+        else:
+            entry = {"path": list(placement.tiers), "tors": list(placement.tors)}
+        if placement.slot is not None:
+            entry["slot"] = placement.slot
+        servers[server_id] = entry
+    return {"version": 1, "servers": servers}

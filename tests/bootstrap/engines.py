@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from npu_job.bootstrap import payload
+from npu_job.bootstrap import jsondecode
 
 ENGINES = ("msgspec", "stdlib")
 
@@ -19,16 +19,16 @@ ENGINES = ("msgspec", "stdlib")
 def json_engine(name: str) -> Iterator[None]:
     """``msgspec``: msgspec for every input, whatever its size; ``stdlib``: as if msgspec were not
     installed."""
-    saved = payload.MSGSPEC_FROM_BYTES, payload._msgspec
+    saved = jsondecode.MSGSPEC_FROM_BYTES, jsondecode._msgspec
     try:
         if name == "msgspec":
-            payload.MSGSPEC_FROM_BYTES = 0
-            payload._msgspec = False  # loaded afresh below
-            assert payload.msgspec_for(0) is not None, "msgspec is a dependency: it must import"
+            jsondecode.MSGSPEC_FROM_BYTES = 0
+            jsondecode._msgspec = False  # loaded afresh below
+            assert jsondecode.msgspec_for(0) is not None, "msgspec is a dependency: it must import"
         elif name == "stdlib":
-            payload._msgspec = None
+            jsondecode._msgspec = None
         else:
             raise ValueError(f"unknown engine {name!r}")
         yield
     finally:
-        payload.MSGSPEC_FROM_BYTES, payload._msgspec = saved
+        jsondecode.MSGSPEC_FROM_BYTES, jsondecode._msgspec = saved

@@ -3,22 +3,19 @@
 The certificate is self-signed and generated per test session with the ``cryptography`` package
 (subjectAltName ``IP:127.0.0.1``), so ``requests`` verifies it for real against the CA file we hand
 it; nothing is mocked below the socket. Routes are plain callables ``(handler) -> (status, headers,
-body)`` so each test states exactly what the server says.
+body)`` so each test states exactly what the server says (``None``: it hangs up without an
+answer).
 
-:class:`FakeKubernetesAPI` is a *fake written from the documented format*: there is no Kubernetes
-API server here, so it serves ``GET /api/v1/nodes`` as a ``NodeList`` (``kind``, ``apiVersion``,
-``metadata``, ``items`` of Nodes with ``metadata.labels`` and ``status.addresses``) per the
-Kubernetes API reference, checks the ``Authorization: Bearer <token>`` header the way the API
-server does (401 with a ``Status`` object otherwise), and nothing more.
+The Kubernetes API is faked on top of it in :mod:`tests.bootstrap.fake_kube_api`.
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
-import json
 import ssl
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
@@ -49,11 +46,30 @@ def _make_self_signed_with_openssl(directory: Path) -> Tuple[Path, Path]:
         pytest.skip("needs the cryptography package or the openssl command to make a certificate")
     cert_path, key_path = directory / "cert.pem", directory / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-days", "1", "-subj", "/CN=npu-job test server",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-addext", "basicConstraints=critical,CA:TRUE",
-         "-keyout", str(key_path), "-out", str(cert_path)],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=npu-job test server",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-keyout",
+            str(key_path),
+            "-out",
+            str(cert_path),
+        ],
+        check=True,
+        capture_output=True,
     )
     return cert_path, key_path
 
@@ -75,31 +91,57 @@ def _make_self_signed_with_cryptography(directory: Path) -> Tuple[Path, Path]:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
     cert_path, key_path = directory / "cert.pem", directory / "key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return cert_path, key_path
 
 
 class HTTPSServer:
-    """``with HTTPSServer(cert, key) as server: server.routes["/x"] = ...; server.url("/x")``."""
+    """``with HTTPSServer(cert, key) as server: server.routes["/x"] = ...; server.url("/x")``.
 
-    def __init__(self, cert: Path, key: Path) -> None:
+    ``keep_alive``: answer in HTTP/1.1, keeping each connection open for the next request (as the
+    Kubernetes API server does); HTTP/1.0 otherwise, one request per connection.
+    """
+
+    def __init__(self, cert: Path, key: Path, *, keep_alive: bool = False) -> None:
         self.routes: Dict[str, Route] = {}
         self.requests: List[Tuple[str, Dict[str, str]]] = []
+        self.busy: List[Tuple[float, float]] = []  # perf_counter span of each request, answer sent
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                started = time.perf_counter()
+                try:
+                    self._answer()
+                finally:
+                    outer.busy.append((started, time.perf_counter()))
+
+            def _answer(self) -> None:
                 path = self.path.split("?", 1)[0]
                 outer.requests.append((self.path, dict(self.headers.items())))
                 route = outer.routes.get(path)
-                status, headers, body = route(self) if route else (404, {}, b"not found")
+                answer = route(self) if route else (404, {}, b"not found")
+                if answer is None:  # hang up without an answer, as a server closing an idle
+                    self.close_connection = True  # kept-alive connection does
+                    return
+                status, headers, body = answer
                 self.send_response(status)
                 for key, value in headers.items():
                     self.send_header(key, value)
@@ -116,13 +158,14 @@ class HTTPSServer:
         context.load_cert_chain(cert, key)
         self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     def url(self, path: str) -> str:
         return f"https://127.0.0.1:{self.port}{path}"
 
-    def __enter__(self) -> "HTTPSServer":
+    def __enter__(self) -> HTTPSServer:
         self._thread.start()
         return self
 
@@ -144,24 +187,6 @@ def serve_sequence(*responses: Response) -> Route:
         return queue.pop(0) if len(queue) > 1 else queue[0]
 
     return route
-
-
-class FakeKubernetesAPI:
-    """``/api/v1/nodes`` on an :class:`HTTPSServer`, with bearer-token checking (see module doc)."""
-
-    def __init__(self, server: HTTPSServer, token: str, nodes: List[Dict[str, Any]]) -> None:
-        self.token = token
-        self.nodes = nodes
-        server.routes["/api/v1/nodes"] = self._nodes
-
-    def _nodes(self, handler: BaseHTTPRequestHandler) -> Response:
-        if handler.headers.get("Authorization") != f"Bearer {self.token}":
-            status = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                      "message": "Unauthorized", "reason": "Unauthorized", "code": 401}
-            return 401, {"Content-Type": "application/json"}, json.dumps(status).encode()
-        body = {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "12345"},
-                "items": self.nodes}
-        return 200, {"Content-Type": "application/json"}, json.dumps(body).encode()
 
 
 def tls_files_fixture(tmp_path_factory: Any) -> Tuple[Path, Path]:

@@ -6,20 +6,21 @@ import inspect
 import pickle
 
 import pytest
-
+from npu_job.bootstrap.columns import (
+    DeviceColumns,
+    devices_from_columns,
+    servers_from_columns,
+    servers_from_device_columns,
+)
 from npu_job.bootstrap.model import (
     Collective,
     Device,
-    DeviceColumns,
     Placement,
     Plan,
     PlanStatus,
     RankTable,
     Server,
     Topology,
-    devices_from_columns,
-    servers_from_columns,
-    servers_from_device_columns,
 )
 
 
@@ -69,7 +70,8 @@ def test_column_builders_make_the_same_frozen_objects_as_the_constructors():
 
 
 @pytest.mark.parametrize(
-    "cls, builder", [(Device, devices_from_columns), (Server, servers_from_columns)],
+    "cls, builder",
+    [(Device, devices_from_columns), (Server, servers_from_columns)],
     ids=["Device", "Server"],
 )
 def test_column_builders_cover_every_field_and_nothing_they_skip(cls, builder):
@@ -82,14 +84,27 @@ def test_column_builders_cover_every_field_and_nothing_they_skip(cls, builder):
 
 @pytest.mark.parametrize("offsets", [range(0, 5, 2), [0, 3, 4]], ids=["equal-counts", "uneven"])
 def test_servers_with_device_columns_equal_servers_built_with_their_devices(offsets):
-    columns = DeviceColumns(["0", "1", "2", "3"], ["29.0.0.1", None, "29.0.0.3", None],
-                            [0, 1, 2, 3], [None, "sd-1", None, None], offsets)
-    server_columns = (["10.0.0.1", "10.0.0.2"], [0, 1], ["10.0.0.1", None], [None, "c"],
-                      ["w-0", None], ["sp", None])
-    lazy = servers_from_device_columns(server_columns[0], server_columns[1], columns,
-                                       *server_columns[2:])
-    eager = [Server(sid, pod, columns.devices_of(pod), *rest)
-             for sid, pod, *rest in zip(*server_columns)]
+    columns = DeviceColumns(
+        ["0", "1", "2", "3"],
+        ["29.0.0.1", None, "29.0.0.3", None],
+        [0, 1, 2, 3],
+        [None, "sd-1", None, None],
+        offsets,
+    )
+    server_columns = (
+        ["10.0.0.1", "10.0.0.2"],
+        [0, 1],
+        ["10.0.0.1", None],
+        [None, "c"],
+        ["w-0", None],
+        ["sp", None],
+    )
+    lazy = servers_from_device_columns(
+        server_columns[0], server_columns[1], columns, *server_columns[2:]
+    )
+    eager = [
+        Server(sid, pod, columns.devices_of(pod), *rest) for sid, pod, *rest in zip(*server_columns)
+    ]
     assert [s.device_count for s in lazy] == [offsets[1] - offsets[0], offsets[2] - offsets[1]]
     assert all("devices" not in vars(s) for s in lazy)  # counting builds no Device
     assert pickle.loads(pickle.dumps(lazy)) == eager
@@ -106,14 +121,16 @@ def test_servers_with_device_columns_equal_servers_built_with_their_devices(offs
 
 
 def test_device_column_builder_takes_one_column_per_server_field():
-    assert (len(inspect.signature(servers_from_device_columns).parameters)
-            == len(dataclasses.fields(Server)))
+    assert len(inspect.signature(servers_from_device_columns).parameters) == len(
+        dataclasses.fields(Server)
+    )
     assert not hasattr(Server, "devices")  # a field without a default, as before
 
 
 def test_rank_table_device_counts_are_the_servers_device_counts_in_pod_order():
     columns = DeviceColumns(["0", "1", "2"], [None] * 3, [0, 1, 2], [None] * 3, [0, 1, 1, 3])
-    servers = servers_from_device_columns(["a", "b", "c"], [0, 1, 2], columns,
-                                          [None] * 3, [None] * 3, [None] * 3, [None] * 3)
+    servers = servers_from_device_columns(
+        ["a", "b", "c"], [0, 1, 2], columns, [None] * 3, [None] * 3, [None] * 3, [None] * 3
+    )
     table = RankTable("1.0", "completed", tuple(servers))
     assert table.device_counts == (1, 0, 2) == tuple(len(s.devices) for s in servers)

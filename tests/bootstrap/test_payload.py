@@ -10,9 +10,10 @@ import sys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from npu_job.bootstrap import jsondecode, payload
+from npu_job.bootstrap.fields import describe
+from npu_job.bootstrap.payload import decode_document, encode_b64_gzip
 
-from npu_job.bootstrap import payload
-from npu_job.bootstrap.payload import decode_document, describe, encode_b64_gzip
 from npu_job.errors import InputError, shown
 
 from .documents import b64_gzip, v1_0
@@ -32,7 +33,15 @@ DOC = v1_0()
         gzip.compress(json.dumps(DOC).encode()),
         encode_b64_gzip(DOC),
     ],
-    ids=["json", "bom-and-indent", "b64-gzip", "b64-gzip-wrapped-76", "b64-gzip-crlf", "raw-gzip", "our-encoder"],
+    ids=[
+        "json",
+        "bom-and-indent",
+        "b64-gzip",
+        "b64-gzip-wrapped-76",
+        "b64-gzip-crlf",
+        "raw-gzip",
+        "our-encoder",
+    ],
 )
 def test_every_encoding_is_detected_by_content(data):
     assert decode_document(data, "jobstart_hccl.json") == DOC
@@ -40,8 +49,13 @@ def test_every_encoding_is_detected_by_content(data):
 
 def test_yaml_only_where_the_caller_allows_it():
     text = b"servers:\n  '10.0.0.1': [spine-a, tor-1]\n"
-    assert decode_document(text, "topo.yaml", allow_yaml=True) == {"servers": {"10.0.0.1": ["spine-a", "tor-1"]}}
-    with pytest.raises(InputError, match=r"^topo.yaml: content: expected JSON or base64\(gzip\(JSON\)\), got data starting with"):
+    assert decode_document(text, "topo.yaml", allow_yaml=True) == {
+        "servers": {"10.0.0.1": ["spine-a", "tor-1"]}
+    }
+    with pytest.raises(
+        InputError,
+        match=r"^topo.yaml: content: expected JSON or base64\(gzip\(JSON\)\), got data starting with",
+    ):
         decode_document(text, "topo.yaml")
 
 
@@ -57,18 +71,44 @@ BAD_INPUTS = [
     ("empty", b"  \n", "content: expected a JSON document, got an empty input"),
     ("truncated-json", json.dumps(DOC).encode()[:57], "line 1 column 58: expected valid JSON ("),
     ("trailing-garbage", json.dumps(DOC).encode() + b"}", "expected valid JSON (Extra data)"),
-    ("garbage-base64", b"H4sI!!!notbase64", "content: expected JSON or base64(gzip(JSON)), got data starting with"),
-    ("bad-base64-padding", b"H4sIAAAAAAAA/w", "content: expected valid base64 (StdEncoding) of gzip(JSON)"),
-    ("base64-of-not-gzip", base64.b64encode(b"hello world"), "content: expected base64 of gzip data (magic 1f8b), got"),
-    ("truncated-gzip", base64.b64encode(_GZIPPED[: len(_GZIPPED) // 2]), "expected a complete base64(gzip(JSON)) stream"),
-    ("corrupt-gzip", base64.b64encode(_GZIPPED[:10] + b"\xff" * 40), "expected a valid base64(gzip(JSON)) stream"),
+    (
+        "garbage-base64",
+        b"H4sI!!!notbase64",
+        "content: expected JSON or base64(gzip(JSON)), got data starting with",
+    ),
+    (
+        "bad-base64-padding",
+        b"H4sIAAAAAAAA/w",
+        "content: expected valid base64 (StdEncoding) of gzip(JSON)",
+    ),
+    (
+        "base64-of-not-gzip",
+        base64.b64encode(b"hello world"),
+        "content: expected base64 of gzip data (magic 1f8b), got",
+    ),
+    (
+        "truncated-gzip",
+        base64.b64encode(_GZIPPED[: len(_GZIPPED) // 2]),
+        "expected a complete base64(gzip(JSON)) stream",
+    ),
+    (
+        "corrupt-gzip",
+        base64.b64encode(_GZIPPED[:10] + b"\xff" * 40),
+        "expected a valid base64(gzip(JSON)) stream",
+    ),
     ("gzip-of-bad-json", base64.b64encode(gzip.compress(b'{"status": ')), "expected valid JSON ("),
     ("not-utf8", b'{"status": "\xff\xfe"}', "content: expected UTF-8 text"),
-    ("binary", b"\x00\x01\x02", "content: expected JSON or base64(gzip(JSON)), got data starting with"),
+    (
+        "binary",
+        b"\x00\x01\x02",
+        "content: expected JSON or base64(gzip(JSON)), got data starting with",
+    ),
 ]
 
 
-@pytest.mark.parametrize("data, expected", [case[1:] for case in BAD_INPUTS], ids=[case[0] for case in BAD_INPUTS])
+@pytest.mark.parametrize(
+    "data, expected", [case[1:] for case in BAD_INPUTS], ids=[case[0] for case in BAD_INPUTS]
+)
 def test_bad_bytes_give_one_line_naming_source_and_expectation(data, expected):
     with pytest.raises(InputError) as caught:
         decode_document(data, "/user/config/jobstart_hccl.json")
@@ -79,7 +119,10 @@ def test_bad_bytes_give_one_line_naming_source_and_expectation(data, expected):
 
 
 def test_bad_yaml_names_line_and_column():
-    with pytest.raises(InputError, match=r"^t.yaml: line \d+ column \d+: expected valid JSON or YAML \(did not find expected"):
+    with pytest.raises(
+        InputError,
+        match=r"^t.yaml: line \d+ column \d+: expected valid JSON or YAML \(did not find expected",
+    ):
         decode_document(b"servers:\n  a: [b, c\n", "t.yaml", allow_yaml=True)
 
 
@@ -100,7 +143,9 @@ def test_a_yaml_problem_quoting_the_input_stays_one_bounded_line(text):
 def _merge_key_ladder(levels: int) -> bytes:
     """Each mapping merges the previous one (``<<: *name``): PyYAML copies them all, quadratically
     (6000 levels, 212 KiB: 40 s and 660 MiB)."""
-    lines = [b"l0: &l0 {k0: 1}"] + [b"l%d: &l%d {<<: *l%d, k%d: 1}" % (i, i, i - 1, i) for i in range(1, levels)]
+    lines = [b"l0: &l0 {k0: 1}"] + [
+        b"l%d: &l%d {<<: *l%d, k%d: 1}" % (i, i, i - 1, i) for i in range(1, levels)
+    ]
     return b"\n".join(lines) + b"\n"
 
 
@@ -108,9 +153,14 @@ def _merge_key_ladder(levels: int) -> bytes:
     "text, expected",
     [
         (_merge_key_ladder(6000), "line 2 column 14: expected no alias of a list or mapping (*l0)"),
-        (b"a: &rack [spine-a, tor-1]\nb: *rack\n", "line 2 column 4: expected no alias of a list or mapping (*rack)"),
-        (b"servers:\n" + b"  - a\n" * (payload.MAX_YAML_VALUES + 1),
-         f"content: expected at most {payload.MAX_YAML_VALUES} YAML values"),
+        (
+            b"a: &rack [spine-a, tor-1]\nb: *rack\n",
+            "line 2 column 4: expected no alias of a list or mapping (*rack)",
+        ),
+        (
+            b"servers:\n" + b"  - a\n" * (payload.MAX_YAML_VALUES + 1),
+            f"content: expected at most {payload.MAX_YAML_VALUES} YAML values",
+        ),
         (b"- " * 101 + b"x", "line 1 column 201: expected YAML nested at most 100 levels deep"),
     ],
     ids=["merge-key-ladder", "alias-of-a-list", "too-many-values", "too-deep"],
@@ -122,39 +172,54 @@ def test_yaml_that_would_cost_more_than_its_bytes_is_refused_before_it_is_built(
 
 
 def test_yaml_aliases_of_single_values_are_still_read():
-    assert decode_document(b"a: &ip 10.0.0.1\nb: *ip\n", "t.yaml", allow_yaml=True) == {"a": "10.0.0.1", "b": "10.0.0.1"}
+    assert decode_document(b"a: &ip 10.0.0.1\nb: *ip\n", "t.yaml", allow_yaml=True) == {
+        "a": "10.0.0.1",
+        "b": "10.0.0.1",
+    }
 
 
 def test_yaml_nested_past_what_the_c_parser_survives_is_an_error_not_a_crash():
     """libyaml's composer recurses in C: 100000 levels (200 KB) killed the process (SIGSEGV)."""
-    code = ("from npu_job.bootstrap.payload import decode_document\n"
-            "try:\n    decode_document(b'- ' * 100000 + b'x', 't.yaml', allow_yaml=True)\n"
-            "except Exception as error:\n    print(error)\n")
+    code = (
+        "from npu_job.bootstrap.payload import decode_document\n"
+        "try:\n    decode_document(b'- ' * 100000 + b'x', 't.yaml', allow_yaml=True)\n"
+        "except Exception as error:\n    print(error)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-500:]
-    assert done.stdout.startswith("t.yaml: line 1 column 201: expected YAML nested at most 100 levels deep")
+    assert done.stdout.startswith(
+        "t.yaml: line 1 column 201: expected YAML nested at most 100 levels deep"
+    )
 
 
 def test_huge_input_and_gzip_bomb_are_refused_at_the_cap(monkeypatch):
     monkeypatch.setattr(payload, "MAX_INPUT_BYTES", 1000)
-    with pytest.raises(InputError, match=r"^big.json: size: expected at most 1000 bytes, got 1001 bytes$"):
+    with pytest.raises(
+        InputError, match=r"^big.json: size: expected at most 1000 bytes, got 1001 bytes$"
+    ):
         decode_document(b" " * 1001, "big.json")
     bomb = base64.b64encode(gzip.compress(b'{"a": "' + b"x" * 5000 + b'"}'))
     assert len(bomb) < 1000
-    with pytest.raises(InputError, match=r"^bomb: content: expected at most 1000 bytes after decompression"):
+    with pytest.raises(
+        InputError, match=r"^bomb: content: expected at most 1000 bytes after decompression"
+    ):
         decode_document(bomb, "bomb")
 
 
 def test_the_real_cap_is_64_mib():
     assert payload.MAX_INPUT_BYTES == 64 * 1024 * 1024
-    with pytest.raises(InputError, match=r"size: expected at most 64 MiB \(67108864 bytes\), got 67108865 bytes"):
+    with pytest.raises(
+        InputError, match=r"size: expected at most 64 MiB \(67108864 bytes\), got 67108865 bytes"
+    ):
         payload.check_size(64 * 1024 * 1024 + 1, "x")
 
 
 @given(
     document=st.recursive(
         st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+        lambda inner: (
+            st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+        ),
         max_leaves=20,
     ).filter(lambda value: isinstance(value, (dict, list))),
     wrap=st.sampled_from([0, 1, 4, 64, 76]),
@@ -162,14 +227,21 @@ def test_the_real_cap_is_64_mib():
 def test_b64_gzip_round_trips_whatever_the_wrapping(document, wrap):
     encoded = encode_b64_gzip(document)
     if wrap:
-        encoded = b"\n".join(encoded[i:i + wrap] for i in range(0, len(encoded), wrap))
+        encoded = b"\n".join(encoded[i : i + wrap] for i in range(0, len(encoded), wrap))
     assert decode_document(encoded, "x") == document
 
 
 @pytest.mark.parametrize(
     "value, shown",
-    [("x", "a string 'x'"), (3, "a number 3"), (None, "null"), ([1], "an array"), ({}, "an object"), (True, "a boolean"),
-     ("y" * 100, "a string " + shown("y" * 100))],
+    [
+        ("x", "a string 'x'"),
+        (3, "a number 3"),
+        (None, "null"),
+        ([1], "an array"),
+        ({}, "an object"),
+        (True, "a boolean"),
+        ("y" * 100, "a string " + shown("y" * 100)),
+    ],
     ids=["string", "number", "null", "array", "object", "boolean", "long-string"],
 )
 def test_values_are_described_in_json_terms(value, shown):
@@ -180,7 +252,9 @@ def test_values_are_described_in_json_terms(value, shown):
 
 _JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 
@@ -202,35 +276,59 @@ def _reference(text, key="a"):
 
 @given(
     items=st.lists(_JSON_VALUES, max_size=4),
-    others=st.dictionaries(st.text(max_size=3).filter(lambda k: k != "a"), _JSON_VALUES, max_size=3),
+    others=st.dictionaries(
+        st.text(max_size=3).filter(lambda k: k != "a"), _JSON_VALUES, max_size=3
+    ),
     indent=st.sampled_from([None, 1, "\t"]),
     cut=st.integers(0, 400),
-    mutation=st.sampled_from(["", "x", ",", "]", "}", " ", "\"", "\\u0001"]),
+    mutation=st.sampled_from(["", "x", ",", "]", "}", " ", '"', "\\u0001"]),
 )
-def test_scan_array_member_accepts_exactly_what_json_loads_accepts(items, others, indent, cut, mutation):
+def test_scan_array_member_accepts_exactly_what_json_loads_accepts(
+    items, others, indent, cut, mutation
+):
     text = json.dumps({**others, "a": items}, indent=indent)
     for candidate in (text, text[:cut] + mutation + text[cut:], text[:cut]):
-        scanned = payload.scan_array_member(candidate.encode(), "a", _keep_all)
+        scanned = jsondecode.scan_array_member(candidate.encode(), "a", _keep_all)
         reference = _reference(candidate)
         if reference is None:
             assert scanned is None, candidate
         elif scanned is not None:  # None is always allowed: the caller then parses the usual way
             assert scanned == reference, candidate
-    assert payload.scan_array_member(text.encode(), "a", _keep_all) == _reference(text)
+    assert jsondecode.scan_array_member(text.encode(), "a", _keep_all) == _reference(text)
 
 
 @pytest.mark.parametrize(
     "text",
-    ['{"a": [1], "a": [2]}', '{"a": {}}', '{}', '[1]', '{"a": [1]} 2', '{"a": [1,]}', '{"a": [1] "b": 2}'],
-    ids=["key-twice", "not-an-array", "empty-object", "not-an-object", "extra-data", "trailing-comma",
-         "missing-comma"],
+    [
+        '{"a": [1], "a": [2]}',
+        '{"a": {}}',
+        "{}",
+        "[1]",
+        '{"a": [1]} 2',
+        '{"a": [1,]}',
+        '{"a": [1] "b": 2}',
+    ],
+    ids=[
+        "key-twice",
+        "not-an-array",
+        "empty-object",
+        "not-an-object",
+        "extra-data",
+        "trailing-comma",
+        "missing-comma",
+    ],
 )
 def test_scan_array_member_leaves_anything_unusual_to_the_full_parse(text):
-    assert payload.scan_array_member(text.encode(), "a", _keep_all) is None
+    assert jsondecode.scan_array_member(text.encode(), "a", _keep_all) is None
 
 
 def test_scan_array_member_stops_when_an_item_is_refused():
-    assert payload.scan_array_member(b'{"a": [1, 2, 3]}', "a", lambda item: item if item != 2 else None) is None
+    assert (
+        jsondecode.scan_array_member(
+            b'{"a": [1, 2, 3]}', "a", lambda item: item if item != 2 else None
+        )
+        is None
+    )
 
 
 @pytest.mark.parametrize(
@@ -239,24 +337,29 @@ def test_scan_array_member_stops_when_an_item_is_refused():
     ids=["compact", "spaces-everywhere", "crlf-and-tabs", "space-before-close"],
 )
 def test_scan_array_member_reads_items_whatever_the_whitespace_between_them(text):
-    assert payload.scan_array_member(text.encode(), "a", _keep_all) == [_keep_all(n) for n in (1, 2, 3)]
+    assert jsondecode.scan_array_member(text.encode(), "a", _keep_all) == [
+        _keep_all(n) for n in (1, 2, 3)
+    ]
 
 
 # --- msgspec is a shortcut: whatever it accepts means what json.loads makes of it ---------------
+
 
 def _outcome(text, engine):
     """What parse_json makes of ``text`` under ``engine``: ("ok", repr of the value) or
     ("error", message). repr tells 1 from 1.0 and -0.0 from 0.0, which == would not."""
     with json_engine(engine):
         try:
-            return "ok", repr(payload.parse_json(text, "f.json"))
+            return "ok", repr(jsondecode.parse_json(text, "f.json"))
         except InputError as error:
             return "error", error.message
 
 
 _ANY_JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
     max_leaves=10,
 )
 
@@ -267,10 +370,32 @@ _ANY_JSON = st.recursive(
     indent=st.sampled_from([None, 0, 2, "\t"]),
     ascii_only=st.booleans(),
     cut=st.integers(0, 200),
-    mutation=st.sampled_from(["", "x", ",", "]", "}", " ", "\"", "\\", "\\u", "\\ud800", "\x01", "\xff", "é",
-                              "1e999", "-", "0", "NaN", "\n"]),
+    mutation=st.sampled_from(
+        [
+            "",
+            "x",
+            ",",
+            "]",
+            "}",
+            " ",
+            '"',
+            "\\",
+            "\\u",
+            "\\ud800",
+            "\x01",
+            "\xff",
+            "é",
+            "1e999",
+            "-",
+            "0",
+            "NaN",
+            "\n",
+        ]
+    ),
 )
-def test_msgspec_and_the_standard_library_agree_on_every_text(document, indent, ascii_only, cut, mutation):
+def test_msgspec_and_the_standard_library_agree_on_every_text(
+    document, indent, ascii_only, cut, mutation
+):
     text = json.dumps(document, indent=indent, ensure_ascii=ascii_only)
     for candidate in (text, text[:cut] + mutation + text[cut:], text[:cut]):
         data = candidate.encode("utf-8", "surrogatepass")
@@ -281,13 +406,26 @@ def test_msgspec_and_the_standard_library_agree_on_every_text(document, indent, 
     "data, expected",
     [
         (b'{"a": NaN}', "f.json: content: expected finite numbers, got NaN (not JSON)"),
-        (b'[Infinity]', "f.json: content: expected finite numbers, got Infinity (not JSON)"),
-        (b'[-Infinity]', "f.json: content: expected finite numbers, got -Infinity (not JSON)"),
+        (b"[Infinity]", "f.json: content: expected finite numbers, got Infinity (not JSON)"),
+        (b"[-Infinity]", "f.json: content: expected finite numbers, got -Infinity (not JSON)"),
         (b'{"a": [1e400]}', "f.json: content: expected finite numbers, got 1e400 (not JSON)"),
-        (b"[" + b"9" * 5000 + b"]", "f.json: content: expected integers of at most 4300 digits, got one of 5000 digits"),
-        (b"[-" + b"9" * 4301 + b"]", "f.json: content: expected integers of at most 4300 digits, got one of 4301 digits"),
+        (
+            b"[" + b"9" * 5000 + b"]",
+            "f.json: content: expected integers of at most 4300 digits, got one of 5000 digits",
+        ),
+        (
+            b"[-" + b"9" * 4301 + b"]",
+            "f.json: content: expected integers of at most 4300 digits, got one of 4301 digits",
+        ),
     ],
-    ids=["nan", "infinity", "minus-infinity", "overflow", "int-too-long", "negative-int-one-digit-too-long"],
+    ids=[
+        "nan",
+        "infinity",
+        "minus-infinity",
+        "overflow",
+        "int-too-long",
+        "negative-int-one-digit-too-long",
+    ],
 )
 @pytest.mark.parametrize("engine", ENGINES)
 def test_numbers_json_cannot_hold_are_refused_by_both_engines(engine, data, expected):
@@ -311,20 +449,23 @@ def test_what_only_the_standard_library_accepts_still_decodes_under_msgspec(data
 
 
 def test_msgspec_is_loaded_only_for_big_inputs(monkeypatch):
-    monkeypatch.setattr(payload, "_msgspec", False)
-    assert payload.msgspec_for(payload.MSGSPEC_FROM_BYTES - 1) is None
-    assert payload._msgspec is False  # not even tried
-    assert payload.msgspec_for(payload.MSGSPEC_FROM_BYTES) is not None
+    monkeypatch.setattr(jsondecode, "_msgspec", False)
+    assert jsondecode.msgspec_for(jsondecode.MSGSPEC_FROM_BYTES - 1) is None
+    assert jsondecode._msgspec is False  # not even tried
+    assert jsondecode.msgspec_for(jsondecode.MSGSPEC_FROM_BYTES) is not None
 
 
 def test_without_msgspec_big_inputs_use_the_standard_library(monkeypatch):
-    monkeypatch.setattr(payload, "_msgspec", False)
+    monkeypatch.setattr(jsondecode, "_msgspec", False)
     monkeypatch.setitem(sys.modules, "msgspec", None)  # what an image without msgspec looks like
-    monkeypatch.setattr(payload, "MSGSPEC_FROM_BYTES", 0)
-    assert payload.msgspec_for(10**9) is None
-    assert payload.parse_json(b'{"a": [1, 2]}', "f") == {"a": [1, 2]}
-    assert payload.decode_typed(b"{}", lambda msgspec: pytest.fail("no msgspec, no decoder")) is None
-    assert payload.encode_compact({"a": "\u00e9"}) == b'{"a":"\\u00e9"}'
+    monkeypatch.setattr(jsondecode, "MSGSPEC_FROM_BYTES", 0)
+    assert jsondecode.msgspec_for(10**9) is None
+    assert jsondecode.parse_json(b'{"a": [1, 2]}', "f") == {"a": [1, 2]}
+    assert (
+        jsondecode.decode_typed(b"{}", lambda msgspec: pytest.fail("no msgspec, no decoder"))
+        is None
+    )
+    assert jsondecode.encode_compact({"a": "\u00e9"}) == b'{"a":"\\u00e9"}'
 
 
 def test_decode_typed_checks_utf8_that_msgspec_skips():
@@ -332,25 +473,33 @@ def test_decode_typed_checks_utf8_that_msgspec_skips():
         return msgspec.json.Decoder(msgspec.defstruct("Only", [("a", int)]))
 
     with json_engine("msgspec"):
-        assert payload.decode_typed(b'{"a": 1, "b": "ok"}', decoder_for).a == 1
-        assert payload.decode_typed(b'{"a": 1, "b": "\xff"}', decoder_for) is None  # json.loads refuses it
-        assert payload.decode_typed(b'{"a": "1"}', decoder_for) is None  # a wrong type decides nothing
-        assert payload.decode_typed(b'{"a": 1', decoder_for) is None
+        assert jsondecode.decode_typed(b'{"a": 1, "b": "ok"}', decoder_for).a == 1
+        assert (
+            jsondecode.decode_typed(b'{"a": 1, "b": "\xff"}', decoder_for) is None
+        )  # json.loads refuses it
+        assert (
+            jsondecode.decode_typed(b'{"a": "1"}', decoder_for) is None
+        )  # a wrong type decides nothing
+        assert jsondecode.decode_typed(b'{"a": 1', decoder_for) is None
     with json_engine("stdlib"):
-        assert payload.decode_typed(b'{"a": 1}', decoder_for) is None
+        assert jsondecode.decode_typed(b'{"a": 1}', decoder_for) is None
 
 
 @settings(max_examples=200, deadline=None)
-@given(document=_ANY_JSON.filter(lambda value: "NaN" not in json.dumps(value) and "Infinity" not in json.dumps(value)))
+@given(
+    document=_ANY_JSON.filter(
+        lambda value: "NaN" not in json.dumps(value) and "Infinity" not in json.dumps(value)
+    )
+)
 def test_encode_compact_writes_what_json_dumps_means(document):
     for engine in ENGINES:
         with json_engine(engine):
-            encoded = payload.encode_compact(document)
+            encoded = jsondecode.encode_compact(document)
         assert json.loads(encoded) == document
         assert b"\n" not in encoded and b": " not in encoded.replace(b'": "', b"")
 
 
 def test_encode_compact_falls_back_for_what_msgspec_cannot_write():
     with json_engine("msgspec"):
-        document = payload.parse_json(b'{"a": "\\ud800", "b": ' + b"7" * 30 + b"}", "f")
-        assert payload.encode_compact(document) == b'{"a":"\\ud800","b":' + b"7" * 30 + b"}"
+        document = jsondecode.parse_json(b'{"a": "\\ud800", "b": ' + b"7" * 30 + b"}", "f")
+        assert jsondecode.encode_compact(document) == b'{"a":"\\ud800","b":' + b"7" * 30 + b"}"

@@ -429,8 +429,14 @@ def test_ids_sort_as_numbers_when_they_are_ips_and_naturally_otherwise():
 
 
 @settings(max_examples=80, deadline=None)
-@given(a=st.tuples(st.sampled_from(["tor-", "", "r"]), st.integers(0, 10**30), st.sampled_from(["", "0", "00"])),
-       b=st.tuples(st.sampled_from(["tor-", "", "r"]), st.integers(0, 10**30), st.sampled_from(["", "0", "00"])))
+@given(
+    a=st.tuples(
+        st.sampled_from(["tor-", "", "r"]), st.integers(0, 10**30), st.sampled_from(["", "0", "00"])
+    ),
+    b=st.tuples(
+        st.sampled_from(["tor-", "", "r"]), st.integers(0, 10**30), st.sampled_from(["", "0", "00"])
+    ),
+)
 def test_natural_order_compares_digit_runs_as_the_numbers_they_spell(a, b):
     (prefix_a, number_a, zeros_a), (prefix_b, number_b, zeros_b) = a, b
     id_a, id_b = f"{prefix_a}{zeros_a}{number_a}", f"{prefix_b}{zeros_b}{number_b}"
@@ -442,8 +448,9 @@ def test_natural_order_takes_digit_runs_of_any_length():
     """``int()`` reads at most 4300 digits; ids are compared however long their numbers are."""
     long_run = "tor-" + "9" * 5000
     longer_run = "tor-1" + "0" * 5000
-    assert sorted([longer_run, long_run, "tor-0" + "9" * 5000, "tor-2"], key=canonical.id_sort_key) == [
-        "tor-2", "tor-0" + "9" * 5000, long_run, longer_run]
+    assert sorted(
+        [longer_run, long_run, "tor-0" + "9" * 5000, "tor-2"], key=canonical.id_sort_key
+    ) == ["tor-2", "tor-0" + "9" * 5000, long_run, longer_run]
 
 
 _IPV4 = st.tuples(*[st.integers(0, 255)] * 4).map(lambda parts: ".".join(map(str, parts)))
@@ -463,7 +470,9 @@ def test_digests_are_plain_sha256_of_the_canonical_bytes():
 
     table, topology = synthetic_cluster(6, 2, seed=3)
     data = canonical.canonical_input(table, topology, Collective.RING)
-    assert canonical.input_digest(table, topology, Collective.RING) == hashlib.sha256(data).hexdigest()
+    assert (
+        canonical.input_digest(table, topology, Collective.RING) == hashlib.sha256(data).hexdigest()
+    )
     assert canonical.mapping_digest("0-1,1-0") == hashlib.sha256(b"0-1,1-0").hexdigest()
 
 

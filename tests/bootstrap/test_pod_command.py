@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from npu_job.bootstrap import planner
 
 from .documents import write_cce_job
@@ -25,14 +24,18 @@ SEED_POD_COMMAND = (
     'rank_acc=$(cat /tmp/RANK_AFTER_ACC 2>/dev/null); [ -n "${rank_acc}" ] && export RANK_AFTER_ACC=${rank_acc}; '
     "export MA_MASTER_INDEX=$(cat /tmp/MASTER_INDEX 2>/dev/null || echo 0); bash train.sh"
 )
-TRAIN_SH = 'echo "train.sh sees RANK_AFTER_ACC=${RANK_AFTER_ACC} MA_MASTER_INDEX=${MA_MASTER_INDEX}"\n'
+TRAIN_SH = (
+    'echo "train.sh sees RANK_AFTER_ACC=${RANK_AFTER_ACC} MA_MASTER_INDEX=${MA_MASTER_INDEX}"\n'
+)
 REPORT = '; echo "RESULT ${RANK_AFTER_ACC} ${MA_MASTER_INDEX}"'
 
 
 def _private_tmp_works():
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return False
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "true"], capture_output=True)
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--", "true"], capture_output=True
+    )
     return probe.returncode == 0
 
 
@@ -40,7 +43,11 @@ PRIVATE_TMP = _private_tmp_works()
 
 
 def _pod_env(pod_dir, index, host_ip, rank_table_dir):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NPU_JOB_", "KUBERNETES_", "MA_", "VC_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("NPU_JOB_", "KUBERNETES_", "MA_", "VC_"))
+    }
     env.pop("RANK_TABLE_FILE", None)
     env.update(VC_TASK_INDEX=str(index), MA_CURRENT_HOST_IP=host_ip, NPU_JOB_WAIT_TIMEOUT="0")
     if rank_table_dir is not None:
@@ -49,19 +56,41 @@ def _pod_env(pod_dir, index, host_ip, rank_table_dir):
     return env
 
 
-def run_pod(pod_dir: Path, index: int, host_ip: str, *, with_rank_table: bool = True, command: str = SEED_POD_COMMAND):
+def run_pod(
+    pod_dir: Path,
+    index: int,
+    host_ip: str,
+    *,
+    with_rank_table: bool = True,
+    command: str = SEED_POD_COMMAND,
+):
     """Run ``command`` as pod ``index`` whose /tmp is ``pod_dir`` (holding config/ and train.sh)."""
     (pod_dir / "train.sh").write_text(TRAIN_SH)
     if PRIVATE_TMP:
         env = _pod_env(pod_dir, index, host_ip, "/tmp/config" if with_rank_table else None)
-        argv = ["unshare", "--mount", "--propagation", "private", "--",
-                "sh", "-c", 'mount --bind "$0" /tmp && cd /tmp && exec "$@"', str(pod_dir),
-                "bash", "-c", command + REPORT]
+        argv = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            'mount --bind "$0" /tmp && cd /tmp && exec "$@"',
+            str(pod_dir),
+            "bash",
+            "-c",
+            command + REPORT,
+        ]
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     else:
-        env = _pod_env(pod_dir, index, host_ip, str(pod_dir / "config") if with_rank_table else None)
+        env = _pod_env(
+            pod_dir, index, host_ip, str(pod_dir / "config") if with_rank_table else None
+        )
         text = (command + REPORT).replace("/tmp/", f"{pod_dir}/")
-        done = subprocess.run(["bash", "-c", text], env=env, cwd=pod_dir, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            ["bash", "-c", text], env=env, cwd=pod_dir, capture_output=True, text=True, timeout=60
+        )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     last = done.stdout.strip().splitlines()[-1].split()
@@ -89,7 +118,9 @@ MODE = "private-tmp" if PRIVATE_TMP else "substituted-tmp"
 def test_every_pod_of_a_6_node_job_gets_its_planned_rank(tmp_path, mode):
     table, topology, pods = _job(tmp_path, 6, 3)
     expected = planner.plan(table, topology)
-    assert not expected.is_identity, "a scattered job must actually be reordered, or the test proves nothing"
+    assert not expected.is_identity, (
+        "a scattered job must actually be reordered, or the test proves nothing"
+    )
     results = [run_pod(pod_dir, server.pod_index, server.server_id) for pod_dir, server in pods]
     assert [rank for rank, _, _ in results] == list(expected.node_rank_of_pod)
     assert {master for _, master, _ in results} == {expected.master_index}
@@ -99,7 +130,9 @@ def test_every_pod_of_a_6_node_job_gets_its_planned_rank(tmp_path, mode):
 
 def _no_rank_table(tmp_path):
     table, _, pods = _job(tmp_path, 6, 3)
-    return [(pod_dir, server, False) for pod_dir, server in pods], "rank table: location: expected $RANK_TABLE_FILE"
+    return [
+        (pod_dir, server, False) for pod_dir, server in pods
+    ], "rank table: location: expected $RANK_TABLE_FILE"
 
 
 def _two_nodes(tmp_path):
@@ -110,15 +143,25 @@ def _two_nodes(tmp_path):
 def _bad_json(tmp_path):
     _, _, pods = _job(tmp_path, 6, 3)
     for pod_dir, _ in pods:
-        (pod_dir / "config" / "jobstart_hccl.json").write_text('{"status": "completed", "server_list": [')
-    return [(pod_dir, server, True) for pod_dir, server in pods], "jobstart_hccl.json: line 1 column 41: expected valid JSON"
+        (pod_dir / "config" / "jobstart_hccl.json").write_text(
+            '{"status": "completed", "server_list": ['
+        )
+    return [
+        (pod_dir, server, True) for pod_dir, server in pods
+    ], "jobstart_hccl.json: line 1 column 41: expected valid JSON"
 
 
-@pytest.mark.parametrize("make", [_no_rank_table, _two_nodes, _bad_json], ids=[f"no-rank-table-{MODE}", f"two-nodes-{MODE}", f"bad-json-{MODE}"])
+@pytest.mark.parametrize(
+    "make",
+    [_no_rank_table, _two_nodes, _bad_json],
+    ids=[f"no-rank-table-{MODE}", f"two-nodes-{MODE}", f"bad-json-{MODE}"],
+)
 def test_failures_leave_the_job_in_scheduler_order(tmp_path, make):
     pods, message = make(tmp_path)
     for pod_dir, server, with_table in pods[::2]:  # every other pod: each one behaves alike
-        rank, master, stderr = run_pod(pod_dir, server.pod_index, server.server_id, with_rank_table=with_table)
+        rank, master, stderr = run_pod(
+            pod_dir, server.pod_index, server.server_id, with_rank_table=with_table
+        )
         assert (rank, master) == (server.pod_index, 0)
         errors = [line for line in stderr.splitlines() if line.startswith("npu-job: error: ")]
         assert len(errors) == 1 and message in errors[0], stderr
@@ -128,8 +171,13 @@ def test_failures_leave_the_job_in_scheduler_order(tmp_path, make):
 def test_set_e_pod_commands_survive_a_failed_bootstrap(tmp_path):
     pod_dir = tmp_path / "pod"
     pod_dir.mkdir()
-    rank, master, stderr = run_pod(pod_dir, 4, "10.0.0.4", with_rank_table=False,
-                                   command="set -e; bash bootstrap.sh; export RANK_AFTER_ACC=4 MA_MASTER_INDEX=0; bash train.sh")
+    rank, master, stderr = run_pod(
+        pod_dir,
+        4,
+        "10.0.0.4",
+        with_rank_table=False,
+        command="set -e; bash bootstrap.sh; export RANK_AFTER_ACC=4 MA_MASTER_INDEX=0; bash train.sh",
+    )
     assert (rank, master) == (4, 0) and "npu-job: error: rank table: location" in stderr
 
 
@@ -144,15 +192,22 @@ def test_bootstrap_sh_ends_without_losing_output_or_exit_code(tmp_path):
     env = _pod_env(tmp_path, me.pod_index, me.server_id, str(rank_table))
     env["NPU_JOB_OUTPUT_DIR"] = str(tmp_path / "out")
     env.pop("PYTHONUNBUFFERED", None)  # buffered, as in a pod
-    done = subprocess.run(f"bash {SCRIPT} --json | cat", shell=True, env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        f"bash {SCRIPT} --json | cat",
+        shell=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     printed = json.loads(done.stdout)
     assert printed == json.loads((tmp_path / "out" / "route_plan.json").read_text())
     assert printed["status"] == "success" and printed["pod_index"] == 3
     assert "npu-job: node rank" in done.stderr  # the last log line made it out
     env["MA_CURRENT_HOST_IP"] = "192.0.2.1"
-    strict = subprocess.run(["bash", str(SCRIPT), "--strict"], env=env, capture_output=True,
-                            text=True, timeout=60)
+    strict = subprocess.run(
+        ["bash", str(SCRIPT), "--strict"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert strict.returncode == 7, strict.stderr
     assert strict.stderr.startswith("npu-job: error: ") and "192.0.2.1" in strict.stderr

@@ -7,33 +7,20 @@ import os
 import time
 
 import pytest
-
 from npu_job.bootstrap import planner
 from npu_job.bootstrap.identity import find_pod_index, parse_task_index
 from npu_job.bootstrap.model import Collective
 from npu_job.bootstrap.ranktable import parse_rank_table
 from npu_job.bootstrap.run import bootstrap
-from npu_job.podfacts import MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN_FILE
+
 from npu_job.errors import InconsistentError, InputError, NotReadyError
+from npu_job.podfacts import MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN_FILE
 
 from .documents import node, v1_0, write_cce_job
-from .https_server import FakeKubernetesAPI, HTTPSServer, serve_bytes, tls_files_fixture
+from .fake_kube_api import FakeKubernetesAPI
+from .https_server import HTTPSServer, serve_bytes, tls_files_fixture
 
 tls_files = pytest.fixture(scope="module")(tls_files_fixture)
-
-
-@pytest.fixture
-def logs():
-    records = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = records.append
-    logger = logging.getLogger("npu_job")
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    yield lambda level=logging.INFO: [r.getMessage() for r in records if r.levelno >= level]
-    logger.removeHandler(handler)
-    logger.setLevel(old_level)
 
 
 @pytest.fixture
@@ -41,8 +28,13 @@ def job(tmp_path):
     """An 8-node CCE job over 3 ToRs, mounted at <tmp>/config, and pod 5's environment."""
     table, topology, rank_table = write_cce_job(tmp_path / "config", 8, 3)
     me = table.servers[5]
-    env = {"RANK_TABLE_FILE": str(tmp_path / "config"), "MA_CURRENT_HOST_IP": me.server_id,
-           "VC_TASK_INDEX": "5", "NPU_JOB_OUTPUT_DIR": str(tmp_path / "out"), "NPU_JOB_K8S_TOPOLOGY": "0"}
+    env = {
+        "RANK_TABLE_FILE": str(tmp_path / "config"),
+        "MA_CURRENT_HOST_IP": me.server_id,
+        "VC_TASK_INDEX": "5",
+        "NPU_JOB_OUTPUT_DIR": str(tmp_path / "out"),
+        "NPU_JOB_K8S_TOPOLOGY": "0",
+    }
     return table, topology, rank_table, env
 
 
@@ -59,17 +51,26 @@ def test_pod_gets_the_planners_rank_and_all_files(job, logs):
     assert open(os.path.join(_out(env), MASTER_FILE)).read() == str(expected.master_index)
     assert result.route_plan["rank_mapping"] == expected.rank_mapping
     copy = parse_rank_table(open(os.path.join(_out(env), RANK_TABLE_COPY), "rb").read(), "copy")
-    assert [s.server_id for s in copy.servers] == [table.servers[p].server_id for p in expected.pod_of_node_rank]
+    assert [s.server_id for s in copy.servers] == [
+        table.servers[p].server_id for p in expected.pod_of_node_rank
+    ]
     lines = logs()
-    assert f"input sha256 {expected.input_digest}, mapping sha256 {expected.mapping_digest}" in lines
-    assert any(line.startswith(f"node rank {expected.node_rank_of_pod[5]} of 8 (pod index 5)") for line in lines)
+    assert (
+        f"input sha256 {expected.input_digest}, mapping sha256 {expected.mapping_digest}" in lines
+    )
+    assert any(
+        line.startswith(f"node rank {expected.node_rank_of_pod[5]} of 8 (pod index 5)")
+        for line in lines
+    )
 
 
 def test_every_pod_computes_the_same_plan(job):
     table, _, _, env = job
     mappings, ranks = set(), []
     for server in table.servers:
-        pod_env = dict(env, MA_CURRENT_HOST_IP=server.server_id, VC_TASK_INDEX=str(server.pod_index))
+        pod_env = dict(
+            env, MA_CURRENT_HOST_IP=server.server_id, VC_TASK_INDEX=str(server.pod_index)
+        )
         result = bootstrap({}, pod_env)
         mappings.add((result.route_plan["rank_mapping"], result.route_plan["mapping_digest"]))
         ranks.append(result.route_plan["node_rank"])
@@ -78,16 +79,26 @@ def test_every_pod_computes_the_same_plan(job):
 
 def test_compressed_rank_table_and_flags_over_env(tmp_path):
     table, _, rank_table = write_cce_job(tmp_path / "cfg", 5, 2, compress_rank_table=True)
-    flags = {"rank_table": str(rank_table), "host_ip": table.servers[1].server_id, "pod_index": "1",
-             "output_dir": str(tmp_path / "o")}
-    result = bootstrap(flags, {"RANK_TABLE_FILE": "/nowhere", "VC_TASK_INDEX": "4", "NPU_JOB_K8S_TOPOLOGY": "0"})
+    flags = {
+        "rank_table": str(rank_table),
+        "host_ip": table.servers[1].server_id,
+        "pod_index": "1",
+        "output_dir": str(tmp_path / "o"),
+    }
+    result = bootstrap(
+        flags, {"RANK_TABLE_FILE": "/nowhere", "VC_TASK_INDEX": "4", "NPU_JOB_K8S_TOPOLOGY": "0"}
+    )
     assert result.route_plan["status"] == "success" and result.route_plan["pod_index"] == 1
 
 
 @pytest.mark.parametrize(
     "hccl_algo, flag, expected",
-    [(None, None, "ring"), ("level0:NA;level1:H-D_R", None, "rhd"), ("level0:NA;level1:NHR", None, "nhr"),
-     ("level0:NA;level1:H-D_R", "ring", "ring")],
+    [
+        (None, None, "ring"),
+        ("level0:NA;level1:H-D_R", None, "rhd"),
+        ("level0:NA;level1:NHR", None, "nhr"),
+        ("level0:NA;level1:H-D_R", "ring", "ring"),
+    ],
     ids=["default-ring", "hccl-algo-rhd", "hccl-algo-nhr", "flag-wins"],
 )
 def test_collective_from_flag_else_hccl_algo_else_ring(job, hccl_algo, flag, expected):
@@ -118,7 +129,9 @@ def _truncated_json(tmp, env):
 
 
 def _stuck_initializing(tmp, env):
-    open(os.path.join(env["RANK_TABLE_FILE"], "jobstart_hccl.json"), "w").write('{"status": "initializing"}')
+    open(os.path.join(env["RANK_TABLE_FILE"], "jobstart_hccl.json"), "w").write(
+        '{"status": "initializing"}'
+    )
     env["NPU_JOB_WAIT_TIMEOUT"] = "0.2"
     env["NPU_JOB_POLL_INTERVAL"] = "0.05"
 
@@ -133,7 +146,11 @@ def _index_mismatch(tmp, env):
 
 def _two_nodes(tmp, env):
     table, _, _ = write_cce_job(tmp / "small", 2, 1)
-    env.update(RANK_TABLE_FILE=str(tmp / "small"), MA_CURRENT_HOST_IP=table.servers[1].server_id, VC_TASK_INDEX="1")
+    env.update(
+        RANK_TABLE_FILE=str(tmp / "small"),
+        MA_CURRENT_HOST_IP=table.servers[1].server_id,
+        VC_TASK_INDEX="1",
+    )
 
 
 def _no_topology(tmp, env):
@@ -155,20 +172,52 @@ def _unwritable_output(tmp, env):
 
 
 FALLBACKS = [
-    ("no-rank-table", _no_rank_table, "rank table: location: expected $RANK_TABLE_FILE or one of", InputError),
+    (
+        "no-rank-table",
+        _no_rank_table,
+        "rank table: location: expected $RANK_TABLE_FILE or one of",
+        InputError,
+    ),
     ("truncated-json", _truncated_json, "jobstart_hccl.json: line ", InputError),
-    ("stuck-initializing", _stuck_initializing, 'status: expected "completed" within 0 s, last seen status=\'initializing\'', NotReadyError),
-    ("host-not-in-table", _host_not_in_table, "server_list: expected this host's IP '10.99.99.99' (MA_CURRENT_HOST_IP)", InconsistentError),
-    ("index-mismatch", _index_mismatch, "in the rank table, but VC_TASK_INDEX is 2", InconsistentError),
+    (
+        "stuck-initializing",
+        _stuck_initializing,
+        "status: expected \"completed\" within 0 s, last seen status='initializing'",
+        NotReadyError,
+    ),
+    (
+        "host-not-in-table",
+        _host_not_in_table,
+        "server_list: expected this host's IP '10.99.99.99' (MA_CURRENT_HOST_IP)",
+        InconsistentError,
+    ),
+    (
+        "index-mismatch",
+        _index_mismatch,
+        "in the rank table, but VC_TASK_INDEX is 2",
+        InconsistentError,
+    ),
     ("fewer-than-3-nodes", _two_nodes, "only 2 node(s); reordering needs at least 3", InputError),
     ("no-topology", _no_topology, "no switch topology available", InputError),
     ("bad-topology", _bad_topology, "ranktable_tor.json: content: expected", InputError),
-    ("unwritable-output-dir", _unwritable_output, "a-file/out: output directory: expected a writable directory", InputError),
-    ("bad-env-value", _bad_env, "environment: NPU_JOB_WAIT_TIMEOUT: expected a number of seconds >= 0, got 'soon'", InputError),
+    (
+        "unwritable-output-dir",
+        _unwritable_output,
+        "a-file/out: output directory: expected a writable directory",
+        InputError,
+    ),
+    (
+        "bad-env-value",
+        _bad_env,
+        "environment: NPU_JOB_WAIT_TIMEOUT: expected a number of seconds >= 0, got 'soon'",
+        InputError,
+    ),
 ]
 
 
-@pytest.mark.parametrize("breakage, message, error", [c[1:] for c in FALLBACKS], ids=[c[0] for c in FALLBACKS])
+@pytest.mark.parametrize(
+    "breakage, message, error", [c[1:] for c in FALLBACKS], ids=[c[0] for c in FALLBACKS]
+)
 def test_failure_falls_back_to_scheduler_order(job, tmp_path, logs, breakage, message, error):
     _, _, _, env = job
     env = dict(env)
@@ -178,11 +227,15 @@ def test_failure_falls_back_to_scheduler_order(job, tmp_path, logs, breakage, me
     assert result.exit_code == 0
     assert result.route_plan["status"] == "failed" and message in result.route_plan["reason"]
     if os.path.isdir(os.path.dirname(_out(env))):
-        assert sorted(os.listdir(_out(env))) == [ROUTE_PLAN_FILE], "no rank files: the pod uses VC_TASK_INDEX / 0"
+        assert sorted(os.listdir(_out(env))) == [ROUTE_PLAN_FILE], (
+            "no rank files: the pod uses VC_TASK_INDEX / 0"
+        )
         assert json.load(open(os.path.join(_out(env), ROUTE_PLAN_FILE))) == result.route_plan
     errors = logs(logging.ERROR)
     assert len(errors) == 1 and message in errors[0] and "\n" not in errors[0]
-    assert errors[0].startswith(("rank table: ", "environment: ", env.get("RANK_TABLE_FILE", "-"), _out(env)))
+    assert errors[0].startswith(
+        ("rank table: ", "environment: ", env.get("RANK_TABLE_FILE", "-"), _out(env))
+    )
     with pytest.raises(error) as caught:
         bootstrap({"strict": True}, env)
     assert message in caught.value.message
@@ -210,18 +263,26 @@ def test_rank_table_and_topology_over_https(tmp_path, tls_files):
     table, topology, rank_table = write_cce_job(tmp_path / "served", 6, 2)
     with HTTPSServer(*tls_files) as server:
         server.routes["/jobstart_hccl.json"] = serve_bytes(rank_table.read_bytes())
-        server.routes["/ranktable_tor.json"] = serve_bytes((tmp_path / "served" / "ranktable_tor.json").read_bytes())
-        env = {"RANK_TABLE_FILE": server.url("/jobstart_hccl.json"), "NPU_JOB_TOPOLOGY": server.url("/ranktable_tor.json"),
-               "NPU_JOB_CA_BUNDLE": str(tls_files[0]), "MA_CURRENT_HOST_IP": table.servers[0].server_id,
-               "NPU_JOB_OUTPUT_DIR": str(tmp_path / "out")}
+        server.routes["/ranktable_tor.json"] = serve_bytes(
+            (tmp_path / "served" / "ranktable_tor.json").read_bytes()
+        )
+        env = {
+            "RANK_TABLE_FILE": server.url("/jobstart_hccl.json"),
+            "NPU_JOB_TOPOLOGY": server.url("/ranktable_tor.json"),
+            "NPU_JOB_CA_BUNDLE": str(tls_files[0]),
+            "MA_CURRENT_HOST_IP": table.servers[0].server_id,
+            "NPU_JOB_OUTPUT_DIR": str(tmp_path / "out"),
+        }
         result = bootstrap({}, env)
     assert result.route_plan["status"] == "success"
     assert result.route_plan["rank_mapping"] == planner.plan(table, topology).rank_mapping
 
 
 def _nodes_for(topology):
-    return [node(f"node-{i}", server_id, {"cce.kubectl.kubernetes.io/cabinet": "-".join(p.tors)})
-            for i, (server_id, p) in enumerate(topology.placements.items())]
+    return [
+        node(f"node-{i}", server_id, {"cce.kubectl.kubernetes.io/cabinet": "-".join(p.tors)})
+        for i, (server_id, p) in enumerate(topology.placements.items())
+    ]
 
 
 def _in_cluster(tmp_path, tls_files, server, token):
@@ -229,8 +290,11 @@ def _in_cluster(tmp_path, tls_files, server, token):
     account.mkdir(exist_ok=True)
     (account / "token").write_text(token)
     (account / "ca.crt").write_bytes(tls_files[0].read_bytes())
-    return {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(server.port),
-            "NPU_JOB_K8S_SA_DIR": str(account)}
+    return {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(server.port),
+        "NPU_JOB_K8S_SA_DIR": str(account),
+    }
 
 
 def test_topology_from_kubernetes_node_labels(job, tmp_path, tls_files):
@@ -248,7 +312,9 @@ def test_topology_from_kubernetes_node_labels(job, tmp_path, tls_files):
     assert explicit.route_plan["rank_mapping"] == result.route_plan["rank_mapping"]
 
 
-def test_refused_kubernetes_api_is_skipped_in_the_chain_but_fatal_when_asked_for(job, tmp_path, tls_files, logs):
+def test_refused_kubernetes_api_is_skipped_in_the_chain_but_fatal_when_asked_for(
+    job, tmp_path, tls_files, logs
+):
     _, topology, _, env = job
     os.unlink(os.path.join(env["RANK_TABLE_FILE"], "ranktable_tor.json"))
     with HTTPSServer(*tls_files) as server:
@@ -270,7 +336,9 @@ def test_unreachable_kubernetes_api_does_not_hold_the_pod_up(job, tmp_path, tls_
     env.pop("NPU_JOB_K8S_TOPOLOGY")  # the server is gone now: connection refused
     started = time.monotonic()
     result = bootstrap({}, env)
-    assert time.monotonic() - started < 1.5, "the optional API source retried too long (3 s without quick)"
+    assert time.monotonic() - started < 1.5, (
+        "the optional API source retried too long (3 s without quick)"
+    )
     assert result.route_plan["reason"] == "no switch topology available"
     assert any("skipping Kubernetes node labels" in line and "reachable" in line for line in logs())
 
@@ -299,10 +367,27 @@ def test_find_pod_index(host_ip, task_index, expected):
 
 @pytest.mark.parametrize(
     "host_ip, task_index, error, message",
-    [("10.0.0.9", 1, InconsistentError, "t.json: server_list: expected this host's IP '10.0.0.9' (MA_CURRENT_HOST_IP) among the 3 server ids"),
-     ("192.168.0.12", 2, InconsistentError, "t.json: server_list[1]: this host '192.168.0.12' is pod index 1 in the rank table, but VC_TASK_INDEX is 2"),
-     (None, 3, InconsistentError, "t.json: server_list: expected an entry for VC_TASK_INDEX 3, the table has 3 servers"),
-     (None, None, InputError, "environment: MA_CURRENT_HOST_IP: expected this host's IP")],
+    [
+        (
+            "10.0.0.9",
+            1,
+            InconsistentError,
+            "t.json: server_list: expected this host's IP '10.0.0.9' (MA_CURRENT_HOST_IP) among the 3 server ids",
+        ),
+        (
+            "192.168.0.12",
+            2,
+            InconsistentError,
+            "t.json: server_list[1]: this host '192.168.0.12' is pod index 1 in the rank table, but VC_TASK_INDEX is 2",
+        ),
+        (
+            None,
+            3,
+            InconsistentError,
+            "t.json: server_list: expected an entry for VC_TASK_INDEX 3, the rank table lists 3",
+        ),
+        (None, None, InputError, "environment: MA_CURRENT_HOST_IP: expected this host's IP"),
+    ],
     ids=["ip-not-in-table", "index-mismatch", "index-out-of-range", "neither-set"],
 )
 def test_identity_inconsistencies_are_reported_not_guessed(host_ip, task_index, error, message):
@@ -318,14 +403,19 @@ def test_host_ip_also_matches_a_v1_2_host_ip_field():
     assert find_pod_index(table, "10.0.0.3", 2, "t") == 2
 
 
-@pytest.mark.parametrize("value, expected", [(None, None), ("", None), (" 7 ", 7)], ids=["unset", "empty", "spaces"])
+@pytest.mark.parametrize(
+    "value, expected", [(None, None), ("", None), (" 7 ", 7)], ids=["unset", "empty", "spaces"]
+)
 def test_task_index_parsing(value, expected):
     assert parse_task_index(value) == expected
 
 
 @pytest.mark.parametrize("value", ["-1", "1" * 5000], ids=["negative", "past-int-limit"])
 def test_task_index_must_be_a_number(value):
-    with pytest.raises(InputError, match=r"^environment: VC_TASK_INDEX: expected a non-negative integer pod index, got '"):
+    with pytest.raises(
+        InputError,
+        match=r"^environment: VC_TASK_INDEX: expected a non-negative integer pod index, got '",
+    ):
         parse_task_index(value)
 
 
@@ -341,8 +431,13 @@ def _partial_node_job(tmp_path):
     (config / "jobstart_hccl.json").write_text(json.dumps(rank_table_document(table)))
     (config / "ranktable_tor.json").write_bytes(encode_ranktable_tor(table, topology))
     me = table.servers[1]
-    return {"RANK_TABLE_FILE": str(config), "MA_CURRENT_HOST_IP": me.server_id, "VC_TASK_INDEX": "1",
-            "NPU_JOB_OUTPUT_DIR": str(tmp_path / "out"), "NPU_JOB_K8S_TOPOLOGY": "0"}
+    return {
+        "RANK_TABLE_FILE": str(config),
+        "MA_CURRENT_HOST_IP": me.server_id,
+        "VC_TASK_INDEX": "1",
+        "NPU_JOB_OUTPUT_DIR": str(tmp_path / "out"),
+        "NPU_JOB_K8S_TOPOLOGY": "0",
+    }
 
 
 @pytest.mark.parametrize("how", ["env", "flag"])
@@ -357,7 +452,9 @@ def test_partial_nodes_below_the_full_node_size_fall_back_with_the_reason(tmp_pa
     assert result.exit_code == 0 and result.route_plan["status"] == "failed"
     reason = "partial nodes: 3 server(s) do not have the full 8 devices"
     assert any(reason in line for line in result.route_plan["reasons"]), result.route_plan
-    assert sorted(os.listdir(_out(env))) == [ROUTE_PLAN_FILE], "no rank files: the pod keeps VC_TASK_INDEX"
+    assert sorted(os.listdir(_out(env))) == [ROUTE_PLAN_FILE], (
+        "no rank files: the pod keeps VC_TASK_INDEX"
+    )
     assert any(reason in line for line in logs(logging.ERROR))
 
 
@@ -366,26 +463,38 @@ def test_full_node_devices_matching_the_servers_is_planned(tmp_path):
     assert bootstrap({}, env).route_plan["status"] == "success"
 
 
-@pytest.mark.parametrize("value", ["0", "eight", "-8", "８", "8" * 5000],
-                         ids=["zero", "word", "negative", "fullwidth-digit", "past-int-limit"])
+@pytest.mark.parametrize(
+    "value",
+    ["0", "eight", "-8", "８", "8" * 5000],
+    ids=["zero", "word", "negative", "fullwidth-digit", "past-int-limit"],
+)
 def test_a_bad_full_node_size_is_a_one_line_error(tmp_path, value):
     env = dict(_partial_node_job(tmp_path), NPU_JOB_FULL_NODE_DEVICES=value)
     with pytest.raises(InputError) as caught:
         bootstrap({"strict": True}, env)
     assert caught.value.message.startswith(
-        "environment: NPU_JOB_FULL_NODE_DEVICES: expected a whole number >= 1, got '")
+        "environment: NPU_JOB_FULL_NODE_DEVICES: expected a whole number >= 1, got '"
+    )
 
 
-def test_the_full_node_flag_reaches_the_planner_from_the_command_line(tmp_path, monkeypatch, capsys):
+def test_the_full_node_flag_reaches_the_planner_from_the_command_line(
+    tmp_path, monkeypatch, capsys
+):
     from npu_job.cli import main
 
     for name, value in _partial_node_job(tmp_path).items():
         monkeypatch.setenv(name, value)
-    package_logger = logging.getLogger("npu_job")  # the CLI sets it up; later tests' caplog needs it back
-    monkeypatch.setattr(package_logger, "handlers", list(package_logger.handlers))  # a copy it may change
+    package_logger = logging.getLogger(
+        "npu_job"
+    )  # the CLI sets it up; later tests' caplog needs it back
+    monkeypatch.setattr(
+        package_logger, "handlers", list(package_logger.handlers)
+    )  # a copy it may change
     monkeypatch.setattr(package_logger, "propagate", package_logger.propagate)
     monkeypatch.setattr(package_logger, "level", package_logger.level)
     assert main(["bootstrap", "--full-node-devices", "8", "--json"]) == 0
-    assert "do not have the full 8 devices" in " ".join(json.loads(capsys.readouterr().out)["reasons"])
+    assert "do not have the full 8 devices" in " ".join(
+        json.loads(capsys.readouterr().out)["reasons"]
+    )
     assert main(["bootstrap", "--full-node-devices", "0"]) == 2
     assert "expected an integer >= 1, got '0'" in capsys.readouterr().err

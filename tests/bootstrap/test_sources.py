@@ -1,12 +1,12 @@
 """Sources: where the rank table and topology are looked for, and how bytes are fetched from files,
 from a real HTTPS server on loopback, and from a (fake, documented-format) Kubernetes API."""
 
-import json
 import os
 
 import pytest
-
 from npu_job.bootstrap import payload
+from npu_job.bootstrap.kubeapi import NODES_PATH, KubeClient
+from npu_job.bootstrap.kubetopology import topology_from_objects
 from npu_job.bootstrap.sources import (
     K8S_TOPOLOGY,
     KubernetesAPI,
@@ -18,11 +18,12 @@ from npu_job.bootstrap.sources import (
     read_file,
     topology_candidates,
 )
-from npu_job.bootstrap.topology import parse_topology
+
 from npu_job.errors import InputError
 
 from .documents import node
-from .https_server import FakeKubernetesAPI, HTTPSServer, serve_bytes, serve_sequence, tls_files_fixture
+from .fake_kube_api import FakeKubernetesAPI
+from .https_server import HTTPSServer, serve_bytes, serve_sequence, tls_files_fixture
 
 tls_files = pytest.fixture(scope="module")(tls_files_fixture)
 
@@ -42,20 +43,33 @@ def ca(tls_files):
 
 
 def test_rank_table_file_may_be_a_file_a_directory_or_a_url(tmp_path):
-    assert locate_rank_table(None, {"RANK_TABLE_FILE": str(tmp_path / "x.json")}) == str(tmp_path / "x.json")
-    assert locate_rank_table(None, {"RANK_TABLE_FILE": str(tmp_path)}) == str(tmp_path / "jobstart_hccl.json")
+    assert locate_rank_table(None, {"RANK_TABLE_FILE": str(tmp_path / "x.json")}) == str(
+        tmp_path / "x.json"
+    )
+    assert locate_rank_table(None, {"RANK_TABLE_FILE": str(tmp_path)}) == str(
+        tmp_path / "jobstart_hccl.json"
+    )
     assert locate_rank_table(None, {"RANK_TABLE_FILE": "https://h/t.json"}) == "https://h/t.json"
     assert locate_rank_table("/flag.json", {"RANK_TABLE_FILE": "/env.json"}) == "/flag.json"
     (tmp_path / "hccl.json").write_text("{}")  # a MindX rings-config mount holds hccl.json
-    assert locate_rank_table(None, {"RANK_TABLE_FILE": str(tmp_path)}) == str(tmp_path / "hccl.json")
+    assert locate_rank_table(None, {"RANK_TABLE_FILE": str(tmp_path)}) == str(
+        tmp_path / "hccl.json"
+    )
     (tmp_path / "jobstart_hccl.json").write_text("{}")
-    assert locate_rank_table(None, {"RANK_TABLE_FILE": str(tmp_path)}) == str(tmp_path / "jobstart_hccl.json")
+    assert locate_rank_table(None, {"RANK_TABLE_FILE": str(tmp_path)}) == str(
+        tmp_path / "jobstart_hccl.json"
+    )
 
 
 @pytest.mark.parametrize(
     "existing, expected",
-    [({"/user/config/jobstart_hccl.json", "/user/serverid/devindex/config/hccl.json"}, "/user/config/jobstart_hccl.json"),
-     ({"/user/serverid/devindex/config/hccl.json"}, "/user/serverid/devindex/config/hccl.json")],
+    [
+        (
+            {"/user/config/jobstart_hccl.json", "/user/serverid/devindex/config/hccl.json"},
+            "/user/config/jobstart_hccl.json",
+        ),
+        ({"/user/serverid/devindex/config/hccl.json"}, "/user/serverid/devindex/config/hccl.json"),
+    ],
     ids=["cce-first", "mindx-second"],
 )
 def test_platform_default_locations_in_order(existing, expected):
@@ -67,23 +81,36 @@ def test_no_rank_table_anywhere_says_where_it_looked():
         locate_rank_table(None, {}, exists=lambda path: False)
     assert caught.value.message == (
         "rank table: location: expected $RANK_TABLE_FILE or one of /user/config/jobstart_hccl.json, "
-        "/user/serverid/devindex/config/hccl.json (none is set or exists)")
+        "/user/serverid/devindex/config/hccl.json (none is set or exists)"
+    )
 
 
 def test_topology_chain_order_and_overrides():
-    chain = topology_candidates(None, None, "/user/config/jobstart_hccl.json", {"NPU_JOB_TOR_INFO": "/etc/tor/tor_info"})
+    chain = topology_candidates(
+        None, None, "/user/config/jobstart_hccl.json", {"NPU_JOB_TOR_INFO": "/etc/tor/tor_info"}
+    )
     assert [(c.location, c.fmt, c.required) for c in chain] == [
         ("/user/config/ranktable_tor.json", "cce-ranktable-tor", False),
         ("/etc/tor/tor_info", "basic-tor-node-cm", False),
-        (K8S_TOPOLOGY, "k8s-node-labels", False),
+        (K8S_TOPOLOGY, None, False),  # the cluster's HyperNodes, else its node labels
         ("/etc/npu-job/topology.yaml", "file", False),
         ("/etc/npu-job/topology.json", "file", False),
     ]
     no_api = topology_candidates(None, None, "https://h/t.json", {"NPU_JOB_K8S_TOPOLOGY": "0"})
-    assert [c.location for c in no_api] == ["/etc/npu-job/topology.yaml", "/etc/npu-job/topology.json"]
-    forced = topology_candidates(None, "file", "/r.json", {"NPU_JOB_TOPOLOGY": "https://h/topo.yaml"})
-    assert [(c.location, c.fmt, c.required) for c in forced] == [("https://h/topo.yaml", "file", True)]
-    assert topology_candidates("k8s", None, "/r.json", {"NPU_JOB_TOPOLOGY": "/ignored"})[0].location == K8S_TOPOLOGY
+    assert [c.location for c in no_api] == [
+        "/etc/npu-job/topology.yaml",
+        "/etc/npu-job/topology.json",
+    ]
+    forced = topology_candidates(
+        None, "file", "/r.json", {"NPU_JOB_TOPOLOGY": "https://h/topo.yaml"}
+    )
+    assert [(c.location, c.fmt, c.required) for c in forced] == [
+        ("https://h/topo.yaml", "file", True)
+    ]
+    assert (
+        topology_candidates("k8s", None, "/r.json", {"NPU_JOB_TOPOLOGY": "/ignored"})[0].location
+        == K8S_TOPOLOGY
+    )
 
 
 # --- files ------------------------------------------------------------------------------------
@@ -91,8 +118,10 @@ def test_topology_chain_order_and_overrides():
 
 @pytest.mark.parametrize(
     "make, expected",
-    [(lambda p: p, "file: expected an existing file (not found)"),
-     (lambda p: (p.mkdir(), p)[1], "file: expected a file, got a directory")],
+    [
+        (lambda p: p, "file: expected an existing file (not found)"),
+        (lambda p: (p.mkdir(), p)[1], "file: expected a file, got a directory"),
+    ],
     ids=["missing", "directory"],
 )
 def test_unreadable_files(tmp_path, make, expected):
@@ -106,7 +135,9 @@ def test_huge_file_is_refused_before_reading_it(tmp_path):
     huge = tmp_path / "huge.json"
     with open(huge, "wb") as handle:
         handle.truncate(payload.MAX_INPUT_BYTES + 1)  # sparse: costs no disk
-    with pytest.raises(InputError, match=r"size: expected at most 64 MiB \(67108864 bytes\), got 67108865 bytes"):
+    with pytest.raises(
+        InputError, match=r"size: expected at most 64 MiB \(67108864 bytes\), got 67108865 bytes"
+    ):
         read_file(huge)
 
 
@@ -123,7 +154,9 @@ def test_untrusted_certificate_is_an_input_error_not_a_retry(server):
     with pytest.raises(InputError) as caught:
         read_bytes(server.url("/rank.json"), verify=True)  # the system CAs do not know our cert
     assert not isinstance(caught.value, SourceUnavailable)
-    assert caught.value.message.startswith(f"{server.url('/rank.json')}: TLS: expected a certificate trusted")
+    assert caught.value.message.startswith(
+        f"{server.url('/rank.json')}: TLS: expected a certificate trusted"
+    )
 
 
 def test_not_found_is_an_input_error(server, ca):
@@ -133,7 +166,10 @@ def test_not_found_is_an_input_error(server, ca):
 
 def test_server_errors_are_retried(server, ca):
     server.routes["/rank.json"] = serve_sequence((503, {}, b"busy"), (200, {}, b"[1]"))
-    assert fetch_url(server.url("/rank.json"), verify=ca, session=http_session(retries=2, backoff=0)) == b"[1]"
+    assert (
+        fetch_url(server.url("/rank.json"), verify=ca, session=http_session(retries=2, backoff=0))
+        == b"[1]"
+    )
     assert [path for path, _ in server.requests] == ["/rank.json", "/rank.json"]
 
 
@@ -177,11 +213,19 @@ def _service_account(tmp_path, ca, token="s3cr3t-token"):
 
 def test_in_cluster_api_is_found_from_env_and_service_account(tmp_path, ca):
     account = _service_account(tmp_path, ca)
-    env = {"KUBERNETES_SERVICE_HOST": "10.247.0.1", "KUBERNETES_SERVICE_PORT": "443",
-           "NPU_JOB_K8S_SA_DIR": str(account)}
+    env = {
+        "KUBERNETES_SERVICE_HOST": "10.247.0.1",
+        "KUBERNETES_SERVICE_PORT": "443",
+        "NPU_JOB_K8S_SA_DIR": str(account),
+    }
     api = KubernetesAPI.from_env(env)
-    assert api == KubernetesAPI("https://10.247.0.1:443", str(account / "token"), str(account / "ca.crt"))
-    assert KubernetesAPI.from_env({**env, "KUBERNETES_SERVICE_HOST": "fd00::1"}).base_url == "https://[fd00::1]:443"
+    assert api == KubernetesAPI(
+        "https://10.247.0.1:443", str(account / "token"), str(account / "ca.crt")
+    )
+    assert (
+        KubernetesAPI.from_env({**env, "KUBERNETES_SERVICE_HOST": "fd00::1"}).base_url
+        == "https://[fd00::1]:443"
+    )
     assert KubernetesAPI.from_env({"NPU_JOB_K8S_SA_DIR": str(account)}) is None
     assert KubernetesAPI.from_env({**env, "NPU_JOB_K8S_SA_DIR": str(tmp_path / "none")}) is None
 
@@ -190,22 +234,39 @@ def test_node_list_from_the_api_with_the_service_account_token(server, tmp_path,
     nodes = [node("n1", "10.0.0.1", {"cce.kubectl.kubernetes.io/cabinet": "10.9.0.1-10.9.0.2"})]
     FakeKubernetesAPI(server, "s3cr3t-token", nodes)
     account = _service_account(tmp_path, ca)
-    api = KubernetesAPI.from_env({"KUBERNETES_SERVICE_HOST": "127.0.0.1",
-                                  "KUBERNETES_SERVICE_PORT": str(server.port), "NPU_JOB_K8S_SA_DIR": str(account)})
-    data = api.node_list()
-    assert json.loads(data)["kind"] == "NodeList"
+    api = KubernetesAPI.from_env(
+        {
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(server.port),
+            "NPU_JOB_K8S_SA_DIR": str(account),
+        }
+    )
+    with KubeClient(api) as client:
+        objects = client.list(NODES_PATH)
+    assert [n.item["metadata"]["name"] for n in objects.nodes] == ["n1"]
     path, headers = server.requests[-1]
-    assert path == "/api/v1/nodes?resourceVersion=0"  # served from the API server's watch cache
+    # served from the API server's watch cache, in pages
+    assert path == "/api/v1/nodes?limit=500&resourceVersion=0"
     assert headers["Authorization"] == "Bearer s3cr3t-token"
-    assert parse_topology(data, "api").placement_of("10.0.0.1").tors == ("10.9.0.1", "10.9.0.2")
+    assert topology_from_objects(objects, "api").topology.placement_of("10.0.0.1").tors == (
+        "10.9.0.1",
+        "10.9.0.2",
+    )
 
 
 def test_wrong_token_is_an_input_error(server, tmp_path, ca):
     FakeKubernetesAPI(server, "the-right-token", [])
     account = _service_account(tmp_path, ca, token="a-wrong-token")
-    api = KubernetesAPI(f"https://127.0.0.1:{server.port}", str(account / "token"), str(account / "ca.crt"))
-    with pytest.raises(InputError, match=r"/api/v1/nodes: HTTP status: expected 200 OK, got 401 Unauthorized"):
-        api.node_list()
+    api = KubernetesAPI(
+        f"https://127.0.0.1:{server.port}", str(account / "token"), str(account / "ca.crt")
+    )
+    with pytest.raises(
+        InputError,
+        match=r"/api/v1/nodes: HTTP status: expected 200 OK, got 401 "
+        r"Unauthorized: Unauthorized$",
+    ) as caught:
+        KubeClient(api).list(NODES_PATH)
+    assert caught.value.tip.startswith("the service account token was refused")
     assert os.path.exists(account / "token")
 
 

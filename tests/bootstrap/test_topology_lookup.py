@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from npu_job.bootstrap.model import Collective, PlanStatus
 from npu_job.bootstrap.planner import plan
 from npu_job.bootstrap.ranktable import parse_rank_table
@@ -34,7 +33,9 @@ def topology_by_address(addresses) -> bytes:
 @pytest.mark.parametrize("field", ["host_ip", "container_ip"])
 def test_a_table_that_names_its_servers_finds_the_topology_by_its_address_and_says_so(field):
     table = parse_rank_table(as_json(named_v1_0(field)), "t.json")
-    topology = parse_topology(topology_by_address([f"10.0.0.{i + 1}" for i in range(4)]), "topo.yaml")
+    topology = parse_topology(
+        topology_by_address([f"10.0.0.{i + 1}" for i in range(4)]), "topo.yaml"
+    )
     result = plan(table, topology, Collective.RING)
     assert result.status is PlanStatus.SUCCESS
     assert f"topology entries found for 4 of 4 servers: 4 by {field}" in result.reasons
@@ -48,8 +49,11 @@ def test_a_topology_that_places_no_server_is_never_a_success_even_with_super_pod
     elsewhere = parse_topology(topology_by_address(["172.31.0.1", "172.31.0.2"]), "topo.yaml")
     result = plan(table, elsewhere, Collective.RING)
     assert result.status is PlanStatus.FAILED
-    assert any("has no entry for any of the 4 servers (looked up by server_id, host_ip, container_ip)"
-               in reason for reason in result.reasons)
+    assert any(
+        "has no entry for any of the 4 servers (looked up by server_id, host_ip, container_ip)"
+        in reason
+        for reason in result.reasons
+    )
     assert plan(table, None, Collective.RING).status is PlanStatus.SUCCESS  # super pods alone
 
 

@@ -6,9 +6,9 @@ import json
 import logging
 
 import pytest
-
 from npu_job.bootstrap.sources import SourceUnavailable
 from npu_job.bootstrap.wait import wait_for_rank_table
+
 from npu_job.errors import InputError, NotReadyError
 
 from .documents import v1_0
@@ -48,9 +48,13 @@ def feed(*answers):
 
 def test_polls_until_completed_and_logs_progress(caplog):
     time = FakeTime()
-    fetch = feed(INITIALIZING, b'{"status": "initializing", "version": "1.0", "server_list": []}', COMPLETED)
+    fetch = feed(
+        INITIALIZING, b'{"status": "initializing", "version": "1.0", "server_list": []}', COMPLETED
+    )
     with caplog.at_level(logging.INFO, logger="npu_job.bootstrap.wait"):
-        loaded = wait_for_rank_table(fetch, SOURCE, timeout=300, interval=5, clock=time.clock, sleep=time.sleep)
+        loaded = wait_for_rank_table(
+            fetch, SOURCE, timeout=300, interval=5, clock=time.clock, sleep=time.sleep
+        )
     assert loaded.table.is_completed and loaded.table.node_count == 3
     assert loaded.document == v1_0()
     assert len(fetch.calls) == 3 and time.sleeps == [5, 5]
@@ -62,17 +66,26 @@ def test_polls_until_completed_and_logs_progress(caplog):
 
 def test_half_written_file_is_not_ready_yet():
     time = FakeTime()
-    fetch = feed(COMPLETED[:40], SourceUnavailable("u", "connection", "expected a reachable server"), COMPLETED)
-    loaded = wait_for_rank_table(fetch, SOURCE, timeout=60, interval=2, clock=time.clock, sleep=time.sleep)
+    fetch = feed(
+        COMPLETED[:40],
+        SourceUnavailable("u", "connection", "expected a reachable server"),
+        COMPLETED,
+    )
+    loaded = wait_for_rank_table(
+        fetch, SOURCE, timeout=60, interval=2, clock=time.clock, sleep=time.sleep
+    )
     assert loaded.table.is_completed and len(fetch.calls) == 3
 
 
 def test_stuck_at_initializing_times_out_with_what_was_seen():
     time = FakeTime()
     with pytest.raises(NotReadyError) as caught:
-        wait_for_rank_table(feed(INITIALIZING), SOURCE, timeout=12, interval=5, clock=time.clock, sleep=time.sleep)
+        wait_for_rank_table(
+            feed(INITIALIZING), SOURCE, timeout=12, interval=5, clock=time.clock, sleep=time.sleep
+        )
     assert caught.value.message == (
-        f'{SOURCE}: status: expected "completed" within 12 s, last seen status=\'initializing\'')
+        f"{SOURCE}: status: expected \"completed\" within 12 s, last seen status='initializing'"
+    )
     assert caught.value.exit_code == 4
     assert time.sleeps == [5, 5, 2]  # never sleeps past the deadline
 
@@ -80,7 +93,14 @@ def test_stuck_at_initializing_times_out_with_what_was_seen():
 def test_never_parsing_file_reports_what_is_wrong_with_it_at_the_timeout():
     time = FakeTime()
     with pytest.raises(InputError) as caught:
-        wait_for_rank_table(feed(b'{"status": "compl'), SOURCE, timeout=10, interval=5, clock=time.clock, sleep=time.sleep)
+        wait_for_rank_table(
+            feed(b'{"status": "compl'),
+            SOURCE,
+            timeout=10,
+            interval=5,
+            clock=time.clock,
+            sleep=time.sleep,
+        )
     assert caught.value.message.startswith(f"{SOURCE}: line 1 column 12: expected valid JSON")
     assert "10 s" in caught.value.tip
 
@@ -89,8 +109,12 @@ def test_completed_but_invalid_table_fails_at_once():
     time = FakeTime()
     bad = v1_0()
     bad["server_list"][1]["server_id"] = 7
-    with pytest.raises(InputError, match=r"server_list\[1\].server_id: expected a string, got a number 7"):
-        wait_for_rank_table(feed(json.dumps(bad).encode()), SOURCE, timeout=300, clock=time.clock, sleep=time.sleep)
+    with pytest.raises(
+        InputError, match=r"server_list\[1\].server_id: expected a string, got a number 7"
+    ):
+        wait_for_rank_table(
+            feed(json.dumps(bad).encode()), SOURCE, timeout=300, clock=time.clock, sleep=time.sleep
+        )
     assert time.sleeps == []
 
 

@@ -5,7 +5,6 @@ import os
 import subprocess
 
 import pytest
-
 from npu_job.bootstrap.model import Collective, Plan, PlanStatus
 from npu_job.bootstrap.writers import (
     ENV_FILE,
@@ -19,24 +18,40 @@ from npu_job.bootstrap.writers import (
     write_plan_outputs,
 )
 
-PLAN = Plan(PlanStatus.SUCCESS, (2, 0, 1), Collective.RING, ("a note",), "in" * 32, "map" * 21 + "m")
-HOSTILE = "/tmp/it's a \"dir\" $(touch /tmp/pwned) `id`\nnext line/table.json"
+PLAN = Plan(
+    PlanStatus.SUCCESS, (2, 0, 1), Collective.RING, ("a note",), "in" * 32, "map" * 21 + "m"
+)
+HOSTILE = '/tmp/it\'s a "dir" $(touch /tmp/pwned) `id`\nnext line/table.json'
 
 
 def _write(out, **overrides):
-    arguments = dict(node_rank=2, master_index=1, reordered_table={"server_list": []},
-                     route_plan=route_plan_document(PLAN, node_count=3, pod_index=0, rank_table="r", topology="t"))
+    arguments = dict(
+        node_rank=2,
+        master_index=1,
+        reordered_table={"server_list": []},
+        route_plan=route_plan_document(
+            PLAN, node_count=3, pod_index=0, rank_table="r", topology="t"
+        ),
+    )
     arguments.update(overrides)
     return write_plan_outputs(str(out), **arguments)
 
 
 def test_success_writes_all_five_files_rank_last(tmp_path):
     written = _write(tmp_path)
-    assert [p.name for p in written] == [RANK_TABLE_COPY, ENV_FILE, ROUTE_PLAN_FILE, MASTER_FILE, RANK_FILE]
+    assert [p.name for p in written] == [
+        RANK_TABLE_COPY,
+        ENV_FILE,
+        ROUTE_PLAN_FILE,
+        MASTER_FILE,
+        RANK_FILE,
+    ]
     assert (tmp_path / RANK_FILE).read_text() == "2"
     assert (tmp_path / MASTER_FILE).read_text() == "1"
     assert json.loads((tmp_path / RANK_TABLE_COPY).read_text()) == {"server_list": []}
-    assert sorted(os.listdir(tmp_path)) == sorted(p.name for p in written), "no temp files left behind"
+    assert sorted(os.listdir(tmp_path)) == sorted(p.name for p in written), (
+        "no temp files left behind"
+    )
 
 
 def test_rerun_gives_byte_identical_files(tmp_path):
@@ -47,13 +62,18 @@ def test_rerun_gives_byte_identical_files(tmp_path):
 
 
 def test_route_plan_document_has_version_status_mapping_reasons_and_digests():
-    document = route_plan_document(PLAN, node_count=3, pod_index=0, rank_table="/r.json", topology="/t (cce)")
+    document = route_plan_document(
+        PLAN, node_count=3, pod_index=0, rank_table="/r.json", topology="/t (cce)"
+    )
     assert document["version"] == 1
     assert document["status"] == "success"
     assert document["rank_mapping"] == "0-1,1-2,2-0"
     assert document["node_rank"] == 2 and document["master_index"] == 1
     assert document["reasons"] == ["a note"] and document["reason"] == "a note"
-    assert document["input_digest"] == PLAN.input_digest and document["mapping_digest"] == PLAN.mapping_digest
+    assert (
+        document["input_digest"] == PLAN.input_digest
+        and document["mapping_digest"] == PLAN.mapping_digest
+    )
     assert document["collective"] == "ring" and document["node_count"] == 3
 
 
@@ -72,8 +92,15 @@ def test_env_file_values_reach_the_shell_exactly(tmp_path):
     env_file = tmp_path / "env.sh"
     env_file.write_text(env_file_text(5, 3, HOSTILE))
     out = subprocess.run(
-        ["bash", "-c", f'. {env_file} && printf "%s\\0%s\\0%s" "$NODE_RANK" "$MASTER_INDEX" "$RANK_TABLE_FILE"'],
-        capture_output=True, text=True, check=True, cwd=tmp_path,
+        [
+            "bash",
+            "-c",
+            f'. {env_file} && printf "%s\\0%s\\0%s" "$NODE_RANK" "$MASTER_INDEX" "$RANK_TABLE_FILE"',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
     )
     assert out.stdout.split("\0") == ["5", "3", HOSTILE]
     assert not os.path.exists("/tmp/pwned")
@@ -81,7 +108,9 @@ def test_env_file_values_reach_the_shell_exactly(tmp_path):
 
 def test_fallback_removes_stale_rank_files_and_writes_a_failed_plan(tmp_path):
     _write(tmp_path)
-    written = write_fallback_outputs(str(tmp_path), route_plan_document(None, error="x: y: expected z"))
+    written = write_fallback_outputs(
+        str(tmp_path), route_plan_document(None, error="x: y: expected z")
+    )
     assert [p.name for p in written] == [ROUTE_PLAN_FILE]
     assert sorted(os.listdir(tmp_path)) == [ROUTE_PLAN_FILE]
     assert json.loads((tmp_path / ROUTE_PLAN_FILE).read_text())["status"] == "failed"

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from npu_job.podfacts import ROUTE_PLAN_FILE
 from npu_job.cli import main
+from npu_job.podfacts import ROUTE_PLAN_FILE
 from tests.bootstrap.engines import json_engine
 
 EXIT_INPUT = 3
@@ -83,14 +83,23 @@ def clean_environment(monkeypatch) -> None:
             monkeypatch.delenv(name)
     monkeypatch.setenv("NPU_JOB_K8S_TOPOLOGY", "0")
     monkeypatch.setenv("NPU_JOB_WAIT_TIMEOUT", "0")
-    package_logger = logging.getLogger("npu_job")  # main() sets it up; other tests' caplog needs it back
+    package_logger = logging.getLogger(
+        "npu_job"
+    )  # main() sets it up; other tests' caplog needs it back
     monkeypatch.setattr(package_logger, "handlers", list(package_logger.handlers))
     monkeypatch.setattr(package_logger, "propagate", package_logger.propagate)
     monkeypatch.setattr(package_logger, "level", package_logger.level)
 
 
-def run_everywhere(rank_table: Path, topology: Optional[Path], host_ip: str, out_dir: Path,
-                   capsys, engine: str, topology_format: Optional[str] = None) -> Outcome:
+def run_everywhere(
+    rank_table: Path,
+    topology: Optional[Path],
+    host_ip: str,
+    out_dir: Path,
+    capsys,
+    engine: str,
+    topology_format: Optional[str] = None,
+) -> Outcome:
     """Run the pod path, ``--strict`` and ``npu-job plan`` on the same files under ``engine``."""
     reads = ["--rank-table", str(rank_table)]
     if topology is not None:
@@ -101,16 +110,22 @@ def run_everywhere(rank_table: Path, topology: Optional[Path], host_ip: str, out
     entries = []
     capsys.readouterr()
     with json_engine(engine):
-        for name, argv in (("pod", ["bootstrap", *pod_flags]),
-                           ("strict", ["bootstrap", *pod_flags, "--strict"]),
-                           ("plan", ["plan", *reads, "--samples", "0"])):
+        for name, argv in (
+            ("pod", ["bootstrap", *pod_flags]),
+            ("strict", ["bootstrap", *pod_flags, "--strict"]),
+            ("plan", ["plan", *reads, "--samples", "0"]),
+        ):
             code = main(argv)
             if name == "pod":
                 route_plan_bytes = (out_dir / ROUTE_PLAN_FILE).read_bytes()
             captured = capsys.readouterr()
             entries.append(Entry(name, code, captured.err.splitlines(), captured.out.splitlines()))
-    return Outcome(*entries, route_plan=json.loads(route_plan_bytes), out_dir=out_dir,
-                   route_plan_size=len(route_plan_bytes))
+    return Outcome(
+        *entries,
+        route_plan=json.loads(route_plan_bytes),
+        out_dir=out_dir,
+        route_plan_size=len(route_plan_bytes),
+    )
 
 
 def assert_one_line_error(outcome: Outcome, prefix: str) -> str:

@@ -18,7 +18,11 @@ SCRIPT = REPO / "scripts" / "bootstrap.sh"
 
 
 def _clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NPU_JOB_", "KUBERNETES_", "MA_", "VC_", "RANK_TABLE"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("NPU_JOB_", "KUBERNETES_", "MA_", "VC_", "RANK_TABLE"))
+    }
     env.update(extra)
     return env
 
@@ -26,23 +30,51 @@ def _clean_env(**extra):
 @pytest.fixture
 def job(tmp_path):
     table, _, _ = write_cce_job(tmp_path / "config", 5, 2)
-    flags = ["--rank-table", str(tmp_path / "config"), "--host-ip", table.servers[2].server_id,
-             "--pod-index", "2", "--output-dir", str(tmp_path / "out")]
+    flags = [
+        "--rank-table",
+        str(tmp_path / "config"),
+        "--host-ip",
+        table.servers[2].server_id,
+        "--pod-index",
+        "2",
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
     return flags, tmp_path / "out"
 
 
 def test_help_explains_flags_files_and_environment(capsys):
     assert main(["bootstrap", "--help"]) == 0
     text = capsys.readouterr().out
-    for word in ("--rank-table", "--topology", "--host-ip", "--pod-index", "--collective", "--output-dir",
-                 "--wait-timeout", "--poll-interval", "--strict", "--json", "RANK_AFTER_ACC", "MASTER_INDEX",
-                 "route_plan.json", "NPU_JOB_WAIT_TIMEOUT", "MA_CURRENT_HOST_IP", "HCCL_ALGO"):
+    for word in (
+        "--rank-table",
+        "--topology",
+        "--host-ip",
+        "--pod-index",
+        "--collective",
+        "--output-dir",
+        "--wait-timeout",
+        "--poll-interval",
+        "--strict",
+        "--json",
+        "RANK_AFTER_ACC",
+        "MASTER_INDEX",
+        "route_plan.json",
+        "NPU_JOB_WAIT_TIMEOUT",
+        "MA_CURRENT_HOST_IP",
+        "HCCL_ALGO",
+    ):
         assert word in text, word
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["--collective", "tree"], ["--wait-timeout", "soon"], ["--poll-interval", "-1"], ["--topology-format", "xml"]],
+    [
+        ["--collective", "tree"],
+        ["--wait-timeout", "soon"],
+        ["--poll-interval", "-1"],
+        ["--topology-format", "xml"],
+    ],
     ids=["bad-collective", "bad-timeout", "negative-interval", "bad-format"],
 )
 def test_bad_flags_are_usage_errors(argv, capsys):
@@ -66,16 +98,25 @@ def test_fallback_exits_0_and_strict_exits_with_the_error_code(tmp_path, capsys,
     assert main(["bootstrap", *missing]) == 0
     err = capsys.readouterr().err.splitlines()
     assert [line for line in err if "error" in line] == [
-        f"npu-job: error: {tmp_path / 'nope.json'}: file: expected an existing file (not found)"]
+        f"npu-job: error: {tmp_path / 'nope.json'}: file: expected an existing file (not found)"
+    ]
     assert main(["bootstrap", *missing, "--strict"]) == 3
     strict_err = capsys.readouterr().err
-    assert strict_err.startswith(f"npu-job: error: {tmp_path / 'nope.json'}: file:") and "Traceback" not in strict_err
+    assert (
+        strict_err.startswith(f"npu-job: error: {tmp_path / 'nope.json'}: file:")
+        and "Traceback" not in strict_err
+    )
 
 
 def test_python_dash_m_takes_the_same_options_and_verbosity(job):
     flags, out = job
-    done = subprocess.run([sys.executable, "-m", "npu_job.bootstrap", "-v", *flags], env=_clean_env(),
-                          capture_output=True, text=True, cwd="/")
+    done = subprocess.run(
+        [sys.executable, "-m", "npu_job.bootstrap", "-v", *flags],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        cwd="/",
+    )
     assert done.returncode == 0, done.stderr
     assert "npu-job: debug: rank table:" in done.stderr
     assert (out / "MASTER_INDEX").exists()
@@ -85,7 +126,13 @@ def test_bootstrap_sh_works_from_any_directory(job, tmp_path):
     flags, out = job
     elsewhere = tmp_path / "somewhere" / "else"
     elsewhere.mkdir(parents=True)
-    done = subprocess.run(["bash", str(SCRIPT), *flags], env=_clean_env(), capture_output=True, text=True, cwd=elsewhere)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), *flags],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+    )
     assert done.returncode == 0, done.stderr
     assert (out / "RANK_AFTER_ACC").exists()
 
@@ -99,25 +146,35 @@ def _no_npu_job_python(tmp_path):
 
 @pytest.mark.parametrize(
     "python, message",
-    [(_no_npu_job_python, "the npu_job package is not importable"), (lambda tmp: "no-such-python3", "no-such-python3: not found")],
+    [
+        (_no_npu_job_python, "the npu_job package is not importable"),
+        (lambda tmp: "no-such-python3", "no-such-python3: not found"),
+    ],
     ids=["npu-job-not-installed", "no-python"],
 )
 def test_bootstrap_sh_without_npu_job_says_so_and_keeps_the_job_alive(tmp_path, python, message):
     env = _clean_env(NPU_JOB_PYTHON=python(tmp_path))
-    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, cwd=tmp_path)
+    done = subprocess.run(
+        ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
     assert done.returncode == 0
     assert done.stderr.startswith("npu-job: error: bootstrap.sh: ") and message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
-    strict = subprocess.run(["bash", str(SCRIPT), "--strict"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    strict = subprocess.run(
+        ["bash", str(SCRIPT), "--strict"], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
     assert strict.returncode == 3
 
 
-def test_installed_script_and_template_are_this_script():
+def test_installed_script_and_packaged_one_are_this_script():
+    from importlib import resources
+
+    packaged = resources.files("npu_job.scripts").joinpath("bootstrap.sh")
+    assert Path(str(packaged)).resolve() == SCRIPT.resolve(), "render ships this very file"
     installed = Path(sys.executable).parent / "bootstrap.sh"
     if not installed.exists():
         pytest.skip("npu-job is not installed into this interpreter's bin directory")
     assert filecmp.cmp(installed, SCRIPT, shallow=False), "stale copy: re-run pip install -e ."
-    assert (REPO / "templates" / "bootstrap.sh").resolve() == SCRIPT.resolve()
 
 
 def test_script_passes_shellcheck():
@@ -133,3 +190,53 @@ def test_verbose_and_quiet_after_the_subcommand_as_the_flag_table_says(job, caps
     assert "npu-job: debug: rank table:" in err and "npu-job: node rank" in err
     assert main(["bootstrap", *flags, "-q"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_an_unknown_option_of_bootstrap_sh_shows_the_bootstraps_usage(tmp_path):
+    """bootstrap.sh parses its own options (npu_job.bootstrap.command), without npu-job's other
+    subcommands: an option it does not know is a usage error against its own usage, exit 2."""
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--no-such-option"],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: npu-job bootstrap [-h] [-v] [-q] ")
+    assert (
+        done.stderr.splitlines()[-1]
+        == "npu-job bootstrap: error: unrecognized arguments: --no-such-option"
+    )
+
+
+def test_bootstrap_without_a_rank_table_from_a_pods_file(tmp_path, capsys):
+    """`npu-job bootstrap --pods cluster.json`: the dry run of a pod of a job with no rank table."""
+    from pathlib import Path
+
+    cluster = (
+        Path(__file__).resolve().parents[1] / "bootstrap" / "fixtures" / "kube" / "cluster.json"
+    )
+    code = main(
+        [
+            "bootstrap",
+            "--pods",
+            str(cluster),
+            "--job",
+            "llama",
+            "--task",
+            "worker",
+            "--host-ip",
+            "10.1.9.18",
+            "--pod-index",
+            "0",
+            "--output-dir",
+            str(tmp_path),
+            "--json",
+        ]
+    )
+    assert code == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["status"] == "success" and plan["pods"] == str(cluster) and plan["pod_index"] == 0
+    assert (tmp_path / "RANK_AFTER_ACC").read_text() == str(plan["node_rank"])
+    assert not (tmp_path / "jobstart_hccl.reordered.json").exists()

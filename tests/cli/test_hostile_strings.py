@@ -43,7 +43,7 @@ HOSTILE = {
     "carriage-return": "evil\rforged",
     "one-mebibyte": "x" * (1 << 20),
     "control-chars": "\x1b[31mred\x1b[0m\x01\x07bell\x7f",
-    "quotes": "it's \"quoted\" \\ and \\n",
+    "quotes": 'it\'s "quoted" \\ and \\n',
     "other-line-breaks": "a\u2028b\u2029c\x85d\x0be\x0cf\x1cg",
     "lone-surrogate": "\ud800x",
 }
@@ -73,8 +73,10 @@ def _duplicate_tor_ip(hostile: str) -> Dict[str, Any]:
 
 
 def _two_nodes_claiming(hostile: str) -> Dict[str, Any]:
-    return node_list(node("n0", hostile, {"volcano.sh/tor": "tor-a"}),
-                     node("n1", hostile, {"volcano.sh/tor": "tor-b"}))
+    return node_list(
+        node("n0", hostile, {"volcano.sh/tor": "tor-a"}),
+        node("n1", hostile, {"volcano.sh/tor": "tor-b"}),
+    )
 
 
 def _partial_node(hostile: str) -> Dict[str, Any]:
@@ -97,20 +99,60 @@ def _super_pod_member_twice(hostile: str) -> Dict[str, Any]:
     return document
 
 
+def _hypernodes(*items: Dict[str, Any]) -> Dict[str, Any]:
+    return {
+        "kind": "HyperNodeList",
+        "apiVersion": "topology.volcano.sh/v1alpha1",
+        "items": list(items),
+    }
+
+
+def _hypernode(name: str, members: Any) -> Dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"tier": 1, "members": members}}
+
+
+def _child(name: str) -> Dict[str, Any]:
+    return {"type": "HyperNode", "selector": {"exactMatch": {"name": name}}}
+
+
 SITES: Dict[str, Callable[[str], Job]] = {
+    "hypernode-cycle": lambda h: Job(v1_0(), _hypernodes(_hypernode(h, [_child(h)]))),
+    "hypernode-member-type": lambda h: Job(
+        v1_0(),
+        _hypernodes(_hypernode("s0", [{"type": h, "selector": {"exactMatch": {"name": "n"}}}])),
+    ),
+    "hypernode-label-key": lambda h: Job(
+        v1_0(),
+        _hypernodes(
+            _hypernode(
+                "s0", [{"type": "Node", "selector": {"labelMatch": {"matchLabels": {h: 7}}}}]
+            )
+        ),
+    ),
+    "node-label-key": lambda h: Job(v1_0(), node_list(node("n0", V1_0_IDS[0], {h: 5}))),
     "rank-table-status": lambda h: Job(set_field(v1_0(), ["status"], h)),
-    "duplicate-server-id": lambda h: Job(set_field(set_field(v1_0(), ["server_list", 1, "server_id"], h),
-                                                   ["server_list", 2, "server_id"], h)),
+    "duplicate-server-id": lambda h: Job(
+        set_field(
+            set_field(v1_0(), ["server_list", 1, "server_id"], h),
+            ["server_list", 2, "server_id"],
+            h,
+        )
+    ),
     "rank-id": lambda h: Job(set_field(v1_0(), ["server_list", 1, "device", 0, "rank_id"], h)),
     "server-count": lambda h: Job(set_field(v1_0(), ["server_count"], h)),
     "unknown-super-pod-member": lambda h: Job(
         set_field(v1_2_super_pods(), ["super_pod_list", 0, "server_list", 0, "server_id"], h),
-        _plain(("node-0", "node-1", "node-2", "node-3")), host_ip="node-0"),
-    "super-pod-member-twice": lambda h: Job(_super_pod_member_twice(h), _plain(("node-0", "node-2", "node-3")),
-                                            host_ip="node-0"),
+        _plain(("node-0", "node-1", "node-2", "node-3")),
+        host_ip="node-0",
+    ),
+    "super-pod-member-twice": lambda h: Job(
+        _super_pod_member_twice(h), _plain(("node-0", "node-2", "node-3")), host_ip="node-0"
+    ),
     "legacy-pod-name": lambda h: Job(
         set_field(legacy_group_list(), ["group_list", 0, "instance_list", 0, "pod_name"], h),
-        _plain(("10.19.1.70", "10.19.1.71", "10.19.1.72")), host_ip="10.19.1.70"),
+        _plain(("10.19.1.70", "10.19.1.71", "10.19.1.72")),
+        host_ip="10.19.1.70",
+    ),
     "host-ip": lambda h: Job(v1_0(), host_ip=h),
     "env-task-index": lambda h: Job(v1_0(), env={"VC_TASK_INDEX": h}),
     "env-full-node-devices": lambda h: Job(v1_0(), env={"NPU_JOB_FULL_NODE_DEVICES": h}),
@@ -118,18 +160,29 @@ SITES: Dict[str, Callable[[str], Job]] = {
     "env-poll-interval": lambda h: Job(v1_0(), env={"NPU_JOB_POLL_INTERVAL": h}),
     "plain-server-id": lambda h: Job(v1_0(), set_field(_plain(), ["servers", h], 5.5)),
     "plain-unknown-top-level-key": lambda h: Job(v1_0(), set_field(_plain(), [h], 1)),
-    "plain-unknown-placement-key": lambda h: Job(v1_0(), set_field(_plain(), ["servers", V1_0_IDS[1]],
-                                                                   {"path": ["t"], h: 1})),
-    "tor-info-duplicate-tor": lambda h: Job(v1_0(TOR_INFO_IDS), _duplicate_tor_ip(h), host_ip=TOR_INFO_IDS[0]),
-    "tor-info-slice-id": lambda h: Job(v1_0(TOR_INFO_IDS), set_field(
-        tor_info(), ["server_list", 1, "server", 0, "slice_id"], h), host_ip=TOR_INFO_IDS[0]),
-    "tor-info-tor-count": lambda h: Job(v1_0(TOR_INFO_IDS), set_field(tor_info(), ["tor_count"], h),
-                                        host_ip=TOR_INFO_IDS[0]),
-    "configmap-duplicate-tor": lambda h: Job(v1_0(TOR_INFO_IDS), {
-        "kind": "ConfigMap", "data": {"tor_info": json.dumps(_duplicate_tor_ip(h))}}, host_ip=TOR_INFO_IDS[0]),
+    "plain-unknown-placement-key": lambda h: Job(
+        v1_0(), set_field(_plain(), ["servers", V1_0_IDS[1]], {"path": ["t"], h: 1})
+    ),
+    "tor-info-duplicate-tor": lambda h: Job(
+        v1_0(TOR_INFO_IDS), _duplicate_tor_ip(h), host_ip=TOR_INFO_IDS[0]
+    ),
+    "tor-info-slice-id": lambda h: Job(
+        v1_0(TOR_INFO_IDS),
+        set_field(tor_info(), ["server_list", 1, "server", 0, "slice_id"], h),
+        host_ip=TOR_INFO_IDS[0],
+    ),
+    "tor-info-tor-count": lambda h: Job(
+        v1_0(TOR_INFO_IDS), set_field(tor_info(), ["tor_count"], h), host_ip=TOR_INFO_IDS[0]
+    ),
+    "configmap-duplicate-tor": lambda h: Job(
+        v1_0(TOR_INFO_IDS),
+        {"kind": "ConfigMap", "data": {"tor_info": json.dumps(_duplicate_tor_ip(h))}},
+        host_ip=TOR_INFO_IDS[0],
+    ),
     "node-address-claimed-twice": lambda h: Job(v1_0(), _two_nodes_claiming(h)),
-    "ranktable-tor-duplicate-server-id": lambda h: Job(v1_0(), _server_twice(h),
-                                                       topology_name="ranktable_tor.json"),
+    "ranktable-tor-duplicate-server-id": lambda h: Job(
+        v1_0(), _server_twice(h), topology_name="ranktable_tor.json"
+    ),
     "planner-reason-names-a-server": lambda h: Job(_partial_node(h), _plain((*V1_0_IDS[:2], h))),
 }
 
@@ -139,8 +192,9 @@ ENV_UNSAFE = ("lone-surrogate",)  # os.environ holds no lone surrogates (and no 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("hostile_name", list(HOSTILE))
 @pytest.mark.parametrize("site", list(SITES))
-def test_an_error_echoing_a_hostile_string_stays_one_bounded_line(tmp_path: Path, capsys, monkeypatch, site,
-                                                                   hostile_name, engine):
+def test_an_error_echoing_a_hostile_string_stays_one_bounded_line(
+    tmp_path: Path, capsys, monkeypatch, site, hostile_name, engine
+):
     hostile = HOSTILE[hostile_name]
     job = SITES[site](hostile)
     if job.env and hostile_name in ENV_UNSAFE:

@@ -52,33 +52,102 @@ TORS = ("tor-a", "tor-b")
 
 def _set(document: Any, path: str, value: Any) -> Any:
     """``document`` with the field at ``path`` (keys joined by ``/``) set to ``value``."""
-    return set_field(document, [int(key) if key.isdigit() else key for key in path.split("/")], value)
+    return set_field(
+        document, [int(key) if key.isdigit() else key for key in path.split("/")], value
+    )
 
 
 # (id, builder of the rank table, host ip, expected field or None)
 # None: the value is an id or unread, and the job is planned as usual.
 RANK_TABLE_CASES = [
-    ("v1.0-server_count", lambda: _set(v1_0(), "server_count", DIGITS), "192.168.0.11", "server_count"),
-    ("v1.0-rank_id", lambda: _set(v1_0(), "server_list/1/device/0/rank_id", DIGITS), "192.168.0.11",
-     "server_list[1].device[0].rank_id"),
-    ("v1.0-rank_id-first-device", lambda: _set(v1_0(), "server_list/0/device/0/rank_id", DIGITS),
-     "192.168.0.12", "server_list[0].device[0].rank_id"),
-    ("v1.0-device_id", lambda: _set(v1_0(), "server_list/1/device/0/device_id", DIGITS), "192.168.0.11", None),
-    ("v1.0-server_id", lambda: _set(v1_0(), "server_list/1/server_id", DIGITS), "192.168.0.11", None),
-    ("v1.2-super_pod_id", lambda: _set(v1_2_super_pods(), "super_pod_list/0/super_pod_id", DIGITS),
-     "node-0", None),
-    ("v1.2-super_device_id", lambda: _set(v1_2_super_pods(), "server_list/2/device/1/super_device_id", DIGITS),
-     "node-0", None),
-    ("v1.2-server_count", lambda: _set(v1_2_super_pods(), "server_count", DIGITS), "node-0", "server_count"),
-    ("v1.4-data_version-bare", lambda: _set(v1_4_cce(), "data_version", NUMBER), "111.111.111.1", "content"),
-    ("v1.4-numa_id", lambda: _set(v1_4_cce(), "server_list/0/device/0/numa_id", DIGITS), "111.111.111.1", None),
-    ("v0-pod_name-suffix", lambda: _set(legacy_group_list(), "group_list/0/instance_list/0/pod_name",
-                                        "fake-job-pod-" + DIGITS), "10.19.1.70",
-     "group_list[0].instance_list[0].pod_name"),
-    ("v0-group_count", lambda: _set(legacy_group_list(), "group_count", DIGITS), "10.19.1.70", None),
-    ("v0-device_count", lambda: _set(legacy_group_list(), "group_list/0/device_count", DIGITS), "10.19.1.70", None),
-    ("v0-device_id", lambda: _set(legacy_group_list(), "group_list/0/instance_list/1/devices/0/device_id", DIGITS),
-     "10.19.1.70", None),
+    (
+        "v1.0-server_count",
+        lambda: _set(v1_0(), "server_count", DIGITS),
+        "192.168.0.11",
+        "server_count",
+    ),
+    (
+        "v1.0-rank_id",
+        lambda: _set(v1_0(), "server_list/1/device/0/rank_id", DIGITS),
+        "192.168.0.11",
+        "server_list[1].device[0].rank_id",
+    ),
+    (
+        "v1.0-rank_id-first-device",
+        lambda: _set(v1_0(), "server_list/0/device/0/rank_id", DIGITS),
+        "192.168.0.12",
+        "server_list[0].device[0].rank_id",
+    ),
+    (
+        "v1.0-device_id",
+        lambda: _set(v1_0(), "server_list/1/device/0/device_id", DIGITS),
+        "192.168.0.11",
+        None,
+    ),
+    (
+        "v1.0-server_id",
+        lambda: _set(v1_0(), "server_list/1/server_id", DIGITS),
+        "192.168.0.11",
+        None,
+    ),
+    (
+        "v1.2-super_pod_id",
+        lambda: _set(v1_2_super_pods(), "super_pod_list/0/super_pod_id", DIGITS),
+        "node-0",
+        None,
+    ),
+    (
+        "v1.2-super_device_id",
+        lambda: _set(v1_2_super_pods(), "server_list/2/device/1/super_device_id", DIGITS),
+        "node-0",
+        None,
+    ),
+    (
+        "v1.2-server_count",
+        lambda: _set(v1_2_super_pods(), "server_count", DIGITS),
+        "node-0",
+        "server_count",
+    ),
+    (
+        "v1.4-data_version-bare",
+        lambda: _set(v1_4_cce(), "data_version", NUMBER),
+        "111.111.111.1",
+        "content",
+    ),
+    (
+        "v1.4-numa_id",
+        lambda: _set(v1_4_cce(), "server_list/0/device/0/numa_id", DIGITS),
+        "111.111.111.1",
+        None,
+    ),
+    (
+        "v0-pod_name-suffix",
+        lambda: _set(
+            legacy_group_list(), "group_list/0/instance_list/0/pod_name", "fake-job-pod-" + DIGITS
+        ),
+        "10.19.1.70",
+        "group_list[0].instance_list[0].pod_name",
+    ),
+    (
+        "v0-group_count",
+        lambda: _set(legacy_group_list(), "group_count", DIGITS),
+        "10.19.1.70",
+        None,
+    ),
+    (
+        "v0-device_count",
+        lambda: _set(legacy_group_list(), "group_list/0/device_count", DIGITS),
+        "10.19.1.70",
+        None,
+    ),
+    (
+        "v0-device_id",
+        lambda: _set(
+            legacy_group_list(), "group_list/0/instance_list/1/devices/0/device_id", DIGITS
+        ),
+        "10.19.1.70",
+        None,
+    ),
 ]
 
 
@@ -89,10 +158,12 @@ def _server_ids(document: Dict[str, Any]):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("build, host_ip, field", [c[1:] for c in RANK_TABLE_CASES],
-                         ids=[c[0] for c in RANK_TABLE_CASES])
-def test_a_long_integer_in_a_rank_table(tmp_path: Path, capsys, monkeypatch, engine, build: Callable,
-                                        host_ip: str, field: Optional[str]):
+@pytest.mark.parametrize(
+    "build, host_ip, field", [c[1:] for c in RANK_TABLE_CASES], ids=[c[0] for c in RANK_TABLE_CASES]
+)
+def test_a_long_integer_in_a_rank_table(
+    tmp_path: Path, capsys, monkeypatch, engine, build: Callable, host_ip: str, field: Optional[str]
+):
     clean_environment(monkeypatch)
     document = build()
     rank_table = tmp_path / "jobstart_hccl.json"
@@ -114,13 +185,21 @@ def _tor_info_without_tor_ips() -> Dict[str, Any]:
 
 
 def _configmap(document: Dict[str, Any]) -> Dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "basic-tor-node-cm"},
-            "data": {"tor_level": "double_layer", "tor_info": _text(document)}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "basic-tor-node-cm"},
+        "data": {"tor_level": "double_layer", "tor_info": _text(document)},
+    }
 
 
 def _labelled_nodes(label: str) -> Dict[str, Any]:
-    return node_list(*(node(f"n{i}", sid, {"volcano.sh/tor": label if i == 1 else TORS[i % 2]})
-                       for i, sid in enumerate(V1_0_IDS)))
+    return node_list(
+        *(
+            node(f"n{i}", sid, {"volcano.sh/tor": label if i == 1 else TORS[i % 2]})
+            for i, sid in enumerate(V1_0_IDS)
+        )
+    )
 
 
 CCE = {sid: [TORS[i % 2]] * 2 for i, sid in enumerate(V1_0_IDS)}
@@ -131,44 +210,123 @@ LINE_1 = "line 1 column"
 
 # (id, topology document builder, rank table ids, expected field or None)
 TOPOLOGY_CASES = [
-    ("tor_info-tor_count", lambda: _set(tor_info(), "tor_count", DIGITS), TOR_INFO_IDS, "tor_count"),
-    ("tor_info-tor_count-bare", lambda: _set(tor_info(), "tor_count", NUMBER), TOR_INFO_IDS, LINE_1),
-    ("tor_info-slice_id", lambda: _set(tor_info(), "server_list/1/server/0/slice_id", DIGITS), TOR_INFO_IDS,
-     "server_list[1].server[0].slice_id"),
-    ("tor_info-slice_id-bare", lambda: _set(tor_info(), "server_list/1/server/0/slice_id", NUMBER), TOR_INFO_IDS,
-     LINE_1),
-    ("tor_info-npu_count", lambda: _set(tor_info(), "server_list/0/server/1/npu_count", DIGITS), TOR_INFO_IDS, None),
-    ("tor_info-npu_count-bare", lambda: _set(tor_info(), "server_list/0/server/1/npu_count", NUMBER), TOR_INFO_IDS,
-     LINE_1),
-    ("tor_info-tor_id", lambda: _set(_tor_info_without_tor_ips(), "server_list/1/tor_id", DIGITS), TOR_INFO_IDS,
-     None),
-    ("tor_info-tor_id-bare", lambda: _set(_tor_info_without_tor_ips(), "server_list/1/tor_id", NUMBER),
-     TOR_INFO_IDS, LINE_1),
-    ("configmap-tor_count", lambda: _configmap(_set(tor_info(), "tor_count", DIGITS)), TOR_INFO_IDS,
-     "data.tor_info: tor_count"),
-    ("ranktable_tor-rank_id", lambda: _set(ranktable_tor(CCE), "server_list/1/device/0/rank_id", DIGITS),
-     V1_0_IDS, None),
-    ("ranktable_tor-server_count", lambda: _set(ranktable_tor(CCE), "server_count", DIGITS), V1_0_IDS, None),
-    ("ranktable_tor-tor_ip", lambda: _set(ranktable_tor(CCE), "server_list/1/device/0/tor_ip", DIGITS),
-     V1_0_IDS, None),
-    ("ranktable_tor-pod_name", lambda: _set(ranktable_tor(CCE), "server_list/1/pod_name", "w-" + DIGITS),
-     V1_0_IDS, None),
-    ("plain-slot", lambda: _set(plain_topology(V1_0_IDS), "servers/192.168.0.12", {"path": ["tor-a"], "slot": DIGITS}),
-     V1_0_IDS, "servers.192.168.0.12.slot"),
-    ("plain-slot-bare", lambda: _set(plain_topology(V1_0_IDS), "servers/192.168.0.12",
-                                     {"path": ["tor-a"], "slot": NUMBER}), V1_0_IDS, LINE_1),
-    ("plain-switch-id", lambda: _set(plain_topology(V1_0_IDS), "servers/192.168.0.12", ["spine-" + DIGITS, DIGITS]),
-     V1_0_IDS, None),
-    ("plain-switch-id-bare", lambda: _set(plain_topology(V1_0_IDS), "servers/192.168.0.12", [NUMBER]), V1_0_IDS,
-     LINE_1),
+    (
+        "tor_info-tor_count",
+        lambda: _set(tor_info(), "tor_count", DIGITS),
+        TOR_INFO_IDS,
+        "tor_count",
+    ),
+    (
+        "tor_info-tor_count-bare",
+        lambda: _set(tor_info(), "tor_count", NUMBER),
+        TOR_INFO_IDS,
+        LINE_1,
+    ),
+    (
+        "tor_info-slice_id",
+        lambda: _set(tor_info(), "server_list/1/server/0/slice_id", DIGITS),
+        TOR_INFO_IDS,
+        "server_list[1].server[0].slice_id",
+    ),
+    (
+        "tor_info-slice_id-bare",
+        lambda: _set(tor_info(), "server_list/1/server/0/slice_id", NUMBER),
+        TOR_INFO_IDS,
+        LINE_1,
+    ),
+    (
+        "tor_info-npu_count",
+        lambda: _set(tor_info(), "server_list/0/server/1/npu_count", DIGITS),
+        TOR_INFO_IDS,
+        None,
+    ),
+    (
+        "tor_info-npu_count-bare",
+        lambda: _set(tor_info(), "server_list/0/server/1/npu_count", NUMBER),
+        TOR_INFO_IDS,
+        LINE_1,
+    ),
+    (
+        "tor_info-tor_id",
+        lambda: _set(_tor_info_without_tor_ips(), "server_list/1/tor_id", DIGITS),
+        TOR_INFO_IDS,
+        None,
+    ),
+    (
+        "tor_info-tor_id-bare",
+        lambda: _set(_tor_info_without_tor_ips(), "server_list/1/tor_id", NUMBER),
+        TOR_INFO_IDS,
+        LINE_1,
+    ),
+    (
+        "configmap-tor_count",
+        lambda: _configmap(_set(tor_info(), "tor_count", DIGITS)),
+        TOR_INFO_IDS,
+        "data.tor_info: tor_count",
+    ),
+    (
+        "ranktable_tor-rank_id",
+        lambda: _set(ranktable_tor(CCE), "server_list/1/device/0/rank_id", DIGITS),
+        V1_0_IDS,
+        None,
+    ),
+    (
+        "ranktable_tor-server_count",
+        lambda: _set(ranktable_tor(CCE), "server_count", DIGITS),
+        V1_0_IDS,
+        None,
+    ),
+    (
+        "ranktable_tor-tor_ip",
+        lambda: _set(ranktable_tor(CCE), "server_list/1/device/0/tor_ip", DIGITS),
+        V1_0_IDS,
+        None,
+    ),
+    (
+        "ranktable_tor-pod_name",
+        lambda: _set(ranktable_tor(CCE), "server_list/1/pod_name", "w-" + DIGITS),
+        V1_0_IDS,
+        None,
+    ),
+    (
+        "plain-slot",
+        lambda: _set(
+            plain_topology(V1_0_IDS), "servers/192.168.0.12", {"path": ["tor-a"], "slot": DIGITS}
+        ),
+        V1_0_IDS,
+        "servers.192.168.0.12.slot",
+    ),
+    (
+        "plain-slot-bare",
+        lambda: _set(
+            plain_topology(V1_0_IDS), "servers/192.168.0.12", {"path": ["tor-a"], "slot": NUMBER}
+        ),
+        V1_0_IDS,
+        LINE_1,
+    ),
+    (
+        "plain-switch-id",
+        lambda: _set(plain_topology(V1_0_IDS), "servers/192.168.0.12", ["spine-" + DIGITS, DIGITS]),
+        V1_0_IDS,
+        None,
+    ),
+    (
+        "plain-switch-id-bare",
+        lambda: _set(plain_topology(V1_0_IDS), "servers/192.168.0.12", [NUMBER]),
+        V1_0_IDS,
+        LINE_1,
+    ),
     ("node-label", lambda: _labelled_nodes(DIGITS), V1_0_IDS, None),
 ]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("build, ids, field", [c[1:] for c in TOPOLOGY_CASES], ids=[c[0] for c in TOPOLOGY_CASES])
-def test_a_long_integer_in_a_topology(tmp_path: Path, capsys, monkeypatch, engine, build: Callable, ids,
-                                      field: Optional[str]):
+@pytest.mark.parametrize(
+    "build, ids, field", [c[1:] for c in TOPOLOGY_CASES], ids=[c[0] for c in TOPOLOGY_CASES]
+)
+def test_a_long_integer_in_a_topology(
+    tmp_path: Path, capsys, monkeypatch, engine, build: Callable, ids, field: Optional[str]
+):
     """A ``ranktable_tor.json`` is found beside the rank table (and read server by server on the
     pod); any other topology is named with ``--topology``."""
     clean_environment(monkeypatch)
@@ -178,7 +336,9 @@ def test_a_long_integer_in_a_topology(tmp_path: Path, capsys, monkeypatch, engin
     beside = "device" in json.dumps(document)
     topology = tmp_path / ("ranktable_tor.json" if beside else "topology.json")
     topology.write_text(_text(document))
-    outcome = run_everywhere(rank_table, None if beside else topology, ids[0], tmp_path / "out", capsys, engine)
+    outcome = run_everywhere(
+        rank_table, None if beside else topology, ids[0], tmp_path / "out", capsys, engine
+    )
     if field is None:
         assert_planned(outcome)
     elif field == LINE_1:
@@ -189,26 +349,32 @@ def test_a_long_integer_in_a_topology(tmp_path: Path, capsys, monkeypatch, engin
 
 
 YAML_CASES = [
-    ("slot-decimal", "{path: [tor-a], slot: %s}" % DIGITS, "line 4 column 39"),
-    ("switch-id-binary", "[0b%s]" % ("1" * 20000), "line 4 column 18"),  # base 2 has no int() limit
-    ("switch-id-hex", "[0x%s]" % ("f" * 4000), "line 4 column 18"),
-    ("switch-id-sexagesimal", "[%s]" % ":".join(["59"] * 3000), "line 4 column 18"),
-    ("switch-id-quoted", '["%s"]' % DIGITS, None),
+    ("slot-decimal", "{path: [tor-a], slot: " + DIGITS + "}", "line 4 column 39"),
+    (
+        "switch-id-binary",
+        "[0b" + "1" * 20000 + "]",
+        "line 4 column 18",
+    ),  # base 2 has no int() limit
+    ("switch-id-hex", "[0x" + "f" * 4000 + "]", "line 4 column 18"),
+    ("switch-id-sexagesimal", "[" + ":".join(["59"] * 3000) + "]", "line 4 column 18"),
+    ("switch-id-quoted", '["' + DIGITS + '"]', None),
 ]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("spec, field", [c[1:] for c in YAML_CASES], ids=[c[0] for c in YAML_CASES])
-def test_a_long_integer_in_a_yaml_topology(tmp_path: Path, capsys, monkeypatch, engine, spec: str,
-                                           field: Optional[str]):
+def test_a_long_integer_in_a_yaml_topology(
+    tmp_path: Path, capsys, monkeypatch, engine, spec: str, field: Optional[str]
+):
     """YAML reads integers in bases 2, 8, 16 and 60 too; none may become a number too long to
     print (a switch id is printed into the digest and the plan)."""
     clean_environment(monkeypatch)
     rank_table = tmp_path / "jobstart_hccl.json"
     rank_table.write_text(json.dumps(v1_0(V1_0_IDS)))
     topology = tmp_path / "topology.yaml"
-    topology.write_text("servers:\n  192.168.0.11: [tor-a]\n  192.168.0.13: [tor-b]\n"
-                        f"  192.168.0.12: {spec}\n")
+    topology.write_text(
+        f"servers:\n  192.168.0.11: [tor-a]\n  192.168.0.13: [tor-b]\n  192.168.0.12: {spec}\n"
+    )
     outcome = run_everywhere(rank_table, topology, V1_0_IDS[0], tmp_path / "out", capsys, engine)
     if field is None:
         assert_planned(outcome)

@@ -48,7 +48,9 @@ def level_seen(monkeypatch):
         pytest.param(["-v"], ["-q"], logging.WARNING, id="q-wins-over-v"),
     ],
 )
-def test_verbose_and_quiet_work_before_and_after_every_subcommand(command, before, after, level, level_seen):
+def test_verbose_and_quiet_work_before_and_after_every_subcommand(
+    command, before, after, level, level_seen
+):
     assert main([*before, command, *REQUIRED.get(command, []), *after]) == 0
     assert level_seen == [level]
 

@@ -16,9 +16,10 @@ from npu_job.bootstrap import planner
 from npu_job.bootstrap.model import Collective
 from npu_job.bootstrap.ranktable import rank_table_document
 from npu_job.bootstrap.synthetic import synthetic_cluster
-from npu_job.bootstrap.topology import encode_ranktable_tor, plain_topology_document
+from npu_job.bootstrap.topology import encode_ranktable_tor
 
 from npu_job.cli import main
+from tests.bootstrap.documents import plain_topology_document
 
 
 @pytest.fixture()
@@ -196,5 +197,10 @@ def test_a_flow_style_yaml_topology_is_read_by_the_pod_and_by_plan(tmp_path, cap
     rank_table = tmp_path / "jobstart_hccl.json"
     rank_table.write_text(json.dumps(v1_0()))
     topology = tmp_path / "topology.yaml"
-    topology.write_text('{servers: {"%s": tor-1, "%s": tor-2, "%s": [spine, tor-1]}}' % V1_0_IDS)
-    assert_planned(run_everywhere(rank_table, topology, V1_0_IDS[0], tmp_path / "out", capsys, "stdlib"))
+    first, second, third = V1_0_IDS
+    topology.write_text(
+        f'{{servers: {{"{first}": tor-1, "{second}": tor-2, "{third}": [spine, tor-1]}}}}'
+    )
+    assert_planned(
+        run_everywhere(rank_table, topology, V1_0_IDS[0], tmp_path / "out", capsys, "stdlib")
+    )

@@ -46,13 +46,24 @@ def test_files_and_set_override_in_order(spec_file, tmp_path, capsys):
     more = tmp_path / "more.yaml"
     more.write_text("nodes: 4\nenv: {A: from-more}\n")
     code, out, err = run_cli(
-        str(spec_file), "-f", str(more), "--set", "nodes=5,env.B=true", "--set-string", "env.C=007",
-        "--set", "args={--lr,0.1}", capsys=capsys,
+        str(spec_file),
+        "-f",
+        str(more),
+        "--set",
+        "nodes=5,env.B=true",
+        "--set-string",
+        "env.C=007",
+        "--set",
+        "args={--lr,0.1}",
+        capsys=capsys,
     )
     assert code == 0, err
     job = the_job(out)
     assert job["spec"]["minAvailable"] == 5
-    env = {e["name"]: e.get("value") for e in job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"]}
+    env = {
+        e["name"]: e.get("value")
+        for e in job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["env"]
+    }
     assert (env["A"], env["B"], env["C"]) == ("from-more", "true", "007")
     train_sh = next(yaml.safe_load_all(out))["data"]["train.sh"]
     assert "  --lr\n  0.1\n" in train_sh
@@ -74,38 +85,91 @@ def test_spec_from_stdin(monkeypatch, capsys):
 
 def test_output_dir_writes_files_and_says_so(spec_file, tmp_path, capsys):
     out_dir = tmp_path / "out"
-    code, out, err = run_cli(str(spec_file), "--set", "nodes=3", "--output-dir", str(out_dir), capsys=capsys)
+    code, out, err = run_cli(
+        str(spec_file), "--set", "nodes=3", "--output-dir", str(out_dir), capsys=capsys
+    )
     assert code == 0, err
-    assert out.splitlines() == [f"wrote {out_dir / name}" for name in ("config.yaml", "train.sh", "bootstrap.sh")]
+    assert out.splitlines() == [
+        f"wrote {out_dir / name}" for name in ("config.yaml", "train.sh", "bootstrap.sh")
+    ]
     stream = (out_dir / "config.yaml").read_text()
-    assert next(yaml.safe_load_all(stream))["data"]["train.sh"] == (out_dir / "train.sh").read_text()
+    assert (
+        next(yaml.safe_load_all(stream))["data"]["train.sh"] == (out_dir / "train.sh").read_text()
+    )
     assert os.access(out_dir / "train.sh", os.X_OK)
-    assert sorted(p.name for p in out_dir.iterdir()) == ["bootstrap.sh", "config.yaml", "train.sh"], "no temp files left"
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "bootstrap.sh",
+        "config.yaml",
+        "train.sh",
+    ], "no temp files left"
 
 
 def test_bad_spec_writes_nothing(spec_file, tmp_path, capsys):
     out_dir = tmp_path / "out"
-    code, out, err = run_cli(str(spec_file), "--set", "nodes=0", "--output-dir", str(out_dir), capsys=capsys)
+    code, out, err = run_cli(
+        str(spec_file), "--set", "nodes=0", "--output-dir", str(out_dir), capsys=capsys
+    )
     assert code == 5 and out == "" and not out_dir.exists()
 
 
 @pytest.mark.parametrize(
     "extra_args, spec_text, code, message",
     [
-        pytest.param([], SPEC + "nodez: 3\n", 5, "npu-job: error: job.yaml: nodez: unknown key (did you mean 'nodes'?)", id="unknown-key"),
-        pytest.param([], SPEC.replace("demo", "Demo_1"), 5, "npu-job: error: job.yaml: name: 'Demo_1' is not a DNS-1123 label", id="bad-name"),
-        pytest.param(["--set", "device=tpu"], SPEC, 5, "device (from --set): expected one of npu, gpu, cpu", id="bad-set-value"),
-        pytest.param([], "name: [x\n", 3, "npu-job: error: job.yaml: line 2, column 1: not valid YAML", id="yaml-syntax"),
+        pytest.param(
+            [],
+            SPEC + "nodez: 3\n",
+            5,
+            "npu-job: error: job.yaml: nodez: unknown key (did you mean 'nodes'?)",
+            id="unknown-key",
+        ),
+        pytest.param(
+            [],
+            SPEC.replace("demo", "Demo_1"),
+            5,
+            "npu-job: error: job.yaml: name: 'Demo_1' is not a DNS-1123 label",
+            id="bad-name",
+        ),
+        pytest.param(
+            ["--set", "device=tpu"],
+            SPEC,
+            5,
+            "device (from --set): expected one of npu, gpu, cpu",
+            id="bad-set-value",
+        ),
+        pytest.param(
+            [],
+            "name: [x\n",
+            3,
+            "npu-job: error: job.yaml: line 2, column 1: not valid YAML",
+            id="yaml-syntax",
+        ),
         pytest.param([], SPEC + "nodes: 3\n", 3, "duplicate key 'nodes'", id="duplicate-key"),
-        pytest.param(["--set", "nodes"], SPEC, 2, "argument --set: 'nodes': at character 6: expected '='", id="set-syntax"),
-        pytest.param(["-f", "/nonexistent/more.yaml"], SPEC, 3, "npu-job: error: /nonexistent/more.yaml: no such file", id="missing-file"),
+        pytest.param(
+            ["--set", "nodes"],
+            SPEC,
+            2,
+            "argument --set: 'nodes': at character 6: expected '='",
+            id="set-syntax",
+        ),
+        pytest.param(
+            ["-f", "/nonexistent/more.yaml"],
+            SPEC,
+            3,
+            "npu-job: error: /nonexistent/more.yaml: no such file",
+            id="missing-file",
+        ),
     ],
 )
-def test_errors_are_one_message_with_a_distinct_exit_code_and_no_traceback(tmp_path, extra_args, spec_text, code, message):
+def test_errors_are_one_message_with_a_distinct_exit_code_and_no_traceback(
+    tmp_path, extra_args, spec_text, code, message
+):
     (tmp_path / "job.yaml").write_text(spec_text)
     done = subprocess.run(
         [sys.executable, "-m", "npu_job", "render", "job.yaml", *extra_args],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == code, done.stderr
     assert message in done.stderr
@@ -122,10 +186,15 @@ def test_all_problems_are_listed_at_once(tmp_path, capsys):
 
 
 def test_warnings_go_to_stderr_and_output_still_renders(spec_file, capsys):
-    code, out, err = run_cli(str(spec_file), "--set", "routing=true", "--set", "npus_per_node=4", capsys=capsys)
+    code, out, err = run_cli(
+        str(spec_file), "--set", "routing=true", "--set", "npus_per_node=4", capsys=capsys
+    )
     assert code == 0 and "kind: Job" in out
     assert "npu-job: warning: routing is on with 2 node(s)" in err
-    assert "npu-job: warning: npus_per_node is 4, below a full node (full_node_npus 8); each pod's bootstrap" in err
+    assert (
+        "npu-job: warning: npus_per_node is 4, below a full node (full_node_npus 8); each pod's bootstrap"
+        in err
+    )
 
 
 def test_help_explains_the_set_syntax(capsys):
@@ -215,21 +284,37 @@ def _under_a_read_only_mount(root: Path) -> str:
         pytest.param(_a_file, _as_is, "it exists and is not a directory", id="existing-file"),
         pytest.param(_under_a_file, _as_is, "Not a directory", id="under-a-file"),
         pytest.param(_unwritable_dir, _unprivileged, "Permission denied", id="permission-denied"),
-        pytest.param(_under_an_unwritable_dir, _unprivileged, "Permission denied", id="cannot-create"),
-        pytest.param(_script_name_taken_by_a_dir, _as_is, "out/train.sh: Is a directory", id="script-name-is-a-dir"),
+        pytest.param(
+            _under_an_unwritable_dir, _unprivileged, "Permission denied", id="cannot-create"
+        ),
+        pytest.param(
+            _script_name_taken_by_a_dir,
+            _as_is,
+            "out/train.sh: Is a directory",
+            id="script-name-is-a-dir",
+        ),
         pytest.param(_under_a_read_only_mount, _read_only, "Read-only file system", id="read-only"),
     ],
 )
-def test_unusable_output_dir_is_one_line_exit_3_and_nothing_is_written(tmp_path, prepare, prefix, reason):
-    (tmp_path / "job.yaml").write_text(SPEC.replace("nodes: 2", "nodes: 3"))  # routed: bootstrap.sh too
+def test_unusable_output_dir_is_one_line_exit_3_and_nothing_is_written(
+    tmp_path, prepare, prefix, reason
+):
+    (tmp_path / "job.yaml").write_text(
+        SPEC.replace("nodes: 2", "nodes: 3")
+    )  # routed: bootstrap.sh too
     target = prepare(tmp_path)
     command = prefix(tmp_path)
     if command is None:
-        pytest.skip("needs a non-root user, or root with setpriv/unshare, to make the directory unusable")
+        pytest.skip(
+            "needs a non-root user, or root with setpriv/unshare, to make the directory unusable"
+        )
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     done = subprocess.run(
         [*command, sys.executable, "-m", "npu_job", "render", "job.yaml", "--output-dir", target],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 3, done.stderr
     assert done.stderr.splitlines() == [
@@ -237,13 +322,17 @@ def test_unusable_output_dir_is_one_line_exit_3_and_nothing_is_written(tmp_path,
         f"and bootstrap.sh into ({reason})"
     ]
     assert done.stdout == ""
-    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before, "nothing half-written"
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before, (
+        "nothing half-written"
+    )
 
 
 def test_a_huge_set_list_index_is_a_usage_error_naming_the_argument(spec_file):
     done = subprocess.run(
         [sys.executable, "-m", "npu_job", "render", str(spec_file), "--set", "args[30000000]=x"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines()[-1] == (

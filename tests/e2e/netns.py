@@ -13,16 +13,61 @@ lets a test assert that.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from npu_job.podsim import (NETNS_ETC, delete_network_namespace, kill_process_groups,
-                            private_tmp_shell)
+from npu_job.demo.podsim import kill_process_groups, software_under_tmp
 
+NETNS_ETC = Path("/etc/netns")  # `ip netns exec NAME` bind-mounts NETNS_ETC/NAME/* over /etc/*
+
+
+def private_tmp_shell(private_dir: str) -> str:
+    """Shell (for a fresh mount namespace) that makes ``private_dir`` the process's /tmp.
+
+    The rule of :func:`npu_job.demo.podsim.software_under_tmp`, for processes whose mounts are set
+    up with ``mount`` instead of podsim's ``enter_pod``: this machine's software under /tmp is
+    bound read-only into ``private_dir`` at the same relative paths first, then ``private_dir``
+    replaces /tmp.
+    """
+    steps = []
+    for path in software_under_tmp():
+        inside = shlex.quote(private_dir + path[len("/tmp") :])
+        steps.append(f"mkdir -p {inside} && mount --bind -o ro {shlex.quote(path)} {inside}")
+    steps.append(f"mount --rbind {shlex.quote(private_dir)} /tmp")
+    return " && ".join(steps)
+
+
+def delete_network_namespace(name: str, timeout: float = 5.0) -> None:
+    """SIGKILL every process left in network namespace ``name``, wait (at most ``timeout``
+    seconds) until none is, then delete the namespace and its ``/etc/netns/NAME`` files."""
+
+    def pids() -> List[str]:
+        listed = subprocess.run(
+            ["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30
+        )
+        return listed.stdout.split()
+
+    deadline = time.monotonic() + timeout
+    left = pids()
+    while left:
+        for pid in left:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+        left = pids()
+    subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+    shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
 
 
 def netns_unavailable_reason() -> Optional[str]:
@@ -60,20 +105,27 @@ class NetnsCluster:
     ``/etc/hosts`` resolves all of them.
     """
 
-    def __init__(self, n: int, *, hostnames: Optional[Mapping[str, int]] = None, tag: str = "") -> None:
+    def __init__(
+        self, n: int, *, hostnames: Optional[Mapping[str, int]] = None, tag: str = ""
+    ) -> None:
         self.tag = tag or f"{os.getpid() % 100000}"
         self.bridge = f"npjbr{self.tag}"[:15]
         self.subnet_prefix = f"198.18.{os.getpid() % 250 + 1}"
         self.hostnames = dict(hostnames or {})
         self._root = Path(tempfile.mkdtemp(prefix="npujob-netns-"))
         self.hosts: List[Host] = [
-            Host(i, f"npujob-{self.tag}-{i}", f"{self.subnet_prefix}.{i + 10}", self._root / f"tmp{i}")
+            Host(
+                i,
+                f"npujob-{self.tag}-{i}",
+                f"{self.subnet_prefix}.{i + 10}",
+                self._root / f"tmp{i}",
+            )
             for i in range(n)
         ]
         self._processes: List[subprocess.Popen] = []
 
     # -- lifecycle -------------------------------------------------------------------------
-    def __enter__(self) -> "NetnsCluster":
+    def __enter__(self) -> NetnsCluster:
         try:
             self._create()
         except BaseException:
@@ -101,7 +153,9 @@ class NetnsCluster:
             host.tmp_dir.chmod(0o1777)
             veth = self._veth(host)
             _ip("netns", "add", host.namespace)
-            _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host.namespace)
+            _ip(
+                "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", host.namespace
+            )
             _ip("link", "set", veth, "master", self.bridge, "up")
             _ip("-n", host.namespace, "addr", "add", f"{host.ip}/24", "dev", "eth0")
             _ip("-n", host.namespace, "link", "set", "eth0", "up")
@@ -137,14 +191,25 @@ class NetnsCluster:
         """Start ``argv`` on host ``index`` with a private /tmp, in its own process group.
 
         This Python and npu-job's own directories stay visible when they live under /tmp (see
-        :func:`npu_job.podsim.private_tmp_shell`): they are bound into the private directory at
+        :func:`private_tmp_shell`): they are bound into the private directory at
         the same relative paths before it replaces /tmp.
         """
         host = self.hosts[index]
         wrapped = [
-            "ip", "netns", "exec", host.namespace,
-            "unshare", "--mount", "--propagation", "private", "--",
-            "sh", "-c", private_tmp_shell(str(host.tmp_dir)) + ' && exec "$@"', "pod", *argv,
+            "ip",
+            "netns",
+            "exec",
+            host.namespace,
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            private_tmp_shell(str(host.tmp_dir)) + ' && exec "$@"',
+            "pod",
+            *argv,
         ]
         process = subprocess.Popen(wrapped, env=env, start_new_session=True, **kwargs)  # type: ignore[arg-type]
         self._processes.append(process)

@@ -32,7 +32,11 @@ def _ours(pid: int) -> list:
 def test_ctrl_c_while_measuring_removes_every_namespace_process_and_file(tmp_path):
     process = subprocess.Popen(
         [sys.executable, str(BENCH), "--shapes", "6x3", "--rounds", "50", "--size", "256KiB"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
     seen = []
     try:
         deadline = time.monotonic() + 180
@@ -44,8 +48,13 @@ def test_ctrl_c_while_measuring_removes_every_namespace_process_and_file(tmp_pat
         assert "round 1/50 done" in seen[-1], "".join(seen)
         made = _ours(process.pid)
         assert len(made) == 7  # six nodes and the switches
-        workers = [pid for name in made for pid in subprocess.run(
-            ["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()]
+        workers = [
+            pid
+            for name in made
+            for pid in subprocess.run(
+                ["ip", "netns", "pids", name], capture_output=True, text=True
+            ).stdout.split()
+        ]
         assert len(workers) >= 6  # a torch worker in every node
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=60)
@@ -68,10 +77,24 @@ def test_ctrl_c_while_measuring_removes_every_namespace_process_and_file(tmp_pat
 
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_without_root_it_says_so_and_exits_77(tmp_path):
-    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                           sys.executable, str(BENCH), "--shapes", "6x3"],
-                          capture_output=True, text=True, timeout=60, cwd="/")
+    done = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            str(BENCH),
+            "--shapes",
+            "6x3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
     assert done.returncode == 77, done.stderr
     assert done.stderr.strip() == (
         "bench_fabric: cannot build the emulated fabric: needs root (network namespaces,"
-        " bridges and tc)")
+        " bridges and tc)"
+    )

@@ -29,14 +29,18 @@ print(c.recv(100).decode())
 
 
 def test_hosts_talk_by_pod_name_have_private_tmp_and_leave_nothing_behind():
-    with NetnsCluster(2, hostnames={"job-worker-0.job": 0, "job-worker-1.job": 1}, tag="t1") as cluster:
+    with NetnsCluster(
+        2, hostnames={"job-worker-0.job": 0, "job-worker-1.job": 1}, tag="t1"
+    ) as cluster:
         server = cluster.popen(0, [sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
         assert server.stdout.readline().strip() == "ready"
         client = cluster.popen(1, [sys.executable, "-c", CLIENT], stdout=subprocess.PIPE, text=True)
         out, _ = client.communicate(timeout=30)
         assert out.strip() == cluster.hosts[1].ip  # the server saw the client's own host address
         for host in cluster.hosts:
-            cluster.popen(host.index, ["sh", "-c", f"echo {host.index} > /tmp/mine"]).wait(timeout=10)
+            cluster.popen(host.index, ["sh", "-c", f"echo {host.index} > /tmp/mine"]).wait(
+                timeout=10
+            )
         assert [(h.tmp_dir / "mine").read_text().strip() for h in cluster.hosts] == ["0", "1"]
         sleeper = cluster.popen(0, ["sleep", "600"])
     assert sleeper.poll() is not None

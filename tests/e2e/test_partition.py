@@ -33,19 +33,40 @@ MARGIN = 25.0
 def start(cluster: NetnsCluster, out: Path, done: Path, tag: str) -> List[subprocess.Popen]:
     master = cluster.hosts[0].ip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
-    env.update({TAG_VARIABLE: tag, "GLOO_SOCKET_IFNAME": "eth0", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5"})
+    env.update(
+        {TAG_VARIABLE: tag, "GLOO_SOCKET_IFNAME": "eth0", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5"}
+    )
     processes = []
     for host in cluster.hosts:
         log = open(out / f"node{host.index}.log", "wb")
-        processes.append(subprocess.Popen(
-            [*cluster.prefix(host.index), sys.executable, "-m", "npu_job.launcher",
-             f"--nnodes={NODES}", "--nproc_per_node=1", f"--node_rank={host.index}",
-             "--rdzv_backend=parallel", "--enable_tiered_parallel_tcpstore=true",
-             f"--master_addr={master}", "--master_port=29650", "--monitor_interval=0.1",
-             f"--rdzv_conf=join_timeout=60,timeout=30,keep_alive_interval={INTERVAL:g},"
-             f"keep_alive_max_attempt={ATTEMPTS}",
-             str(WORKERS / "faulty.py"), str(out), "--hold-until", str(done)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+        processes.append(
+            subprocess.Popen(
+                [
+                    *cluster.prefix(host.index),
+                    sys.executable,
+                    "-m",
+                    "npu_job.launcher",
+                    f"--nnodes={NODES}",
+                    "--nproc_per_node=1",
+                    f"--node_rank={host.index}",
+                    "--rdzv_backend=parallel",
+                    "--enable_tiered_parallel_tcpstore=true",
+                    f"--master_addr={master}",
+                    "--master_port=29650",
+                    "--monitor_interval=0.1",
+                    f"--rdzv_conf=join_timeout=60,timeout=30,keep_alive_interval={INTERVAL:g},"
+                    f"keep_alive_max_attempt={ATTEMPTS}",
+                    str(WORKERS / "faulty.py"),
+                    str(out),
+                    "--hold-until",
+                    str(done),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        )
         log.close()
     return processes
 
@@ -71,7 +92,9 @@ def last_line(out: Path, index: int) -> str:
 
 
 def link(cluster: NetnsCluster, index: int, state: str) -> None:
-    subprocess.run(["ip", "-n", cluster.hosts[index].namespace, "link", "set", "eth0", state], check=True)
+    subprocess.run(
+        ["ip", "-n", cluster.hosts[index].namespace, "link", "set", "eth0", state], check=True
+    )
 
 
 def logs(out: Path) -> str:
@@ -103,6 +126,8 @@ def test_a_blip_shorter_than_the_window_survives_and_a_longer_cut_names_the_node
             line = last_line(out, index)
             assert line.startswith("npu-run: error: the job stopped: node rank 2 (pod "), logs(out)
             assert f"host {cluster.hosts[2].ip}) stopped: no heartbeat for" in line, line
-        assert f"lost the root store {cluster.hosts[0].ip}:29650 of node rank 0" in last_line(out, 2)
+        assert f"lost the root store {cluster.hosts[0].ip}:29650 of node rank 0" in last_line(
+            out, 2
+        )
         wait_for(lambda: not tagged_processes(job), 15, "the cut job's processes to end")
     assert leftovers(tag) == []

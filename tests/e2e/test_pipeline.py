@@ -6,7 +6,7 @@ rank table at /user/config: for the demo's CPU job from the ConfigMap the job mo
 NPU job as CCE's configmap1980 plugin mounts it), so the root store, the
 per-node store proxies and gloo's connections really cross "hosts". The pod command is exactly the
 one in the rendered Volcano Job. Nothing is mocked: the only stand-ins are the cluster itself
-(``npu_job.podsim`` does what the Volcano controller and the kubelet would do before the
+(``npu_job.demo.podspec`` does what the Volcano controller and the kubelet would do before the
 container starts) and the fabric (ToRs exist only in the generated ranktable_tor.json).
 
 Every case asserts the final global ranks against the plan the bootstrap had to compute, that all
@@ -26,20 +26,30 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
+from npu_job.demo import podsim
 
-from npu_job import demo, podsim
+from npu_job import demo
 from tests.e2e.netns import NetnsCluster, leftovers, netns_unavailable_reason
 
 REASON = netns_unavailable_reason()
-pytestmark = [pytest.mark.netns, pytest.mark.torch, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.torch,
+    pytest.mark.skipif(REASON is not None, reason=REASON or ""),
+]
 
 
 def namespace_pids(cluster: NetnsCluster) -> List[str]:
     """Processes still running in any of the cluster's hosts (after the run's own clean-up)."""
     deadline = time.monotonic() + 5
     while True:
-        pids = [pid for host in cluster.hosts for pid in subprocess.run(
-            ["ip", "netns", "pids", host.namespace], capture_output=True, text=True).stdout.split()]
+        pids = [
+            pid
+            for host in cluster.hosts
+            for pid in subprocess.run(
+                ["ip", "netns", "pids", host.namespace], capture_output=True, text=True
+            ).stdout.split()
+        ]
         if not pids or time.monotonic() > deadline:
             return pids
         time.sleep(0.1)
@@ -62,13 +72,25 @@ def callers_path(path: str) -> Iterator[None]:
             os.environ["PATH"] = saved
 
 
-def run_on_hosts(options: demo.DemoOptions, workspace: Path, case: str, fault=None) -> demo.DemoResult:
+def run_on_hosts(
+    options: demo.DemoOptions, workspace: Path, case: str, fault=None
+) -> demo.DemoResult:
     tag = f"{case}{os.getpid() % 10000}"  # unique per run: names must not collide with a crashed run's
-    hostnames = {f"{demo.JOB_NAME}-{demo.TASK_NAME}-{i}.{demo.JOB_NAME}": i for i in range(options.nodes)}
+    hostnames = {
+        f"{demo.JOB_NAME}-{demo.TASK_NAME}-{i}.{demo.JOB_NAME}": i for i in range(options.nodes)
+    }
     lines: List[str] = []
-    with callers_path(CRON_PATH), NetnsCluster(options.nodes, hostnames=hostnames, tag=tag) as cluster:
-        result = demo.run(options, workspace, host_ips=[host.ip for host in cluster.hosts],
-                          prefix_of=cluster.prefix, progress=lines.append, fault=fault)
+    with callers_path(CRON_PATH), NetnsCluster(
+        options.nodes, hostnames=hostnames, tag=tag
+    ) as cluster:
+        result = demo.run(
+            options,
+            workspace,
+            host_ips=[host.ip for host in cluster.hosts],
+            prefix_of=cluster.prefix,
+            progress=lines.append,
+            fault=fault,
+        )
         assert namespace_pids(cluster) == [], "the run left processes on its hosts"
     result.progress = lines  # for failure messages
     assert leftovers(tag) == []
@@ -90,7 +112,9 @@ def assert_trained_by_plan(result: demo.DemoResult, node_rank_of_pod, nproc: int
     reports = sorted(result.reports, key=lambda r: r["rank"])
     assert [r["rank"] for r in reports] == list(range(options.nodes * nproc))
     for report in reports:
-        assert report["rank"] == node_rank_of_pod[report["pod_index"]] * nproc + report["local_rank"]
+        assert (
+            report["rank"] == node_rank_of_pod[report["pod_index"]] * nproc + report["local_rank"]
+        )
         assert report["host"] == f"{demo.JOB_NAME}-{demo.TASK_NAME}-{report['pod_index']}"
         assert report["eval_loss_final"] < report["eval_loss_initial"]
         assert report["problems"] == []
@@ -119,12 +143,17 @@ def test_routing_moves_rank_zero_and_the_master_to_another_pod(tmp_path):
 
 def test_the_npu_job_gets_its_rank_table_from_cce_and_follows_the_same_plan(tmp_path):
     """The job as an NPU cluster runs it: no rank table volume of its own, configmap1980 delivers it."""
-    options = demo.DemoOptions(nodes=3, nproc_per_node=1, tors=3, seed=0, steps=4, device="npu", timeout=150)
+    options = demo.DemoOptions(
+        nodes=3, nproc_per_node=1, tors=3, seed=0, steps=4, device="npu", timeout=150
+    )
     result = run_on_hosts(options, tmp_path, "pn")
     assert result.ok, explain(result)
     spec = result.prepared.specs[0]
     assert "RANK_TABLE_FILE" not in spec.env_dict()
-    assert {m.mount_path for m in spec.file_mounts} >= {"/user/config/jobstart_hccl.json", "/user/config/ranktable_tor.json"}
+    assert {m.mount_path for m in spec.file_mounts} >= {
+        "/user/config/jobstart_hccl.json",
+        "/user/config/ranktable_tor.json",
+    }
     plan = result.prepared.plan
     assert str(plan.status) == "success"
     assert [pod.route_plan["rank_mapping"] for pod in result.pods] == [plan.rank_mapping] * 3
@@ -132,7 +161,9 @@ def test_the_npu_job_gets_its_rank_table_from_cce_and_follows_the_same_plan(tmp_
 
 
 def test_routing_off_keeps_the_scheduler_order(tmp_path):
-    options = demo.DemoOptions(nodes=3, nproc_per_node=2, tors=3, routing=False, steps=6, timeout=150)
+    options = demo.DemoOptions(
+        nodes=3, nproc_per_node=2, tors=3, routing=False, steps=6, timeout=150
+    )
     result = run_on_hosts(options, tmp_path, "po")
     assert result.ok, explain(result)
     assert "bootstrap.sh" not in result.prepared.specs[0].argv[-1]
@@ -152,8 +183,9 @@ def test_fewer_than_three_pods_fall_back_and_still_train(tmp_path):
 
 
 def test_missing_bootstrap_inputs_fall_back_to_scheduler_order(tmp_path):
-    options = demo.DemoOptions(nodes=3, nproc_per_node=1, tors=3, deliver_rank_table=False, steps=6,
-                               timeout=150)
+    options = demo.DemoOptions(
+        nodes=3, nproc_per_node=1, tors=3, deliver_rank_table=False, steps=6, timeout=150
+    )
     result = run_on_hosts(options, tmp_path, "pm")
     assert result.ok, explain(result)
     for pod, spec_file in zip(result.pods, result.prepared.spec_files):
@@ -165,8 +197,17 @@ def test_missing_bootstrap_inputs_fall_back_to_scheduler_order(tmp_path):
 
 
 def test_the_master_pod_killed_mid_training_restarts_and_the_job_resumes(tmp_path):
-    options = demo.DemoOptions(nodes=3, nproc_per_node=1, tors=3, seed=0, steps=14, checkpoint_every=2,
-                               step_delay=0.4, timeout=200, max_restarts=3)
+    options = demo.DemoOptions(
+        nodes=3,
+        nproc_per_node=1,
+        tors=3,
+        seed=0,
+        steps=14,
+        checkpoint_every=2,
+        step_delay=0.4,
+        timeout=200,
+        max_restarts=3,
+    )
     checkpoint = tmp_path / "shared" / "output" / "checkpoint" / "checkpoint.pt"
     killed: List[int] = []
 
@@ -180,7 +221,11 @@ def test_the_master_pod_killed_mid_training_restarts_and_the_job_resumes(tmp_pat
     result = run_on_hosts(options, tmp_path, "pk", fault=kill_the_master_pod)
     assert result.ok, explain(result)
     assert killed and result.pods[killed[0]].restarts >= 1
-    assert all(pod.restarts >= 1 for pod in result.pods), "the surviving pods should fail (no hang) and restart"
-    assert all(report["start_step"] > 0 for report in result.reports), "the restarted job did not resume"
+    assert all(pod.restarts >= 1 for pod in result.pods), (
+        "the surviving pods should fail (no hang) and restart"
+    )
+    assert all(report["start_step"] > 0 for report in result.reports), (
+        "the restarted job did not resume"
+    )
     assert_trained_by_plan(result, result.prepared.plan.node_rank_of_pod, 1)
     assert time.monotonic() - started < options.timeout

@@ -114,7 +114,8 @@ def connections_to(port: int, pids: Iterable[int]) -> int:
     for pid in pids:
         inodes |= _socket_inodes(pid)
     return sum(
-        1 for inode, _, remote, state in _tcp_sockets()
+        1
+        for inode, _, remote, state in _tcp_sockets()
         if state == ESTABLISHED and remote == port and inode in inodes
     )
 
@@ -122,7 +123,9 @@ def connections_to(port: int, pids: Iterable[int]) -> int:
 def listening_ports(pid: int) -> Set[int]:
     """Ports that process ``pid`` itself listens on."""
     inodes = _socket_inodes(pid)
-    return {local for inode, local, _, state in _tcp_sockets() if state == LISTEN and inode in inodes}
+    return {
+        local for inode, local, _, state in _tcp_sockets() if state == LISTEN and inode in inodes
+    }
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
@@ -148,8 +151,10 @@ class Node:
     def wait(self, timeout: float) -> int:
         try:
             return self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"node {self.node_rank_label} still running after {timeout}s:\n{self.log()}")
+        except subprocess.TimeoutExpired as still_running:
+            raise AssertionError(
+                f"node {self.node_rank_label} still running after {timeout}s:\n{self.log()}"
+            ) from still_running
 
 
 @dataclass
@@ -173,7 +178,9 @@ class LocalCluster:
         env: Optional[Mapping[str, str]] = None,
     ) -> Node:
         command = [
-            sys.executable, "-m", "npu_job.launcher",
+            sys.executable,
+            "-m",
+            "npu_job.launcher",
             f"--nnodes={self.nnodes}",
             f"--nproc_per_node={self.nproc_per_node}",
             f"--node_rank={node_rank}",
@@ -186,8 +193,10 @@ class LocalCluster:
             *script_args,
         ]
         full_env = {
-            key: value for key, value in os.environ.items()
-            if not key.startswith(("PET_", "TORCHELASTIC_")) and key not in ("RANK_AFTER_ACC", "VC_TASK_INDEX")
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("PET_", "TORCHELASTIC_"))
+            and key not in ("RANK_AFTER_ACC", "VC_TASK_INDEX")
         }
         full_env.update(env or {})
         full_env[TAG_VARIABLE] = self.tag

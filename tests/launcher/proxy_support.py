@@ -35,7 +35,10 @@ def tcp_store(port: int, *, master: bool = False, timeout: float = 5.0):  # type
         sock, port = root_listen_socket(LOOPBACK)
         return host_tcpstore(LOOPBACK, port, timeout, sock.detach())
     return dist.TCPStore(
-        LOOPBACK, port, is_master=False, wait_for_workers=False,
+        LOOPBACK,
+        port,
+        is_master=False,
+        wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout),
     )
 
@@ -43,12 +46,25 @@ def tcp_store(port: int, *, master: bool = False, timeout: float = 5.0):  # type
 class ProxyProcess:
     """``python -m npu_job.launcher.proxy`` as a child; ``stats()`` asks it for its counters."""
 
-    def __init__(self, upstream_port: int, *, timeout: float = 10.0, wait_connections: int = 2) -> None:
+    def __init__(
+        self, upstream_port: int, *, timeout: float = 10.0, wait_connections: int = 2
+    ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "npu_job.launcher.proxy", f"{LOOPBACK}:{upstream_port}",
-             "--timeout", str(timeout), "--wait-connections", str(wait_connections),
-             "--dialect", "torch"],  # the installed torch's store protocol, as npu-run runs it
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "npu_job.launcher.proxy",
+                f"{LOOPBACK}:{upstream_port}",
+                "--timeout",
+                str(timeout),
+                "--wait-connections",
+                str(wait_connections),
+                "--dialect",
+                "torch",
+            ],  # the installed torch's store protocol, as npu-run runs it
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
-
 from npu_job.launcher import torchcompat
 
 from .cluster import (
@@ -41,8 +40,10 @@ MARGIN = 25.0  # start-up of torch in each worker, workers' shutdown, a loaded m
 STARTUP = 30.0  # three npu-run processes importing torch at once on two cores
 CLOSE_TIMEOUT = 3.0
 BIND_GRACE = 2.0  # rendezvous.BIND_GRACE: node rank 0 retries a busy port close_timeout + this
-CONF = (f"--rdzv_conf=join_timeout=60,close_timeout={CLOSE_TIMEOUT:g},timeout=20,"
-        f"keep_alive_interval={INTERVAL:g},keep_alive_max_attempt={ATTEMPTS}")
+CONF = (
+    f"--rdzv_conf=join_timeout=60,close_timeout={CLOSE_TIMEOUT:g},timeout=20,"
+    f"keep_alive_interval={INTERVAL:g},keep_alive_max_attempt={ATTEMPTS}"
+)
 
 
 @pytest.fixture
@@ -59,13 +60,21 @@ def cluster_factory(tmp_path):
         cluster.kill_all()
 
 
-def start_job(cluster: LocalCluster, out: Path, *worker_args: str, tiered: bool = True,
-              extra: tuple = ()) -> list:
+def start_job(
+    cluster: LocalCluster, out: Path, *worker_args: str, tiered: bool = True, extra: tuple = ()
+) -> list:
     out.mkdir(exist_ok=True)
     return [
-        cluster.start(str(rank), "faulty.py", [str(out), *worker_args],
-                      launcher_args=[f"--enable_tiered_parallel_tcpstore={str(tiered).lower()}",
-                                     CONF, *extra])
+        cluster.start(
+            str(rank),
+            "faulty.py",
+            [str(out), *worker_args],
+            launcher_args=[
+                f"--enable_tiered_parallel_tcpstore={str(tiered).lower()}",
+                CONF,
+                *extra,
+            ],
+        )
         for rank in range(cluster.nnodes)
     ]
 
@@ -81,8 +90,14 @@ def records(out: Path, world: int) -> Dict[int, dict]:
 
 def await_training(cluster: LocalCluster, out: Path) -> Dict[int, dict]:
     world = cluster.nnodes * NPROC
-    wait_for(lambda: len(records(out, world)) == world or any(
-        n.process.poll() is not None for n in cluster.nodes), 120, "every worker training")
+    wait_for(
+        lambda: (
+            len(records(out, world)) == world
+            or any(n.process.poll() is not None for n in cluster.nodes)
+        ),
+        120,
+        "every worker training",
+    )
     found = records(out, world)
     assert len(found) == world, cluster.logs()
     return found
@@ -105,7 +120,9 @@ def assert_nothing_left(cluster: LocalCluster, ports=()) -> None:
         assert port_is_free(port), port
 
 
-def test_a_sigkilled_agent_is_named_by_every_other_node_and_its_workers_die(cluster_factory, tmp_path):
+def test_a_sigkilled_agent_is_named_by_every_other_node_and_its_workers_die(
+    cluster_factory, tmp_path
+):
     """Node rank 1's agent is SIGKILLed: its workers die with it (parent-death signal), the other
     nodes stop within the liveness window naming node rank 1, its pod and host."""
     cluster = cluster_factory()
@@ -142,13 +159,16 @@ def test_a_sigkilled_root_host_is_named_at_once(cluster_factory, tmp_path):
     assert codes == [8, 8], cluster.logs()
     for node in nodes[1:]:
         line = last_line(node)
-        assert line.startswith(f"npu-run: error: the job stopped: lost the root store "
-                               f"127.0.0.1:{cluster.master_port} of node rank 0 (pod "), cluster.logs()
+        assert line.startswith(
+            f"npu-run: error: the job stopped: lost the root store "
+            f"127.0.0.1:{cluster.master_port} of node rank 0 (pod "
+        ), cluster.logs()
     assert_nothing_left(cluster)
 
 
 def test_a_frozen_root_is_reported_within_the_call_deadline_and_the_root_ends_after(
-        cluster_factory, tmp_path):
+    cluster_factory, tmp_path
+):
     """SIGSTOP on node rank 0 (the root freezes, the kernel still accepts connections): the
     others report that the root has not answered, within the call deadline (the liveness window,
     shorter than timeout=20); once thawed, node rank 0 ends too, naming its own stall."""
@@ -217,8 +237,10 @@ def test_a_squatter_on_the_master_port_is_refused_by_every_node(cluster_factory,
     assert f"cannot host the root store on port {cluster.master_port}" in nodes[0].log()
     for node in nodes[1:]:
         line = last_line(node)
-        assert f"the process at 127.0.0.1:{cluster.master_port} accepts connections but did not " \
-               "answer as a store" in line, line
+        assert (
+            f"the process at 127.0.0.1:{cluster.master_port} accepts connections but did not "
+            "answer as a store" in line
+        ), line
     assert_nothing_left(cluster)
 
 
@@ -232,34 +254,44 @@ def test_a_store_of_another_job_is_not_taken_for_the_root(cluster_factory, tmp_p
     finally:
         del other
     line = last_line(node)
-    assert f"127.0.0.1:{cluster.master_port} answers as a store but is not npu-run's root of run" in line
+    assert (
+        f"127.0.0.1:{cluster.master_port} answers as a store but is not npu-run's root of run"
+        in line
+    )
     assert_nothing_left(cluster)
 
 
 def test_a_worker_failing_every_attempt_is_named_by_every_node_with_one_summary(
-        cluster_factory, tmp_path):
+    cluster_factory, tmp_path
+):
     """Rank 3 (node rank 1) fails before joining on every attempt, --max_restarts=2: node rank 1
     prints torch's failure summary (with the @record traceback) and exits 1; the others exit 8;
     every node's last line names node rank 1, worker rank 3 and its error."""
     cluster = cluster_factory()
     started = time.monotonic()
-    nodes = start_job(cluster, tmp_path / "out", "--fail-rank", "3", "--always",
-                      extra=("--max_restarts=2",))
+    nodes = start_job(
+        cluster, tmp_path / "out", "--fail-rank", "3", "--always", extra=("--max_restarts=2",)
+    )
     codes = wait_exits(nodes, 120)
     assert codes == [8, 1, 8], cluster.logs()
     assert time.monotonic() - started < 120
     for node in nodes:
         line = last_line(node)
         assert line.startswith("npu-run: error: the job stopped: node rank 1 (pod "), cluster.logs()
-        assert "worker rank 3 (local rank 1, pid " in line and "failed with exit code 1: " \
-               "RuntimeError: worker rank 3 fails on purpose (attempt 2)" in line, line
+        assert (
+            "worker rank 3 (local rank 1, pid " in line
+            and "failed with exit code 1: RuntimeError: worker rank 3 fails on purpose (attempt 2)"
+            in line
+        ), line
     summaries = [node.log().count("Root Cause (first observed failure)") for node in nodes]
     assert summaries == [0, 1, 0], summaries
     assert "Traceback" in nodes[1].log().split("Root Cause (first observed failure)")[1]
     assert_nothing_left(cluster)
 
 
-def test_a_worker_failing_mid_training_is_named_although_its_peers_fail_too(cluster_factory, tmp_path):
+def test_a_worker_failing_mid_training_is_named_although_its_peers_fail_too(
+    cluster_factory, tmp_path
+):
     """Rank 3 raises while all ranks train; its peers' collectives break and they fail as well.
     The root cause is the earliest failure: every node names node rank 1's worker rank 3."""
     cluster = cluster_factory()
@@ -271,13 +303,16 @@ def test_a_worker_failing_mid_training_is_named_although_its_peers_fail_too(clus
     codes = wait_exits(nodes, 2 * WINDOW + MARGIN)
     assert codes == [8, 1, 8], cluster.logs()
     for node in nodes:
-        assert "node rank 1 (pod " in last_line(node) and "worker rank 3 " in last_line(node), \
+        assert "node rank 1 (pod " in last_line(node) and "worker rank 3 " in last_line(node), (
             cluster.logs()
+        )
     assert [node.log().count("Root Cause (first observed failure)") for node in nodes] == [0, 1, 0]
     assert_nothing_left(cluster)
 
 
-def test_a_dead_proxy_is_restarted_on_its_port_before_the_workers_restart(cluster_factory, tmp_path):
+def test_a_dead_proxy_is_restarted_on_its_port_before_the_workers_restart(
+    cluster_factory, tmp_path
+):
     """Node rank 1's proxy loses its listener and connections; its agent restarts it on the same
     port; then a worker fails and the restarted workers find their store there: the job ends
     well (the issue's run ended after ~150 s naming the wrong ranks)."""
@@ -286,8 +321,17 @@ def test_a_dead_proxy_is_restarted_on_its_port_before_the_workers_restart(cluste
     cluster = cluster_factory()
     out = tmp_path / "out"
     trigger, done = tmp_path / "fail-now", tmp_path / "done"
-    nodes = start_job(cluster, out, "--hold-until", str(done), "--fail-rank", "3",
-                      "--fail-when", str(trigger), extra=("--max_restarts=1",))
+    nodes = start_job(
+        cluster,
+        out,
+        "--hold-until",
+        str(done),
+        "--fail-rank",
+        "3",
+        "--fail-when",
+        str(trigger),
+        extra=("--max_restarts=1",),
+    )
     found = await_training(cluster, out)
     proxy_port = int(found[2]["MASTER_PORT"])
     assert shut_down_sockets(nodes[1].process.pid, proxy_port) >= 1

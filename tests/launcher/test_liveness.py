@@ -18,7 +18,6 @@ import threading
 import time
 
 import pytest
-
 from npu_job.launcher import liveness, pdeath, torchcompat, verdict
 from npu_job.launcher.liveness import DEPARTED, BeatTracker, Pending, settled
 from npu_job.launcher.rootclient import RootClient, RootGone, RootReplaced, RootSilent
@@ -63,8 +62,15 @@ def test_bad_keep_alive_settings_name_the_knob(interval, attempts):
 
 
 def report(node_rank: int, seen_at: float, message: str = "RuntimeError: boom") -> FailureReport:
-    return FailureReport(node_rank=node_rank, seen_at=seen_at, worker_rank=node_rank * 2,
-                         local_rank=0, pid=100 + node_rank, exit_code=1, message=message)
+    return FailureReport(
+        node_rank=node_rank,
+        seen_at=seen_at,
+        worker_rank=node_rank * 2,
+        local_rank=0,
+        pid=100 + node_rank,
+        exit_code=1,
+        message=message,
+    )
 
 
 def test_the_earliest_failure_is_the_cause_and_reports_round_trip():
@@ -77,19 +83,30 @@ def test_the_earliest_failure_is_the_cause_and_reports_round_trip():
 
 def test_verdict_lines_name_the_node_its_pod_host_and_cause():
     who = Identity(pod="job-worker-1", host="10.0.0.2")
-    line = verdict.line(verdict.workers_failed(report(1, 0.0, "Traceback ...\nValueError: bad lr"), who))
-    assert line == ("the job stopped: node rank 1 (pod job-worker-1, host 10.0.0.2): worker rank 2 "
-                    "(local rank 0, pid 101) failed with exit code 1: ValueError: bad lr")
+    line = verdict.line(
+        verdict.workers_failed(report(1, 0.0, "Traceback ...\nValueError: bad lr"), who)
+    )
+    assert line == (
+        "the job stopped: node rank 1 (pod job-worker-1, host 10.0.0.2): worker rank 2 "
+        "(local rank 0, pid 101) failed with exit code 1: ValueError: bad lr"
+    )
     dead = verdict.dead_node(1, who, 15.24, last_seen=0.0)
-    assert dead.text.startswith("node rank 1 (pod job-worker-1, host 10.0.0.2) stopped: no heartbeat "
-                                "for 15.2s (last seen at ")
+    assert dead.text.startswith(
+        "node rank 1 (pod job-worker-1, host 10.0.0.2) stopped: no heartbeat "
+        "for 15.2s (last seen at "
+    )
     assert verdict.Verdict.from_json(dead.to_json()) == dead
     assert len(verdict.short("x" * 1000)) == verdict.MESSAGE_LIMIT
 
 
 def client(port: int, call_timeout: float = 1.0) -> RootClient:
-    return RootClient("127.0.0.1", port, timeout=5.0, call_timeout=call_timeout,
-                      dialect=torchcompat.store_dialect())
+    return RootClient(
+        "127.0.0.1",
+        port,
+        timeout=5.0,
+        call_timeout=call_timeout,
+        dialect=torchcompat.store_dialect(),
+    )
 
 
 @pytest.fixture
@@ -163,7 +180,7 @@ def test_the_wrapper_keeps_torchs_name_for_the_script():
     assert next(arg for arg in args if not arg.startswith("-")) == "train.py"  # torch's rule
     _, args = pdeath.wrap("/bin/train", ["x"], parent_pid=42)
     assert next(arg for arg in args if not arg.startswith("-")) == "x"
-    assert pdeath.parse(args[len(pdeath.LAUNCH):]) == (42, "/bin/train", ["x"])  # as sys.argv[1:]
+    assert pdeath.parse(args[len(pdeath.LAUNCH) :]) == (42, "/bin/train", ["x"])  # as sys.argv[1:]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
-
 from npu_job.launcher import torchcompat
 
 from .cluster import LocalCluster, connections_to, descendants, port_is_free, wait_for
@@ -43,7 +42,9 @@ def cluster_factory(tmp_path):
 
 
 def read_records(directory: Path, world_size: int) -> Dict[int, dict]:
-    return {rank: json.loads((directory / f"{rank}.json").read_text()) for rank in range(world_size)}
+    return {
+        rank: json.loads((directory / f"{rank}.json").read_text()) for rank in range(world_size)
+    }
 
 
 def records_written(directory: Path, world_size: int) -> bool:
@@ -56,9 +57,14 @@ def tiered_flag(tiered: bool) -> str:
 
 @pytest.mark.parametrize(
     "tiered, by_auto",
-    [pytest.param(False, False, id="flat-explicit-node-rank"), pytest.param(True, True, id="tiered-node-rank-auto")],
+    [
+        pytest.param(False, False, id="flat-explicit-node-rank"),
+        pytest.param(True, True, id="tiered-node-rank-auto"),
+    ],
 )
-def test_three_nodes_get_torchrun_env_in_node_rank_order(cluster_factory, tmp_path, tiered, by_auto):
+def test_three_nodes_get_torchrun_env_in_node_rank_order(
+    cluster_factory, tmp_path, tiered, by_auto
+):
     """Nodes started in the order 2, 0, 1 still get RANK = node_rank * nproc + LOCAL_RANK.
 
     In the ``auto`` case each node finds its rank in a different place: the RANK_AFTER_ACC
@@ -83,11 +89,21 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(cluster_factory, tmp_pa
                 "auto" if by_auto else str(node_rank),
                 "record_env.py",
                 [str(out), "--hold-until", str(release)],
-                launcher_args=[tiered_flag(tiered), "--rdzv_id=job-42", "--rdzv_conf=join_timeout=60"],
+                launcher_args=[
+                    tiered_flag(tiered),
+                    "--rdzv_id=job-42",
+                    "--rdzv_conf=join_timeout=60",
+                ],
                 env=auto_env[node_rank] if by_auto else None,
             )
-        wait_for(lambda: records_written(out, NNODES * NPROC) or any(
-            n.process.poll() is not None for n in cluster.nodes), 90, "all workers' records")
+        wait_for(
+            lambda: (
+                records_written(out, NNODES * NPROC)
+                or any(n.process.poll() is not None for n in cluster.nodes)
+            ),
+            90,
+            "all workers' records",
+        )
         assert records_written(out, NNODES * NPROC), cluster.logs()
 
         # While every worker still holds its process group: who is connected to node rank 0's
@@ -130,18 +146,25 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(cluster_factory, tmp_pa
                 continue  # global rank 0 hosts the workers' store: its node uses it directly
             assert len(ports) == 1 and ports != {str(cluster.master_port)}
         assert len(set(store_ports.values())) == NNODES
-        assert all(count <= MAX_ROOT_CONNECTIONS_PER_NODE + (rank == 0) * ROOT_HOST_OWN_CONNECTION
-                   for rank, count in per_node.items()), per_node
+        assert all(
+            count <= MAX_ROOT_CONNECTIONS_PER_NODE + (rank == 0) * ROOT_HOST_OWN_CONNECTION
+            for rank, count in per_node.items()
+        ), per_node
     else:  # torchrun's fan-in: the agent and every worker connect to the root
         assert len(set(store_ports.values())) == 1
         if torchcompat.HAS_LIST_KEYS:  # else a store of the round's own, beside the root
             assert set(store_ports.values()) == {str(cluster.master_port)}
-        expected = {rank: 1 + NPROC + (rank == 0) * ROOT_HOST_OWN_CONNECTION for rank in range(NNODES)}
+        expected = {
+            rank: 1 + NPROC + (rank == 0) * ROOT_HOST_OWN_CONNECTION for rank in range(NNODES)
+        }
         assert per_node == expected, per_node
     if by_auto:
         log = cluster.logs()
         assert "node rank 2 (--node_rank=auto: from environment RANK_AFTER_ACC)" in log
-        assert f"node rank 0 (--node_rank=auto: from bootstrap file {bootstrap_dir / 'RANK_AFTER_ACC'})" in log
+        assert (
+            f"node rank 0 (--node_rank=auto: from bootstrap file {bootstrap_dir / 'RANK_AFTER_ACC'})"
+            in log
+        )
         assert "node rank 1 (--node_rank=auto: from environment VC_TASK_INDEX" in log
 
 
@@ -157,10 +180,17 @@ def test_tiered_root_connections_do_not_grow_with_workers_per_node(cluster_facto
     out.mkdir()
     release = tmp_path / "release"
     try:
-        node = cluster.start("0", "record_env.py", [str(out), "--hold-until", str(release)],
-                             launcher_args=[tiered_flag(True)])
-        wait_for(lambda: records_written(out, nproc) or node.process.poll() is not None, 90,
-                 "all workers' records")
+        node = cluster.start(
+            "0",
+            "record_env.py",
+            [str(out), "--hold-until", str(release)],
+            launcher_args=[tiered_flag(True)],
+        )
+        wait_for(
+            lambda: records_written(out, nproc) or node.process.poll() is not None,
+            90,
+            "all workers' records",
+        )
         assert records_written(out, nproc), cluster.logs()
         root_connections = connections_to(cluster.master_port, descendants(node.process.pid))
         release.write_text("go")
@@ -184,15 +214,27 @@ def test_worker_crash_restarts_the_whole_group_with_the_same_ranks(cluster_facto
     out.mkdir()
     try:
         for node_rank in (1, 0):
-            cluster.start(str(node_rank), "record_env.py", [str(out), "--fail-rank", "3"],
-                          launcher_args=[tiered_flag(True), "--max_restarts=1", "--rdzv_conf=join_timeout=60"])
+            cluster.start(
+                str(node_rank),
+                "record_env.py",
+                [str(out), "--fail-rank", "3"],
+                launcher_args=[
+                    tiered_flag(True),
+                    "--max_restarts=1",
+                    "--rdzv_conf=join_timeout=60",
+                ],
+            )
         codes = cluster.wait_all(120)
     finally:
         cluster.kill_all()
     assert codes == [0, 0], cluster.logs()
     records = read_records(out, 2 * NPROC)
     assert {rank: r["TORCHELASTIC_RESTART_COUNT"] for rank, r in records.items()} == {
-        0: "0", 1: "0", 2: "1", 3: "1"}
+        0: "0",
+        1: "0",
+        2: "1",
+        3: "1",
+    }
     assert all(r["sum"] == 10 and r["RANK"] == str(rank) for rank, r in records.items())
     log = cluster.logs()
     assert "worker rank 3 fails on purpose before restart 1" in log
@@ -209,8 +251,12 @@ def test_missing_node_fails_every_node_naming_it(cluster_factory):
     cluster = cluster_factory()
     try:
         for node_rank in (2, 0):
-            cluster.start(str(node_rank), "record_env.py", ["/nonexistent"],
-                          launcher_args=["--rdzv_conf=join_timeout=3"])
+            cluster.start(
+                str(node_rank),
+                "record_env.py",
+                ["/nonexistent"],
+                launcher_args=["--rdzv_conf=join_timeout=3"],
+            )
         started = time.monotonic()
         codes = cluster.wait_all(45)
         elapsed = time.monotonic() - started
@@ -235,12 +281,19 @@ def test_sigterm_stops_workers_and_proxy_and_peers_fail_naming_the_root(cluster_
     never = tmp_path / "never-created"
     try:
         root, other = [
-            cluster.start(str(rank), "record_env.py", [str(out), "--hold-until", str(never)],
-                          launcher_args=[tiered_flag(True)])
+            cluster.start(
+                str(rank),
+                "record_env.py",
+                [str(out), "--hold-until", str(never)],
+                launcher_args=[tiered_flag(True)],
+            )
             for rank in (0, 1)
         ]
-        wait_for(lambda: records_written(out, 2 * NPROC) or root.process.poll() is not None,
-                 90, "all workers' records")
+        wait_for(
+            lambda: records_written(out, 2 * NPROC) or root.process.poll() is not None,
+            90,
+            "all workers' records",
+        )
         assert records_written(out, 2 * NPROC), cluster.logs()
         records = read_records(out, 2 * NPROC)
         root_tree = descendants(root.process.pid)
@@ -270,9 +323,15 @@ def test_sigint_stops_a_single_node_like_ctrl_c(cluster_factory, tmp_path):
     out = tmp_path / "records"
     out.mkdir()
     try:
-        node = cluster.start("0", "record_env.py", [str(out), "--hold-until", str(tmp_path / "never")],
-                             launcher_args=[tiered_flag(True)])
-        wait_for(lambda: records_written(out, NPROC) or node.process.poll() is not None, 90, "records")
+        node = cluster.start(
+            "0",
+            "record_env.py",
+            [str(out), "--hold-until", str(tmp_path / "never")],
+            launcher_args=[tiered_flag(True)],
+        )
+        wait_for(
+            lambda: records_written(out, NPROC) or node.process.poll() is not None, 90, "records"
+        )
         assert records_written(out, NPROC), cluster.logs()
         tree = descendants(node.process.pid)
         proxy_port = int(read_records(out, NPROC)[0]["MASTER_PORT"])

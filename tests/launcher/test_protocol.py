@@ -26,37 +26,102 @@ from npu_job.launcher.protocol import (
 GOLDEN = [
     ("validate", Request(Op.VALIDATE, number=VALIDATION_MAGIC), "00cef7853c", None, ""),
     ("ping", Request(Op.PING, number=0x1968A3), "0da3681900", 0x1968A3, "a3681900"),
-    ("set", Request(Op.SET, (b"/k",), (b"v",)), "0102000000000000002f6b010000000000000076", None, ""),
+    (
+        "set",
+        Request(Op.SET, (b"/k",), (b"v",)),
+        "0102000000000000002f6b010000000000000076",
+        None,
+        "",
+    ),
     ("wait", Request(Op.WAIT, (b"/k",)), "06010000000000000002000000000000002f6b", 0, "00"),
     ("get", Request(Op.GET, (b"/k",)), "0302000000000000002f6b", b"v", "010000000000000076"),
-    ("append", Request(Op.APPEND, (b"/k",), (b"w",)), "0902000000000000002f6b010000000000000077", None, ""),
-    ("compare_set", Request(Op.COMPARE_SET, (b"/k",), (b"vw", b"z")),
-     "0202000000000000002f6b0200000000000000767701000000000000007a", b"z", "01000000000000007a"),
-    ("add", Request(Op.ADD, (b"/c",), number=5), "0402000000000000002f630500000000000000", 5, "0500000000000000"),
-    ("check", Request(Op.CHECK, (b"/k", b"/c")),
-     "05020000000000000002000000000000002f6b02000000000000002f63", 0, "00"),
+    (
+        "append",
+        Request(Op.APPEND, (b"/k",), (b"w",)),
+        "0902000000000000002f6b010000000000000077",
+        None,
+        "",
+    ),
+    (
+        "compare_set",
+        Request(Op.COMPARE_SET, (b"/k",), (b"vw", b"z")),
+        "0202000000000000002f6b0200000000000000767701000000000000007a",
+        b"z",
+        "01000000000000007a",
+    ),
+    (
+        "add",
+        Request(Op.ADD, (b"/c",), number=5),
+        "0402000000000000002f630500000000000000",
+        5,
+        "0500000000000000",
+    ),
+    (
+        "check",
+        Request(Op.CHECK, (b"/k", b"/c")),
+        "05020000000000000002000000000000002f6b02000000000000002f63",
+        0,
+        "00",
+    ),
     ("getnumkeys", Request(Op.GETNUMKEYS), "07", 2, "0200000000000000"),
-    ("delete_key", Request(Op.DELETE_KEY, (b"/k",)), "0802000000000000002f6b", 1, "0100000000000000"),
-    ("multi_set", Request(Op.MULTI_SET, (b"/a", b"/b"), (b"1", b"2")),
-     "0b020000000000000002000000000000002f6101000000000000003102000000000000002f62010000000000000032",
-     None, ""),
-    ("multi_get", Request(Op.MULTI_GET, (b"/a", b"/b")),
-     "0a020000000000000002000000000000002f6102000000000000002f62", (b"1", b"2"),
-     "010000000000000031010000000000000032"),
+    (
+        "delete_key",
+        Request(Op.DELETE_KEY, (b"/k",)),
+        "0802000000000000002f6b",
+        1,
+        "0100000000000000",
+    ),
+    (
+        "multi_set",
+        Request(Op.MULTI_SET, (b"/a", b"/b"), (b"1", b"2")),
+        "0b020000000000000002000000000000002f6101000000000000003102000000000000002f62010000000000000032",
+        None,
+        "",
+    ),
+    (
+        "multi_get",
+        Request(Op.MULTI_GET, (b"/a", b"/b")),
+        "0a020000000000000002000000000000002f6102000000000000002f62",
+        (b"1", b"2"),
+        "010000000000000031010000000000000032",
+    ),
     ("list_keys", Request(Op.LIST_KEYS), "11", (b"/a",), "010000000000000002000000000000002f61"),
-    ("queue_push", Request(Op.QUEUE_PUSH, (b"/q",), (b"x",)), "0e02000000000000002f71010000000000000078",
-     None, ""),
+    (
+        "queue_push",
+        Request(Op.QUEUE_PUSH, (b"/q",), (b"x",)),
+        "0e02000000000000002f71010000000000000078",
+        None,
+        "",
+    ),
     ("queue_len", Request(Op.QUEUE_LEN, (b"/q",)), "1002000000000000002f71", 2, "0200000000000000"),
-    ("queue_pop", Request(Op.QUEUE_POP, (b"/q",)), "0f02000000000000002f71", QueuePopReply(2, b"x"),
-     "0200000000000000010000000000000078"),
-    ("queue_pop_empty", Request(Op.QUEUE_POP, (b"/q",)), "0f02000000000000002f71", QueuePopReply(0),
-     "0000000000000000"),
+    (
+        "queue_pop",
+        Request(Op.QUEUE_POP, (b"/q",)),
+        "0f02000000000000002f71",
+        QueuePopReply(2, b"x"),
+        "0200000000000000010000000000000078",
+    ),
+    (
+        "queue_pop_empty",
+        Request(Op.QUEUE_POP, (b"/q",)),
+        "0f02000000000000002f71",
+        QueuePopReply(0),
+        "0000000000000000",
+    ),
     ("cancel_wait", Request(Op.CANCEL_WAIT), "0c", 1, "01"),
-    ("barrier", Request(Op.BARRIER, (b"/bar",), number=1), "1204000000000000002f6261720100000000000000", 0, "00"),
+    (
+        "barrier",
+        Request(Op.BARRIER, (b"/bar",), number=1),
+        "1204000000000000002f6261720100000000000000",
+        0,
+        "00",
+    ),
 ]
 
 
-@pytest.mark.parametrize("request_, wire, value, reply", [g[1:] for g in GOLDEN], ids=[g[0] for g in GOLDEN])
+@pytest.mark.parametrize(
+    "request_, wire, value, reply", [g[1:] for g in GOLDEN], ids=[g[0] for g in GOLDEN]
+)
 def test_golden_frames_match_torch(request_, wire, value, reply):
     assert encode_request(request_).hex() == wire
     assert decode_request(bytes.fromhex(wire)) == (request_, len(wire) // 2)
@@ -64,7 +129,9 @@ def test_golden_frames_match_torch(request_, wire, value, reply):
     assert decode_reply(request_, bytes.fromhex(reply)) == (value, len(reply) // 2)
 
 
-@pytest.mark.parametrize("request_, wire", [(g[1], g[2]) for g in GOLDEN], ids=[g[0] for g in GOLDEN])
+@pytest.mark.parametrize(
+    "request_, wire", [(g[1], g[2]) for g in GOLDEN], ids=[g[0] for g in GOLDEN]
+)
 def test_every_truncation_of_a_request_is_incomplete_not_an_error(request_, wire):
     data = bytes.fromhex(wire)
     for cut in range(len(data)):
@@ -101,15 +168,33 @@ values = st.binary(max_size=200)
 requests = st.one_of(
     st.builds(lambda n: Request(Op.PING, number=n), st.integers(0, 2**32 - 1)),
     st.sampled_from([Request(Op.GETNUMKEYS), Request(Op.CANCEL_WAIT), Request(Op.LIST_KEYS)]),
-    st.builds(lambda op, k: Request(op, (k,)), st.sampled_from([Op.GET, Op.DELETE_KEY, Op.QUEUE_POP, Op.QUEUE_LEN]), keys),
-    st.builds(lambda op, k, v: Request(op, (k,), (v,)), st.sampled_from([Op.SET, Op.APPEND, Op.QUEUE_PUSH]), keys, values),
+    st.builds(
+        lambda op, k: Request(op, (k,)),
+        st.sampled_from([Op.GET, Op.DELETE_KEY, Op.QUEUE_POP, Op.QUEUE_LEN]),
+        keys,
+    ),
+    st.builds(
+        lambda op, k, v: Request(op, (k,), (v,)),
+        st.sampled_from([Op.SET, Op.APPEND, Op.QUEUE_PUSH]),
+        keys,
+        values,
+    ),
     st.builds(lambda k, a, b: Request(Op.COMPARE_SET, (k,), (a, b)), keys, values, values),
-    st.builds(lambda op, k, n: Request(op, (k,), number=n), st.sampled_from([Op.ADD, Op.BARRIER]), keys,
-              st.integers(-(2**63), 2**63 - 1)),
-    st.builds(lambda op, ks: Request(op, tuple(ks)), st.sampled_from([Op.CHECK, Op.WAIT, Op.MULTI_GET]),
-              st.lists(keys, max_size=5)),
-    st.builds(lambda kv: Request(Op.MULTI_SET, tuple(k for k, _ in kv), tuple(v for _, v in kv)),
-              st.lists(st.tuples(keys, values), max_size=5)),
+    st.builds(
+        lambda op, k, n: Request(op, (k,), number=n),
+        st.sampled_from([Op.ADD, Op.BARRIER]),
+        keys,
+        st.integers(-(2**63), 2**63 - 1),
+    ),
+    st.builds(
+        lambda op, ks: Request(op, tuple(ks)),
+        st.sampled_from([Op.CHECK, Op.WAIT, Op.MULTI_GET]),
+        st.lists(keys, max_size=5),
+    ),
+    st.builds(
+        lambda kv: Request(Op.MULTI_SET, tuple(k for k, _ in kv), tuple(v for _, v in kv)),
+        st.lists(st.tuples(keys, values), max_size=5),
+    ),
 )
 
 

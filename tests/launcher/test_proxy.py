@@ -120,7 +120,9 @@ def test_identical_concurrent_waits_share_one_upstream_wait(root, proxy):
     clients = [tcp_store(proxy.port) for _ in range(6)]
     before = proxy.stats()["upstream_by_op"].get("WAIT", 0)
     done = []
-    threads = [threading.Thread(target=lambda c=c: (c.wait(["go"]), done.append(1))) for c in clients]
+    threads = [
+        threading.Thread(target=lambda c=c: (c.wait(["go"]), done.append(1))) for c in clients
+    ]
     for thread in threads:
         thread.start()
     assert wait_until(lambda: proxy.stats()["received_by_op"].get("WAIT", 0) == 6)
@@ -179,7 +181,9 @@ def test_concurrent_adds_merge_into_one_batch_with_distinct_serial_results(root,
     root.add("counter", 100)
     clients = [raw_client(proxy.port) for _ in range(8)]
     deltas = [1, 2, 3, 4, 5, 6, 7, 8]
-    replies = _frozen_burst(proxy, clients, [Request(Op.ADD, (b"/counter",), number=d) for d in deltas])
+    replies = _frozen_burst(
+        proxy, clients, [Request(Op.ADD, (b"/counter",), number=d) for d in deltas]
+    )
     assert root.add("counter", 0) == 100 + sum(deltas)
     # some serial order of the ADDs yields exactly these results
     order = sorted(zip(replies, deltas))
@@ -244,14 +248,18 @@ def test_a_dead_worker_has_its_waits_dropped_and_cancelled_upstream(root, proxy)
     finally:
         worker.kill()
         worker.stdout.close()
-    assert wait_until(lambda: proxy.stats()["waits_active"] == 0 and proxy.stats()["clients_open"] == 0)
+    assert wait_until(
+        lambda: proxy.stats()["waits_active"] == 0 and proxy.stats()["clients_open"] == 0
+    )
     assert proxy.stats()["upstream_by_op"]["CANCEL_WAIT"] == 1
     survivor = tcp_store(proxy.port)  # the proxy survives worker restarts
     survivor.set("x", "1")
     assert survivor.get("x") == b"1"
 
 
-@pytest.mark.parametrize("chunk", [5, 4099, 1 << 20], ids=["5-byte-writes", "4099-byte-writes", "one-write"])
+@pytest.mark.parametrize(
+    "chunk", [5, 4099, 1 << 20], ids=["5-byte-writes", "4099-byte-writes", "one-write"]
+)
 def test_requests_split_across_reads_or_packed_into_one_are_answered_alike(root, proxy, chunk):
     """The proxy decodes reads in place: a request may end mid-read or span many reads (a value
     bigger than its read buffer always does), and several may arrive in one read."""
@@ -267,7 +275,7 @@ def test_requests_split_across_reads_or_packed_into_one_are_answered_alike(root,
     client = raw_client(proxy.port)
     data = b"".join(encode_request(r, DIALECT) for r in requests)
     for start in range(0, len(data), chunk):
-        client.sock.sendall(data[start:start + chunk])
+        client.sock.sendall(data[start : start + chunk])
     assert [client.receive(r) for r in requests] == [None, None, 5, big, (b"1", big), 3]
     assert root.get("split/big") == big
 
@@ -318,12 +326,18 @@ print(" | ".join(messages), flush=True)
 
 
 def test_root_death_fails_every_client_promptly_naming_the_store_address():
-    root_proc = subprocess.Popen([sys.executable, "-c", ROOT_CODE], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    root_proc = subprocess.Popen(
+        [sys.executable, "-c", ROOT_CODE], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
     try:
         root_port = int(root_proc.stdout.readline())
         with ProxyProcess(root_port, timeout=3) as proxy:
-            worker = subprocess.Popen([sys.executable, "-c", DOOMED_WORKER, str(proxy.port)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            worker = subprocess.Popen(
+                [sys.executable, "-c", DOOMED_WORKER, str(proxy.port)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             assert worker.stdout.readline().strip() == "waiting"
             assert wait_until(lambda: proxy.stats()["waits_active"] == 1)
             started = time.monotonic()
@@ -363,7 +377,9 @@ def test_in_process_store_proxy_starts_stops_idempotently_and_leaks_nothing(root
 
 
 @pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
-def test_the_proxy_serves_alike_on_the_standard_loop_and_on_optional_uvloop(root, monkeypatch, loop_kind):
+def test_the_proxy_serves_alike_on_the_standard_loop_and_on_optional_uvloop(
+    root, monkeypatch, loop_kind
+):
     if loop_kind == "uvloop":
         pytest.importorskip("uvloop")  # an optional accelerator, not a dependency
     monkeypatch.setenv("NPU_JOB_PROXY_LOOP", loop_kind)
@@ -402,16 +418,29 @@ def test_unmodified_init_process_group_works_through_the_proxy(root, proxy):
     world = 3
     procs = []
     for rank in range(world):
-        env = dict(os.environ, MASTER_ADDR=LOOPBACK, MASTER_PORT=str(proxy.port), RANK=str(rank),
-                   WORLD_SIZE=str(world), LOCAL_RANK=str(rank), TORCHELASTIC_USE_AGENT_STORE="True",
-                   TORCHELASTIC_RESTART_COUNT="0")  # torch < 2.6 prefixes the store by it
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=env, stdout=subprocess.PIPE, text=True))
+        env = dict(
+            os.environ,
+            MASTER_ADDR=LOOPBACK,
+            MASTER_PORT=str(proxy.port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            TORCHELASTIC_USE_AGENT_STORE="True",
+            TORCHELASTIC_RESTART_COUNT="0",
+        )  # torch < 2.6 prefixes the store by it
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER], env=env, stdout=subprocess.PIPE, text=True
+            )
+        )
     outputs = []
     for proc in procs:
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0
         outputs.append(out.strip().splitlines()[-1].split())  # gloo of 2.9 prints lines of its own
-    assert sorted(outputs) == [[str(r), str(world), str(sum(range(1, world + 1)))] for r in range(world)]
+    assert sorted(outputs) == [
+        [str(r), str(world), str(sum(range(1, world + 1)))] for r in range(world)
+    ]
     stats = proxy.stats()
     assert stats["client_connections"] == world and stats["upstream_connections"] == 3
 
@@ -437,7 +466,9 @@ def _opcodes_this_torch_lacks() -> list:
 
 
 @pytest.mark.parametrize("byte", _opcodes_this_torch_lacks())
-def test_an_opcode_this_torch_does_not_know_ends_that_client_cleanly_after_its_replies(root, proxy, byte):
+def test_an_opcode_this_torch_does_not_know_ends_that_client_cleanly_after_its_replies(
+    root, proxy, byte
+):
     """As a root would, the proxy stops serving the client; unlike a reset, the client first gets
     every reply it was owed, then the end of the stream, and the other clients go on."""
     bad, good = raw_client(proxy.port), tcp_store(proxy.port)
@@ -454,14 +485,23 @@ def test_a_session_of_every_request_this_torch_has_never_costs_the_proxy_its_roo
     """The proxy speaks the root's own dialect: no request makes the root drop a connection."""
     client = raw_client(proxy.port)
     session = [
-        Request(Op.SET, (b"/s/a",), (b"1",)), Request(Op.GET, (b"/s/a",)),
-        Request(Op.ADD, (b"/s/n",), number=2), Request(Op.CHECK, (b"/s/a", b"/s/n")),
-        Request(Op.COMPARE_SET, (b"/s/a",), (b"1", b"2")), Request(Op.GETNUMKEYS),
-        Request(Op.APPEND, (b"/s/a",), (b"!",)), Request(Op.MULTI_SET, (b"/s/b", b"/s/c"), (b"x", b"y")),
-        Request(Op.MULTI_GET, (b"/s/a", b"/s/b")), Request(Op.WAIT, (b"/s/c",)),
-        Request(Op.DELETE_KEY, (b"/s/c",)), Request(Op.PING, number=7),
-        Request(Op.QUEUE_PUSH, (b"/s/q",), (b"v",)), Request(Op.QUEUE_LEN, (b"/s/q",)),
-        Request(Op.QUEUE_POP, (b"/s/q",)), Request(Op.LIST_KEYS), Request(Op.BARRIER, (b"/s/bar",), number=1),
+        Request(Op.SET, (b"/s/a",), (b"1",)),
+        Request(Op.GET, (b"/s/a",)),
+        Request(Op.ADD, (b"/s/n",), number=2),
+        Request(Op.CHECK, (b"/s/a", b"/s/n")),
+        Request(Op.COMPARE_SET, (b"/s/a",), (b"1", b"2")),
+        Request(Op.GETNUMKEYS),
+        Request(Op.APPEND, (b"/s/a",), (b"!",)),
+        Request(Op.MULTI_SET, (b"/s/b", b"/s/c"), (b"x", b"y")),
+        Request(Op.MULTI_GET, (b"/s/a", b"/s/b")),
+        Request(Op.WAIT, (b"/s/c",)),
+        Request(Op.DELETE_KEY, (b"/s/c",)),
+        Request(Op.PING, number=7),
+        Request(Op.QUEUE_PUSH, (b"/s/q",), (b"v",)),
+        Request(Op.QUEUE_LEN, (b"/s/q",)),
+        Request(Op.QUEUE_POP, (b"/s/q",)),
+        Request(Op.LIST_KEYS),
+        Request(Op.BARRIER, (b"/s/bar",), number=1),
     ]
     session = [request for request in session if request.op in DIALECT]
     for request in session:

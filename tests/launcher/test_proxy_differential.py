@@ -18,8 +18,8 @@ import time
 from typing import Callable
 
 import pytest
-
 from npu_job.launcher import torchcompat
+
 from tests.launcher.proxy_support import ProxyProcess, tcp_store
 from tests.launcher.torch_features import store_errors
 
@@ -30,15 +30,31 @@ COUNTERS = ["c0", "c1"]
 QUEUES = ["q0", "q1"]
 CLIENTS = 3
 # every client-visible operation the installed torch has (older releases lack some)
-KINDS = [kind for kind, present in [
-    ("set", True), ("get", True), ("add", True), ("compare_set", True),
-    ("check", hasattr(torch_dist.TCPStore, "check")), ("wait", True), ("num_keys", True),
-    ("delete", True), ("append", True), ("multi_get", True), ("multi_set", True),
-    ("list_keys", torchcompat.HAS_LIST_KEYS), ("queue_push", torchcompat.HAS_QUEUES),
-    ("queue_len", torchcompat.HAS_QUEUES), ("queue_pop", torchcompat.HAS_QUEUES),
-    ("queue_pop_nonblock", torchcompat.HAS_QUEUES), ("barrier", torchcompat.HAS_BARRIER),
-    ("wait_timeout", True), ("concurrent_waits", True),
-] if present]
+KINDS = [
+    kind
+    for kind, present in [
+        ("set", True),
+        ("get", True),
+        ("add", True),
+        ("compare_set", True),
+        ("check", hasattr(torch_dist.TCPStore, "check")),
+        ("wait", True),
+        ("num_keys", True),
+        ("delete", True),
+        ("append", True),
+        ("multi_get", True),
+        ("multi_set", True),
+        ("list_keys", torchcompat.HAS_LIST_KEYS),
+        ("queue_push", torchcompat.HAS_QUEUES),
+        ("queue_len", torchcompat.HAS_QUEUES),
+        ("queue_pop", torchcompat.HAS_QUEUES),
+        ("queue_pop_nonblock", torchcompat.HAS_QUEUES),
+        ("barrier", torchcompat.HAS_BARRIER),
+        ("wait_timeout", True),
+        ("concurrent_waits", True),
+    ]
+    if present
+]
 SHORT = datetime.timedelta(milliseconds=150)
 
 
@@ -81,17 +97,31 @@ def random_steps(rng: random.Random, count: int) -> list[Step]:
         kind = rng.choice(KINDS)
         if kind == "set":
             known.add(key)
-            steps.append((f"{c}.set({key})", lambda w, c=c, k=key, v=value: fenced(w, c, w.clients[c].set, k, v)))
+            steps.append(
+                (
+                    f"{c}.set({key})",
+                    lambda w, c=c, k=key, v=value: fenced(w, c, w.clients[c].set, k, v),
+                )
+            )
         elif kind == "get" and key in known:
             steps.append((f"{c}.get({key})", lambda w, c=c, k=key: w.clients[c].get(k)))
         elif kind == "add":
             delta = rng.randrange(-5, 10)
-            steps.append((f"{c}.add({counter},{delta})", lambda w, c=c, k=counter, d=delta: w.clients[c].add(k, d)))
+            steps.append(
+                (
+                    f"{c}.add({counter},{delta})",
+                    lambda w, c=c, k=counter, d=delta: w.clients[c].add(k, d),
+                )
+            )
         elif kind == "compare_set":
             expected = rng.choice(["", value, "v1"])
             known.add(key) if expected == "" else None
-            steps.append((f"{c}.compare_set({key})",
-                          lambda w, c=c, k=key, e=expected, v=value: w.clients[c].compare_set(k, e, v)))
+            steps.append(
+                (
+                    f"{c}.compare_set({key})",
+                    lambda w, c=c, k=key, e=expected, v=value: w.clients[c].compare_set(k, e, v),
+                )
+            )
         elif kind == "check":
             keys = rng.sample(KEYS + COUNTERS, 2)
             steps.append((f"{c}.check({keys})", lambda w, c=c, ks=keys: w.clients[c].check(ks)))
@@ -101,43 +131,83 @@ def random_steps(rng: random.Random, count: int) -> list[Step]:
             steps.append((f"{c}.num_keys", lambda w, c=c: w.clients[c].num_keys()))
         elif kind == "delete":
             known.discard(key)
-            steps.append((f"{c}.delete_key({key})", lambda w, c=c, k=key: w.clients[c].delete_key(k)))
+            steps.append(
+                (f"{c}.delete_key({key})", lambda w, c=c, k=key: w.clients[c].delete_key(k))
+            )
         elif kind == "append":
             known.add(key)
-            steps.append((f"{c}.append({key})", lambda w, c=c, k=key, v=value: fenced(w, c, w.clients[c].append, k, v)))
+            steps.append(
+                (
+                    f"{c}.append({key})",
+                    lambda w, c=c, k=key, v=value: fenced(w, c, w.clients[c].append, k, v),
+                )
+            )
         elif kind == "multi_get":
             present = sorted(known)[:2]
             if present:
-                steps.append((f"{c}.multi_get({present})", lambda w, c=c, ks=present: w.clients[c].multi_get(ks)))
+                steps.append(
+                    (
+                        f"{c}.multi_get({present})",
+                        lambda w, c=c, ks=present: w.clients[c].multi_get(ks),
+                    )
+                )
         elif kind == "multi_set":
             keys = rng.sample(KEYS, 2)
             known.update(keys)
-            steps.append((f"{c}.multi_set({keys})",
-                          lambda w, c=c, ks=keys, v=value: fenced(w, c, w.clients[c].multi_set, ks, [v, v + "!"])))
+            steps.append(
+                (
+                    f"{c}.multi_set({keys})",
+                    lambda w, c=c, ks=keys, v=value: fenced(
+                        w, c, w.clients[c].multi_set, ks, [v, v + "!"]
+                    ),
+                )
+            )
         elif kind == "list_keys":
             steps.append((f"{c}.list_keys", lambda w, c=c: w.clients[c].list_keys()))
         elif kind == "queue_push":
             queued[queue] += 1
-            steps.append((f"{c}.queue_push({queue})", lambda w, c=c, q=queue, v=value: fenced(w, c, w.clients[c].queue_push, q, v)))
+            steps.append(
+                (
+                    f"{c}.queue_push({queue})",
+                    lambda w, c=c, q=queue, v=value: fenced(w, c, w.clients[c].queue_push, q, v),
+                )
+            )
         elif kind == "queue_len":
-            steps.append((f"{c}.queue_len({queue})", lambda w, c=c, q=queue: w.clients[c].queue_len(q)))
+            steps.append(
+                (f"{c}.queue_len({queue})", lambda w, c=c, q=queue: w.clients[c].queue_len(q))
+            )
         elif kind == "queue_pop" and queued[queue] > 0:
             queued[queue] -= 1
-            steps.append((f"{c}.queue_pop({queue})", lambda w, c=c, q=queue: w.clients[c].queue_pop(q)))
+            steps.append(
+                (f"{c}.queue_pop({queue})", lambda w, c=c, q=queue: w.clients[c].queue_pop(q))
+            )
         elif kind == "queue_pop_nonblock":
             queued[queue] = max(0, queued[queue] - 1)
-            steps.append((f"{c}.queue_pop({queue},block=False)",
-                          lambda w, c=c, q=queue: w.clients[c].queue_pop(q, block=False)))
+            steps.append(
+                (
+                    f"{c}.queue_pop({queue},block=False)",
+                    lambda w, c=c, q=queue: w.clients[c].queue_pop(q, block=False),
+                )
+            )
         elif kind == "barrier":
             name = f"b{rng.randrange(1000)}"
-            steps.append((f"{c}.barrier({name},1)", lambda w, c=c, b=name: w.clients[c].barrier(b, 1)))
+            steps.append(
+                (f"{c}.barrier({name},1)", lambda w, c=c, b=name: w.clients[c].barrier(b, 1))
+            )
         elif kind == "wait_timeout":
             missing = key if key not in known else f"missing{rng.randrange(3)}"
-            steps.append((f"{c}.wait({missing},150ms)", lambda w, c=c, k=missing: w.clients[c].wait([k], SHORT)))
+            steps.append(
+                (
+                    f"{c}.wait({missing},150ms)",
+                    lambda w, c=c, k=missing: w.clients[c].wait([k], SHORT),
+                )
+            )
         elif kind == "concurrent_waits":
             fresh = [f"cw{len(steps)}a", f"cw{len(steps)}b"]
             known.update(fresh)
-            steps.append((f"concurrent_waits({fresh})", lambda w, ks=fresh: concurrent_waits(w, ks)))
+            steps.append(
+                (f"concurrent_waits({fresh})", lambda w, ks=fresh: concurrent_waits(w, ks))
+            )
     return steps
 
 
@@ -151,7 +221,9 @@ def concurrent_waits(world: World, keys: list[str]) -> object:
 
     threads = [
         threading.Thread(target=waiter, args=(0, keys, datetime.timedelta(seconds=5))),
-        threading.Thread(target=waiter, args=(1, keys + ["never"], datetime.timedelta(milliseconds=400))),
+        threading.Thread(
+            target=waiter, args=(1, keys + ["never"], datetime.timedelta(milliseconds=400))
+        ),
     ]
     for thread in threads:
         thread.start()
@@ -174,14 +246,18 @@ def test_proxy_answers_exactly_like_the_root(seed):
         for index, (label, step) in enumerate(steps):
             expected = outcome(lambda step=step: step(direct))
             actual = outcome(lambda step=step: step(proxied))
-            assert actual == expected, f"seed {seed} step {index} {label}: proxy {actual!r} != root {expected!r}"
+            assert actual == expected, (
+                f"seed {seed} step {index} {label}: proxy {actual!r} != root {expected!r}"
+            )
         # the stores end up identical, key by key
         if torchcompat.HAS_LIST_KEYS:
             keys = sorted(direct.clients[0].list_keys())
             assert sorted(proxied.clients[0].list_keys()) == keys
         else:  # no listing: the keys the steps touch, present in both or in neither
             keys = [k for k in KEYS + COUNTERS if torchcompat.key_exists(direct.clients[0], k)]
-            assert [k for k in KEYS + COUNTERS if torchcompat.key_exists(proxied.clients[0], k)] == keys
+            assert [
+                k for k in KEYS + COUNTERS if torchcompat.key_exists(proxied.clients[0], k)
+            ] == keys
         assert direct.clients[0].multi_get(keys) == proxied.clients[0].multi_get(keys)
         stats = proxy.stats()
         assert stats["upstream_connections"] <= 3

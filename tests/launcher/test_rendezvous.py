@@ -15,6 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Sequence
 
 import pytest
+from npu_job.launcher import rendezvous, torchcompat
+from npu_job.launcher.rendezvous import ParallelRendezvousHandler, ParallelSettings
+from npu_job.launcher.watch import JobStopped
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
@@ -26,22 +29,27 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from npu_job.errors import LaunchError
-from npu_job.launcher import rendezvous, torchcompat
-from npu_job.launcher.rendezvous import ParallelRendezvousHandler, ParallelSettings
-from npu_job.launcher.watch import JobStopped
 
 from .cluster import free_port, port_is_free
 from .torch_features import Joined, joined
 
 
-def make_handlers(nnodes: int, ranks: Sequence[int], **overrides) -> Dict[int, ParallelRendezvousHandler]:
+def make_handlers(
+    nnodes: int, ranks: Sequence[int], **overrides
+) -> Dict[int, ParallelRendezvousHandler]:
     port = free_port()
     options = dict(join_timeout=10.0, close_timeout=5.0, store_timeout=10.0, watch_interval=0.01)
     options.update(overrides)
     return {
         rank: ParallelRendezvousHandler(
-            ParallelSettings(run_id="job", master_addr="127.0.0.1", master_port=port,
-                             node_rank=rank, nnodes=nnodes, **options)
+            ParallelSettings(
+                run_id="job",
+                master_addr="127.0.0.1",
+                master_port=port,
+                node_rank=rank,
+                nnodes=nnodes,
+                **options,
+            )
         )
         for rank in ranks
     }
@@ -49,6 +57,7 @@ def make_handlers(nnodes: int, ranks: Sequence[int], **overrides) -> Dict[int, P
 
 def join_all(handlers: Sequence[ParallelRendezvousHandler]) -> List:
     """Call next_rendezvous on every handler concurrently; results or exceptions, in order."""
+
     def attempt(handler):
         try:
             return handler.next_rendezvous()
@@ -88,8 +97,14 @@ def workers_store(node: Joined, hosting: bool) -> TCPStore:
     """The workers' store at ``node``'s address, as a worker opens it: on torch without
     list_keys global rank 0 hosts it (``hosting``), everyone else connects."""
     host = hosting and not torchcompat.HAS_LIST_KEYS
-    return TCPStore(node.master_addr, node.master_port, None, host, datetime.timedelta(seconds=5),
-                    **({"wait_for_workers": False, "multi_tenant": True} if host else {}))
+    return TCPStore(
+        node.master_addr,
+        node.master_port,
+        None,
+        host,
+        datetime.timedelta(seconds=5),
+        **({"wait_for_workers": False, "multi_tenant": True} if host else {}),
+    )
 
 
 def test_tiered_round_hands_workers_this_nodes_proxy(closing):
@@ -124,7 +139,9 @@ def test_missing_node_times_out_naming_it(closing):
 def test_absent_root_times_out_naming_node_rank_0_and_its_address(closing):
     handlers = make_handlers(2, [1], join_timeout=0.5)
     closing(handlers.values())
-    with pytest.raises(RendezvousTimeoutError, match=r"root store 127\.0\.0\.1:\d+ \(missing node ranks: \[0\]"):
+    with pytest.raises(
+        RendezvousTimeoutError, match=r"root store 127\.0\.0\.1:\d+ \(missing node ranks: \[0\]"
+    ):
         handlers[1].next_rendezvous()
 
 
@@ -235,7 +252,9 @@ def test_lost_root_is_reported_with_its_address(closing):
     handlers[0].close()
     del infos
     gc.collect()  # the last reference to the root TCPStore server goes: node 0 is gone
-    with pytest.raises(RendezvousConnectionError, match=rf"lost the root store 127\.0\.0\.1:{port}"):
+    with pytest.raises(
+        RendezvousConnectionError, match=rf"lost the root store 127\.0\.0\.1:{port}"
+    ):
         for _ in range(50):
             handlers[1].num_nodes_waiting()
             time.sleep(0.02)
@@ -278,18 +297,37 @@ def test_a_node_that_follows_another_node_order_is_refused_naming_both(closing):
 
 
 def params(**overrides) -> RendezvousParameters:
-    values = dict(backend="parallel", endpoint="10.0.0.1:29500", run_id="job", min_nodes=4, max_nodes=4, rank=2)
+    values = dict(
+        backend="parallel",
+        endpoint="10.0.0.1:29500",
+        run_id="job",
+        min_nodes=4,
+        max_nodes=4,
+        rank=2,
+    )
     values.update(overrides)
     return RendezvousParameters(**values)
 
 
 def test_settings_come_from_torchs_rendezvous_parameters():
     settings = rendezvous.settings_from_params(
-        params(timeout="60", join_timeout="5", enable_tiered_parallel_tcpstore=True, node_order="scheduler order")
+        params(
+            timeout="60",
+            join_timeout="5",
+            enable_tiered_parallel_tcpstore=True,
+            node_order="scheduler order",
+        )
     )
     assert settings == ParallelSettings(
-        run_id="job", master_addr="10.0.0.1", master_port=29500, node_rank=2, nnodes=4,
-        tiered=True, store_timeout=60.0, join_timeout=5.0, node_order="scheduler order",
+        run_id="job",
+        master_addr="10.0.0.1",
+        master_port=29500,
+        node_rank=2,
+        nnodes=4,
+        tiered=True,
+        store_timeout=60.0,
+        join_timeout=5.0,
+        node_order="scheduler order",
     )
 
 
@@ -301,9 +339,17 @@ def test_settings_come_from_torchs_rendezvous_parameters():
         pytest.param(dict(rank="x"), "expected an integer", id="rank-not-a-number"),
         pytest.param(dict(endpoint=""), "--master_addr/--master_port", id="no-endpoint"),
         pytest.param(dict(endpoint="10.0.0.1"), "port 1..65535", id="no-port"),
-        pytest.param(dict(join_timeout="soon"), "join_timeout: expected seconds", id="bad-join-timeout"),
+        pytest.param(
+            dict(join_timeout="soon"),
+            "join_timeout: expected a positive number of seconds",
+            id="bad-join-timeout",
+        ),
         pytest.param(dict(timeout="-1"), "timeout: expected a positive", id="negative-timeout"),
-        pytest.param(dict(enable_tiered_parallel_tcpstore="maybe"), "expected true or false", id="bad-tiered"),
+        # float() reads "nan", and NaN <= 0 is false: it passed as a timeout before
+        pytest.param(dict(close_timeout="nan"), "close_timeout: expected a pos", id="nan-timeout"),
+        pytest.param(
+            dict(enable_tiered_parallel_tcpstore="maybe"), "expected true or false", id="bad-tiered"
+        ),
     ],
 )
 def test_bad_settings_are_one_line_launch_errors(overrides, message):
@@ -313,7 +359,9 @@ def test_bad_settings_are_one_line_launch_errors(overrides, message):
 
 
 def test_missing_rank_is_a_launch_error():
-    values = dict(backend="parallel", endpoint="10.0.0.1:29500", run_id="job", min_nodes=1, max_nodes=1)
+    values = dict(
+        backend="parallel", endpoint="10.0.0.1:29500", run_id="job", min_nodes=1, max_nodes=1
+    )
     with pytest.raises(LaunchError, match="pass --node_rank"):
         rendezvous.settings_from_params(RendezvousParameters(**values))
 
@@ -338,13 +386,24 @@ def test_root_listens_on_ipv4_so_accepts_need_no_dns(closing, master_addr):
     """The stock server reverse-resolves each accepted peer; on a dual-stack listener loopback
     peers appear as ::ffff:127.0.0.1, which only a DNS server answers. An IPv4 listener keeps
     those lookups in /etc/hosts."""
-    if {info[0] for info in socket.getaddrinfo(master_addr, 1, type=socket.SOCK_STREAM)} != {socket.AF_INET}:
+    if {info[0] for info in socket.getaddrinfo(master_addr, 1, type=socket.SOCK_STREAM)} != {
+        socket.AF_INET
+    }:
         pytest.skip(f"{master_addr} resolves to IPv6 here: the stock listener is kept")
     port = free_port()
-    handler = ParallelRendezvousHandler(ParallelSettings(
-        run_id="job", master_addr=master_addr, master_port=port, node_rank=0, nnodes=1,
-        join_timeout=10.0, close_timeout=1.0, store_timeout=10.0, watch_interval=0.01,
-    ))
+    handler = ParallelRendezvousHandler(
+        ParallelSettings(
+            run_id="job",
+            master_addr=master_addr,
+            master_port=port,
+            node_rank=0,
+            nnodes=1,
+            join_timeout=10.0,
+            close_timeout=1.0,
+            store_timeout=10.0,
+            watch_interval=0.01,
+        )
+    )
     closing([handler])
     assert joined(handler.next_rendezvous()).rank == 0
     assert port in _listening_ports("/proc/net/tcp")
@@ -370,10 +429,17 @@ class _RefusingTCPStore:
 
 
 def test_a_root_that_torch_refuses_to_host_reports_torchs_error_once_and_frees_the_port(
-        closing, monkeypatch):
-    refusing = type("Refusing", (_RefusingTCPStore,), {"calls": 0, "ports": [], "message": "a bug of torch's own"})
+    closing, monkeypatch
+):
+    refusing = type(
+        "Refusing",
+        (_RefusingTCPStore,),
+        {"calls": 0, "ports": [], "message": "a bug of torch's own"},
+    )
     monkeypatch.setattr(torchcompat, "TCPStore", refusing)
-    monkeypatch.setattr(torchcompat, "_accepts", lambda parameter: False)  # no classic server to fall back on
+    monkeypatch.setattr(
+        torchcompat, "_accepts", lambda parameter: False
+    )  # no classic server to fall back on
     handlers = make_handlers(1, [0], close_timeout=5.0)
     closing(handlers.values())
     with pytest.raises(LaunchError, match="a bug of torch's own") as raised:
@@ -384,9 +450,15 @@ def test_a_root_that_torch_refuses_to_host_reports_torchs_error_once_and_frees_t
 
 
 def test_a_libuv_server_that_takes_no_listen_fd_hosts_the_classic_server(closing, monkeypatch):
-    refusing = type("Refusing", (_RefusingTCPStore,), {
-        "calls": 0, "ports": [],
-        "message": "The libuv TCPStore backend does not support initialization with an listen fd"})
+    refusing = type(
+        "Refusing",
+        (_RefusingTCPStore,),
+        {
+            "calls": 0,
+            "ports": [],
+            "message": "The libuv TCPStore backend does not support initialization with an listen fd",
+        },
+    )
     monkeypatch.setattr(torchcompat, "TCPStore", refusing)
     handlers = make_handlers(1, [0])
     closing(handlers.values())
@@ -401,10 +473,16 @@ def test_importing_the_backend_first_registers_it_without_a_warning():
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-c", "import npu_job.launcher.rendezvous"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", "import npu_job.launcher.rendezvous"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0
-    assert "Traceback" not in result.stderr and "Exception while registering" not in result.stderr, result.stderr
+    assert (
+        "Traceback" not in result.stderr and "Exception while registering" not in result.stderr
+    ), result.stderr
 
 
 def _has_ipv6_loopback() -> bool:
@@ -421,9 +499,20 @@ def _has_ipv6_loopback() -> bool:
 def test_an_ipv6_master_hosts_the_root_and_serves_the_workers(closing, tiered):
     port = free_port()
     handlers = {
-        rank: ParallelRendezvousHandler(ParallelSettings(
-            run_id="job", master_addr="::1", master_port=port, node_rank=rank, nnodes=2, tiered=tiered,
-            join_timeout=10.0, close_timeout=1.0, store_timeout=10.0, watch_interval=0.01))
+        rank: ParallelRendezvousHandler(
+            ParallelSettings(
+                run_id="job",
+                master_addr="::1",
+                master_port=port,
+                node_rank=rank,
+                nnodes=2,
+                tiered=tiered,
+                join_timeout=10.0,
+                close_timeout=1.0,
+                store_timeout=10.0,
+                watch_interval=0.01,
+            )
+        )
         for rank in (0, 1)
     }
     closing(handlers.values())
@@ -447,7 +536,9 @@ def test_a_node_whose_agent_fails_tells_the_others_why_it_leaves(closing):
         raise ValueError("the agent broke")
     except ValueError:
         handlers[1].shutdown()  # as torch's launch_agent does, in a finally
-    with pytest.raises(JobStopped, match=r"node rank 1 \(pod .*\) left the job: ValueError: the agent broke"):
+    with pytest.raises(
+        JobStopped, match=r"node rank 1 \(pod .*\) left the job: ValueError: the agent broke"
+    ):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             handlers[0].num_nodes_waiting()
@@ -466,13 +557,18 @@ def test_a_proxy_that_cannot_take_its_port_again_stops_the_job_naming_it(closing
         return made[-1]
 
     settings = make_handlers(2, [0, 1], keep_alive_interval=0.2, tiered=True)
-    handlers = {rank: ParallelRendezvousHandler(h.settings, proxy_factory=factory)
-                for rank, h in settings.items()}
+    handlers = {
+        rank: ParallelRendezvousHandler(h.settings, proxy_factory=factory)
+        for rank, h in settings.items()
+    }
     closing(handlers.values())
     join_all([handlers[0], handlers[1]])
     made[-1].stop()  # node 1's proxy (joined last or first: either node's will do)
-    with pytest.raises(JobStopped, match=r"its store proxy 127\.0\.0\.1:\d+ died and could not be "
-                                         r"restarted on the same port: \[Errno 98\]"):
+    with pytest.raises(
+        JobStopped,
+        match=r"its store proxy 127\.0\.0\.1:\d+ died and could not be "
+        r"restarted on the same port: \[Errno 98\]",
+    ):
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             for handler in handlers.values():

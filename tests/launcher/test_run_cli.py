@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from npu_job.launcher import devices, noderank, run
 
 from npu_job.errors import LaunchError
-from npu_job.launcher import devices, noderank, run
 
 from .cluster import WORKERS, free_port
 
@@ -42,16 +42,47 @@ def parse(argv):
 def test_help_shows_torchrun_flags_and_the_additions(capsys):
     assert run.main(["--help"]) == 0
     text = capsys.readouterr().out
-    for flag in ("--nproc-per-node", "--nproc_per_node", "--rdzv-backend", "--max-restarts", "--standalone",
-                 "--node-rank N|auto", "--enable_tiered_parallel_tcpstore", "parallel", "npu"):
+    for flag in (
+        "--nproc-per-node",
+        "--nproc_per_node",
+        "--rdzv-backend",
+        "--max-restarts",
+        "--standalone",
+        "--node-rank N|auto",
+        "--enable_tiered_parallel_tcpstore",
+        "parallel",
+        "npu",
+    ):
         assert flag in text, flag
 
 
 def test_dashed_and_underscored_spellings_mean_the_same():
-    dashed = parse(["--nproc-per-node=2", "--node-rank=1", "--master-port=1234", "--rdzv-conf=join_timeout=5",
-                    "--enable-tiered-parallel-tcpstore=true", "--max-restarts=2", "train.py", "--lr", "1"])
-    underscored = parse(["--nproc_per_node=2", "--node_rank=1", "--master_port=1234", "--rdzv_conf=join_timeout=5",
-                         "--enable_tiered_parallel_tcpstore=true", "--max_restarts=2", "train.py", "--lr", "1"])
+    dashed = parse(
+        [
+            "--nproc-per-node=2",
+            "--node-rank=1",
+            "--master-port=1234",
+            "--rdzv-conf=join_timeout=5",
+            "--enable-tiered-parallel-tcpstore=true",
+            "--max-restarts=2",
+            "train.py",
+            "--lr",
+            "1",
+        ]
+    )
+    underscored = parse(
+        [
+            "--nproc_per_node=2",
+            "--node_rank=1",
+            "--master_port=1234",
+            "--rdzv_conf=join_timeout=5",
+            "--enable_tiered_parallel_tcpstore=true",
+            "--max_restarts=2",
+            "train.py",
+            "--lr",
+            "1",
+        ]
+    )
     assert vars(dashed) == vars(underscored)
     assert dashed.training_script_args == ["--lr", "1"]
 
@@ -75,21 +106,42 @@ def test_flags_win_over_pet_variables(monkeypatch):
 
 
 def test_parallel_launch_config_carries_node_rank_and_tiering():
-    args = run.prepare(parse(["--nnodes=4", "--node_rank=3", "--nproc_per_node=2", "--rdzv_backend=parallel",
-                              "--master_addr=127.0.0.1", "--master_port=29999",
-                              "--enable_tiered_parallel_tcpstore=true", "--rdzv_conf=join_timeout=7",
-                              "train.py", "--x"]), {})
+    args = run.prepare(
+        parse(
+            [
+                "--nnodes=4",
+                "--node_rank=3",
+                "--nproc_per_node=2",
+                "--rdzv_backend=parallel",
+                "--master_addr=127.0.0.1",
+                "--master_port=29999",
+                "--enable_tiered_parallel_tcpstore=true",
+                "--rdzv_conf=join_timeout=7",
+                "train.py",
+                "--x",
+            ]
+        ),
+        {},
+    )
     config, command, command_args = run.launch_config(args)
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (4, 4, 2)
     assert config.rdzv_backend == "parallel" and config.rdzv_endpoint == "127.0.0.1:29999"
-    assert config.rdzv_configs["rank"] == 3 and config.rdzv_configs["enable_tiered_parallel_tcpstore"] is True
+    assert (
+        config.rdzv_configs["rank"] == 3
+        and config.rdzv_configs["enable_tiered_parallel_tcpstore"] is True
+    )
     assert config.rdzv_configs["join_timeout"] == "7"
     assert command == sys.executable and command_args == ["-u", "train.py", "--x"]
 
 
 ROUTE_PLAN = {"status": "success", "mapping_digest": "ab12", "node_rank": 1, "pod_index": 3}
-PARALLEL_ARGV = ["--nnodes=4", "--nproc_per_node=1", "--rdzv_backend=parallel", "--master_addr=127.0.0.1",
-                 "train.py"]
+PARALLEL_ARGV = [
+    "--nnodes=4",
+    "--nproc_per_node=1",
+    "--rdzv_backend=parallel",
+    "--master_addr=127.0.0.1",
+    "train.py",
+]
 
 
 def node_order_of(node_rank_flag: str, env: dict) -> object:
@@ -100,7 +152,10 @@ def node_order_of(node_rank_flag: str, env: dict) -> object:
 def test_auto_node_rank_hands_the_rendezvous_the_order_it_belongs_to(tmp_path):
     (tmp_path / "RANK_AFTER_ACC").write_text("1")
     (tmp_path / "route_plan.json").write_text(json.dumps(ROUTE_PLAN))
-    assert node_order_of("--node_rank=auto", {"NPU_JOB_OUTPUT_DIR": str(tmp_path)}) == "planned order ab12"
+    assert (
+        node_order_of("--node_rank=auto", {"NPU_JOB_OUTPUT_DIR": str(tmp_path)})
+        == "planned order ab12"
+    )
 
 
 @pytest.mark.parametrize(
@@ -108,14 +163,20 @@ def test_auto_node_rank_hands_the_rendezvous_the_order_it_belongs_to(tmp_path):
     [
         pytest.param(1, "planned order ab12", id="the-planned-rank"),
         pytest.param(3, noderank.SCHEDULER_ORDER, id="the-pod-index"),
-        pytest.param(2, "order of no plan (--node_rank=2 is neither this pod's planned rank 1 nor its pod "
-                        "index 3)", id="neither"),
+        pytest.param(
+            2,
+            "order of no plan (--node_rank=2 is neither this pod's planned rank 1 nor its pod "
+            "index 3)",
+            id="neither",
+        ),
     ],
 )
 def test_a_numeric_node_rank_is_held_to_the_bootstraps_order_too(tmp_path, node_rank, expected):
     """train.sh passes the bootstrap's rank as a number: the check must not depend on 'auto'."""
     (tmp_path / "route_plan.json").write_text(json.dumps(ROUTE_PLAN))
-    assert node_order_of(f"--node_rank={node_rank}", {"NPU_JOB_OUTPUT_DIR": str(tmp_path)}) == expected
+    assert (
+        node_order_of(f"--node_rank={node_rank}", {"NPU_JOB_OUTPUT_DIR": str(tmp_path)}) == expected
+    )
 
 
 def test_a_numeric_node_rank_without_a_bootstrap_is_not_checked(tmp_path):
@@ -126,8 +187,12 @@ def test_a_numeric_node_rank_without_a_bootstrap_is_not_checked(tmp_path):
     "route_plan, expected",
     [
         pytest.param(None, noderank.SCHEDULER_ORDER, id="no-bootstrap"),
-        pytest.param({"status": "failed", "mapping_digest": "ab"}, noderank.SCHEDULER_ORDER, id="fell-back"),
-        pytest.param({"status": "success", "mapping_digest": "ab"}, "planned order ab", id="planned"),
+        pytest.param(
+            {"status": "failed", "mapping_digest": "ab"}, noderank.SCHEDULER_ORDER, id="fell-back"
+        ),
+        pytest.param(
+            {"status": "success", "mapping_digest": "ab"}, "planned order ab", id="planned"
+        ),
         pytest.param({"status": "success"}, None, id="no-digest"),
         pytest.param("{not json", None, id="unreadable"),
         pytest.param([1], None, id="not-an-object"),
@@ -155,35 +220,104 @@ LAUNCH = LaunchError.exit_code
 @pytest.mark.parametrize(
     "argv, env, code, message",
     [
-        pytest.param(["--node_rank=first"], {}, USAGE, "--node_rank: expected a non-negative integer or 'auto'",
-                     id="node-rank-word"),
-        pytest.param(["--node_rank=-1"], {}, USAGE, "--node_rank: expected a non-negative integer or 'auto'",
-                     id="node-rank-negative"),
-        pytest.param(["--node_rank=\u00b2"], {}, USAGE, "--node_rank: expected a non-negative integer or 'auto'",
-                     id="node-rank-superscript-digit"),
-        pytest.param(["--nnodes=0"], {}, USAGE, "--nnodes: expected 0 < MIN <= MAX", id="zero-nodes"),
-        pytest.param(["--nnodes=3:1"], {}, USAGE, "--nnodes: expected 0 < MIN <= MAX", id="min-above-max"),
-        pytest.param(["--nnodes=a:b"], {}, USAGE, "--nnodes: expected N or MIN:MAX", id="nnodes-words"),
-        pytest.param(["--max_restarts=-1"], {}, USAGE, "--max_restarts: expected 0 or more", id="negative-restarts"),
-        pytest.param(["--enable_tiered_parallel_tcpstore=maybe"], {}, USAGE, "expected true or false",
-                     id="tiered-not-a-bool"),
-        pytest.param(["--enable_tiered_parallel_tcpstore=true", "--rdzv_backend=c10d"], {}, USAGE,
-                     "needs --rdzv_backend=parallel", id="tiered-with-c10d"),
-        pytest.param(["--no-python", "--module"], {}, USAGE, "--no-python", id="no-python-and-module"),
-        pytest.param(["--nnodes=3", "--node_rank=3", "--rdzv_backend=parallel"], {}, LAUNCH,
-                     "node rank 3 is outside 0..2 for --nnodes=3", id="node-rank-too-big"),
-        pytest.param(["--nnodes=2", "--node_rank=auto", "--rdzv_backend=parallel"], {"RANK_AFTER_ACC": "x1"},
-                     LAUNCH, "environment RANK_AFTER_ACC: node rank: expected a non-negative integer, got 'x1'",
-                     id="auto-bad-rank-after-acc"),
-        pytest.param(["--nnodes=2", "--node_rank=auto", "--rdzv_backend=parallel"], {"RANK_AFTER_ACC": "5"},
-                     LAUNCH, "node rank 5 is outside 0..1", id="auto-rank-too-big"),
-        pytest.param(["--nnodes=1:3", "--rdzv_backend=parallel"], {}, LAUNCH, "static membership",
-                     id="parallel-elastic-range"),
-        pytest.param(["--nnodes=2", "--rdzv_backend=parallel", "--rdzv_conf=join_timeout=later"], {}, LAUNCH,
-                     "join_timeout: expected seconds", id="bad-join-timeout"),
-        pytest.param(["--nproc_per_node=npu"], {}, LAUNCH, "this node has no NPU", id="npu-without-torch-npu"),
-        pytest.param(["--nproc_per_node=0"], {}, LAUNCH, "expected at least 1 worker", id="zero-workers"),
-        pytest.param(["--nproc_per_node=lots"], {}, LAUNCH, "--nproc_per_node=lots", id="nproc-word"),
+        pytest.param(
+            ["--node_rank=first"],
+            {},
+            USAGE,
+            "--node_rank: expected a non-negative integer or 'auto'",
+            id="node-rank-word",
+        ),
+        pytest.param(
+            ["--node_rank=-1"],
+            {},
+            USAGE,
+            "--node_rank: expected a non-negative integer or 'auto'",
+            id="node-rank-negative",
+        ),
+        pytest.param(
+            ["--node_rank=\u00b2"],
+            {},
+            USAGE,
+            "--node_rank: expected a non-negative integer or 'auto'",
+            id="node-rank-superscript-digit",
+        ),
+        pytest.param(
+            ["--nnodes=0"], {}, USAGE, "--nnodes: expected 0 < MIN <= MAX", id="zero-nodes"
+        ),
+        pytest.param(
+            ["--nnodes=3:1"], {}, USAGE, "--nnodes: expected 0 < MIN <= MAX", id="min-above-max"
+        ),
+        pytest.param(
+            ["--nnodes=a:b"], {}, USAGE, "--nnodes: expected N or MIN:MAX", id="nnodes-words"
+        ),
+        pytest.param(
+            ["--max_restarts=-1"],
+            {},
+            USAGE,
+            "--max_restarts: expected 0 or more",
+            id="negative-restarts",
+        ),
+        pytest.param(
+            ["--enable_tiered_parallel_tcpstore=maybe"],
+            {},
+            USAGE,
+            "expected true or false",
+            id="tiered-not-a-bool",
+        ),
+        pytest.param(
+            ["--enable_tiered_parallel_tcpstore=true", "--rdzv_backend=c10d"],
+            {},
+            USAGE,
+            "needs --rdzv_backend=parallel",
+            id="tiered-with-c10d",
+        ),
+        pytest.param(
+            ["--no-python", "--module"], {}, USAGE, "--no-python", id="no-python-and-module"
+        ),
+        pytest.param(
+            ["--nnodes=3", "--node_rank=3", "--rdzv_backend=parallel"],
+            {},
+            LAUNCH,
+            "node rank 3 is outside 0..2 for --nnodes=3",
+            id="node-rank-too-big",
+        ),
+        pytest.param(
+            ["--nnodes=2", "--node_rank=auto", "--rdzv_backend=parallel"],
+            {"RANK_AFTER_ACC": "x1"},
+            LAUNCH,
+            "environment RANK_AFTER_ACC: node rank: expected a non-negative integer, got 'x1'",
+            id="auto-bad-rank-after-acc",
+        ),
+        pytest.param(
+            ["--nnodes=2", "--node_rank=auto", "--rdzv_backend=parallel"],
+            {"RANK_AFTER_ACC": "5"},
+            LAUNCH,
+            "node rank 5 is outside 0..1",
+            id="auto-rank-too-big",
+        ),
+        pytest.param(
+            ["--nnodes=1:3", "--rdzv_backend=parallel"],
+            {},
+            LAUNCH,
+            "static membership",
+            id="parallel-elastic-range",
+        ),
+        pytest.param(
+            ["--nnodes=2", "--rdzv_backend=parallel", "--rdzv_conf=join_timeout=later"],
+            {},
+            LAUNCH,
+            "join_timeout: expected seconds",
+            id="bad-join-timeout",
+        ),
+        pytest.param(
+            ["--nproc_per_node=npu"], {}, LAUNCH, "this node has no NPU", id="npu-without-torch-npu"
+        ),
+        pytest.param(
+            ["--nproc_per_node=0"], {}, LAUNCH, "expected at least 1 worker", id="zero-workers"
+        ),
+        pytest.param(
+            ["--nproc_per_node=lots"], {}, LAUNCH, "--nproc_per_node=lots", id="nproc-word"
+        ),
     ],
 )
 def test_bad_command_lines_are_one_line_errors(capsys, monkeypatch, argv, env, code, message):
@@ -204,11 +338,21 @@ def test_bad_command_lines_are_one_line_errors(capsys, monkeypatch, argv, env, c
 @pytest.mark.parametrize(
     "env, file_text, rank, source",
     [
-        pytest.param({"RANK_AFTER_ACC": "3", "VC_TASK_INDEX": "1"}, "2", 3, "environment RANK_AFTER_ACC",
-                     id="env-beats-file-and-scheduler"),
+        pytest.param(
+            {"RANK_AFTER_ACC": "3", "VC_TASK_INDEX": "1"},
+            "2",
+            3,
+            "environment RANK_AFTER_ACC",
+            id="env-beats-file-and-scheduler",
+        ),
         pytest.param({"VC_TASK_INDEX": "1"}, "2\n", 2, "bootstrap file", id="file-beats-scheduler"),
-        pytest.param({"RANK_AFTER_ACC": " ", "VC_TASK_INDEX": "1"}, "", 1, "environment VC_TASK_INDEX",
-                     id="empty-values-are-skipped"),
+        pytest.param(
+            {"RANK_AFTER_ACC": " ", "VC_TASK_INDEX": "1"},
+            "",
+            1,
+            "environment VC_TASK_INDEX",
+            id="empty-values-are-skipped",
+        ),
         pytest.param({}, None, 0, "default", id="nothing-means-0"),
     ],
 )
@@ -244,9 +388,13 @@ def test_auto_node_rank_reads_tmp_by_default():
 @pytest.mark.parametrize(
     "env, file_text, named",
     [
-        pytest.param({"RANK_AFTER_ACC": "-1"}, None, "environment RANK_AFTER_ACC", id="negative-env"),
+        pytest.param(
+            {"RANK_AFTER_ACC": "-1"}, None, "environment RANK_AFTER_ACC", id="negative-env"
+        ),
         pytest.param({}, "two", "RANK_AFTER_ACC: node rank", id="word-in-file"),
-        pytest.param({"VC_TASK_INDEX": "1.5"}, None, "environment VC_TASK_INDEX", id="fraction-index"),
+        pytest.param(
+            {"VC_TASK_INDEX": "1.5"}, None, "environment VC_TASK_INDEX", id="fraction-index"
+        ),
     ],
 )
 def test_auto_node_rank_rejects_bad_values_naming_their_source(tmp_path, env, file_text, named):
@@ -262,11 +410,19 @@ def test_auto_node_rank_rejects_bad_values_naming_their_source(tmp_path, env, fi
 @pytest.mark.parametrize(
     "value, counts, expected",
     [
-        pytest.param("auto", devices.DeviceCounts(npu=8, gpu=2, cpu=64), (8, "npu"), id="auto-prefers-npu"),
-        pytest.param("auto", devices.DeviceCounts(npu=0, gpu=2, cpu=64), (2, "gpu"), id="auto-then-gpu"),
-        pytest.param("auto", devices.DeviceCounts(npu=0, gpu=0, cpu=6), (6, "cpu"), id="auto-then-cpu"),
+        pytest.param(
+            "auto", devices.DeviceCounts(npu=8, gpu=2, cpu=64), (8, "npu"), id="auto-prefers-npu"
+        ),
+        pytest.param(
+            "auto", devices.DeviceCounts(npu=0, gpu=2, cpu=64), (2, "gpu"), id="auto-then-gpu"
+        ),
+        pytest.param(
+            "auto", devices.DeviceCounts(npu=0, gpu=0, cpu=6), (6, "cpu"), id="auto-then-cpu"
+        ),
         pytest.param("npu", devices.DeviceCounts(npu=16, gpu=0, cpu=6), (16, "npu"), id="npu"),
-        pytest.param("cpu", devices.DeviceCounts(npu=8, gpu=0, cpu=6), (6, "cpu"), id="cpu-even-with-npus"),
+        pytest.param(
+            "cpu", devices.DeviceCounts(npu=8, gpu=0, cpu=6), (6, "cpu"), id="cpu-even-with-npus"
+        ),
         pytest.param("4", devices.DeviceCounts(npu=8, gpu=0, cpu=6), (4, "fixed"), id="number"),
     ],
 )
@@ -297,7 +453,14 @@ def npu_run(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 def test_console_script_runs_unmodified_workers_standalone_with_torchs_log_options(tmp_path):
     logs = tmp_path / "logs"
-    done = npu_run("--standalone", "--nproc-per-node=2", f"--log-dir={logs}", "--redirects=3", SCRIPT, str(tmp_path))
+    done = npu_run(
+        "--standalone",
+        "--nproc-per-node=2",
+        f"--log-dir={logs}",
+        "--redirects=3",
+        SCRIPT,
+        str(tmp_path),
+    )
     assert done.returncode == 0, done.stderr
     records = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
     assert [r["RANK"] for r in records] == ["0", "1"] and {r["sum"] for r in records} == {3.0}
@@ -305,10 +468,20 @@ def test_console_script_runs_unmodified_workers_standalone_with_torchs_log_optio
 
 
 def test_worker_failure_prints_torchruns_summary_with_the_root_cause(tmp_path):
-    done = npu_run("--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=parallel",
-                   f"--master_port={free_port()}", SCRIPT, str(tmp_path), "--fail-rank", "1")
+    done = npu_run(
+        "--nnodes=1",
+        "--nproc_per_node=2",
+        "--rdzv_backend=parallel",
+        f"--master_port={free_port()}",
+        SCRIPT,
+        str(tmp_path),
+        "--fail-rank",
+        "1",
+    )
     assert done.returncode == run.EXIT_WORKERS_FAILED, done.stderr
     assert "npu-run: error: ChildFailedError:" in done.stderr
     assert "Root Cause (first observed failure)" in done.stderr
-    assert "RuntimeError: worker rank 1 fails on purpose" in done.stderr  # the worker's @record traceback
+    assert (
+        "RuntimeError: worker rank 1 fails on purpose" in done.stderr
+    )  # the worker's @record traceback
     assert not Path(tmp_path, "0.json").exists()

@@ -16,8 +16,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from npu_job.launcher import torchcompat
+
 from tests.launcher.proxy_support import tcp_store
 from tests.launcher.torch_features import store_errors
 
@@ -73,7 +73,8 @@ def test_npu_run_calls_no_compare_set_of_any_store():
         f"{path.name}:{node.lineno}"
         for path in sorted((REPO / "launcher").glob("*.py"))
         for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
         and node.func.attr == "compare_set"
     ]
     assert calls == []
@@ -120,6 +121,11 @@ def test_store_calls_from_several_threads_while_python_runs_do_not_crash_the_pro
             thread.join()
         print("ok")
     """)
-    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", script], capture_output=True,
-                          text=True, timeout=60, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from npu_job.launcher import torchcompat
+
 from tests.launcher.cluster import free_port
 from tests.launcher.torch_features import needs
 
@@ -26,8 +26,14 @@ def torchrun(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     if command is None:
         pytest.skip("torch's torchrun script is not on PATH")
     argv = [
-        command, "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=parallel",
-        f"--rdzv_endpoint=127.0.0.1:{free_port()}", *extra, str(WORKER), str(tmp_path),
+        command,
+        "--nnodes=1",
+        "--nproc_per_node=2",
+        "--rdzv_backend=parallel",
+        f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+        *extra,
+        str(WORKER),
+        str(tmp_path),
     ]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
@@ -38,7 +44,9 @@ def test_plain_torchrun_launches_workers_through_the_parallel_backend(tmp_path):
     records = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
     assert [r["RANK"] for r in records] == ["0", "1"]
     uses_agent_store = str(torchcompat.HAS_LIST_KEYS)  # else global rank 0 hosts (torchcompat)
-    assert all(r["sum"] == 3.0 and r["TORCHELASTIC_USE_AGENT_STORE"] == uses_agent_store for r in records)
+    assert all(
+        r["sum"] == 3.0 and r["TORCHELASTIC_USE_AGENT_STORE"] == uses_agent_store for r in records
+    )
 
 
 def test_plain_torchrun_without_a_rank_is_told_how_to_pass_it(tmp_path):

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-
 from npu_job.launcher import torchcompat
 
 
@@ -32,8 +31,13 @@ def joined(result: Any) -> Joined:
         raise result
     if isinstance(result, tuple):
         store, rank, world_size = result
-        return Joined(store, rank, world_size, store.get("MASTER_ADDR").decode(),
-                      int(store.get("MASTER_PORT")))
+        return Joined(
+            store,
+            rank,
+            world_size,
+            store.get("MASTER_ADDR").decode(),
+            int(store.get("MASTER_PORT")),
+        )
     info = result.bootstrap_store_info
     return Joined(result.store, result.rank, result.world_size, info.master_addr, info.master_port)
 

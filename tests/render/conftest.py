@@ -6,7 +6,6 @@ from typing import Any, Dict, List, Sequence
 
 import pytest
 import yaml
-
 from npu_job.render.render import RenderedJob, render
 from npu_job.render.spec import JobSpec, validate
 from npu_job.render.values import SpecInput, merge_values, parse_set
@@ -24,7 +23,9 @@ def spec_from(values: Dict[str, Any], *sets: str) -> JobSpec:
     return validate(merge_values(inputs))
 
 
-def render_values(values: Dict[str, Any], *sets: str, bootstrap: str = BOOTSTRAP_STAND_IN) -> RenderedJob:
+def render_values(
+    values: Dict[str, Any], *sets: str, bootstrap: str = BOOTSTRAP_STAND_IN
+) -> RenderedJob:
     return render(spec_from(values, *sets), bootstrap=bootstrap)
 
 
@@ -45,7 +46,9 @@ def container(job: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def env_of(job: Dict[str, Any]) -> Dict[str, Any]:
-    return {item["name"]: item.get("value", item.get("valueFrom")) for item in container(job)["env"]}
+    return {
+        item["name"]: item.get("value", item.get("valueFrom")) for item in container(job)["env"]
+    }
 
 
 @pytest.fixture

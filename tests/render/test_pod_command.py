@@ -15,18 +15,19 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import pytest
-
-from npu_job import podsim
 from npu_job.render.render import RenderedJob, render
+
+from tests.e2e.netns import private_tmp_shell
 
 from .conftest import container, job_of, parsed, spec_from, with_keys
 from .test_scripts import kubelet_expand, make_fake_bin
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare for per-pod /tmp"
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare for per-pod /tmp",
 )
 
 POD_ROOT = "/mnt"  # the test's workspace appears here inside each pod's mount namespace
@@ -44,7 +45,11 @@ def rank_table(hosts: List[str]) -> Dict[str, Any]:
                 "server_id": host,
                 "host_ip": host,
                 "device": [
-                    {"device_id": str(d), "device_ip": f"192.168.{i}.{d + 1}", "rank_id": str(i * 8 + d)}
+                    {
+                        "device_id": str(d),
+                        "device_ip": f"192.168.{i}.{d + 1}",
+                        "rank_id": str(i * 8 + d),
+                    }
                     for d in range(8)
                 ],
             }
@@ -84,13 +89,28 @@ def run_pods(rendered: RenderedJob, workspace: Path) -> List[Dict[str, Any]]:
     for index in range(rendered.spec.nodes):
         pod_tmp = workspace / f"pod-tmp-{index}"  # the pod's private, initially empty /tmp
         pod_tmp.mkdir(mode=0o1777)
-        enter = f'mount --bind "$1" {POD_ROOT} && {podsim.private_tmp_shell(str(pod_tmp))} && shift && exec "$@"'
+        enter = f'mount --bind "$1" {POD_ROOT} && {private_tmp_shell(str(pod_tmp))} && shift && exec "$@"'
         env = dict(os.environ, PATH=f"{POD_ROOT}/bin:{os.environ['PATH']}")
         env.update(pod_env(rendered, index))
         procs.append(
             subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "bash", "-c", enter, "pod", str(workspace), *command[:2], pod_command],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                [
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "bash",
+                    "-c",
+                    enter,
+                    "pod",
+                    str(workspace),
+                    *command[:2],
+                    pod_command,
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
             )
         )
     reports = []
@@ -112,14 +132,18 @@ def routed_spec(**extra: Any):
         "NPU_JOB_WAIT_TIMEOUT": "20",
         "NPU_JOB_POLL_INTERVAL": "0.2",
     }
-    return spec_from(with_keys(name="llm", nodes=3, scripts_dir=f"{POD_ROOT}/scripts", env=env, **extra))
+    return spec_from(
+        with_keys(name="llm", nodes=3, scripts_dir=f"{POD_ROOT}/scripts", env=env, **extra)
+    )
 
 
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     (tmp_path / "hccl.json").write_text(json.dumps(rank_table(HOSTS)))
     # pods 0 and 2 under tor-b, pod 1 under tor-a: a switch-contiguous order differs from pod order
-    (tmp_path / "topology.yaml").write_text('servers:\n  "10.0.0.1": [spine, tor-b]\n  "10.0.0.2": [spine, tor-a]\n  "10.0.0.3": [spine, tor-b]\n')
+    (tmp_path / "topology.yaml").write_text(
+        'servers:\n  "10.0.0.1": [spine, tor-b]\n  "10.0.0.2": [spine, tor-a]\n  "10.0.0.3": [spine, tor-b]\n'
+    )
     return tmp_path
 
 
@@ -152,15 +176,26 @@ def test_real_bootstrap_then_train_sh_for_three_pods(workspace):
         assert report["env"]["MASTER_ADDR"] == "llm-worker-1.llm"
         assert report["env"]["RANK_TABLE_FILE"] == "/tmp/jobstart_hccl.reordered.json"
         assert report["argv"][:10] == [
-            "--nnodes", "3", "--nproc_per_node", "8", "--node_rank", report["env"]["NODE_RANK"],
-            "--master_addr", report["env"]["MASTER_ADDR"], "--master_port", "29500",
+            "--nnodes",
+            "3",
+            "--nproc_per_node",
+            "8",
+            "--node_rank",
+            report["env"]["NODE_RANK"],
+            "--master_addr",
+            report["env"]["MASTER_ADDR"],
+            "--master_port",
+            "29500",
         ]
     assert_consistent_job(reports)
 
 
 STAND_INS = {
     # pod i -> node rank 2 - i, master = pod 2
-    "reversed-order": ('echo $((2 - VC_TASK_INDEX)) > /tmp/RANK_AFTER_ACC; echo 2 > /tmp/MASTER_INDEX', lambda i: (str(2 - i), "2")),
+    "reversed-order": (
+        "echo $((2 - VC_TASK_INDEX)) > /tmp/RANK_AFTER_ACC; echo 2 > /tmp/MASTER_INDEX",
+        lambda i: (str(2 - i), "2"),
+    ),
     "fails-without-files": ("echo 'bootstrap: cannot plan' >&2; exit 1", lambda i: (str(i), "0")),
     "empty-rank-file": (": > /tmp/RANK_AFTER_ACC", lambda i: (str(i), "0")),
 }
@@ -169,10 +204,15 @@ STAND_INS = {
 @pytest.mark.parametrize("name", list(STAND_INS))
 def test_pod_command_takes_ranks_from_the_files_or_falls_back(name, workspace):
     script, expected = STAND_INS[name]
-    reports = run_pods(render(routed_spec(), bootstrap=f"#!/usr/bin/env bash\n{script}\n"), workspace)
+    reports = run_pods(
+        render(routed_spec(), bootstrap=f"#!/usr/bin/env bash\n{script}\n"), workspace
+    )
     for index, report in enumerate(reports):
         rank, master = expected(index)
-        assert (report["env"]["NODE_RANK"], report["env"]["MASTER_ADDR"]) == (rank, f"llm-worker-{master}.llm")
+        assert (report["env"]["NODE_RANK"], report["env"]["MASTER_ADDR"]) == (
+            rank,
+            f"llm-worker-{master}.llm",
+        )
         # no npu_job_env.sh was written: HCCL keeps the platform's rank table
         assert report["env"]["RANK_TABLE_FILE"] == f"{POD_ROOT}/hccl.json"
     assert_consistent_job(reports)

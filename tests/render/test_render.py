@@ -10,16 +10,27 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 import yaml
-
-from npu_job.errors import RenderError
 from npu_job.render import render as render_module
 from npu_job.render.render import render
 
-from .conftest import BOOTSTRAP_STAND_IN, container, env_of, job_of, names, parsed, pod_spec, render_values, spec_from, with_keys
+from npu_job.errors import RenderError
+
+from .conftest import (
+    BOOTSTRAP_STAND_IN,
+    container,
+    env_of,
+    job_of,
+    names,
+    parsed,
+    pod_spec,
+    render_values,
+    spec_from,
+    with_keys,
+)
 
 DESIGN_POD_COMMAND = (
     "bash bootstrap.sh; export RANK_AFTER_ACC=${VC_TASK_INDEX}; "
-    "rank_acc=$(cat /tmp/RANK_AFTER_ACC 2>/dev/null); [ -n \"${rank_acc}\" ] && export RANK_AFTER_ACC=${rank_acc}; "
+    'rank_acc=$(cat /tmp/RANK_AFTER_ACC 2>/dev/null); [ -n "${rank_acc}" ] && export RANK_AFTER_ACC=${rank_acc}; '
     "export MA_MASTER_INDEX=$(cat /tmp/MASTER_INDEX 2>/dev/null || echo 0); bash train.sh"
 )
 NPU_HOST_PATHS = [
@@ -33,7 +44,9 @@ NPU_HOST_PATHS = [
 
 @pytest.fixture(scope="module")
 def routed():
-    return render_values(with_keys(name="llm", nodes=6, queue="train-q", max_retry=5, hccl={"connect_timeout": 1800}))
+    return render_values(
+        with_keys(name="llm", nodes=6, queue="train-q", max_retry=5, hccl={"connect_timeout": 1800})
+    )
 
 
 def test_stream_lists_the_scripts_configmap_before_the_job(routed):
@@ -43,7 +56,10 @@ def test_stream_lists_the_scripts_configmap_before_the_job(routed):
     kinds = [(doc["kind"], doc["metadata"]["name"]) for doc in parsed(routed)]
     assert kinds == [("ConfigMap", "llm-scripts"), ("Job", "llm")]
     configmap = parsed(routed)[0]
-    assert configmap["data"] == {"train.sh": routed.scripts[0][1], "bootstrap.sh": BOOTSTRAP_STAND_IN}
+    assert configmap["data"] == {
+        "train.sh": routed.scripts[0][1],
+        "bootstrap.sh": BOOTSTRAP_STAND_IN,
+    }
 
 
 def test_routed_npu_job_has_every_element_of_the_platform_example(routed):
@@ -67,15 +83,27 @@ def test_routed_npu_job_has_every_element_of_the_platform_example(routed):
     anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert anti == [
         {
-            "labelSelector": {"matchExpressions": [{"key": "volcano.sh/job-name", "operator": "In", "values": ["llm"]}]},
+            "labelSelector": {
+                "matchExpressions": [
+                    {"key": "volcano.sh/job-name", "operator": "In", "values": ["llm"]}
+                ]
+            },
             "topologyKey": "kubernetes.io/hostname",
         }
     ]
     env = env_of(job)
     assert env["MA_CURRENT_HOST_IP"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
-    assert env["MA_VJ_NAME"] == {"fieldRef": {"fieldPath": "metadata.annotations['volcano.sh/job-name']"}}
-    assert env["MA_TASK_NAME"] == {"fieldRef": {"fieldPath": "metadata.annotations['volcano.sh/task-spec']"}}
-    assert (env["MA_NUM_GPUS"], env["MA_NUM_HOSTS"], env["HCCL_CONNECT_TIMEOUT"]) == ("8", "6", "1800")
+    assert env["MA_VJ_NAME"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['volcano.sh/job-name']"}
+    }
+    assert env["MA_TASK_NAME"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['volcano.sh/task-spec']"}
+    }
+    assert (env["MA_NUM_GPUS"], env["MA_NUM_HOSTS"], env["HCCL_CONNECT_TIMEOUT"]) == (
+        "8",
+        "6",
+        "1800",
+    )
     resources = container(job)["resources"]
     assert resources["requests"] == resources["limits"] == {"huawei.com/ascend-1980": 8}
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
@@ -93,7 +121,9 @@ def test_pod_command_is_the_platform_pattern_run_in_the_scripts_mount(routed):
     assert routed.pod_command == command[2]
     scripts = next(v for v in pod_spec(job_of(routed))["volumes"] if v["name"] == "npu-job-scripts")
     assert scripts["configMap"]["name"] == "llm-scripts"
-    assert {"name": "npu-job-scripts", "mountPath": "/opt/npu-job", "readOnly": True} in container(job_of(routed))["volumeMounts"]
+    assert {"name": "npu-job-scripts", "mountPath": "/opt/npu-job", "readOnly": True} in container(
+        job_of(routed)
+    )["volumeMounts"]
 
 
 def test_the_scripts_read_the_files_and_variables_the_bootstrap_and_npu_run_use(routed):
@@ -127,8 +157,12 @@ def test_routing_off_runs_no_bootstrap_and_keeps_scheduler_order():
     "values, expected",
     [
         pytest.param({"nodes": 6}, "8", id="ascend-1980-default"),
-        pytest.param({"nodes": 6, "npus_per_node": 16, "full_node_npus": 16}, "16", id="a3-super-pod-node"),
-        pytest.param({"nodes": 3, "npus_per_node": 4}, "8", id="partial-nodes-the-bootstrap-will-refuse"),
+        pytest.param(
+            {"nodes": 6, "npus_per_node": 16, "full_node_npus": 16}, "16", id="a3-super-pod-node"
+        ),
+        pytest.param(
+            {"nodes": 3, "npus_per_node": 4}, "8", id="partial-nodes-the-bootstrap-will-refuse"
+        ),
         pytest.param({"nodes": 6, "routing": False}, None, id="routing-off-no-bootstrap"),
     ],
 )
@@ -141,14 +175,23 @@ def test_routed_pods_tell_the_bootstrap_the_full_node_size(values, expected):
 @pytest.mark.parametrize("device", ["gpu", "cpu"])
 def test_routed_gpu_and_cpu_jobs_run_the_bootstrap_without_the_cce_pieces(device):
     """The bootstrap is device-independent; only CCE's delivery of its inputs is NPU-only."""
-    rendered = render_values(with_keys(device=device, nodes=3, npus_per_node=4, routing=True,
-                                       env={"RANK_TABLE_FILE": "/rt/jobstart_hccl.json"}))
+    rendered = render_values(
+        with_keys(
+            device=device,
+            nodes=3,
+            npus_per_node=4,
+            routing=True,
+            env={"RANK_TABLE_FILE": "/rt/jobstart_hccl.json"},
+        )
+    )
     job = job_of(rendered)
     assert rendered.pod_command == "cd /opt/npu-job || exit 1; " + DESIGN_POD_COMMAND
     assert [name for name, _ in rendered.scripts] == ["train.sh", "bootstrap.sh"]
     assert "configmap1980" not in job["spec"]["plugins"]
     assert "ring-controller.cce" not in job["metadata"]["labels"]
-    assert "cabinet" not in (job["spec"]["tasks"][0]["template"]["metadata"].get("annotations") or {})
+    assert "cabinet" not in (
+        job["spec"]["tasks"][0]["template"]["metadata"].get("annotations") or {}
+    )
     assert env_of(job)["RANK_TABLE_FILE"] == "/rt/jobstart_hccl.json"
     assert env_of(job).get("NPU_JOB_FULL_NODE_DEVICES") == ("8" if device == "gpu" else None)
     if device == "gpu":  # 4 of a full node's 8 GPUs: the one warning says the bootstrap will refuse
@@ -157,16 +200,20 @@ def test_routed_gpu_and_cpu_jobs_run_the_bootstrap_without_the_cce_pieces(device
         assert rendered.warnings == ()
 
 
-def test_a_routed_cpu_job_without_a_rank_table_source_logs_that_it_will_fall_back():
+def test_a_routed_cpu_job_told_to_use_a_rank_table_without_one_logs_that_it_will_fall_back():
     import logging
 
     records = []
     handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append  # on the logger itself: the CLI's set-up stops propagation to caplog
+    handler.emit = (
+        records.append
+    )  # on the logger itself: the CLI's set-up stops propagation to caplog
     logger = logging.getLogger("npu_job.render")
     logger.addHandler(handler)
     try:
-        rendered = render_values(with_keys(device="cpu", nodes=3, routing=True))
+        rendered = render_values(
+            with_keys(device="cpu", nodes=3, routing=True, routing_source="rank-table")
+        )
     finally:
         logger.removeHandler(handler)
     assert "bash bootstrap.sh" in rendered.pod_command
@@ -177,10 +224,21 @@ def test_a_routed_cpu_job_without_a_rank_table_source_logs_that_it_will_fall_bac
 
 @pytest.mark.parametrize("device, resource", [("gpu", "nvidia.com/gpu"), ("cpu", None)])
 def test_gpu_and_cpu_jobs_have_no_npu_only_pieces(device, resource):
-    rendered = render_values(with_keys(device=device, nodes=3, npus_per_node=4, launcher="torchrun"))
+    rendered = render_values(
+        with_keys(device=device, nodes=3, npus_per_node=4, launcher="torchrun")
+    )
     job = job_of(rendered)
     text = rendered.stream()
-    for npu_only in ["configmap1980", "ring-controller", "cabinet", "ascend", "hccn", "npu-smi", "HCCL_", "accelerator/huawei-npu"]:
+    for npu_only in [
+        "configmap1980",
+        "ring-controller",
+        "cabinet",
+        "ascend",
+        "hccn",
+        "npu-smi",
+        "HCCL_",
+        "accelerator/huawei-npu",
+    ]:
         assert npu_only not in text, npu_only
     requests = container(job)["resources"]["requests"] if resource else {}
     assert requests == ({resource: 4} if resource else {})
@@ -206,11 +264,26 @@ def test_user_volumes_mounts_selectors_labels_and_resources_are_added_to_ours():
     job = job_of(render_values(values))
     pod = pod_spec(job)
     assert names(pod["volumes"])[-1] == "data" and pod["volumes"][-1]["nfs"]["server"] == "10.0.0.9"
-    assert container(job)["volumeMounts"][-1] == {"name": "data", "mountPath": "/data", "readOnly": True}
+    assert container(job)["volumeMounts"][-1] == {
+        "name": "data",
+        "mountPath": "/data",
+        "readOnly": True,
+    }
     assert pod["nodeSelector"] == {"accelerator/huawei-npu": "ascend-1980-b", "pool": "a"}
-    assert job["metadata"]["labels"]["team"] == job["spec"]["tasks"][0]["template"]["metadata"]["labels"]["team"] == "llm"
-    assert job["spec"]["tasks"][0]["template"]["metadata"]["annotations"] == {"cabinet": "cabinet", "note": "a: b # c"}
-    assert container(job)["resources"]["limits"] == {"huawei.com/ascend-1980": 8, "cpu": "190", "memory": "1500Gi"}
+    assert (
+        job["metadata"]["labels"]["team"]
+        == job["spec"]["tasks"][0]["template"]["metadata"]["labels"]["team"]
+        == "llm"
+    )
+    assert job["spec"]["tasks"][0]["template"]["metadata"]["annotations"] == {
+        "cabinet": "cabinet",
+        "note": "a: b # c",
+    }
+    assert container(job)["resources"]["limits"] == {
+        "huawei.com/ascend-1980": 8,
+        "cpu": "190",
+        "memory": "1500Gi",
+    }
     assert job["spec"]["priorityClassName"] == pod["priorityClassName"] == "high-priority"
     assert pod["imagePullSecrets"] == [{"name": "swr-secret"}]
     assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
@@ -220,9 +293,25 @@ def test_user_volumes_mounts_selectors_labels_and_resources_are_added_to_ours():
     "values",
     [
         pytest.param(with_keys(), id="single-npu"),
-        pytest.param(with_keys(nodes=6, env={"A": "1"}, resources={"cpu": "8", "memory": "64Gi"}, hccl={"reserve_ports": True}), id="routed-npu"),
+        pytest.param(
+            with_keys(
+                nodes=6,
+                env={"A": "1"},
+                resources={"cpu": "8", "memory": "64Gi"},
+                hccl={"reserve_ports": True},
+            ),
+            id="routed-npu",
+        ),
         pytest.param(with_keys(device="gpu", nodes=2, host_network=True, shm_size=None), id="gpu"),
-        pytest.param(with_keys(device="cpu", nodes=3, volumes=[{"name": "d", "emptyDir": {}}], mounts=[{"name": "d", "mountPath": "/d"}]), id="cpu"),
+        pytest.param(
+            with_keys(
+                device="cpu",
+                nodes=3,
+                volumes=[{"name": "d", "emptyDir": {}}],
+                mounts=[{"name": "d", "mountPath": "/d"}],
+            ),
+            id="cpu",
+        ),
     ],
 )
 def test_manifests_pass_kubernetes_and_volcano_schemas(values):
@@ -232,23 +321,45 @@ def test_manifests_pass_kubernetes_and_volcano_schemas(values):
     kubernetes_validate.validate(documents[0], version, strict=True)
     job = documents[1]
     template = job["spec"]["tasks"][0]["template"]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": dict(template["metadata"], name="p"), "spec": template["spec"]}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": dict(template["metadata"], name="p"),
+        "spec": template["spec"],
+    }
     kubernetes_validate.validate(pod, version, strict=True)
     # Volcano Job CRD (v1alpha1 openAPIV3Schema): the fields used and their types/constraints
     spec = job["spec"]
-    assert set(spec) <= {"schedulerName", "minAvailable", "maxRetry", "queue", "priorityClassName", "policies", "plugins", "tasks"}
+    assert set(spec) <= {
+        "schedulerName",
+        "minAvailable",
+        "maxRetry",
+        "queue",
+        "priorityClassName",
+        "policies",
+        "plugins",
+        "tasks",
+    }
     assert isinstance(spec["minAvailable"], int) and spec["minAvailable"] >= 0
     assert isinstance(spec["maxRetry"], int) and spec["maxRetry"] >= 0
     assert len(spec["schedulerName"]) <= 63
-    assert all(isinstance(v, list) and all(isinstance(a, str) for a in v) for v in spec["plugins"].values())
-    assert all(p["event"] in {"*", "PodPending", "PodRunning", "PodFailed", "PodEvicted", "Unknown"} for p in spec["policies"])
+    assert all(
+        isinstance(v, list) and all(isinstance(a, str) for a in v) for v in spec["plugins"].values()
+    )
+    assert all(
+        p["event"] in {"*", "PodPending", "PodRunning", "PodFailed", "PodEvicted", "Unknown"}
+        for p in spec["policies"]
+    )
     assert len(spec["tasks"]) >= 1
     assert set(spec["tasks"][0]) == {"name", "replicas", "template"}
     assert isinstance(spec["tasks"][0]["replicas"], int)
 
 
 def test_template_errors_name_the_template_and_line(monkeypatch):
-    broken = {"job.yaml.j2": "a: 1\nb: {{ spec.no_such_key }}\n", "configmap.yaml.j2": "x: {% if %}\n"}
+    broken = {
+        "job.yaml.j2": "a: 1\nb: {{ spec.no_such_key }}\n",
+        "configmap.yaml.j2": "x: {% if %}\n",
+    }
     real = render_module._package_text
     spec = spec_from(with_keys())
     monkeypatch.setattr(render_module, "_package_text", lambda name: broken.get(name) or real(name))
@@ -269,20 +380,26 @@ def test_render_is_deterministic():
 def test_bundled_bootstrap_is_shipped_verbatim():
     from importlib import resources
 
-    bundled = resources.files("npu_job.templates").joinpath("bootstrap.sh").read_text()
+    bundled = resources.files("npu_job.scripts").joinpath("bootstrap.sh").read_text()
     rendered = render(spec_from(with_keys(nodes=3)))
     assert dict(rendered.scripts)["bootstrap.sh"] == bundled
     assert yaml.safe_load_all(rendered.stream()).__next__()["data"]["bootstrap.sh"] == bundled
 
 
 def test_bootstrap_url_ships_a_fetcher_instead():
-    rendered = render_values(with_keys(nodes=3, bootstrap={"url": "https://obs.example.com/x/bootstrap.sh?a=1&b=$(x)"}))
+    rendered = render_values(
+        with_keys(nodes=3, bootstrap={"url": "https://obs.example.com/x/bootstrap.sh?a=1&b=$(x)"})
+    )
     fetcher = dict(rendered.scripts)["bootstrap.sh"]
     assert "url='https://obs.example.com/x/bootstrap.sh?a=1&b=$(x)'" in fetcher
     assert fetcher != BOOTSTRAP_STAND_IN
 
 
 def test_hccl_ports_can_be_reserved_in_the_pod():
-    pod = pod_spec(job_of(render_values(with_keys(hccl={"base_port": 61000, "reserve_ports": True}))))
-    assert pod["securityContext"]["sysctls"] == [{"name": "net.ipv4.ip_local_reserved_ports", "value": "61000-61015"}]
+    pod = pod_spec(
+        job_of(render_values(with_keys(hccl={"base_port": 61000, "reserve_ports": True})))
+    )
+    assert pod["securityContext"]["sysctls"] == [
+        {"name": "net.ipv4.ip_local_reserved_ports", "value": "61000-61015"}
+    ]
     assert "securityContext" not in pod_spec(job_of(render_values(with_keys())))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -19,7 +18,6 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from npu_job.render.render import LAUNCHER_COMMANDS, kubelet_literal, yaml_block, yaml_scalar
 
 from .conftest import env_of, job_of, parsed, render_values, with_keys
@@ -78,7 +76,12 @@ def run_train_sh(script: str, tmp_path: Path, env: Dict[str, str]) -> Dict[str, 
     (tmp_path / "train.sh").write_text(script)
     full_env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), **env}
     done = subprocess.run(
-        ["bash", str(tmp_path / "train.sh")], env=full_env, capture_output=True, text=True, timeout=30, cwd=tmp_path
+        ["bash", str(tmp_path / "train.sh")],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -86,32 +89,67 @@ def run_train_sh(script: str, tmp_path: Path, env: Dict[str, str]) -> Dict[str, 
     return report
 
 
-POD_ENV = {"VC_TASK_INDEX": "2", "RANK_AFTER_ACC": "5", "MA_MASTER_INDEX": "3", "MA_VJ_NAME": "llm", "MA_TASK_NAME": "worker"}
+POD_ENV = {
+    "VC_TASK_INDEX": "2",
+    "RANK_AFTER_ACC": "5",
+    "MA_MASTER_INDEX": "3",
+    "MA_VJ_NAME": "llm",
+    "MA_TASK_NAME": "worker",
+}
 
 
 @pytest.mark.parametrize("launcher", list(LAUNCHER_COMMANDS))
 def test_train_sh_execs_the_launcher_with_the_derived_ranks(launcher, tmp_path):
-    rendered = render_values(with_keys(name="llm", nodes=6, launcher=launcher, tiered_store=launcher == "npu-run", args=["--lr", "0.1"]))
+    rendered = render_values(
+        with_keys(
+            name="llm",
+            nodes=6,
+            launcher=launcher,
+            tiered_store=launcher == "npu-run",
+            args=["--lr", "0.1"],
+        )
+    )
     report = run_train_sh(dict(rendered.scripts)["train.sh"], tmp_path, POD_ENV)
     expected_prog = LAUNCHER_COMMANDS[launcher][0]
     assert report["prog"] == expected_prog
     flags = [
-        "--nnodes", "6", "--nproc_per_node", "8", "--node_rank", "5",
-        "--master_addr", "llm-worker-3.llm", "--master_port", "29500",
+        "--nnodes",
+        "6",
+        "--nproc_per_node",
+        "8",
+        "--node_rank",
+        "5",
+        "--master_addr",
+        "llm-worker-3.llm",
+        "--master_port",
+        "29500",
     ]
-    tiered = ["--rdzv_backend=parallel", "--enable_tiered_parallel_tcpstore=true"] if launcher == "npu-run" else []
+    tiered = (
+        ["--rdzv_backend=parallel", "--enable_tiered_parallel_tcpstore=true"]
+        if launcher == "npu-run"
+        else []
+    )
     module = ["-m", "torch.distributed.launch"] if launcher == "torch.distributed.launch" else []
     assert report["argv"] == module + flags + tiered + ["train.py", "--lr", "0.1"]
     assert report["env"] == {
-        "NODE_RANK": "5", "MASTER_ADDR": "llm-worker-3.llm", "MASTER_PORT": "29500", "NNODES": "6",
-        "NPUS_PER_NODE": "8", "HCCL_CONNECT_TIMEOUT": "1200", "HCCL_IF_BASE_PORT": "60000",
+        "NODE_RANK": "5",
+        "MASTER_ADDR": "llm-worker-3.llm",
+        "MASTER_PORT": "29500",
+        "NNODES": "6",
+        "NPUS_PER_NODE": "8",
+        "HCCL_CONNECT_TIMEOUT": "1200",
+        "HCCL_IF_BASE_PORT": "60000",
     }
     assert "npu-job: exec " in report["stderr"] and "llm-worker-3.llm" in report["stderr"]
 
 
 def test_train_sh_falls_back_to_the_scheduler_index_and_master_0(tmp_path):
     rendered = render_values(with_keys(name="llm", nodes=3, device="cpu", workdir=str(tmp_path)))
-    report = run_train_sh(dict(rendered.scripts)["train.sh"], tmp_path, {"VC_TASK_INDEX": "1", "MA_VJ_NAME": "llm", "MA_TASK_NAME": "worker"})
+    report = run_train_sh(
+        dict(rendered.scripts)["train.sh"],
+        tmp_path,
+        {"VC_TASK_INDEX": "1", "MA_VJ_NAME": "llm", "MA_TASK_NAME": "worker"},
+    )
     assert (report["env"]["NODE_RANK"], report["env"]["MASTER_ADDR"]) == ("1", "llm-worker-0.llm")
     assert "HCCL_CONNECT_TIMEOUT" not in report["env"]
     assert report["cwd"] == str(tmp_path)
@@ -129,21 +167,38 @@ def test_train_sh_falls_back_to_the_scheduler_index_and_master_0(tmp_path):
 def test_train_sh_refuses_ranks_it_cannot_use(env, message, tmp_path):
     script = dict(render_values(with_keys(nodes=3)).scripts)["train.sh"]
     (tmp_path / "train.sh").write_text(script)
-    full = {"PATH": f"{make_fake_bin(tmp_path / 'bin')}:{os.environ['PATH']}", "VC_TASK_INDEX": "0", "MA_VJ_NAME": "demo", "MA_TASK_NAME": "worker"}
+    full = {
+        "PATH": f"{make_fake_bin(tmp_path / 'bin')}:{os.environ['PATH']}",
+        "VC_TASK_INDEX": "0",
+        "MA_VJ_NAME": "demo",
+        "MA_TASK_NAME": "worker",
+    }
     full.update({k: v for k, v in env.items() if v is not None})
     for key in [k for k, v in env.items() if v is None]:
         full.pop(key)
-    done = subprocess.run(["bash", str(tmp_path / "train.sh")], env=full, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", str(tmp_path / "train.sh")], env=full, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode != 0 and done.stdout == ""
     assert message in done.stderr
 
 
 def test_hostile_values_reach_the_launcher_exactly(tmp_path):
-    rendered = render_values(with_keys(name="llm", nodes=3, script="my script's.py", args=HOSTILE, launcher_args=["--log-dir=$(x) y"]))
+    rendered = render_values(
+        with_keys(
+            name="llm",
+            nodes=3,
+            script="my script's.py",
+            args=HOSTILE,
+            launcher_args=["--log-dir=$(x) y"],
+        )
+    )
     # what the pod gets is the ConfigMap's copy: parse the stream, don't trust rendered.scripts
     script = parsed(rendered)[0]["data"]["train.sh"]
     assert script == dict(rendered.scripts)["train.sh"]
-    report = run_train_sh(script, tmp_path, POD_ENV | {"RANK_AFTER_ACC": "1", "MA_MASTER_INDEX": "0"})
+    report = run_train_sh(
+        script, tmp_path, POD_ENV | {"RANK_AFTER_ACC": "1", "MA_MASTER_INDEX": "0"}
+    )
     assert report["argv"][-len(HOSTILE) - 2 :] == ["--log-dir=$(x) y", "my script's.py"] + HOSTILE
     assert not Path("/tmp/npu-job-pwned").exists()
 
@@ -188,7 +243,11 @@ def test_hostile_values_round_trip_through_the_yaml_and_kubelet():
     for name, value in env.items():
         assert kubelet_expand(env_of(job)[name], defined) == value, name
     assert job["metadata"]["annotations"] == annotations
-    assert {k: v for k, v in job["spec"]["tasks"][0]["template"]["metadata"]["annotations"].items() if k != "cabinet"} == annotations
+    assert {
+        k: v
+        for k, v in job["spec"]["tasks"][0]["template"]["metadata"]["annotations"].items()
+        if k != "cabinet"
+    } == annotations
 
 
 def test_pod_command_survives_kubelet_expansion_unchanged():
@@ -198,7 +257,9 @@ def test_pod_command_survives_kubelet_expansion_unchanged():
     assert kubelet_expand(rendered.pod_command, defined) == rendered.pod_command
 
 
-TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
+TEXT = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -216,23 +277,42 @@ def test_yaml_block_reads_back_exactly(text):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(st.sampled_from(list("$()ab{}")), max_size=20), st.dictionaries(st.sampled_from(["a", "b", "$"]), st.text(max_size=3)))
+@given(
+    st.text(st.sampled_from(list("$()ab{}")), max_size=20),
+    st.dictionaries(st.sampled_from(["a", "b", "$"]), st.text(max_size=3)),
+)
 def test_kubelet_literal_survives_expansion(value, env):
     assert kubelet_expand(kubelet_literal(value), env) == value
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(TEXT, max_size=4))
 def test_any_args_reach_the_launcher_exactly(tmp_path, args):
     rendered = render_values(with_keys(args=args))
-    report = run_train_sh(parsed(rendered)[0]["data"]["train.sh"], tmp_path, {"VC_TASK_INDEX": "0", "MA_VJ_NAME": "demo", "MA_TASK_NAME": "worker"})
-    assert report["argv"][len(report["argv"]) - len(args) :] == args if args else report["argv"][-1] == "train.py"
+    report = run_train_sh(
+        parsed(rendered)[0]["data"]["train.sh"],
+        tmp_path,
+        {"VC_TASK_INDEX": "0", "MA_VJ_NAME": "demo", "MA_TASK_NAME": "worker"},
+    )
+    assert (
+        report["argv"][len(report["argv"]) - len(args) :] == args
+        if args
+        else report["argv"][-1] == "train.py"
+    )
 
 
 SHELL_SPECS = {
     "npu-routed": with_keys(nodes=6, workdir="/w s", args=HOSTILE),
-    "npu-url-bootstrap": with_keys(nodes=3, bootstrap={"url": "https://example.com/b.sh?x=$(y)"}, pip_install=["npu-job==0.1", "x @ git+https://h/x?$(y)"]),
-    "gpu-torchrun": with_keys(device="gpu", launcher="torchrun", nodes=2, launcher_args=["--max_restarts=3"]),
+    "npu-url-bootstrap": with_keys(
+        nodes=3,
+        bootstrap={"url": "https://example.com/b.sh?x=$(y)"},
+        pip_install=["npu-job==0.1", "x @ git+https://h/x?$(y)"],
+    ),
+    "gpu-torchrun": with_keys(
+        device="gpu", launcher="torchrun", nodes=2, launcher_args=["--max_restarts=3"]
+    ),
     "cpu-launch": with_keys(device="cpu", launcher="torch.distributed.launch"),
 }
 
@@ -253,7 +333,9 @@ def test_rendered_shell_passes_bash_n_and_shellcheck(name, tmp_path):
         assert syntax.returncode == 0, (file_name, syntax.stderr)
         # the pod command is the platform's documented pattern, kept verbatim, `export X=$(...)` too
         excluded = ["--exclude=SC2155"] if file_name == "pod-command.sh" else []
-        lint = subprocess.run([shellcheck, "--shell=bash", *excluded, str(path)], capture_output=True, text=True)
+        lint = subprocess.run(
+            [shellcheck, "--shell=bash", *excluded, str(path)], capture_output=True, text=True
+        )
         assert lint.returncode == 0, (file_name, lint.stdout)
 
 
@@ -261,13 +343,22 @@ def test_rendered_shell_passes_bash_n_and_shellcheck(name, tmp_path):
 def test_install_sh_runs_pip_with_the_requirements_and_never_fails(pip_exit, tmp_path):
     requirements = ["npu-job==0.1.0", "extra @ git+https://example.com/x.git?a=$(b)"]
     rendered = render_values(with_keys(pip_install=requirements))
-    assert rendered.pod_command.startswith("cd /opt/npu-job || exit 1; bash install.sh; export RANK_AFTER_ACC=")
+    assert rendered.pod_command.startswith(
+        "cd /opt/npu-job || exit 1; bash install.sh; export RANK_AFTER_ACC="
+    )
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python3").write_text(f"#!/usr/bin/env bash\nprintf '%s\\0' \"$@\" > {tmp_path}/argv\nexit {pip_exit}\n")
+    (bin_dir / "python3").write_text(
+        f"#!/usr/bin/env bash\nprintf '%s\\0' \"$@\" > {tmp_path}/argv\nexit {pip_exit}\n"
+    )
     (bin_dir / "python3").chmod(0o755)
     (tmp_path / "install.sh").write_text(parsed(rendered)[0]["data"]["install.sh"])
-    done = subprocess.run(["bash", str(tmp_path / "install.sh")], env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", str(tmp_path / "install.sh")],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0
     argv = (tmp_path / "argv").read_text().split("\0")[:-1]
     assert argv == ["-m", "pip", "install", "--quiet", "--disable-pip-version-check", *requirements]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
-
-from npu_job.errors import SpecError
 from npu_job.render.spec import SPEC_KEYS, JobSpec
 from npu_job.render.values import SpecInput, merge_values, parse_set
+
+from npu_job.errors import SpecError
 
 from .conftest import MINIMAL, spec_from, with_keys
 
@@ -17,7 +17,12 @@ def test_defaults_of_a_minimal_spec():
     spec = spec_from(dict(MINIMAL))
     assert spec == JobSpec(name="demo", image="registry.example.com/train:1", script="train.py")
     assert (spec.nodes, spec.npus_per_node, spec.device, spec.launcher) == (1, 8, "npu", "npu-run")
-    assert (spec.routing, spec.tiered_store, spec.master_port, spec.max_retry) == (False, True, 29500, 3)
+    assert (spec.routing, spec.tiered_store, spec.master_port, spec.max_retry) == (
+        False,
+        True,
+        29500,
+        3,
+    )
     assert (spec.hccl.connect_timeout, spec.hccl.base_port) == (1200, 60000)
 
 
@@ -67,54 +72,188 @@ BAD_SPECS = [
     ("missing-name", {"name": None}, r"^name: required key is missing$"),
     ("missing-image", {"image": None}, r"^image: required key is missing$"),
     ("missing-script", {"script": None}, r"^script: required key is missing$"),
-    ("unknown-key-did-you-mean", {"npu_per_node": 8}, r"^npu_per_node: unknown key \(did you mean 'npus_per_node'\?\)$"),
+    (
+        "unknown-key-did-you-mean",
+        {"npu_per_node": 8},
+        r"^npu_per_node: unknown key \(did you mean 'npus_per_node'\?\)$",
+    ),
     ("unknown-key-listed", {"zzz": 1}, r"^zzz: unknown key \(known keys: .*name.*\)$"),
-    ("unknown-nested-key", {"hccl": {"connect_timout": 300}}, r"^hccl\.connect_timout: unknown key \(did you mean 'connect_timeout'\?\)$"),
-    ("name-uppercase", {"name": "My_Job"}, r"^name: 'My_Job' is not a DNS-1123 label: .*at most 63 characters$"),
+    (
+        "unknown-nested-key",
+        {"hccl": {"connect_timout": 300}},
+        r"^hccl\.connect_timout: unknown key \(did you mean 'connect_timeout'\?\)$",
+    ),
+    (
+        "name-uppercase",
+        {"name": "My_Job"},
+        r"^name: 'My_Job' is not a DNS-1123 label: .*at most 63 characters$",
+    ),
     ("name-trailing-dash", {"name": "job-"}, r"^name: 'job-' is not a DNS-1123 label"),
-    ("name-too-long-for-pods", {"name": "a" * 55, "nodes": 12}, r"^name: too long for the pod names: 'a{55}-worker-11' has 65 characters"),
+    (
+        "name-too-long-for-pods",
+        {"name": "a" * 55, "nodes": 12},
+        r"^name: too long for the pod names: 'a{55}-worker-11' has 65 characters",
+    ),
     ("name-not-string", {"name": 12}, r"^name: expected a string, got 12 \(a number\)"),
     ("nodes-zero", {"nodes": 0}, r"^nodes: expected an integer from 1 to 100000, got 0$"),
     ("nodes-boolean", {"nodes": True}, r"^nodes: expected an integer, got true \(a boolean\)$"),
     ("nodes-text", {"nodes": "six"}, r"^nodes: expected an integer, got 'six'$"),
-    ("npus-too-many", {"npus_per_node": 32}, r"^npus_per_node: expected an integer from 1 to 16, got 32$"),
-    ("npus-more-than-a-full-node", {"npus_per_node": 16}, r"^npus_per_node: 16 is more than a full node \(full_node_npus 8\); on nodes with 16 accelerators \(e\.g\. Atlas A3\) set full_node_npus: 16$"),
-    ("full-node-range", {"full_node_npus": 32}, r"^full_node_npus: expected an integer from 1 to 16, got 32$"),
-    ("env-full-node-reserved", {"env": {"NPU_JOB_FULL_NODE_DEVICES": "4"}}, r"^env\.NPU_JOB_FULL_NODE_DEVICES: reserved: use the full_node_npus key$"),
-    ("device-typo", {"device": "nup"}, r"^device: expected one of npu, gpu, cpu; got 'nup' \(did you mean 'npu'\?\)$"),
-    ("launcher-unknown", {"launcher": "torch-run"}, r"^launcher: expected one of npu-run, torchrun, torch.distributed.launch; got 'torch-run' \(did you mean 'torchrun'\?\)$"),
-    ("routing-not-bool", {"routing": "yes please"}, r"^routing: expected true or false, got 'yes please'$"),
-    ("tiered-store-with-torchrun", {"launcher": "torchrun", "tiered_store": True}, r"^tiered_store: the tiered store needs launcher npu-run; launcher is torchrun$"),
-    ("master-port-range", {"master_port": 70000}, r"^master_port: expected an integer from 1 to 65535, got 70000$"),
-    ("master-port-in-hccl-range", {"master_port": 60003}, r"^master_port: 60003 collides with HCCL's ports 60000-60015"),
-    ("hccl-timeout-range", {"hccl": {"connect_timeout": 5}}, r"^hccl\.connect_timeout: expected an integer from 120 to 7200, got 5$"),
-    ("hccl-reserve-in-host-network", {"hccl": {"reserve_ports": True}, "host_network": True}, r"^hccl\.reserve_ports: a pod in the host network cannot set net\.\* sysctls"),
+    (
+        "npus-too-many",
+        {"npus_per_node": 32},
+        r"^npus_per_node: expected an integer from 1 to 16, got 32$",
+    ),
+    (
+        "npus-more-than-a-full-node",
+        {"npus_per_node": 16},
+        r"^npus_per_node: 16 is more than a full node \(full_node_npus 8\); on nodes with 16 accelerators \(e\.g\. Atlas A3\) set full_node_npus: 16$",
+    ),
+    (
+        "full-node-range",
+        {"full_node_npus": 32},
+        r"^full_node_npus: expected an integer from 1 to 16, got 32$",
+    ),
+    (
+        "env-full-node-reserved",
+        {"env": {"NPU_JOB_FULL_NODE_DEVICES": "4"}},
+        r"^env\.NPU_JOB_FULL_NODE_DEVICES: reserved: use the full_node_npus key$",
+    ),
+    (
+        "device-typo",
+        {"device": "nup"},
+        r"^device: expected one of npu, gpu, cpu; got 'nup' \(did you mean 'npu'\?\)$",
+    ),
+    (
+        "launcher-unknown",
+        {"launcher": "torch-run"},
+        r"^launcher: expected one of npu-run, torchrun, torch.distributed.launch; got 'torch-run' \(did you mean 'torchrun'\?\)$",
+    ),
+    (
+        "routing-not-bool",
+        {"routing": "yes please"},
+        r"^routing: expected true or false, got 'yes please'$",
+    ),
+    (
+        "tiered-store-with-torchrun",
+        {"launcher": "torchrun", "tiered_store": True},
+        r"^tiered_store: the tiered store needs launcher npu-run; launcher is torchrun$",
+    ),
+    (
+        "master-port-range",
+        {"master_port": 70000},
+        r"^master_port: expected an integer from 1 to 65535, got 70000$",
+    ),
+    (
+        "master-port-in-hccl-range",
+        {"master_port": 60003},
+        r"^master_port: 60003 collides with HCCL's ports 60000-60015",
+    ),
+    (
+        "hccl-timeout-range",
+        {"hccl": {"connect_timeout": 5}},
+        r"^hccl\.connect_timeout: expected an integer from 120 to 7200, got 5$",
+    ),
+    (
+        "hccl-reserve-in-host-network",
+        {"hccl": {"reserve_ports": True}, "host_network": True},
+        r"^hccl\.reserve_ports: a pod in the host network cannot set net\.\* sysctls",
+    ),
     ("hccl-not-mapping", {"hccl": 300}, r"^hccl: expected a mapping, got 300 \(a number\)$"),
     ("args-not-list", {"args": "--lr 0.1"}, r"^args: expected a list, got '--lr 0.1'$"),
     ("env-bad-name", {"env": {"1BAD": "x"}}, r"^env\.1BAD: not a valid variable name"),
-    ("env-reserved", {"env": {"MASTER_ADDR": "x"}}, r"^env\.MASTER_ADDR: reserved: computed by train.sh$"),
-    ("env-hccl-reserved", {"env": {"HCCL_CONNECT_TIMEOUT": "9"}}, r"^env\.HCCL_CONNECT_TIMEOUT: reserved: use the hccl.connect_timeout key$"),
+    (
+        "env-reserved",
+        {"env": {"MASTER_ADDR": "x"}},
+        r"^env\.MASTER_ADDR: reserved: computed by train.sh$",
+    ),
+    (
+        "env-hccl-reserved",
+        {"env": {"HCCL_CONNECT_TIMEOUT": "9"}},
+        r"^env\.HCCL_CONNECT_TIMEOUT: reserved: use the hccl.connect_timeout key$",
+    ),
     ("env-not-mapping", {"env": ["A=1"]}, r"^env: expected a mapping, got a list$"),
     ("namespace-bad", {"namespace": "Prod"}, r"^namespace: 'Prod' is not a DNS-1123 label"),
     ("queue-bad", {"queue": "q_1"}, r"^queue: 'q_1' is not a DNS-1123 subdomain"),
     ("workdir-relative", {"workdir": "code"}, r"^workdir: 'code' is not an absolute path"),
-    ("scripts-dir-shell-chars", {"scripts_dir": "/opt/$(x)"}, r"^scripts_dir: '/opt/\$\(x\)' is not an absolute path of letters"),
+    (
+        "scripts-dir-shell-chars",
+        {"scripts_dir": "/opt/$(x)"},
+        r"^scripts_dir: '/opt/\$\(x\)' is not an absolute path of letters",
+    ),
     ("label-value-bad", {"labels": {"team": "a b"}}, r"^labels\.team: 'a b' is not a label value"),
     ("label-key-bad", {"labels": {"-bad": "x"}}, r"^labels\.-bad: not a valid key"),
-    ("label-routing-owned", {"nodes": 3, "labels": {"ring-controller.cce": "x"}}, r"^labels\.ring-controller\\\.cce: set by npu-job for routing"),
-    ("resources-bad-quantity", {"resources": {"memory": "lots"}}, r"^resources\.memory: 'lots' is not a Kubernetes quantity"),
-    ("resources-unknown", {"resources": {"gpu": 8}}, r"^resources\.gpu: unknown key \(accelerators are requested from device and npus_per_node\)$"),
-    ("mount-without-path", {"volumes": [{"name": "d", "emptyDir": {}}], "mounts": [{"name": "d"}]}, r"^mounts\[0\]\.mountPath: required key is missing$"),
-    ("volume-without-source", {"volumes": [{"name": "data"}]}, r"^volumes\[0\]: expected a volume source beside 'name'"),
-    ("volume-reserved-name", {"volumes": [{"name": "dshm", "emptyDir": {}}]}, r"^volumes\[0\]\.name: 'dshm' is used by npu-job itself"),
-    ("mount-unknown-volume", {"volumes": [{"name": "data", "emptyDir": {}}], "mounts": [{"name": "dta", "mountPath": "/d"}]}, r"^mounts\[0\]\.name: 'dta' is not a volume in volumes \(did you mean 'data'\?\)$"),
-    ("mount-over-driver", {"volumes": [{"name": "d", "emptyDir": {}}], "mounts": [{"name": "d", "mountPath": "/usr/local/Ascend/driver"}]}, r"^mounts\[0\]\.mountPath: '/usr/local/Ascend/driver' is mounted by npu-job itself$"),
-    ("mount-key-typo", {"volumes": [{"name": "d", "emptyDir": {}}], "mounts": [{"name": "d", "mount_path": "/d"}]}, r"^mounts\[0\]\.mount_path: unknown key \(did you mean 'mountPath'\?\)$"),
-    ("pull-policy-typo", {"image_pull_policy": "ifnotpresent"}, r"^image_pull_policy: expected one of .*got 'ifnotpresent' \(did you mean 'IfNotPresent'\?\)$"),
-    ("bootstrap-url-scheme", {"bootstrap": {"url": "ftp://x/b.sh"}}, r"^bootstrap\.url: 'ftp://x/b.sh' is not an http:// or https:// URL"),
-    ("pip-install-option", {"pip_install": ["-r", "req.txt"]}, r"^pip_install\[0\]: '-r' is not a pip requirement"),
+    (
+        "label-routing-owned",
+        {"nodes": 3, "labels": {"ring-controller.cce": "x"}},
+        r"^labels\.ring-controller\\\.cce: set by npu-job for routing",
+    ),
+    (
+        "resources-bad-quantity",
+        {"resources": {"memory": "lots"}},
+        r"^resources\.memory: 'lots' is not a Kubernetes quantity",
+    ),
+    (
+        "resources-unknown",
+        {"resources": {"gpu": 8}},
+        r"^resources\.gpu: unknown key \(accelerators are requested from device and npus_per_node\)$",
+    ),
+    (
+        "mount-without-path",
+        {"volumes": [{"name": "d", "emptyDir": {}}], "mounts": [{"name": "d"}]},
+        r"^mounts\[0\]\.mountPath: required key is missing$",
+    ),
+    (
+        "volume-without-source",
+        {"volumes": [{"name": "data"}]},
+        r"^volumes\[0\]: expected a volume source beside 'name'",
+    ),
+    (
+        "volume-reserved-name",
+        {"volumes": [{"name": "dshm", "emptyDir": {}}]},
+        r"^volumes\[0\]\.name: 'dshm' is used by npu-job itself",
+    ),
+    (
+        "mount-unknown-volume",
+        {
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "mounts": [{"name": "dta", "mountPath": "/d"}],
+        },
+        r"^mounts\[0\]\.name: 'dta' is not a volume in volumes \(did you mean 'data'\?\)$",
+    ),
+    (
+        "mount-over-driver",
+        {
+            "volumes": [{"name": "d", "emptyDir": {}}],
+            "mounts": [{"name": "d", "mountPath": "/usr/local/Ascend/driver"}],
+        },
+        r"^mounts\[0\]\.mountPath: '/usr/local/Ascend/driver' is mounted by npu-job itself$",
+    ),
+    (
+        "mount-key-typo",
+        {"volumes": [{"name": "d", "emptyDir": {}}], "mounts": [{"name": "d", "mount_path": "/d"}]},
+        r"^mounts\[0\]\.mount_path: unknown key \(did you mean 'mountPath'\?\)$",
+    ),
+    (
+        "pull-policy-typo",
+        {"image_pull_policy": "ifnotpresent"},
+        r"^image_pull_policy: expected one of .*got 'ifnotpresent' \(did you mean 'IfNotPresent'\?\)$",
+    ),
+    (
+        "bootstrap-url-scheme",
+        {"bootstrap": {"url": "ftp://x/b.sh"}},
+        r"^bootstrap\.url: 'ftp://x/b.sh' is not an http:// or https:// URL",
+    ),
+    (
+        "pip-install-option",
+        {"pip_install": ["-r", "req.txt"]},
+        r"^pip_install\[0\]: '-r' is not a pip requirement",
+    ),
     ("image-with-space", {"image": "a b"}, r"^image: 'a b' is not an image reference"),
-    ("max-retry-negative", {"max_retry": -1}, r"^max_retry: expected an integer from 0 to 2147483647, got -1$"),
+    (
+        "max-retry-negative",
+        {"max_retry": -1},
+        r"^max_retry: expected an integer from 0 to 2147483647, got -1$",
+    ),
 ]
 
 
@@ -156,44 +295,125 @@ def test_all_problems_are_listed_at_once_with_their_origin():
 @pytest.mark.parametrize(
     "extra, expected",
     [
-        pytest.param({"nodes": 2, "routing": True}, ["routing is on with 2 node(s)"], id="routing-below-3-nodes"),
-        pytest.param({"npus_per_node": 4}, ["npus_per_node is 4, below a full node (full_node_npus 8)"], id="part-of-a-node"),
+        pytest.param(
+            {"nodes": 2, "routing": True},
+            ["routing is on with 2 node(s)"],
+            id="routing-below-3-nodes",
+        ),
+        pytest.param(
+            {"npus_per_node": 4},
+            ["npus_per_node is 4, below a full node (full_node_npus 8)"],
+            id="part-of-a-node",
+        ),
         pytest.param(
             {"nodes": 3, "npus_per_node": 4},
-            ["npus_per_node is 4, below a full node (full_node_npus 8); each pod's bootstrap (NPU_JOB_FULL_NODE_DEVICES=8) "
-             "will find partial nodes in the rank table, write a failed route_plan.json and keep the scheduler's order"],
+            [
+                "npus_per_node is 4, below a full node (full_node_npus 8); each pod's bootstrap (NPU_JOB_FULL_NODE_DEVICES=8) "
+                "will find partial nodes in the rank table, write a failed route_plan.json and keep the scheduler's order"
+            ],
             id="part-of-a-node-with-routing",
         ),
-        pytest.param({"npus_per_node": 16, "full_node_npus": 16, "nodes": 3}, [], id="a3-full-node-no-warning"),
-        pytest.param({"device": "cpu", "full_node_npus": 8}, ["full_node_npus is ignored for device cpu"], id="full-node-on-cpu"),
+        pytest.param(
+            {"npus_per_node": 16, "full_node_npus": 16, "nodes": 3},
+            [],
+            id="a3-full-node-no-warning",
+        ),
+        pytest.param(
+            {"device": "cpu", "full_node_npus": 8},
+            ["full_node_npus is ignored for device cpu"],
+            id="full-node-on-cpu",
+        ),
         pytest.param(
             {"nodes": 4, "launcher": "torchrun", "launcher_args": ["--rdzv_backend=c10d"]},
             ["launcher_args --rdzv_backend=c10d assigns node ranks by arrival"],
             id="arrival-order-launcher",
         ),
-        pytest.param({"nodes": 4, "launcher": "torchrun", "launcher_args": ["--rdzv-backend", "static"]}, [], id="static-is-fine"),
-        pytest.param({"device": "gpu", "hccl": {"connect_timeout": 300}}, ["hccl settings are ignored for device gpu"], id="hccl-on-gpu"),
+        pytest.param(
+            {"nodes": 4, "launcher": "torchrun", "launcher_args": ["--rdzv-backend", "static"]},
+            [],
+            id="static-is-fine",
+        ),
+        pytest.param(
+            {"device": "gpu", "hccl": {"connect_timeout": 300}},
+            ["hccl settings are ignored for device gpu"],
+            id="hccl-on-gpu",
+        ),
         pytest.param({"nodes": 6}, [], id="six-full-nodes-no-warning"),
         pytest.param(
-            {"nodes": 3, "device": "cpu", "routing": True},
-            ["routing is on for device cpu, but no rank table source is configured (CCE's configmap1980 plugin "
-             "serves NPU jobs only): set env RANK_TABLE_FILE (a file in one of volumes, or an http(s) URL) or mount "
-             "one at /user/config; without it each pod's bootstrap finds no rank table and keeps the scheduler's order"],
+            {"nodes": 3, "device": "cpu", "routing": True, "anti_affinity": True},
+            [],
+            id="routed-cpu-by-the-api",
+        ),
+        pytest.param(
+            {
+                "nodes": 3,
+                "device": "cpu",
+                "routing": True,
+                "routing_source": "api",
+                "env": {"RANK_TABLE_FILE": "https://x/rt.json"},
+            },
+            [
+                "routing_source is api, but env RANK_TABLE_FILE names a rank table: the bootstrap reads",
+                "routing by the Kubernetes API with anti_affinity off",
+            ],
+            id="routed-cpu-by-the-api-told",
+        ),
+        pytest.param(
+            {"routing_source": "api"},
+            ["routing_source is ignored: routing is off"],
+            id="routing-source-without-routing",
+        ),
+        pytest.param(
+            {"network_topology": {"mode": "soft", "highest_tier_allowed": 2}},
+            ["network_topology.highest_tier_allowed is ignored in soft mode"],
+            id="soft-with-a-tier",
+        ),
+        pytest.param(
+            {"nodes": 3, "device": "cpu", "routing": True, "routing_source": "rank-table"},
+            [
+                "routing is on for device cpu, but no rank table source is configured (CCE's configmap1980 plugin "
+                "serves NPU jobs only): set env RANK_TABLE_FILE (a file in one of volumes, or an http(s) URL) or mount "
+                "one at /user/config; without it each pod's bootstrap finds no rank table and keeps the scheduler's order"
+            ],
             id="routed-cpu-without-rank-table",
         ),
-        pytest.param({"nodes": 3, "device": "gpu", "routing": True}, ["routing is on for device gpu, but no rank table"],
-                     id="routed-gpu-without-rank-table"),
-        pytest.param({"nodes": 3, "device": "cpu", "routing": True, "env": {"RANK_TABLE_FILE": "https://x/rt.json"}}, [],
-                     id="routed-cpu-rank-table-from-env"),
         pytest.param(
-            {"nodes": 3, "device": "cpu", "routing": True, "volumes": [{"name": "rt", "configMap": {"name": "rt"}}],
-             "mounts": [{"name": "rt", "mountPath": "/user/config"}]},
-            [], id="routed-cpu-rank-table-mounted-where-the-bootstrap-looks",
+            {"nodes": 3, "device": "gpu", "routing": True, "routing_source": "rank-table"},
+            ["routing is on for device gpu, but no rank table"],
+            id="routed-gpu-without-rank-table",
         ),
         pytest.param(
-            {"nodes": 3, "device": "cpu", "routing": True, "volumes": [{"name": "rt", "configMap": {"name": "rt"}}],
-             "mounts": [{"name": "rt", "mountPath": "/data"}]},
-            ["routing is on for device cpu, but no rank table"], id="routed-cpu-volume-elsewhere",
+            {
+                "nodes": 3,
+                "device": "cpu",
+                "routing": True,
+                "env": {"RANK_TABLE_FILE": "https://x/rt.json"},
+            },
+            [],
+            id="routed-cpu-rank-table-from-env",
+        ),
+        pytest.param(
+            {
+                "nodes": 3,
+                "device": "cpu",
+                "routing": True,
+                "volumes": [{"name": "rt", "configMap": {"name": "rt"}}],
+                "mounts": [{"name": "rt", "mountPath": "/user/config"}],
+            },
+            [],
+            id="routed-cpu-rank-table-mounted-where-the-bootstrap-looks",
+        ),
+        pytest.param(
+            {
+                "nodes": 3,
+                "device": "cpu",
+                "routing": True,
+                "volumes": [{"name": "rt", "configMap": {"name": "rt"}}],
+                "mounts": [{"name": "rt", "mountPath": "/data"}],
+                "routing_source": "rank-table",
+            },
+            ["routing is on for device cpu, but no rank table"],
+            id="routed-cpu-volume-elsewhere",
         ),
     ],
 )
@@ -209,21 +429,51 @@ def test_every_documented_key_is_accepted():
     documented = {doc.key.split(".")[0] for doc in SPEC_KEYS}
     values = with_keys(nodes=3)
     samples = {
-        "args": ["a"], "nodes": 3, "npus_per_node": 8, "full_node_npus": 8, "device": "npu", "namespace": "ns", "queue": "q",
-        "task_name": "trainer", "workdir": "/w", "env": {"A": "1"}, "routing": True, "launcher": "npu-run",
-        "launcher_args": ["--max_restarts=0"], "tiered_store": True, "master_port": 29400,
-        "hccl": {"connect_timeout": 600, "base_port": 61000, "reserve_ports": False}, "volumes": [{"name": "v", "emptyDir": {}}],
-        "mounts": [{"name": "v", "mountPath": "/v"}], "max_retry": 1, "priority_class": "high",
-        "node_selector": {"k": "v"}, "labels": {"team": "x"}, "annotations": {"note": "x y"},
-        "resources": {"cpu": "1", "memory": "1Gi"}, "image_pull_policy": "Always", "image_pull_secrets": ["s"],
-        "shm_size": "1Gi", "host_network": True, "anti_affinity": False, "scripts_dir": "/opt/x",
-        "bootstrap": {"url": "https://example.com/bootstrap.sh"}, "pip_install": "npu-job==0.1.0",
+        "args": ["a"],
+        "nodes": 3,
+        "npus_per_node": 8,
+        "full_node_npus": 8,
+        "device": "npu",
+        "namespace": "ns",
+        "queue": "q",
+        "task_name": "trainer",
+        "workdir": "/w",
+        "env": {"A": "1"},
+        "routing": True,
+        "launcher": "npu-run",
+        "launcher_args": ["--max_restarts=0"],
+        "tiered_store": True,
+        "master_port": 29400,
+        "hccl": {"connect_timeout": 600, "base_port": 61000, "reserve_ports": False},
+        "volumes": [{"name": "v", "emptyDir": {}}],
+        "mounts": [{"name": "v", "mountPath": "/v"}],
+        "max_retry": 1,
+        "priority_class": "high",
+        "node_selector": {"k": "v"},
+        "labels": {"team": "x"},
+        "annotations": {"note": "x y"},
+        "resources": {"cpu": "1", "memory": "1Gi"},
+        "image_pull_policy": "Always",
+        "image_pull_secrets": ["s"],
+        "shm_size": "1Gi",
+        "host_network": True,
+        "anti_affinity": False,
+        "scripts_dir": "/opt/x",
+        "bootstrap": {"url": "https://example.com/bootstrap.sh"},
+        "pip_install": "npu-job==0.1.0",
+        "routing_source": "api",
+        "service_account": "trainer",
+        "network_topology": {"mode": "hard", "highest_tier_allowed": 2},
     }
     assert documented - {"name", "image", "script"} == set(samples)
     values.update(samples)
     spec = spec_from(values)
     assert spec.hccl.base_port == 61000 and spec.bootstrap_url == "https://example.com/bootstrap.sh"
     assert spec.pip_install == ("npu-job==0.1.0",)
+    assert (
+        spec.network_topology.highest_tier_allowed == 2
+        and spec.routing_service_account == "trainer"
+    )
 
 
 NULL_MEANINGS = [doc for doc in SPEC_KEYS if doc.null]
@@ -233,20 +483,31 @@ def test_keys_that_give_null_a_meaning_are_the_documented_ones():
     """A null meaning is only needed where null differs from the default; today that is shm_size."""
     assert [doc.key for doc in NULL_MEANINGS] == ["shm_size"]
     for doc in NULL_MEANINGS:
-        assert getattr(JobSpec(name="n", image="i", script="s"), doc.key) is not None, "null must differ from the default"
+        assert getattr(JobSpec(name="n", image="i", script="s"), doc.key) is not None, (
+            "null must differ from the default"
+        )
 
 
 @pytest.mark.parametrize("doc", [pytest.param(doc, id=doc.key) for doc in NULL_MEANINGS])
 @pytest.mark.parametrize(
     "layers",
     [
-        pytest.param(lambda key: [SpecInput("job.yaml", values=with_keys(**{key: None}))], id="null-in-the-spec"),
         pytest.param(
-            lambda key: [SpecInput("job.yaml", values=with_keys(**{key: "1Gi"})), SpecInput("prod.yaml", values={key: None})],
+            lambda key: [SpecInput("job.yaml", values=with_keys(**{key: None}))],
+            id="null-in-the-spec",
+        ),
+        pytest.param(
+            lambda key: [
+                SpecInput("job.yaml", values=with_keys(**{key: "1Gi"})),
+                SpecInput("prod.yaml", values={key: None}),
+            ],
             id="null-in-an-f-file",
         ),
         pytest.param(
-            lambda key: [SpecInput("job.yaml", values=with_keys(**{key: "1Gi"})), SpecInput("--set", assignments=parse_set(f"{key}=null"))],
+            lambda key: [
+                SpecInput("job.yaml", values=with_keys(**{key: "1Gi"})),
+                SpecInput("--set", assignments=parse_set(f"{key}=null")),
+            ],
             id="null-from-set",
         ),
     ],

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
-from npu_job.errors import SHOWN_LIMIT, InputError
 from npu_job.render.values import (
     SetScalar,
     SetSyntaxError,
@@ -15,6 +13,8 @@ from npu_job.render.values import (
     parse_set,
     typed,
 )
+
+from npu_job.errors import SHOWN_LIMIT, InputError
 
 
 def _tree(*sets: str, base=None):
@@ -35,7 +35,11 @@ def _tree(*sets: str, base=None):
         pytest.param("args={}", {"args": []}, id="empty-list"),
         pytest.param("args[1]=x", {"args": [None, "x"]}, id="list-index-pads"),
         pytest.param("volumes[0].name=data", {"volumes": [{"name": "data"}]}, id="index-then-key"),
-        pytest.param(r"labels.app\.kubernetes\.io/name=x", {"labels": {"app.kubernetes.io/name": "x"}}, id="escaped-dots"),
+        pytest.param(
+            r"labels.app\.kubernetes\.io/name=x",
+            {"labels": {"app.kubernetes.io/name": "x"}},
+            id="escaped-dots",
+        ),
         pytest.param(r"env.CSV=a\,b", {"env": {"CSV": "a,b"}}, id="escaped-comma"),
         pytest.param("env.EQ=a=b", {"env": {"EQ": "a=b"}}, id="equals-in-value"),
         pytest.param("env.EMPTY=", {"env": {"EMPTY": ""}}, id="empty-value"),
@@ -81,7 +85,9 @@ def test_later_layers_win_maps_merge_lists_replace_null_deletes():
     assert merged.origin_of(("env", "A")) == "base.yaml"
     assert merged.origin_of(("env", "B")) == "more.yaml"
     assert merged.origin_of(("args", 0)) == "more.yaml"
-    assert base == {"nodes": 2, "env": {"A": "1", "B": "2"}, "args": ["a", "b"], "queue": "q"}, "inputs are not mutated"
+    assert base == {"nodes": 2, "env": {"A": "1", "B": "2"}, "args": ["a", "b"], "queue": "q"}, (
+        "inputs are not mutated"
+    )
 
 
 def test_set_null_removes_a_key():
@@ -89,14 +95,18 @@ def test_set_null_removes_a_key():
 
 
 def test_yaml_duplicate_keys_are_rejected_with_both_lines():
-    with pytest.raises(InputError, match=r"job.yaml: line 3: duplicate key 'nodes' \(first at line 1\)"):
+    with pytest.raises(
+        InputError, match=r"job.yaml: line 3: duplicate key 'nodes' \(first at line 1\)"
+    ):
         load_yaml_values("nodes: 2\nname: x\nnodes: 3\n", "job.yaml")
 
 
 @pytest.mark.parametrize(
     "text, message",
     [
-        pytest.param("name: [unclosed\n", r"job.yaml: line \d+, column \d+: not valid YAML", id="syntax"),
+        pytest.param(
+            "name: [unclosed\n", r"job.yaml: line \d+, column \d+: not valid YAML", id="syntax"
+        ),
         pytest.param("- a\n- b\n", "top level: expected a mapping", id="top-level-list"),
         pytest.param("a: 1\n---\nb: 2\n", "not valid YAML", id="two-documents"),
     ],
@@ -118,23 +128,32 @@ def test_format_path_uses_set_syntax():
 def test_null_in_a_mapping_means_the_same_at_any_depth_and_in_any_layer():
     """``env: {A: null}`` removes A whether or not an earlier layer had an env mapping."""
     first = merge_values([SpecInput("job.yaml", values={"env": {"A": None, "B": "1"}})])
-    over = merge_values([SpecInput("job.yaml", values={"env": {"A": "0"}}), SpecInput("more.yaml", values={"env": {"A": None, "B": "1"}})])
+    over = merge_values(
+        [
+            SpecInput("job.yaml", values={"env": {"A": "0"}}),
+            SpecInput("more.yaml", values={"env": {"A": None, "B": "1"}}),
+        ]
+    )
     assert first.tree == over.tree == {"env": {"B": "1"}}
     assert (first.nulls, over.nulls) == ({("env", "A"): "job.yaml"}, {("env", "A"): "more.yaml"})
 
 
 def test_merge_records_which_input_set_a_key_to_null_until_a_later_value():
-    merged = merge_values([
-        SpecInput("job.yaml", values={"shm_size": "1Gi", "env": {"A": "1"}}),
-        SpecInput("more.yaml", values={"shm_size": None}),
-        SpecInput("--set", assignments=parse_set("env.A=null")),
-    ])
+    merged = merge_values(
+        [
+            SpecInput("job.yaml", values={"shm_size": "1Gi", "env": {"A": "1"}}),
+            SpecInput("more.yaml", values={"shm_size": None}),
+            SpecInput("--set", assignments=parse_set("env.A=null")),
+        ]
+    )
     assert merged.tree == {"env": {}}
     assert merged.nulls == {("shm_size",): "more.yaml", ("env", "A"): "--set"}
-    again = merge_values([
-        SpecInput("job.yaml", values={"shm_size": None, "env": None}),
-        SpecInput("--set", assignments=parse_set("shm_size=2Gi,env.A=x")),
-    ])
+    again = merge_values(
+        [
+            SpecInput("job.yaml", values={"shm_size": None, "env": None}),
+            SpecInput("--set", assignments=parse_set("shm_size=2Gi,env.A=x")),
+        ]
+    )
     assert again.nulls == {}
 
 
@@ -144,11 +163,17 @@ def test_merge_records_which_input_set_a_key_to_null_until_a_later_value():
 def test_a_list_index_is_capped_as_in_helm():
     assert _tree("args[65536]=x")["args"][65536] == "x"
     for index in ("65537", "30000000", "9" * 5000):
-        with pytest.raises(SetSyntaxError, match=r"at character 6: expected a list index from 0 to 65536$"):
+        with pytest.raises(
+            SetSyntaxError, match=r"at character 6: expected a list index from 0 to 65536$"
+        ):
             parse_set(f"args[{index}]=x")
 
 
-@pytest.mark.parametrize("index", ["\u0663", "\u00b2", "+1", "-1", " 1"], ids=["arabic-digit", "superscript", "plus", "minus", "space"])
+@pytest.mark.parametrize(
+    "index",
+    ["\u0663", "\u00b2", "+1", "-1", " 1"],
+    ids=["arabic-digit", "superscript", "plus", "minus", "space"],
+)
 def test_a_list_index_is_ascii_digits(index):
     with pytest.raises(SetSyntaxError, match="expected a list index"):
         parse_set(f"args[{index}]=x")
@@ -183,19 +208,28 @@ def test_padding_lists_with_nulls_has_one_budget_for_all_set_values_and_names_th
 
 
 def test_items_a_set_index_leaves_empty_are_blamed_on_that_set():
-    merged = merge_values([
-        SpecInput("job.yaml", values={"args": ["a"]}),
-        SpecInput("--set", assignments=parse_set("args[3]=x")),
-    ])
+    merged = merge_values(
+        [
+            SpecInput("job.yaml", values={"args": ["a"]}),
+            SpecInput("--set", assignments=parse_set("args[3]=x")),
+        ]
+    )
     assert typed(merged.tree) == {"args": ["a", None, None, "x"]}
-    assert [merged.origin_of(("args", i)) for i in range(4)] == ["job.yaml", "--set", "--set", "--set"]
+    assert [merged.origin_of(("args", i)) for i in range(4)] == [
+        "job.yaml",
+        "--set",
+        "--set",
+        "--set",
+    ]
 
 
 def test_yaml_aliases_cannot_expand_a_spec_beyond_a_million_values():
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
     lines += [f"a{i + 1}: &a{i + 1} [{', '.join([f'*a{i}'] * 10)}]" for i in range(6)]
     assert load_yaml_values("\n".join(lines[:5]) + "\n", "job.yaml")  # about 10^5 values: fine
-    with pytest.raises(InputError, match=r"^job.yaml: expands to more than 1000000 values \(YAML aliases repeating"):
+    with pytest.raises(
+        InputError, match=r"^job.yaml: expands to more than 1000000 values \(YAML aliases repeating"
+    ):
         load_yaml_values("\n".join(lines) + "\n", "job.yaml")
 
 
@@ -213,26 +247,38 @@ def test_yaml_nests_at_most_64_levels(depth):
         pytest.param("env:\n  ~: 1.5\n", 2, "None", id="nested-null"),
         pytest.param("labels:\n  true: x\n", 2, "True", id="nested-boolean"),
         pytest.param("labels: {[a]: b}\n", 1, "['a']", id="unhashable-list"),
-        pytest.param("volumes:\n- name: v\n  hostPath: {? {a: 1} : x}\n", 3, "{'a': 1}", id="unhashable-mapping"),
+        pytest.param(
+            "volumes:\n- name: v\n  hostPath: {? {a: 1} : x}\n",
+            3,
+            "{'a': 1}",
+            id="unhashable-mapping",
+        ),
     ],
 )
 def test_every_key_at_every_depth_is_a_string(text, line, shown_key):
     """A non-string key used to crash the error formatting (None) or PyYAML's constructor (a list)."""
     with pytest.raises(InputError) as error:
         load_yaml_values(text, "job.yaml")
-    assert error.value.message == f"job.yaml: line {line}: expected a string key, got {shown_key} (quote it)"
+    assert (
+        error.value.message
+        == f"job.yaml: line {line}: expected a string key, got {shown_key} (quote it)"
+    )
 
 
 def test_an_alias_counts_at_the_depth_it_is_used_and_cannot_contain_itself():
     deep = "[" * 60 + "]" * 60
     assert load_yaml_values(f"x: &a {deep}\ny: [[[*a]]]\n", "job.yaml")  # 64 levels under y
-    with pytest.raises(InputError, match=r"^job.yaml: y\[0\]\[0\]\[0\]\[0\]: nested deeper than 64 levels$"):
+    with pytest.raises(
+        InputError, match=r"^job.yaml: y\[0\]\[0\]\[0\]\[0\]: nested deeper than 64 levels$"
+    ):
         load_yaml_values(f"x: &a {deep}\ny: [[[[*a]]]]\n", "job.yaml")
     with pytest.raises(InputError, match="nested deeper than 64 levels$"):
         load_yaml_values("x: &a [1, *a]\n", "job.yaml")
 
 
-@pytest.mark.parametrize("key", ["a\nb", "x" * 1_000_000, "tab\there", "nul\x00"], ids=["newline", "1MB", "tab", "nul"])
+@pytest.mark.parametrize(
+    "key", ["a\nb", "x" * 1_000_000, "tab\there", "nul\x00"], ids=["newline", "1MB", "tab", "nul"]
+)
 def test_a_hostile_key_is_named_on_one_short_line(key):
     named = format_path(("labels", key))
     assert "\n" not in named and "\t" not in named and "\x00" not in named

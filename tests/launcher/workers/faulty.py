@@ -54,7 +54,9 @@ def main() -> None:
     while time.monotonic() < deadline:
         if mine and attempt == "0" and options.fail_when and os.path.exists(options.fail_when):
             fail(rank, attempt)
-        done = torch.tensor([float(bool(options.hold_until) and os.path.exists(options.hold_until))])
+        done = torch.tensor(
+            [float(bool(options.hold_until) and os.path.exists(options.hold_until))]
+        )
         dist.all_reduce(done, op=dist.ReduceOp.MAX)
         if done.item() > 0:
             break

@@ -25,9 +25,20 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 TORCHRUN_VARIABLES = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_USE_AGENT_STORE",
 )
 
@@ -49,7 +60,10 @@ def main() -> None:
     dist.all_reduce(value)
     record_ = {name: os.environ.get(name) for name in TORCHRUN_VARIABLES}
     record_.update(
-        pid=os.getpid(), sum=value.item(), pg_rank=dist.get_rank(), pg_world_size=dist.get_world_size()
+        pid=os.getpid(),
+        sum=value.item(),
+        pg_rank=dist.get_rank(),
+        pg_world_size=dist.get_world_size(),
     )
     path = os.path.join(options.out_dir, f"{rank}.json")
     with open(path + ".tmp", "w", encoding="utf-8") as handle:

@@ -25,27 +25,29 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import re
 import posixpath
+import re
 import shlex
 import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from npu_job import podfacts
-from npu_job.errors import RenderError
 from npu_job.render.spec import (
     DEVICE_RESOURCE,
-    FULL_NODE_ENV,
     NPU_HOST_MOUNTS,
     SCRIPTS_VOLUME,
     SHM_VOLUME,
     JobSpec,
 )
 
+from npu_job import podfacts
+from npu_job.errors import RenderError
+
 log = logging.getLogger(__name__)
 
-TEMPLATE_PACKAGE = "npu_job.templates"
+TEMPLATE_PACKAGE = "npu_job.render.templates"
+#: the pod's scripts that are files, not templates (bootstrap.sh, also installed on PATH)
+SCRIPTS_PACKAGE = "npu_job.scripts"
 SOURCE_PREFIX = "npu-job/templates/"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "npu-job")
 #: the launcher each `launcher` value runs, as words
@@ -71,8 +73,10 @@ class RenderedJob:
     """Everything ``npu-job render`` produces for one spec, in a stable order."""
 
     spec: JobSpec
-    documents: Tuple[Document, ...]  # ConfigMap first, then the Job
-    scripts: Tuple[Tuple[str, str], ...]  # (file name, text): train.sh, [install.sh], [bootstrap.sh]
+    documents: Tuple[Document, ...]  # ConfigMap first, then (routing by the API) RBAC, the Job
+    scripts: Tuple[
+        Tuple[str, str], ...
+    ]  # (file name, text): train.sh, [install.sh], [bootstrap.sh]
     warnings: Tuple[str, ...] = ()
 
     def stream(self) -> str:
@@ -80,8 +84,10 @@ class RenderedJob:
         return "".join(f"---\n# Source: {doc.source}\n{doc.text}" for doc in self.documents)
 
     def files(self) -> Tuple[Tuple[str, str, int], ...]:
-        """(file name, text, mode) of what ``--output-dir`` writes: config.yaml, then the scripts."""
-        return (("config.yaml", self.stream(), 0o644),) + tuple((name, text, 0o755) for name, text in self.scripts)
+        """(file name, text, mode) of what ``--output-dir`` writes: config.yaml, then scripts."""
+        return (("config.yaml", self.stream(), 0o644),) + tuple(
+            (name, text, 0o755) for name, text in self.scripts
+        )
 
     @property
     def job(self) -> Document:
@@ -108,7 +114,9 @@ def yaml_scalar(value: Any) -> str:
     JSON and YAML. Other non-ASCII text stays readable. (JSON's surrogate-pair escapes for
     characters beyond U+FFFF are avoided: YAML reads them as two lone surrogates.)
     """
-    return _QUOTED_UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", json.dumps(value, ensure_ascii=False))
+    return _QUOTED_UNSAFE.sub(
+        lambda match: f"\\u{ord(match.group()):04x}", json.dumps(value, ensure_ascii=False)
+    )
 
 
 _QUOTED_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
@@ -181,15 +189,16 @@ def _environment() -> Any:
     return env
 
 
-def _package_text(name: str) -> str:
+def _package_text(name: str, package: str = TEMPLATE_PACKAGE) -> str:
     from importlib import resources
 
     try:
         if not hasattr(resources, "files"):  # Python 3.8
-            return resources.read_text(TEMPLATE_PACKAGE, name, encoding="utf-8")
-        return resources.files(TEMPLATE_PACKAGE).joinpath(name).read_text(encoding="utf-8")
+            return resources.read_text(package, name, encoding="utf-8")
+        return resources.files(package).joinpath(name).read_text(encoding="utf-8")
     except (FileNotFoundError, OSError) as error:
-        raise RenderError(f"templates/{name}: cannot read the packaged file: {error}") from None
+        folder = package.split(".")[-1]
+        raise RenderError(f"{folder}/{name}: cannot read the packaged file: {error}") from None
 
 
 def _render_template(env: Any, name: str, context: Mapping[str, Any]) -> str:
@@ -198,7 +207,9 @@ def _render_template(env: Any, name: str, context: Mapping[str, Any]) -> str:
     try:
         return env.get_template(name).render(**context)
     except jinja2.TemplateSyntaxError as error:
-        raise RenderError(f"templates/{error.name or name}, line {error.lineno}: {error.message}") from None
+        raise RenderError(
+            f"templates/{error.name or name}, line {error.lineno}: {error.message}"
+        ) from None
     except jinja2.TemplateError as error:
         raise RenderError(f"templates/{name}, line {_template_line(name)}: {error}") from None
 
@@ -226,7 +237,7 @@ def _pairs(*groups: Tuple[Tuple[str, str], ...]) -> Tuple[Tuple[str, str], ...]:
 def _context(spec: JobSpec) -> Dict[str, Any]:
     # CCE delivers the rank table (configmap1980) and the ToR topology (cabinet) to NPU jobs only;
     # a routed gpu/cpu job runs the same bootstrap on a rank table it brings itself
-    npu_routing = spec.routing and spec.device == "npu"
+    npu_routing = spec.routing and spec.device == "npu" and not spec.routes_by_api
     job_labels = _pairs(
         (MANAGED_BY,),
         (("fault-scheduling", "force"),) if spec.device == "npu" else (),
@@ -251,23 +262,31 @@ def _context(spec: JobSpec) -> Dict[str, Any]:
         "scripts_volume": SCRIPTS_VOLUME,
         "shm_volume": SHM_VOLUME,
         "npu_host_mounts": NPU_HOST_MOUNTS,
-        "full_node_env": FULL_NODE_ENV,
+        "full_node_env": podfacts.FULL_NODE_ENV,
         "launcher_command": LAUNCHER_COMMANDS[spec.launcher],
         "job_labels": job_labels,
         "cce_routing": npu_routing,
         "configmap_labels": _pairs((MANAGED_BY,), spec.labels),
+        "routes_by_api": spec.routes_by_api,
+        "service_account": spec.routing_service_account,
+        # cluster-scoped, so named after the namespace too (':' may be in an RBAC name, not in
+        # a namespace or job name: no two jobs share one)
+        "cluster_role": f"npu-job:{spec.namespace}:{spec.name}-routing",
         "pod_labels": _pairs((MANAGED_BY,), spec.labels),
-        "pod_annotations": _pairs((("cabinet", "cabinet"),) if npu_routing else (), spec.annotations),
+        "pod_annotations": _pairs(
+            (("cabinet", "cabinet"),) if npu_routing else (), spec.annotations
+        ),
         "resources": tuple(resources),
         "node_selector": _pairs(
-            (("accelerator/huawei-npu", "ascend-1980"),) if spec.device == "npu" else (), spec.node_selector
+            (("accelerator/huawei-npu", "ascend-1980"),) if spec.device == "npu" else (),
+            spec.node_selector,
         ),
     }
 
 
 def bootstrap_script() -> str:
-    """The bundled ``bootstrap.sh`` (scripts/bootstrap.sh, shipped as package data)."""
-    return _package_text("bootstrap.sh")
+    """The bundled ``bootstrap.sh`` (scripts/bootstrap.sh, package data of ``npu_job.scripts``)."""
+    return _package_text("bootstrap.sh", SCRIPTS_PACKAGE)
 
 
 def render(spec: JobSpec, *, bootstrap: Optional[str] = None) -> RenderedJob:
@@ -286,17 +305,27 @@ def render(spec: JobSpec, *, bootstrap: Optional[str] = None) -> RenderedJob:
         if spec.bootstrap_url:
             scripts.append(("bootstrap.sh", _render_template(env, "bootstrap-url.sh.j2", context)))
         else:
-            scripts.append(("bootstrap.sh", bootstrap if bootstrap is not None else bootstrap_script()))
+            scripts.append(
+                ("bootstrap.sh", bootstrap if bootstrap is not None else bootstrap_script())
+            )
     context["scripts"] = tuple(scripts)
 
+    templates = ["configmap.yaml.j2", "job.yaml.j2"]
+    if spec.routes_by_api and spec.service_account is None:  # before the Job whose pods use it
+        templates.insert(1, "rbac.yaml.j2")
     documents = []
-    for template in ("configmap.yaml.j2", "job.yaml.j2"):
-        text = _render_template(env, template, context)
-        if not text.endswith("\n"):
-            text += "\n"
-        try:
-            parsed = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            raise RenderError(f"templates/{template}: rendered text is not valid YAML: {error}") from None
-        documents.append(Document(SOURCE_PREFIX + template, parsed["kind"], parsed["metadata"]["name"], text))
+    for template in templates:
+        rendered = _render_template(env, template, context)
+        for text in rendered.split("\n---\n"):  # a template may hold several documents
+            if not text.endswith("\n"):
+                text += "\n"
+            try:
+                parsed = yaml.safe_load(text)
+            except yaml.YAMLError as error:
+                raise RenderError(
+                    f"templates/{template}: rendered text is not valid YAML: {error}"
+                ) from None
+            documents.append(
+                Document(SOURCE_PREFIX + template, parsed["kind"], parsed["metadata"]["name"], text)
+            )
     return RenderedJob(spec, tuple(documents), tuple(scripts), spec.warnings)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Container, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from npu_job.errors import SHOWN_LIMIT, InputError, shown
 from npu_job.parsing import count_from_text
@@ -119,19 +119,24 @@ def load_yaml_values(text: str, source: str) -> Dict[str, Any]:
     class _StrictLoader(yaml.SafeLoader):
         pass
 
-    def construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    def construct_mapping(
+        loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False
+    ) -> Any:
         seen: Dict[Any, int] = {}
         for key_node, _ in node.value:
             key = loader.construct_object(key_node, deep=True)
             if not isinstance(key, str):  # Kubernetes and the spec know string keys only
                 raise InputError(
-                    source, f"line {key_node.start_mark.line + 1}", f"expected a string key, got {shown(key)} (quote it)"
+                    source,
+                    f"line {key_node.start_mark.line + 1}",
+                    f"expected a string key, got {shown(key)} (quote it)",
                 )
             if key in seen:
                 raise InputError(
                     source,
                     f"line {key_node.start_mark.line + 1}",
-                    f"duplicate key {key!r} (first at line {seen[key] + 1}); each key may appear once",
+                    f"duplicate key {key!r} (first at line {seen[key] + 1}); each key may appear "
+                    "once",
                 )
             seen[key] = key_node.start_mark.line
         return loader.construct_mapping(node, deep=deep)
@@ -144,13 +149,17 @@ def load_yaml_values(text: str, source: str) -> Dict[str, Any]:
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise InputError(source, where, f"not valid YAML: {error.problem or error.context}") from None
+        raise InputError(
+            source, where, f"not valid YAML: {error.problem or error.context}"
+        ) from None
     except yaml.YAMLError as error:
         raise InputError(source, "", f"not valid YAML: {error}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise InputError(source, "top level", f"expected a mapping of spec keys, got a {type(data).__name__}")
+        raise InputError(
+            source, "top level", f"expected a mapping of spec keys, got a {type(data).__name__}"
+        )
     _check_size(data, source)
     return data
 
@@ -181,7 +190,9 @@ def _check_size(document: Dict[str, Any], source: str) -> None:
             total, levels = total + values, max(levels, below)
         if total > MAX_VALUES:
             raise InputError(
-                source, "", f"expands to more than {MAX_VALUES} values (YAML aliases repeating a large value?)"
+                source,
+                "",
+                f"expands to more than {MAX_VALUES} values (YAML aliases repeating a large value?)",
             )
         measured[id(node)] = (total, levels + 1)
         return total, levels + 1
@@ -200,7 +211,9 @@ class SetSyntaxError(ValueError):
 _KEY_STOPS = {".", "[", "=", ","}
 
 
-def parse_set(text: str, *, as_string: bool = False, source: str = "--set") -> Tuple[Assignment, ...]:
+def parse_set(
+    text: str, *, as_string: bool = False, source: str = "--set"
+) -> Tuple[Assignment, ...]:
     """Parse one ``--set`` argument (``a.b=1,c={x,y},d[0]=z``) into assignments.
 
     With ``as_string`` (``--set-string``) every scalar stays a string and ``null`` is not special.
@@ -238,7 +251,7 @@ class _SetParser:
             raise self.fail(f"'{char}'")
         self.pos += 1
 
-    def _chars(self, stops: Sequence[str]) -> Tuple[str, bool]:
+    def _chars(self, stops: Container[str]) -> Tuple[str, bool]:
         """Read up to an unescaped stop character; return the text and whether it had escapes."""
         out: List[str] = []
         escaped = False
@@ -328,7 +341,8 @@ def merge_values(inputs: Sequence[SpecInput]) -> MergedValues:
 
 class _PathMap:
     """Key path -> input, with an index of what lies below each path, so that forgetting a
-    subtree costs its size, not the size of everything known (a spec with 10^5 keys stays linear)."""
+    subtree costs its size, not the size of everything known (a spec with 10^5 keys stays
+    linear)."""
 
     def __init__(self) -> None:
         self.items: Dict[Path, str] = {}
@@ -361,7 +375,7 @@ class _Record:
         self.empty_items = 0  # list items --set indices padded with null so far
 
     def _forget(self, path: Path) -> None:
-        """Drop what was known at and below ``path``, and any null of an ancestor (it exists now)."""
+        """Drop what was known at and below ``path``, and a null of an ancestor (it exists now)."""
         self._origins.drop(path)
         self._nulls.drop(path)
         for end in range(1, len(path)):
@@ -372,7 +386,8 @@ class _Record:
         self._origins.set(path, source)
 
     def merged_into(self, path: Path, source: str) -> None:
-        """A mapping at ``path`` got keys from ``source``: it is that input's unless it was set before."""
+        """A mapping at ``path`` got keys from ``source``: it is that input's unless it was set
+        before."""
         if path not in self.origins:
             self._origins.set(path, source)
 
@@ -381,21 +396,23 @@ class _Record:
         self._nulls.set(path, source)
 
     def padded(self, path: Path, start: int, end: int, assignment: Assignment) -> None:
-        """The list at ``path`` gets nulls at ``start..end-1`` for ``assignment``'s index ``end``."""
+        """The list at ``path`` gets nulls at ``start..end-1`` for the index ``end``."""
         self.empty_items += end - start
         if self.empty_items > MAX_LIST_INDEX:
             key = format_path(path)
             raise InputError(
                 f"{assignment.source} {shown(assignment.argument)}",
                 format_path(path + (end,)),
-                f"expected at most {MAX_LIST_INDEX} list items left empty (null) in all by {assignment.source} "
-                f"list indices; give the list whole instead ({key}={{x,y}})",
+                f"expected at most {MAX_LIST_INDEX} list items left empty (null) in all by "
+                f"{assignment.source} list indices; give the list whole instead ({key}={{x,y}})",
             )
         for index in range(start, end):
             self._origins.set(path + (index,), assignment.source)
 
 
-def _merge_mapping(target: Dict[str, Any], overlay: Mapping[str, Any], prefix: Path, source: str, record: _Record) -> None:
+def _merge_mapping(
+    target: Dict[str, Any], overlay: Mapping[str, Any], prefix: Path, source: str, record: _Record
+) -> None:
     for key, value in overlay.items():
         path = prefix + (key,)
         if value is None:  # helm: null removes the key (back to the default)
@@ -418,7 +435,7 @@ def _merge_mapping(target: Dict[str, Any], overlay: Mapping[str, Any], prefix: P
 def _assign(tree: Dict[str, Any], assignment: Assignment, record: _Record) -> None:
     node: Any = tree
     path = assignment.path
-    for depth, item in enumerate(path[:-1]):
+    for depth in range(len(path) - 1):
         following = path[depth + 1]
         fresh: Any = [] if isinstance(following, int) else {}
         node = _child(node, path[: depth + 1], fresh, assignment, record)
@@ -458,7 +475,8 @@ def _store(node: Any, path: Path, value: Any, assignment: Assignment, record: _R
 
 
 def typed(value: Any) -> Any:
-    """``value`` with every :class:`SetScalar` replaced by helm's typed reading (pass-through values)."""
+    """``value`` with every :class:`SetScalar` replaced by helm's typed reading (pass-through
+    values)."""
     if isinstance(value, SetScalar):
         return value.typed
     if isinstance(value, dict):
@@ -469,7 +487,8 @@ def typed(value: Any) -> Any:
 
 
 def format_path(path: Path) -> str:
-    """``("labels", "app.kubernetes.io/name")`` -> ``labels.app\\.kubernetes\\.io/name`` (--set syntax).
+    """``("labels", "app.kubernetes.io/name")`` -> ``labels.app\\.kubernetes\\.io/name`` (--set
+    syntax).
 
     A key that could not be written back in that syntax on one short line (control characters,
     or longer than an error may echo) is shown quoted and shortened (``errors.shown``) instead:

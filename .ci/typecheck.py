@@ -1,0 +1,112 @@
+"""mypy over the pure core, through a link tree of the installed package layout.
+
+setup.cfg's ``package_dir`` maps top-level folders (bootstrap/, render/, ...) into the
+``npu_job`` namespace; mypy cannot follow that from the editable install. This script builds a
+temporary tree whose ``npu_job/`` holds symlinks to ``npu_job/*.py`` and ``npu_job/cli`` plus one
+link per ``package_dir`` entry (read from setup.cfg, never hard-coded), and runs mypy there with
+the settings of pyproject.toml's ``[tool.mypy]``.
+
+    python .ci/typecheck.py            # the pure core (PURE_CORE)
+    python .ci/typecheck.py -p npu_job.bootstrap.run   # other packages or modules
+"""
+
+from __future__ import annotations
+
+import argparse
+import configparser
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List
+
+ROOT = Path(__file__).resolve().parent.parent
+# Modules that take values and return values (no I/O beyond fileio's helpers): mypy must pass here.
+PURE_CORE = [
+    "npu_job.parsing",
+    "npu_job.errors",
+    "npu_job.podfacts",
+    "npu_job.fileio",
+    "npu_job.bootstrap.model",
+    "npu_job.bootstrap.columns",
+    "npu_job.bootstrap.planner",
+    "npu_job.bootstrap.scorer",
+    "npu_job.bootstrap.canonical",
+    "npu_job.bootstrap.ranktable",
+    "npu_job.bootstrap.topology",
+    "npu_job.bootstrap.fields",
+    "npu_job.bootstrap.jsondecode",
+    "npu_job.bootstrap.payload",
+    "npu_job.bootstrap.kubeobjects",
+    "npu_job.bootstrap.hypernode",
+    "npu_job.bootstrap.kubetopology",
+    "npu_job.bootstrap.labels",
+    "npu_job.bootstrap.jobpods",
+    "npu_job.render.spec",
+    "npu_job.render.checks",
+    "npu_job.render.values",
+    "npu_job.render.render",
+    "npu_job.render.lint",
+]
+
+
+def package_dirs(root: Path = ROOT) -> Dict[str, Path]:
+    """setup.cfg's ``package_dir``: dotted package name -> folder it installs from."""
+    parser = configparser.ConfigParser()
+    parser.read(root / "setup.cfg")
+    mapping: Dict[str, Path] = {}
+    for line in parser.get("options", "package_dir", fallback="").splitlines():
+        if not line.strip():
+            continue
+        name, _, folder = line.partition("=")
+        name, folder = name.strip(), folder.strip()
+        if not name or not folder:
+            raise ValueError(f"setup.cfg: [options] package_dir: cannot read {line.strip()!r}")
+        mapping[name] = root / folder
+    return mapping
+
+
+def build_link_tree(dest: Path, root: Path = ROOT) -> Path:
+    """Lay out ``dest/npu_job`` as it installs; returns ``dest`` (the directory mypy runs in)."""
+    package = dest / "npu_job"
+    package.mkdir(parents=True)
+    for entry in sorted((root / "npu_job").iterdir()):
+        if entry.suffix == ".py" or (entry.is_dir() and (entry / "__init__.py").exists()):
+            (package / entry.name).symlink_to(entry)
+    for name, folder in package_dirs(root).items():
+        parts = name.split(".")
+        if parts[0] != "npu_job" or len(parts) != 2:
+            raise ValueError(f"setup.cfg: package_dir maps {name!r}; only npu_job.<name> fits")
+        link = package / parts[1]
+        if link.exists() or link.is_symlink():
+            raise ValueError(f"setup.cfg: package_dir maps {name!r} over npu_job/{parts[1]}")
+        link.symlink_to(folder)
+    return dest
+
+
+def main(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "-p",
+        "--package",
+        action="append",
+        dest="packages",
+        help="a module or package to check instead of the pure core (repeatable)",
+    )
+    parser.add_argument(
+        "--mypy", default=sys.executable, help="the Python whose mypy runs (default: this one)"
+    )
+    args = parser.parse_args(argv)
+    targets = args.packages or PURE_CORE
+    with tempfile.TemporaryDirectory(prefix="npu-job-typecheck-") as tmp:
+        tree = build_link_tree(Path(tmp))
+        command = [args.mypy, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml")]
+        for target in targets:
+            command += ["-p", target]
+        return subprocess.run(command, cwd=tree).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,209 @@
+"""The bootstrap of a job with no rank table: its pods, Nodes and HyperNodes from the API.
+
+For each size (default 64, 1024 and 4096 pods) a Volcano job is generated
+(``tests/bootstrap/kubejob.py``: every pod a ~5 KB copy of a real-looking pod, the nodes under
+HyperNodes of 16 nodes, 16 of those per spine) and served by the tests' thin fake of the
+Kubernetes LIST endpoints (``tests/bootstrap/fake_kube_api.py``) on a real HTTPS server on
+loopback, in this process, in pages of 500 with ``limit``/``continue``, gzipped as the API server
+gzips big answers. ``bash scripts/bootstrap.sh`` runs as one pod of the job (``NPU_JOB_PODS=k8s``)
+end to end: list the pods (all scheduled), the HyperNodes and the Nodes, decode, resolve the tree,
+plan, write. Each run is checked to have succeeded (route plan ``status: success``).
+
+Timing, interleaved with a bare ``python3 -c pass`` as in ``bench_bootstrap.py``:
+
+* wall time, and wall time less the time the fake API server spent answering that run (its
+  handler's span from request to answer sent: the pod waiting for the API);
+* CPU time of the child (user + sys from ``os.wait4``), which never counts the server's work;
+* wall time from the API's last answer to the pod's exit: the work left once the API has answered
+  (decoding that page, the topology, the plan, the files).
+
+Target: 4096 pods within 0.15 s of bare interpreter start for the work once the API answers: the
+median CPU excess, and the wall excess less the API's time, both printed with a verdict.
+
+    python benchmarks/bench_bootstrap_api.py [--sizes 64,1024,4096] [--repeat 7] [--output FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the fake API and the job generator live with the tests
+
+from _report import publish  # noqa: E402
+
+from tests.bootstrap.fake_kube_api import (  # noqa: E402
+    FakeKubernetesAPI,
+    in_cluster,
+    service_account,
+)
+from tests.bootstrap.https_server import HTTPSServer, make_self_signed  # noqa: E402
+from tests.bootstrap.kubejob import big_job  # noqa: E402
+
+SCRIPT = REPO / "scripts" / "bootstrap.sh"
+TARGET_EXCESS = 0.15
+NAMESPACE = "team-a"
+
+
+def timed(
+    command: Sequence[str], env: Dict[str, str], server: HTTPSServer
+) -> Tuple[float, float, float, float]:
+    """(wall, CPU user+sys, API time, wall after the API's last answer) of one run."""
+    before = len(server.busy)
+    with tempfile.TemporaryFile() as errors:
+        start = time.perf_counter()
+        child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=errors)
+        _, status, usage = os.wait4(child.pid, 0)
+        end = time.perf_counter()
+        if os.waitstatus_to_exitcode(status) != 0:
+            errors.seek(0)
+            raise SystemExit(
+                f"{' '.join(command)} failed: {errors.read().decode(errors='replace')}"
+            )
+    spans = server.busy[before:]
+    api = sum(stop - begin for begin, stop in spans)
+    after = end - max((stop for _, stop in spans), default=start)
+    return end - start, usage.ru_utime + usage.ru_stime, api, after
+
+
+def check_success(env: Dict[str, str]) -> None:
+    plan = json.loads((Path(env["NPU_JOB_OUTPUT_DIR"]) / "route_plan.json").read_text())
+    if plan["status"] != "success":
+        raise SystemExit(f"bootstrap did not plan: {plan['reason']}")
+
+
+Row = Tuple[str, int, float, float, float, float, float]
+
+
+def run(sizes: Sequence[int], repeat: int) -> List[Row]:
+    """One HTTPS server (and fake API) per size, all up at once; runs interleaved."""
+    with tempfile.TemporaryDirectory(prefix="bench-bootstrap-api-") as tmp, ExitStack() as stack:
+        cert, key = make_self_signed(Path(tmp))
+        base = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("NPU_JOB_", "KUBERNETES_", "MA_", "VC_"))
+        }
+        base.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: bytecode cached
+        base["NPU_JOB_PYTHON"] = sys.executable  # bootstrap.sh runs this interpreter's npu_job
+        cases: Dict[int, Tuple[HTTPSServer, Dict[str, str]]] = {}
+        for size in sizes:
+            nodes, hypernodes, pods = big_job(size, leaves=max(2, size // 16))
+            server = stack.enter_context(HTTPSServer(cert, key, keep_alive=True))
+            FakeKubernetesAPI(
+                server,
+                "bench-token",
+                nodes,
+                pods=pods,
+                hypernodes=hypernodes,
+                namespaces=(NAMESPACE,),
+            )
+            me = pods[size // 2]
+            account = service_account(Path(tmp) / f"sa{size}", "bench-token", cert)
+            cases[size] = (
+                server,
+                {
+                    **base,
+                    **in_cluster(server, account),
+                    "NPU_JOB_PODS": "k8s",
+                    "MA_VJ_NAME": "llama",
+                    "MA_NUM_HOSTS": str(size),
+                    "MA_CURRENT_HOST_IP": me["status"]["hostIP"],
+                    "VC_TASK_INDEX": me["metadata"]["labels"]["volcano.sh/task-index"],
+                    "NPU_JOB_OUTPUT_DIR": str(Path(tmp) / f"out{size}"),
+                },
+            )
+
+        def once(size: int) -> Tuple[float, float, float, float]:
+            server, env = cases[size]
+            result = timed(["bash", str(SCRIPT)], env, server)
+            check_success(env)
+            return result
+
+        for size in sizes:  # warm the page cache and the bytecode, and check it works
+            once(size)
+        idle = cases[sizes[0]][0]
+        samples: Dict[int, List[Tuple[float, float, float, float]]] = {
+            0: [],
+            **{s: [] for s in sizes},
+        }
+        for _ in range(repeat):
+            samples[0].append(timed([sys.executable, "-c", "pass"], base, idle))
+            for size in sizes:
+                samples[size].append(once(size))
+    median = statistics.median
+    rows: List[Row] = []
+    for size in [0, *sizes]:
+        wall, cpu, api, after = zip(*samples[size])
+        rows.append(
+            (
+                "python -c pass" if not size else "bash bootstrap.sh",
+                size,
+                median(wall),
+                median(cpu),
+                median(api),
+                median(w - a for w, _, a, _ in samples[size]),
+                median(after) if size else 0.0,
+            )
+        )
+    return rows
+
+
+def table_text(rows: Sequence[Row], repeat: int) -> str:
+    base = rows[0]
+    lines = [
+        f"bootstrap with no rank table, pods from the Kubernetes API (fake, on loopback), {repeat} "
+        f"interleaved runs each (python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load "
+        f"average {os.getloadavg()[0]:.1f}); target: 4096 pods within {TARGET_EXCESS:.2f} s of "
+        "bare start-up once the API answers",
+        "",
+        f"{'command':<18} {'pods':>5} {'wall med':>9} {'api med':>8} {'wall-api':>9} "
+        f"{'cpu med':>8} {'wall-api excess':>16} {'cpu excess':>11} {'after last answer':>18}",
+    ]
+    for name, size, wall, cpu, api, rest, after in rows:
+        lines.append(
+            f"{name:<18} {size or '-':>5} {wall:>9.3f} {api:>8.3f} {rest:>9.3f} "
+            f"{cpu:>8.3f} {rest - base[5]:>16.3f} {cpu - base[3]:>11.3f} {after:>18.3f}"
+        )
+    biggest = rows[-1]
+    lines += [
+        "",
+        f"target ({biggest[1]} pods within {TARGET_EXCESS:.2f} s of bare start-up, once the API "
+        "answers):",
+        f"  cpu:  median excess {biggest[3] - base[3]:.3f} s (user+sys of the pod): "
+        f"{_verdict(biggest[3] - base[3])}",
+        f"  wall: median excess less the API's answering time {biggest[5] - base[5]:.3f} s: "
+        f"{_verdict(biggest[5] - base[5])}",
+        f"  after the last answer: median {biggest[6]:.3f} s from the API's last byte to the "
+        f"pod's exit (decode of that page, topology, plan, files): {_verdict(biggest[6])}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _verdict(excess: float) -> str:
+    return "met" if excess <= TARGET_EXCESS else f"NOT met (over by {excess - TARGET_EXCESS:.3f} s)"
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="64,1024,4096", help="comma-separated pod counts")
+    parser.add_argument("--repeat", type=int, default=7, help="interleaved repetitions per case")
+    parser.add_argument("--output", help="also write the table to this file")
+    args = parser.parse_args(list(argv) or None)
+    sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
+    publish(table_text(run(sizes, args.repeat), args.repeat), args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,513 @@
+"""Volcano HyperNodes (``topology.volcano.sh/v1alpha1``) as a switch topology (pure).
+
+A HyperNode is a network performance domain, usually a switch: ``spec.tier`` (0 and up; the
+lowest tier holds the nodes, e.g. a ToR at tier 1) and ``spec.members``, each a ``Node`` or a
+``HyperNode`` chosen by one selector (CRD ``hypernodes.topology.volcano.sh``; semantics as
+Volcano's scheduler resolves them, ``pkg/util/hypernode/member_selector.go`` and
+``pkg/scheduler/api/hyper_node_info.go`` of volcano-sh/volcano):
+
+* ``exactMatch.name``: the node (or HyperNode) of that name;
+* ``regexMatch.pattern``: every node whose name the pattern matches anywhere (Go's
+  ``regexp.MatchString``; read here with Python's ``re``, which agrees on the usual syntax;
+  RE2-only constructs such as ``[[:alpha:]]`` or ``\\pL`` make the member match nothing, as an
+  invalid pattern does in Volcano, and say so);
+* ``labelMatch``: a ``metav1.LabelSelector`` over the nodes' labels (``matchLabels`` and
+  ``matchExpressions`` with ``In``, ``NotIn``, ``Exists``, ``DoesNotExist``); an empty or invalid
+  selector matches nothing, as in Volcano. Label members need the nodes' labels
+  (``kubectl get nodes -o json``).
+
+HyperNode members are taken by ``exactMatch`` only (Volcano ignores the other selectors there).
+
+A node's **path** is its chain of HyperNodes from the root down to the HyperNode that holds it,
+outermost first, which is the planner's switch path: the tiers above, then that innermost
+HyperNode as the node's ToR. Where the tree is not a tree, the choice is deterministic and said:
+
+* a HyperNode listed as a member of several HyperNodes hangs under the one of the lowest tier,
+  then the first by name (Volcano refuses a second parent; which one it keeps depends on the order
+  it sees them);
+* a node held by several HyperNodes is placed under the one of the lowest tier, then by its path
+  (names compared as :func:`~npu_job.bootstrap.canonical.id_sort_key` does, outermost first).
+
+A cycle of HyperNodes is an error, as it is for Volcano. Everything here is a function of what
+the objects say, never of the order they are listed in.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import (
+    Any,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Pattern,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
+
+from npu_job.bootstrap.canonical import id_sort_key
+from npu_job.bootstrap.fields import expect_list, expect_object, expect_str, fail
+from npu_job.bootstrap.kubeobjects import (
+    KubeObject,
+    NodeFacts,
+    field_path,
+    named_once,
+    optional_str,
+    section,
+    string_map,
+)
+from npu_job.bootstrap.model import Placement
+
+from npu_job.errors import shown
+
+MEMBER_TYPES = ("Node", "HyperNode")
+SELECTORS = ("exactMatch", "regexMatch", "labelMatch")
+OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+NOTES_LISTED = 3  # examples a note lists before counting the rest
+
+# RE2 syntax Python's re reads differently or not at all: POSIX classes, Unicode classes, \z
+_NOT_PYTHON = re.compile(r"\[\[:|\\[pPz]")
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One ``matchExpressions`` entry (or a ``matchLabels`` pair, as ``In`` one value)."""
+
+    key: str
+    operator: str
+    values: Tuple[str, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if self.operator == "In":
+            return labels.get(self.key) in self.values
+        if self.operator == "NotIn":
+            return labels.get(self.key) not in self.values
+        if self.operator == "Exists":
+            return self.key in labels
+        return self.key not in labels  # DoesNotExist
+
+    def problem(self) -> Optional[str]:
+        """Why ``LabelSelectorAsSelector`` refuses this requirement (Volcano then matches no
+        node), or None."""
+        if self.operator not in OPERATORS:
+            return f"operator {shown(self.operator)} is not one of {', '.join(OPERATORS)}"
+        if self.operator in ("In", "NotIn") and not self.values:
+            return f"operator {self.operator} needs at least one value"
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            return f"operator {self.operator} takes no values"
+        return None
+
+
+class Member(NamedTuple):
+    """One ``spec.members`` entry: its type and its one selector. (A NamedTuple: a tree of a few
+    thousand nodes has as many members.)"""
+
+    type: str  # "Node" or "HyperNode"
+    position: int  # its place in spec.members
+    exact: Optional[str] = None
+    pattern: Optional[str] = None
+    labels: Optional[Tuple[Requirement, ...]] = None  # matchLabels then matchExpressions
+
+    @property
+    def path(self) -> str:
+        """``spec.members[2]``, for messages."""
+        return f"spec.members[{self.position}]"
+
+
+@dataclass(frozen=True)
+class HyperNode:
+    name: str
+    tier: int
+    tier_name: str = ""
+    members: Tuple[Member, ...] = ()
+    where: str = ""  # items[i] in the document, for messages
+
+    def field(self, path: str) -> str:
+        return field_path(KubeObject("HyperNode", self.where, {}), self.name, path)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Where each node sits in the HyperNode tree."""
+
+    placements: Mapping[str, Placement]  # node name -> placement
+    paths: Mapping[str, Tuple[Tuple[str, ...], ...]]  # node name -> every path, the chosen first
+    notes: Tuple[str, ...]
+
+
+# --- reading --------------------------------------------------------------------------------------
+
+
+def read_hypernodes(objects: Sequence[KubeObject], source: str) -> Tuple[HyperNode, ...]:
+    """Every HyperNode of ``objects``, checked against the CRD's schema (a name twice is an
+    error)."""
+    found: List[HyperNode] = []
+    for obj, name in named_once(objects, source, "HyperNode"):
+        spec = section(obj, name, "spec", source)
+        tier = spec.get("tier")
+        if tier is None:
+            fail(source, field_path(obj, name, "spec.tier"), "a required field (missing)")
+        if type(tier) is not int or tier < 0:
+            fail(source, field_path(obj, name, "spec.tier"), "an integer >= 0", tier)
+        tier_name = optional_str(spec, "tierName", source, field_path(obj, name, "spec"))
+        members = spec.get("members")
+        listed = expect_list(
+            [] if members is None else members, source, field_path(obj, name, "spec.members")
+        )
+        found.append(
+            HyperNode(
+                name,
+                tier,
+                tier_name,
+                tuple(
+                    _exact_member(entry, i) or _member(entry, i, obj, name, source)
+                    for i, entry in enumerate(listed)
+                ),
+                obj.where,
+            )
+        )
+    return tuple(found)
+
+
+def selects_by_label(objects: Sequence[KubeObject]) -> bool:
+    """Whether any of these (unchecked) HyperNodes may select nodes by label: then the nodes'
+    labels are needed. True for anything malformed too (the reader will say what)."""
+    try:
+        members = [
+            member
+            for obj in objects
+            for member in (obj.item.get("spec") or {}).get("members") or ()
+        ]
+        return any(
+            type(member.get("selector")) is not dict
+            or member["selector"].get("labelMatch") is not None
+            for member in members
+        )
+    except (AttributeError, TypeError):
+        return True
+
+
+def _exact_member(entry: Any, index: int) -> Optional[Member]:
+    """The usual member (by ``exactMatch``, as discovery writes them) without building a message
+    per field; None: :func:`_member` checks it (and reads it the same)."""
+    if type(entry) is not dict:
+        return None
+    kind = entry.get("type")
+    selector = entry.get("selector")
+    if kind not in MEMBER_TYPES or type(selector) is not dict:
+        return None
+    exact = selector.get("exactMatch")
+    if (
+        type(exact) is not dict
+        or selector.get("regexMatch") is not None
+        or (selector.get("labelMatch") is not None)
+    ):
+        return None
+    name = exact.get("name")
+    return Member(kind, index, exact=name) if type(name) is str and name else None
+
+
+def _member(entry: Any, index: int, obj: KubeObject, name: str, source: str) -> Member:
+    path = f"spec.members[{index}]"
+
+    def at(field: str) -> str:
+        return field_path(obj, name, f"{path}.{field}" if field else path)
+
+    expect_object(entry, source, at(""))
+    kind = entry.get("type")
+    if kind is None:
+        fail(source, at("type"), "a required field (missing)")
+    if kind not in MEMBER_TYPES:
+        fail(source, at("type"), "'Node' or 'HyperNode'", kind)
+    selector = expect_object(entry.get("selector") or {}, source, at("selector"))
+    given = [key for key in SELECTORS if selector.get(key) is not None]
+    if len(given) != 1:
+        fail(
+            source,
+            at("selector"),
+            "exactly one of exactMatch, regexMatch or labelMatch"
+            + (f", got {' and '.join(given)}" if given else ", got none"),
+        )
+    chosen = given[0]
+    body = expect_object(selector[chosen], source, at(f"selector.{chosen}"))
+    if chosen == "exactMatch":
+        return Member(
+            kind, index, exact=_required_str(body, "name", source, at("selector.exactMatch"))
+        )
+    if chosen == "regexMatch":
+        return Member(
+            kind, index, pattern=_required_str(body, "pattern", source, at("selector.regexMatch"))
+        )
+    return Member(kind, index, labels=_label_selector(body, source, at("selector.labelMatch")))
+
+
+def _required_str(mapping: Mapping[str, Any], key: str, source: str, path: str) -> str:
+    value = mapping.get(key)
+    if value is None:
+        fail(source, f"{path}.{key}", "a required field (missing)")
+    return expect_str(value, source, f"{path}.{key}")
+
+
+def _label_selector(body: Mapping[str, Any], source: str, path: str) -> Tuple[Requirement, ...]:
+    labels = string_map(body.get("matchLabels"), source, f"{path}.matchLabels")
+    requirements = [Requirement(key, "In", (value,)) for key, value in sorted(labels.items())]
+    expressions = body.get("matchExpressions")
+    here = f"{path}.matchExpressions"
+    for index, expression in enumerate(
+        expect_list([] if expressions is None else expressions, source, here)
+    ):
+        at = f"{here}[{index}]"
+        expect_object(expression, source, at)
+        values = expression.get("values")
+        listed = expect_list([] if values is None else values, source, f"{at}.values")
+        requirements.append(
+            Requirement(
+                _required_str(expression, "key", source, at),
+                _required_str(expression, "operator", source, at),
+                tuple(
+                    expect_str(v, source, f"{at}.values[{i}]", empty_ok=True)
+                    for i, v in enumerate(listed)
+                ),
+            )
+        )
+    return tuple(requirements)
+
+
+# --- resolving ------------------------------------------------------------------------------------
+
+
+def resolve(
+    hypernodes: Sequence[HyperNode],
+    nodes: Sequence[NodeFacts],
+    source: str,
+    *,
+    names: Optional[Iterable[str]] = None,
+) -> Resolved:
+    """Each node's place in the tree of ``hypernodes``.
+
+    ``nodes`` give the labels for ``labelMatch`` and the names ``regexMatch`` is tried on.
+    ``names`` (node names) limits the work to the nodes that matter (a job's); they are matched by
+    name even when ``nodes`` does not list them. Without ``names``, every node ``nodes`` lists or
+    an ``exactMatch`` names is placed.
+    """
+    by_name = {hypernode.name: hypernode for hypernode in hypernodes}
+    ordered = sorted(by_name.values(), key=lambda h: id_sort_key(h.name))
+    notes: List[str] = []
+    parent = _parents(ordered, by_name, notes)
+    _check_acyclic(ordered, by_name, source)
+    facts = {node.name: node for node in nodes}
+    if names is None:
+        exact = {m.exact for h in ordered for m in h.members if m.type == "Node" and m.exact}
+        candidates = sorted(set(facts) | exact)
+    else:
+        candidates = sorted(set(names))  # any fixed order: the results are per node
+    holders = _holders(ordered, candidates, facts, names is not None, notes)
+    chains: Dict[str, Tuple[str, ...]] = {}
+    placements: Dict[str, Placement] = {}
+    shared: Dict[Tuple[str, ...], Placement] = {}
+    paths: Dict[str, Tuple[Tuple[str, ...], ...]] = {}
+    several: List[str] = []
+    for node in candidates:
+        held_by = holders.get(node)
+        if not held_by:
+            continue
+        options = [_chain(holder, parent, chains) for holder in held_by]
+        if len(options) > 1:
+            options.sort(
+                key=lambda chain: (by_name[chain[-1]].tier, tuple(map(id_sort_key, chain)))
+            )
+        chosen = options[0]
+        paths[node] = tuple(options)
+        if len(options) > 1:
+            several.append(f"{shown(node)} ({', '.join(_path_text(c) for c in options)})")
+        placement = shared.get(chosen)
+        if placement is None:
+            placement = shared[chosen] = Placement(tiers=chosen[:-1], tors=chosen[-1:])
+        placements[node] = placement
+    if several:
+        notes.append(
+            f"{len(several)} node(s) are held by several HyperNodes, each placed under the one of "
+            f"the lowest tier, then by path (first listed): {_few(several)}"
+        )
+    return Resolved(placements, paths, tuple(notes))
+
+
+def _parents(
+    ordered: Sequence[HyperNode], by_name: Mapping[str, HyperNode], notes: List[str]
+) -> Dict[str, str]:
+    """Each HyperNode's parent: of several, the one of the lowest tier, then by name."""
+    claims: Dict[str, List[HyperNode]] = {}
+    ignored: List[str] = []
+    for hypernode in ordered:
+        for member in hypernode.members:
+            if member.type != "HyperNode":
+                continue
+            if member.exact is None:
+                ignored.append(f"{shown(hypernode.name)} {member.path}")
+            elif member.exact in by_name:
+                claimed = claims.setdefault(member.exact, [])
+                if not claimed or claimed[-1] is not hypernode:  # listed twice in one HyperNode
+                    claimed.append(hypernode)
+    if ignored:
+        notes.append(
+            "HyperNode members chosen by regexMatch or labelMatch are ignored (Volcano "
+            f"takes HyperNode members by exactMatch only): {_few(ignored)}"
+        )
+    parent: Dict[str, str] = {}
+    shared: List[str] = []
+    for child in sorted(claims, key=id_sort_key):
+        candidates = sorted(claims[child], key=lambda h: (h.tier, id_sort_key(h.name)))
+        parent[child] = candidates[0].name
+        if len(candidates) > 1:
+            shared.append(f"{shown(child)} (in {', '.join(shown(c.name) for c in candidates)})")
+    if shared:
+        notes.append(
+            f"{len(shared)} HyperNode(s) are members of several HyperNodes, each kept "
+            f"under the one of the lowest tier, then by name (first listed): "
+            f"{_few(shared)}"
+        )
+    return parent
+
+
+def _check_acyclic(
+    ordered: Sequence[HyperNode], by_name: Mapping[str, HyperNode], source: str
+) -> None:
+    """A HyperNode that contains itself through its members is an error (Volcano: "cyclic
+    dependency detected"), named at the member that closes the cycle."""
+    state: Dict[str, int] = {}  # 1: on the current walk, 2: done
+    for root in ordered:
+        if root.name in state:
+            continue
+        stack: List[Tuple[HyperNode, int]] = [(root, 0)]
+        trail: List[str] = [root.name]
+        state[root.name] = 1
+        while stack:
+            hypernode, position = stack.pop()
+            members = hypernode.members
+            while position < len(members):
+                member = members[position]
+                position += 1
+                child = by_name.get(member.exact or "") if member.type == "HyperNode" else None
+                if child is None or state.get(child.name) == 2:
+                    continue
+                if state.get(child.name) == 1:
+                    cycle = trail[trail.index(child.name) :] + [child.name]
+                    fail(
+                        source,
+                        hypernode.field(f"{member.path}.selector.exactMatch.name"),
+                        f"HyperNodes that form a tree; {' > '.join(map(shown, cycle))} is a cycle",
+                    )
+                stack.append((hypernode, position))
+                stack.append((child, 0))
+                trail.append(child.name)
+                state[child.name] = 1
+                break
+            else:
+                state[hypernode.name] = 2
+                trail.pop()
+
+
+def _holders(
+    ordered: Sequence[HyperNode],
+    candidates: Sequence[str],
+    facts: Mapping[str, NodeFacts],
+    restricted: bool,
+    notes: List[str],
+) -> Dict[str, List[str]]:
+    """node name -> the HyperNodes whose Node members select it, in name order."""
+    wanted: Set[str] = set(candidates)
+    holders: Dict[str, List[str]] = {}
+    unusable: List[str] = []
+    unlabelled: List[str] = []
+
+    def hold(node: str, hypernode: HyperNode) -> None:
+        listed = holders.setdefault(node, [])
+        if not listed or listed[-1] != hypernode.name:
+            listed.append(hypernode.name)
+
+    for hypernode in ordered:
+        for member in hypernode.members:
+            if member.type != "Node":
+                continue
+            if member.exact is not None:
+                if not restricted or member.exact in wanted:
+                    hold(member.exact, hypernode)
+            elif member.pattern is not None:
+                compiled = _compile(member.pattern)
+                if isinstance(compiled, str):
+                    unusable.append(f"{shown(hypernode.name)} {member.path} ({compiled})")
+                    continue
+                for node in filter(compiled.search, candidates):
+                    hold(node, hypernode)
+            elif member.labels is not None:
+                problem = _selector_problem(member.labels)
+                if problem is not None:
+                    unusable.append(f"{shown(hypernode.name)} {member.path} ({problem})")
+                    continue
+                if any(node not in facts for node in candidates):
+                    unlabelled.append(f"{shown(hypernode.name)} {member.path}")
+                for node in candidates:
+                    known = facts.get(node)
+                    if known is not None and all(r.matches(known.labels) for r in member.labels):
+                        hold(node, hypernode)
+    if unusable:
+        notes.append(f"HyperNode members that select no node (as in Volcano): {_few(unusable)}")
+    if unlabelled:
+        notes.append(
+            "labelMatch members cannot select nodes whose labels were not given "
+            f"(kubectl get nodes -o json): {_few(unlabelled)}"
+        )
+    return holders
+
+
+def _compile(pattern: str) -> Union[Pattern[str], str]:
+    """The compiled pattern, or why it cannot stand for the RE2 pattern Volcano runs."""
+    odd = _NOT_PYTHON.search(pattern)
+    if odd is not None:
+        return f"RE2 syntax {shown(odd.group())} is not read here"
+    try:
+        return re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as error:
+        return f"invalid pattern: {error}"
+
+
+def _selector_problem(requirements: Tuple[Requirement, ...]) -> Optional[str]:
+    if not requirements:
+        return "an empty labelMatch"
+    for requirement in requirements:
+        problem = requirement.problem()
+        if problem is not None:
+            return problem
+    return None
+
+
+def _chain(
+    holder: str, parent: Mapping[str, str], chains: Dict[str, Tuple[str, ...]]
+) -> Tuple[str, ...]:
+    """The HyperNodes from the root down to ``holder`` (memoised; the tree has no cycle)."""
+    walk: List[str] = []
+    current: Optional[str] = holder
+    while current is not None and current not in chains:
+        walk.append(current)
+        current = parent.get(current)
+    tail: Tuple[str, ...] = chains[current] if current is not None else ()
+    for name in reversed(walk):
+        tail = tail + (name,)
+        chains[name] = tail
+    return chains[holder]
+
+
+def _path_text(chain: Sequence[str]) -> str:
+    return " > ".join(map(shown, chain))
+
+
+def _few(items: Sequence[str]) -> str:
+    listed = "; ".join(items[:NOTES_LISTED])
+    more = len(items) - NOTES_LISTED
+    return listed + (f"; and {more} more" if more > 0 else "")

@@ -1,0 +1,255 @@
+"""A Volcano job's pods as the servers to order, when there is no rank table (pure).
+
+Volcano's job controller labels every pod it creates (volcano-sh/volcano
+``pkg/controllers/job/job_controller_util.go``): ``volcano.sh/job-name``, ``volcano.sh/task-spec``
+and ``volcano.sh/task-index``, and names it ``<job>-<task>-<index>``. So a job's pods are those
+with its job name (and task, when given); a pod's index is its ``volcano.sh/task-index`` label,
+else the index its name ends in; its node is ``spec.nodeName``. Pods that are going away (a
+deletion timestamp) or have ended (``Succeeded``, ``Failed``) do not count.
+
+The servers are the pods in index order, each known by its node's address as a rank table knows
+it (``server_id`` = the pod's ``status.hostIP``, the node's IP, which ``MA_CURRENT_HOST_IP``
+holds too); its node's name is kept beside it (:func:`node_names`) for the topology, which names
+nodes (:func:`by_server` keys a topology by the servers). A server's device count is its pod's
+accelerators (``nvidia.com/gpu``, ``huawei.com/ascend-*``...), 1 for a pod without any. Routing
+needs one pod per node: two pods on one node are an error naming both.
+
+A :class:`Roster` is *ready* when the job has all its pods (``expected``, e.g. ``MA_NUM_HOSTS``;
+else as many as the highest index listed says) and every one is scheduled: bound to a node
+(``spec.nodeName``) and taken up by its kubelet (``status.hostIP``, moments later), so that every
+pod that reads the list reads the same servers. Until then it says what it waits for. Nothing here
+depends on the order the pods are listed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from npu_job.bootstrap.columns import servers_from_columns
+from npu_job.bootstrap.fields import fail
+from npu_job.bootstrap.kubeobjects import POD, PodFacts, object_field
+from npu_job.bootstrap.model import Device, RankTable, Topology
+from npu_job.bootstrap.ranktable import POD_INDEX_EXPECTED, pod_index_from_name
+
+from npu_job.errors import InputError, NotReadyError, shown
+from npu_job.parsing import count_from_text
+
+JOB_NAME_LABEL = "volcano.sh/job-name"
+TASK_SPEC_LABEL = "volcano.sh/task-spec"
+TASK_INDEX_LABEL = "volcano.sh/task-index"
+ENDED_PHASES = ("Succeeded", "Failed")
+POD_LIST_VERSION = "pods"  # RankTable.version of a table made from pods
+LISTED = 5  # pods a progress line names before counting the rest
+
+
+@dataclass(frozen=True)
+class JobSelector:
+    """Which pods are the job's: Volcano's labels, the namespace, how many there must be."""
+
+    job: Optional[str] = None  # volcano.sh/job-name; None: the one job the pods belong to
+    task: Optional[str] = None  # volcano.sh/task-spec; None: every task
+    namespace: Optional[str] = None
+    expected: Optional[int] = None  # pods the job has; None: up to the highest index listed
+
+
+@dataclass(frozen=True)
+class Roster:
+    """The job's live pods by index, and whether all of them are there and scheduled."""
+
+    job: str
+    pods: Tuple[PodFacts, ...]  # index order (those listed; a missing index is a gap)
+    indices: Tuple[int, ...]
+    expected: int
+    unscheduled: Tuple[str, ...]  # names of pods without a node (or a host IP) yet
+
+    @property
+    def missing(self) -> Tuple[int, ...]:
+        present = set(self.indices)
+        return tuple(index for index in range(self.expected) if index not in present)
+
+    @property
+    def ready(self) -> bool:
+        return not self.missing and not self.unscheduled
+
+    def progress(self) -> str:
+        """``6 of 8 pods of job 'llama' scheduled; waiting for ...``, for a log line."""
+        scheduled = len(self.pods) - len(self.unscheduled)
+        waiting: List[str] = []
+        if self.missing:
+            waiting.append(f"pod index(es) {_few([str(i) for i in self.missing])} not created")
+        if self.unscheduled:
+            waiting.append(f"{_few([shown(n) for n in self.unscheduled])} not scheduled")
+        text = f"{scheduled} of {self.expected} pods of job {shown(self.job)} scheduled"
+        return text + (f"; waiting: {'; '.join(waiting)}" if waiting else "")
+
+
+def job_roster(pods: Sequence[PodFacts], selector: JobSelector, source: str) -> Roster:
+    """The pods of ``selector``'s job (see the module docstring)."""
+    job = selector.job if selector.job is not None else _only_job(pods, selector, source)
+    chosen: Dict[int, PodFacts] = {}
+    for pod in pods:
+        if not _belongs(pod, job, selector) or pod.deleting or pod.phase in ENDED_PHASES:
+            continue
+        index = pod_index(pod, source)
+        if index in chosen:
+            fail(
+                source,
+                _field(pod, f"metadata.labels.{TASK_INDEX_LABEL}"),
+                f"one live pod per index; {index} is also pod {shown(chosen[index].name)}",
+            )
+        chosen[index] = pod
+    # without a count, the highest index says how many pods the job has at least
+    expected = selector.expected if selector.expected is not None else max(chosen, default=-1) + 1
+    beyond = [index for index in chosen if index >= expected]
+    if beyond:
+        pod = chosen[max(beyond)]
+        fail(
+            source,
+            _field(pod, f"metadata.labels.{TASK_INDEX_LABEL}"),
+            f"a pod index below {expected}, the job's pod count (MA_NUM_HOSTS); got {max(beyond)}",
+        )
+    ordered = tuple(chosen[index] for index in sorted(chosen))
+    return Roster(
+        job,
+        ordered,
+        tuple(sorted(chosen)),
+        expected,
+        tuple(pod.name for pod in ordered if not (pod.node_name and pod.host_ip)),
+    )
+
+
+def pod_index(pod: PodFacts, source: str) -> int:
+    """The pod's index: its ``volcano.sh/task-index`` label, else the index its name ends in."""
+    label = pod.labels.get(TASK_INDEX_LABEL)
+    if label is not None:
+        index = count_from_text(label)
+        if index is None:
+            fail(
+                source,
+                _field(pod, f"metadata.labels.{TASK_INDEX_LABEL}"),
+                "a pod index (digits)",
+                label,
+            )
+        return index
+    index = pod_index_from_name(pod.name)
+    if index is None:
+        fail(
+            source,
+            _field(pod, "metadata.name"),
+            f"a {TASK_INDEX_LABEL} label or {POD_INDEX_EXPECTED}",
+            pod.name,
+        )
+    return index
+
+
+def roster_table(roster: Roster, source: str) -> RankTable:
+    """The servers to order: one per pod, in index order, known by its host IP (a ready
+    roster)."""
+    if not roster.ready:
+        raise ValueError(f"roster of job {roster.job!r} is not ready: {roster.progress()}")
+    on_node: Dict[str, PodFacts] = {}
+    for pod in roster.pods:
+        other = on_node.setdefault(pod.node_name, pod)
+        if other is not pod:
+            fail(
+                source,
+                _field(pod, "spec.nodeName"),
+                f"one pod of the job per node (routing orders nodes); pods {shown(other.name)} "
+                f"and {shown(pod.name)} are both on node {shown(pod.node_name)} (in the job "
+                "spec, anti_affinity: true)",
+            )
+    device_sets: Dict[int, Tuple[Device, ...]] = {}  # immutable: one tuple per count, shared
+    devices = []
+    for pod in roster.pods:
+        count = pod.accelerators or 1
+        if count not in device_sets:
+            device_sets[count] = tuple(Device(str(position)) for position in range(count))
+        devices.append(device_sets[count])
+    addresses = [pod.host_ip for pod in roster.pods]
+    servers = servers_from_columns(
+        addresses,
+        roster.indices,
+        devices,
+        addresses,
+        repeat(None),
+        [pod.name for pod in roster.pods],
+        repeat(None),
+    )
+    return RankTable(version=POD_LIST_VERSION, status="completed", servers=tuple(servers))
+
+
+def node_names(roster: Roster) -> Tuple[str, ...]:
+    """The node of each server of :func:`roster_table`, in the same order."""
+    return tuple(pod.node_name for pod in roster.pods)
+
+
+def by_server(
+    topology: Optional[Topology], table: RankTable, nodes: Sequence[str]
+) -> Optional[Topology]:
+    """``topology`` keyed by ``table``'s servers: each placed by its node's name (``nodes[i]`` for
+    server ``i``), else by its address."""
+    if topology is None:
+        return None
+    placements = {}
+    for server, node in zip(table.servers, nodes):
+        placement = topology.placement_of(node) or topology.placement_of(server.server_id)
+        if placement is not None:
+            placements[server.server_id] = placement
+    return Topology(placements, source=topology.source)
+
+
+def _only_job(pods: Sequence[PodFacts], selector: JobSelector, source: str) -> str:
+    jobs = sorted(
+        {
+            pod.labels[JOB_NAME_LABEL]
+            for pod in pods
+            if JOB_NAME_LABEL in pod.labels
+            and (selector.namespace is None or pod.namespace == selector.namespace)
+        }
+    )
+    if len(jobs) == 1:
+        return jobs[0]
+    if not jobs:
+        raise InputError(
+            source, "items", f"expected pods of a Volcano job (label {JOB_NAME_LABEL})"
+        )
+    raise InputError(
+        source,
+        "items",
+        f"expected the pods of one Volcano job, got pods of {len(jobs)} jobs "
+        f"({_few([shown(job) for job in jobs])})",
+        tip="--job names the one to plan",
+    )
+
+
+def _belongs(pod: PodFacts, job: str, selector: JobSelector) -> bool:
+    labels = pod.labels
+    return (
+        labels.get(JOB_NAME_LABEL) == job
+        and (selector.task is None or labels.get(TASK_SPEC_LABEL) == selector.task)
+        and (selector.namespace is None or pod.namespace == selector.namespace)
+    )
+
+
+def _field(pod: PodFacts, path: str) -> str:
+    return object_field(POD, pod.where, pod.name, path)
+
+
+def _few(items: Sequence[str]) -> str:
+    listed = ", ".join(items[:LISTED])
+    return listed + (f" and {len(items) - LISTED} more" if len(items) > LISTED else "")
+
+
+def not_ready_error(roster: Roster, source: str, waited: Optional[float] = None) -> NotReadyError:
+    """The error of a job whose pods are not all there and scheduled (after ``waited`` s)."""
+    within = f" within {waited:.0f} s" if waited is not None else ""
+    return NotReadyError(
+        f"{source}: pods: expected every pod of job {shown(roster.job)} scheduled{within}; "
+        f"{roster.progress()}",
+        tip="raise NPU_JOB_WAIT_TIMEOUT (or --wait-timeout) if the scheduler is slow to place "
+        "the job"
+        if waited is not None
+        else None,
+    )

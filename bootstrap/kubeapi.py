@@ -1,0 +1,275 @@
+"""The in-cluster Kubernetes API (the I/O edge): LIST pods, Nodes and HyperNodes, page by page.
+
+Credentials are the pod's service account (:class:`~npu_job.bootstrap.sources.KubernetesAPI`:
+``KUBERNETES_SERVICE_HOST/PORT``, the token and ``ca.crt``). Each LIST asks for pages of
+:data:`PAGE_SIZE` items (``limit``) and follows ``metadata.continue`` until the last page, as the
+API reference describes ("Retrieving large results sets in chunks"); the first page is asked with
+``resourceVersion=0`` so that the API server may answer from its watch cache (every pod of a big
+job asks at once), the next ones with ``continue`` alone (the API refuses a resource version with
+a continue token). An expired token (``410 Gone``) counts as a passing failure: the next poll
+starts over.
+
+Standard library only (``http.client`` and ``ssl``): importing ``requests`` costs about 0.1 s of
+CPU, most of the bootstrap's budget (a 4096-pod job plans within 0.15 s of interpreter start once
+the API answers). One keep-alive HTTPS connection serves every page; responses may come gzipped
+(``Accept-Encoding: gzip``; the API server compresses big ones) and are capped at
+:data:`~npu_job.bootstrap.payload.MAX_INPUT_BYTES` per page. Connection errors, 429 and 5xx are
+retried with exponential backoff; a 4xx or a certificate error is an :class:`InputError` at once
+(401: the token, 403: the RBAC rule the job needs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, Mapping, Optional, Tuple
+from urllib.parse import quote, urlencode, urlsplit
+
+from npu_job.bootstrap.kubeobjects import (
+    KubeObjects,
+    decode_kube_document,
+    list_continue,
+    read_objects,
+)
+from npu_job.bootstrap.payload import MAX_INPUT_BYTES, check_size, verbatim_or_shown
+from npu_job.bootstrap.sources import SERVICE_ACCOUNT_DIR, KubernetesAPI, SourceUnavailable
+
+from npu_job.errors import InputError
+from npu_job.parsing import count_from_text
+
+log = logging.getLogger(__name__)
+
+PAGE_SIZE = 500
+RETRIES = 3
+BACKOFF = 0.5  # seconds, doubling per retry
+TIMEOUT = 30.0
+QUICK_TIMEOUT = 5.0  # an optional source (the topology in the automatic chain)
+NODES_PATH = "/api/v1/nodes"
+HYPERNODES_PATH = "/apis/topology.volcano.sh/v1alpha1/hypernodes"
+NAMESPACE_ENV = "NPU_JOB_NAMESPACE"
+
+
+def pods_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods"
+
+
+def namespace_of(env: Mapping[str, str], account_dir: str = SERVICE_ACCOUNT_DIR) -> Optional[str]:
+    """This pod's namespace: ``$NPU_JOB_NAMESPACE``, else the service account's ``namespace``
+    file (mounted beside the token); None when neither says."""
+    given = env.get(NAMESPACE_ENV, "").strip()
+    if given:
+        return given
+    path = f"{env.get('NPU_JOB_K8S_SA_DIR', account_dir)}/namespace"
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
+class KubeClient:
+    """LIST calls on one HTTPS connection: ``with KubeClient(api) as client: client.list(...)``."""
+
+    def __init__(
+        self, api: KubernetesAPI, *, quick: bool = False, page_size: Optional[int] = None
+    ) -> None:
+        self.api = api
+        self.page_size = page_size or PAGE_SIZE
+        self.retries = 1 if quick else RETRIES
+        self.timeout = QUICK_TIMEOUT if quick else TIMEOUT
+        parts = urlsplit(api.base_url)
+        self._host = parts.hostname or ""
+        self._port = parts.port or 443
+        self._connection: Any = None
+        self._context: Any = None
+
+    def __enter__(self) -> KubeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def list(self, path: str, params: Optional[Mapping[str, str]] = None) -> KubeObjects:
+        """Every item of ``GET path`` (all pages), sorted by kind; ``params`` such as
+        ``labelSelector`` go with every page."""
+        name = f"{self.api.base_url}{path}"
+        query: Dict[str, str] = {
+            **(params or {}),
+            "limit": str(self.page_size),
+            "resourceVersion": "0",
+        }
+        objects = KubeObjects()
+        pages = 0
+        while True:
+            document = decode_kube_document(self.get(path, query), name, allow_yaml=False)
+            objects += read_objects(document, name)
+            pages += 1
+            token = list_continue(document)
+            if token is None:
+                log.debug(
+                    "%s: %d page(s), %d item(s)",
+                    name,
+                    pages,
+                    len(objects.nodes) + len(objects.pods) + len(objects.hypernodes),
+                )
+                return objects
+            query = {**(params or {}), "limit": str(self.page_size), "continue": token}
+
+    def get(self, path: str, query: Mapping[str, str]) -> bytes:
+        """The body of ``GET path?query`` (200 only), retried as the module docstring says."""
+        import http.client
+        import ssl
+
+        target = f"{path}?{urlencode(query)}" if query else path
+        name = f"{self.api.base_url}{path}"
+        attempt = 0
+        while True:
+            reused = self._connection is not None
+            try:
+                status, reason, headers, body = self._request(target, name)
+            except ssl.SSLCertVerificationError as error:
+                raise InputError(
+                    name,
+                    "TLS",
+                    "expected a certificate trusted by the service "
+                    f"account's CA ({_first_line(error)})",
+                ) from None
+            except (OSError, http.client.HTTPException) as error:
+                self.close()
+                if reused:  # the server closed a kept-alive connection: a fresh one, at once
+                    continue
+                problem = SourceUnavailable(
+                    name, "connection", f"expected a reachable API server ({_first_line(error)})"
+                )
+            else:
+                if status == 200:
+                    return body
+                problem = _status_error(name, status, reason, body)
+                if not isinstance(problem, SourceUnavailable):
+                    raise problem
+            if attempt >= self.retries:
+                raise problem
+            time.sleep(BACKOFF * 2**attempt)
+            attempt += 1
+
+    def _request(self, target: str, name: str) -> Tuple[int, str, Any, bytes]:
+        import http.client
+
+        if self._connection is None:
+            self._connection = http.client.HTTPSConnection(
+                self._host, self._port, timeout=self.timeout, context=self._tls()
+            )
+        token = _read_token(self.api.token_path)
+        self._connection.request(
+            "GET",
+            target,
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Accept": "application/json",
+                "Accept-Encoding": "gzip",
+                "User-Agent": "npu-job-bootstrap",
+            },
+        )
+        response = self._connection.getresponse()
+        try:
+            declared = count_from_text(response.getheader("Content-Length") or "")
+            if declared is not None:
+                check_size(declared, name)
+            body = response.read(MAX_INPUT_BYTES + 1)
+            check_size(len(body), name)
+        except InputError:  # over the cap: the rest of the answer is never read
+            self.close()
+            raise
+        return response.status, response.reason, response.headers, body
+
+    def _tls(self) -> Any:
+        if self._context is None:
+            import os
+            import ssl
+
+            ca = self.api.ca_path if os.path.isfile(self.api.ca_path) else None
+            self._context = ssl.create_default_context(cafile=ca)
+        return self._context
+
+
+def _read_token(path: str) -> str:
+    from npu_job.bootstrap.sources import read_file
+
+    return read_file(path).decode("utf-8", "replace").strip()
+
+
+def _status_error(name: str, status: int, reason: str, body: bytes) -> InputError:
+    """The error of a non-200 answer; the API's ``Status.message`` says what it refused."""
+    message = ""
+    try:
+        document = decode_kube_document(body, name, allow_yaml=False)
+        if type(document) is dict and type(document.get("message")) is str:
+            message = f": {verbatim_or_shown(document['message'])}"
+    except InputError:
+        pass
+    got = f"expected 200 OK, got {status} {verbatim_or_shown(reason or '')}{message}"
+    if status in (429, 410) or status >= 500:  # busy, an expired continue token, or a fault
+        return SourceUnavailable(name, "HTTP status", got)
+    tip = None
+    if status == 401:
+        tip = "the service account token was refused: is it mounted and current?"
+    elif status == 403:
+        tip = (
+            "the job's service account needs list permission here (npu-job render emits the "
+            "Role and ClusterRole when routing uses the API)"
+        )
+    error = InputError(name, "HTTP status", got, tip=tip)
+    error.status = status  # type: ignore[attr-defined]  # 404: a resource this cluster lacks
+    return error
+
+
+def status_of(error: InputError) -> Optional[int]:
+    """The HTTP status of an error from :meth:`KubeClient.get`, when it was an HTTP answer."""
+    return getattr(error, "status", None)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return verbatim_or_shown(text[0]) if text else type(error).__name__
+
+
+def job_selector_query(job: str, task: Optional[str]) -> Dict[str, str]:
+    """The ``labelSelector`` of a Volcano job's pods (of one task, when given)."""
+    selector = f"volcano.sh/job-name={job}"
+    if task:
+        selector += f",volcano.sh/task-spec={task}"
+    return {"labelSelector": selector}
+
+
+def topology_objects(client: KubeClient, *, by_name: bool = False) -> KubeObjects:
+    """The cluster's HyperNodes and Nodes, for a topology: a cluster without the HyperNode CRD
+    (404) or a service account not allowed to list them (403) has none; likewise Nodes (then
+    HyperNodes are matched by node name alone). Anything else raises.
+
+    ``by_name``: the servers are known by node name (a job's pods), so the Nodes are listed only
+    when their labels are needed: no HyperNodes, or HyperNodes that select nodes by label.
+    """
+    from npu_job.bootstrap.hypernode import selects_by_label
+
+    found = KubeObjects()
+    for path in (HYPERNODES_PATH, NODES_PATH):
+        if (
+            path == NODES_PATH
+            and by_name
+            and found.hypernodes
+            and not selects_by_label(found.hypernodes)
+        ):
+            log.debug("topology: the HyperNodes name their nodes; the Nodes are not listed")
+            break
+        try:
+            found += client.list(path)
+        except InputError as error:
+            if status_of(error) not in (403, 404):
+                raise
+            log.info("topology: %s", error.message)
+    return found

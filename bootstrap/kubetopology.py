@@ -1,0 +1,145 @@
+"""A switch topology from the cluster's own objects (pure): Volcano HyperNodes, else node labels.
+
+The documents are what the API lists or kubectl prints (:mod:`npu_job.bootstrap.kubeobjects`):
+``kubectl get hypernodes -o json`` with ``kubectl get nodes -o json`` beside it, or both in one
+``kubectl get hypernodes,nodes,pods -o json``. With HyperNodes, each node's placement is its path
+in their tree (:mod:`npu_job.bootstrap.hypernode`); without, its topology labels
+(:mod:`npu_job.bootstrap.labels`). Either way the :class:`~npu_job.bootstrap.model.Topology` is
+keyed by node name and by each ``InternalIP`` of the node (a rank table's ``server_id``), and an
+address two nodes claim with different placements is an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
+
+from npu_job.bootstrap import hypernode, labels
+from npu_job.bootstrap.fields import fail
+from npu_job.bootstrap.kubeobjects import (
+    NODE,
+    KubeObjects,
+    NodeFacts,
+    object_field,
+    read_nodes,
+    read_objects,
+)
+from npu_job.bootstrap.model import Placement, Topology
+from npu_job.bootstrap.topology import K8S_NODE_LABELS, VOLCANO_HYPERNODES
+
+from npu_job.errors import shown
+
+HYPERNODES = VOLCANO_HYPERNODES
+NODE_LABELS = K8S_NODE_LABELS
+
+
+@dataclass(frozen=True)
+class KubeContext:
+    """What a topology document is read with besides itself.
+
+    ``objects``: more objects, e.g. the Nodes of a ``kubectl get nodes -o json`` file beside a
+    HyperNode file (their labels serve ``labelMatch``, their addresses key the result).
+    ``names``: place only these servers (node names or addresses): a job's, where the cluster has
+    thousands of nodes. ``label_keys``: read only these node labels (outermost first) instead of
+    the known schemes of :mod:`npu_job.bootstrap.labels`.
+    """
+
+    objects: KubeObjects = field(default_factory=KubeObjects)
+    names: Optional[Tuple[str, ...]] = None
+    label_keys: Optional[Tuple[str, ...]] = None  # topology label keys, outermost first
+
+
+@dataclass(frozen=True)
+class KubeTopology:
+    topology: Topology
+    notes: Tuple[str, ...] = ()
+
+
+def topology_from_document(
+    document: object, source: str, fmt: Optional[str] = None, context: Optional[KubeContext] = None
+) -> KubeTopology:
+    """The topology of a decoded list document (see :func:`topology_from_objects`)."""
+    return topology_from_objects(read_objects(document, source), source, fmt, context)
+
+
+def topology_from_objects(
+    objects: KubeObjects,
+    source: str,
+    fmt: Optional[str] = None,
+    context: Optional[KubeContext] = None,
+) -> KubeTopology:
+    """HyperNodes when there are any (or ``fmt`` is :data:`HYPERNODES`), else node labels."""
+    context = context or KubeContext()
+    everything = objects + context.objects
+    nodes = read_nodes(everything.nodes, source)
+    wanted = _wanted_nodes(nodes, context.names)
+    if fmt == HYPERNODES or (fmt is None and everything.hypernodes):
+        if not everything.hypernodes:
+            fail(source, "items", "HyperNode objects (kubectl get hypernodes -o json)")
+        tree = hypernode.read_hypernodes(everything.hypernodes, source)
+        resolved = hypernode.resolve(tree, nodes, source, names=wanted)
+        placements = _keyed(resolved.placements, nodes, wanted, source)
+        return KubeTopology(Topology(placements, source=HYPERNODES), resolved.notes)
+    by_node: Dict[str, Placement] = {}
+    schemes: Dict[str, int] = {}
+    for node in nodes:
+        if wanted is None or node.name in wanted:
+            path = object_field(NODE, node.where, node.name, "metadata.labels")
+            found = labels.placement_from_labels(node.labels, source, path, context.label_keys)
+            if found is not None:
+                by_node[node.name], scheme = found
+                schemes[scheme.title] = schemes.get(scheme.title, 0) + 1
+    notes: Tuple[str, ...] = ()
+    if schemes:
+        counted = ", ".join(f"{count} by {title}" for title, count in sorted(schemes.items()))
+        notes = (
+            f"node labels placed {len(by_node)} of {len(nodes if wanted is None else wanted)}"
+            f" node(s): {counted}",
+        )
+    return KubeTopology(Topology(_keyed(by_node, nodes, wanted, source), source=NODE_LABELS), notes)
+
+
+def _wanted_nodes(
+    nodes: Sequence[NodeFacts], names: Optional[Iterable[str]]
+) -> Optional[Tuple[str, ...]]:
+    """The node names ``names`` stand for: a node's own name or one of its addresses; a name no
+    listed node has is kept as it is (a node the HyperNodes name without a node list)."""
+    if names is None:
+        return None
+    wanted = set(names)
+    found = {
+        node.name for node in nodes if node.name in wanted or not wanted.isdisjoint(node.addresses)
+    }
+    addresses = {address for node in nodes for address in node.addresses}
+    return tuple(sorted(found | (wanted - addresses)))
+
+
+def _keyed(
+    by_node: Mapping[str, Placement],
+    nodes: Sequence[NodeFacts],
+    wanted: Optional[Sequence[str]],
+    source: str,
+) -> Dict[str, Placement]:
+    """``by_node`` keyed by node name and by every InternalIP of the node as well."""
+    keyed: Dict[str, Placement] = {}
+    claimed: Dict[str, str] = {}  # key -> the node that claimed it first
+    keep = None if wanted is None else set(wanted)
+    listed = set()
+    for node in nodes:
+        listed.add(node.name)
+        placement = by_node.get(node.name)
+        if placement is None or (keep is not None and node.name not in keep):
+            continue
+        for key in (node.name, *node.addresses):
+            if keyed.setdefault(key, placement) != placement:
+                fail(
+                    source,
+                    object_field(NODE, node.where, node.name, "status.addresses"),
+                    f"one placement per node address; {shown(key)} is claimed twice "
+                    f"(also by node {shown(claimed[key])})",
+                )
+            claimed.setdefault(key, node.name)
+    for name, placement in by_node.items():  # named by the HyperNodes, not in the node list
+        if name not in listed and keyed.setdefault(name, placement) != placement:
+            fail(source, "items", f"one placement per node address; {shown(name)} is claimed twice")
+    return keyed

@@ -1,0 +1,223 @@
+"""The bootstrap without a rank table: a Volcano job's pods from the API or a file (the edge).
+
+``--pods k8s`` (``NPU_JOB_PODS=k8s``, what ``npu-job render`` sets on a routed job without a
+rank table) lists the job's pods from the in-cluster API: namespace ``$NPU_JOB_NAMESPACE`` or the
+service account's, label ``volcano.sh/job-name=$MA_VJ_NAME`` (and ``volcano.sh/task-spec=
+$MA_TASK_NAME``). ``--pods PATH|URL`` reads ``kubectl get pods -o json`` (or a ``List`` with
+HyperNodes and Nodes too) instead, for tests and dry runs. Either way the source is read again,
+with a progress line, every poll interval until the job has all its pods (``$MA_NUM_HOSTS``) and
+every one is scheduled, within the wait timeout, exactly as a rank table is waited for; the pods
+then become the servers (:mod:`npu_job.bootstrap.jobpods`).
+
+The topology, first found: ``--topology`` (any source the rank-table path reads); the HyperNodes
+or Nodes in the pods file; the cluster's HyperNodes, else node labels, from the API; then the rest
+of the usual chain (``$NPU_JOB_TOR_INFO``, ``/etc/npu-job/topology.yaml``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Tuple
+
+from npu_job.bootstrap import jobpods
+from npu_job.bootstrap.kubeobjects import KubeObjects, decode_objects, read_pods
+from npu_job.bootstrap.model import RankTable, Topology
+from npu_job.bootstrap.sources import (
+    K8S_TOPOLOGY,
+    KubernetesAPI,
+    SourceUnavailable,
+    Verify,
+    read_bytes,
+)
+
+from npu_job.errors import InputError, NotReadyError
+from npu_job.parsing import count_from_text
+
+log = logging.getLogger(__name__)
+
+PODS_ENV = "NPU_JOB_PODS"
+JOB_SIZE_ENV = "MA_NUM_HOSTS"
+
+
+@dataclass(frozen=True)
+class LoadedJob:
+    """A job whose pods are all there and scheduled: its servers and the objects last listed."""
+
+    table: RankTable
+    nodes: Tuple[str, ...]  # each server's node name
+    location: str  # what the route plan names as the source of the servers
+    objects: KubeObjects  # the last listing (a file's Nodes and HyperNodes too)
+    client: Any = None  # the open KubeClient, when the pods came from the API
+
+
+def load_job(
+    options: Any,
+    env: Mapping[str, str],
+    verify: Verify,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> LoadedJob:
+    """Wait for the job's pods (see the module docstring) and make them the servers."""
+    selector = _selector(options, env)
+    fetch, location, client = _source(options, env, selector, verify)
+    log.info(
+        "no rank table: the servers are the pods of job %s from %s", _job_text(selector), location
+    )
+    start = clock()
+    while True:
+        roster, objects, seen = _attempt(fetch, location, selector)
+        if roster is not None and roster.ready:
+            table = jobpods.roster_table(roster, location)
+            log.info("%s", roster.progress())
+            return LoadedJob(table, jobpods.node_names(roster), location, objects, client)
+        elapsed = clock() - start
+        if elapsed >= options.wait_timeout:
+            if roster is not None:
+                raise jobpods.not_ready_error(roster, location, options.wait_timeout)
+            raise NotReadyError(
+                f"{location}: pods: expected the job's pods within "
+                f"{options.wait_timeout:.0f} s, last seen {seen}"
+            )
+        log.info(
+            "waiting for the job's pods: %s, %.0f s of %.0f s", seen, elapsed, options.wait_timeout
+        )
+        sleep(max(0.0, min(options.poll_interval, options.wait_timeout - elapsed)))
+
+
+def _attempt(
+    fetch: Callable[[], KubeObjects], location: str, selector: jobpods.JobSelector
+) -> Tuple[Optional[jobpods.Roster], KubeObjects, str]:
+    try:
+        objects = fetch()  # a missing file, a 403 or a bad certificate raise: polling won't help
+    except SourceUnavailable as error:
+        return None, KubeObjects(), f"unreachable ({error.message})"
+    roster = jobpods.job_roster(read_pods(objects.pods, location), selector, location)
+    return roster, objects, roster.progress()
+
+
+def _selector(options: Any, env: Mapping[str, str]) -> jobpods.JobSelector:
+    size = env.get(JOB_SIZE_ENV, "").strip()
+    expected = count_from_text(size) if size else None
+    if size and not expected:
+        raise InputError(
+            "environment",
+            JOB_SIZE_ENV,
+            f"expected the job's number of pods (a whole number >= 1), got {size!r}",
+        )
+    return jobpods.JobSelector(
+        job=options.job, task=options.task, namespace=options.namespace, expected=expected
+    )
+
+
+def _source(
+    options: Any, env: Mapping[str, str], selector: jobpods.JobSelector, verify: Verify
+) -> Tuple[Callable[[], KubeObjects], str, Any]:
+    """How to list the job's pods: ``(fetch, name, the API client or None)``."""
+    if options.pods != K8S_TOPOLOGY:
+        location = options.pods
+
+        def read() -> KubeObjects:
+            return decode_objects(read_bytes(location, verify=verify), location)
+
+        return read, location, None
+    from npu_job.bootstrap import kubeapi
+
+    api = KubernetesAPI.from_env(env)
+    if api is None:
+        raise InputError(
+            "Kubernetes API",
+            "KUBERNETES_SERVICE_HOST",
+            "expected in-cluster credentials (service host and a service account "
+            f"token) for {PODS_ENV}=k8s",
+        )
+    if not selector.job:
+        raise InputError(
+            "environment",
+            "MA_VJ_NAME",
+            "expected the Volcano job's name (MA_VJ_NAME, or --job) to list its pods",
+        )
+    namespace = selector.namespace or kubeapi.namespace_of(env)
+    if not namespace:
+        raise InputError(
+            "environment",
+            kubeapi.NAMESPACE_ENV,
+            "expected the job's namespace ($NPU_JOB_NAMESPACE, --namespace, or the "
+            "service account's namespace file)",
+        )
+    path = kubeapi.pods_path(namespace)
+    query = kubeapi.job_selector_query(selector.job, selector.task)
+    client = kubeapi.KubeClient(api)  # one connection, kept for the topology's lists too
+    return (lambda: client.list(path, query)), f"{api.base_url}{path}", client
+
+
+def _job_text(selector: jobpods.JobSelector) -> str:
+    from npu_job.errors import shown
+
+    job = shown(selector.job) if selector.job else "(the one in the list)"
+    return job + (f" task {shown(selector.task)}" if selector.task else "")
+
+
+def job_topology(
+    options: Any,
+    env: Mapping[str, str],
+    verify: Verify,
+    job: LoadedJob,
+    load_chain: Callable[..., Tuple[Optional[Topology], str]],
+) -> Tuple[Optional[Topology], str]:
+    """The topology for ``job`` (first found, see the module docstring); ``load_chain`` is the
+    rank-table path's :func:`~npu_job.bootstrap.run.load_topology`."""
+    try:
+        topology, name = _job_topology(options, env, verify, job, load_chain)
+    finally:
+        if job.client is not None:
+            job.client.close()
+    return jobpods.by_server(topology, job.table, job.nodes), name
+
+
+def _job_topology(
+    options: Any,
+    env: Mapping[str, str],
+    verify: Verify,
+    job: LoadedJob,
+    load_chain: Callable[..., Tuple[Optional[Topology], str]],
+) -> Tuple[Optional[Topology], str]:
+    from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
+
+    names = job.nodes + tuple(server.server_id for server in job.table.servers)
+    if options.topology or env.get("NPU_JOB_TOPOLOGY"):
+        return load_chain(options, job.location, env, verify, names=names)
+    extra = KubeObjects()
+    if options.nodes:
+        extra = decode_objects(read_bytes(options.nodes, verify=verify), options.nodes)
+    context = KubeContext(objects=extra, names=names, label_keys=options.topology_labels)
+    chain_env = env
+    if job.client is None and (job.objects.hypernodes or job.objects.nodes):
+        found = topology_from_objects(job.objects, job.location, options.topology_format, context)
+        _log_found(found.topology, job.location, found.notes)
+        return found.topology, f"{job.location} ({found.topology.source})"
+    if job.client is not None and env.get("NPU_JOB_K8S_TOPOLOGY", "1").lower() not in (
+        "0",
+        "false",
+        "no",
+        "off",
+    ):
+        from npu_job.bootstrap import kubeapi
+
+        base = job.client.api.base_url
+        objects = kubeapi.topology_objects(job.client, by_name=True)
+        if objects.hypernodes or objects.nodes:
+            found = topology_from_objects(objects, base, options.topology_format, context)
+            if found.topology.placements:
+                path = kubeapi.HYPERNODES_PATH if objects.hypernodes else kubeapi.NODES_PATH
+                name = f"{base}{path}"
+                _log_found(found.topology, name, found.notes)
+                return found.topology, f"{name} ({found.topology.source})"
+        chain_env = {**env, "NPU_JOB_K8S_TOPOLOGY": "0"}  # asked already
+    return load_chain(options, job.location, chain_env, verify, names=names)
+
+
+def _log_found(topology: Topology, name: str, notes: Tuple[str, ...]) -> None:
+    for note in notes:
+        log.info("topology: note: %s", note)
+    log.info("topology: %s (%s, %d entries)", name, topology.source, len(topology.placements))

@@ -1,0 +1,114 @@
+"""``npu-job demo``: the whole pipeline on one machine, on a simulated cluster.
+
+The chain is the real one (render, every pod's bootstrap, npu-run, a DDP training); only the
+cluster is simulated. Pure halves apart from the halves that make system calls:
+
+* ``scenario`` (pure): the options, the simulated cluster and its CCE files, the job spec, the
+  plan every pod must reach, what a pod's log line says, and the checks of what the pods left;
+* ``runner`` (edge): stage the pods, start and supervise them, read what they left;
+* ``podspec`` (pure): the rendered Volcano Job -> one pod spec per pod, as Volcano and the
+  kubelet would make them;
+* ``podsim`` (edge): one pod as an isolated process: namespaces, mounts, chroot
+  (``python -m npu_job.demo.podsim enter``).
+
+The names below are the demo's API for the CLI (``npu_job.cli.demo``), the end-to-end tests and
+the benchmarks; each is defined in the module it is imported from.
+"""
+
+from npu_job.demo.runner import (
+    PROGRESS_EVERY,
+    Supervisor,
+    default_workspace,
+    example_script,
+    free_port,
+    keep_directory_problem,
+    prepare,
+    read_outcomes,
+    run,
+    write_cluster_inputs,
+)
+from npu_job.demo.scenario import (
+    DEVICES,
+    EXAMPLE_SCRIPT,
+    INPUT_FILES,
+    JOB_NAME,
+    LOOPBACK_BASE,
+    RANK_TABLE_CONFIGMAP,
+    RANK_TABLE_DIR,
+    SHARED_MOUNT,
+    SUMMARY_VERSION,
+    TASK_NAME,
+    ClusterAPI,
+    DemoOptions,
+    DemoResult,
+    Phases,
+    PodLine,
+    PodOutcome,
+    Prepared,
+    RingScore,
+    SimulatedCluster,
+    api_plan,
+    cce_cluster,
+    check_outcome,
+    cluster_objects,
+    demo_spec_values,
+    describe_plan,
+    expect_routing,
+    expected_plan,
+    loopback_ips,
+    manifest_documents,
+    rank_table_configmap,
+    read_pod_line,
+    render_job,
+    ring_score,
+    simulated_cluster,
+    tor_of_pod,
+)
+
+__all__ = [
+    "DEVICES",
+    "EXAMPLE_SCRIPT",
+    "INPUT_FILES",
+    "JOB_NAME",
+    "LOOPBACK_BASE",
+    "PROGRESS_EVERY",
+    "RANK_TABLE_CONFIGMAP",
+    "RANK_TABLE_DIR",
+    "SHARED_MOUNT",
+    "SUMMARY_VERSION",
+    "TASK_NAME",
+    "api_plan",
+    "cce_cluster",
+    "check_outcome",
+    "ClusterAPI",
+    "cluster_objects",
+    "default_workspace",
+    "demo_spec_values",
+    "DemoOptions",
+    "DemoResult",
+    "describe_plan",
+    "example_script",
+    "expect_routing",
+    "expected_plan",
+    "free_port",
+    "keep_directory_problem",
+    "loopback_ips",
+    "manifest_documents",
+    "Phases",
+    "PodLine",
+    "PodOutcome",
+    "prepare",
+    "Prepared",
+    "rank_table_configmap",
+    "read_outcomes",
+    "read_pod_line",
+    "render_job",
+    "ring_score",
+    "RingScore",
+    "run",
+    "simulated_cluster",
+    "SimulatedCluster",
+    "Supervisor",
+    "tor_of_pod",
+    "write_cluster_inputs",
+]

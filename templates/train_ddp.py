@@ -1,1 +1,0 @@
-../examples/train_ddp.py

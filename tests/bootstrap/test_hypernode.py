@@ -1,0 +1,469 @@
+"""Volcano HyperNodes as a topology: the fixtures are kubectl dumps written here from the HyperNode
+CRD (tests/bootstrap/fixtures/kube): a two- and a three-tier tree, members by exactMatch,
+regexMatch and labelMatch, a node in no HyperNode and a node in two."""
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from npu_job.bootstrap import planner
+from npu_job.bootstrap.hypernode import read_hypernodes, resolve
+from npu_job.bootstrap.kubeobjects import decode_objects, read_nodes, read_objects
+from npu_job.bootstrap.kubetopology import HYPERNODES, KubeContext, topology_from_document
+from npu_job.bootstrap.model import Collective, Device, Placement, RankTable, Server
+from npu_job.bootstrap.topology import VOLCANO_HYPERNODES, parse_topology
+
+from npu_job.errors import InputError
+
+from .engines import ENGINES, json_engine
+
+FIXTURES = Path(__file__).parent / "fixtures" / "kube"
+THREE_TIER = FIXTURES / "hypernodes-three-tier.yaml"
+TWO_TIER = FIXTURES / "hypernodes-two-tier.json"
+NODES = FIXTURES / "nodes.json"
+
+
+_LOADED = {}
+
+
+def _doc(path):
+    """A fresh copy of a fixture document (YAML read once: PyYAML is slow)."""
+    if path not in _LOADED:
+        text = path.read_text()
+        _LOADED[path] = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    return json.loads(json.dumps(_LOADED[path]))
+
+
+def _nodes_context(names=None):
+    return KubeContext(
+        objects=decode_objects(NODES.read_bytes(), str(NODES)),
+        names=None if names is None else tuple(names),
+    )
+
+
+def _ip(name):
+    return {
+        n["metadata"]["name"]: n["status"]["addresses"][0]["address"] for n in _doc(NODES)["items"]
+    }[name]
+
+
+def test_three_tier_tree_places_every_member_kind_by_its_path_outermost_first():
+    found = topology_from_document(_doc(THREE_TIER), "hn.yaml", context=_nodes_context())
+    topology = found.topology
+    assert topology.source == HYPERNODES
+    expected = {
+        "node-0": ("spine-0", "tor-0"),
+        "node-1": ("spine-0", "tor-0"),
+        "node-2": ("spine-0", "tor-0"),
+        "node-3": ("spine-0", "tor-1"),
+        "node-4": ("spine-0", "tor-1"),
+        "node-5": ("spine-0", "tor-1"),
+        "node-6": ("spine-1", "tor-2"),
+        "node-7": ("spine-1", "tor-2"),
+        "node-8": ("spine-1", "tor-3"),
+        "node-9": ("spine-1", "tor-3"),
+        "node-10": ("spine-1", "tor-3"),
+    }
+    for name, (spine, tor) in expected.items():
+        placement = Placement(tiers=("cluster-a", spine), tors=(tor,))
+        assert topology.placement_of(name) == placement, name
+        assert topology.placement_of(_ip(name)) == placement, name  # keyed by InternalIP too
+    assert topology.placement_of("node-11") is None  # no HyperNode selects it
+    assert topology.placement_of(_ip("node-11")) is None
+
+
+def test_a_node_in_two_hypernodes_is_placed_by_lowest_tier_then_path_and_reported():
+    found = topology_from_document(_doc(THREE_TIER), "hn.yaml", context=_nodes_context())
+    # node-5: tor-1 by regex and tor-3 by rack=r3; both tier 1, cluster-a > spine-0 sorts first
+    assert found.topology.placement_of("node-5") == Placement(("cluster-a", "spine-0"), ("tor-1",))
+    assert len(found.notes) == 1
+    note = found.notes[0]
+    assert note.startswith("1 node(s) are held by several HyperNodes")
+    assert "'node-5' ('cluster-a' > 'spine-0' > 'tor-1', 'cluster-a' > 'spine-1' > 'tor-3')" in note
+
+
+def test_two_tier_tree_with_a_regex_and_a_label_selector_with_does_not_exist():
+    found = topology_from_document(
+        json.loads(TWO_TIER.read_text()), "hn.json", context=_nodes_context()
+    )
+    topology = found.topology
+    for name in ("node-0", "node-1", "node-2", "node-3"):
+        assert topology.placement_of(name) == Placement(("s3",), ("s0",))
+    for name in ("node-4", "node-5", "node-6", "node-7"):
+        assert topology.placement_of(name) == Placement(("s3",), ("s1",))
+    for name in ("node-8", "node-10"):
+        assert topology.placement_of(name) == Placement(("s3",), ("s2",))
+    assert topology.placement_of("node-9") is None  # rack r3 but drained: DoesNotExist fails
+    assert topology.placement_of("node-11") is None
+    assert "'node-5' ('s3' > 's1', 's3' > 's2')" in found.notes[0]
+
+
+def test_one_combined_list_reads_like_the_two_files():
+    combined = _doc(THREE_TIER)
+    combined["items"] = _doc(NODES)["items"] + combined["items"]
+    alone = topology_from_document(combined, "cluster.json")
+    beside = topology_from_document(_doc(THREE_TIER), "hn.yaml", context=_nodes_context())
+    assert alone == beside
+
+
+def test_parse_topology_detects_hypernodes_in_yaml_json_and_typed_lists():
+    context = _nodes_context()
+    from_yaml = parse_topology(THREE_TIER.read_bytes(), "hn.yaml", context=context)
+    from_json = parse_topology(json.dumps(_doc(THREE_TIER)).encode(), "hn.json", context=context)
+    typed = _doc(THREE_TIER)
+    typed["kind"] = "HyperNodeList"
+    for item in typed["items"]:  # the API lists items without kind
+        del item["kind"]
+    from_api = parse_topology(json.dumps(typed).encode(), "api", context=context)
+    assert from_yaml == from_json == from_api
+    assert from_yaml.source == VOLCANO_HYPERNODES
+    explicit = parse_topology(
+        THREE_TIER.read_bytes(), "hn.yaml", VOLCANO_HYPERNODES, context=context
+    )
+    assert explicit == from_yaml
+
+
+def test_without_node_labels_label_members_place_nothing_and_say_why():
+    found = topology_from_document(
+        _doc(THREE_TIER),
+        "hn.yaml",
+        context=KubeContext(names=tuple(f"node-{i}" for i in range(12))),
+    )
+    topology = found.topology
+    assert topology.placement_of("node-0") == Placement(("cluster-a", "spine-0"), ("tor-0",))
+    assert topology.placement_of("node-4") == Placement(("cluster-a", "spine-0"), ("tor-1",))
+    assert topology.placement_of("node-7") is None and topology.placement_of("node-8") is None
+    assert any(
+        note.startswith("labelMatch members cannot select nodes whose labels were not given")
+        and "'tor-2' spec.members[0]" in note
+        and "'tor-3' spec.members[0]" in note
+        for note in found.notes
+    )
+
+
+def test_names_of_interest_by_address_place_the_same_as_the_whole_cluster():
+    whole = topology_from_document(_doc(THREE_TIER), "hn.yaml", context=_nodes_context()).topology
+    some = [_ip("node-3"), "node-8", _ip("node-5"), "node-11"]
+    part = topology_from_document(
+        _doc(THREE_TIER), "hn.yaml", context=_nodes_context(some)
+    ).topology
+    for key in some:
+        assert part.placement_of(key) == whole.placement_of(key)
+    assert part.placement_of("node-0") is None  # not asked for
+
+
+def test_planner_puts_each_tor_and_spine_together():
+    topology = topology_from_document(
+        _doc(THREE_TIER), "hn.yaml", context=_nodes_context()
+    ).topology
+    names = [f"node-{i}" for i in range(12)]
+    random.Random(4).shuffle(names)
+    servers = tuple(
+        Server(_ip(name), i, tuple(Device(str(d)) for d in range(8)))
+        for i, name in enumerate(names)
+    )
+    plan = planner.plan(RankTable("1.0", "completed", servers), topology, Collective.RING)
+    assert plan.status.value == "success"
+    tors = [topology.placement_of(servers[pod].server_id) for pod in plan.pod_of_node_rank]
+    paths = [(p.tiers + p.tors) if p else None for p in tors]
+    assert paths[:3] == [("cluster-a", "spine-0", "tor-0")] * 3
+    assert paths[3:6] == [("cluster-a", "spine-0", "tor-1")] * 3
+    assert paths[6:8] == [("cluster-a", "spine-1", "tor-2")] * 2
+    assert paths[8:11] == [("cluster-a", "spine-1", "tor-3")] * 3
+    assert paths[11] is None  # node-11: no topology, last
+
+
+def _hn(name, tier, *members, kind="HyperNode"):
+    return {
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": {"tier": tier, "members": list(members)},
+    }
+
+
+def _node_member(**selector):
+    return {"type": "Node", "selector": selector}
+
+
+def _child(name):
+    return {"type": "HyperNode", "selector": {"exactMatch": {"name": name}}}
+
+
+def test_a_hypernode_in_two_parents_hangs_under_the_lowest_tier_then_name():
+    document = {
+        "kind": "List",
+        "items": [
+            _hn("leaf", 1, _node_member(exactMatch={"name": "n1"})),
+            _hn("z-spine", 2, _child("leaf")),
+            _hn("a-top", 3, _child("leaf"), _child("z-spine")),
+        ],
+    }
+    found = topology_from_document(document, "hn")
+    assert found.topology.placement_of("n1") == Placement(("a-top", "z-spine"), ("leaf",))
+    assert any("'leaf' (in 'z-spine', 'a-top')" in note for note in found.notes)
+
+
+def test_a_cycle_is_one_line_naming_the_hypernode_and_member():
+    document = {
+        "kind": "List",
+        "items": [
+            _hn("s1", 1, _node_member(exactMatch={"name": "n1"}), _child("s3")),
+            _hn("s2", 2, _child("s1")),
+            _hn("s3", 3, _child("s2")),
+        ],
+    }
+    with pytest.raises(InputError) as caught:
+        topology_from_document(document, "hn.json")
+    assert caught.value.message == (
+        "hn.json: items[1] (HyperNode 's2'): spec.members[0].selector.exactMatch.name: expected "
+        "HyperNodes that form a tree; 's1' > 's3' > 's2' > 's1' is a cycle"
+    )
+
+
+def test_selectors_volcano_would_refuse_match_nothing_and_are_reported():
+    document = {
+        "kind": "List",
+        "items": [
+            _hn("a", 1, _node_member(regexMatch={"pattern": "node-[[:digit:]]"})),
+            _hn("b", 1, _node_member(regexMatch={"pattern": "node-("})),
+            _hn("c", 1, _node_member(labelMatch={})),
+            _hn(
+                "d",
+                1,
+                _node_member(labelMatch={"matchExpressions": [{"key": "k", "operator": "In"}]}),
+            ),
+            _hn(
+                "e",
+                1,
+                _node_member(
+                    labelMatch={
+                        "matchExpressions": [{"key": "k", "operator": "Gt", "values": ["1"]}]
+                    }
+                ),
+            ),
+            _hn("f", 1, _node_member(regexMatch={"pattern": "node-1$"})),
+        ],
+    }
+    found = topology_from_document(document, "hn", context=KubeContext(names=("node-1", "node-2")))
+    assert dict(found.topology.placements) == {"node-1": Placement((), ("f",))}
+    note = next(n for n in found.notes if n.startswith("HyperNode members that select no node"))
+    assert "'a' spec.members[0] (RE2 syntax '[[:' is not read here)" in note
+    assert "'b' spec.members[0] (invalid pattern: missing ), unterminated subpattern" in note
+    assert "'c' spec.members[0] (an empty labelMatch)" in note
+    assert "and 2 more" in note
+
+
+BAD = [
+    (
+        "no-tier",
+        {"metadata": {"name": "s"}, "spec": {"members": []}},
+        "items[0] (HyperNode 's'): spec.tier: expected a required field (missing)",
+    ),
+    (
+        "tier-text",
+        {"metadata": {"name": "s"}, "spec": {"tier": "1"}},
+        "items[0] (HyperNode 's'): spec.tier: expected an integer >= 0, got a string '1'",
+    ),
+    (
+        "tier-negative",
+        {"metadata": {"name": "s"}, "spec": {"tier": -1}},
+        "items[0] (HyperNode 's'): spec.tier: expected an integer >= 0, got a number -1",
+    ),
+    (
+        "no-name",
+        {"metadata": {}, "spec": {"tier": 1}},
+        "items[0].metadata.name: expected a required field",
+    ),
+    (
+        "member-type",
+        {
+            "metadata": {"name": "s"},
+            "spec": {
+                "tier": 1,
+                "members": [{"type": "Switch", "selector": {"exactMatch": {"name": "x"}}}],
+            },
+        },
+        "items[0] (HyperNode 's'): spec.members[0].type: expected 'Node' or 'HyperNode', got a string 'Switch'",
+    ),
+    (
+        "two-selectors",
+        {
+            "metadata": {"name": "s"},
+            "spec": {
+                "tier": 1,
+                "members": [
+                    {
+                        "type": "Node",
+                        "selector": {"exactMatch": {"name": "x"}, "regexMatch": {"pattern": "x"}},
+                    }
+                ],
+            },
+        },
+        "items[0] (HyperNode 's'): spec.members[0].selector: expected exactly one of exactMatch, "
+        "regexMatch or labelMatch, got exactMatch and regexMatch",
+    ),
+    (
+        "no-selector",
+        {"metadata": {"name": "s"}, "spec": {"tier": 1, "members": [{"type": "Node"}]}},
+        "items[0] (HyperNode 's'): spec.members[0].selector: expected exactly one of exactMatch, "
+        "regexMatch or labelMatch, got none",
+    ),
+    (
+        "exact-empty",
+        {
+            "metadata": {"name": "s"},
+            "spec": {
+                "tier": 1,
+                "members": [{"type": "Node", "selector": {"exactMatch": {"name": ""}}}],
+            },
+        },
+        "items[0] (HyperNode 's'): spec.members[0].selector.exactMatch.name: expected a non-empty string",
+    ),
+    (
+        "label-value",
+        {
+            "metadata": {"name": "s"},
+            "spec": {
+                "tier": 1,
+                "members": [
+                    {"type": "Node", "selector": {"labelMatch": {"matchLabels": {"rack": 3}}}}
+                ],
+            },
+        },
+        "items[0] (HyperNode 's'): spec.members[0].selector.labelMatch.matchLabels.rack: expected a "
+        "string, got a number 3",
+    ),
+    (
+        "expression-no-key",
+        {
+            "metadata": {"name": "s"},
+            "spec": {
+                "tier": 1,
+                "members": [
+                    {
+                        "type": "Node",
+                        "selector": {"labelMatch": {"matchExpressions": [{"operator": "Exists"}]}},
+                    }
+                ],
+            },
+        },
+        "items[0] (HyperNode 's'): spec.members[0].selector.labelMatch.matchExpressions[0].key: "
+        "expected a required field (missing)",
+    ),
+    (
+        "members-object",
+        {"metadata": {"name": "s"}, "spec": {"tier": 1, "members": {}}},
+        "items[0] (HyperNode 's'): spec.members: expected an array, got an object",
+    ),
+]
+
+
+@pytest.mark.parametrize("item, expected", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+def test_bad_hypernodes_are_one_line_naming_object_and_field(item, expected):
+    document = {"kind": "HyperNodeList", "items": [item]}
+    with pytest.raises(InputError) as caught:
+        parse_topology(json.dumps(document).encode(), "hn.json")
+    assert caught.value.message.startswith(f"hn.json: {expected}")
+    assert "\n" not in caught.value.message
+
+
+def test_a_hypernode_name_twice_is_an_error():
+    document = {"kind": "List", "items": [_hn("s", 1), _hn("s", 2)]}
+    with pytest.raises(
+        InputError,
+        match=r"^hn: items\[1\] \(HyperNode 's'\): metadata.name: expected "
+        r"a HyperNode name unique in the list; 's' is also items\[0\]$",
+    ):
+        read_hypernodes(read_objects(document, "hn").hypernodes, "hn")
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_listing_order_never_changes_the_placements(seed):
+    """The API lists objects in any order, and members in the order they were written."""
+    rng = random.Random(seed)
+    hypernodes, nodes = _doc(THREE_TIER), _doc(NODES)
+    expected = topology_from_document(
+        hypernodes, "hn", context=KubeContext(objects=read_objects(nodes, "nodes"))
+    )
+    rng.shuffle(hypernodes["items"])
+    for item in hypernodes["items"]:
+        rng.shuffle(item["spec"]["members"])
+    rng.shuffle(nodes["items"])
+    shuffled = topology_from_document(
+        hypernodes, "hn", context=KubeContext(objects=read_objects(nodes, "nodes"))
+    )
+    assert shuffled == expected
+
+
+def test_resolution_is_restricted_to_names_without_a_node_list():
+    tree = read_hypernodes(read_objects(_doc(TWO_TIER), "hn").hypernodes, "hn")
+    resolved = resolve(tree, (), "hn", names=("node-6", "node-2", "node-40"))
+    assert dict(resolved.placements) == {
+        "node-2": Placement(("s3",), ("s0",)),
+        "node-6": Placement(("s3",), ("s1",)),
+    }
+    nodes = read_nodes(read_objects(_doc(NODES), "nodes").nodes, "nodes")
+    assert resolve(tree, nodes, "hn").placements["node-10"] == Placement(("s3",), ("s2",))
+
+
+def _combined_json():
+    combined = _doc(THREE_TIER)
+    combined["items"] = _doc(NODES)["items"] + combined["items"]
+    return json.dumps(combined).encode()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_both_json_engines_read_a_combined_list_alike(engine):
+    """msgspec decodes only the fields read (a 4096-node list is big); the standard library
+    everything: the topology and the messages are the same."""
+    expected = topology_from_document(json.loads(_combined_json()), "c")
+    with json_engine(engine):
+        assert parse_topology(_combined_json(), "c") == expected.topology
+        bad = json.loads(_combined_json())
+        bad["items"][3]["metadata"]["labels"]["example.com/rack"] = ["r1"]
+        with pytest.raises(InputError) as caught:
+            parse_topology(json.dumps(bad).encode(), "c")
+    assert caught.value.message == (
+        "c: items[3] (Node 'node-3'): metadata.labels.example.com/rack: "
+        "expected a string, got an array"
+    )
+
+
+def test_bootstrap_reads_a_hypernode_file_with_the_nodes_beside_it(tmp_path):
+    """The thin file edge: --topology hypernodes.yaml --nodes nodes.json, a rank table whose
+    server ids are the nodes' InternalIPs; every pod computes the same plan."""
+    from npu_job.bootstrap.ranktable import rank_table_document
+    from npu_job.bootstrap.run import bootstrap
+
+    names = [f"node-{i}" for i in range(12)]
+    random.Random(9).shuffle(names)
+    servers = tuple(
+        Server(_ip(name), i, tuple(Device(str(d), f"29.0.{i}.{d}", i * 2 + d) for d in range(2)))
+        for i, name in enumerate(names)
+    )
+    table = RankTable("1.0", "completed", servers)
+    (tmp_path / "jobstart_hccl.json").write_text(json.dumps(rank_table_document(table)))
+    mappings = set()
+    for server in servers:
+        env = {
+            "RANK_TABLE_FILE": str(tmp_path / "jobstart_hccl.json"),
+            "NPU_JOB_TOPOLOGY": str(THREE_TIER),
+            "NPU_JOB_NODES": str(NODES),
+            "MA_CURRENT_HOST_IP": server.server_id,
+            "VC_TASK_INDEX": str(server.pod_index),
+            "NPU_JOB_OUTPUT_DIR": str(tmp_path / "out"),
+            "NPU_JOB_K8S_TOPOLOGY": "0",
+        }
+        result = bootstrap({}, env)
+        assert result.route_plan["status"] == "success", result.route_plan["reason"]
+        mappings.add(result.route_plan["mapping_digest"])
+    assert len(mappings) == 1
+    topology = parse_topology(THREE_TIER.read_bytes(), "t", context=_nodes_context())
+    expected = planner.plan(table, topology, Collective.RING)
+    assert result.route_plan["rank_mapping"] == expected.rank_mapping
+    assert result.route_plan["topology"] == f"{THREE_TIER} (volcano-hypernodes)"

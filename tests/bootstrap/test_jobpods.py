@@ -1,0 +1,206 @@
+"""A Volcano job's pods as the servers to order (no rank table): which pods, their indices, when
+the job is complete and scheduled, and the servers they become. The fixture is a
+`kubectl get pods -o json` of an 8-pod job written here (tests/bootstrap/fixtures/kube/pods.json)."""
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from npu_job.bootstrap import canonical, jobpods, planner
+from npu_job.bootstrap.jobpods import JobSelector, job_roster, roster_table
+from npu_job.bootstrap.kubeobjects import read_objects, read_pods
+from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
+from npu_job.bootstrap.model import Collective
+
+from npu_job.errors import InputError, NotReadyError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "kube"
+PODS = json.loads((FIXTURES / "pods.json").read_text())
+CLUSTER = json.loads((FIXTURES / "cluster.json").read_text())
+PLACEMENT = ["node-7", "node-2", "node-10", "node-4", "node-0", "node-8", "node-11", "node-3"]
+
+
+def _pods(document=None):
+    document = json.loads(json.dumps(PODS if document is None else document))
+    return document, read_pods(read_objects(document, "pods").pods, "pods")
+
+
+def _roster(document, selector=None):
+    pods = read_pods(read_objects(document, "pods").pods, "pods")
+    return job_roster(pods, selector or JobSelector(), "pods")
+
+
+def test_the_jobs_pods_in_index_order_become_servers_named_by_node():
+    document, _ = _pods()
+    roster = _roster(document)
+    assert roster.job == "llama" and roster.ready and roster.expected == 8
+    table = roster_table(roster, "pods")
+    ips = {
+        n["metadata"]["name"]: n["status"]["addresses"][0]["address"]
+        for n in (o.item for o in read_objects(CLUSTER, "c").nodes)
+    }
+    assert [s.server_id for s in table.servers] == [
+        ips[name] for name in PLACEMENT
+    ]  # status.hostIP
+    assert [s.host_ip for s in table.servers] == [s.server_id for s in table.servers]
+    assert jobpods.node_names(roster) == tuple(PLACEMENT)
+    assert [s.pod_name for s in table.servers] == [f"llama-worker-{i}" for i in range(8)]
+    assert [s.pod_index for s in table.servers] == list(range(8))
+    assert table.device_counts == (8,) * 8  # nvidia.com/gpu limits
+
+
+def test_a_topology_of_node_names_is_keyed_by_the_servers():
+    from npu_job.bootstrap.model import Placement, Topology
+
+    document, _ = _pods()
+    roster = _roster(document)
+    table = roster_table(roster, "pods")
+    topology = Topology(
+        {"node-7": Placement((), ("t1",)), "10.1.7.130": Placement((), ("t2",))}, "x"
+    )
+    keyed = jobpods.by_server(topology, table, jobpods.node_names(roster))
+    assert dict(keyed.placements) == {
+        "10.1.9.18": Placement((), ("t1",)),
+        "10.1.7.130": Placement((), ("t2",)),
+    }
+    assert keyed.source == "x" and jobpods.by_server(None, table, ()) is None
+
+
+def test_index_from_the_task_index_label_else_the_name_suffix():
+    document, _ = _pods()
+    for item in document["items"]:
+        item["metadata"]["labels"].pop("volcano.sh/task-index", None)
+    assert [p.name for p in _roster(document).pods] == [f"llama-worker-{i}" for i in range(8)]
+    item = document["items"][2]
+    item["metadata"]["name"] = "llama-worker-x2"
+    with pytest.raises(InputError) as caught:
+        _roster(document)
+    assert caught.value.message.startswith(
+        "pods: items[2] (Pod 'llama-worker-x2'): metadata.name: expected a volcano.sh/task-index label or "
+        "a pod name ending in -<index>"
+    )
+
+
+def test_unscheduled_and_missing_pods_keep_the_job_waiting_and_say_which():
+    document, _ = _pods()
+    del document["items"][3]["spec"]["nodeName"]
+    del document["items"][5]  # not created yet
+    roster = _roster(document, JobSelector(expected=8))
+    assert not roster.ready
+    assert roster.missing == (5,) and roster.unscheduled == ("llama-worker-3",)
+    assert roster.progress() == (
+        "6 of 8 pods of job 'llama' scheduled; waiting: pod index(es) 5 not "
+        "created; 'llama-worker-3' not scheduled"
+    )
+    error = jobpods.not_ready_error(roster, "api", waited=300)
+    assert isinstance(error, NotReadyError) and error.message.startswith(
+        "api: pods: expected every pod of job 'llama' scheduled within 300 s; 6 of 8"
+    )
+    with pytest.raises(ValueError):
+        roster_table(roster, "pods")
+
+
+def test_without_an_expected_count_a_gap_in_the_indices_is_waited_for():
+    document, _ = _pods()
+    del document["items"][2]
+    roster = _roster(document)
+    assert roster.expected == 8 and roster.missing == (2,) and not roster.ready
+    with pytest.raises(
+        InputError,
+        match=r"items\[6\] \(Pod 'llama-worker-7'\): metadata.labels."
+        r"volcano.sh/task-index: expected a pod index below 6, the "
+        r"job's pod count \(MA_NUM_HOSTS\); got 7$",
+    ):
+        _roster(document, JobSelector(expected=6))
+
+
+def test_ended_and_deleted_pods_do_not_count_and_a_replacement_does():
+    document, _ = _pods()
+    old = json.loads(json.dumps(document["items"][1]))
+    old["metadata"]["deletionTimestamp"] = "2026-03-02T09:30:00Z"
+    old["metadata"]["name"] = "llama-worker-1"
+    document["items"].append(old)
+    failed = json.loads(json.dumps(document["items"][4]))
+    failed["status"]["phase"] = "Failed"
+    failed["spec"]["nodeName"] = "node-5"
+    document["items"].insert(0, failed)
+    roster = _roster(document)
+    assert roster.ready and [p.node_name for p in roster.pods] == PLACEMENT
+
+
+def test_two_live_pods_with_one_index_and_two_pods_on_one_node_are_errors():
+    document, _ = _pods()
+    twin = json.loads(json.dumps(document["items"][1]))
+    twin["metadata"]["name"] = "llama-worker-1b"
+    document["items"].append(twin)
+    with pytest.raises(
+        InputError,
+        match=r"metadata.labels.volcano.sh/task-index: expected one live pod "
+        r"per index; 1 is also pod 'llama-worker-1'",
+    ):
+        _roster(document)
+    document, _ = _pods()
+    document["items"][5]["spec"]["nodeName"] = "node-7"
+    with pytest.raises(InputError) as caught:
+        roster_table(_roster(document), "pods")
+    assert caught.value.message == (
+        "pods: items[5] (Pod 'llama-worker-5'): spec.nodeName: expected one pod of the job per node "
+        "(routing orders nodes); pods 'llama-worker-0' and 'llama-worker-5' are both on node 'node-7' "
+        "(in the job spec, anti_affinity: true)"
+    )
+
+
+def test_other_jobs_tasks_and_namespaces_are_left_out():
+    document, _ = _pods()
+    stranger = json.loads(json.dumps(document["items"][0]))
+    stranger["metadata"]["labels"]["volcano.sh/job-name"] = "other"
+    stranger["metadata"]["name"] = "other-worker-0"
+    document["items"].append(stranger)
+    with pytest.raises(InputError) as caught:
+        _roster(document)
+    assert caught.value.message == (
+        "pods: items: expected the pods of one Volcano job, got pods of 2 jobs ('llama', 'other')"
+    )
+    assert caught.value.tip == "--job names the one to plan"
+    assert _roster(document, JobSelector(job="llama")).ready
+    assert [p.name for p in _roster(document, JobSelector(job="other")).pods] == ["other-worker-0"]
+    assert _roster(document, JobSelector(job="llama", task="master")).pods == ()
+    assert _roster(document, JobSelector(job="llama", namespace="team-b")).pods == ()
+
+
+def test_a_cpu_pod_counts_one_device_and_a_gpu_count_is_read_from_its_limits():
+    document, _ = _pods()
+    for item in document["items"][:8]:
+        item["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "4"}}
+    document["items"][0]["spec"]["containers"][0]["resources"] = {
+        "limits": {"huawei.com/ascend-1980": 16}
+    }
+    table = roster_table(_roster(document), "pods")
+    assert table.device_counts == (16,) + (1,) * 7
+    assert planner.plan(table, None, full_node_devices=None).reasons[0].startswith("partial nodes")
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_every_listing_order_gives_the_same_servers_and_plan(seed):
+    """The API lists pods (and nodes, and HyperNodes) in whatever order it likes."""
+
+    def plan_of(document):
+        objects = read_objects(document, "c")
+        roster = job_roster(read_pods(objects.pods, "c"), JobSelector(), "c")
+        table = roster_table(roster, "c")
+        nodes = jobpods.node_names(roster)
+        topology = topology_from_objects(objects, "c", context=KubeContext(names=nodes)).topology
+        topology = jobpods.by_server(topology, table, nodes)
+        return canonical.input_digest(table, topology, Collective.RING), planner.plan(
+            table, topology
+        )
+
+    expected = plan_of(CLUSTER)
+    shuffled = json.loads(json.dumps(CLUSTER))
+    random.Random(seed).shuffle(shuffled["items"])
+    digest, plan = plan_of(shuffled)
+    assert digest == expected[0] and plan == expected[1] and plan.status.value == "success"

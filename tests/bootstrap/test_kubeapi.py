@@ -1,0 +1,206 @@
+"""The in-cluster API client: pages, retries, refusals, against a real HTTPS server on loopback
+serving a thin fake of the documented Kubernetes LIST endpoints (tests/bootstrap/fake_kube_api.py)
+or, for the failure cases, answers written here as the API server documents them."""
+
+import gzip
+import json
+
+import pytest
+from npu_job.bootstrap import kubeapi
+from npu_job.bootstrap.kubeapi import (
+    HYPERNODES_PATH,
+    NODES_PATH,
+    KubeClient,
+    job_selector_query,
+    namespace_of,
+    pods_path,
+    status_of,
+    topology_objects,
+)
+from npu_job.bootstrap.sources import KubernetesAPI, SourceUnavailable
+
+from npu_job.errors import InputError
+
+from .documents import node
+from .fake_kube_api import FakeKubernetesAPI, status
+from .https_server import HTTPSServer, serve_sequence, tls_files_fixture
+
+tls_files = pytest.fixture(scope="module")(tls_files_fixture)
+
+
+@pytest.fixture
+def server(tls_files):
+    with HTTPSServer(*tls_files, keep_alive=True) as running:
+        yield running
+
+
+@pytest.fixture
+def api(server, tmp_path, tls_files):
+    (tmp_path / "token").write_text("tok\n")
+    (tmp_path / "ca.crt").write_bytes(tls_files[0].read_bytes())
+    return KubernetesAPI(
+        f"https://127.0.0.1:{server.port}", str(tmp_path / "token"), str(tmp_path / "ca.crt")
+    )
+
+
+def _pod(index, job="j"):
+    return {
+        "metadata": {
+            "name": f"{job}-worker-{index}",
+            "namespace": "ns",
+            "labels": {"volcano.sh/job-name": job, "volcano.sh/task-spec": "worker"},
+        },
+        "spec": {"nodeName": f"n{index}"},
+        "status": {"hostIP": f"10.0.0.{index}"},
+    }
+
+
+def test_a_list_follows_continue_tokens_page_by_page(server, api):
+    pods = [_pod(i) for i in range(7)] + [_pod(i, "other") for i in range(3)]
+    fake = FakeKubernetesAPI(server, "tok", pods=pods, namespaces=("ns",))
+    with KubeClient(api, page_size=3) as client:
+        objects = client.list(pods_path("ns"), job_selector_query("j", "worker"))
+    assert [o.item["metadata"]["name"] for o in objects.pods] == [f"j-worker-{i}" for i in range(7)]
+    queries = [query for _, query in fake.lists]
+    assert [q.get("limit") for q in queries] == [["3"]] * 3
+    assert queries[0]["resourceVersion"] == ["0"] and "continue" not in queries[0]
+    assert all("resourceVersion" not in q and q["continue"] for q in queries[1:])
+    assert queries[0]["labelSelector"] == ["volcano.sh/job-name=j,volcano.sh/task-spec=worker"]
+
+
+def test_big_answers_come_gzipped_and_read_the_same(server, api):
+    nodes = [
+        node(f"n{i}", f"10.0.{i // 256}.{i % 256}", {"volcano.sh/tor": f"t{i % 9}"})
+        for i in range(800)
+    ]
+    FakeKubernetesAPI(server, "tok", nodes)
+    with KubeClient(api) as client:
+        objects = client.list(NODES_PATH)
+    assert len(objects.nodes) == 800
+    assert any(h.get("Accept-Encoding") == "gzip" for _, h in server.requests)
+
+
+def test_busy_and_failing_servers_are_retried_then_unavailable(server, api, monkeypatch):
+    monkeypatch.setattr(kubeapi, "BACKOFF", 0.01)
+    body = json.dumps({"kind": "NodeList", "items": []}).encode()
+    server.routes[NODES_PATH] = serve_sequence(
+        status(503, "ServiceUnavailable", "etcd is slow"),
+        status(429, "TooManyRequests", "slow down"),
+        (200, {"Content-Type": "application/json"}, body),
+    )
+    with KubeClient(api) as client:
+        assert client.list(NODES_PATH).nodes == ()
+    server.routes[NODES_PATH] = serve_sequence(status(500, "InternalError", "boom"))
+    with pytest.raises(SourceUnavailable) as caught:
+        KubeClient(api).list(NODES_PATH)
+    assert caught.value.message.endswith(
+        "/api/v1/nodes: HTTP status: expected 200 OK, got 500 Internal Server Error: boom"
+    )
+
+
+def test_an_expired_continue_token_is_a_passing_failure(server, api, monkeypatch):
+    monkeypatch.setattr(kubeapi, "BACKOFF", 0.01)
+    server.routes[NODES_PATH] = serve_sequence(
+        status(410, "Expired", "The provided continue parameter is too old")
+    )
+    with pytest.raises(
+        SourceUnavailable, match="410 Gone: The provided continue parameter is too old"
+    ):
+        KubeClient(api).list(NODES_PATH)
+
+
+def test_a_refusal_names_the_rule_and_is_not_retried(server, api):
+    fake = FakeKubernetesAPI(server, "tok", forbidden={"nodes"})
+    with pytest.raises(InputError) as caught:
+        KubeClient(api).list(NODES_PATH)
+    assert status_of(caught.value) == 403 and len(fake.lists) == 0
+    assert "got 403 Forbidden: nodes is forbidden" in caught.value.message
+    assert "npu-job render emits the Role and ClusterRole" in caught.value.tip
+
+
+def test_topology_objects_skip_what_the_cluster_lacks_or_refuses(server, api):
+    nodes = [node("n1", "10.0.0.1", {})]
+    FakeKubernetesAPI(server, "tok", nodes)  # no HyperNode CRD: 404
+    with KubeClient(api) as client:
+        objects = topology_objects(client)
+    assert len(objects.nodes) == 1 and objects.hypernodes == ()
+    hypernode = {
+        "metadata": {"name": "s0"},
+        "spec": {
+            "tier": 1,
+            "members": [{"type": "Node", "selector": {"exactMatch": {"name": "n1"}}}],
+        },
+    }
+    fake = FakeKubernetesAPI(server, "tok", nodes, hypernodes=[hypernode], forbidden={"nodes"})
+    with KubeClient(api) as client:
+        objects = topology_objects(client)
+    assert len(objects.hypernodes) == 1 and objects.nodes == ()
+    fake.forbidden = set()
+    fake.lists.clear()
+    with KubeClient(api) as client:  # the HyperNodes name their nodes: no need for the Nodes
+        topology_objects(client, by_name=True)
+    assert [path for path, _ in fake.lists] == [HYPERNODES_PATH]
+    fake.hypernodes = [
+        {
+            "metadata": {"name": "s0"},
+            "spec": {
+                "tier": 1,
+                "members": [
+                    {"type": "Node", "selector": {"labelMatch": {"matchLabels": {"rack": "r1"}}}}
+                ],
+            },
+        }
+    ]
+    fake.lists.clear()
+    with KubeClient(api) as client:  # a label member: the Nodes' labels are needed
+        topology_objects(client, by_name=True)
+    assert [path for path, _ in fake.lists] == [HYPERNODES_PATH, NODES_PATH]
+
+
+def test_an_untrusted_certificate_is_an_input_error_at_once(server, api, tmp_path):
+    from .https_server import make_self_signed
+
+    (tmp_path / "other").mkdir()
+    other_ca, _ = make_self_signed(tmp_path / "other")
+    stranger = KubernetesAPI(api.base_url, api.token_path, str(other_ca))
+    with pytest.raises(
+        InputError,
+        match=r"/api/v1/nodes: TLS: expected a certificate trusted by the "
+        r"service account's CA",
+    ):
+        KubeClient(stranger).list(NODES_PATH)
+
+
+def test_an_answer_over_the_cap_is_refused(server, api, monkeypatch):
+    monkeypatch.setattr(kubeapi, "MAX_INPUT_BYTES", 1000)
+    monkeypatch.setattr("npu_job.bootstrap.payload.MAX_INPUT_BYTES", 1000)
+    server.routes[NODES_PATH] = lambda handler: (200, {}, b"{" + b" " * 5000 + b"}")
+    with pytest.raises(InputError, match="size: expected at most 1000 bytes, got 5002 bytes"):
+        KubeClient(api).list(NODES_PATH)
+
+
+def test_the_namespace_comes_from_the_environment_or_the_service_account(tmp_path):
+    assert namespace_of({"NPU_JOB_NAMESPACE": "a"}) == "a"
+    (tmp_path / "namespace").write_text("team-b\n")
+    assert namespace_of({"NPU_JOB_K8S_SA_DIR": str(tmp_path)}) == "team-b"
+    assert namespace_of({"NPU_JOB_K8S_SA_DIR": str(tmp_path / "none")}) is None
+
+
+def test_gzip_bodies_are_what_the_reader_unwraps():
+    from npu_job.bootstrap.kubeobjects import decode_kube_document
+
+    document = {"kind": "NodeList", "items": []}
+    assert decode_kube_document(gzip.compress(json.dumps(document).encode()), "x") == document
+
+
+def test_a_kept_alive_connection_the_server_closed_is_opened_again_at_once(
+    server, api, monkeypatch
+):
+    monkeypatch.setattr(kubeapi, "BACKOFF", 60.0)  # a retry that waited would time the test out
+    body = json.dumps({"kind": "NodeList", "items": []}).encode()
+    answers = [(200, {}, body), None, (200, {}, body)]
+    server.routes[NODES_PATH] = lambda handler: answers.pop(0)
+    with KubeClient(api) as client:
+        client.list(NODES_PATH)
+        client.list(NODES_PATH)  # the kept-alive connection is gone: a new one, no backoff
+    assert answers == []

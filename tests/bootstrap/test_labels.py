@@ -1,0 +1,212 @@
+"""Node labels of the common clouds and tools as a topology: the fixtures are node lists written
+here in the shape `kubectl get nodes -o json` prints, labelled by each provider's documented keys
+(tests/bootstrap/fixtures/kube/nodes-*.json)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from npu_job.bootstrap.kubeobjects import read_objects
+from npu_job.bootstrap.kubetopology import KubeContext, topology_from_document
+from npu_job.bootstrap.labels import SCHEMES, label_keys_from_text, placement_from_labels
+from npu_job.bootstrap.model import Placement
+from npu_job.bootstrap.run import bootstrap, resolve
+from npu_job.bootstrap.topology import K8S_NODE_LABELS, parse_topology
+
+from npu_job.errors import InputError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "kube"
+
+
+def _load(name):
+    return json.loads((FIXTURES / name).read_text())
+
+
+def _by_name(topology, document):
+    return {
+        item["metadata"]["name"]: topology.placement_of(item["metadata"]["name"])
+        for item in document["items"]
+    }
+
+
+def test_eks_network_node_layers_outermost_first():
+    document = _load("nodes-eks.json")
+    found = topology_from_document(document, "nodes-eks.json")
+    placed = _by_name(found.topology, document)
+    assert placed["ip-10-0-21-17.us-west-2.compute.internal"] == Placement(
+        ("nn-e50490a237cb0f01a", "nn-7c0d9e8f1a2b3c402"), ("nn-3c4b5a69788796a04",)
+    )
+    assert placed["ip-10-0-9-140.us-west-2.compute.internal"] == Placement(
+        ("nn-e50490a237cb0f01a", "nn-3a1f0b7c9d2e4f601"), ("nn-0f1e2d3c4b5a69781",)
+    )
+    assert (
+        found.topology.placement_of("10.0.21.17")
+        == placed["ip-10-0-21-17.us-west-2.compute.internal"]
+    )
+    assert found.notes == ("node labels placed 6 of 6 node(s): 6 by Amazon EKS",)
+
+
+def test_eks_fourth_layer_is_the_innermost_when_present():
+    labels = {f"topology.k8s.aws/network-node-layer-{n}": f"nn-{n}" for n in (1, 2, 3, 4)}
+    placement, scheme = placement_from_labels(labels, "n", "labels")
+    assert (placement, scheme.name) == (Placement(("nn-1", "nn-2", "nn-3"), ("nn-4",)), "eks")
+
+
+def test_gke_block_and_subblock_the_host_is_not_a_switch():
+    document = _load("nodes-gke.json")
+    placed = _by_name(parse_topology(json.dumps(document).encode(), "nodes-gke.json"), document)
+    hosts = {
+        item["metadata"]["labels"]["cloud.google.com/gce-topology-host"]
+        for item in document["items"]
+    }
+    assert len(hosts) == 6  # one VM per host: a tier of it would make every node its own ToR
+    assert set(placed.values()) == {
+        Placement(("5b1d8f0e2a3c",), ("5b1db7c1e0",)),
+        Placement(("5b1d8f0e2a3c",), ("5b1d3f9a2d",)),
+        Placement(("9e7a6c4b2d10",), ("9e7ac0d4e8",)),
+    }
+    assert placed["gke-a3u-train-np-7f3c9a1e-q0k0"] == placed["gke-a3u-train-np-7f3c9a1e-z3k1"]
+
+
+def test_topograph_core_spine_leaf_and_the_nvlink_domain_innermost_old_names_too():
+    document = _load("nodes-topograph.json")
+    placed = _by_name(parse_topology(json.dumps(document).encode(), "t"), document)
+    assert (
+        placed["dgx-00"]
+        == placed["dgx-03"]
+        == Placement(("core-1", "spine-1", "leaf-11"), ("nvl-a",))
+    )
+    assert placed["dgx-01"] == placed["dgx-04"] == Placement(("core-1", "spine-2"), ("leaf-21",))
+    # dgx-05 carries topograph 0.1's names (datacenter, block): the same path as dgx-02's
+    assert placed["dgx-05"] == placed["dgx-02"] == Placement(("core-1", "spine-1"), ("leaf-12",))
+
+
+@pytest.mark.parametrize(
+    "labels, expected, scheme",
+    [
+        (
+            {"cce.kubectl.kubernetes.io/cabinet": "10.9.0.2-10.9.0.1", "volcano.sh/tor": "t"},
+            Placement((), ("10.9.0.1", "10.9.0.2")),
+            "cce",
+        ),
+        (
+            {
+                "volcano.sh/tor": "tor-b",
+                "volcano.sh/hypernode": "hn-1",
+                "volcano.sh/hypercluster": "hc",
+            },
+            Placement(("hc",), ("tor-b",)),
+            "volcano",
+        ),
+        (
+            {"volcano.sh/hypernode": "hn-1", "volcano.sh/hypercluster": "hc"},
+            Placement(("hc",), ("hn-1",)),
+            "volcano",
+        ),
+        (
+            {"volcano.sh/tor": "", "topology.k8s.aws/network-node-layer-1": "nn-1"},
+            Placement((), ("nn-1",)),
+            "eks",
+        ),
+        (
+            {"cce.kubectl.kubernetes.io/cabinet": "-", "cloud.google.com/gce-topology-block": "b"},
+            Placement((), ("b",)),
+            "gke",
+        ),
+        (
+            {"network.topology.nvidia.com/accelerator": "nvl-7"},
+            Placement((), ("nvl-7",)),
+            "topograph",
+        ),
+    ],
+)
+def test_the_first_scheme_with_a_key_on_the_node_decides(labels, expected, scheme):
+    found = placement_from_labels(labels, "n", "labels")
+    assert (found[0], found[1].name) == (expected, scheme)
+
+
+def test_no_known_label_is_no_placement():
+    assert (
+        placement_from_labels(
+            {"kubernetes.io/hostname": "n", "cloud.google.com/gce-topology-host": "h"},
+            "n",
+            "labels",
+        )
+        is None
+    )
+
+
+def test_every_scheme_key_is_read_by_exactly_one_scheme():
+    keys = [key for scheme in SCHEMES for key in scheme.keys]
+    assert len(keys) == len(set(keys))
+
+
+def test_user_named_keys_replace_the_schemes():
+    document = _load("nodes.json")
+    context = KubeContext(label_keys=("topology.kubernetes.io/zone", "example.com/rack"))
+    found = topology_from_document(document, "nodes.json", context=context)
+    placed = _by_name(found.topology, document)
+    assert placed["node-6"] == Placement(("zone-a",), ("r2",))
+    assert placed["node-11"] == Placement(
+        (), ("zone-a",)
+    )  # no rack: the zone is its innermost tier
+    assert found.notes == ("node labels placed 12 of 12 node(s): 12 by the named labels",)
+    eks = topology_from_document(_load("nodes-eks.json"), "x", context=context).topology
+    assert eks.placement_of("10.0.21.17") == Placement((), ("us-west-2a",))  # EKS layers unread
+
+
+@pytest.mark.parametrize("text", ["", "a,,b", "a, b c", ","])
+def test_bad_label_key_lists_are_one_line(text):
+    with pytest.raises(InputError) as caught:
+        label_keys_from_text(text, "NPU_JOB_TOPOLOGY_LABELS")
+    assert caught.value.message.startswith(
+        "environment: NPU_JOB_TOPOLOGY_LABELS: expected label keys separated by commas, outermost first"
+    )
+
+
+def test_flag_and_environment_name_the_keys():
+    assert resolve({}, {"NPU_JOB_TOPOLOGY_LABELS": " a/b , c "}).topology_labels == ("a/b", "c")
+    assert resolve({"topology_labels": "x"}, {"NPU_JOB_TOPOLOGY_LABELS": "a"}).topology_labels == (
+        "x",
+    )
+    assert resolve({}, {}).topology_labels is None
+
+
+def test_bootstrap_with_named_labels_plans_by_them(tmp_path):
+    """The whole bootstrap on a rank table of the EKS nodes' addresses and their node list as
+    the topology file: by the layers, and by named labels when told."""
+    from tests.bootstrap.documents import v1_0
+
+    document = _load("nodes-eks.json")
+    ips = tuple(item["status"]["addresses"][0]["address"] for item in document["items"])
+    (tmp_path / "jobstart_hccl.json").write_text(json.dumps(v1_0(ips)))
+    (tmp_path / "nodes.json").write_text(json.dumps(document))
+    env = {
+        "RANK_TABLE_FILE": str(tmp_path / "jobstart_hccl.json"),
+        "NPU_JOB_TOPOLOGY": str(tmp_path / "nodes.json"),
+        "MA_CURRENT_HOST_IP": ips[0],
+        "NPU_JOB_OUTPUT_DIR": str(tmp_path / "out"),
+        "NPU_JOB_K8S_TOPOLOGY": "0",
+    }
+    by_layers = bootstrap({}, env).route_plan
+    assert by_layers["status"] == "success" and by_layers["topology"].endswith(
+        f"({K8S_NODE_LABELS})"
+    )
+    # layer-3 groups: {1, 3}, {2}, {4}, {0, 5} in path order -> pods 1 and 3 first
+    assert by_layers["rank_mapping"].startswith("0-1,1-3,")
+    by_zone = bootstrap(
+        {}, dict(env, NPU_JOB_TOPOLOGY_LABELS="topology.kubernetes.io/zone")
+    ).route_plan
+    assert by_zone["status"] == "success" and by_zone["rank_mapping"] != by_layers["rank_mapping"]
+    bad = bootstrap({}, dict(env, NPU_JOB_TOPOLOGY_LABELS="a,,b")).route_plan
+    assert bad["status"] == "failed" and "NPU_JOB_TOPOLOGY_LABELS" in bad["reason"]
+
+
+def test_labels_of_a_combined_list_ignore_its_pods():
+    document = _load("nodes-eks.json")
+    document["items"].append(
+        {"kind": "Pod", "metadata": {"name": "p", "labels": {"volcano.sh/tor": "t"}}}
+    )
+    objects = read_objects(document, "c")
+    assert len(objects.nodes) == 6 and len(objects.pods) == 1
+    assert len(parse_topology(json.dumps(document).encode(), "c").placements) == 12  # names + IPs
