@@ -62,7 +62,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from npu_job.errors import LaunchError
-from npu_job.parsing import seconds_from_text
+from npu_job.parsing import count_from_text, seconds_from_text
 
 from . import liveness, torchcompat, verdict
 from .liveness import LivenessSettings
@@ -249,13 +249,13 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
         raise LaunchError(
             f"--{TIERED_OPTION}: expected true or false, got {params.get(TIERED_OPTION)!r}"
         ) from None
-    try:
-        keep_alive = liveness.parse_settings(
-            _seconds(params, "keep_alive_interval", liveness.DEFAULT_INTERVAL),
-            _seconds(params, "keep_alive_max_attempt", liveness.DEFAULT_MAX_ATTEMPT),
-        )
-    except ValueError as error:
-        raise LaunchError(f"--rdzv_conf: {error}") from None
+    attempts_text = str(params.get("keep_alive_max_attempt", liveness.DEFAULT_MAX_ATTEMPT))
+    attempts = count_from_text(attempts_text)
+    if attempts is None or attempts < 1:
+        raise LaunchError(f"--rdzv_conf: keep_alive_max_attempt: expected a whole number >= 1, "
+                          f"got {attempts_text!r}")
+    keep_alive = liveness.parse_settings(
+        _seconds(params, "keep_alive_interval", liveness.DEFAULT_INTERVAL), attempts)
     return ParallelSettings(
         run_id=params.run_id,
         master_addr=host,
