@@ -306,7 +306,7 @@ LAUNCH = LaunchError.exit_code
             ["--nnodes=2", "--rdzv_backend=parallel", "--rdzv_conf=join_timeout=later"],
             {},
             LAUNCH,
-            "join_timeout: expected seconds",
+            "join_timeout: expected a positive number of seconds",
             id="bad-join-timeout",
         ),
         pytest.param(
