@@ -252,10 +252,13 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
     attempts_text = str(params.get("keep_alive_max_attempt", liveness.DEFAULT_MAX_ATTEMPT))
     attempts = count_from_text(attempts_text)
     if attempts is None or attempts < 1:
-        raise LaunchError(f"--rdzv_conf: keep_alive_max_attempt: expected a whole number >= 1, "
-                          f"got {attempts_text!r}")
+        raise LaunchError(
+            f"--rdzv_conf: keep_alive_max_attempt: expected a whole number >= 1, "
+            f"got {attempts_text!r}"
+        )
     keep_alive = liveness.parse_settings(
-        _seconds(params, "keep_alive_interval", liveness.DEFAULT_INTERVAL), attempts)
+        _seconds(params, "keep_alive_interval", liveness.DEFAULT_INTERVAL), attempts
+    )
     return ParallelSettings(
         run_id=params.run_id,
         master_addr=host,

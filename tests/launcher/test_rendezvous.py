@@ -347,12 +347,21 @@ def test_settings_come_from_torchs_rendezvous_parameters():
         pytest.param(dict(timeout="-1"), "timeout: expected a positive", id="negative-timeout"),
         # float() reads "nan", and NaN <= 0 is false: it passed as a timeout before
         pytest.param(dict(close_timeout="nan"), "close_timeout: expected a pos", id="nan-timeout"),
-        pytest.param(dict(keep_alive_interval="0"), "keep_alive_interval: expected a positive",
-                     id="zero-keep-alive-interval"),
-        pytest.param(dict(keep_alive_max_attempt="2.5"),
-                     "keep_alive_max_attempt: expected a whole number >= 1", id="fractional-attempts"),
-        pytest.param(dict(keep_alive_max_attempt="0"),
-                     "keep_alive_max_attempt: expected a whole number >= 1", id="zero-attempts"),
+        pytest.param(
+            dict(keep_alive_interval="0"),
+            "keep_alive_interval: expected a positive",
+            id="zero-keep-alive-interval",
+        ),
+        pytest.param(
+            dict(keep_alive_max_attempt="2.5"),
+            "keep_alive_max_attempt: expected a whole number >= 1",
+            id="fractional-attempts",
+        ),
+        pytest.param(
+            dict(keep_alive_max_attempt="0"),
+            "keep_alive_max_attempt: expected a whole number >= 1",
+            id="zero-attempts",
+        ),
         pytest.param(
             dict(enable_tiered_parallel_tcpstore="maybe"), "expected true or false", id="bad-tiered"
         ),
