@@ -110,16 +110,3 @@ def settled(
             continue
         return False, None
     return True, None
-
-
-def parse_settings(interval: float, max_attempt: float) -> LivenessSettings:
-    """Checked settings (``ValueError`` naming the knob)."""
-    if not interval > 0:
-        raise ValueError(
-            f"keep_alive_interval: expected a positive number of seconds, got {interval!r}"
-        )
-    if int(max_attempt) != max_attempt or max_attempt < 1:
-        raise ValueError(
-            f"keep_alive_max_attempt: expected a whole number >= 1, got {max_attempt!r}"
-        )
-    return LivenessSettings(float(interval), int(max_attempt))

@@ -256,9 +256,7 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
             f"--rdzv_conf: keep_alive_max_attempt: expected a whole number >= 1, "
             f"got {attempts_text!r}"
         )
-    keep_alive = liveness.parse_settings(
-        _seconds(params, "keep_alive_interval", liveness.DEFAULT_INTERVAL), attempts
-    )
+    interval = _seconds(params, "keep_alive_interval", liveness.DEFAULT_INTERVAL)
     return ParallelSettings(
         run_id=params.run_id,
         master_addr=host,
@@ -271,8 +269,8 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
         close_timeout=_seconds(params, "close_timeout", DEFAULT_CLOSE_TIMEOUT),
         watch_interval=_seconds(params, "watch_interval", DEFAULT_WATCH_INTERVAL),
         node_order=str(params.get(NODE_ORDER_OPTION) or "") or None,
-        keep_alive_interval=keep_alive.interval,
-        keep_alive_max_attempt=keep_alive.max_attempt,
+        keep_alive_interval=interval,
+        keep_alive_max_attempt=attempts,
     )
 
 

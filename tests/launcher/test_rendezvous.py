@@ -353,6 +353,11 @@ def test_settings_come_from_torchs_rendezvous_parameters():
             id="zero-keep-alive-interval",
         ),
         pytest.param(
+            dict(keep_alive_interval="-1"),
+            "keep_alive_interval: expected a positive",
+            id="negative-keep-alive-interval",
+        ),
+        pytest.param(
             dict(keep_alive_max_attempt="2.5"),
             "keep_alive_max_attempt: expected a whole number >= 1",
             id="fractional-attempts",
