@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple
 
 from torch.distributed import PrefixStore, Store, TCPStore
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -567,8 +568,13 @@ class ParallelRendezvousHandler(RendezvousHandler):
     def shutdown(self) -> bool:
         """Close the rendezvous and sign off; node rank 0 keeps the root up for the others.
 
-        torch calls this at the end of every run except one ended by a signal.
+        torch calls this at the end of every run except one ended by a signal; torch 2.4–2.6
+        call it on a signal too (from the agent's shutdown): that is said as the signal it is.
         """
+        leaving = sys.exc_info()[1]
+        if isinstance(leaving, SignalException):
+            self.stop_for_signal(leaving.sigval.name)
+            return True
         watch = self._watch
         if watch is not None:
             self._announce_leaving(watch)

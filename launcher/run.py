@@ -268,33 +268,41 @@ def _watched_agent_class() -> type:
 
     When the workers failed for good, the ``parallel`` rendezvous learns which node caused the
     end before this agent goes on (it may be another node: then :class:`~.watch.JobStopped`
-    unwinds this one, and only the culprit prints torch's failure summary).
+    unwinds this one, and only the culprit prints torch's failure summary). The report is made
+    where torch stops the failed group, before it does: torch 2.4–2.6 shut the rendezvous down
+    inside ``_stop_workers``, so after it there would be nobody left to report to.
     """
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     class WatchedAgent(LocalElasticAgent):  # type: ignore[misc, valid-type]
+        _npu_final: Any = None  # the failed result no restart is left for
         _npu_failed_at = 0.0
 
         def _monitor_workers(self, *args: Any, **kwargs: Any) -> Any:
             result = super()._monitor_workers(*args, **kwargs)
             if result.is_failed():
                 self._npu_failed_at = time.time()  # when this agent saw it (the last attempt's)
+                if self._remaining_restarts <= 0:
+                    self._npu_final = result
             return result
 
+        def _stop_workers(self, *args: Any, **kwargs: Any) -> Any:
+            final, self._npu_final = self._npu_final, None
+            if final is not None:  # torch stops the group for good next: may raise JobStopped
+                _settle_failure(
+                    self._worker_group.spec.rdzv_handler,  # torch 2.1's agent: no _rdzv_handler
+                    final,
+                    self._npu_failed_at or time.time(),
+                    float(self._worker_group.spec.monitor_interval),
+                )
+            return super()._stop_workers(*args, **kwargs)
+
         def _invoke_run(self, *args: Any, **kwargs: Any) -> Any:
-            spec = self._worker_group.spec  # torch 2.1's agent has no _rdzv_handler
-            handler = spec.rdzv_handler
+            handler = self._worker_group.spec.rdzv_handler
             outcome = getattr(handler, "report_outcome", lambda outcome: None)
             outcome("running")
             result = super()._invoke_run(*args, **kwargs)
-            if result.is_failed():
-                _settle_failure(
-                    handler,
-                    result,
-                    self._npu_failed_at or time.time(),
-                    float(spec.monitor_interval),
-                )
-            else:
+            if not result.is_failed():
                 outcome("succeeded")
             return result
 
