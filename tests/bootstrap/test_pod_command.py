@@ -5,17 +5,21 @@ master index the planner decided — or, when anything is wrong, with the schedu
 
 Each pod runs in its own mount namespace with a private /tmp (``unshare --mount`` + a bind mount;
 needs root, as CI has), so the command's literal ``/tmp/RANK_AFTER_ACC`` is per pod, exactly as in
-separate containers. Without root the test falls back to running the same command text with
+separate containers. Without root (or with the checkout itself under /tmp, which the bind mount
+would hide) the test falls back to running the same command text with
 ``/tmp/`` pointed at the pod's directory (and says so in the test id)."""
 
 import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from npu_job.bootstrap import planner
+
+import npu_job
 
 from .documents import write_cce_job
 
@@ -31,7 +35,12 @@ REPORT = '; echo "RESULT ${RANK_AFTER_ACC} ${MA_MASTER_INDEX}"'
 
 
 def _private_tmp_works():
+    """A pod's own /tmp (a bind mount in a private mount namespace) works here, and hides
+    nothing the pod needs: a checkout under /tmp (its editable install) would vanish under it."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    package = Path(npu_job.__file__).resolve()
+    if Path("/tmp") in package.parents or Path("/tmp") in Path(sys.executable).resolve().parents:
         return False
     probe = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "--", "true"], capture_output=True
