@@ -38,7 +38,6 @@ import errno
 import json
 import logging
 import os
-import random
 import socket
 import sys
 import threading
@@ -64,6 +63,7 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from npu_job.errors import LaunchError
 from npu_job.parsing import count_from_text, seconds_from_text
+from npu_job.polling import Backoff, Every, poll, poll_until
 
 from . import liveness, torchcompat, verdict
 from .liveness import LivenessSettings
@@ -91,6 +91,7 @@ SETTLE_MARGIN = 5.0  # beyond the judge's own bound, before a failing node names
 SETTLE_POLL = 0.25
 SIGNAL_CALL_TIMEOUT = 2.0  # a signalled agent tells the others why, if the root answers quickly
 PROXY_PROBE_TIMEOUT = 2.0
+KEY_POLL = Backoff.exponential(0.005, 0.25)  # a key another agent sets: from 5 ms up to 0.25 s
 
 
 @dataclass(frozen=True)
@@ -679,18 +680,16 @@ class ParallelRendezvousHandler(RendezvousHandler):
     def _await_verdict(self, watch: Watch, report: FailureReport) -> Verdict:
         """Wait for node rank 0 to name the cause; past every deadline it should meet, name ours."""
         keep_alive = self._settings.liveness
-        deadline = time.monotonic() + keep_alive.window + 2 * keep_alive.interval + SETTLE_MARGIN
-        while True:
-            found = watch.read_verdict()
-            if found is not None:
-                return found
-            if time.monotonic() >= deadline:
-                logger.warning(
-                    "node rank 0 named no cause within %.0fs; naming this node's failure",
-                    deadline - time.monotonic() + keep_alive.window,
-                )
-                return watch.publish(verdict.workers_failed(report, self._me))
-            time.sleep(SETTLE_POLL)
+        wait = keep_alive.window + 2 * keep_alive.interval + SETTLE_MARGIN
+        deadline = time.monotonic() + wait
+        found = poll(watch.read_verdict, wait, Backoff.fixed(SETTLE_POLL))
+        if found is not None:
+            return found
+        logger.warning(
+            "node rank 0 named no cause within %.0fs; naming this node's failure",
+            deadline - time.monotonic() + keep_alive.window,
+        )
+        return watch.publish(verdict.workers_failed(report, self._me))
 
     def report_outcome(self, outcome: str) -> None:
         """npu-run's agent: "running" when its run starts, "succeeded" when its workers did."""
@@ -850,16 +849,13 @@ class ParallelRendezvousHandler(RendezvousHandler):
         settings = self._settings
         key = self._keys.root_identity
         wait = min(settings.liveness.window, settings.join_timeout)
-        deadline = time.monotonic() + wait
         try:
-            while not client.check([key]):
-                if time.monotonic() >= deadline:
-                    raise RendezvousConnectionError(
-                        f"node rank {settings.node_rank}: {settings.root} answers as a store but "
-                        f"is not npu-run's root of run {settings.run_id!r} (no {key} after "
-                        f"{wait:g}s): the store of another job, or another program on --master_port"
-                    )
-                time.sleep(0.1)
+            if not poll_until(lambda: client.check([key]), wait, Backoff.fixed(0.1)):
+                raise RendezvousConnectionError(
+                    f"node rank {settings.node_rank}: {settings.root} answers as a store but "
+                    f"is not npu-run's root of run {settings.run_id!r} (no {key} after "
+                    f"{wait:g}s): the store of another job, or another program on --master_port"
+                )
             identity = bytes(client.get(key))
         except RootSilent:
             client.close()
@@ -903,7 +899,8 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 return False
 
         try:
-            hosted = poll_until(bound, settings.close_timeout + BIND_GRACE, first=0.1, cap=1.0)
+            busy = Backoff.exponential(0.1, 1.0)
+            hosted = poll_until(bound, settings.close_timeout + BIND_GRACE, busy)
         except _HostingFailed as failed:
             raise LaunchError(
                 f"node rank 0 cannot host the root store on {settings.root}: {failed.args[0]}"
@@ -939,7 +936,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 port,
             )
             return settings.master_addr, port
-        if not poll_until(lambda: torchcompat.key_exists(store, key), settings.join_timeout):
+        if not poll_until(
+            lambda: torchcompat.key_exists(store, key), settings.join_timeout, KEY_POLL
+        ):
             raise RendezvousTimeoutError(
                 f"node rank 0 did not name the workers' store of round {number} within "
                 f"{settings.join_timeout:g}s (root store {settings.root})"
@@ -964,9 +963,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
         ``join_timeout``) for node rank 0's new one instead of failing the pod again.
         """
         settings = self._settings
-        deadline = time.monotonic() + settings.join_timeout
-        announced = False
-        while True:
+        announced: List[bool] = []
+
+        def open_run() -> Optional[RootClient]:
             store = self._connect()
             try:
                 closed = torchcompat.key_exists(store, self._keys.closed)
@@ -982,13 +981,16 @@ class ParallelRendezvousHandler(RendezvousHandler):
                     "start a new one",
                     settings.root,
                 )
-                announced = True
-            if time.monotonic() >= deadline:
-                raise RendezvousClosedError(
-                    f"node rank {settings.node_rank}: the root store {settings.root} only served a "
-                    f"finished run for {settings.join_timeout:g}s"
-                )
-            time.sleep(0.5)
+                announced.append(True)
+            return None
+
+        store = poll(open_run, settings.join_timeout, Backoff.fixed(0.5))
+        if store is None:
+            raise RendezvousClosedError(
+                f"node rank {settings.node_rank}: the root store {settings.root} only served a "
+                f"finished run for {settings.join_timeout:g}s"
+            )
+        return store
 
     def _await_root_listening(self) -> None:
         """Wait (quietly, with progress lines) until node rank 0's root store accepts connections.
@@ -1009,15 +1011,16 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 last_error[:] = [error]
                 return False
 
-        progress = _Every(
+        progress = Every(
             PROGRESS_INTERVAL,
-            lambda: logger.info(
+            lambda _elapsed: logger.info(
                 "still waiting for node rank 0's root store at %s (%s)",
                 settings.root,
                 last_error[-1],
             ),
         )
-        if not poll_until(listening, settings.join_timeout, first=0.05, cap=1.0, tick=progress):
+        waiting = Backoff.exponential(0.05, 1.0)
+        if not poll_until(listening, settings.join_timeout, waiting, tick=progress):
             raise RendezvousTimeoutError(
                 f"node rank {settings.node_rank} timed out after {settings.join_timeout:g}s "
                 f"waiting for the root store {settings.root} (missing node ranks: [0]; "
@@ -1061,27 +1064,27 @@ class ParallelRendezvousHandler(RendezvousHandler):
     def _await_round(self, store: Store, number: int) -> None:
         """Poll until the round's ``complete`` key exists; name the missing nodes on timeout."""
         settings = self._settings
-        started = time.monotonic()
         complete = self._keys.complete(number)
 
-        def progress() -> None:
+        def progress(elapsed: float) -> None:
             joined = int(store.add(self._keys.joined(number), 0))
             logger.info(
                 "round %d: %d of %d nodes joined after %.0fs",
                 number,
                 joined,
                 settings.nnodes,
-                time.monotonic() - started,
+                elapsed,
             )
 
-        closed_check = _Every(
-            1.0, lambda: self._raise_if_closed(store), first=self._raise_if_stopped
+        closed_check = Every(
+            1.0, lambda _elapsed: self._raise_if_closed(store), always=self._raise_if_stopped
         )
-        progress_line = _Every(PROGRESS_INTERVAL, progress)
+        progress_line = Every(PROGRESS_INTERVAL, progress)
         if not poll_until(
             lambda: torchcompat.key_exists(store, complete),
             settings.join_timeout,
-            tick=lambda: (closed_check(), progress_line()),
+            KEY_POLL,
+            tick=lambda elapsed: (closed_check(elapsed), progress_line(elapsed)),
         ):
             missing = self._missing_nodes(store, number)
             raise RendezvousTimeoutError(
@@ -1100,7 +1103,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
         ready = self._keys.ready(number)
         if self._settings.node_rank != 0:
             if not poll_until(
-                lambda: torchcompat.key_exists(store, ready), self._settings.join_timeout
+                lambda: torchcompat.key_exists(store, ready), self._settings.join_timeout, KEY_POLL
             ):
                 raise RendezvousTimeoutError(
                     f"node rank 0 did not clear the root store {self._settings.root} for round "
@@ -1168,59 +1171,16 @@ class ParallelRendezvousHandler(RendezvousHandler):
         def departed() -> int:
             return int(store.add(self._keys.departed, 0))
 
-        if not poll_until(lambda: departed() >= expected, self._settings.close_timeout, first=0.01):
+        signing_off = Backoff.exponential(0.01, 0.25)
+        if not poll_until(
+            lambda: departed() >= expected, self._settings.close_timeout, signing_off
+        ):
             logger.warning(
                 "closing the root store %s although only %d of %d agents signed off",
                 self._settings.root,
                 departed(),
                 expected,
             )
-
-
-def poll_until(
-    condition: Callable[[], bool],
-    timeout: float,
-    *,
-    first: float = 0.005,
-    cap: float = 0.25,
-    tick: Optional[Callable[[], object]] = None,
-) -> bool:
-    """Call ``condition`` with jittered exponential backoff until it holds (True) or ``timeout``
-    seconds pass (False); ``tick`` runs between attempts (progress lines, the closed check)."""
-    deadline = time.monotonic() + timeout
-    delay = first
-    while not condition():
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        if tick is not None:
-            tick()
-        time.sleep(min(delay * random.uniform(0.8, 1.2), remaining))
-        delay = min(delay * 1.5, cap)
-    return True
-
-
-class _Every:
-    """A callable that runs ``action`` at most once per ``interval`` seconds (first after one)."""
-
-    def __init__(
-        self,
-        interval: float,
-        action: Callable[[], object],
-        first: Optional[Callable[[], object]] = None,
-    ) -> None:
-        self._interval = interval
-        self._action = action
-        self._first = first
-        self._next = time.monotonic() + interval
-
-    def __call__(self) -> None:
-        if self._first is not None:  # every time: cheap checks that must not wait an interval
-            self._first()
-        now = time.monotonic()
-        if now >= self._next:
-            self._next = now + self._interval
-            self._action()
 
 
 class _RootErrors:
