@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Modules that take values and return values (no I/O beyond fileio's helpers): mypy must pass here.
 PURE_CORE = [
     "npu_job.parsing",
+    "npu_job.polling",
     "npu_job.errors",
     "npu_job.podfacts",
     "npu_job.fileio",

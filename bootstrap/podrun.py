@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Tuple
+from typing import Any, Callable, List, Mapping, Optional, Tuple
 
 from npu_job.bootstrap import jobpods
 from npu_job.bootstrap.kubeobjects import KubeObjects, decode_objects, read_pods
@@ -33,6 +33,7 @@ from npu_job.bootstrap.sources import (
 
 from npu_job.errors import InputError, NotReadyError
 from npu_job.parsing import count_from_text
+from npu_job.polling import Backoff, poll
 
 log = logging.getLogger(__name__)
 
@@ -64,25 +65,42 @@ def load_job(
     log.info(
         "no rank table: the servers are the pods of job %s from %s", _job_text(selector), location
     )
-    start = clock()
-    while True:
-        roster, objects, seen = _attempt(fetch, location, selector)
-        if roster is not None and roster.ready:
-            table = jobpods.roster_table(roster, location)
-            log.info("%s", roster.progress())
-            return LoadedJob(table, jobpods.node_names(roster), location, objects, client)
-        elapsed = clock() - start
-        if elapsed >= options.wait_timeout:
-            if roster is not None:
-                raise jobpods.not_ready_error(roster, location, options.wait_timeout)
-            raise NotReadyError(
-                f"{location}: pods: expected the job's pods within "
-                f"{options.wait_timeout:.0f} s, last seen {seen}"
-            )
+    last: List[Tuple[Optional[jobpods.Roster], KubeObjects, str]] = []
+
+    def attempt() -> Optional[LoadedJob]:
+        last[:] = [_attempt(fetch, location, selector)]
+        roster, objects, _ = last[0]
+        if roster is None or not roster.ready:
+            return None
+        table = jobpods.roster_table(roster, location)
+        log.info("%s", roster.progress())
+        return LoadedJob(table, jobpods.node_names(roster), location, objects, client)
+
+    def progress(elapsed: float) -> None:
         log.info(
-            "waiting for the job's pods: %s, %.0f s of %.0f s", seen, elapsed, options.wait_timeout
+            "waiting for the job's pods: %s, %.0f s of %.0f s",
+            last[0][2],
+            elapsed,
+            options.wait_timeout,
         )
-        sleep(max(0.0, min(options.poll_interval, options.wait_timeout - elapsed)))
+
+    job = poll(
+        attempt,
+        options.wait_timeout,
+        Backoff.fixed(options.poll_interval),
+        tick=progress,
+        clock=clock,
+        sleep=sleep,
+    )
+    if job is not None:
+        return job
+    roster, _, seen = last[0]
+    if roster is not None:
+        raise jobpods.not_ready_error(roster, location, options.wait_timeout)
+    raise NotReadyError(
+        f"{location}: pods: expected the job's pods within "
+        f"{options.wait_timeout:.0f} s, last seen {seen}"
+    )
 
 
 def _attempt(

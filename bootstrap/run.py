@@ -316,11 +316,12 @@ def _load_rank_table(
     context: Dict[str, Any],
 ) -> Tuple[RankTable, str, Callable[[Plan], Dict[str, Any]]]:
     """The completed rank table, where it is, and how to write it in a plan's order."""
+    location = locate_rank_table(options.rank_table, env)
+    context["rank_table"] = location
+    # imported once there is a rank table: a pod without one (the fallback) never reads one
     from npu_job.bootstrap import wait
     from npu_job.bootstrap.ranktable import reordered_document
 
-    location = locate_rank_table(options.rank_table, env)
-    context["rank_table"] = location
     log.debug("rank table: %s", location)
     loaded = wait.wait_for_rank_table(
         lambda: read_bytes(location, verify=verify),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from npu_job.bootstrap.model import RankTable
 from npu_job.bootstrap.payload import decode_document
@@ -27,6 +27,7 @@ from npu_job.bootstrap.ranktable import rank_table_from_document
 from npu_job.bootstrap.sources import SourceUnavailable
 
 from npu_job.errors import InputError, NotReadyError, shown
+from npu_job.polling import Backoff, poll
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +54,22 @@ def wait_for_rank_table(
     sleep: Callable[[float], None] = time.sleep,
 ) -> LoadedRankTable:
     """Poll ``fetch`` until the rank table it returns is completed; see the module docstring."""
-    start = clock()
-    while True:
+    seen: List[Tuple[str, Optional[InputError]]] = []
+
+    def attempt() -> Optional[LoadedRankTable]:
         loaded, last_seen, last_error = _attempt(fetch, source)
-        if loaded is not None:
-            return loaded
-        elapsed = clock() - start
-        if elapsed >= timeout:
-            break
-        log.info("waiting for rank table: %s, %.0f s of %.0f s", last_seen, elapsed, timeout)
-        sleep(max(0.0, min(interval, timeout - elapsed)))
+        seen[:] = [(last_seen, last_error)]
+        return loaded
+
+    def progress(elapsed: float) -> None:
+        log.info("waiting for rank table: %s, %.0f s of %.0f s", seen[0][0], elapsed, timeout)
+
+    loaded = poll(
+        attempt, timeout, Backoff.fixed(interval), tick=progress, clock=clock, sleep=sleep
+    )
+    if loaded is not None:
+        return loaded
+    last_seen, last_error = seen[0]
     if last_error is not None:  # the bytes never decoded: say what is wrong with them
         last_error.tip = f"it stayed like this for {timeout:.0f} s (NPU_JOB_WAIT_TIMEOUT)"
         raise last_error

@@ -27,22 +27,22 @@ One connection carries every call of the agent (heartbeats included), under a lo
 from __future__ import annotations
 
 import datetime
-import random
 import socket
 import threading
 import time
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch.distributed as dist
+
+from npu_job.polling import Backoff, poll_until
 
 from .protocol import CheckReply, Dialect, Op, ProtocolError, ReplyValue, Request
 from .storeclient import RawStoreClient
 from .torchcompat import StoreError, StoreTimeoutError
 
-POLL_FIRST = 0.01
 POLL_CAP = 1.0
-RECONNECT_FIRST = 0.05
-RECONNECT_CAP = 1.0
+POLL = Backoff.exponential(0.01, POLL_CAP)  # wait/get: CHECK again after these pauses
+RECONNECT = Backoff.exponential(0.05, 1.0, factor=2.0)  # a broken connection: open it again
 CLOSE_WAIT = 2.0
 # Requests that may be sent again after a connection broke mid-call: repeating them changes
 # nothing (SET writes the same value again; the rest only read or delete).
@@ -143,7 +143,7 @@ class RootClient(dist.Store):
         self, requests: Sequence[Request], started: float, limit: float
     ) -> List[ReplyValue]:
         repeatable = all(request.op in _REPEATABLE for request in requests)
-        delay = RECONNECT_FIRST
+        pauses: Optional[Iterator[float]] = None
         while True:
             if self._closed:
                 raise RootGone(f"the client of the root store {self.address} was closed")
@@ -166,10 +166,13 @@ class RootClient(dist.Store):
                         f"the connection to the root store {self.address} broke during a call "
                         f"that cannot be repeated safely: {error}"
                     ) from None
-                if time.monotonic() + delay >= limit:
+                # not poll(): the attempt ends in three ways, and a pause that would cross the
+                # deadline ends the call at once (the next connect would have no time left)
+                pauses = RECONNECT.pauses() if pauses is None else pauses
+                pause = next(pauses)
+                if time.monotonic() + pause >= limit:
                     raise self._silent(started, f"connection lost ({error})") from None
-                time.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, RECONNECT_CAP)
+                time.sleep(pause)
 
     def _connected(self, limit: float) -> RawStoreClient:
         """The open connection, or a new one (raising RootGone when refused)."""
@@ -259,18 +262,15 @@ class RootClient(dist.Store):
     def wait(self, keys: Sequence[str], timeout: Optional[datetime.timedelta] = None) -> None:
         """Poll until every key exists (``RootWaitTimeout`` after ``timeout``, or the store's)."""
         seconds = (timeout if timeout is not None else self.timeout).total_seconds()
-        deadline = time.monotonic() + seconds
-        delay = POLL_FIRST
-        while not self.check(keys):
-            if time.monotonic() >= deadline:
-                raise RootWaitTimeout(
-                    f"wait timeout after {seconds:g}s for keys {list(keys)} "
-                    f"at the root store {self.address}"
-                )
-            if self.on_poll is not None:
-                self.on_poll()
-            time.sleep(min(delay * random.uniform(0.8, 1.2), max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 1.5, POLL_CAP)
+        if not poll_until(lambda: self.check(keys), seconds, POLL, tick=self._between_polls):
+            raise RootWaitTimeout(
+                f"wait timeout after {seconds:g}s for keys {list(keys)} "
+                f"at the root store {self.address}"
+            )
+
+    def _between_polls(self, elapsed: float) -> None:
+        if self.on_poll is not None:
+            self.on_poll()
 
     def get(self, key: str) -> bytes:
         self.wait([key])

@@ -28,6 +28,11 @@ from npu_job.launcher.protocol import (
     encode_request,
 )
 
+from npu_job.polling import Backoff
+
+# connect() to a store that is not listening yet: pauses from 10 ms doubling to 1 s, each 50-100 %
+CONNECT_RETRY = Backoff(0.01, factor=2.0, cap=1.0, jitter=(0.5, 1.0))
+
 
 class _ReplyBuffer:
     """Bytes received from the store but not yet decoded (one per connection, both clients)."""
@@ -109,7 +114,7 @@ class AsyncRawStoreClient:
     ) -> AsyncRawStoreClient:
         self = cls(dialect)
         loop = asyncio.get_running_loop()
-        delay = 0.01
+        pauses = CONNECT_RETRY.pauses()
         while True:
             try:
                 self._reader, self._writer = await asyncio.open_connection(host, port)
@@ -117,8 +122,7 @@ class AsyncRawStoreClient:
             except OSError:
                 if loop.time() > retry_until:
                     raise
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, 1.0)
+                await asyncio.sleep(next(pauses))
         if dialect.validates:
             await self.call(Request(Op.VALIDATE, number=VALIDATION_MAGIC))
         if Op.PING in dialect:

@@ -45,7 +45,7 @@ class JobStopped(BaseException):
 
 
 class WatchKeys(Protocol):
-    """The root store keys the watch uses (the rendezvous's ``_Keys``)."""
+    """The root store keys the watch uses (:class:`.rdzvconfig.RunKeys`)."""
 
     verdict: str
     verdict_claims: str

@@ -1,8 +1,8 @@
 """The import layers: entry points and the demo sit on the three parts, which sit on a shared core.
 
 A part (bootstrap, render, launcher) never imports the CLI, the demo or another part; the core
-(errors and their reporting, file I/O, logging, the pod's facts, reading numbers) imports none of them. Every
-import counts, also one inside a function. import-linter cannot check this package (its parts
+(errors and their reporting, file I/O, logging, the pod's facts, reading numbers, polling) imports
+none of them. Every import counts, also one inside a function. import-linter cannot check this package (its parts
 live in top-level folders mapped into ``npu_job`` by ``package_dir``, which grimp does not follow),
 so the graph is read here from the sources, with the mapping taken from ``setup.cfg``.
 """
@@ -24,6 +24,7 @@ LAYERS: Dict[str, Tuple[int, str]] = {
     "npu_job.logs": (0, "core"),
     "npu_job.podfacts": (0, "core"),
     "npu_job.parsing": (0, "core"),
+    "npu_job.polling": (0, "core"),
     # files the commands ship (the pod's scripts, the demo's workload); they import no npu_job
     "npu_job.scripts": (0, "data"),
     "npu_job.examples": (0, "data"),

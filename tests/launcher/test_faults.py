@@ -39,7 +39,7 @@ WINDOW = INTERVAL * ATTEMPTS
 MARGIN = 25.0  # start-up of torch in each worker, workers' shutdown, a loaded machine
 STARTUP = 30.0  # three npu-run processes importing torch at once on two cores
 CLOSE_TIMEOUT = 3.0
-BIND_GRACE = 2.0  # rendezvous.BIND_GRACE: node rank 0 retries a busy port close_timeout + this
+BIND_GRACE = 2.0  # rootstore.BIND_GRACE: node rank 0 retries a busy port close_timeout + this
 CONF = (
     f"--rdzv_conf=join_timeout=60,close_timeout={CLOSE_TIMEOUT:g},timeout=20,"
     f"keep_alive_interval={INTERVAL:g},keep_alive_max_attempt={ATTEMPTS}"

@@ -573,7 +573,7 @@ def test_a_proxy_that_cannot_take_its_port_again_stops_the_job_naming_it(closing
     def factory(host, port, timeout, listen_port=0):
         if listen_port:
             raise OSError(98, "Address already in use")
-        made.append(rendezvous._start_store_proxy(host, port, timeout, listen_port))
+        made.append(rendezvous.start_store_proxy(host, port, timeout, listen_port))
         return made[-1]
 
     settings = make_handlers(2, [0, 1], keep_alive_interval=0.2, tiered=True)

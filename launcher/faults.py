@@ -1,0 +1,404 @@
+"""The faults side of the ``parallel`` rendezvous: the watch, the verdict, the proxy, signals.
+
+An agent heartbeats to the root and stops on one verdict that names the node at fault
+(:mod:`.watch` runs the thread, :mod:`.verdict` says what the verdicts are). Here is what the
+handler does with them:
+
+* **The watch** starts on the first join (:meth:`FaultsSide._start_watch`); between its polls
+  an agent thread unwinds through :class:`~.watch.JobStopped` once a verdict exists
+  (:meth:`FaultsSide._raise_if_stopped`), and :class:`RootErrors` turns a lost root into the
+  one verdict every node reaches.
+* **A failing node** reports its workers' failure and waits for node rank 0 to name the root
+  cause (:meth:`FaultsSide.settle_failure`); an agent that leaves on an error of its own, or on a
+  signal, tells the others why (:meth:`FaultsSide._announce_leaving`,
+  :meth:`FaultsSide.stop_for_signal`) and signs off.
+* **This node's store proxy** (tiered mode) is started for a round's workers and, when the watch
+  finds it dead, restarted on its own port; a proxy that cannot come back is a verdict.
+
+:class:`FaultsSide` is a mixin of :class:`~.rendezvous.ParallelRendezvousHandler`: it keeps its
+state on the handler (the attributes listed in its body), which ``__init__`` there sets.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import threading
+import time
+from typing import Callable, List, Optional, Protocol, Tuple
+
+from torch.distributed.elastic.rendezvous import (
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousTimeoutError,
+)
+
+from npu_job.errors import LaunchError
+from npu_job.polling import Backoff, poll
+
+from . import liveness, rounds, torchcompat, verdict
+from .rdzvconfig import ParallelSettings, RunKeys
+from .rootclient import RootClient, RootError
+from .rootstore import literal_ip, this_node
+from .torchcompat import StoreError
+from .verdict import FailureReport, Identity, Verdict
+from .watch import WATCH_THREAD, JobStopped, Watch
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+SETTLE_MARGIN = 5.0  # beyond the judge's own bound, before a failing node names itself
+SETTLE_POLL = 0.25
+SIGNAL_CALL_TIMEOUT = 2.0  # a signalled agent tells the others why, if the root answers quickly
+PROXY_PROBE_TIMEOUT = 2.0
+
+
+class NodeStoreProxy(Protocol):
+    """What the handler needs of :class:`~npu_job.launcher.proxy.StoreProxy`."""
+
+    def start(self) -> int: ...
+
+    def stop(self) -> None: ...
+
+
+ProxyFactory = Callable[
+    ..., NodeStoreProxy
+]  # (upstream host, upstream port, timeout, listen_port=0)
+
+
+def start_store_proxy(
+    upstream_host: str, upstream_port: int, timeout: float, listen_port: int = 0
+) -> NodeStoreProxy:
+    from npu_job.launcher.proxy import StoreProxy  # the store engineer's module; imported when used
+
+    return StoreProxy(
+        upstream_host,
+        upstream_port,
+        listen_host=LOOPBACK,
+        listen_port=listen_port,
+        timeout=timeout,
+        dialect=torchcompat.store_dialect(),
+    )
+
+
+def proxy_problem(proxy: NodeStoreProxy, port: int) -> Optional[str]:
+    """Why this node's proxy no longer serves on ``port`` (its thread ended, or it refuses
+    connections), or None while it does."""
+    if not getattr(proxy, "alive", True):
+        return "its thread ended"
+    try:
+        socket.create_connection((LOOPBACK, port), timeout=PROXY_PROBE_TIMEOUT).close()
+    except OSError as error:
+        return f"connecting to it failed: {error}"
+    return None
+
+
+# Verdicts this process's handlers reached, oldest first (npu-run prints the first).
+_VERDICTS: List[Verdict] = []
+
+
+def last_verdict() -> Optional[Verdict]:
+    """The verdict this process's rendezvous reached, if any (npu-run's last line)."""
+    return _VERDICTS[0] if _VERDICTS else None
+
+
+class FaultsSide:
+    """The handler's faults side (see the module docstring); the state it shares with it:"""
+
+    _settings: ParallelSettings
+    _keys: RunKeys
+    _store: Optional[RootClient]  # the root, once connected
+    _watch: Optional[Watch]  # from the first join
+    _root_who: Identity  # the node hosting the root
+    _me: Identity  # this node
+    _root_lost: bool
+    _round_entered: Optional[int]  # the last round this node joined
+    _outcome: Optional[str]  # npu-run's agent says how its run ended
+    verdict: Optional[Verdict]  # the verdict this handler reached
+    _proxy_factory: ProxyFactory
+    _proxy_lock: threading.RLock
+    _proxy: Optional[NodeStoreProxy]  # this node's store proxy (tiered mode)
+    _proxy_port: int
+    _proxy_upstream: Optional[Tuple[str, int]]
+
+    def close(self) -> None:  # the handler's: stop the watch and the proxy, drop the root
+        raise NotImplementedError
+
+    # -- the watch and the verdict ----------------------------------------------------------
+
+    def _start_watch(self, store: RootClient) -> None:
+        """Say who this node is, beat once, and start the watch thread (first join only)."""
+        settings = self._settings
+        if self._watch is not None:
+            return
+        self._me = this_node(store.local_address)
+        store.set(self._keys.who(settings.node_rank), self._me.to_json())
+        store.add(self._keys.alive(settings.node_rank), 1)
+        self._watch = Watch(
+            store,
+            self._keys,
+            settings.node_rank,
+            settings.nnodes,
+            settings.liveness,
+            self._root_who,
+            self._check_proxy if settings.tiered else None,
+        )
+        store.on_poll = self._stop_polling
+        self._watch.start()
+
+    def _stop_polling(self) -> None:
+        """Between a wait's polls: unwind an agent thread whose job ended (not the watch's own)."""
+        if threading.current_thread().name != WATCH_THREAD:
+            self._raise_if_stopped()
+
+    def _raise_if_stopped(self) -> None:
+        watch = self._watch
+        if watch is not None and watch.verdict is not None:
+            self._note_verdict(watch.verdict)
+            watch.raise_if_stopped()
+
+    def _note_verdict(self, found: Optional[Verdict]) -> None:
+        if found is not None and self.verdict is None:
+            self.verdict = found
+            _VERDICTS.append(found)
+
+    def _publish_or_keep(self, found: Verdict) -> Verdict:
+        watch = self._watch
+        if watch is None:
+            return found
+        try:
+            found = watch.publish(found)
+        except StoreError as error:
+            logger.warning("could not publish the verdict: %s", error)
+            found = watch.conclude(found)
+        self._note_verdict(found)
+        return found
+
+    def _root_errors(self, doing: str) -> RootErrors:
+        return RootErrors(self, doing)
+
+    def settle_failure(self, report: FailureReport) -> Optional[Verdict]:
+        """This node's workers failed for good: report to the judge and learn the job's verdict.
+
+        Returns the verdict when it names this node's failure (torch then prints its summary);
+        raises :class:`~.watch.JobStopped` when another node caused the end. Without a watch
+        (the rendezvous never completed) there is nothing to settle: None.
+        """
+        watch, store = self._watch, self._store
+        if watch is None or store is None:
+            return None
+        found = watch.verdict
+        try:
+            if found is None:
+                store.append(self._keys.failures, report.to_json() + "\n")
+                store.add(self._keys.failures_count, 1)
+                watch.wake()
+                found = self._await_verdict(watch, report)
+        except RootError as error:
+            found = watch.conclude(
+                verdict.root_lost(self._settings.root, self._root_who, str(error))
+            )
+        self._note_verdict(found)
+        if found.node_rank == self._settings.node_rank and found.kind == verdict.WORKERS_FAILED:
+            return found
+        raise JobStopped(found)
+
+    def _await_verdict(self, watch: Watch, report: FailureReport) -> Verdict:
+        """Wait for node rank 0 to name the cause; past every deadline it should meet, name ours."""
+        keep_alive = self._settings.liveness
+        wait = keep_alive.window + 2 * keep_alive.interval + SETTLE_MARGIN
+        deadline = time.monotonic() + wait
+        found = poll(watch.read_verdict, wait, Backoff.fixed(SETTLE_POLL))
+        if found is not None:
+            return found
+        logger.warning(
+            "node rank 0 named no cause within %.0fs; naming this node's failure",
+            deadline - time.monotonic() + keep_alive.window,
+        )
+        return watch.publish(verdict.workers_failed(report, self._me))
+
+    # -- leaving: an error, a signal, the sign-off ------------------------------------------
+
+    def report_outcome(self, outcome: str) -> None:
+        """npu-run's agent: "running" when its run starts, "succeeded" when its workers did."""
+        self._outcome = outcome
+
+    def _announce_leaving(self, watch: Watch) -> None:
+        """Leaving with no verdict while this run had not succeeded (the agent failed, or its own
+        rendezvous did): the others, maybe still training, learn why instead of waiting."""
+        if self._outcome != "running" or watch.verdict is not None or self._store is None:
+            return
+        error = sys.exc_info()[1]  # torch calls shutdown() in a finally: the error leaving
+        if isinstance(error, RendezvousError) and not isinstance(error, RendezvousTimeoutError):
+            return  # a closed rendezvous, a lost root: every node sees it alike
+        # a timeout is said once, by the first node that gives up: the nodes still waiting would
+        # otherwise see the rendezvous closed before their own timeout, without the reason
+        reason = f"{type(error).__name__}: {error}" if error is not None else "its agent stopped"
+        try:
+            self._note_verdict(
+                watch.publish(verdict.left(self._settings.node_rank, self._me, reason))
+            )
+        except StoreError as store_error:
+            logger.debug("could not tell the others why this node leaves: %s", store_error)
+
+    def stop_for_signal(self, signal_name: str) -> None:
+        """The agent got a signal: tell the other nodes why this one stops, then close.
+
+        Node rank 0 keeps the root up for the others to read it and sign off (``close_timeout``).
+        """
+        watch, store = self._watch, self._store
+        if (
+            watch is not None
+            and store is not None
+            and not self._root_lost
+            and watch.verdict is None
+        ):
+            store.call_timeout = min(store.call_timeout, SIGNAL_CALL_TIMEOUT)
+            try:
+                watch.stop()
+                self._note_verdict(
+                    watch.publish(
+                        verdict.signalled(self._settings.node_rank, self._me, signal_name)
+                    )
+                )
+                self._sign_off(store)
+            except StoreError as error:
+                logger.warning("could not tell the other nodes about %s: %s", signal_name, error)
+        self.close()
+
+    def _sign_off(self, store: RootClient) -> None:
+        settings = self._settings
+        store.add(self._keys.departed, 1)
+        if settings.node_rank != 0:
+            store.add(self._keys.alive(settings.node_rank), liveness.DEPARTED)
+        elif self._round_entered is not None:
+            found = self.verdict
+            rounds.linger_for_departures(
+                store,
+                self._keys,
+                settings,
+                self._round_entered,
+                one_dead=found is not None and found.kind == verdict.DEAD,
+            )
+
+    # -- this node's store proxy ------------------------------------------------------------
+
+    def _bootstrap_store_info(self, workers_store: Tuple[str, int]) -> Tuple[str, int]:
+        """Where this node's workers find their store: it, or this node's proxy to it.
+
+        Where global rank 0 hosts the workers' store (see :func:`.rounds.workers_store`), its node's
+        workers use it directly: rank 0 binds that port itself, and they are on its host.
+        """
+        settings = self._settings
+        hosted_by_rank_0 = not torchcompat.HAS_LIST_KEYS
+        if not settings.tiered or (hosted_by_rank_0 and settings.node_rank == 0):
+            return workers_store
+        with self._proxy_lock:
+            return self._node_proxy(workers_store)
+
+    def _node_proxy(self, workers_store: Tuple[str, int]) -> Tuple[str, int]:
+        settings = self._settings
+        if self._proxy is not None:  # before new workers start: is the proxy still serving?
+            problem = proxy_problem(self._proxy, self._proxy_port)
+            lost = None if problem is None else self._restart_proxy(problem)
+            if lost is not None:
+                raise JobStopped(self._publish_or_keep(lost))
+        if self._proxy is None:
+            host, port = workers_store
+            upstream = literal_ip(host, port)
+            proxy = self._proxy_factory(upstream, port, settings.store_timeout)
+            try:
+                self._proxy_port = int(proxy.start())
+            except Exception as error:
+                raise LaunchError(
+                    f"node rank {settings.node_rank} cannot start its store proxy: {error}"
+                ) from None
+            self._proxy = proxy
+            self._proxy_upstream = workers_store
+            logger.debug(
+                "store proxy for this node's workers on %s:%d -> %s:%d",
+                LOOPBACK,
+                self._proxy_port,
+                upstream,
+                port,
+            )
+        return LOOPBACK, self._proxy_port
+
+    def _check_proxy(self) -> Optional[Verdict]:
+        """The watch's look at this node's proxy: a dead one is restarted on its own port.
+
+        Returns the verdict to publish when it cannot be brought back.
+        """
+        with self._proxy_lock:
+            proxy = self._proxy
+            if proxy is None:
+                return None
+            problem = proxy_problem(proxy, self._proxy_port)
+            return None if problem is None else self._restart_proxy(problem)
+
+    def _restart_proxy(self, problem: str) -> Optional[Verdict]:
+        settings = self._settings
+        address = f"{LOOPBACK}:{self._proxy_port}"
+        logger.warning(
+            "node rank %d: the store proxy %s died (%s); restarting it on the same port",
+            settings.node_rank,
+            address,
+            problem,
+        )
+        old, self._proxy = self._proxy, None
+        if old is not None:
+            try:
+                old.stop()
+            except Exception as error:  # it is dead already; its port is what matters
+                logger.debug("stopping the dead proxy: %s", error)
+        assert self._proxy_upstream is not None
+        host, port = self._proxy_upstream
+        try:
+            proxy = self._proxy_factory(
+                literal_ip(host, port), port, settings.store_timeout, listen_port=self._proxy_port
+            )
+            proxy.start()
+        except Exception as error:
+            return verdict.proxy_lost(settings.node_rank, self._me, address, str(error))
+        self._proxy = proxy
+        logger.warning("node rank %d: restarted the store proxy on %s", settings.node_rank, address)
+        return None
+
+    def _stop_proxy(self) -> None:
+        with self._proxy_lock:
+            proxy, self._proxy = self._proxy, None
+        if proxy is not None:
+            try:
+                proxy.stop()
+            except Exception as error:  # closing must go on whatever the proxy says
+                logger.warning("stopping the store proxy failed: %s", error)
+
+
+class RootErrors:
+    """Turn a store failure into a rendezvous error that names the root store address."""
+
+    def __init__(self, handler: FaultsSide, doing: str) -> None:
+        self._handler = handler
+        self._doing = doing
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if error is not None and isinstance(error, StoreError):
+            handler = self._handler
+            handler._root_lost = True
+            settings = handler._settings
+            if isinstance(error, RootError) and handler._watch is not None:
+                # every node then ends with the same line, whether the watch or this call saw it
+                handler._note_verdict(
+                    handler._watch.conclude(
+                        verdict.root_lost(settings.root, handler._root_who, str(error))
+                    )
+                )
+            raise RendezvousConnectionError(
+                f"node rank {settings.node_rank} lost the root store {settings.root} "
+                f"while {self._doing}: {error}"
+            ) from None
+        return False

@@ -1,0 +1,222 @@
+"""One run of the ``parallel`` rendezvous: its settings, checked once, and its keys in the root.
+
+:func:`settings_from_params` reads torch's ``RendezvousParameters`` (what ``--rdzv_conf``,
+``--nnodes``, ``--node_rank`` and the endpoint became) into :class:`ParallelSettings`, or raises
+one ``LaunchError`` line naming the flag. :class:`RunKeys` names every key the agents keep in the
+root store, all under ``npu_run/<run_id>/`` (per round, like torch's
+``torch.rendezvous.<run_id>.<round>`` prefix); everything else in the root belongs to workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+from npu_job.errors import LaunchError
+from npu_job.parsing import count_from_text, seconds_from_text
+
+from . import liveness
+from .liveness import LivenessSettings
+
+TIERED_OPTION = "enable_tiered_parallel_tcpstore"
+NODE_ORDER_OPTION = "node_order"  # which node order this node's rank belongs to (npu-run sets it)
+KEY_ROOT = "npu_run"
+
+DEFAULT_STORE_TIMEOUT = 900.0  # torch's LaunchConfig default for rdzv_configs["timeout"]
+DEFAULT_JOIN_TIMEOUT = 600.0  # torch's c10d join_timeout
+DEFAULT_CLOSE_TIMEOUT = 10.0
+DEFAULT_WATCH_INTERVAL = 1.0
+
+
+@dataclass(frozen=True)
+class ParallelSettings:
+    """Everything the ``parallel`` backend needs, checked once (see :func:`settings_from_params`).
+
+    ``store_timeout`` is the root store's operation timeout (``--rdzv_conf timeout=``, torch's
+    name); ``join_timeout`` bounds each round's wait for all nodes (and the first connection);
+    ``close_timeout`` is how long node rank 0 keeps the root alive at the end for the other
+    agents to sign off; ``watch_interval`` is the least time between two looks for a restarting
+    node (the agent asks every ``--monitor_interval``, which is 0.1 s by default).
+    ``node_order`` names the order this node's rank belongs to (the bootstrap's mapping digest,
+    or the scheduler order): when set, a node that follows another order than the nodes before it
+    is refused, instead of clashing on ranks later.
+    """
+
+    run_id: str
+    master_addr: str
+    master_port: int
+    node_rank: int
+    nnodes: int
+    tiered: bool = False
+    store_timeout: float = DEFAULT_STORE_TIMEOUT
+    join_timeout: float = DEFAULT_JOIN_TIMEOUT
+    close_timeout: float = DEFAULT_CLOSE_TIMEOUT
+    watch_interval: float = DEFAULT_WATCH_INTERVAL
+    node_order: Optional[str] = None
+    keep_alive_interval: float = liveness.DEFAULT_INTERVAL
+    keep_alive_max_attempt: int = liveness.DEFAULT_MAX_ATTEMPT
+
+    @property
+    def root(self) -> str:
+        return f"{self.master_addr}:{self.master_port}"
+
+    @property
+    def liveness(self) -> LivenessSettings:
+        return LivenessSettings(self.keep_alive_interval, self.keep_alive_max_attempt)
+
+    @property
+    def call_timeout(self) -> float:
+        """How long an agent waits for the root to answer one call: the store timeout, or the
+        liveness window if shorter (a root silent that long is as dead as a silent node)."""
+        return min(self.store_timeout, self.liveness.window)
+
+
+def _seconds(params: RendezvousParameters, key: str, default: float) -> float:
+    raw = params.get(key, default)
+    value = seconds_from_text(str(raw), zero_ok=False)
+    if value is None:
+        raise LaunchError(f"--rdzv_conf: {key}: expected a positive number of seconds, got {raw!r}")
+    return value
+
+
+def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
+    """Check torch's rendezvous parameters for the ``parallel`` backend (LaunchError if wrong)."""
+    if params.min_nodes != params.max_nodes:
+        raise LaunchError(
+            f"--nnodes={params.min_nodes}:{params.max_nodes}: the parallel rendezvous has static "
+            "membership; give one node count (e.g. --nnodes=4)"
+        )
+    if "rank" not in params.config:
+        raise LaunchError(
+            "the parallel rendezvous needs this node's rank: pass --node_rank to npu-run "
+            "(plain torchrun hands --node_rank only to its static backend: pass --rdzv_conf rank=N)"
+        )
+    try:
+        node_rank = int(params.config["rank"])
+    except (TypeError, ValueError):
+        raise LaunchError(
+            f"--node_rank: expected an integer, got {params.config['rank']!r}"
+        ) from None
+    if not 0 <= node_rank < params.max_nodes:
+        raise LaunchError(
+            f"--node_rank={node_rank}: expected 0..{params.max_nodes - 1} for "
+            f"--nnodes={params.max_nodes}"
+        )
+    if not params.endpoint.strip():
+        raise LaunchError(
+            "the parallel rendezvous needs the root store: pass --master_addr/--master_port"
+        )
+    try:
+        host, port = parse_rendezvous_endpoint(params.endpoint, -1)
+    except ValueError as error:
+        raise LaunchError(f"--rdzv_endpoint={params.endpoint!r}: {error}") from None
+    if not 0 < port < 2**16:
+        raise LaunchError(
+            f"--rdzv_endpoint={params.endpoint!r}: expected host:port with a port 1..65535"
+        )
+    try:
+        tiered = bool(params.get_as_bool(TIERED_OPTION, False))
+    except ValueError:
+        raise LaunchError(
+            f"--{TIERED_OPTION}: expected true or false, got {params.get(TIERED_OPTION)!r}"
+        ) from None
+    attempts_text = str(params.get("keep_alive_max_attempt", liveness.DEFAULT_MAX_ATTEMPT))
+    attempts = count_from_text(attempts_text)
+    if attempts is None or attempts < 1:
+        raise LaunchError(
+            f"--rdzv_conf: keep_alive_max_attempt: expected a whole number >= 1, "
+            f"got {attempts_text!r}"
+        )
+    interval = _seconds(params, "keep_alive_interval", liveness.DEFAULT_INTERVAL)
+    return ParallelSettings(
+        run_id=params.run_id,
+        master_addr=host,
+        master_port=port,
+        node_rank=node_rank,
+        nnodes=params.max_nodes,
+        tiered=tiered,
+        store_timeout=_seconds(params, "timeout", DEFAULT_STORE_TIMEOUT),
+        join_timeout=_seconds(params, "join_timeout", DEFAULT_JOIN_TIMEOUT),
+        close_timeout=_seconds(params, "close_timeout", DEFAULT_CLOSE_TIMEOUT),
+        watch_interval=_seconds(params, "watch_interval", DEFAULT_WATCH_INTERVAL),
+        node_order=str(params.get(NODE_ORDER_OPTION) or "") or None,
+        keep_alive_interval=interval,
+        keep_alive_max_attempt=attempts,
+    )
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """Key names of one job in the root store (agents' keys only; workers own the rest)."""
+
+    run_id: str
+
+    @property
+    def base(self) -> str:
+        return f"{KEY_ROOT}/{self.run_id}"
+
+    @property
+    def closed(self) -> str:
+        return f"{self.base}/closed"
+
+    @property
+    def departed(self) -> str:
+        return f"{self.base}/departed"
+
+    @property
+    def node_order(self) -> str:
+        return f"{self.base}/node_order"
+
+    @property
+    def node_order_claims(self) -> str:
+        return f"{self.base}/node_order_claims"
+
+    def round(self, number: int) -> str:
+        return f"{self.base}/round{number}"
+
+    def worker_store(self, number: int) -> str:
+        return f"{self.round(number)}/worker_store_port"
+
+    def node(self, number: int, node_rank: int) -> str:
+        return f"{self.round(number)}/node/{node_rank}"
+
+    def joined(self, number: int) -> str:
+        return f"{self.round(number)}/joined"
+
+    def complete(self, number: int) -> str:
+        return f"{self.round(number)}/complete"
+
+    def ready(self, number: int) -> str:
+        return f"{self.round(number)}/ready"
+
+    def agent_prefix(self, number: int) -> str:
+        return f"{self.round(number)}/agent"
+
+    @property
+    def root_identity(self) -> str:
+        return f"{self.base}/root"
+
+    def who(self, node_rank: int) -> str:
+        return f"{self.base}/who/{node_rank}"
+
+    def alive(self, node_rank: int) -> str:
+        return f"{self.base}/alive/{node_rank}"
+
+    @property
+    def verdict(self) -> str:
+        return f"{self.base}/verdict"
+
+    @property
+    def verdict_claims(self) -> str:
+        return f"{self.base}/verdict_claims"
+
+    @property
+    def failures(self) -> str:
+        return f"{self.base}/failures"
+
+    @property
+    def failures_count(self) -> str:
+        return f"{self.base}/failures_count"
