@@ -453,6 +453,8 @@ def test_msgspec_is_loaded_only_for_big_inputs(monkeypatch):
     assert jsondecode.msgspec_for(jsondecode.MSGSPEC_FROM_BYTES - 1) is None
     assert jsondecode._msgspec is False  # not even tried
     assert jsondecode.msgspec_for(jsondecode.MSGSPEC_FROM_BYTES) is not None
+    # loaded, it serves small inputs too: the last page of a big LIST, a small list after it
+    assert jsondecode.msgspec_for(1) is jsondecode._msgspec
 
 
 def test_without_msgspec_big_inputs_use_the_standard_library(monkeypatch):
