@@ -127,9 +127,19 @@ def test_typed_lists_imply_the_kind_and_lists_need_it():
 
 def test_kubectl_yaml_reads_like_its_json(tmp_path):
     import yaml
+    from npu_job.bootstrap.hypernode import read_hypernodes
+
+    def facts(objects):  # what is read (msgspec, when loaded, decodes JSON into just that)
+        return (
+            read_nodes(objects.nodes, "c"),
+            read_pods(objects.pods, "c"),
+            read_hypernodes(objects.hypernodes, "c"),
+        )
 
     text = yaml.safe_dump(CLUSTER).encode()
-    assert decode_objects(text, "c.yaml") == decode_objects(json.dumps(CLUSTER).encode(), "c.json")
+    from_yaml = facts(decode_objects(text, "c.yaml"))
+    assert from_yaml == facts(decode_objects(json.dumps(CLUSTER).encode(), "c.json"))
+    assert all(from_yaml)
 
 
 def test_the_continue_token_of_a_page():
