@@ -22,16 +22,19 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 from urllib.parse import quote, urlencode, urlsplit
 
 from npu_job.bootstrap.kubeobjects import (
     KubeObjects,
+    PodFacts,
     decode_kube_document,
     list_continue,
     read_objects,
+    read_pod_page,
+    read_pods,
 )
-from npu_job.bootstrap.payload import MAX_INPUT_BYTES, check_size, verbatim_or_shown
+from npu_job.bootstrap.payload import MAX_INPUT_BYTES, check_size, json_text, verbatim_or_shown
 from npu_job.bootstrap.sources import SERVICE_ACCOUNT_DIR, KubernetesAPI, SourceUnavailable
 
 from npu_job.errors import InputError
@@ -97,27 +100,57 @@ class KubeClient:
     def list(self, path: str, params: Optional[Mapping[str, str]] = None) -> KubeObjects:
         """Every item of ``GET path`` (all pages), sorted by kind; ``params`` such as
         ``labelSelector`` go with every page."""
+        objects = KubeObjects()
+        for document, name in self._pages(path, params):
+            objects += read_objects(document, name)
+        log.debug(
+            "%s%s: %d item(s)",
+            self.api.base_url,
+            path,
+            len(objects.nodes) + len(objects.pods) + len(objects.hypernodes),
+        )
+        return objects
+
+    def list_pods(
+        self, path: str, params: Optional[Mapping[str, str]] = None
+    ) -> Tuple[PodFacts, ...]:
+        """:func:`~npu_job.bootstrap.kubeobjects.read_pods` of every Pod of ``GET path`` (all
+        pages): each page read straight into the facts (:func:`read_pod_page`), else the general
+        way, which reads the same facts or names what is wrong."""
+        pods: List[PodFacts] = []
+        for document, name in self._pages(path, params, read_pod_page):
+            if type(document) is tuple:
+                pods.extend(document)
+            else:
+                pods.extend(read_pods(read_objects(document, name).pods, name))
+        log.debug("%s%s: %d pod(s)", self.api.base_url, path, len(pods))
+        return tuple(pods)
+
+    def _pages(
+        self,
+        path: str,
+        params: Optional[Mapping[str, str]],
+        typed: Optional[Callable[[bytes], Optional[Tuple[Any, Optional[str]]]]] = None,
+    ) -> Iterator[Tuple[Any, str]]:
+        """``(page, name)`` of each page of ``GET path``: what ``typed`` read from the page's
+        JSON text, else the decoded document (``typed`` declined, or none given)."""
         name = f"{self.api.base_url}{path}"
         query: Dict[str, str] = {
             **(params or {}),
             "limit": str(self.page_size),
             "resourceVersion": "0",
         }
-        objects = KubeObjects()
-        pages = 0
         while True:
-            document = decode_kube_document(self.get(path, query), name, allow_yaml=False)
-            objects += read_objects(document, name)
-            pages += 1
-            token = list_continue(document)
+            text = json_text(self.get(path, query), name)
+            read = typed(text) if typed is not None else None
+            if read is not None:
+                page, token = read
+            else:
+                page = decode_kube_document(text, name, allow_yaml=False)
+                token = list_continue(page)
+            yield page, name
             if token is None:
-                log.debug(
-                    "%s: %d page(s), %d item(s)",
-                    name,
-                    pages,
-                    len(objects.nodes) + len(objects.pods) + len(objects.hypernodes),
-                )
-                return objects
+                return
             query = {**(params or {}), "limit": str(self.page_size), "continue": token}
 
     def get(self, path: str, query: Mapping[str, str]) -> bytes:

@@ -17,11 +17,13 @@ from npu_job.bootstrap.kubeapi import (
     status_of,
     topology_objects,
 )
+from npu_job.bootstrap.kubeobjects import read_pods
 from npu_job.bootstrap.sources import KubernetesAPI, SourceUnavailable
 
 from npu_job.errors import InputError
 
 from .documents import node
+from .engines import json_engine
 from .fake_kube_api import FakeKubernetesAPI, status
 from .https_server import HTTPSServer, serve_sequence, tls_files_fixture
 
@@ -66,6 +68,32 @@ def test_a_list_follows_continue_tokens_page_by_page(server, api):
     assert queries[0]["resourceVersion"] == ["0"] and "continue" not in queries[0]
     assert all("resourceVersion" not in q and q["continue"] for q in queries[1:])
     assert queries[0]["labelSelector"] == ["volcano.sh/job-name=j,volcano.sh/task-spec=worker"]
+
+
+def test_pods_are_read_page_by_page_straight_or_the_general_way(server, api):
+    """A damaged pod (the label of its index a number) is read the general way, which names it;
+    an intact page is read straight into the same facts."""
+    pods = [_pod(i) for i in range(5)]
+    FakeKubernetesAPI(server, "tok", pods=pods, namespaces=("ns",))
+    with json_engine("msgspec"), KubeClient(api, page_size=2) as client:
+        facts = client.list_pods(pods_path("ns"))
+        objects = client.list(pods_path("ns"))
+    assert facts == read_pods(objects.pods, "x") and [p.where for p in facts][:3] == [
+        "items[0]",
+        "items[1]",
+        "items[0]",
+    ]
+    pods[3] = {
+        **pods[3],
+        "metadata": {**pods[3]["metadata"], "labels": {"volcano.sh/task-index": 3}},
+    }
+    FakeKubernetesAPI(server, "tok", pods=pods, namespaces=("ns",))
+    with json_engine("msgspec"), KubeClient(api, page_size=2) as client, pytest.raises(
+        InputError,
+        match=r"/api/v1/namespaces/ns/pods: items\[1\] \(Pod 'j-worker-3'\): "
+        r"metadata.labels.volcano.sh/task-index: expected a string, got a number 3$",
+    ):
+        client.list_pods(pods_path("ns"))
 
 
 def test_big_answers_come_gzipped_and_read_the_same(server, api):
