@@ -232,3 +232,48 @@ def test_a_kept_alive_connection_the_server_closed_is_opened_again_at_once(
         client.list(NODES_PATH)
         client.list(NODES_PATH)  # the kept-alive connection is gone: a new one, no backoff
     assert answers == []
+
+
+def _answer(raw):
+    import io
+
+    return kubeapi.read_answer(io.BufferedReader(io.BytesIO(raw)), "api")
+
+
+def test_an_answer_is_framed_by_chunks_by_length_or_by_the_end_of_the_connection():
+    chunked = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5;ext=1\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nTrailer: x\r\n\r\n"
+    )
+    assert _answer(chunked) == (200, "OK", b"hello world", True)
+    interim = b"HTTP/1.1 100 Continue\r\n\r\n"
+    sized = b"HTTP/1.1 404 Not Found\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabcdef"
+    assert _answer(interim + sized) == (404, "Not Found", b"abc", False)
+    assert _answer(b"HTTP/1.0 200 OK\r\n\r\nto the end") == (200, "OK", b"to the end", False)
+
+
+@pytest.mark.parametrize(
+    "raw, problem",
+    [
+        (b"", "closed the connection without an answer"),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x status line"),
+        (b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "not a header field"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc", "ended after 3 of 9 bytes"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "not a chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nabc", "inside a chunk"),
+    ],
+    ids=["nothing", "not-http", "bad-header", "short-body", "bad-chunk-size", "short-chunk"],
+)
+def test_a_malformed_answer_is_a_connection_problem(raw, problem):
+    with pytest.raises(kubeapi.BadAnswer, match=problem):
+        _answer(raw)
+
+
+def test_a_chunked_answer_over_the_cap_is_refused_as_it_arrives(monkeypatch):
+    monkeypatch.setattr(kubeapi, "MAX_INPUT_BYTES", 4)
+    import npu_job.bootstrap.payload as payload
+
+    monkeypatch.setattr(payload, "MAX_INPUT_BYTES", 4)
+    raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n3\r\ndef\r\n0\r\n\r\n"
+    with pytest.raises(InputError, match="^api: "):
+        _answer(raw)
