@@ -471,17 +471,29 @@ def _devices_fast(amounts: Dict[Any, Any]) -> Optional[Tuple[int, bool]]:
     """(devices, whether any accelerator resource is listed) of a well-formed ``limits`` or
     ``requests``; None: a count :func:`_device_count` refuses."""
     total = 0
-    counted = [
-        value for key, value in amounts.items() if type(key) is str and _ACCELERATOR.match(key)
-    ]
-    for value in counted:
+    listed = False
+    known = _ACCELERATOR_NAMES
+    for key, value in amounts.items():
+        accelerator = known.get(key)
+        if accelerator is None:
+            accelerator = type(key) is str and _ACCELERATOR.match(key) is not None
+            if type(key) is str and len(known) < 1024:
+                known[key] = accelerator
+        if not accelerator:
+            continue
+        listed = True
         if type(value) is str and value.isdigit() and value.isascii() and len(value) <= 9:
             total += int(value)
         elif type(value) is int and value >= 0:
             total += value
         else:
             return None
-    return total, bool(counted)
+    return total, listed
+
+
+# resource name -> whether it counts accelerators: the same few names (cpu, memory,
+# nvidia.com/gpu...) come back in every pod, and a lookup is cheaper than the pattern
+_ACCELERATOR_NAMES: Dict[Any, bool] = {}
 
 
 def _pod_checked(obj: KubeObject, source: str) -> PodFacts:
