@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import AbstractSet, Dict, FrozenSet, Iterable, Mapping, Optional, Sequence, Tuple
 
-from npu_job.bootstrap import hypernode, labels
+from npu_job.bootstrap import hypernode
 from npu_job.bootstrap.fields import fail
 from npu_job.bootstrap.kubeobjects import (
     NODE,
@@ -80,6 +80,8 @@ def topology_from_objects(
         resolved = hypernode.resolve(tree, nodes, source, names=wanted)
         placements = _keyed(resolved.placements, nodes, wanted, source)
         return KubeTopology(Topology(placements, source=HYPERNODES), resolved.notes)
+    from npu_job.bootstrap import labels  # the label schemes: not needed with HyperNodes
+
     by_node: Dict[str, Placement] = {}
     schemes: Dict[str, int] = {}
     for node in nodes:
