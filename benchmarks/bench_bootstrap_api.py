@@ -20,7 +20,12 @@ Timing, interleaved with a bare ``python3 -c pass`` as in ``bench_bootstrap.py``
 Target: 4096 pods within 0.15 s of bare interpreter start for the work once the API answers: the
 median CPU excess, and the wall excess less the API's time, both printed with a verdict.
 
-    python benchmarks/bench_bootstrap_api.py [--sizes 64,1024,4096] [--repeat 7] [--output FILE]
+``--callgrind``: also count the instructions of one bare start and one run of the biggest size
+under ``valgrind --tool=callgrind`` (following bash's exec into python): a steady figure where a
+busy machine makes CPU times wander by tens of milliseconds.
+
+    python benchmarks/bench_bootstrap_api.py [--sizes 64,1024,4096] [--repeat 7] [--callgrind]
+        [--output FILE]
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the fake API and the job generator live with the tests
@@ -76,6 +81,21 @@ def timed(
     return end - start, usage.ru_utime + usage.ru_stime, api, after
 
 
+def instructions(command: Sequence[str], env: Dict[str, str]) -> int:
+    """Instructions the command's last process image ran (callgrind's ``I refs``)."""
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--trace-children=yes", "--callgrind-out-file=/dev/null"]
+        + list(command),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
+    counts = [line.split()[-1] for line in done.stderr.splitlines() if "I   refs:" in line]
+    return int(counts[-1].replace(",", ""))
+
+
 def check_success(env: Dict[str, str]) -> None:
     plan = json.loads((Path(env["NPU_JOB_OUTPUT_DIR"]) / "route_plan.json").read_text())
     if plan["status"] != "success":
@@ -85,8 +105,11 @@ def check_success(env: Dict[str, str]) -> None:
 Row = Tuple[str, int, float, float, float, float, float]
 
 
-def run(sizes: Sequence[int], repeat: int) -> List[Row]:
-    """One HTTPS server (and fake API) per size, all up at once; runs interleaved."""
+def run(
+    sizes: Sequence[int], repeat: int, callgrind: bool = False
+) -> Tuple[List[Row], Optional[Tuple[int, int]]]:
+    """One HTTPS server (and fake API) per size, all up at once; runs interleaved. With
+    ``callgrind``, also the instructions of a bare start and of the biggest size."""
     with tempfile.TemporaryDirectory(prefix="bench-bootstrap-api-") as tmp, ExitStack() as stack:
         cert, key = make_self_signed(Path(tmp))
         base = {
@@ -141,6 +164,13 @@ def run(sizes: Sequence[int], repeat: int) -> List[Row]:
             samples[0].append(timed([sys.executable, "-c", "pass"], base, idle))
             for size in sizes:
                 samples[size].append(once(size))
+        counted = None
+        if callgrind:
+            counted = (
+                instructions([sys.executable, "-c", "pass"], base),
+                instructions(["bash", str(SCRIPT)], cases[sizes[-1]][1]),
+            )
+            check_success(cases[sizes[-1]][1])
     median = statistics.median
     rows: List[Row] = []
     for size in [0, *sizes]:
@@ -156,10 +186,10 @@ def run(sizes: Sequence[int], repeat: int) -> List[Row]:
                 median(after) if size else 0.0,
             )
         )
-    return rows
+    return rows, counted
 
 
-def table_text(rows: Sequence[Row], repeat: int) -> str:
+def table_text(rows: Sequence[Row], repeat: int, counted: Optional[Tuple[int, int]] = None) -> str:
     base = rows[0]
     lines = [
         f"bootstrap with no rank table, pods from the Kubernetes API (fake, on loopback), {repeat} "
@@ -187,6 +217,13 @@ def table_text(rows: Sequence[Row], repeat: int) -> str:
         f"  after the last answer: median {biggest[6]:.3f} s from the API's last byte to the "
         f"pod's exit (decode of that page, topology, plan, files): {_verdict(biggest[6])}",
     ]
+    if counted is not None:
+        bare, pod = counted
+        lines += [
+            "",
+            f"instructions (callgrind, one run each): python -c pass {bare:,}, bootstrap.sh at "
+            f"{biggest[1]} pods {pod:,}: excess {pod - bare:,}",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -198,10 +235,14 @@ def main(argv: Sequence[str] = ()) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="64,1024,4096", help="comma-separated pod counts")
     parser.add_argument("--repeat", type=int, default=7, help="interleaved repetitions per case")
+    parser.add_argument(
+        "--callgrind", action="store_true", help="also count instructions (valgrind)"
+    )
     parser.add_argument("--output", help="also write the table to this file")
     args = parser.parse_args(list(argv) or None)
     sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
-    publish(table_text(run(sizes, args.repeat), args.repeat), args.output)
+    rows, counted = run(sizes, args.repeat, args.callgrind)
+    publish(table_text(rows, args.repeat, counted), args.output)
     return 0
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import (
+    AbstractSet,
     Any,
     Dict,
     Iterable,
@@ -46,7 +47,6 @@ from typing import (
     Optional,
     Pattern,
     Sequence,
-    Set,
     Tuple,
     Union,
 )
@@ -304,32 +304,34 @@ def resolve(
     facts = {node.name: node for node in nodes}
     if names is None:
         exact = {m.exact for h in ordered for m in h.members if m.type == "Node" and m.exact}
-        candidates = sorted(set(facts) | exact)
+        candidates = set(facts) | exact
     else:
-        candidates = sorted(set(names))  # any fixed order: the results are per node
+        candidates = set(names)  # in any order: the results are per node
     holders = _holders(ordered, candidates, facts, names is not None, notes)
     chains: Dict[str, Tuple[str, ...]] = {}
     placements: Dict[str, Placement] = {}
-    shared: Dict[Tuple[str, ...], Placement] = {}
+    # the same HyperNodes hold many nodes (a leaf, all its nodes): their paths, worked out once
+    known: Dict[Any, Tuple[Tuple[Tuple[str, ...], ...], Placement]] = {}
     paths: Dict[str, Tuple[Tuple[str, ...], ...]] = {}
     several: List[str] = []
-    for node in candidates:
-        held_by = holders.get(node)
-        if not held_by:
-            continue
-        options = [_chain(holder, parent, chains) for holder in held_by]
-        if len(options) > 1:
-            options.sort(
-                key=lambda chain: (by_name[chain[-1]].tier, tuple(map(id_sort_key, chain)))
+    for node in sorted(holders):  # the nodes some HyperNode holds (of the candidates)
+        held_by = holders[node]
+        key = held_by[0] if len(held_by) == 1 else tuple(held_by)
+        found = known.get(key)
+        if found is None:
+            options = [_chain(holder, parent, chains) for holder in held_by]
+            if len(options) > 1:
+                options.sort(
+                    key=lambda chain: (by_name[chain[-1]].tier, tuple(map(id_sort_key, chain)))
+                )
+            chosen = options[0]
+            found = known[key] = (
+                tuple(options),
+                Placement(tiers=chosen[:-1], tors=chosen[-1:]),
             )
-        chosen = options[0]
-        paths[node] = tuple(options)
-        if len(options) > 1:
-            several.append(f"{shown(node)} ({', '.join(_path_text(c) for c in options)})")
-        placement = shared.get(chosen)
-        if placement is None:
-            placement = shared[chosen] = Placement(tiers=chosen[:-1], tors=chosen[-1:])
-        placements[node] = placement
+        paths[node], placements[node] = found
+        if len(found[0]) > 1:
+            several.append(f"{shown(node)} ({', '.join(_path_text(c) for c in found[0])})")
     if several:
         notes.append(
             f"{len(several)} node(s) are held by several HyperNodes, each placed under the one of "
@@ -415,13 +417,13 @@ def _check_acyclic(
 
 def _holders(
     ordered: Sequence[HyperNode],
-    candidates: Sequence[str],
+    candidates: AbstractSet[str],
     facts: Mapping[str, NodeFacts],
     restricted: bool,
     notes: List[str],
 ) -> Dict[str, List[str]]:
     """node name -> the HyperNodes whose Node members select it, in name order."""
-    wanted: Set[str] = set(candidates)
+    wanted = candidates
     holders: Dict[str, List[str]] = {}
     unusable: List[str] = []
     unlabelled: List[str] = []

@@ -14,7 +14,8 @@ document is capped at :data:`MAX_DECODED_BYTES` once decoded, estimated before a
 6 MB of JSON and the pod-side budget is a fraction of a second): it decodes about twice as fast as
 ``json``, decodes straight into typed structs without building what a reader skips (5x faster
 still), and encodes 10x faster. Importing it costs ~10 ms, more than it saves on a small job, so
-it is loaded only for an input of :data:`MSGSPEC_FROM_BYTES` or more. It is only ever a shortcut:
+it is loaded only for an input of :data:`MSGSPEC_FROM_BYTES` or more (and then serves the smaller
+ones too). It is only ever a shortcut:
 
 * whatever it accepts, ``json.loads`` accepts with the same meaning (UTF-8 is checked first,
   because msgspec does not check the strings it skips);
@@ -44,11 +45,12 @@ _msgspec: Any = False  # False: not tried yet; None: not installed; else the msg
 
 def msgspec_for(size: int) -> Any:
     """The msgspec module (with ``msgspec.json``) if installed and worth loading for ``size``
-    bytes of JSON; else None."""
-    if size < MSGSPEC_FROM_BYTES:
-        return None
+    bytes of JSON; else None. Once a big input has loaded it, it serves every input, however
+    small (the import was the cost: the last page of a big LIST, a small list after it)."""
     global _msgspec
     if _msgspec is False:
+        if size < MSGSPEC_FROM_BYTES:
+            return None
         try:
             import msgspec.json
         except ImportError:  # the standard library does everything, only slower

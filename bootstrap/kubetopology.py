@@ -12,9 +12,9 @@ address two nodes claim with different placements is an error.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import AbstractSet, Dict, FrozenSet, Iterable, Mapping, Optional, Sequence, Tuple
 
-from npu_job.bootstrap import hypernode, labels
+from npu_job.bootstrap import hypernode
 from npu_job.bootstrap.fields import fail
 from npu_job.bootstrap.kubeobjects import (
     NODE,
@@ -80,6 +80,8 @@ def topology_from_objects(
         resolved = hypernode.resolve(tree, nodes, source, names=wanted)
         placements = _keyed(resolved.placements, nodes, wanted, source)
         return KubeTopology(Topology(placements, source=HYPERNODES), resolved.notes)
+    from npu_job.bootstrap import labels  # the label schemes: not needed with HyperNodes
+
     by_node: Dict[str, Placement] = {}
     schemes: Dict[str, int] = {}
     for node in nodes:
@@ -101,7 +103,7 @@ def topology_from_objects(
 
 def _wanted_nodes(
     nodes: Sequence[NodeFacts], names: Optional[Iterable[str]]
-) -> Optional[Tuple[str, ...]]:
+) -> Optional[FrozenSet[str]]:
     """The node names ``names`` stand for: a node's own name or one of its addresses; a name no
     listed node has is kept as it is (a node the HyperNodes name without a node list)."""
     if names is None:
@@ -111,19 +113,19 @@ def _wanted_nodes(
         node.name for node in nodes if node.name in wanted or not wanted.isdisjoint(node.addresses)
     }
     addresses = {address for node in nodes for address in node.addresses}
-    return tuple(sorted(found | (wanted - addresses)))
+    return frozenset(found | (wanted - addresses))  # asked "is it in?", never listed in order
 
 
 def _keyed(
     by_node: Mapping[str, Placement],
     nodes: Sequence[NodeFacts],
-    wanted: Optional[Sequence[str]],
+    wanted: Optional[AbstractSet[str]],
     source: str,
 ) -> Dict[str, Placement]:
     """``by_node`` keyed by node name and by every InternalIP of the node as well."""
     keyed: Dict[str, Placement] = {}
     claimed: Dict[str, str] = {}  # key -> the node that claimed it first
-    keep = None if wanted is None else set(wanted)
+    keep = wanted
     listed = set()
     for node in nodes:
         listed.add(node.name)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Mapping, Optional, Tuple
 
 from npu_job.bootstrap import jobpods
-from npu_job.bootstrap.kubeobjects import KubeObjects, decode_objects, read_pods
+from npu_job.bootstrap.kubeobjects import KubeObjects, PodFacts, decode_objects, read_pods
 from npu_job.bootstrap.model import RankTable, Topology
 from npu_job.bootstrap.sources import (
     K8S_TOPOLOGY,
@@ -38,6 +38,9 @@ from npu_job.polling import Backoff, poll
 log = logging.getLogger(__name__)
 
 PODS_ENV = "NPU_JOB_PODS"
+# What one look at the source gives: the pods' facts, and the objects of a file (its HyperNodes and
+# Nodes serve the topology; the API's topology is listed apart, so none come with its pods)
+Listed = Tuple[Tuple[PodFacts, ...], KubeObjects]
 JOB_SIZE_ENV = "MA_NUM_HOSTS"
 
 
@@ -104,13 +107,13 @@ def load_job(
 
 
 def _attempt(
-    fetch: Callable[[], KubeObjects], location: str, selector: jobpods.JobSelector
+    fetch: Callable[[], Listed], location: str, selector: jobpods.JobSelector
 ) -> Tuple[Optional[jobpods.Roster], KubeObjects, str]:
     try:
-        objects = fetch()  # a missing file, a 403 or a bad certificate raise: polling won't help
+        pods, objects = fetch()  # a missing file, a 403 or a bad certificate raise: no polling
     except SourceUnavailable as error:
         return None, KubeObjects(), f"unreachable ({error.message})"
-    roster = jobpods.job_roster(read_pods(objects.pods, location), selector, location)
+    roster = jobpods.job_roster(pods, selector, location)
     return roster, objects, roster.progress()
 
 
@@ -130,13 +133,14 @@ def _selector(options: Any, env: Mapping[str, str]) -> jobpods.JobSelector:
 
 def _source(
     options: Any, env: Mapping[str, str], selector: jobpods.JobSelector, verify: Verify
-) -> Tuple[Callable[[], KubeObjects], str, Any]:
+) -> Tuple[Callable[[], Listed], str, Any]:
     """How to list the job's pods: ``(fetch, name, the API client or None)``."""
     if options.pods != K8S_TOPOLOGY:
         location = options.pods
 
-        def read() -> KubeObjects:
-            return decode_objects(read_bytes(location, verify=verify), location)
+        def read() -> Listed:
+            objects = decode_objects(read_bytes(location, verify=verify), location)
+            return read_pods(objects.pods, location), objects
 
         return read, location, None
     from npu_job.bootstrap import kubeapi
@@ -166,7 +170,7 @@ def _source(
     path = kubeapi.pods_path(namespace)
     query = kubeapi.job_selector_query(selector.job, selector.task)
     client = kubeapi.KubeClient(api)  # one connection, kept for the topology's lists too
-    return (lambda: client.list(path, query)), f"{api.base_url}{path}", client
+    return (lambda: (client.list_pods(path, query), KubeObjects())), f"{api.base_url}{path}", client
 
 
 def _job_text(selector: jobpods.JobSelector) -> str:

@@ -17,11 +17,13 @@ from npu_job.bootstrap.kubeapi import (
     status_of,
     topology_objects,
 )
+from npu_job.bootstrap.kubeobjects import read_pods
 from npu_job.bootstrap.sources import KubernetesAPI, SourceUnavailable
 
 from npu_job.errors import InputError
 
 from .documents import node
+from .engines import json_engine
 from .fake_kube_api import FakeKubernetesAPI, status
 from .https_server import HTTPSServer, serve_sequence, tls_files_fixture
 
@@ -66,6 +68,32 @@ def test_a_list_follows_continue_tokens_page_by_page(server, api):
     assert queries[0]["resourceVersion"] == ["0"] and "continue" not in queries[0]
     assert all("resourceVersion" not in q and q["continue"] for q in queries[1:])
     assert queries[0]["labelSelector"] == ["volcano.sh/job-name=j,volcano.sh/task-spec=worker"]
+
+
+def test_pods_are_read_page_by_page_straight_or_the_general_way(server, api):
+    """A damaged pod (the label of its index a number) is read the general way, which names it;
+    an intact page is read straight into the same facts."""
+    pods = [_pod(i) for i in range(5)]
+    FakeKubernetesAPI(server, "tok", pods=pods, namespaces=("ns",))
+    with json_engine("msgspec"), KubeClient(api, page_size=2) as client:
+        facts = client.list_pods(pods_path("ns"))
+        objects = client.list(pods_path("ns"))
+    assert facts == read_pods(objects.pods, "x") and [p.where for p in facts][:3] == [
+        "items[0]",
+        "items[1]",
+        "items[0]",
+    ]
+    pods[3] = {
+        **pods[3],
+        "metadata": {**pods[3]["metadata"], "labels": {"volcano.sh/task-index": 3}},
+    }
+    FakeKubernetesAPI(server, "tok", pods=pods, namespaces=("ns",))
+    with json_engine("msgspec"), KubeClient(api, page_size=2) as client, pytest.raises(
+        InputError,
+        match=r"/api/v1/namespaces/ns/pods: items\[1\] \(Pod 'j-worker-3'\): "
+        r"metadata.labels.volcano.sh/task-index: expected a string, got a number 3$",
+    ):
+        client.list_pods(pods_path("ns"))
 
 
 def test_big_answers_come_gzipped_and_read_the_same(server, api):
@@ -204,3 +232,48 @@ def test_a_kept_alive_connection_the_server_closed_is_opened_again_at_once(
         client.list(NODES_PATH)
         client.list(NODES_PATH)  # the kept-alive connection is gone: a new one, no backoff
     assert answers == []
+
+
+def _answer(raw):
+    import io
+
+    return kubeapi.read_answer(io.BufferedReader(io.BytesIO(raw)), "api")
+
+
+def test_an_answer_is_framed_by_chunks_by_length_or_by_the_end_of_the_connection():
+    chunked = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5;ext=1\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nTrailer: x\r\n\r\n"
+    )
+    assert _answer(chunked) == (200, "OK", b"hello world", True)
+    interim = b"HTTP/1.1 100 Continue\r\n\r\n"
+    sized = b"HTTP/1.1 404 Not Found\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabcdef"
+    assert _answer(interim + sized) == (404, "Not Found", b"abc", False)
+    assert _answer(b"HTTP/1.0 200 OK\r\n\r\nto the end") == (200, "OK", b"to the end", False)
+
+
+@pytest.mark.parametrize(
+    "raw, problem",
+    [
+        (b"", "closed the connection without an answer"),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x status line"),
+        (b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "not a header field"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nabc", "ended after 3 of 9 bytes"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "not a chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nabc", "inside a chunk"),
+    ],
+    ids=["nothing", "not-http", "bad-header", "short-body", "bad-chunk-size", "short-chunk"],
+)
+def test_a_malformed_answer_is_a_connection_problem(raw, problem):
+    with pytest.raises(kubeapi.BadAnswer, match=problem):
+        _answer(raw)
+
+
+def test_a_chunked_answer_over_the_cap_is_refused_as_it_arrives(monkeypatch):
+    monkeypatch.setattr(kubeapi, "MAX_INPUT_BYTES", 4)
+    import npu_job.bootstrap.payload as payload
+
+    monkeypatch.setattr(payload, "MAX_INPUT_BYTES", 4)
+    raw = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n3\r\ndef\r\n0\r\n\r\n"
+    with pytest.raises(InputError, match="^api: "):
+        _answer(raw)

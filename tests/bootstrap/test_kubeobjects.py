@@ -20,6 +20,8 @@ from npu_job.bootstrap.kubeobjects import (
 
 from npu_job.errors import InputError
 
+from .engines import json_engine
+
 FIXTURES = Path(__file__).parent / "fixtures" / "kube"
 CLUSTER = json.loads((FIXTURES / "cluster.json").read_text())
 NODE = next(i for i in CLUSTER["items"] if i["kind"] == "Node")
@@ -79,6 +81,33 @@ def test_a_damaged_pod_reads_the_same_either_way(data):
 
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
+def test_a_page_of_the_apis_podlist_reads_straight_into_the_same_facts_or_declines(data):
+    """``read_pod_page`` (msgspec, typed) reads what the general way reads, or leaves the page
+    to it: a damaged pod, an item with a kind, a page that is no PodList."""
+    pods = [{k: v for k, v in POD.items() if k not in ("kind", "apiVersion")} for _ in range(3)]
+    page = {"kind": "PodList", "apiVersion": "v1", "metadata": {"continue": "t"}, "items": pods}
+    path = data.draw(st.sampled_from([("items", 1, *p) for p in _paths(pods[1])] + [("kind",)]))
+    damaged = _damaged(page, path, data.draw(VALUES))
+    text = json.dumps(damaged).encode()
+    with json_engine("msgspec"):
+        typed = kubeobjects.read_pod_page(text)
+        general = _outcome(lambda d: read_pods(read_objects(d, "s").pods, "s"), damaged)
+    if typed is not None:  # declining is always safe: the general way decides
+        assert ("ok", typed[0]) == general and typed[1] == "t"
+
+
+def test_an_intact_page_is_read_straight_and_without_msgspec_declined():
+    items = [{k: v for k, v in POD.items() if k not in ("kind", "apiVersion")}]
+    text = json.dumps({"kind": "PodList", "metadata": {}, "items": items}).encode()
+    with json_engine("msgspec"):
+        facts, token = kubeobjects.read_pod_page(text)
+    assert facts == read_pods(read_objects(json.loads(text), "s").pods, "s") and token is None
+    with json_engine("stdlib"):
+        assert kubeobjects.read_pod_page(text) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
 def test_a_damaged_node_reads_the_same_either_way(data):
     path = data.draw(st.sampled_from(list(_paths(NODE))))
     item = _damaged(NODE, path, data.draw(VALUES))
@@ -119,6 +148,8 @@ def test_typed_lists_imply_the_kind_and_lists_need_it():
         InputError, match=r"^x: kind: expected HyperNodeList, List, NodeList, PodList or a single"
     ):
         read_objects({"kind": "ConfigMap", "items": []}, "x")
+    with pytest.raises(InputError, match=r"^x: kind: expected HyperNodeList, .*, got an array$"):
+        read_objects({"kind": [], "items": []}, "x")  # not a TypeError (unhashable)
     single = read_objects(NODE, "x")
     assert single.nodes[0].where == "" and read_nodes(single.nodes, "x")[0].name == "node-0"
     other = read_objects({"kind": "List", "items": [{"kind": "Service", "metadata": {}}]}, "x")
@@ -127,9 +158,19 @@ def test_typed_lists_imply_the_kind_and_lists_need_it():
 
 def test_kubectl_yaml_reads_like_its_json(tmp_path):
     import yaml
+    from npu_job.bootstrap.hypernode import read_hypernodes
+
+    def facts(objects):  # what is read (msgspec, when loaded, decodes JSON into just that)
+        return (
+            read_nodes(objects.nodes, "c"),
+            read_pods(objects.pods, "c"),
+            read_hypernodes(objects.hypernodes, "c"),
+        )
 
     text = yaml.safe_dump(CLUSTER).encode()
-    assert decode_objects(text, "c.yaml") == decode_objects(json.dumps(CLUSTER).encode(), "c.json")
+    from_yaml = facts(decode_objects(text, "c.yaml"))
+    assert from_yaml == facts(decode_objects(json.dumps(CLUSTER).encode(), "c.json"))
+    assert all(from_yaml)
 
 
 def test_the_continue_token_of_a_page():

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import jsondecode, payload
 from npu_job.bootstrap.fields import describe
-from npu_job.bootstrap.payload import decode_document, encode_b64_gzip
+from npu_job.bootstrap.payload import decode_document, encode_b64_gzip, json_text
 
 from npu_job.errors import InputError, shown
 
@@ -57,6 +57,40 @@ def test_yaml_only_where_the_caller_allows_it():
         match=r"^topo.yaml: content: expected JSON or base64\(gzip\(JSON\)\), got data starting with",
     ):
         decode_document(text, "topo.yaml")
+
+
+def _gzip_member(data, **header):
+    import io
+
+    buffer = io.BytesIO()
+    with gzip.GzipFile(mode="wb", fileobj=buffer, mtime=0, **header) as member:
+        member.write(data)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("named", [False, True], ids=["plain-header", "with-file-name"])
+def test_gzip_over_tls_is_inflated_without_its_crc_and_reads_the_same(named):
+    text = json.dumps(DOC).encode()
+    body = _gzip_member(text, filename="doc.json") if named else gzip.compress(text)
+    assert json_text(body, "api", verify_crc=False) == text == json_text(body, "api")
+    damaged = bytearray(body)
+    damaged[-6] ^= 1  # in the CRC-32 of the trailer: TLS, not gzip, vouches for the bytes
+    assert json_text(bytes(damaged), "api", verify_crc=False) == text
+    with pytest.raises(InputError, match="expected a valid gzip stream"):
+        json_text(bytes(damaged), "api")
+
+
+@pytest.mark.parametrize(
+    "cut", [1, 8, 20], ids=["short-of-the-length", "no-trailer", "short-of-the-data"]
+)
+def test_an_incomplete_gzip_stream_says_so_whether_or_not_the_crc_is_checked(cut):
+    body = gzip.compress(json.dumps(DOC).encode())[:-cut]
+    errors = []
+    for verify in (True, False):
+        with pytest.raises(InputError) as caught:
+            json_text(body, "api", verify_crc=verify)
+        errors.append(caught.value.message)
+    assert errors[0] == errors[1] and "gzip" in errors[0]
 
 
 def test_our_encoder_is_deterministic_gzip_with_stdencoding():
@@ -453,6 +487,8 @@ def test_msgspec_is_loaded_only_for_big_inputs(monkeypatch):
     assert jsondecode.msgspec_for(jsondecode.MSGSPEC_FROM_BYTES - 1) is None
     assert jsondecode._msgspec is False  # not even tried
     assert jsondecode.msgspec_for(jsondecode.MSGSPEC_FROM_BYTES) is not None
+    # loaded, it serves small inputs too: the last page of a big LIST, a small list after it
+    assert jsondecode.msgspec_for(1) is jsondecode._msgspec
 
 
 def test_without_msgspec_big_inputs_use_the_standard_library(monkeypatch):
