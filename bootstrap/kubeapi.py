@@ -9,10 +9,9 @@ job asks at once), the next ones with ``continue`` alone (the API refuses a reso
 a continue token). An expired token (``410 Gone``) counts as a passing failure: the next poll
 starts over.
 
-Standard library only (``ssl`` and a small HTTP/1.1 reader, :func:`read_answer`): importing
-``requests`` costs about 0.1 s of CPU and ``http.client`` ~8 ms, much of the bootstrap's budget (a
-4096-pod job plans within 0.15 s of interpreter start once the API answers). One keep-alive HTTPS
-connection serves every page; responses may come gzipped
+Standard library only (``http.client`` and ``ssl``): importing ``requests`` costs about 0.1 s of
+CPU, most of the bootstrap's budget (a 4096-pod job plans within 0.15 s of interpreter start once
+the API answers). One keep-alive HTTPS connection serves every page; responses may come gzipped
 (``Accept-Encoding: gzip``; the API server compresses big ones) and are capped at
 :data:`~npu_job.bootstrap.payload.MAX_INPUT_BYTES` per page. Connection errors, 429 and 5xx are
 retried with exponential backoff; a 4xx or a certificate error is an :class:`InputError` at once
@@ -84,8 +83,7 @@ class KubeClient:
         parts = urlsplit(api.base_url)
         self._host = parts.hostname or ""
         self._port = parts.port or 443
-        self._connection: Any = None  # the TLS socket, kept alive between requests
-        self._reader: Any = None  # its buffered reader
+        self._connection: Any = None
         self._context: Any = None
 
     def __enter__(self) -> KubeClient:
@@ -96,7 +94,6 @@ class KubeClient:
 
     def close(self) -> None:
         if self._connection is not None:
-            self._reader.close()
             self._connection.close()
             self._connection = None
 
@@ -158,6 +155,7 @@ class KubeClient:
 
     def get(self, path: str, query: Mapping[str, str]) -> bytes:
         """The body of ``GET path?query`` (200 only), retried as the module docstring says."""
+        import http.client
         import ssl
 
         target = f"{path}?{urlencode(query)}" if query else path
@@ -166,7 +164,7 @@ class KubeClient:
         while True:
             reused = self._connection is not None
             try:
-                status, reason, body = self._request(target, name)
+                status, reason, headers, body = self._request(target, name)
             except ssl.SSLCertVerificationError as error:
                 raise InputError(
                     name,
@@ -174,7 +172,7 @@ class KubeClient:
                     "expected a certificate trusted by the service "
                     f"account's CA ({_first_line(error)})",
                 ) from None
-            except OSError as error:  # BadAnswer included
+            except (OSError, http.client.HTTPException) as error:
                 self.close()
                 if reused:  # the server closed a kept-alive connection: a fresh one, at once
                     continue
@@ -192,37 +190,35 @@ class KubeClient:
             time.sleep(BACKOFF * 2**attempt)
             attempt += 1
 
-    def _request(self, target: str, name: str) -> Tuple[int, str, bytes]:
-        """One ``GET`` on the kept-alive connection (opened first if need be): status, reason
-        and body (see :func:`read_answer`)."""
-        if self._connection is None:
-            import socket
+    def _request(self, target: str, name: str) -> Tuple[int, str, Any, bytes]:
+        import http.client
 
-            plain = socket.create_connection((self._host, self._port), timeout=self.timeout)
-            try:
-                self._connection = self._tls().wrap_socket(plain, server_hostname=self._host)
-            except BaseException:
-                plain.close()
-                raise
-            self._reader = self._connection.makefile("rb")
+        if self._connection is None:
+            self._connection = http.client.HTTPSConnection(
+                self._host, self._port, timeout=self.timeout, context=self._tls()
+            )
         token = _read_token(self.api.token_path)
-        host = f"[{self._host}]" if ":" in self._host else self._host  # IPv6 in brackets
-        self._connection.sendall(
-            f"GET {target} HTTP/1.1\r\n"
-            f"Host: {host}{'' if self._port == 443 else f':{self._port}'}\r\n"
-            f"Authorization: Bearer {token}\r\n"
-            "Accept: application/json\r\n"
-            "Accept-Encoding: gzip\r\n"
-            "User-Agent: npu-job-bootstrap\r\n\r\n".encode("latin-1")
+        self._connection.request(
+            "GET",
+            target,
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Accept": "application/json",
+                "Accept-Encoding": "gzip",
+                "User-Agent": "npu-job-bootstrap",
+            },
         )
+        response = self._connection.getresponse()
         try:
-            status, reason, body, keep = read_answer(self._reader, name)
+            declared = count_from_text(response.getheader("Content-Length") or "")
+            if declared is not None:
+                check_size(declared, name)
+            body = response.read(MAX_INPUT_BYTES + 1)
+            check_size(len(body), name)
         except InputError:  # over the cap: the rest of the answer is never read
             self.close()
             raise
-        if not keep:
-            self.close()
-        return status, reason, body
+        return response.status, response.reason, response.headers, body
 
     def _tls(self) -> Any:
         if self._context is None:
@@ -232,95 +228,6 @@ class KubeClient:
             ca = self.api.ca_path if os.path.isfile(self.api.ca_path) else None
             self._context = ssl.create_default_context(cafile=ca)
         return self._context
-
-
-class BadAnswer(OSError):
-    """An answer that is not HTTP/1.x as RFC 9112 frames it (or none: the server hung up)."""
-
-
-MAX_LINE = 65536  # bytes of a status, header or chunk-size line (as http.client caps them)
-MAX_HEADERS = 100
-
-
-def read_answer(reader: Any, name: str) -> Tuple[int, str, bytes, bool]:
-    """``(status, reason, body, keep_alive)`` of one HTTP/1.x answer read from ``reader`` (a
-    buffered binary file): the status line and header fields, then the body framed by
-    ``Transfer-Encoding: chunked`` (what the API server streams big lists in), ``Content-Length``
-    or the end of the connection (RFC 9112 section 6), capped at
-    :data:`~npu_job.bootstrap.payload.MAX_INPUT_BYTES` (an :class:`InputError` naming ``name``).
-    Interim 1xx answers are skipped. Anything else malformed is a :class:`BadAnswer`.
-
-    The standard library's ``http.client`` does the same, but importing it (the ``email``
-    package, for header parsing) costs ~8 ms of the bootstrap's budget.
-    """
-    while True:
-        line = _line(reader)
-        if not line:
-            raise BadAnswer("the server closed the connection without an answer")
-        version, _, rest = line.partition(b" ")
-        code, _, reason = rest.partition(b" ")
-        if not version.startswith(b"HTTP/1.") or len(code) != 3 or not code.isdigit():
-            raise BadAnswer(f"not an HTTP/1.x status line: {line[:40]!r}")
-        headers: Dict[bytes, bytes] = {}
-        while True:
-            field = _line(reader)
-            if field in (b"\r\n", b"\n", b""):
-                break
-            if len(headers) >= MAX_HEADERS:
-                raise BadAnswer(f"more than {MAX_HEADERS} header fields")
-            key, colon, value = field.partition(b":")
-            if not colon:
-                raise BadAnswer(f"not a header field: {field[:40]!r}")
-            headers[key.strip().lower()] = value.strip()
-        if not 100 <= int(code) < 200:
-            break
-    status = int(code)
-    keep = version != b"HTTP/1.0" and headers.get(b"connection", b"").lower() != b"close"
-    if status in (204, 304):
-        return status, reason.strip().decode("latin-1"), b"", keep
-    if headers.get(b"transfer-encoding", b"").lower().rsplit(b",", 1)[-1].strip() == b"chunked":
-        body = _chunked(reader, name)
-    elif b"content-length" in headers:
-        length = count_from_text(headers[b"content-length"].decode("latin-1"))
-        if length is None:
-            raise BadAnswer(f"a bad Content-Length: {headers[b'content-length'][:20]!r}")
-        check_size(length, name)
-        body = reader.read(length)
-        if len(body) < length:
-            raise BadAnswer(f"the answer ended after {len(body)} of {length} bytes")
-    else:  # the end of the connection ends the body
-        body = reader.read(MAX_INPUT_BYTES + 1)
-        check_size(len(body), name)
-        keep = False
-    return status, reason.strip().decode("latin-1"), body, keep
-
-
-def _chunked(reader: Any, name: str) -> bytes:
-    chunks: List[bytes] = []
-    total = 0
-    while True:
-        size_text = _line(reader).split(b";", 1)[0].strip()  # chunk extensions are ignored
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise BadAnswer(f"not a chunk size: {size_text[:20]!r}") from None
-        if size == 0:
-            while _line(reader) not in (b"\r\n", b"\n", b""):  # trailer fields, ignored
-                pass
-            return b"".join(chunks)
-        total += size
-        check_size(total, name)
-        chunk = reader.read(size)
-        if len(chunk) < size or _line(reader) not in (b"\r\n", b"\n"):
-            raise BadAnswer("the answer ended inside a chunk")
-        chunks.append(chunk)
-
-
-def _line(reader: Any) -> bytes:
-    line = reader.readline(MAX_LINE + 1)
-    if len(line) > MAX_LINE:
-        raise BadAnswer(f"a line longer than {MAX_LINE} bytes")
-    return line
 
 
 def _read_token(path: str) -> str:

@@ -15,8 +15,7 @@ documented API (Kubernetes API reference and "API Concepts"), and nothing more:
 * ``Authorization: Bearer <token>`` checked (401 with a ``Status`` object otherwise); resources
   named in ``forbidden`` answer 403 with a ``Status``, as RBAC does;
 * ``Accept-Encoding: gzip`` honoured for answers of 128 KiB or more, as the API server compresses
-  them (level 4), sent with ``Transfer-Encoding: chunked`` as its compressing writer streams them
-  (HTTP/1.1);
+  them (level 4);
 * ``order``: the order items are listed in, per snapshot (``None``: as given; an int: a seeded
   shuffle, a new one for each snapshot) — the API promises no order.
 
@@ -143,7 +142,6 @@ class FakeKubernetesAPI:
         if len(body) >= GZIP_FROM and "gzip" in handler.headers.get("Accept-Encoding", ""):
             body = gzip.compress(body, compresslevel=4)
             headers["Content-Encoding"] = "gzip"
-            headers["Transfer-Encoding"] = "chunked"  # streamed through the compressor
         return 200, headers, body
 
     def _snapshot(self, resource: str, namespace: Optional[str], selector: str) -> List[bytes]:

@@ -4,7 +4,7 @@ The certificate is self-signed and generated per test session with the ``cryptog
 (subjectAltName ``IP:127.0.0.1``), so ``requests`` verifies it for real against the CA file we hand
 it; nothing is mocked below the socket. Routes are plain callables ``(handler) -> (status, headers,
 body)`` so each test states exactly what the server says (``None``: it hangs up without an
-answer); a ``Transfer-Encoding: chunked`` header has the server frame the body in chunks.
+answer).
 
 The Kubernetes API is faked on top of it in :mod:`tests.bootstrap.fake_kube_api`.
 """
@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
 Response = Tuple[int, Dict[str, str], bytes]
-CHUNK = 32 * 1024  # bytes per chunk of an answer a route sends with Transfer-Encoding: chunked
 Route = Callable[[BaseHTTPRequestHandler], Response]
 
 
@@ -144,21 +143,12 @@ class HTTPSServer:
                     return
                 status, headers, body = answer
                 self.send_response(status)
-                # chunked framing is HTTP/1.1's: an HTTP/1.0 server sends a length instead
-                chunked = headers.get("Transfer-Encoding") == "chunked" and keep_alive
                 for key, value in headers.items():
-                    if key != "Transfer-Encoding" or chunked:
-                        self.send_header(key, value)
-                if "Content-Length" not in headers and not chunked:  # a route may declare one
+                    self.send_header(key, value)
+                if "Content-Length" not in headers:  # a route may declare another length
                     self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                if chunked:  # framed here (RFC 9112 section 7.1), in chunks of CHUNK bytes
-                    for start in range(0, len(body), CHUNK):
-                        piece = body[start : start + CHUNK]
-                        self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
-                    self.wfile.write(b"0\r\n\r\n")
-                else:
-                    self.wfile.write(body)
+                self.wfile.write(body)
 
             def log_message(self, *args: Any) -> None:  # keep test output clean
                 pass
