@@ -20,10 +20,22 @@ once at the root), takes an idle wait connection or, if none is idle, a short-li
 
 Coalescing (what a one-for-one forwarder cannot do):
 
-* identical concurrent WAITs (same key list) share one upstream WAIT; identical concurrent GETs
-  and CHECKs share one upstream request. A request may join an in-flight one only if no local
-  write to any of its keys went out after it (WAITs: no DELETE_KEY/QUEUE_POP), so every answer is
-  one the root could have given at some instant between the request's arrival and its reply;
+* identical GETs and CHECKs share one upstream request, and identical WAITs (same key list) one
+  upstream WAIT, under one rule (the contract): **a client request is answered from an upstream
+  request that the proxy sent after that client request arrived**. So the root computed the answer
+  at an instant between the client's request and its reply, the answer is one the root could have
+  given that client, and the proxy is linearizable with respect to the root, key by key and across
+  keys. Concretely: a GET or CHECK joins only a request still in the proxy's outgoing batch of
+  the main connection (``_Upstream.flushes`` has not moved since it was queued; the tables of
+  joinable requests are emptied when the batch is written, ``on_sent``), and not one that a local
+  write to any of its keys was queued after (DELETE_KEY/QUEUE_POP for WAITs): the client that
+  wrote must read its write. A WAIT may join a group whose upstream WAIT (or, while queued, CHECK)
+  has already been sent, but then only as a *late* waiter: when that answer is "ready", the late
+  waiters form a new group whose own upstream WAIT is sent after they arrived (a key deleted at the
+  root in between keeps them waiting, as it would at the root). Bursts that arrive in one loop
+  turn (every worker asking for the same key at once) still share one request. Before issue 15 a
+  GET could join one sent long before, still queued behind large replies on the main connection,
+  and return a value older than a write another node had completed;
 * concurrent ADDs to one key are summed into one upstream ADD (group commit: while one ADD to a
   key is in flight, later ones accumulate); with root reply ``total`` for a batch of deltas
   ``d1..dn`` the i-th caller gets ``total - sum(d) + d1 + ... + di`` - distinct values, as if the
@@ -162,6 +174,8 @@ class _Upstream:
         self._flush_scheduled = False
         self._reader_task: asyncio.Task | None = None
         self.closed = False
+        self.flushes = 0  # batches handed to the transport: a request queued at n is unsent while
+        # this is still n (see AsyncStoreProxy's contract)
 
     async def open(self, deadline: float) -> None:
         loop = asyncio.get_running_loop()
@@ -243,6 +257,8 @@ class _Upstream:
         if self._out and self._writer is not None and not self.closed:
             data = b"".join(self._out)
             self._out.clear()
+            self.flushes += 1
+            self._proxy.on_sent(self)
             self._writer.write(data)
 
     async def _read_replies(self, reader: asyncio.StreamReader) -> None:
@@ -493,17 +509,37 @@ class _Client(asyncio.BufferedProtocol):
 class _WaitGroup:
     """Local waiters of one key list, served by one upstream WAIT (or CHECK polls while queued)."""
 
-    __slots__ = ("conn", "joinable", "keys", "poll_delay", "state", "waiters")
+    __slots__ = ("asked", "conn", "joinable", "keys", "late", "poll_delay", "state", "waiters")
 
     def __init__(self, keys: tuple[bytes, ...]) -> None:
         self.keys = keys
-        self.waiters: dict[
-            int, _Client
-        ] = {}  # by client id; answered directly, no future per waiter
+        # by client id; answered directly, no future per waiter. ``waiters`` arrived before the
+        # group's latest upstream WAIT or CHECK was sent, so its answer is theirs; ``late`` ones
+        # arrived after, and are asked again (a new group) when that answer is "ready".
+        self.waiters: dict[int, _Client] = {}
+        self.late: dict[int, _Client] = {}
         self.state = "queued"  # queued -> active -> done | cancelling
         self.conn: _Upstream | None = None
+        self.asked: tuple[_Upstream, int] | None = None  # latest request's (conn, its flushes)
         self.joinable = True
         self.poll_delay = _POLL_FIRST
+
+    def asking(self, conn: _Upstream) -> None:
+        """An upstream request for this group is queued on ``conn``: everyone waiting is covered."""
+        self.asked = (conn, conn.flushes)
+        self.waiters.update(self.late)
+        self.late.clear()
+
+    def add(self, client: _Client) -> None:
+        asked = self.asked
+        if asked is None or asked[0].flushes == asked[1]:  # nothing sent yet, or not yet sent
+            self.waiters[client.id] = client
+        else:
+            self.late[client.id] = client
+
+    def remove(self, client: _Client) -> None:
+        self.waiters.pop(client.id, None)
+        self.late.pop(client.id, None)
 
 
 class AsyncStoreProxy:
@@ -626,6 +662,13 @@ class AsyncStoreProxy:
             return conn
         finally:
             self._main_opening = None
+
+    def on_sent(self, conn: _Upstream) -> None:
+        """``conn`` handed its queued requests to the transport: from now on the root may answer
+        them at any moment, so no request arriving later may share them (GET, CHECK)."""
+        if conn is self._main:
+            self._get_inflight.clear()
+            self._check_inflight.clear()
 
     def on_upstream_lost(self, conn: _Upstream) -> None:
         if self._closing:
@@ -835,7 +878,7 @@ class AsyncStoreProxy:
             self._pump_waits()
             if group.state == "queued":
                 self.spawn(self._poll_group(group))
-        group.waiters[client.id] = client
+        group.add(client)
         client.wait = group
 
     def _pump_waits(self) -> None:
@@ -861,6 +904,7 @@ class AsyncStoreProxy:
         group.state = "active"
         group.conn = conn
         try:
+            group.asking(conn)
             upstream = conn.send(Request(Op.WAIT, keys=group.keys))
         except UpstreamLost as exc:
             self._finish_group(group, exc)
@@ -883,6 +927,7 @@ class AsyncStoreProxy:
         try:
             while group.state == "queued":
                 main = await self._get_main()
+                group.asking(main)
                 ready = await asyncio.shield(
                     self._join_or_send(
                         main, Request(Op.CHECK, keys=group.keys), self._check_inflight, group.keys
@@ -904,6 +949,21 @@ class AsyncStoreProxy:
         if self._wait_groups.get(group.keys) is group:
             del self._wait_groups[group.keys]
         waiters, group.waiters = group.waiters, {}
+        late, group.late = group.late, {}
+        if error is not None:
+            waiters.update(late)
+        elif late:  # their answer must come from a request sent after they arrived: ask again
+            again = _WaitGroup(group.keys)
+            again.joinable = group.joinable
+            if again.joinable:
+                self._wait_groups[group.keys] = again
+            for client in late.values():
+                again.waiters[client.id] = client
+                client.wait = again
+            self._queued.append(again)
+            self._pump_waits()
+            if again.state == "queued":
+                self.spawn(self._poll_group(again))
         for client in waiters.values():  # a client that left (CANCEL_WAIT, gone) is no longer here
             if client.wait is group:
                 client.wait = None
@@ -923,8 +983,8 @@ class AsyncStoreProxy:
             return
         group = client.wait
         client.wait = None
-        group.waiters.pop(client.id, None)
-        if group.waiters or group.state not in ("queued", "active"):
+        group.remove(client)
+        if group.waiters or group.late or group.state not in ("queued", "active"):
             return
         if self._wait_groups.get(group.keys) is group:
             del self._wait_groups[group.keys]
