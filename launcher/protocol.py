@@ -375,6 +375,31 @@ def decode_request(
     return request, pos
 
 
+def complete_multi_set_prefix(
+    buf: bytes | bytearray | memoryview, dialect: Dialect = NEWEST
+) -> Request | None:
+    """The complete key/value pairs at the start of a MULTI_SET cut short (its client died).
+
+    The stock server stores each pair of a MULTI_SET as it parses it, so a client that vanishes
+    mid-request leaves the complete pairs behind; a relay must forward those. None when ``buf``
+    holds no MULTI_SET or no complete pair (or the bytes are not a valid request).
+    """
+    if not buf or dialect.ops_by_byte[buf[0]] != Op.MULTI_SET:
+        return None
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    try:
+        count, pos = _number(buf, 1, _U64)
+        for _ in range(min(count, MAX_KEY_COUNT)):
+            key, pos = _key(buf, pos)
+            value, pos = _payload(buf, pos)
+            keys.append(key)
+            values.append(value)
+    except (_Incomplete, ProtocolError):
+        pass
+    return Request(Op.MULTI_SET, tuple(keys), tuple(values)) if keys else None
+
+
 def decode_reply(
     request: Request, buf: bytes | bytearray | memoryview, pos: int = 0
 ) -> tuple[ReplyValue, int] | None:

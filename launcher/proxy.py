@@ -94,6 +94,7 @@ from npu_job.launcher.protocol import (
     ReplyValue,
     Request,
     WaitReply,
+    complete_multi_set_prefix,
     decode_reply,
     decode_request,
     encode_reply,
@@ -382,6 +383,11 @@ class _Client(asyncio.BufferedProtocol):
             self._buf += data[pos:]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._buf and self._validated and not self._refused and not self._blocked:
+            # as the root does: the complete pairs of a MULTI_SET cut short are stored
+            partial = complete_multi_set_prefix(self._buf, self.proxy.dialect)
+            if partial is not None:
+                self.proxy.relay_orphan(partial)
         self.proxy.drop_client(self)
 
     # requests
@@ -742,6 +748,26 @@ class AsyncStoreProxy:
         self._leave_wait(client)
         self._leave_barrier(client)
         client.abort()
+
+    def relay_orphan(self, request: Request) -> None:
+        """Send a no-reply write whose client is gone (once the main connection is open)."""
+
+        async def send() -> None:
+            try:
+                self._submit(await self._get_main(), request)
+            except UpstreamLost as exc:
+                logger.warning(
+                    "store proxy: dropped %s of a departed client: %s", request.op.name, exc
+                )
+
+        main = self._main
+        if main is not None and not main.closed:
+            try:
+                self._submit(main, request)
+                return
+            except UpstreamLost:
+                pass
+        self.spawn(send())
 
     def handle(self, client: _Client, request: Request) -> asyncio.Future[object] | None:
         """Act on one client request; returns an awaitable to retry after if it cannot go yet."""

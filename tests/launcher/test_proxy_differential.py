@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import datetime
 import random
+import socket
 import threading
 import time
 from typing import Callable
 
 import pytest
 from npu_job.launcher import torchcompat
+from npu_job.launcher.protocol import VALIDATION_MAGIC, Op, Request, encode_request
+from npu_job.launcher.storeclient import RawStoreClient
 
-from tests.launcher.proxy_support import ProxyProcess, tcp_store
+from tests.launcher.proxy_support import LOOPBACK, ProxyProcess, tcp_store
 from tests.launcher.torch_features import store_errors
 
 torch_dist = pytest.importorskip("torch.distributed")
@@ -261,3 +264,79 @@ def test_proxy_answers_exactly_like_the_root(seed):
         assert direct.clients[0].multi_get(keys) == proxied.clients[0].multi_get(keys)
         stats = proxy.stats()
         assert stats["upstream_connections"] <= 3
+
+
+# ---------------------------------------------------------------- issue 15: one case at a time
+#
+# Each case runs the same scripted calls straight to a stock root and through a proxy (on each
+# event loop) and compares what the clients see.
+
+LOOPS = ["asyncio", "uvloop"]
+DIALECT = torchcompat.store_dialect()
+
+
+def _raw(port: int) -> RawStoreClient:
+    return RawStoreClient(LOOPBACK, port, dialect=DIALECT)
+
+
+def _both_worlds(loop: str, scenario: Callable[[int, object], object]) -> tuple[object, object]:
+    """``scenario(port, root)`` once against a root directly and once through a proxy."""
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    direct_root = tcp_store(0, master=True)
+    expected = scenario(direct_root.port, direct_root)
+    proxied_root = tcp_store(0, master=True)
+    with ProxyProcess(proxied_root.port, loop=loop) as proxy:
+        actual = scenario(proxy.port, proxied_root)
+    return expected, actual
+
+
+def _stale_read_scenario(port: int, root) -> object:
+    """Case 1: a node's worker reads a key after another node's write to it was answered, while an
+    earlier read of that key by a neighbour is still queued behind large replies."""
+    root.set("big", "x" * (8 << 20))
+    root.set("k", "old")
+    root.get("k")
+    loader, early, late = _raw(port), _raw(port), _raw(port)
+    big = Request(Op.MULTI_GET, (b"/big",))
+    loader.send(*[big] * 16)  # 128 MiB of replies ahead of everything on its upstream connection
+    early.send(Request(Op.GET, (b"/k",)))
+    other_node = tcp_store(root.port)  # straight to the root, as a worker of another node
+    other_node.set("k", "new")
+    other_node.get("k")  # answered: the write is applied at the root
+    seen = late.call(Request(Op.GET, (b"/k",)))
+    early_seen = early.receive(Request(Op.GET, (b"/k",)))
+    for _ in range(16):
+        loader.receive(big)
+    return {"late": seen, "early in (old, new)": early_seen in (b"old", b"new")}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_read_after_a_completed_remote_write_sees_it(loop):
+    expected, actual = _both_worlds(loop, _stale_read_scenario)
+    assert expected == {"late": b"new", "early in (old, new)": True}
+    assert actual == expected
+
+
+def _partial_multi_set_scenario(port: int, root) -> object:
+    """Case 3: a client dies after sending the first complete key/value pair of a MULTI_SET."""
+    head = encode_request(Request(Op.MULTI_SET, (b"/m1", b"/m2"), (b"one", b"two")), DIALECT)
+    pair1_end = 1 + 8 + (8 + 3 + 8 + 3)  # opcode, count, /m1 and its value
+    sock = socket.create_connection((LOOPBACK, port))
+    if DIALECT.validates:
+        sock.sendall(encode_request(Request(Op.VALIDATE, number=VALIDATION_MAGIC), DIALECT))
+    sock.sendall(head[: pair1_end + 5])  # and part of /m2's key
+    time.sleep(0.2)
+    sock.close()
+    observer = tcp_store(root.port)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not observer.check(["m1"]):
+        time.sleep(0.05)
+    return {"m1": observer.check(["m1"]) and observer.get("m1"), "m2": observer.check(["m2"])}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_client_dying_mid_multi_set_leaves_its_complete_pairs_as_at_the_root(loop):
+    expected, actual = _both_worlds(loop, _partial_multi_set_scenario)
+    assert expected == {"m1": b"one", "m2": False}
+    assert actual == expected
