@@ -54,8 +54,15 @@ uvloop when it is importable (``new_event_loop``): the proxy's CPU per relayed r
 price of tiering when many proxies share a machine (about 18 us on uvloop, 35 us on asyncio in
 ``benchmarks/bench_rendezvous.py`` at 128x16).
 
-Faults: an upstream connection that breaks fails the requests in flight on it (their clients'
-connections are closed, so torch raises naming the proxy's address); if the root cannot be reached
+Faults: a request that makes the root drop the connection it came on fails only its own client,
+as straight to the root. The only such request a well-formed client can send is an ADD to a key
+that holds no number (malformed requests are refused by the proxy itself, per client); when the
+main connection ends with an ADD as its first unanswered request, that ADD's callers fail and the
+requests queued behind it, which the root never read, are sent again first on a new main
+connection (``_Upstream._replayable``). Partial requests behave as at the root: the complete pairs
+of a MULTI_SET whose client died mid-request are stored. Any other upstream connection that breaks
+fails the requests in flight on it (their clients' connections are closed, so torch raises naming
+the proxy's address); if the root cannot be reached
 again at once, every client connection is closed. New requests reconnect with backoff and jitter
 until ``timeout``. A client that disconnects has its waits dropped (and cancelled upstream with
 CANCEL_WAIT when no other local worker shares them), so the proxy survives worker restarts.
@@ -67,6 +74,7 @@ import argparse
 import asyncio
 import collections
 import concurrent.futures
+import functools
 import ipaddress
 import itertools
 import json
@@ -170,7 +178,13 @@ class _Upstream:
         self._proxy = proxy
         self.kind = kind
         self._writer: asyncio.StreamWriter | None = None
-        self._pending: collections.deque[tuple[Request, asyncio.Future]] = collections.deque()
+        # Requests sent and not yet known to be applied, in order: those with a reply (a future)
+        # and, behind the first of those, the no-reply ones (None): if the root drops the
+        # connection, what follows the request it failed on was never applied (see replayable).
+        self._pending: collections.deque[tuple[Request, asyncio.Future | None]] = (
+            collections.deque()
+        )
+        self._awaiting = 0  # entries of _pending with a future
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._reader_task: asyncio.Task | None = None
@@ -232,7 +246,7 @@ class _Upstream:
 
     @property
     def busy(self) -> bool:
-        return bool(self._pending)
+        return self._awaiting > 0
 
     def send(self, request: Request) -> asyncio.Future | None:
         """Queue ``request``; returns the future of its reply (None for no-reply ops)."""
@@ -248,9 +262,12 @@ class _Upstream:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
         if request.op in NO_REPLY_OPS:
+            if self._awaiting:
+                self._pending.append((request, None))
             return None
         future = asyncio.get_running_loop().create_future()
         self._pending.append((request, future))
+        self._awaiting += 1
         return future
 
     def _flush(self) -> None:
@@ -274,11 +291,15 @@ class _Upstream:
                 pos = 0
                 while self._pending:
                     request, future = self._pending[0]
+                    if future is None:  # applied: a request with a reply went before it
+                        self._pending.popleft()
+                        continue
                     decoded = decode_reply(request, buf, pos)
                     if decoded is None:
                         break
                     value, pos = decoded
                     self._pending.popleft()
+                    self._awaiting -= 1
                     # A wait the root cancelled without waking it: its single byte is the
                     # reply to the CANCEL_WAIT queued right behind it.
                     if (
@@ -287,11 +308,14 @@ class _Upstream:
                         and self._pending
                         and self._pending[0][0].op == Op.CANCEL_WAIT
                     ):
-                        _resolve(self._pending.popleft()[1], value)
+                        cancel = self._pending.popleft()[1]
+                        self._awaiting -= 1
+                        assert cancel is not None
+                        _resolve(cancel, value)
                     _resolve(future, value)
                 if pos:
                     del buf[:pos]
-                if buf and not self._pending:
+                if buf and not self._awaiting:
                     error = ProtocolError(
                         f"unexpected bytes from the root store: {bytes(buf[:16]).hex()}"
                     )
@@ -307,13 +331,44 @@ class _Upstream:
                 f"lost the connection to the root store {self._proxy.upstream_text}"
                 + (f": {error}" if error else "")
             )
+            replay = self._replayable(error)
+            if replay is not None:
+                self._proxy.replay_later(replay)
             while self._pending:
                 _, future = self._pending.popleft()
-                if not future.done():
+                if future is not None and not future.done():
                     future.set_exception(lost)
                     future.exception()  # mark retrieved; joiners still see it
+            self._awaiting = 0
             if was_open:
                 self._proxy.on_upstream_lost(self)
+
+    def _replayable(
+        self, error: BaseException | None
+    ) -> list[tuple[Request, asyncio.Future | None]] | None:
+        """The requests the root never read, when it dropped the main connection for an ADD.
+
+        The root serves a connection's requests one at a time, in order, and drops the connection
+        when one fails; the only request a well-formed client can make fail is an ADD to a key that
+        does not hold a number (the proxy refuses malformed requests itself). So when the first
+        unanswered request is an ADD and the peer hung up, that ADD failed, everything before it
+        was applied and answered, and nothing after it was read: those are sent again on a new
+        connection (taken out of ``_pending``) and only the ADD's callers fail, as at the root.
+        None (fail everything in flight) in every other case: a root gone, a protocol error.
+        """
+        if self.kind != "main" or self._proxy.closing or isinstance(error, ProtocolError):
+            return None
+        if isinstance(error, asyncio.CancelledError) or isinstance(error, UpstreamLost):
+            return None
+        while self._pending and self._pending[0][1] is None:
+            self._pending.popleft()
+        if not self._pending or self._pending[0][0].op != Op.ADD:
+            return None
+        culprit = self._pending.popleft()
+        rest = list(self._pending)
+        self._pending.clear()
+        self._pending.append(culprit)
+        return rest
 
     def close(self) -> None:
         if self.closed:
@@ -329,6 +384,18 @@ class _Upstream:
 def _resolve(future: asyncio.Future, value: ReplyValue) -> None:
     if not future.done():
         future.set_result(value)
+
+
+def _forward(future: asyncio.Future, answer: asyncio.Future) -> None:
+    """Settle ``future`` as ``answer`` settled (a request sent again on a new connection)."""
+    if future.done():
+        return
+    if answer.cancelled():
+        future.cancel()
+    elif answer.exception() is not None:
+        future.set_exception(answer.exception())  # type: ignore[arg-type]
+    else:
+        future.set_result(answer.result())
 
 
 class _Client(asyncio.BufferedProtocol):
@@ -585,6 +652,7 @@ class AsyncStoreProxy:
         self._queue_keys: set[bytes] = set()
         self._tasks: set[asyncio.Task] = set()
         self._spare_barrier_conns: list[_Upstream] = []
+        self._replay: list[tuple[Request, asyncio.Future | None]] = []
         self.scratch = memoryview(bytearray(_READ_CHUNK))  # every client's reads (see _Client)
         self._closing = False
 
@@ -664,10 +732,35 @@ class AsyncStoreProxy:
         try:
             conn = _Upstream(self, "main")
             await conn.open(asyncio.get_running_loop().time() + self.timeout)
-            self._main = conn
+            current = self._main
+            if current is not None and not current.closed:  # the root probe got there first
+                conn.close()
+                return current
+            self._install_main(conn)
             return conn
         finally:
             self._main_opening = None
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def replay_later(self, requests: list[tuple[Request, asyncio.Future | None]]) -> None:
+        """Requests a dropped main connection never delivered: first on the next main one."""
+        self._replay.extend(requests)
+
+    def _install_main(self, conn: _Upstream) -> None:
+        replay, self._replay = self._replay, []
+        for request, future in replay:
+            try:
+                answer = conn.send(request)
+            except UpstreamLost as exc:
+                if future is not None and not future.done():
+                    future.set_exception(exc)
+                continue
+            if future is not None and answer is not None:
+                answer.add_done_callback(functools.partial(_forward, future))
+        self._main = conn
 
     def on_sent(self, conn: _Upstream) -> None:
         """``conn`` handed its queued requests to the transport: from now on the root may answer
@@ -705,9 +798,14 @@ class AsyncStoreProxy:
                 client.abort()
             for conn in list(self.upstream_open):
                 conn.close()
+            replay, self._replay = self._replay, []
+            for _, future in replay:
+                if future is not None and not future.done():
+                    future.set_exception(exc)
+                    future.exception()
             return
         if self._main is None or self._main.closed:
-            self._main = probe
+            self._install_main(probe)
         else:
             probe.close()
         self._pump_waits()

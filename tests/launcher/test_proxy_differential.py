@@ -279,19 +279,26 @@ def _raw(port: int) -> RawStoreClient:
     return RawStoreClient(LOOPBACK, port, dialect=DIALECT)
 
 
-def _both_worlds(loop: str, scenario: Callable[[int, object], object]) -> tuple[object, object]:
-    """``scenario(port, root)`` once against a root directly and once through a proxy."""
+def _raw_outcome(call: Callable[[], object]) -> object:
+    try:
+        return call()
+    except OSError as exc:  # the raw client's "store closed the connection" (ConnectionError)
+        return ("raised", type(exc).__name__)
+
+
+def _both_worlds(loop: str, scenario: Callable[..., object]) -> tuple[object, object]:
+    """``scenario(port, root[, proxy])`` against a root directly and then through a proxy."""
     if loop == "uvloop":
         pytest.importorskip("uvloop")
     direct_root = tcp_store(0, master=True)
     expected = scenario(direct_root.port, direct_root)
     proxied_root = tcp_store(0, master=True)
     with ProxyProcess(proxied_root.port, loop=loop) as proxy:
-        actual = scenario(proxy.port, proxied_root)
+        actual = scenario(proxy.port, proxied_root, proxy)
     return expected, actual
 
 
-def _stale_read_scenario(port: int, root) -> object:
+def _stale_read_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
     """Case 1: a node's worker reads a key after another node's write to it was answered, while an
     earlier read of that key by a neighbour is still queued behind large replies."""
     root.set("big", "x" * (8 << 20))
@@ -318,7 +325,7 @@ def test_a_read_after_a_completed_remote_write_sees_it(loop):
     assert actual == expected
 
 
-def _partial_multi_set_scenario(port: int, root) -> object:
+def _partial_multi_set_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
     """Case 3: a client dies after sending the first complete key/value pair of a MULTI_SET."""
     head = encode_request(Request(Op.MULTI_SET, (b"/m1", b"/m2"), (b"one", b"two")), DIALECT)
     pair1_end = 1 + 8 + (8 + 3 + 8 + 3)  # opcode, count, /m1 and its value
@@ -339,4 +346,44 @@ def _partial_multi_set_scenario(port: int, root) -> object:
 def test_a_client_dying_mid_multi_set_leaves_its_complete_pairs_as_at_the_root(loop):
     expected, actual = _both_worlds(loop, _partial_multi_set_scenario)
     assert expected == {"m1": b"one", "m2": False}
+    assert actual == expected
+
+
+def _bad_add_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
+    """Case 2: one worker's ADD on a key holding "abc" (the root drops that connection) with six
+    other workers' GETs right behind it (through a proxy: frozen, so that all arrive at once and
+    share the upstream connection): only that worker fails."""
+    root.set("s", "abc")
+    root.set("k", "v")
+    root.get("k")
+    culprit = tcp_store(port)
+    bystanders = [_raw(port) for _ in range(6)]
+    for bystander in bystanders:
+        bystander.call(Request(Op.GETNUMKEYS))
+    get = Request(Op.GET, (b"/k",))
+    fate: list = []
+    if proxy is not None:
+        proxy.pause()
+    try:
+        adding = threading.Thread(target=lambda: fate.append(outcome(lambda: culprit.add("s", 1))))
+        adding.start()
+        time.sleep(0.1)
+        for bystander in bystanders:
+            bystander.send(get)
+    finally:
+        if proxy is not None:
+            proxy.resume()
+    adding.join(30)
+    seen = [_raw_outcome(lambda b=b: b.receive(get)) for b in bystanders]
+    after = [
+        _raw_outcome(lambda b=b: b.call(Request(Op.ADD, (b"/n",), number=1))) for b in bystanders
+    ]
+    return {"culprit": fate, "bystanders": seen, "their adds": sorted(after, key=repr)}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_request_the_root_drops_its_connection_for_fails_only_its_own_client(loop):
+    expected, actual = _both_worlds(loop, _bad_add_scenario)
+    assert expected["bystanders"] == [b"v"] * 6
+    assert expected["their adds"] == [1, 2, 3, 4, 5, 6]
     assert actual == expected
