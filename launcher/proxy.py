@@ -43,8 +43,11 @@ Coalescing (what a one-for-one forwarder cannot do):
 * PING is answered locally. Nothing is cached across time.
 
 Keys used with QUEUE_* ops are never coalesced for WAIT (a queue push wakes one waiter only).
-Limit: a key first used as a queue by two workers' simultaneous blocking ``queue_pop`` (WAIT is
-the first thing the proxy sees of it) can still be merged once; no torch code path does that.
+A key first used as a queue by several workers' simultaneous blocking ``queue_pop`` (WAIT is the
+first thing the proxy sees of it) can still be merged once; a pop that follows such a shared
+wake-up and finds the queue empty is not answered but tried again until it gets an item (the root
+would have kept that worker waiting), see ``_pop_as_waiter``. If the worker gives up (its wait
+timeout) while such a retry is on its way, that one item is popped for nobody.
 
 Threading: ``StoreProxy`` runs the asyncio loop on a background thread. Some torch client calls
 (``list_keys``, ``queue_len``, ``queue_pop``) hold the GIL while blocked on their socket: made in
@@ -99,6 +102,7 @@ from npu_job.launcher.protocol import (
     Dialect,
     Op,
     ProtocolError,
+    QueuePopReply,
     ReplyValue,
     Request,
     WaitReply,
@@ -419,6 +423,8 @@ class _Client(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.wait: _WaitGroup | None = None
         self.barrier: tuple[_Upstream, asyncio.Future] | None = None
+        # keys of the WAIT just answered, when one upstream answer woke several local waiters
+        self.woken_with_others: tuple[bytes, ...] | None = None
         self._buf = bytearray()
         self._validated = not proxy.dialect.validates  # torch 2.1 clients send no VALIDATE
         self._blocked = False
@@ -582,7 +588,17 @@ class _Client(asyncio.BufferedProtocol):
 class _WaitGroup:
     """Local waiters of one key list, served by one upstream WAIT (or CHECK polls while queued)."""
 
-    __slots__ = ("asked", "conn", "joinable", "keys", "late", "poll_delay", "state", "waiters")
+    __slots__ = (
+        "asked",
+        "conn",
+        "joinable",
+        "keys",
+        "late",
+        "poll_delay",
+        "shared",
+        "state",
+        "waiters",
+    )
 
     def __init__(self, keys: tuple[bytes, ...]) -> None:
         self.keys = keys
@@ -596,6 +612,7 @@ class _WaitGroup:
         self.asked: tuple[_Upstream, int] | None = None  # latest request's (conn, its flushes)
         self.joinable = True
         self.poll_delay = _POLL_FIRST
+        self.shared = False  # more than one client has waited in it (or in the group it follows)
 
     def asking(self, conn: _Upstream) -> None:
         """An upstream request for this group is queued on ``conn``: everyone waiting is covered."""
@@ -604,6 +621,8 @@ class _WaitGroup:
         self.late.clear()
 
     def add(self, client: _Client) -> None:
+        if self.waiters or self.late:
+            self.shared = True
         asked = self.asked
         if asked is None or asked[0].flushes == asked[1]:  # nothing sent yet, or not yet sent
             self.waiters[client.id] = client
@@ -870,12 +889,17 @@ class AsyncStoreProxy:
     def handle(self, client: _Client, request: Request) -> asyncio.Future[object] | None:
         """Act on one client request; returns an awaitable to retry after if it cannot go yet."""
         op = request.op
+        woken_with_others, client.woken_with_others = client.woken_with_others, None
         if op not in _LOCAL_OPS:
             main = self._main
             if main is None or main.closed:
+                client.woken_with_others = woken_with_others  # the retry still follows that WAIT
                 return self.spawn(self._get_main())
             try:
-                future = self._submit(main, request)
+                if op == Op.QUEUE_POP and woken_with_others == request.keys:
+                    future: asyncio.Future | None = self.spawn(self._pop_as_waiter(client, request))
+                else:
+                    future = self._submit(main, request)
             except UpstreamLost as exc:
                 logger.warning("store proxy: closing client %d: %s", client.id, exc)
                 client.abort()
@@ -985,6 +1009,27 @@ class AsyncStoreProxy:
 
         upstream.add_done_callback(done)
 
+    async def _pop_as_waiter(self, client: _Client, request: Request) -> object:
+        """A blocking ``queue_pop`` (WAIT, then QUEUE_POP) on a key the proxy did not know was a
+        queue, whose WAIT was answered together with other local waiters' WAITs.
+
+        At the root a push wakes one waiter of a queue; the merged WAIT woke them all. So a pop
+        that finds the queue empty is not answered: it is tried again (backoff, as queued waits
+        poll) until it gets an item, which is what the root's waiter would have got after its
+        wake-up, or until the client leaves (its own wait timeout closes it).
+        """
+        delay = _POLL_FIRST
+        while True:
+            main = await self._get_main()
+            reply = await self._submit(main, request)  # type: ignore[misc]
+            if not isinstance(reply, QueuePopReply) or reply.length > 0:
+                return reply
+            transport = client.transport
+            if transport is None or transport.is_closing():
+                return reply
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX)
+
     # ------------------------------------------------------------ WAIT
 
     def _client_wait(self, client: _Client, keys: tuple[bytes, ...]) -> None:
@@ -1079,6 +1124,7 @@ class AsyncStoreProxy:
         elif late:  # their answer must come from a request sent after they arrived: ask again
             again = _WaitGroup(group.keys)
             again.joinable = group.joinable
+            again.shared = True
             if again.joinable:
                 self._wait_groups[group.keys] = again
             for client in late.values():
@@ -1088,10 +1134,12 @@ class AsyncStoreProxy:
             self._pump_waits()
             if again.state == "queued":
                 self.spawn(self._poll_group(again))
+        shared = group.shared
         for client in waiters.values():  # a client that left (CANCEL_WAIT, gone) is no longer here
             if client.wait is group:
                 client.wait = None
             if error is None:
+                client.woken_with_others = group.keys if shared else None
                 client.write(_STOP_WAITING_REPLY)
             else:
                 client.abort()

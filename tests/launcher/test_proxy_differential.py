@@ -272,6 +272,7 @@ def test_proxy_answers_exactly_like_the_root(seed):
 # event loop) and compares what the clients see.
 
 LOOPS = ["asyncio", "uvloop"]
+needs_queues = pytest.mark.skipif(not torchcompat.HAS_QUEUES, reason="this torch has no queues")
 DIALECT = torchcompat.store_dialect()
 
 
@@ -386,4 +387,36 @@ def test_a_request_the_root_drops_its_connection_for_fails_only_its_own_client(l
     expected, actual = _both_worlds(loop, _bad_add_scenario)
     assert expected["bystanders"] == [b"v"] * 6
     assert expected["their adds"] == [1, 2, 3, 4, 5, 6]
+    assert actual == expected
+
+
+def _two_poppers_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
+    """Case 4: two workers block in queue_pop on a queue nobody used before; one push wakes one
+    of them, the other keeps waiting until a second push."""
+    poppers = [tcp_store(port, timeout=10), tcp_store(port, timeout=10)]
+    got: dict[int, object] = {}
+    threads = [
+        threading.Thread(
+            target=lambda i=i: got.update({i: outcome(lambda: poppers[i].queue_pop("q"))})
+        )
+        for i in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)  # both are waiting (through a proxy: in one shared upstream WAIT)
+    pusher = tcp_store(port)
+    pusher.queue_push("q", "first")
+    time.sleep(1.0)
+    after_one_push = sorted(map(repr, got.values()))
+    pusher.queue_push("q", "second")
+    for thread in threads:
+        thread.join(15)
+    return {"after one push": after_one_push, "in the end": sorted(map(repr, got.values()))}
+
+
+@needs_queues
+@pytest.mark.parametrize("loop", LOOPS)
+def test_one_push_wakes_one_of_two_blocked_poppers_on_a_new_queue(loop):
+    expected, actual = _both_worlds(loop, _two_poppers_scenario)
+    assert expected == {"after one push": ["b'first'"], "in the end": ["b'first'", "b'second'"]}
     assert actual == expected
