@@ -33,7 +33,10 @@ Coalescing (what a one-for-one forwarder cannot do):
   has already been sent, but then only as a *late* waiter: when that answer is "ready", the late
   waiters form a new group whose own upstream WAIT is sent after they arrived (a key deleted at the
   root in between keeps them waiting, as it would at the root). Bursts that arrive in one loop
-  turn (every worker asking for the same key at once) still share one request. Before issue 15 a
+  turn (every worker asking for the same key at once) still share one request. Per client, order
+  is the root's: its requests go upstream in arrival order on the main connection, and a WAIT
+  answer (served on a wait connection) is held until the main connection has answered a request
+  sent after the client's latest no-reply write (``_answer_wait``). Before issue 15 a
   GET could join one sent long before, still queued behind large replies on the main connection,
   and return a value older than a write another node had completed;
 * concurrent ADDs to one key are summed into one upstream ADD (group commit: while one ADD to a
@@ -189,6 +192,11 @@ class _Upstream:
             collections.deque()
         )
         self._awaiting = 0  # entries of _pending with a future
+        # reply-bearing requests sent and answered since the connection opened (FIFO: the n-th
+        # answer proves every request sent before the n-th reply-bearing one was applied)
+        self.asked = 0
+        self.answered = 0
+        self._when_answered: dict[int, list] = {}
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._reader_task: asyncio.Task | None = None
@@ -272,7 +280,31 @@ class _Upstream:
         future = asyncio.get_running_loop().create_future()
         self._pending.append((request, future))
         self._awaiting += 1
+        self.asked += 1
         return future
+
+    def applied_mark(self) -> int:
+        """After a no-reply request was queued: it is applied once ``answered`` reaches this."""
+        return self.asked + 1
+
+    def when_applied(self, mark: int, callback) -> None:  # type: ignore[no-untyped-def]
+        """Call ``callback()`` once ``answered >= mark`` (at once if so; on loss, at the loss)."""
+        if self.answered >= mark or self.closed:
+            callback()
+            return
+        if self.asked < mark:  # nothing with a reply follows: ask something cheap
+            probe = (
+                Request(Op.PING, number=0)
+                if Op.PING in self._proxy.dialect
+                else Request(Op.GETNUMKEYS)
+            )
+            self.send(probe)
+        self._when_answered.setdefault(mark, []).append(callback)
+
+    def _answered_one(self) -> None:
+        self.answered += 1
+        for callback in self._when_answered.pop(self.answered, ()):
+            callback()
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -304,6 +336,7 @@ class _Upstream:
                     value, pos = decoded
                     self._pending.popleft()
                     self._awaiting -= 1
+                    self._answered_one()
                     # A wait the root cancelled without waking it: its single byte is the
                     # reply to the CANCEL_WAIT queued right behind it.
                     if (
@@ -314,6 +347,7 @@ class _Upstream:
                     ):
                         cancel = self._pending.popleft()[1]
                         self._awaiting -= 1
+                        self._answered_one()
                         assert cancel is not None
                         _resolve(cancel, value)
                     _resolve(future, value)
@@ -344,6 +378,10 @@ class _Upstream:
                     future.set_exception(lost)
                     future.exception()  # mark retrieved; joiners still see it
             self._awaiting = 0
+            waiting, self._when_answered = self._when_answered, {}
+            for callbacks in waiting.values():
+                for callback in callbacks:
+                    callback()
             if was_open:
                 self._proxy.on_upstream_lost(self)
 
@@ -425,6 +463,9 @@ class _Client(asyncio.BufferedProtocol):
         self.barrier: tuple[_Upstream, asyncio.Future] | None = None
         # keys of the WAIT just answered, when one upstream answer woke several local waiters
         self.woken_with_others: tuple[bytes, ...] | None = None
+        # its latest no-reply write on the main connection: (connection, applied mark)
+        self.unconfirmed: tuple[_Upstream, int] | None = None
+        self.stop_held: object | None = None  # a WAIT answer held until that write is applied
         self._buf = bytearray()
         self._validated = not proxy.dialect.validates  # torch 2.1 clients send no VALIDATE
         self._blocked = False
@@ -895,6 +936,8 @@ class AsyncStoreProxy:
             if main is None or main.closed:
                 client.woken_with_others = woken_with_others  # the retry still follows that WAIT
                 return self.spawn(self._get_main())
+            if op in NO_REPLY_OPS:
+                client.unconfirmed = (main, main.applied_mark())
             try:
                 if op == Op.QUEUE_POP and woken_with_others == request.keys:
                     future: asyncio.Future | None = self.spawn(self._pop_as_waiter(client, request))
@@ -913,6 +956,9 @@ class AsyncStoreProxy:
         elif op == Op.CANCEL_WAIT:
             self._leave_wait(client)
             self._leave_barrier(client)
+            if client.stop_held is not None:  # woken already: the answer goes first, as at the root
+                client.stop_held = None
+                client.write(_STOP_WAITING_REPLY)
             client.reply(op, encode_reply(op, WaitReply.WAIT_CANCELED))
         else:  # BARRIER
             return self._client_barrier(client, request)
@@ -1140,9 +1186,32 @@ class AsyncStoreProxy:
                 client.wait = None
             if error is None:
                 client.woken_with_others = group.keys if shared else None
-                client.write(_STOP_WAITING_REPLY)
+                self._answer_wait(client)
             else:
                 client.abort()
+
+    def _answer_wait(self, client: _Client) -> None:
+        """STOP_WAITING, once the client's earlier writes are applied at the root.
+
+        Straight to the root, a WAIT's answer proves that the writes the client sent before it
+        were applied (one connection, served in order). Through the proxy the WAIT waits on a
+        connection of its own, so its answer is held until the main connection has answered a
+        request sent after the client's latest no-reply write (a PING if none follows).
+        """
+        unconfirmed = client.unconfirmed
+        if unconfirmed is None or unconfirmed[0].answered >= unconfirmed[1]:
+            client.unconfirmed = None
+            client.write(_STOP_WAITING_REPLY)
+            return
+        held = client.stop_held = object()
+
+        def release() -> None:
+            if client.stop_held is held:  # not answered by a CANCEL_WAIT since, nor a later WAIT
+                client.stop_held = None
+                client.write(_STOP_WAITING_REPLY)
+
+        conn, mark = unconfirmed
+        conn.when_applied(mark, release)
 
     def _fail_queued(self, error: BaseException) -> None:
         if self._wait_pool or self._wait_opening:

@@ -420,3 +420,25 @@ def test_one_push_wakes_one_of_two_blocked_poppers_on_a_new_queue(loop):
     expected, actual = _both_worlds(loop, _two_poppers_scenario)
     assert expected == {"after one push": ["b'first'"], "in the end": ["b'first'", "b'second'"]}
     assert actual == expected
+
+
+def _write_then_wait_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
+    """A worker sets k (behind 64 MiB of other writes on the node's upstream connection), then
+    waits on a key that exists: once that wait returns, a worker elsewhere reads its write."""
+    root.set("flag", "up")
+    root.set("k", "old")
+    root.get("k")
+    uploader, writer = _raw(port), tcp_store(port)
+    uploader.send(*[Request(Op.SET, (b"/bulk%d" % i,), (b"x" * (8 << 20),)) for i in range(8)])
+    writer.set("k", "new")
+    writer.wait(["flag"])
+    seen = tcp_store(root.port).get("k")  # another node, straight to the root
+    uploader.call(Request(Op.GETNUMKEYS))
+    return seen
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_wait_answered_after_a_write_means_the_write_is_applied(loop):
+    expected, actual = _both_worlds(loop, _write_then_wait_scenario)
+    assert expected == b"new"
+    assert actual == expected
