@@ -255,7 +255,8 @@ class _Cursor:
         end = self.pos + n
         if end > len(self.buf):
             raise _Incomplete
-        out = bytes(self.buf[self.pos : end])
+        with memoryview(self.buf) as view:  # one copy (slicing a bytearray would make two)
+            out = bytes(view[self.pos : end])
         self.pos = end
         return out
 
@@ -291,7 +292,8 @@ def _key(
     start, end = pos + 8, pos + 8 + size
     if end > len(buf):
         raise _Incomplete
-    return bytes(buf[start:end]), end
+    with memoryview(buf) as view:  # one copy (slicing a bytearray would make two)
+        return bytes(view[start:end]), end
 
 
 def _payload(buf: bytes | bytearray | memoryview, pos: int) -> tuple[bytes, int]:
@@ -363,6 +365,9 @@ def decode_request(
             count, pos = _number(buf, pos, _U64)
             if count > MAX_KEY_COUNT:
                 raise ProtocolError(f"{count} keys exceed the server limit of {MAX_KEY_COUNT}")
+            if _skip_strings(buf, pos, 2 * count) is None:  # copy the values once, when all came
+                _check_multi_set_prefix(buf, pos, count)
+                raise _Incomplete
             keys, values = [], []
             for _ in range(count):
                 key, pos = _key(buf, pos)
@@ -375,11 +380,80 @@ def decode_request(
     return request, pos
 
 
+def complete_multi_set_prefix(
+    buf: bytes | bytearray | memoryview, dialect: Dialect = NEWEST
+) -> Request | None:
+    """The complete key/value pairs at the start of a MULTI_SET cut short (its client died).
+
+    The stock server stores each pair of a MULTI_SET as it parses it, so a client that vanishes
+    mid-request leaves the complete pairs behind; a relay must forward those. None when ``buf``
+    holds no MULTI_SET or no complete pair (or the bytes are not a valid request).
+    """
+    if not buf or dialect.ops_by_byte[buf[0]] != Op.MULTI_SET:
+        return None
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    try:
+        count, pos = _number(buf, 1, _U64)
+        for _ in range(min(count, MAX_KEY_COUNT)):
+            key, pos = _key(buf, pos)
+            value, pos = _payload(buf, pos)
+            keys.append(key)
+            values.append(value)
+    except (_Incomplete, ProtocolError):
+        pass
+    return Request(Op.MULTI_SET, tuple(keys), tuple(values)) if keys else None
+
+
+def _skip_strings(buf: bytes | bytearray | memoryview, pos: int, count: int) -> int | None:
+    """Where ``count`` length-prefixed strings starting at ``pos`` end; None if they are not all
+    in ``buf`` yet. Reads only the lengths: checking a reply that arrives in many reads costs
+    O(strings) per read, never a copy of the values already there."""
+    for _ in range(count):
+        if pos + 8 > len(buf):
+            return None
+        pos += 8 + _U64.unpack_from(buf, pos)[0]
+    return pos if pos <= len(buf) else None
+
+
+def reply_complete(request: Request, buf: bytes | bytearray | memoryview, pos: int = 0) -> bool:
+    """Whether the whole reply to ``request`` is in ``buf[pos:]`` (cheap; no value is copied)."""
+    op = request.op
+    if op in (Op.GET, Op.COMPARE_SET):
+        return _skip_strings(buf, pos, 1) is not None
+    if op == Op.MULTI_GET:
+        return _skip_strings(buf, pos, len(request.keys)) is not None
+    if op == Op.LIST_KEYS:
+        if pos + 8 > len(buf):
+            return False
+        return _skip_strings(buf, pos + 8, _I64.unpack_from(buf, pos)[0]) is not None
+    if op == Op.QUEUE_POP:
+        if pos + 8 > len(buf):
+            return False
+        length = _I64.unpack_from(buf, pos)[0]
+        return length <= 0 or _skip_strings(buf, pos + 8, 1) is not None
+    return True  # fixed-size replies: decode_reply checks them at no cost
+
+
+def _check_multi_set_prefix(buf: bytes | bytearray | memoryview, pos: int, count: int) -> None:
+    """Refuse an oversize key or value of an incomplete MULTI_SET as soon as its length is in."""
+    for index in range(2 * count):
+        if pos + 8 > len(buf):
+            return
+        size = _U64.unpack_from(buf, pos)[0]
+        limit, what = (MAX_KEY_LEN, "key") if index % 2 == 0 else (MAX_PAYLOAD_LEN, "value")
+        if size > limit:
+            raise ProtocolError(f"{what} of {size} bytes exceeds the server limit of {limit}")
+        pos += 8 + size
+
+
 def decode_reply(
     request: Request, buf: bytes | bytearray | memoryview, pos: int = 0
 ) -> tuple[ReplyValue, int] | None:
     """Decode the reply to ``request`` at ``buf[pos:]``; None if incomplete."""
     op = request.op
+    if not reply_complete(request, buf, pos):
+        return None
     cur = _Cursor(buf, pos)
     try:
         if op in NO_REPLY_OPS:

@@ -20,10 +20,25 @@ once at the root), takes an idle wait connection or, if none is idle, a short-li
 
 Coalescing (what a one-for-one forwarder cannot do):
 
-* identical concurrent WAITs (same key list) share one upstream WAIT; identical concurrent GETs
-  and CHECKs share one upstream request. A request may join an in-flight one only if no local
-  write to any of its keys went out after it (WAITs: no DELETE_KEY/QUEUE_POP), so every answer is
-  one the root could have given at some instant between the request's arrival and its reply;
+* identical GETs and CHECKs share one upstream request, and identical WAITs (same key list) one
+  upstream WAIT, under one rule (the contract): **a client request is answered from an upstream
+  request that the proxy sent after that client request arrived**. So the root computed the answer
+  at an instant between the client's request and its reply, the answer is one the root could have
+  given that client, and the proxy is linearizable with respect to the root, key by key and across
+  keys. Concretely: a GET or CHECK joins only a request still in the proxy's outgoing batch of
+  the main connection (``_Upstream.flushes`` has not moved since it was queued; the tables of
+  joinable requests are emptied when the batch is written, ``on_sent``), and not one that a local
+  write to any of its keys was queued after (DELETE_KEY/QUEUE_POP for WAITs): the client that
+  wrote must read its write. A WAIT may join a group whose upstream WAIT (or, while queued, CHECK)
+  has already been sent, but then only as a *late* waiter: when that answer is "ready", the late
+  waiters form a new group whose own upstream WAIT is sent after they arrived (a key deleted at the
+  root in between keeps them waiting, as it would at the root). Bursts that arrive in one loop
+  turn (every worker asking for the same key at once) still share one request. Per client, order
+  is the root's: its requests go upstream in arrival order on the main connection, and a WAIT
+  answer (served on a wait connection) is held until the main connection has answered a request
+  sent after the client's latest no-reply write (``_answer_wait``). Before issue 15 a
+  GET could join one sent long before, still queued behind large replies on the main connection,
+  and return a value older than a write another node had completed;
 * concurrent ADDs to one key are summed into one upstream ADD (group commit: while one ADD to a
   key is in flight, later ones accumulate); with root reply ``total`` for a batch of deltas
   ``d1..dn`` the i-th caller gets ``total - sum(d) + d1 + ... + di`` - distinct values, as if the
@@ -31,8 +46,11 @@ Coalescing (what a one-for-one forwarder cannot do):
 * PING is answered locally. Nothing is cached across time.
 
 Keys used with QUEUE_* ops are never coalesced for WAIT (a queue push wakes one waiter only).
-Limit: a key first used as a queue by two workers' simultaneous blocking ``queue_pop`` (WAIT is
-the first thing the proxy sees of it) can still be merged once; no torch code path does that.
+A key first used as a queue by several workers' simultaneous blocking ``queue_pop`` (WAIT is the
+first thing the proxy sees of it) can still be merged once; a pop that follows such a shared
+wake-up and finds the queue empty is not answered but tried again until it gets an item (the root
+would have kept that worker waiting), see ``_pop_as_waiter``. If the worker gives up (its wait
+timeout) while such a retry is on its way, that one item is popped for nobody.
 
 Threading: ``StoreProxy`` runs the asyncio loop on a background thread. Some torch client calls
 (``list_keys``, ``queue_len``, ``queue_pop``) hold the GIL while blocked on their socket: made in
@@ -42,8 +60,15 @@ uvloop when it is importable (``new_event_loop``): the proxy's CPU per relayed r
 price of tiering when many proxies share a machine (about 18 us on uvloop, 35 us on asyncio in
 ``benchmarks/bench_rendezvous.py`` at 128x16).
 
-Faults: an upstream connection that breaks fails the requests in flight on it (their clients'
-connections are closed, so torch raises naming the proxy's address); if the root cannot be reached
+Faults: a request that makes the root drop the connection it came on fails only its own client,
+as straight to the root. The only such request a well-formed client can send is an ADD to a key
+that holds no number (malformed requests are refused by the proxy itself, per client); when the
+main connection ends with an ADD as its first unanswered request, that ADD's callers fail and the
+requests queued behind it, which the root never read, are sent again first on a new main
+connection (``_Upstream._replayable``). Partial requests behave as at the root: the complete pairs
+of a MULTI_SET whose client died mid-request are stored. Any other upstream connection that breaks
+fails the requests in flight on it (their clients' connections are closed, so torch raises naming
+the proxy's address); if the root cannot be reached
 again at once, every client connection is closed. New requests reconnect with backoff and jitter
 until ``timeout``. A client that disconnects has its waits dropped (and cancelled upstream with
 CANCEL_WAIT when no other local worker shares them), so the proxy survives worker restarts.
@@ -55,6 +80,7 @@ import argparse
 import asyncio
 import collections
 import concurrent.futures
+import functools
 import ipaddress
 import itertools
 import json
@@ -79,9 +105,11 @@ from npu_job.launcher.protocol import (
     Dialect,
     Op,
     ProtocolError,
+    QueuePopReply,
     ReplyValue,
     Request,
     WaitReply,
+    complete_multi_set_prefix,
     decode_reply,
     decode_request,
     encode_reply,
@@ -157,11 +185,24 @@ class _Upstream:
         self._proxy = proxy
         self.kind = kind
         self._writer: asyncio.StreamWriter | None = None
-        self._pending: collections.deque[tuple[Request, asyncio.Future]] = collections.deque()
+        # Requests sent and not yet known to be applied, in order: those with a reply (a future)
+        # and, behind the first of those, the no-reply ones (None): if the root drops the
+        # connection, what follows the request it failed on was never applied (see replayable).
+        self._pending: collections.deque[tuple[Request, asyncio.Future | None]] = (
+            collections.deque()
+        )
+        self._awaiting = 0  # entries of _pending with a future
+        # reply-bearing requests sent and answered since the connection opened (FIFO: the n-th
+        # answer proves every request sent before the n-th reply-bearing one was applied)
+        self.asked = 0
+        self.answered = 0
+        self._when_answered: dict[int, list] = {}
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._reader_task: asyncio.Task | None = None
         self.closed = False
+        self.flushes = 0  # batches handed to the transport: a request queued at n is unsent while
+        # this is still n (see AsyncStoreProxy's contract)
 
     async def open(self, deadline: float) -> None:
         loop = asyncio.get_running_loop()
@@ -217,7 +258,7 @@ class _Upstream:
 
     @property
     def busy(self) -> bool:
-        return bool(self._pending)
+        return self._awaiting > 0
 
     def send(self, request: Request) -> asyncio.Future | None:
         """Queue ``request``; returns the future of its reply (None for no-reply ops)."""
@@ -233,16 +274,45 @@ class _Upstream:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
         if request.op in NO_REPLY_OPS:
+            if self._awaiting:
+                self._pending.append((request, None))
             return None
         future = asyncio.get_running_loop().create_future()
         self._pending.append((request, future))
+        self._awaiting += 1
+        self.asked += 1
         return future
+
+    def applied_mark(self) -> int:
+        """After a no-reply request was queued: it is applied once ``answered`` reaches this."""
+        return self.asked + 1
+
+    def when_applied(self, mark: int, callback) -> None:  # type: ignore[no-untyped-def]
+        """Call ``callback()`` once ``answered >= mark`` (at once if so; on loss, at the loss)."""
+        if self.answered >= mark or self.closed:
+            callback()
+            return
+        if self.asked < mark:  # nothing with a reply follows: ask something cheap
+            probe = (
+                Request(Op.PING, number=0)
+                if Op.PING in self._proxy.dialect
+                else Request(Op.GETNUMKEYS)
+            )
+            self.send(probe)
+        self._when_answered.setdefault(mark, []).append(callback)
+
+    def _answered_one(self) -> None:
+        self.answered += 1
+        for callback in self._when_answered.pop(self.answered, ()):
+            callback()
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._out and self._writer is not None and not self.closed:
             data = b"".join(self._out)
             self._out.clear()
+            self.flushes += 1
+            self._proxy.on_sent(self)
             self._writer.write(data)
 
     async def _read_replies(self, reader: asyncio.StreamReader) -> None:
@@ -257,11 +327,16 @@ class _Upstream:
                 pos = 0
                 while self._pending:
                     request, future = self._pending[0]
+                    if future is None:  # applied: a request with a reply went before it
+                        self._pending.popleft()
+                        continue
                     decoded = decode_reply(request, buf, pos)
                     if decoded is None:
                         break
                     value, pos = decoded
                     self._pending.popleft()
+                    self._awaiting -= 1
+                    self._answered_one()
                     # A wait the root cancelled without waking it: its single byte is the
                     # reply to the CANCEL_WAIT queued right behind it.
                     if (
@@ -270,11 +345,15 @@ class _Upstream:
                         and self._pending
                         and self._pending[0][0].op == Op.CANCEL_WAIT
                     ):
-                        _resolve(self._pending.popleft()[1], value)
+                        cancel = self._pending.popleft()[1]
+                        self._awaiting -= 1
+                        self._answered_one()
+                        assert cancel is not None
+                        _resolve(cancel, value)
                     _resolve(future, value)
                 if pos:
                     del buf[:pos]
-                if buf and not self._pending:
+                if buf and not self._awaiting:
                     error = ProtocolError(
                         f"unexpected bytes from the root store: {bytes(buf[:16]).hex()}"
                     )
@@ -290,13 +369,48 @@ class _Upstream:
                 f"lost the connection to the root store {self._proxy.upstream_text}"
                 + (f": {error}" if error else "")
             )
+            replay = self._replayable(error)
+            if replay is not None:
+                self._proxy.replay_later(replay)
             while self._pending:
                 _, future = self._pending.popleft()
-                if not future.done():
+                if future is not None and not future.done():
                     future.set_exception(lost)
                     future.exception()  # mark retrieved; joiners still see it
+            self._awaiting = 0
+            waiting, self._when_answered = self._when_answered, {}
+            for callbacks in waiting.values():
+                for callback in callbacks:
+                    callback()
             if was_open:
                 self._proxy.on_upstream_lost(self)
+
+    def _replayable(
+        self, error: BaseException | None
+    ) -> list[tuple[Request, asyncio.Future | None]] | None:
+        """The requests the root never read, when it dropped the main connection for an ADD.
+
+        The root serves a connection's requests one at a time, in order, and drops the connection
+        when one fails; the only request a well-formed client can make fail is an ADD to a key that
+        does not hold a number (the proxy refuses malformed requests itself). So when the first
+        unanswered request is an ADD and the peer hung up, that ADD failed, everything before it
+        was applied and answered, and nothing after it was read: those are sent again on a new
+        connection (taken out of ``_pending``) and only the ADD's callers fail, as at the root.
+        None (fail everything in flight) in every other case: a root gone, a protocol error.
+        """
+        if self.kind != "main" or self._proxy.closing or isinstance(error, ProtocolError):
+            return None
+        if isinstance(error, asyncio.CancelledError) or isinstance(error, UpstreamLost):
+            return None
+        while self._pending and self._pending[0][1] is None:
+            self._pending.popleft()
+        if not self._pending or self._pending[0][0].op != Op.ADD:
+            return None
+        culprit = self._pending.popleft()
+        rest = list(self._pending)
+        self._pending.clear()
+        self._pending.append(culprit)
+        return rest
 
     def close(self) -> None:
         if self.closed:
@@ -312,6 +426,18 @@ class _Upstream:
 def _resolve(future: asyncio.Future, value: ReplyValue) -> None:
     if not future.done():
         future.set_result(value)
+
+
+def _forward(future: asyncio.Future, answer: asyncio.Future) -> None:
+    """Settle ``future`` as ``answer`` settled (a request sent again on a new connection)."""
+    if future.done():
+        return
+    if answer.cancelled():
+        future.cancel()
+    elif answer.exception() is not None:
+        future.set_exception(answer.exception())  # type: ignore[arg-type]
+    else:
+        future.set_result(answer.result())
 
 
 class _Client(asyncio.BufferedProtocol):
@@ -335,6 +461,11 @@ class _Client(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self.wait: _WaitGroup | None = None
         self.barrier: tuple[_Upstream, asyncio.Future] | None = None
+        # keys of the WAIT just answered, when one upstream answer woke several local waiters
+        self.woken_with_others: tuple[bytes, ...] | None = None
+        # its latest no-reply write on the main connection: (connection, applied mark)
+        self.unconfirmed: tuple[_Upstream, int] | None = None
+        self.stop_held: object | None = None  # a WAIT answer held until that write is applied
         self._buf = bytearray()
         self._validated = not proxy.dialect.validates  # torch 2.1 clients send no VALIDATE
         self._blocked = False
@@ -366,6 +497,11 @@ class _Client(asyncio.BufferedProtocol):
             self._buf += data[pos:]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._buf and self._validated and not self._refused and not self._blocked:
+            # as the root does: the complete pairs of a MULTI_SET cut short are stored
+            partial = complete_multi_set_prefix(self._buf, self.proxy.dialect)
+            if partial is not None:
+                self.proxy.relay_orphan(partial)
         self.proxy.drop_client(self)
 
     # requests
@@ -493,17 +629,50 @@ class _Client(asyncio.BufferedProtocol):
 class _WaitGroup:
     """Local waiters of one key list, served by one upstream WAIT (or CHECK polls while queued)."""
 
-    __slots__ = ("conn", "joinable", "keys", "poll_delay", "state", "waiters")
+    __slots__ = (
+        "asked",
+        "conn",
+        "joinable",
+        "keys",
+        "late",
+        "poll_delay",
+        "shared",
+        "state",
+        "waiters",
+    )
 
     def __init__(self, keys: tuple[bytes, ...]) -> None:
         self.keys = keys
-        self.waiters: dict[
-            int, _Client
-        ] = {}  # by client id; answered directly, no future per waiter
+        # by client id; answered directly, no future per waiter. ``waiters`` arrived before the
+        # group's latest upstream WAIT or CHECK was sent, so its answer is theirs; ``late`` ones
+        # arrived after, and are asked again (a new group) when that answer is "ready".
+        self.waiters: dict[int, _Client] = {}
+        self.late: dict[int, _Client] = {}
         self.state = "queued"  # queued -> active -> done | cancelling
         self.conn: _Upstream | None = None
+        self.asked: tuple[_Upstream, int] | None = None  # latest request's (conn, its flushes)
         self.joinable = True
         self.poll_delay = _POLL_FIRST
+        self.shared = False  # more than one client has waited in it (or in the group it follows)
+
+    def asking(self, conn: _Upstream) -> None:
+        """An upstream request for this group is queued on ``conn``: everyone waiting is covered."""
+        self.asked = (conn, conn.flushes)
+        self.waiters.update(self.late)
+        self.late.clear()
+
+    def add(self, client: _Client) -> None:
+        if self.waiters or self.late:
+            self.shared = True
+        asked = self.asked
+        if asked is None or asked[0].flushes == asked[1]:  # nothing sent yet, or not yet sent
+            self.waiters[client.id] = client
+        else:
+            self.late[client.id] = client
+
+    def remove(self, client: _Client) -> None:
+        self.waiters.pop(client.id, None)
+        self.late.pop(client.id, None)
 
 
 class AsyncStoreProxy:
@@ -543,6 +712,7 @@ class AsyncStoreProxy:
         self._queue_keys: set[bytes] = set()
         self._tasks: set[asyncio.Task] = set()
         self._spare_barrier_conns: list[_Upstream] = []
+        self._replay: list[tuple[Request, asyncio.Future | None]] = []
         self.scratch = memoryview(bytearray(_READ_CHUNK))  # every client's reads (see _Client)
         self._closing = False
 
@@ -622,10 +792,42 @@ class AsyncStoreProxy:
         try:
             conn = _Upstream(self, "main")
             await conn.open(asyncio.get_running_loop().time() + self.timeout)
-            self._main = conn
+            current = self._main
+            if current is not None and not current.closed:  # the root probe got there first
+                conn.close()
+                return current
+            self._install_main(conn)
             return conn
         finally:
             self._main_opening = None
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def replay_later(self, requests: list[tuple[Request, asyncio.Future | None]]) -> None:
+        """Requests a dropped main connection never delivered: first on the next main one."""
+        self._replay.extend(requests)
+
+    def _install_main(self, conn: _Upstream) -> None:
+        replay, self._replay = self._replay, []
+        for request, future in replay:
+            try:
+                answer = conn.send(request)
+            except UpstreamLost as exc:
+                if future is not None and not future.done():
+                    future.set_exception(exc)
+                continue
+            if future is not None and answer is not None:
+                answer.add_done_callback(functools.partial(_forward, future))
+        self._main = conn
+
+    def on_sent(self, conn: _Upstream) -> None:
+        """``conn`` handed its queued requests to the transport: from now on the root may answer
+        them at any moment, so no request arriving later may share them (GET, CHECK)."""
+        if conn is self._main:
+            self._get_inflight.clear()
+            self._check_inflight.clear()
 
     def on_upstream_lost(self, conn: _Upstream) -> None:
         if self._closing:
@@ -656,9 +858,14 @@ class AsyncStoreProxy:
                 client.abort()
             for conn in list(self.upstream_open):
                 conn.close()
+            replay, self._replay = self._replay, []
+            for _, future in replay:
+                if future is not None and not future.done():
+                    future.set_exception(exc)
+                    future.exception()
             return
         if self._main is None or self._main.closed:
-            self._main = probe
+            self._install_main(probe)
         else:
             probe.close()
         self._pump_waits()
@@ -700,15 +907,42 @@ class AsyncStoreProxy:
         self._leave_barrier(client)
         client.abort()
 
+    def relay_orphan(self, request: Request) -> None:
+        """Send a no-reply write whose client is gone (once the main connection is open)."""
+
+        async def send() -> None:
+            try:
+                self._submit(await self._get_main(), request)
+            except UpstreamLost as exc:
+                logger.warning(
+                    "store proxy: dropped %s of a departed client: %s", request.op.name, exc
+                )
+
+        main = self._main
+        if main is not None and not main.closed:
+            try:
+                self._submit(main, request)
+                return
+            except UpstreamLost:
+                pass
+        self.spawn(send())
+
     def handle(self, client: _Client, request: Request) -> asyncio.Future[object] | None:
         """Act on one client request; returns an awaitable to retry after if it cannot go yet."""
         op = request.op
+        woken_with_others, client.woken_with_others = client.woken_with_others, None
         if op not in _LOCAL_OPS:
             main = self._main
             if main is None or main.closed:
+                client.woken_with_others = woken_with_others  # the retry still follows that WAIT
                 return self.spawn(self._get_main())
+            if op in NO_REPLY_OPS:
+                client.unconfirmed = (main, main.applied_mark())
             try:
-                future = self._submit(main, request)
+                if op == Op.QUEUE_POP and woken_with_others == request.keys:
+                    future: asyncio.Future | None = self.spawn(self._pop_as_waiter(client, request))
+                else:
+                    future = self._submit(main, request)
             except UpstreamLost as exc:
                 logger.warning("store proxy: closing client %d: %s", client.id, exc)
                 client.abort()
@@ -722,6 +956,9 @@ class AsyncStoreProxy:
         elif op == Op.CANCEL_WAIT:
             self._leave_wait(client)
             self._leave_barrier(client)
+            if client.stop_held is not None:  # woken already: the answer goes first, as at the root
+                client.stop_held = None
+                client.write(_STOP_WAITING_REPLY)
             client.reply(op, encode_reply(op, WaitReply.WAIT_CANCELED))
         else:  # BARRIER
             return self._client_barrier(client, request)
@@ -818,6 +1055,27 @@ class AsyncStoreProxy:
 
         upstream.add_done_callback(done)
 
+    async def _pop_as_waiter(self, client: _Client, request: Request) -> object:
+        """A blocking ``queue_pop`` (WAIT, then QUEUE_POP) on a key the proxy did not know was a
+        queue, whose WAIT was answered together with other local waiters' WAITs.
+
+        At the root a push wakes one waiter of a queue; the merged WAIT woke them all. So a pop
+        that finds the queue empty is not answered: it is tried again (backoff, as queued waits
+        poll) until it gets an item, which is what the root's waiter would have got after its
+        wake-up, or until the client leaves (its own wait timeout closes it).
+        """
+        delay = _POLL_FIRST
+        while True:
+            main = await self._get_main()
+            reply = await self._submit(main, request)  # type: ignore[misc]
+            if not isinstance(reply, QueuePopReply) or reply.length > 0:
+                return reply
+            transport = client.transport
+            if transport is None or transport.is_closing():
+                return reply
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX)
+
     # ------------------------------------------------------------ WAIT
 
     def _client_wait(self, client: _Client, keys: tuple[bytes, ...]) -> None:
@@ -835,7 +1093,7 @@ class AsyncStoreProxy:
             self._pump_waits()
             if group.state == "queued":
                 self.spawn(self._poll_group(group))
-        group.waiters[client.id] = client
+        group.add(client)
         client.wait = group
 
     def _pump_waits(self) -> None:
@@ -861,6 +1119,7 @@ class AsyncStoreProxy:
         group.state = "active"
         group.conn = conn
         try:
+            group.asking(conn)
             upstream = conn.send(Request(Op.WAIT, keys=group.keys))
         except UpstreamLost as exc:
             self._finish_group(group, exc)
@@ -883,6 +1142,7 @@ class AsyncStoreProxy:
         try:
             while group.state == "queued":
                 main = await self._get_main()
+                group.asking(main)
                 ready = await asyncio.shield(
                     self._join_or_send(
                         main, Request(Op.CHECK, keys=group.keys), self._check_inflight, group.keys
@@ -904,13 +1164,54 @@ class AsyncStoreProxy:
         if self._wait_groups.get(group.keys) is group:
             del self._wait_groups[group.keys]
         waiters, group.waiters = group.waiters, {}
+        late, group.late = group.late, {}
+        if error is not None:
+            waiters.update(late)
+        elif late:  # their answer must come from a request sent after they arrived: ask again
+            again = _WaitGroup(group.keys)
+            again.joinable = group.joinable
+            again.shared = True
+            if again.joinable:
+                self._wait_groups[group.keys] = again
+            for client in late.values():
+                again.waiters[client.id] = client
+                client.wait = again
+            self._queued.append(again)
+            self._pump_waits()
+            if again.state == "queued":
+                self.spawn(self._poll_group(again))
+        shared = group.shared
         for client in waiters.values():  # a client that left (CANCEL_WAIT, gone) is no longer here
             if client.wait is group:
                 client.wait = None
             if error is None:
-                client.write(_STOP_WAITING_REPLY)
+                client.woken_with_others = group.keys if shared else None
+                self._answer_wait(client)
             else:
                 client.abort()
+
+    def _answer_wait(self, client: _Client) -> None:
+        """STOP_WAITING, once the client's earlier writes are applied at the root.
+
+        Straight to the root, a WAIT's answer proves that the writes the client sent before it
+        were applied (one connection, served in order). Through the proxy the WAIT waits on a
+        connection of its own, so its answer is held until the main connection has answered a
+        request sent after the client's latest no-reply write (a PING if none follows).
+        """
+        unconfirmed = client.unconfirmed
+        if unconfirmed is None or unconfirmed[0].answered >= unconfirmed[1]:
+            client.unconfirmed = None
+            client.write(_STOP_WAITING_REPLY)
+            return
+        held = client.stop_held = object()
+
+        def release() -> None:
+            if client.stop_held is held:  # not answered by a CANCEL_WAIT since, nor a later WAIT
+                client.stop_held = None
+                client.write(_STOP_WAITING_REPLY)
+
+        conn, mark = unconfirmed
+        conn.when_applied(mark, release)
 
     def _fail_queued(self, error: BaseException) -> None:
         if self._wait_pool or self._wait_opening:
@@ -923,8 +1224,8 @@ class AsyncStoreProxy:
             return
         group = client.wait
         client.wait = None
-        group.waiters.pop(client.id, None)
-        if group.waiters or group.state not in ("queued", "active"):
+        group.remove(client)
+        if group.waiters or group.late or group.state not in ("queued", "active"):
             return
         if self._wait_groups.get(group.keys) is group:
             del self._wait_groups[group.keys]

@@ -58,6 +58,12 @@ CASES = [
         marks=pytest.mark.torch,
     ),
     pytest.param(
+        "bench_large_values.py",
+        ["--sizes", "8", "--repeat", "1"],
+        ["| MiB | direct s | direct MB/s | proxy s |", "| 8 | "],
+        marks=pytest.mark.torch,
+    ),
+    pytest.param(
         "bench_faults.py",
         [
             "--faults",

@@ -47,8 +47,14 @@ class ProxyProcess:
     """``python -m npu_job.launcher.proxy`` as a child; ``stats()`` asks it for its counters."""
 
     def __init__(
-        self, upstream_port: int, *, timeout: float = 10.0, wait_connections: int = 2
+        self,
+        upstream_port: int,
+        *,
+        timeout: float = 10.0,
+        wait_connections: int = 2,
+        loop: str = "auto",
     ) -> None:
+        """``loop``: the proxy's event loop (``NPU_JOB_PROXY_LOOP``: auto, asyncio or uvloop)."""
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -65,6 +71,7 @@ class ProxyProcess:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env={**os.environ, "NPU_JOB_PROXY_LOOP": loop},
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()

@@ -16,6 +16,7 @@ from npu_job.launcher.protocol import (
     ProtocolError,
     QueuePopReply,
     Request,
+    complete_multi_set_prefix,
     decode_reply,
     decode_request,
     encode_reply,
@@ -210,3 +211,17 @@ def test_multi_get_reply_round_trips(vals):
     wire = encode_reply(Op.MULTI_GET, tuple(vals))
     assert decode_reply(request_, wire) == (tuple(vals), len(wire))
     assert decode_reply(request_, wire[:-1]) is None or not vals
+
+
+def test_the_complete_pairs_of_a_multi_set_cut_short_are_recovered():
+    full = encode_request(Request(Op.MULTI_SET, (b"/a", b"/b"), (b"1", b"22")))
+    first_pair_end = 1 + 8 + (8 + 2 + 8 + 1)
+    assert complete_multi_set_prefix(full[: first_pair_end - 1]) is None
+    assert complete_multi_set_prefix(full[:first_pair_end]) == Request(
+        Op.MULTI_SET, (b"/a",), (b"1",)
+    )
+    assert complete_multi_set_prefix(full[: len(full) - 1]) == Request(
+        Op.MULTI_SET, (b"/a",), (b"1",)
+    )
+    assert complete_multi_set_prefix(full) == Request(Op.MULTI_SET, (b"/a", b"/b"), (b"1", b"22"))
+    assert complete_multi_set_prefix(encode_request(Request(Op.SET, (b"/a",), (b"1",)))) is None

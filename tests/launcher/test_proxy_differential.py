@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import datetime
 import random
+import socket
 import threading
 import time
 from typing import Callable
 
 import pytest
 from npu_job.launcher import torchcompat
+from npu_job.launcher.protocol import VALIDATION_MAGIC, Op, Request, encode_request
+from npu_job.launcher.storeclient import RawStoreClient
 
-from tests.launcher.proxy_support import ProxyProcess, tcp_store
+from tests.launcher.proxy_support import LOOPBACK, ProxyProcess, tcp_store
 from tests.launcher.torch_features import store_errors
 
 torch_dist = pytest.importorskip("torch.distributed")
@@ -261,3 +264,181 @@ def test_proxy_answers_exactly_like_the_root(seed):
         assert direct.clients[0].multi_get(keys) == proxied.clients[0].multi_get(keys)
         stats = proxy.stats()
         assert stats["upstream_connections"] <= 3
+
+
+# ---------------------------------------------------------------- issue 15: one case at a time
+#
+# Each case runs the same scripted calls straight to a stock root and through a proxy (on each
+# event loop) and compares what the clients see.
+
+LOOPS = ["asyncio", "uvloop"]
+needs_queues = pytest.mark.skipif(not torchcompat.HAS_QUEUES, reason="this torch has no queues")
+DIALECT = torchcompat.store_dialect()
+
+
+def _raw(port: int) -> RawStoreClient:
+    return RawStoreClient(LOOPBACK, port, dialect=DIALECT)
+
+
+def _raw_outcome(call: Callable[[], object]) -> object:
+    try:
+        return call()
+    except OSError as exc:  # the raw client's "store closed the connection" (ConnectionError)
+        return ("raised", type(exc).__name__)
+
+
+def _both_worlds(loop: str, scenario: Callable[..., object]) -> tuple[object, object]:
+    """``scenario(port, root[, proxy])`` against a root directly and then through a proxy."""
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    direct_root = tcp_store(0, master=True)
+    expected = scenario(direct_root.port, direct_root)
+    proxied_root = tcp_store(0, master=True)
+    with ProxyProcess(proxied_root.port, loop=loop) as proxy:
+        actual = scenario(proxy.port, proxied_root, proxy)
+    return expected, actual
+
+
+def _stale_read_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
+    """Case 1: a node's worker reads a key after another node's write to it was answered, while an
+    earlier read of that key by a neighbour is still queued behind large replies."""
+    root.set("big", "x" * (8 << 20))
+    root.set("k", "old")
+    root.get("k")
+    loader, early, late = _raw(port), _raw(port), _raw(port)
+    big = Request(Op.MULTI_GET, (b"/big",))
+    loader.send(*[big] * 16)  # 128 MiB of replies ahead of everything on its upstream connection
+    early.send(Request(Op.GET, (b"/k",)))
+    other_node = tcp_store(root.port)  # straight to the root, as a worker of another node
+    other_node.set("k", "new")
+    other_node.get("k")  # answered: the write is applied at the root
+    seen = late.call(Request(Op.GET, (b"/k",)))
+    early_seen = early.receive(Request(Op.GET, (b"/k",)))
+    for _ in range(16):
+        loader.receive(big)
+    return {"late": seen, "early in (old, new)": early_seen in (b"old", b"new")}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_read_after_a_completed_remote_write_sees_it(loop):
+    expected, actual = _both_worlds(loop, _stale_read_scenario)
+    assert expected == {"late": b"new", "early in (old, new)": True}
+    assert actual == expected
+
+
+def _partial_multi_set_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
+    """Case 3: a client dies after sending the first complete key/value pair of a MULTI_SET."""
+    head = encode_request(Request(Op.MULTI_SET, (b"/m1", b"/m2"), (b"one", b"two")), DIALECT)
+    pair1_end = 1 + 8 + (8 + 3 + 8 + 3)  # opcode, count, /m1 and its value
+    sock = socket.create_connection((LOOPBACK, port))
+    if DIALECT.validates:
+        sock.sendall(encode_request(Request(Op.VALIDATE, number=VALIDATION_MAGIC), DIALECT))
+    sock.sendall(head[: pair1_end + 5])  # and part of /m2's key
+    time.sleep(0.2)
+    sock.close()
+    observer = tcp_store(root.port)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not observer.check(["m1"]):
+        time.sleep(0.05)
+    return {"m1": observer.check(["m1"]) and observer.get("m1"), "m2": observer.check(["m2"])}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_client_dying_mid_multi_set_leaves_its_complete_pairs_as_at_the_root(loop):
+    expected, actual = _both_worlds(loop, _partial_multi_set_scenario)
+    assert expected == {"m1": b"one", "m2": False}
+    assert actual == expected
+
+
+def _bad_add_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
+    """Case 2: one worker's ADD on a key holding "abc" (the root drops that connection) with six
+    other workers' GETs right behind it (through a proxy: frozen, so that all arrive at once and
+    share the upstream connection): only that worker fails."""
+    root.set("s", "abc")
+    root.set("k", "v")
+    root.get("k")
+    culprit = tcp_store(port)
+    bystanders = [_raw(port) for _ in range(6)]
+    for bystander in bystanders:
+        bystander.call(Request(Op.GETNUMKEYS))
+    get = Request(Op.GET, (b"/k",))
+    fate: list = []
+    if proxy is not None:
+        proxy.pause()
+    try:
+        adding = threading.Thread(target=lambda: fate.append(outcome(lambda: culprit.add("s", 1))))
+        adding.start()
+        time.sleep(0.1)
+        for bystander in bystanders:
+            bystander.send(get)
+    finally:
+        if proxy is not None:
+            proxy.resume()
+    adding.join(30)
+    seen = [_raw_outcome(lambda b=b: b.receive(get)) for b in bystanders]
+    after = [
+        _raw_outcome(lambda b=b: b.call(Request(Op.ADD, (b"/n",), number=1))) for b in bystanders
+    ]
+    return {"culprit": fate, "bystanders": seen, "their adds": sorted(after, key=repr)}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_request_the_root_drops_its_connection_for_fails_only_its_own_client(loop):
+    expected, actual = _both_worlds(loop, _bad_add_scenario)
+    assert expected["bystanders"] == [b"v"] * 6
+    assert expected["their adds"] == [1, 2, 3, 4, 5, 6]
+    assert actual == expected
+
+
+def _two_poppers_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
+    """Case 4: two workers block in queue_pop on a queue nobody used before; one push wakes one
+    of them, the other keeps waiting until a second push."""
+    poppers = [tcp_store(port, timeout=10), tcp_store(port, timeout=10)]
+    got: dict[int, object] = {}
+    threads = [
+        threading.Thread(
+            target=lambda i=i: got.update({i: outcome(lambda: poppers[i].queue_pop("q"))})
+        )
+        for i in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)  # both are waiting (through a proxy: in one shared upstream WAIT)
+    pusher = tcp_store(port)
+    pusher.queue_push("q", "first")
+    time.sleep(1.0)
+    after_one_push = sorted(map(repr, got.values()))
+    pusher.queue_push("q", "second")
+    for thread in threads:
+        thread.join(15)
+    return {"after one push": after_one_push, "in the end": sorted(map(repr, got.values()))}
+
+
+@needs_queues
+@pytest.mark.parametrize("loop", LOOPS)
+def test_one_push_wakes_one_of_two_blocked_poppers_on_a_new_queue(loop):
+    expected, actual = _both_worlds(loop, _two_poppers_scenario)
+    assert expected == {"after one push": ["b'first'"], "in the end": ["b'first'", "b'second'"]}
+    assert actual == expected
+
+
+def _write_then_wait_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
+    """A worker sets k (behind 64 MiB of other writes on the node's upstream connection), then
+    waits on a key that exists: once that wait returns, a worker elsewhere reads its write."""
+    root.set("flag", "up")
+    root.set("k", "old")
+    root.get("k")
+    uploader, writer = _raw(port), tcp_store(port)
+    uploader.send(*[Request(Op.SET, (b"/bulk%d" % i,), (b"x" * (8 << 20),)) for i in range(8)])
+    writer.set("k", "new")
+    writer.wait(["flag"])
+    seen = tcp_store(root.port).get("k")  # another node, straight to the root
+    uploader.call(Request(Op.GETNUMKEYS))
+    return seen
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_wait_answered_after_a_write_means_the_write_is_applied(loop):
+    expected, actual = _both_worlds(loop, _write_then_wait_scenario)
+    assert expected == b"new"
+    assert actual == expected

@@ -1,0 +1,339 @@
+"""The proxy is linearizable with respect to the root: recorded histories, checked against a model.
+
+One stock torch ``TCPStore`` root, two proxies in front of it (child processes, as npu-run runs
+them), several raw-protocol clients per proxy issuing random operations over a few keys: sets,
+gets, appends, compare-and-sets, deletes, checks, counters, waits that time out (CANCEL_WAIT),
+and MiB-scale values whose replies fill the first proxy's shared upstream connection. Every call is recorded
+with the time its request was sent and its reply read; :func:`linearizability.check` must find an
+order of the calls that a single store, answering one request at a time, would have produced.
+
+The clients are :mod:`npu_job.launcher.protocol` codecs on asyncio sockets (one loop, no thread
+per client) rather than torch's: a torch ``get`` is WAIT then GET and could not issue the bare
+GET whose merging the check is about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+
+import pytest
+from npu_job.launcher import torchcompat
+from npu_job.launcher.protocol import (
+    NO_REPLY_OPS,
+    VALIDATION_MAGIC,
+    Op,
+    Request,
+    WaitReply,
+    decode_reply,
+    encode_request,
+)
+
+from tests.launcher import linearizability
+from tests.launcher.linearizability import Call, Inconsistent
+from tests.launcher.proxy_support import LOOPBACK, ProxyProcess, tcp_store
+
+pytest.importorskip("torch.distributed")
+DIALECT = torchcompat.store_dialect()
+
+SMALL = (b"/a", b"/b")
+COUNTER = b"/n"
+BIG = b"/big"
+BIG_SIZE = 8 << 20
+CLIENTS = (6, 3)  # per proxy: random calls, one at a time
+# on the first proxy only (the second one's writes must be answered quickly), loaders keep
+# PIPELINE large replies each queued on its upstream connection
+LOADERS = 2
+PIPELINE = 4
+DURATION = 3.0  # seconds each history's clients keep calling
+PACE = (0.0, 0.03)  # per role: the most a client sleeps between calls (writers spread out)
+
+
+# ---------------------------------------------------------------- the checker itself
+
+
+def _call(client, op, keys, args, result, invoked, returned=math.inf):
+    return Call(client, op, tuple(keys), tuple(args), result, invoked, returned)
+
+
+def test_the_checker_accepts_concurrent_calls_in_either_order():
+    history = [
+        _call(0, "set", [b"k"], [b"new"], None, 0.0, 2.0),
+        _call(0, "get", [b"k"], [], b"new", 1.5, 2.0),
+        _call(1, "get", [b"k"], [], b"", 0.5, 3.0),  # overlaps the set: may come first
+        _call(2, "get", [b"k"], [], b"new", 0.6, 3.0),
+    ]
+    order = linearizability.check(history)
+    assert [c.client for c in order].index(1) < [c.op for c in order].index("set")
+
+
+def test_the_checker_rejects_a_read_older_than_a_completed_write():
+    """Case 1 of issue 15 in miniature: the set was answered (fenced) before the get began."""
+    history = [
+        _call(0, "set", [b"k"], [b"new"], None, 0.0, 1.0),
+        _call(0, "check", [b"k"], [], True, 0.5, 1.0),
+        _call(1, "get", [b"k"], [], b"", 2.0, 3.0),
+    ]
+    with pytest.raises(Inconsistent, match="no linearization"):
+        linearizability.check(history)
+
+
+def test_the_checker_keeps_each_clients_program_order():
+    history = [  # a client's set is applied before its own next request, reply or not
+        _call(0, "set", [b"k"], [b"1"], None, 0.0, 0.2),
+        _call(0, "get", [b"k"], [], b"", 0.1, 0.2),
+    ]
+    with pytest.raises(Inconsistent):
+        linearizability.check(history)
+
+
+def test_the_checker_models_counters_compare_set_delete_and_waits():
+    history = [
+        _call(0, "add", [b"n"], [5], 5, 0.0, 0.1),
+        _call(1, "add", [b"n"], [2], 7, 0.05, 0.2),
+        _call(0, "compare_set", [b"k"], [b"", b"x"], b"x", 0.3, 0.4),
+        _call(1, "compare_set", [b"k"], [b"y", b"z"], b"x", 0.5, 0.6),
+        _call(0, "wait", [b"k"], [], "ready", 0.7, 0.8),
+        _call(0, "delete", [b"k"], [], 1, 0.9, 1.0),
+        _call(1, "wait", [b"k"], [], "timeout", 1.1, 1.3),
+        _call(1, "check", [b"k", b"n"], [], False, 1.4, 1.5),
+    ]
+    assert len(linearizability.check(history)) == len(history)
+    wrong = history[:-1] + [_call(1, "check", [b"k", b"n"], [], True, 1.4, 1.5)]
+    with pytest.raises(Inconsistent):
+        linearizability.check(wrong)
+
+
+# ---------------------------------------------------------------- recording real histories
+
+
+def _token(value: bytes) -> bytes:
+    """Large values compared by their unique head and length (the model stores the same)."""
+    return value if len(value) <= 64 else b"big:" + value[:32] + b":%d" % len(value)
+
+
+class _Client:
+    """One connection, one request at a time, every call recorded."""
+
+    def __init__(self, index: int, history: list[Call]) -> None:
+        self.index = index
+        self.history = history
+        self.unfenced: list[int] = []  # history positions of no-reply calls awaiting an answer
+        self.reader: asyncio.StreamReader
+        self.writer: asyncio.StreamWriter
+        self.buf = bytearray()
+
+    async def connect(self, port: int) -> None:
+        self.reader, self.writer = await asyncio.open_connection(LOOPBACK, port)
+        if DIALECT.validates:
+            self.writer.write(
+                encode_request(Request(Op.VALIDATE, number=VALIDATION_MAGIC), DIALECT)
+            )
+
+    async def _reply(self, request: Request, timeout: float | None = None) -> object:
+        while True:
+            decoded = decode_reply(request, self.buf)
+            if decoded is not None:
+                value, pos = decoded
+                del self.buf[:pos]
+                return value
+            chunk = await asyncio.wait_for(self.reader.read(1 << 20), timeout)
+            if not chunk:
+                raise ConnectionError("store closed the connection")
+            self.buf += chunk
+
+    def _send(self, request: Request) -> None:
+        self.writer.write(encode_request(request, DIALECT))
+
+    def _record(self, op: str, keys, args, result, invoked: float, returned: float) -> None:
+        # An answer proves the root applied this client's earlier sets: at the root, whatever the
+        # request; through the proxy, a request relayed on the main upstream connection after
+        # them (a WAIT waits on a connection of its own: see the proxy's docstring).
+        if returned == math.inf:
+            self.unfenced.append(len(self.history))
+        elif op != "wait":
+            for pos in self.unfenced:
+                self.history[pos] = _replace_returned(self.history[pos], returned)
+            self.unfenced.clear()
+        self.history.append(
+            Call(self.index, op, tuple(keys), tuple(args), result, invoked, returned)
+        )
+
+    async def call(self, op: str, request: Request, args=()) -> None:
+        invoked = time.monotonic()
+        self._send(request)
+        if request.op in NO_REPLY_OPS:
+            self._record(op, request.keys, args, None, invoked, math.inf)
+            return
+        value = await self._reply(request)
+        returned = time.monotonic()
+        if isinstance(value, bytes):
+            value = _token(value)
+        elif isinstance(value, tuple):
+            value = tuple(_token(v) for v in value)
+        if op == "check":
+            value = value == 0
+        self._record(op, request.keys, args, value, invoked, returned)
+
+    async def wait(self, key: bytes, timeout: float) -> None:
+        """torch's timed wait: WAIT, and after ``timeout`` CANCEL_WAIT (the wake-up may race it)."""
+        request = Request(Op.WAIT, keys=(key,))
+        invoked = time.monotonic()
+        self._send(request)
+        try:
+            await self._reply(request, timeout)
+            result = "ready"
+        except asyncio.TimeoutError:
+            self._send(Request(Op.CANCEL_WAIT))
+            first = await self._reply(request)
+            if first == WaitReply.STOP_WAITING:  # woken before the cancel: then the cancel's byte
+                await self._reply(request)
+                result = "ready"
+            else:
+                result = "timeout"
+        self._record("wait", (key,), (), result, invoked, time.monotonic())
+
+    async def pipeline(self, requests: list[Request]) -> None:
+        """Several reads in one write, each recorded with its own reply time."""
+        invoked = time.monotonic()
+        self.writer.write(b"".join(encode_request(r, DIALECT) for r in requests))
+        for request in requests:
+            value = await self._reply(request)
+            assert isinstance(value, tuple)
+            result = tuple(_token(v) for v in value)
+            self._record("multi_get", request.keys, (), result, invoked, time.monotonic())
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _replace_returned(call: Call, returned: float) -> Call:
+    return Call(call.client, call.op, call.keys, call.args, call.result, call.invoked, returned)
+
+
+# What the clients of each proxy do most: the first proxy's (behind large replies) read, the
+# second's write, so that a write is answered while a read of the same key is still queued.
+KINDS = ("big_read", "big_set", "get", "set", "append", "cas", "delete", "check", "add", "wait",
+         "multi_get")  # fmt: skip
+WEIGHTS = (
+    (4, 0, 14, 0, 0, 0, 0, 4, 1, 2, 2),
+    (2, 2, 4, 8, 2, 3, 3, 2, 2, 1, 1),
+)
+
+
+async def _run_client(client: _Client, rng: random.Random, until: float, role: int) -> None:
+    seen: list[bytes] = [b""]
+    seq = 0
+    while time.monotonic() < until:
+        seq += 1
+        await asyncio.sleep(rng.uniform(0, PACE[role]))
+        key = rng.choice(SMALL)
+        fresh = b"c%d-%d" % (client.index, seq)
+        kind = rng.choices(KINDS, weights=WEIGHTS[role])[0]
+        if kind == "big_read":
+            if rng.random() < 0.5:
+                await client.call("get", Request(Op.GET, keys=(BIG,)))
+            else:
+                await client.call("multi_get", Request(Op.MULTI_GET, keys=(BIG, key)))
+        elif kind == "big_set":
+            value = fresh.ljust(BIG_SIZE, b".")
+            await client.call(
+                "set", Request(Op.SET, keys=(BIG,), values=(value,)), (_token(value),)
+            )
+        elif kind == "get":
+            await client.call("get", Request(Op.GET, keys=(key,)))
+            seen.append(client.history[-1].result)  # type: ignore[arg-type]
+        elif kind == "set":
+            await client.call("set", Request(Op.SET, keys=(key,), values=(fresh,)), (fresh,))
+        elif kind == "append":
+            await client.call("append", Request(Op.APPEND, keys=(key,), values=(fresh,)), (fresh,))
+        elif kind == "cas":
+            expected = rng.choice(seen)
+            await client.call(
+                "compare_set",
+                Request(Op.COMPARE_SET, keys=(key,), values=(expected, fresh)),
+                (expected, fresh),
+            )
+        elif kind == "delete":
+            await client.call("delete", Request(Op.DELETE_KEY, keys=(key,)))
+        elif kind == "check":
+            await client.call("check", Request(Op.CHECK, keys=tuple(rng.sample(SMALL, 2))))
+        elif kind == "add":
+            delta = rng.randrange(1, 5)
+            await client.call("add", Request(Op.ADD, keys=(COUNTER,), number=delta), (delta,))
+        elif kind == "wait":
+            await client.wait(key, rng.choice([0.05, 0.2]))
+        else:
+            await client.call("multi_get", Request(Op.MULTI_GET, keys=SMALL))
+    # a last answered request fences this client's trailing sets
+    await client.call("check", Request(Op.CHECK, keys=(COUNTER,)))
+
+
+async def _run_loader(client: _Client, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await client.pipeline(
+            [Request(Op.MULTI_GET, keys=(BIG, SMALL[i % 2])) for i in range(PIPELINE)]
+        )
+
+
+async def _record_history(proxy_ports: list[int], seed: int) -> list[Call]:
+    history: list[Call] = []
+    ports = [port for port, n in zip(proxy_ports, CLIENTS) for _ in range(n)]
+    roles = [role for role, n in enumerate(CLIENTS) for _ in range(n)]
+    loader_ports = [proxy_ports[0]] * LOADERS
+    clients = [_Client(i, history) for i in range(len(ports))]
+    loaders = [_Client(len(ports) + i, history) for i in range(len(loader_ports))]
+    await asyncio.gather(
+        *(c.connect(port) for c, port in zip(clients + loaders, ports + loader_ports))
+    )
+    try:
+        first = clients[0]
+        big = b"seed%d" % seed
+        await first.call("set", Request(Op.SET, keys=(BIG,), values=(big.ljust(BIG_SIZE, b"."),)),
+                         (_token(big.ljust(BIG_SIZE, b".")),))  # fmt: skip
+        stop = asyncio.Event()
+        loading = [asyncio.ensure_future(_run_loader(c, stop)) for c in loaders]
+        rng = random.Random(seed)
+        until = time.monotonic() + DURATION
+        await asyncio.gather(
+            *(
+                _run_client(c, random.Random(rng.random()), until, role)
+                for c, role in zip(clients, roles)
+            )
+        )
+        stop.set()
+        await asyncio.gather(*loading)
+    finally:
+        for client in clients + loaders:
+            client.close()
+    return history
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_concurrent_histories_through_two_proxies_are_linearizable(loop):
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    root = tcp_store(0, master=True)
+    proxies = [ProxyProcess(root.port, loop=loop) for _ in CLIENTS]
+    try:
+        ports = [p.port for p in proxies]
+        for seed in range(2):
+            start = time.monotonic()
+            history = asyncio.run(_record_history(ports, seed))
+            recorded = time.monotonic() - start
+            initial = {}
+            try:
+                linearizability.check(history, initial)
+            except Inconsistent as exc:
+                raise Inconsistent(
+                    f"seed {seed} on {loop} ({len(history)} calls, {recorded:.1f} s): {exc}"
+                ) from None
+            # the next history starts from an empty store
+            cleaner = tcp_store(root.port)
+            for key in (*SMALL, COUNTER, BIG):
+                cleaner.delete_key(key.decode().lstrip("/"))
+    finally:
+        for proxy in proxies:
+            proxy.stop()
