@@ -319,8 +319,18 @@ def _stale_read_scenario(port: int, root, proxy: ProxyProcess | None = None) -> 
     return {"late": seen, "early in (old, new)": early_seen in (b"old", b"new")}
 
 
+def _root_serves_others_while_a_client_lags() -> bool:
+    """Whether the root this torch hosts (``host_tcpstore``) is the libuv server. The classic one
+    (the only one before 2.2, the one a listen fd gets on 2.4-2.7) writes each reply with blocking
+    sends on its single thread: a client that leaves 128 MiB of replies unread stalls every other
+    client, so the stale-read scenario cannot run straight to it (it hangs in the direct world)."""
+    return bool(getattr(tcp_store(0, master=True), "libuvBackend", False))
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_read_after_a_completed_remote_write_sees_it(loop):
+    if not _root_serves_others_while_a_client_lags():
+        pytest.skip("this torch's root is the classic server, which stalls behind a lagging client")
     expected, actual = _both_worlds(loop, _stale_read_scenario)
     assert expected == {"late": b"new", "early in (old, new)": True}
     assert actual == expected
@@ -338,9 +348,12 @@ def _partial_multi_set_scenario(port: int, root, proxy: ProxyProcess | None = No
     sock.close()
     observer = tcp_store(root.port)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not observer.check(["m1"]):
+    while time.monotonic() < deadline and not torchcompat.key_exists(observer, "m1"):
         time.sleep(0.05)
-    return {"m1": observer.check(["m1"]) and observer.get("m1"), "m2": observer.check(["m2"])}
+    return {
+        "m1": torchcompat.key_exists(observer, "m1") and observer.get("m1"),
+        "m2": torchcompat.key_exists(observer, "m2"),
+    }
 
 
 @pytest.mark.parametrize("loop", LOOPS)
