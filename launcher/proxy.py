@@ -116,6 +116,8 @@ from npu_job.launcher.protocol import (
     encode_request,
 )
 
+from npu_job.polling import Backoff
+
 logger = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 65535  # the kernel caps it at net.core.somaxconn
@@ -123,6 +125,7 @@ DEFAULT_WAIT_CONNECTIONS = 2
 _READ_CHUNK = 1 << 16
 _POLL_FIRST = 0.005
 _POLL_MAX = 0.25
+_POP_RETRY = Backoff(_POLL_FIRST, 2.0, _POLL_MAX)  # a queued wait's schedule, without jitter
 _PROBE_TIMEOUT = 2.0
 _REFUSED_LINGER = 10.0  # seconds a refused client may keep its connection open after our FIN
 _STOP_WAITING_REPLY = encode_reply(Op.WAIT, WaitReply.STOP_WAITING)
@@ -1064,7 +1067,7 @@ class AsyncStoreProxy:
         poll) until it gets an item, which is what the root's waiter would have got after its
         wake-up, or until the client leaves (its own wait timeout closes it).
         """
-        delay = _POLL_FIRST
+        pauses = _POP_RETRY.pauses()
         while True:
             main = await self._get_main()
             reply = await self._submit(main, request)  # type: ignore[misc]
@@ -1073,8 +1076,7 @@ class AsyncStoreProxy:
             transport = client.transport
             if transport is None or transport.is_closing():
                 return reply
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _POLL_MAX)
+            await asyncio.sleep(next(pauses))
 
     # ------------------------------------------------------------ WAIT
 
