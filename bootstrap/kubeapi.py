@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from itertools import islice
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -39,12 +40,13 @@ from npu_job.bootstrap.sources import SERVICE_ACCOUNT_DIR, KubernetesAPI, Source
 
 from npu_job.errors import InputError
 from npu_job.parsing import count_from_text
+from npu_job.polling import Backoff
 
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 500
-RETRIES = 3
-BACKOFF = 0.5  # seconds, doubling per retry
+RETRIES = 3  # after the first attempt; a quick client (an optional source) retries once
+RETRY = Backoff(0.5, factor=2.0, cap=2.0)  # 0.5, 1, 2 s between attempts, no jitter
 TIMEOUT = 30.0
 QUICK_TIMEOUT = 5.0  # an optional source (the topology in the automatic chain)
 NODES_PATH = "/api/v1/nodes"
@@ -74,9 +76,15 @@ class KubeClient:
     """LIST calls on one HTTPS connection: ``with KubeClient(api) as client: client.list(...)``."""
 
     def __init__(
-        self, api: KubernetesAPI, *, quick: bool = False, page_size: Optional[int] = None
+        self,
+        api: KubernetesAPI,
+        *,
+        quick: bool = False,
+        page_size: Optional[int] = None,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         self.api = api
+        self._sleep = sleep
         self.page_size = page_size or PAGE_SIZE
         self.retries = 1 if quick else RETRIES
         self.timeout = QUICK_TIMEOUT if quick else TIMEOUT
@@ -160,7 +168,7 @@ class KubeClient:
 
         target = f"{path}?{urlencode(query)}" if query else path
         name = f"{self.api.base_url}{path}"
-        attempt = 0
+        pauses = islice(RETRY.pauses(), self.retries)
         while True:
             reused = self._connection is not None
             try:
@@ -185,10 +193,10 @@ class KubeClient:
                 problem = _status_error(name, status, reason, body)
                 if not isinstance(problem, SourceUnavailable):
                     raise problem
-            if attempt >= self.retries:
+            pause = next(pauses, None)
+            if pause is None:
                 raise problem
-            time.sleep(BACKOFF * 2**attempt)
-            attempt += 1
+            self._sleep(pause)
 
     def _request(self, target: str, name: str) -> Tuple[int, str, Any, bytes]:
         import http.client

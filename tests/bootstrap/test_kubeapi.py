@@ -21,6 +21,7 @@ from npu_job.bootstrap.kubeobjects import read_pods
 from npu_job.bootstrap.sources import KubernetesAPI, SourceUnavailable
 
 from npu_job.errors import InputError
+from npu_job.polling import Backoff
 
 from .documents import node
 from .engines import json_engine
@@ -109,7 +110,7 @@ def test_big_answers_come_gzipped_and_read_the_same(server, api):
 
 
 def test_busy_and_failing_servers_are_retried_then_unavailable(server, api, monkeypatch):
-    monkeypatch.setattr(kubeapi, "BACKOFF", 0.01)
+    monkeypatch.setattr(kubeapi, "RETRY", Backoff.fixed(0.01))
     body = json.dumps({"kind": "NodeList", "items": []}).encode()
     server.routes[NODES_PATH] = serve_sequence(
         status(503, "ServiceUnavailable", "etcd is slow"),
@@ -126,8 +127,23 @@ def test_busy_and_failing_servers_are_retried_then_unavailable(server, api, monk
     )
 
 
+@pytest.mark.parametrize(
+    "quick, pauses", [(False, [0.5, 1.0, 2.0]), (True, [0.5])], ids=["required", "quick"]
+)
+def test_a_failing_server_is_asked_again_after_doubling_pauses_then_given_up(
+    server, api, quick, pauses
+):
+    """Three retries 0.5, 1 and 2 s apart (one for an optional source), without jitter."""
+    server.routes[NODES_PATH] = serve_sequence(status(503, "ServiceUnavailable", "etcd is slow"))
+    slept = []
+    with pytest.raises(SourceUnavailable, match="503"):
+        KubeClient(api, quick=quick, sleep=slept.append).list(NODES_PATH)
+    assert slept == pauses
+    assert len(server.requests) == len(pauses) + 1
+
+
 def test_an_expired_continue_token_is_a_passing_failure(server, api, monkeypatch):
-    monkeypatch.setattr(kubeapi, "BACKOFF", 0.01)
+    monkeypatch.setattr(kubeapi, "RETRY", Backoff.fixed(0.01))
     server.routes[NODES_PATH] = serve_sequence(
         status(410, "Expired", "The provided continue parameter is too old")
     )
@@ -224,7 +240,8 @@ def test_gzip_bodies_are_what_the_reader_unwraps():
 def test_a_kept_alive_connection_the_server_closed_is_opened_again_at_once(
     server, api, monkeypatch
 ):
-    monkeypatch.setattr(kubeapi, "BACKOFF", 60.0)  # a retry that waited would time the test out
+    # a retry that waited would time the test out
+    monkeypatch.setattr(kubeapi, "RETRY", Backoff.fixed(60.0))
     body = json.dumps({"kind": "NodeList", "items": []}).encode()
     answers = [(200, {}, body), None, (200, {}, body)]
     server.routes[NODES_PATH] = lambda handler: answers.pop(0)
