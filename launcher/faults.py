@@ -4,19 +4,22 @@ An agent heartbeats to the root and stops on one verdict that names the node at 
 (:mod:`.watch` runs the thread, :mod:`.verdict` says what the verdicts are). Here is what the
 handler does with them:
 
-* **The watch** starts on the first join (:meth:`FaultsSide._start_watch`); between its polls
+* **The watch** starts on the first join (:meth:`NodeFaults.start_watch`); between its polls
   an agent thread unwinds through :class:`~.watch.JobStopped` once a verdict exists
-  (:meth:`FaultsSide._raise_if_stopped`), and :class:`RootErrors` turns a lost root into the
+  (:meth:`NodeFaults.raise_if_stopped`), and :class:`RootErrors` turns a lost root into the
   one verdict every node reaches.
 * **A failing node** reports its workers' failure and waits for node rank 0 to name the root
-  cause (:meth:`FaultsSide.settle_failure`); an agent that leaves on an error of its own, or on a
-  signal, tells the others why (:meth:`FaultsSide._announce_leaving`,
-  :meth:`FaultsSide.stop_for_signal`) and signs off.
+  cause (:meth:`NodeFaults.settle_failure`); an agent that leaves on an error of its own, or on a
+  signal, tells the others why (:meth:`NodeFaults.announce_leaving`,
+  :meth:`NodeFaults.tell_signal`) and signs off.
 * **This node's store proxy** (tiered mode) is started for a round's workers and, when the watch
   finds it dead, restarted on its own port; a proxy that cannot come back is a verdict.
 
-:class:`FaultsSide` is a mixin of :class:`~.rendezvous.ParallelRendezvousHandler`: it keeps its
-state on the handler (the attributes listed in its body), which ``__init__`` there sets.
+:class:`NodeFaults` is owned by :class:`~.rendezvous.ParallelRendezvousHandler`, one per handler,
+which hands it the root connection and the round a call needs; the handler's ``shutdown``,
+``close``, ``settle_failure``, ``report_outcome`` and ``stop_for_signal`` call it. torch 2.4-2.6
+call ``shutdown`` inside the agent's ``_stop_workers`` and, on a signal, its ``_shutdown``: the
+error leaving is read from ``sys.exc_info()``, which a call one frame deeper sees the same.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from .rdzvconfig import ParallelSettings, RunKeys
 from .rootclient import RootClient, RootError
 from .rootstore import literal_ip, this_node
 from .torchcompat import StoreError
-from .verdict import FailureReport, Identity, Verdict
+from .verdict import FailureReport, Verdict
 from .watch import WATCH_THREAD, JobStopped, Watch
 
 logger = logging.getLogger(__name__)
@@ -103,68 +106,77 @@ def last_verdict() -> Optional[Verdict]:
     return _VERDICTS[0] if _VERDICTS else None
 
 
-class FaultsSide:
-    """The handler's faults side (see the module docstring); the state it shares with it:"""
+class NodeFaults:
+    """This node's faults side (see the module docstring), owned by the handler.
 
-    _settings: ParallelSettings
-    _keys: RunKeys
-    _store: Optional[RootClient]  # the root, once connected
-    _watch: Optional[Watch]  # from the first join
-    _root_who: Identity  # the node hosting the root
-    _me: Identity  # this node
-    _root_lost: bool
-    _round_entered: Optional[int]  # the last round this node joined
-    _outcome: Optional[str]  # npu-run's agent says how its run ended
-    verdict: Optional[Verdict]  # the verdict this handler reached
-    _proxy_factory: ProxyFactory
-    _proxy_lock: threading.RLock
-    _proxy: Optional[NodeStoreProxy]  # this node's store proxy (tiered mode)
-    _proxy_port: int
-    _proxy_upstream: Optional[Tuple[str, int]]
+    It holds the watch, the verdict, what this node and the root's node are, how the agent says
+    its run went, and this node's store proxy; the handler holds the root connection and the
+    rounds, and hands in what a call needs of them (the root client, the round last entered).
+    """
 
-    def close(self) -> None:  # the handler's: stop the watch and the proxy, drop the root
-        raise NotImplementedError
+    def __init__(self, settings: ParallelSettings, keys: RunKeys, proxy_factory: ProxyFactory):
+        self._settings = settings
+        self._keys = keys
+        self._proxy_factory = proxy_factory
+        self.watch: Optional[Watch] = None  # from the first join
+        self.root_who = verdict.UNKNOWN  # the node hosting the root (the handler learns it)
+        self.me = verdict.UNKNOWN  # this node
+        self.root_lost = False
+        self.outcome: Optional[str] = None  # npu-run's agent says how its run went
+        self.verdict: Optional[Verdict] = None  # the verdict this node reached
+        self._proxy_lock = threading.RLock()
+        self.proxy: Optional[NodeStoreProxy] = None  # this node's store proxy (tiered mode)
+        self._proxy_port = 0
+        self._proxy_upstream: Optional[Tuple[str, int]] = None
+
+    def stop(self) -> None:
+        """Stop the watch (keeping what it found) and the proxy (the handler's close)."""
+        watch = self.watch
+        if watch is not None:
+            watch.stop()
+            self.note_verdict(watch.verdict)
+        self.stop_proxy()
 
     # -- the watch and the verdict ----------------------------------------------------------
 
-    def _start_watch(self, store: RootClient) -> None:
+    def start_watch(self, store: RootClient) -> None:
         """Say who this node is, beat once, and start the watch thread (first join only)."""
         settings = self._settings
-        if self._watch is not None:
+        if self.watch is not None:
             return
-        self._me = this_node(store.local_address)
-        store.set(self._keys.who(settings.node_rank), self._me.to_json())
+        self.me = this_node(store.local_address)
+        store.set(self._keys.who(settings.node_rank), self.me.to_json())
         store.add(self._keys.alive(settings.node_rank), 1)
-        self._watch = Watch(
+        self.watch = Watch(
             store,
             self._keys,
             settings.node_rank,
             settings.nnodes,
             settings.liveness,
-            self._root_who,
+            self.root_who,
             self._check_proxy if settings.tiered else None,
         )
         store.on_poll = self._stop_polling
-        self._watch.start()
+        self.watch.start()
 
     def _stop_polling(self) -> None:
         """Between a wait's polls: unwind an agent thread whose job ended (not the watch's own)."""
         if threading.current_thread().name != WATCH_THREAD:
-            self._raise_if_stopped()
+            self.raise_if_stopped()
 
-    def _raise_if_stopped(self) -> None:
-        watch = self._watch
+    def raise_if_stopped(self) -> None:
+        watch = self.watch
         if watch is not None and watch.verdict is not None:
-            self._note_verdict(watch.verdict)
+            self.note_verdict(watch.verdict)
             watch.raise_if_stopped()
 
-    def _note_verdict(self, found: Optional[Verdict]) -> None:
+    def note_verdict(self, found: Optional[Verdict]) -> None:
         if found is not None and self.verdict is None:
             self.verdict = found
             _VERDICTS.append(found)
 
     def _publish_or_keep(self, found: Verdict) -> Verdict:
-        watch = self._watch
+        watch = self.watch
         if watch is None:
             return found
         try:
@@ -172,20 +184,22 @@ class FaultsSide:
         except StoreError as error:
             logger.warning("could not publish the verdict: %s", error)
             found = watch.conclude(found)
-        self._note_verdict(found)
+        self.note_verdict(found)
         return found
 
-    def _root_errors(self, doing: str) -> RootErrors:
+    def root_errors(self, doing: str) -> RootErrors:
         return RootErrors(self, doing)
 
-    def settle_failure(self, report: FailureReport) -> Optional[Verdict]:
+    def settle_failure(
+        self, store: Optional[RootClient], report: FailureReport
+    ) -> Optional[Verdict]:
         """This node's workers failed for good: report to the judge and learn the job's verdict.
 
         Returns the verdict when it names this node's failure (torch then prints its summary);
         raises :class:`~.watch.JobStopped` when another node caused the end. Without a watch
         (the rendezvous never completed) there is nothing to settle: None.
         """
-        watch, store = self._watch, self._store
+        watch = self.watch
         if watch is None or store is None:
             return None
         found = watch.verdict
@@ -197,9 +211,9 @@ class FaultsSide:
                 found = self._await_verdict(watch, report)
         except RootError as error:
             found = watch.conclude(
-                verdict.root_lost(self._settings.root, self._root_who, str(error))
+                verdict.root_lost(self._settings.root, self.root_who, str(error))
             )
-        self._note_verdict(found)
+        self.note_verdict(found)
         if found.node_rank == self._settings.node_rank and found.kind == verdict.WORKERS_FAILED:
             return found
         raise JobStopped(found)
@@ -216,18 +230,14 @@ class FaultsSide:
             "node rank 0 named no cause within %.0fs; naming this node's failure",
             deadline - time.monotonic() + keep_alive.window,
         )
-        return watch.publish(verdict.workers_failed(report, self._me))
+        return watch.publish(verdict.workers_failed(report, self.me))
 
     # -- leaving: an error, a signal, the sign-off ------------------------------------------
 
-    def report_outcome(self, outcome: str) -> None:
-        """npu-run's agent: "running" when its run starts, "succeeded" when its workers did."""
-        self._outcome = outcome
-
-    def _announce_leaving(self, watch: Watch) -> None:
+    def announce_leaving(self, watch: Watch, store: Optional[RootClient]) -> None:
         """Leaving with no verdict while this run had not succeeded (the agent failed, or its own
         rendezvous did): the others, maybe still training, learn why instead of waiting."""
-        if self._outcome != "running" or watch.verdict is not None or self._store is None:
+        if self.outcome != "running" or watch.verdict is not None or store is None:
             return
         error = sys.exc_info()[1]  # torch calls shutdown() in a finally: the error leaving
         if isinstance(error, RendezvousError) and not isinstance(error, RendezvousTimeoutError):
@@ -236,55 +246,50 @@ class FaultsSide:
         # otherwise see the rendezvous closed before their own timeout, without the reason
         reason = f"{type(error).__name__}: {error}" if error is not None else "its agent stopped"
         try:
-            self._note_verdict(
-                watch.publish(verdict.left(self._settings.node_rank, self._me, reason))
+            self.note_verdict(
+                watch.publish(verdict.left(self._settings.node_rank, self.me, reason))
             )
         except StoreError as store_error:
             logger.debug("could not tell the others why this node leaves: %s", store_error)
 
-    def stop_for_signal(self, signal_name: str) -> None:
-        """The agent got a signal: tell the other nodes why this one stops, then close.
+    def tell_signal(
+        self, store: Optional[RootClient], signal_name: str, round_entered: Optional[int]
+    ) -> None:
+        """The agent got a signal: tell the other nodes why this one stops, and sign off (the
+        handler closes next).
 
         Node rank 0 keeps the root up for the others to read it and sign off (``close_timeout``).
         """
-        watch, store = self._watch, self._store
-        if (
-            watch is not None
-            and store is not None
-            and not self._root_lost
-            and watch.verdict is None
-        ):
+        watch = self.watch
+        if watch is not None and store is not None and not self.root_lost and watch.verdict is None:
             store.call_timeout = min(store.call_timeout, SIGNAL_CALL_TIMEOUT)
             try:
                 watch.stop()
-                self._note_verdict(
-                    watch.publish(
-                        verdict.signalled(self._settings.node_rank, self._me, signal_name)
-                    )
+                self.note_verdict(
+                    watch.publish(verdict.signalled(self._settings.node_rank, self.me, signal_name))
                 )
-                self._sign_off(store)
+                self.sign_off(store, round_entered)
             except StoreError as error:
                 logger.warning("could not tell the other nodes about %s: %s", signal_name, error)
-        self.close()
 
-    def _sign_off(self, store: RootClient) -> None:
+    def sign_off(self, store: RootClient, round_entered: Optional[int]) -> None:
         settings = self._settings
         store.add(self._keys.departed, 1)
         if settings.node_rank != 0:
             store.add(self._keys.alive(settings.node_rank), liveness.DEPARTED)
-        elif self._round_entered is not None:
+        elif round_entered is not None:
             found = self.verdict
             rounds.linger_for_departures(
                 store,
                 self._keys,
                 settings,
-                self._round_entered,
+                round_entered,
                 one_dead=found is not None and found.kind == verdict.DEAD,
             )
 
     # -- this node's store proxy ------------------------------------------------------------
 
-    def _bootstrap_store_info(self, workers_store: Tuple[str, int]) -> Tuple[str, int]:
+    def workers_store_address(self, workers_store: Tuple[str, int]) -> Tuple[str, int]:
         """Where this node's workers find their store: it, or this node's proxy to it.
 
         Where global rank 0 hosts the workers' store (see :func:`.rounds.workers_store`), its node's
@@ -299,12 +304,12 @@ class FaultsSide:
 
     def _node_proxy(self, workers_store: Tuple[str, int]) -> Tuple[str, int]:
         settings = self._settings
-        if self._proxy is not None:  # before new workers start: is the proxy still serving?
-            problem = proxy_problem(self._proxy, self._proxy_port)
+        if self.proxy is not None:  # before new workers start: is the proxy still serving?
+            problem = proxy_problem(self.proxy, self._proxy_port)
             lost = None if problem is None else self._restart_proxy(problem)
             if lost is not None:
                 raise JobStopped(self._publish_or_keep(lost))
-        if self._proxy is None:
+        if self.proxy is None:
             host, port = workers_store
             upstream = literal_ip(host, port)
             proxy = self._proxy_factory(upstream, port, settings.store_timeout)
@@ -314,7 +319,7 @@ class FaultsSide:
                 raise LaunchError(
                     f"node rank {settings.node_rank} cannot start its store proxy: {error}"
                 ) from None
-            self._proxy = proxy
+            self.proxy = proxy
             self._proxy_upstream = workers_store
             logger.debug(
                 "store proxy for this node's workers on %s:%d -> %s:%d",
@@ -331,7 +336,7 @@ class FaultsSide:
         Returns the verdict to publish when it cannot be brought back.
         """
         with self._proxy_lock:
-            proxy = self._proxy
+            proxy = self.proxy
             if proxy is None:
                 return None
             problem = proxy_problem(proxy, self._proxy_port)
@@ -346,7 +351,7 @@ class FaultsSide:
             address,
             problem,
         )
-        old, self._proxy = self._proxy, None
+        old, self.proxy = self.proxy, None
         if old is not None:
             try:
                 old.stop()
@@ -360,14 +365,14 @@ class FaultsSide:
             )
             proxy.start()
         except Exception as error:
-            return verdict.proxy_lost(settings.node_rank, self._me, address, str(error))
-        self._proxy = proxy
+            return verdict.proxy_lost(settings.node_rank, self.me, address, str(error))
+        self.proxy = proxy
         logger.warning("node rank %d: restarted the store proxy on %s", settings.node_rank, address)
         return None
 
-    def _stop_proxy(self) -> None:
+    def stop_proxy(self) -> None:
         with self._proxy_lock:
-            proxy, self._proxy = self._proxy, None
+            proxy, self.proxy = self.proxy, None
         if proxy is not None:
             try:
                 proxy.stop()
@@ -378,8 +383,8 @@ class FaultsSide:
 class RootErrors:
     """Turn a store failure into a rendezvous error that names the root store address."""
 
-    def __init__(self, handler: FaultsSide, doing: str) -> None:
-        self._handler = handler
+    def __init__(self, faults: NodeFaults, doing: str) -> None:
+        self._faults = faults
         self._doing = doing
 
     def __enter__(self) -> None:
@@ -387,14 +392,14 @@ class RootErrors:
 
     def __exit__(self, kind, error, traceback) -> bool:
         if error is not None and isinstance(error, StoreError):
-            handler = self._handler
-            handler._root_lost = True
-            settings = handler._settings
-            if isinstance(error, RootError) and handler._watch is not None:
+            faults = self._faults
+            faults.root_lost = True
+            settings = faults._settings
+            if isinstance(error, RootError) and faults.watch is not None:
                 # every node then ends with the same line, whether the watch or this call saw it
-                handler._note_verdict(
-                    handler._watch.conclude(
-                        verdict.root_lost(settings.root, handler._root_who, str(error))
+                faults.note_verdict(
+                    faults.watch.conclude(
+                        verdict.root_lost(settings.root, faults.root_who, str(error))
                     )
                 )
             raise RendezvousConnectionError(

@@ -37,8 +37,8 @@ is a module of its own:
 * :mod:`.rdzvconfig`: the settings (checked once) and the run's keys in the root;
 * :mod:`.rootstore`: hosting the root (bind, listen fd, identity), and finding and verifying it;
 * :mod:`.rounds`: join, await, clear the previous workers' keys, the workers' store;
-* :mod:`.faults`: the watch, the verdict, the proxy and its restart, signals (a mixin of the
-  handler, whose state it shares).
+* :mod:`.faults`: the watch, the verdict, the proxy and its restart, signals (a
+  :class:`~.faults.NodeFaults` the handler owns and hands the root connection to).
 """
 
 from __future__ import annotations
@@ -46,10 +46,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import time
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional
 
 from torch.distributed import PrefixStore, Store, TCPStore
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -64,7 +63,7 @@ from npu_job.polling import Backoff, poll
 
 from . import rootstore, rounds, torchcompat, verdict
 from .faults import (
-    FaultsSide,
+    NodeFaults,
     NodeStoreProxy,
     ProxyFactory,
     last_verdict,
@@ -79,8 +78,7 @@ from .rdzvconfig import (
 )
 from .rootclient import RootClient
 from .torchcompat import StoreError
-from .verdict import Verdict
-from .watch import Watch
+from .verdict import FailureReport, Verdict
 
 # what npu-run, torch's entry point and the tests use of the backend, wherever it lives
 __all__ = [
@@ -103,28 +101,18 @@ logger = logging.getLogger(__name__)
 BACKEND = "parallel"
 
 
-class ParallelRendezvousHandler(FaultsSide, RendezvousHandler):
+class ParallelRendezvousHandler(RendezvousHandler):
     """Static-membership rendezvous over a root ``TCPStore`` hosted by node rank 0's agent."""
 
     def __init__(self, settings: ParallelSettings, proxy_factory: ProxyFactory = start_store_proxy):
         self._settings = settings
         self._keys = RunKeys(settings.run_id)
-        self._proxy_factory = proxy_factory
+        self._faults = NodeFaults(settings, self._keys, proxy_factory)
         self._store: Optional[RootClient] = None
         self._server: Optional[TCPStore] = None  # node rank 0: the root store itself
-        self._watch: Optional[Watch] = None
-        self._root_who = verdict.UNKNOWN
-        self._me = verdict.UNKNOWN
-        self._proxy_lock = threading.RLock()
-        self.verdict: Optional[Verdict] = None
-        self._outcome: Optional[str] = None  # how npu-run's agent says its run went (faults)
-        self._proxy: Optional[NodeStoreProxy] = None
-        self._proxy_port = 0
-        self._proxy_upstream: Optional[Tuple[str, int]] = None
         self._rounds_done = 0
         self._next_watch = 0.0
-        self._root_lost = False
-        self._round_entered: Optional[int] = None
+        self._round_entered: Optional[int] = None  # the last round this node joined
 
     # -- RendezvousHandler -------------------------------------------------------------------
 
@@ -146,24 +134,30 @@ class ParallelRendezvousHandler(FaultsSide, RendezvousHandler):
     @property
     def proxy(self) -> Optional[NodeStoreProxy]:
         """This node's store proxy (tiered mode, after the first round), else None."""
-        return self._proxy
+        return self._faults.proxy
+
+    @property
+    def verdict(self) -> Optional[Verdict]:
+        """The verdict this handler reached, if any."""
+        return self._faults.verdict
 
     def next_rendezvous(self) -> Any:
         """Join the next round; ``RendezvousInfo`` (or torch < 2.4's tuple, see torchcompat)."""
         settings = self._settings
+        faults = self._faults
         number = self._rounds_done
         if number > 0 and not torchcompat.HAS_LIST_KEYS:
-            self._stop_proxy()  # its upstream, the last round's workers' store, is gone
+            faults.stop_proxy()  # its upstream, the last round's workers' store, is gone
         store = (
             self._connect_to_open_run()
             if number == 0 and settings.node_rank != 0
             else self._connect()
         )
-        with self._root_errors(f"joining round {number}"):
+        with faults.root_errors(f"joining round {number}"):
             self._raise_if_closed(store)
             if number == 0:
                 number = rounds.first_open_round(store, self._keys, settings.node_rank)
-                self._start_watch(store)
+                faults.start_watch(store)
             self._round_entered = number
             rounds.check_node_order(store, self._keys, settings)
             rounds.join(store, self._keys, settings, number)
@@ -173,10 +167,10 @@ class ParallelRendezvousHandler(FaultsSide, RendezvousHandler):
                 settings,
                 number,
                 check_closed=lambda: self._raise_if_closed(store),
-                check_stopped=self._raise_if_stopped,
+                check_stopped=faults.raise_if_stopped,
             )
-            if settings.node_rank == 0 and self._watch is not None:
-                self._watch.judge(
+            if settings.node_rank == 0 and faults.watch is not None:
+                faults.watch.judge(
                     list(range(1, settings.nnodes))
                 )  # every node's counter exists now
             if torchcompat.HAS_LIST_KEYS:
@@ -185,7 +179,7 @@ class ParallelRendezvousHandler(FaultsSide, RendezvousHandler):
                 workers_store = (settings.master_addr, settings.master_port)
             else:
                 workers_store = rounds.workers_store(store, self._keys, settings, number)
-        address, port = self._bootstrap_store_info(workers_store)
+        address, port = faults.workers_store_address(workers_store)
         self._rounds_done = number + 1
         logger.info(
             "round %d complete: node rank %d of %d; workers use the store at %s:%d%s",
@@ -207,12 +201,12 @@ class ParallelRendezvousHandler(FaultsSide, RendezvousHandler):
     def is_closed(self) -> bool:
         if self._store is None:
             return False
-        with self._root_errors("reading the closed flag"):
+        with self._faults.root_errors("reading the closed flag"):
             return torchcompat.key_exists(self._store, self._keys.closed)
 
     def set_closed(self) -> None:
         store = self._connect()
-        with self._root_errors("closing the rendezvous"):
+        with self._faults.root_errors("closing the rendezvous"):
             store.set(self._keys.closed, str(self._settings.node_rank))
             # SET has no reply: a round trip on the same connection makes sure the root has
             # applied it before we return (another agent may look at once).
@@ -224,18 +218,36 @@ class ParallelRendezvousHandler(FaultsSide, RendezvousHandler):
         torch's agent asks this every ``--monitor_interval`` while its workers are healthy: this
         is where an agent learns that the job ended elsewhere (:class:`~.watch.JobStopped`).
         """
-        self._raise_if_stopped()
+        self._faults.raise_if_stopped()
         if self._store is None or time.monotonic() < self._next_watch:
             return 0
         self._next_watch = time.monotonic() + self._settings.watch_interval
         joined = self._keys.joined(self._rounds_done)
-        with self._root_errors("watching for restarting nodes"):
+        with self._faults.root_errors("watching for restarting nodes"):
             if not torchcompat.key_exists(self._store, joined):
                 return 0
             return int(self._store.add(joined, 0))
 
     def get_run_id(self) -> str:
         return self._settings.run_id
+
+    # -- what npu-run's agent tells the faults side ----------------------------------------------
+
+    def report_outcome(self, outcome: str) -> None:
+        """npu-run's agent: "running" when its run starts, "succeeded" when its workers did."""
+        self._faults.outcome = outcome
+
+    def settle_failure(self, report: FailureReport) -> Optional[Verdict]:
+        """This node's workers failed for good: see :meth:`.faults.NodeFaults.settle_failure`."""
+        return self._faults.settle_failure(self._store, report)
+
+    def stop_for_signal(self, signal_name: str) -> None:
+        """The agent got a signal: tell the other nodes why this one stops, then close.
+
+        Node rank 0 keeps the root up for the others to read it and sign off (``close_timeout``).
+        """
+        self._faults.tell_signal(self._store, signal_name, self._round_entered)
+        self.close()
 
     def shutdown(self) -> bool:
         """Close the rendezvous and sign off; node rank 0 keeps the root up for the others.
@@ -247,19 +259,20 @@ class ParallelRendezvousHandler(FaultsSide, RendezvousHandler):
         if isinstance(leaving, SignalException):
             self.stop_for_signal(leaving.sigval.name)
             return True
-        watch = self._watch
+        faults = self._faults
+        watch = faults.watch
         if watch is not None:
-            self._announce_leaving(watch)
+            faults.announce_leaving(watch, self._store)
             watch.stop()
             if watch.verdict is not None and watch.verdict.kind == verdict.ROOT_LOST:
-                self._root_lost = True
-        if self._store is None or self._root_lost:
+                faults.root_lost = True
+        if self._store is None or faults.root_lost:
             self.close()
-            return not self._root_lost
+            return not faults.root_lost
         try:
             store = self._store
             store.set(self._keys.closed, str(self._settings.node_rank))
-            self._sign_off(store)
+            faults.sign_off(store, self._round_entered)
             return True
         except StoreError as error:
             logger.warning(
@@ -273,18 +286,12 @@ class ParallelRendezvousHandler(FaultsSide, RendezvousHandler):
 
     def close(self) -> None:
         """Stop the watch and the proxy, and drop the root store connection (and server)."""
-        watch = self._watch
-        if watch is not None:
-            watch.stop()
-            self._note_verdict(watch.verdict)
-        self._stop_proxy()
+        self._faults.stop()
         store, self._store = self._store, None
         if store is not None:
             store.close()
         self._server = None
         _OPEN_HANDLERS.discard(self)
-
-    # -- faults (see watch.py) -------------------------------------------------------------------
 
     # -- the root store ----------------------------------------------------------------------
 
@@ -295,19 +302,22 @@ class ParallelRendezvousHandler(FaultsSide, RendezvousHandler):
         if settings.node_rank == 0:
             self._server = rootstore.host_root(settings)
             client = rootstore.open_client(settings)
-            self._root_who = rootstore.this_node(
+            root_who = rootstore.this_node(
                 None
                 if os.environ.get("MA_CURRENT_HOST_IP")
                 else rootstore.own_address(settings.master_addr)
             )
-            identity = rootstore.root_identity(self._root_who)
-            with self._root_errors("saying which root it is"):
+            self._faults.root_who = root_who
+            identity = rootstore.root_identity(root_who)
+            with self._faults.root_errors("saying which root it is"):
                 client.set(self._keys.root_identity, identity)
             client.expect_identity(self._keys.root_identity, identity)
         else:
             rootstore.await_root_listening(settings)
             client = rootstore.open_client(settings)
-            self._root_who = rootstore.verify_root(settings, client, self._keys.root_identity)
+            self._faults.root_who = rootstore.verify_root(
+                settings, client, self._keys.root_identity
+            )
         self._store = client
         return client
 
@@ -349,10 +359,11 @@ class ParallelRendezvousHandler(FaultsSide, RendezvousHandler):
         return store
 
     def _raise_if_closed(self, store: Store) -> None:
-        self._raise_if_stopped()
+        faults = self._faults
+        faults.raise_if_stopped()
         if torchcompat.key_exists(store, self._keys.closed):
-            if self._watch is not None and self._watch.read_verdict() is not None:
-                self._raise_if_stopped()  # the cause, rather than "closed"
+            if faults.watch is not None and faults.watch.read_verdict() is not None:
+                faults.raise_if_stopped()  # the cause, rather than "closed"
             closer = store.get(self._keys.closed).decode(errors="replace")
             raise RendezvousClosedError(
                 f"the rendezvous {self._settings.run_id!r} was closed by node rank {closer} "
