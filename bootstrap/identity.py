@@ -17,11 +17,12 @@ from npu_job.bootstrap.model import RankTable
 
 from npu_job.errors import InconsistentError, InputError, shown
 from npu_job.parsing import count_from_text
+from npu_job.podfacts import TASK_INDEX_ENV
 
 log = logging.getLogger(__name__)
 
 
-def parse_task_index(value: Optional[str], name: str = "VC_TASK_INDEX") -> Optional[int]:
+def parse_task_index(value: Optional[str], name: str = TASK_INDEX_ENV) -> Optional[int]:
     """``VC_TASK_INDEX`` as an int (None when unset or empty)."""
     if value is None or value.strip() == "":
         return None

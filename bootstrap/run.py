@@ -35,7 +35,13 @@ from npu_job.bootstrap.sources import (
 
 from npu_job.errors import EXIT_OK, InputError, NpuJobError, shown
 from npu_job.parsing import count_from_text, seconds_from_text
-from npu_job.podfacts import OUTPUT_DIR, OUTPUT_DIR_ENV, RANK_TABLE_ENV, TASK_INDEX_ENV
+from npu_job.podfacts import (
+    FULL_NODE_ENV,
+    OUTPUT_DIR,
+    OUTPUT_DIR_ENV,
+    RANK_TABLE_ENV,
+    TASK_INDEX_ENV,
+)
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +132,7 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
         poll_interval=seconds("poll_interval", "NPU_JOB_POLL_INTERVAL", DEFAULT_POLL_INTERVAL),
         strict=bool(strict_flag) or env.get("NPU_JOB_STRICT", "").strip().lower() in _TRUE,
         ca_bundle=pick("ca_bundle", "NPU_JOB_CA_BUNDLE"),
-        full_node_devices=count("full_node_devices", "NPU_JOB_FULL_NODE_DEVICES"),
+        full_node_devices=count("full_node_devices", FULL_NODE_ENV),
         nodes=pick("nodes", "NPU_JOB_NODES"),
         topology_labels=_label_keys(flags.get("topology_labels"), env),
         pods=pick("pods", "NPU_JOB_PODS"),

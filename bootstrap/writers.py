@@ -29,7 +29,14 @@ from npu_job.bootstrap.model import Plan
 
 from npu_job import __version__
 from npu_job.fileio import write_atomic
-from npu_job.podfacts import ENV_FILE, MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN_FILE
+from npu_job.podfacts import (
+    ENV_FILE,
+    MASTER_FILE,
+    RANK_FILE,
+    RANK_TABLE_COPY,
+    RANK_TABLE_ENV,
+    ROUTE_PLAN_FILE,
+)
 
 ROUTE_PLAN_VERSION = 1
 PLAN_FILES = (RANK_TABLE_COPY, ENV_FILE, MASTER_FILE, RANK_FILE)
@@ -80,7 +87,7 @@ def env_file_text(node_rank: int, master_index: int, rank_table_file: Optional[s
         f"export MASTER_INDEX={shlex.quote(str(master_index))}",
     ]
     if rank_table_file is not None:
-        lines.append(f"export RANK_TABLE_FILE={shlex.quote(rank_table_file)}")
+        lines.append(f"export {RANK_TABLE_ENV}={shlex.quote(rank_table_file)}")
     return "\n".join(lines) + "\n"
 
 

@@ -36,7 +36,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from npu_job.errors import InputError
-from npu_job.podfacts import RANK_ENV, RANK_TABLE_ENV, TASK_INDEX_ENV
+from npu_job.podfacts import (
+    RANK_ENV,
+    RANK_TABLE_ENV,
+    RANK_TABLE_NAME,
+    RANKTABLE_TOR_NAME,
+    TASK_INDEX_ENV,
+)
 
 JOB_API_VERSION = "batch.volcano.sh/v1alpha1"
 SVC_MOUNT_PATH = "/etc/volcano"
@@ -511,7 +517,7 @@ def cce_cluster_files(
     """What CCE's ``configmap1980`` plugin mounts into every pod (DESIGN §3-4)."""
     files: Dict[str, str] = {}
     if rank_table is not None:
-        files[f"{directory}/jobstart_hccl.json"] = rank_table
+        files[f"{directory}/{RANK_TABLE_NAME}"] = rank_table
     if ranktable_tor is not None:
-        files[f"{directory}/ranktable_tor.json"] = ranktable_tor
+        files[f"{directory}/{RANKTABLE_TOR_NAME}"] = ranktable_tor
     return files

@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from npu_job.demo.podspec import SETUP_FAILED
 
-from npu_job.podfacts import MIN_NODES, RANK_TABLE_ENV, RANK_TABLE_NAME
+from npu_job.podfacts import MIN_NODES, RANK_TABLE_ENV, RANK_TABLE_NAME, RANKTABLE_TOR_NAME
 
 SUMMARY_VERSION = 1
 JOB_NAME = "demo"
@@ -123,7 +123,7 @@ class SimulatedCluster:
     ranktable_tor_b64: str
 
 
-INPUT_FILES = ("jobstart_hccl.json", "ranktable_tor.json")  # what CCE mounts at /user/config
+INPUT_FILES = (RANK_TABLE_NAME, RANKTABLE_TOR_NAME)  # what CCE mounts at /user/config
 
 
 def loopback_ips(count: int) -> Tuple[str, ...]:
@@ -177,8 +177,8 @@ def cce_cluster(table: Any, topology: Any, host_ips: Sequence[str]) -> Simulated
     tor = encode_ranktable_tor(table, topology, lambda index: f"{JOB_NAME}-{TASK_NAME}-{index}")
     # What the pods see is what these files say, not what the generator knew (e.g. slots): the
     # expected plan comes from the bootstrap's own readers applied to the same bytes.
-    seen_table = parse_rank_table(rank_table.encode(), "jobstart_hccl.json")
-    seen_topology = parse_topology(tor, "ranktable_tor.json")
+    seen_table = parse_rank_table(rank_table.encode(), RANK_TABLE_NAME)
+    seen_topology = parse_topology(tor, RANKTABLE_TOR_NAME)
     return SimulatedCluster(seen_table, seen_topology, rank_table, tor.decode("ascii"))
 
 
@@ -246,8 +246,8 @@ def rank_table_configmap(cluster: SimulatedCluster) -> Dict[str, Any]:
         "kind": "ConfigMap",
         "metadata": {"name": RANK_TABLE_CONFIGMAP, "namespace": "default"},
         "data": {
-            "jobstart_hccl.json": cluster.rank_table_json,
-            "ranktable_tor.json": cluster.ranktable_tor_b64,
+            RANK_TABLE_NAME: cluster.rank_table_json,
+            RANKTABLE_TOR_NAME: cluster.ranktable_tor_b64,
         },
     }
 

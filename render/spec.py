@@ -55,7 +55,7 @@ from npu_job.render.lint import brings_a_rank_table, spec_warnings
 from npu_job.render.values import MergedValues
 
 from npu_job.errors import SpecError
-from npu_job.podfacts import FULL_NODE_ENV, MIN_NODES
+from npu_job.podfacts import FULL_NODE_ENV, MIN_NODES, RANK_ENV, TASK_INDEX_ENV
 
 # --- constants the templates and validation share ---------------------------------------------
 
@@ -95,8 +95,8 @@ RESERVED_ENV: Mapping[str, str] = {
     "MA_VJ_NAME": "set by npu-job from the volcano.sh/job-name annotation",
     "MA_TASK_NAME": "set by npu-job from the volcano.sh/task-spec annotation",
     "MA_MASTER_INDEX": "set by the pod command from the bootstrap's /tmp/MASTER_INDEX",
-    "RANK_AFTER_ACC": "set by the pod command from the bootstrap's /tmp/RANK_AFTER_ACC",
-    "VC_TASK_INDEX": "set by Volcano's env plugin",
+    RANK_ENV: "set by the pod command from the bootstrap's /tmp/RANK_AFTER_ACC",
+    TASK_INDEX_ENV: "set by Volcano's env plugin",
     "NODE_RANK": "computed by train.sh",
     "MASTER_ADDR": "computed by train.sh",
     "MASTER_PORT": "use the master_port key",

@@ -1,0 +1,72 @@
+"""npu_job.podfacts is the one place a pod's fact is spelled: the parts import its names.
+
+A product module that writes a file name, an environment name or a default path of the pod as a
+string of its own would drift from the others the day one of them changes. The shipped shell
+script and the templates cannot import Python (the renderer hands the templates the paths), and
+the example training script is the user's, which imports no npu_job: those are not read here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Dict, Iterator, List, Tuple
+
+from npu_job import podfacts
+
+from .test_layers import layer_of, modules
+
+# "/tmp" is also the pod's own /tmp (the simulator mounts one per pod): another fact, not this one
+NOT_CHECKED = {podfacts.OUTPUT_DIR}
+
+
+def facts() -> Dict[str, str]:
+    """Every spelled value of podfacts and the name that defines it."""
+    found = {}
+    for name, value in vars(podfacts).items():
+        if not name.isupper():
+            continue
+        for text in value if isinstance(value, tuple) else (value,):
+            if isinstance(text, str) and text not in NOT_CHECKED:
+                found[text] = name
+    return found
+
+
+def literals(path: Path) -> Iterator[Tuple[str, int]]:
+    """The string constants of a module that are not docstrings, with their lines."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docstrings.add(id(first.value))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if id(node) not in docstrings:
+                yield node.value, node.lineno
+
+
+def spelled_again() -> List[str]:
+    known = facts()
+    found = []
+    for module, path in modules():
+        layer = layer_of(module)
+        if module == "npu_job.podfacts" or (layer is not None and layer[1] == "data"):
+            continue
+        for text, line in literals(path):
+            if text in known:
+                found.append(f"{module}:{line}: {text!r} is podfacts.{known[text]}")
+    return found
+
+
+def test_no_product_module_spells_a_pod_fact_of_its_own():
+    assert spelled_again() == []
+
+
+def test_the_check_sees_a_fact_spelled_in_code_but_not_in_a_docstring(tmp_path):
+    source = tmp_path / "sample.py"
+    source.write_text('"""Writes RANK_AFTER_ACC."""\n\nNAME = "RANK_AFTER_ACC"\n')
+    assert [(text, line) for text, line in literals(source) if text in facts()] == [
+        ("RANK_AFTER_ACC", 3)
+    ]
