@@ -19,7 +19,7 @@ Node and Pod; Volcano's ``topology.volcano.sh/v1alpha1`` HyperNode is read by
 A bad field is one :class:`~npu_job.errors.InputError` naming the object and the field, e.g.
 ``nodes.json: items[3] (Node 'n3'): metadata.labels.volcano.sh/tor: expected a string, got a
 number 5``. A big JSON list (a 4096-pod job) is decoded with msgspec into only these fields when
-msgspec is installed (:func:`~npu_job.bootstrap.payload.decode_typed`); whatever it refuses is read
+msgspec is installed (:func:`.jsondecode.decode_typed`); whatever it refuses is read
 again in full, so messages are the same either way. A page of the API's ``PodList`` goes further
 (:func:`read_pod_page`): msgspec decodes it into typed structs of just these fields, which checks
 their types as it goes, and the facts are taken from them with no field-by-field checks (a pod of

@@ -16,7 +16,8 @@ Formats (DESIGN §3; every number is a string):
 A table whose ``status`` is not ``completed`` may have no servers yet: it is returned as a valid,
 not-ready table (the waiter decides what to do). A completed table is validated fully: types,
 required fields, unique server ids, unique integer rank ids; the first problem raises
-:class:`InputError` such as ``<source>: server_list[3].device[1].rank_id: expected ...``.
+:class:`~npu_job.errors.InputError` such as
+``<source>: server_list[3].device[1].rank_id: expected ...``.
 """
 
 from __future__ import annotations

@@ -191,8 +191,8 @@ def image_environment(
 ) -> Dict[str, str]:
     """This machine's environment as a container image's ENV: without launch or pod settings.
 
-    ``installation`` (see :func:`this_installation`) is the software the image holds: its PATH
-    goes first (before ``environ``'s, or a usual image PATH when there is none), its other
+    ``installation`` (see :func:`.podsim.this_installation`) is the software the image holds: its
+    PATH goes first (before ``environ``'s, or a usual image PATH when there is none), its other
     variables are set as they are.
     """
     env = {

@@ -8,7 +8,7 @@ each one last moved (:class:`BeatTracker`): a node whose counter has not moved f
 adds :data:`DEPARTED`, so it is never taken for dead. Clocks of other hosts are never compared.
 
 When workers fail, their agents report to node rank 0 before anyone blames them
-(:func:`decide`): a failure can be the echo of another node's death (its peers' collectives
+(:func:`settled`): a failure can be the echo of another node's death (its peers' collectives
 break first), so node rank 0 waits until every node has either reported too, beaten again since
 the first report, or been silent for the window; a silent node is the cause, else the earliest
 report is.
