@@ -59,8 +59,9 @@ FAULTS = ("agent-kill", "root-kill", "root-freeze", "squatter", "worker-fails")
 LAUNCHERS = ("npu-run", "torchrun")
 NODES = 3
 ROOT_CODE = (
+    f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})\n"
     "import time, torch.distributed as d\n"
-    "from npu_job.launcher.storeclient import root_listen_socket\n"
+    "from tests.launcher.rootsocket import root_listen_socket\n"
     "sock, port = root_listen_socket()\n"
     "s = d.TCPStore('127.0.0.1', port, is_master=True, wait_for_workers=False, master_listen_fd=sock.detach())\n"
     "print(port, flush=True)\n"

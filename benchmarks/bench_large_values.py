@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the root's socket: the tests'
 from _report import publish  # noqa: E402
 
 VALUE = 8 << 20  # the libuv server's largest value
@@ -44,8 +45,9 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
 
     import torch.distributed as dist
-    from npu_job.launcher.storeclient import root_listen_socket
     from npu_job.launcher.torchcompat import host_tcpstore
+
+    from tests.launcher.rootsocket import root_listen_socket
 
     sock, port = root_listen_socket("127.0.0.1")
     root = host_tcpstore("127.0.0.1", port, 120.0, sock.detach())

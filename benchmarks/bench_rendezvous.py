@@ -49,11 +49,16 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from _report import publish
 from npu_job.launcher.protocol import Op, Request
 from npu_job.launcher.proxy import AsyncStoreProxy, new_event_loop
-from npu_job.launcher.storeclient import AsyncRawStoreClient, established_connections
+from npu_job.launcher.storeclient import AsyncRawStoreClient
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the root's socket helpers live with the tests
+from tests.launcher.rootsocket import established_connections  # noqa: E402
 
 LOOPBACK = "127.0.0.1"
 HOSTS = 2
@@ -63,8 +68,9 @@ PROJECT_WORKERS = 16
 # dual-stack "::" listener peers appear as ::ffff:127.0.0.1, whose reverse lookup goes to the DNS
 # server (2-30 ms each here, serialised on the root's loop) - the artefact DESIGN §6 warns about.
 ROOT_CODE = (
+    f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
     "import time, torch.distributed as d\n"
-    "from npu_job.launcher.storeclient import root_listen_socket\n"
+    "from tests.launcher.rootsocket import root_listen_socket\n"
     "sock, port = root_listen_socket()\n"
     "s = d.TCPStore('127.0.0.1', port, is_master=True, wait_for_workers=False, master_listen_fd=sock.detach())\n"
     "print(port, flush=True)\n"

@@ -255,11 +255,6 @@ def _close_fd(fd: int) -> None:
         pass
 
 
-def store_port(store: TCPStore) -> int:
-    """The port a store listens on or connects to (``port=0`` servers pick one)."""
-    return int(store.port)
-
-
 # -- the store's wire dialect ------------------------------------------------------------------
 
 _PROBE_TIMEOUT = 10.0

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 
-from npu_job.launcher.storeclient import established_connections, root_listen_socket  # noqa: F401
+from .rootsocket import established_connections, root_listen_socket  # noqa: F401
 
 LOOPBACK = "127.0.0.1"
 

@@ -111,7 +111,7 @@ def root():
 
 
 def test_the_client_speaks_to_a_stock_root_like_torchs_own(root):
-    ours = client(torchcompat.store_port(root))
+    ours = client(root.port)
     ours.set("a", "1")
     assert root.get("a") == b"1" and ours.get("a") == b"1"
     assert ours.add("n", 2) == 2 and ours.check(["a", "n"]) and not ours.check(["missing"])
@@ -137,7 +137,7 @@ def test_a_squatter_that_never_answers_fails_the_call_at_its_deadline():
 
 
 def test_a_refused_connection_is_final_and_a_replaced_root_is_refused(root):
-    port = torchcompat.store_port(root)
+    port = root.port
     ours = client(port)
     ours.set("id", "first")
     ours.expect_identity("id", "first")
