@@ -47,6 +47,7 @@ from npu_job.demo.scenario import (
 
 from npu_job.errors import InconsistentError, LaunchError, shown
 from npu_job.podfacts import MASTER_FILE, RANK_FILE, ROUTE_PLAN_FILE
+from npu_job.polling import Backoff, poll
 
 log = logging.getLogger(__name__)
 # podsim is imported where pods are staged or started, not here: every pod runs
@@ -56,6 +57,7 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY = (
     5.0  # seconds without a progress line before the supervisor says where the pods are
 )
+SUPERVISE_POLL = Backoff.fixed(0.1)  # the supervisor looks at the pods and their logs this often
 
 
 def free_port() -> int:
@@ -342,50 +344,63 @@ class Supervisor:
             self.say(f"pod {index}: {line.strip()}")
 
     def wait(self, *, until: Optional[Callable[[], bool]] = None) -> bool:
-        """Supervise until every pod succeeded or gave up (or ``until()``); False on timeout."""
+        """Supervise until every pod succeeded or gave up (or ``until()``); False on timeout.
+
+        The timeout counts from the start of the pods; between looks, a progress line when
+        nothing was said for a while (:meth:`heartbeat`).
+        """
         deadline = self.phases.marks.get("start", time.monotonic()) + self.prepared.options.timeout
+        finished = poll(
+            lambda: self._look(until),
+            deadline - time.monotonic(),
+            SUPERVISE_POLL,
+            tick=lambda elapsed: self.heartbeat(time.monotonic()),
+        )
+        if finished is None:
+            self.say(
+                f"timeout: the job did not finish within {self.prepared.options.timeout:.0f} "
+                "s; killing every pod"
+            )
+            self.stop()
+            return False
+        return True
+
+    def _look(self, until: Optional[Callable[[], bool]]) -> Optional[bool]:
+        """One look at the pods: True once every pod is done (or ``until()``), else None;
+        a failed pod is restarted as its restart policy says."""
+        self.poll_logs()
+        if until is not None and until():
+            return True
+        if self.setup_error is not None:
+            self.stop()
+            raise LaunchError(
+                f"cannot start the pods: {self.setup_error}",
+                tip="pods need mount, UTS and PID namespaces: run as root, or allow "
+                "unprivileged user namespaces",
+            )
         restart_policy = self.prepared.specs[0].restart_policy
-        while True:
-            self.poll_logs()
-            if until is not None and until():
-                return True
-            if self.setup_error is not None:
-                self.stop()
-                raise LaunchError(
-                    f"cannot start the pods: {self.setup_error}",
-                    tip="pods need mount, UTS and PID namespaces: run as root, or allow "
-                    "unprivileged user namespaces",
-                )
-            running = False
-            for index, pod in enumerate(self.pods):
-                code = pod.poll()
-                if code is None:
-                    running = True
-                elif (
-                    code != 0
-                    and restart_policy in ("OnFailure", "Always")
-                    and self.restarts[index] < self.prepared.options.max_restarts
-                ):
-                    self._restart(index)
-                    running = True
-                else:
-                    if self.exit_codes[index] is None:
-                        elapsed = time.monotonic() - self.phases.marks.get("start", pod.started)
-                        self.say(f"pod {index}: exited {code} at {elapsed:.1f} s")
-                    self.exit_codes[index] = code
-            if not running:
-                self.poll_logs()
-                self.phases.mark("pods_exited")
-                return True
-            self.heartbeat(time.monotonic())
-            if time.monotonic() > deadline:
-                self.say(
-                    f"timeout: the job did not finish within {self.prepared.options.timeout:.0f} "
-                    "s; killing every pod"
-                )
-                self.stop()
-                return False
-            time.sleep(0.1)
+        running = False
+        for index, pod in enumerate(self.pods):
+            code = pod.poll()
+            if code is None:
+                running = True
+            elif (
+                code != 0
+                and restart_policy in ("OnFailure", "Always")
+                and self.restarts[index] < self.prepared.options.max_restarts
+            ):
+                self._restart(index)
+                running = True
+            else:
+                if self.exit_codes[index] is None:
+                    elapsed = time.monotonic() - self.phases.marks.get("start", pod.started)
+                    self.say(f"pod {index}: exited {code} at {elapsed:.1f} s")
+                self.exit_codes[index] = code
+        if running:
+            return None
+        self.poll_logs()
+        self.phases.mark("pods_exited")
+        return True
 
     def stop(self) -> None:
         for index, pod in enumerate(self.pods):

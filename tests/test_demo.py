@@ -281,6 +281,36 @@ def test_while_the_pods_start_the_supervisor_says_how_far_they_got(tmp_path):
     )  # the CLI's closing line says it, once
 
 
+def _pods_running(supervisor, argv):
+    """Each staged pod as a real process running ``argv`` (in its own session, as pods are)."""
+    workspace = supervisor.prepared.workspace
+    return [
+        podsim.PodProcess(spec, workspace, subprocess.Popen(argv, start_new_session=True), 0)
+        for spec in supervisor.prepared.specs
+    ]
+
+
+def test_the_supervisor_returns_once_every_pod_exited(tmp_path):
+    supervisor, lines = staged_job(tmp_path, nodes=3, tors=3, nproc_per_node=1)
+    supervisor.pods = _pods_running(supervisor, ["true"])
+    supervisor.phases.mark("start")
+    assert supervisor.wait() is True
+    assert supervisor.exit_codes == [0, 0, 0]
+    assert sorted(line.split(" at ")[0] for line in lines) == [
+        f"pod {index}: exited 0" for index in range(3)
+    ]
+    assert "pods_exited" in supervisor.phases.marks
+
+
+def test_the_supervisor_kills_every_pod_still_running_at_the_timeout_and_says_so(tmp_path):
+    supervisor, lines = staged_job(tmp_path, nodes=3, tors=3, nproc_per_node=1, timeout=1.0)
+    pods = supervisor.pods = _pods_running(supervisor, ["sleep", "60"])
+    supervisor.phases.mark("start")
+    assert supervisor.wait() is False
+    assert lines[-1] == "timeout: the job did not finish within 1 s; killing every pod"
+    assert [pod.process.wait(10) for pod in pods] == [-9, -9, -9]
+
+
 def test_a_pods_first_error_line_is_what_went_wrong_not_a_warning(tmp_path):
     supervisor, _ = staged_job(tmp_path, nodes=3, tors=3, nproc_per_node=1)
     supervisor._on_line(0, "UserWarning: Failed to initialize NumPy: No module named 'numpy'")
