@@ -41,7 +41,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from npu_job.fileio import write_atomic  # npu-run's package is in the image
-from npu_job.podfacts import RANK_FILE, ROUTE_PLAN_FILE
+from npu_job.podfacts import (
+    OUTPUT_DIR,
+    OUTPUT_DIR_ENV,
+    RANK_FILE,
+    ROUTE_PLAN_FILE,
+    TASK_INDEX_ENV,
+)
 
 REPORT_VERSION = 1
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -138,7 +144,7 @@ def planned_node_rank(
                 problems.append(f"{rank_file} says {from_file} but the route plan says {planned}")
             return planned, "route-plan", problems
     if from_file is not None:
-        return from_file, "RANK_AFTER_ACC", problems
+        return from_file, RANK_FILE, problems
     if pod_index is not None:
         return pod_index, "VC_TASK_INDEX (scheduler order)", problems
     return None, "unknown (not in a pod)", problems
@@ -224,8 +230,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     local_rank = env_int("LOCAL_RANK") or 0
     local_world = env_int("LOCAL_WORLD_SIZE") or 1
     group_rank = env_int("GROUP_RANK")
-    pod_index = env_int("VC_TASK_INDEX")
-    output_dir = Path(os.environ.get("NPU_JOB_OUTPUT_DIR") or "/tmp")
+    pod_index = env_int(TASK_INDEX_ENV)
+    output_dir = Path(os.environ.get(OUTPUT_DIR_ENV) or OUTPUT_DIR)
     route_plan = Path(args.route_plan) if args.route_plan else output_dir / ROUTE_PLAN_FILE
     node_rank, source, problems = planned_node_rank(pod_index, route_plan, output_dir / RANK_FILE)
 

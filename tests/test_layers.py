@@ -25,7 +25,7 @@ LAYERS: Dict[str, Tuple[int, str]] = {
     "npu_job.podfacts": (0, "core"),
     "npu_job.parsing": (0, "core"),
     "npu_job.polling": (0, "core"),
-    # files the commands ship (the pod's scripts, the demo's workload); they import no npu_job
+    # files the commands ship (the pod's scripts, the demo's workload); they import the core at most
     "npu_job.scripts": (0, "data"),
     "npu_job.examples": (0, "data"),
     "npu_job.bootstrap": (1, "bootstrap"),

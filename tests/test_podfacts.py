@@ -1,9 +1,9 @@
 """npu_job.podfacts is the one place a pod's fact is spelled: the parts import its names.
 
 A product module that writes a file name, an environment name or a default path of the pod as a
-string of its own would drift from the others the day one of them changes. The shipped shell
-script and the templates cannot import Python (the renderer hands the templates the paths), and
-the example training script is the user's, which imports no npu_job: those are not read here.
+string of its own would drift from the others the day one of them changes. Every Python module
+the package installs is read, the demo's training script among them; the shipped shell script and
+the templates cannot import Python (the renderer hands the templates the paths).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Dict, Iterator, List, Tuple
 
 from npu_job import podfacts
 
-from .test_layers import layer_of, modules
+from .test_layers import modules
 
 # "/tmp" is also the pod's own /tmp (the simulator mounts one per pod): another fact, not this one
 NOT_CHECKED = {podfacts.OUTPUT_DIR}
@@ -51,8 +51,7 @@ def spelled_again() -> List[str]:
     known = facts()
     found = []
     for module, path in modules():
-        layer = layer_of(module)
-        if module == "npu_job.podfacts" or (layer is not None and layer[1] == "data"):
+        if module == "npu_job.podfacts":
             continue
         for text, line in literals(path):
             if text in known:
