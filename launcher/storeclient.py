@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+from typing import List, Optional, Tuple
 
 from npu_job.launcher.protocol import (
     NEWEST,
@@ -40,7 +41,7 @@ class _ReplyBuffer:
     def __init__(self) -> None:
         self._buf = bytearray()
 
-    def take(self, request: Request) -> tuple[bool, ReplyValue]:
+    def take(self, request: Request) -> Tuple[bool, ReplyValue]:
         """``(True, reply)`` once the reply to ``request`` is complete, else ``(False, None)``."""
         decoded = decode_reply(request, self._buf)
         if decoded is None:
@@ -103,8 +104,8 @@ class AsyncRawStoreClient:
 
     def __init__(self, dialect: Dialect = NEWEST) -> None:
         self.dialect = dialect
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._reader: Optional[asyncio.StreamReader] = None
+        self._writer: Optional[asyncio.StreamWriter] = None
         self._replies = _ReplyBuffer()
         self.requests_sent = 0
 
@@ -132,12 +133,12 @@ class AsyncRawStoreClient:
     async def call(self, request: Request) -> ReplyValue:
         return (await self.pipeline(request))[0]
 
-    async def pipeline(self, *requests: Request) -> list[ReplyValue]:
+    async def pipeline(self, *requests: Request) -> List[ReplyValue]:
         """Send ``requests`` in one write and return their replies in order (one round trip)."""
         assert self._writer is not None and self._reader is not None
         self._writer.write(b"".join(encode_request(request, self.dialect) for request in requests))
         self.requests_sent += len(requests)
-        replies: list[ReplyValue] = []
+        replies: List[ReplyValue] = []
         for request in requests:
             while request.op not in NO_REPLY_OPS:
                 done, value = self._replies.take(request)

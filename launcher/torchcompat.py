@@ -43,7 +43,7 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, Optional, Sequence, Tuple, Type
 
 import torch.distributed as dist
 from torch.distributed import TCPStore
@@ -147,7 +147,7 @@ class _SideChannel:
             self._client = None
 
 
-_SIDE_CHANNELS: dict[Tuple[str, int], _SideChannel] = {}
+_SIDE_CHANNELS: Dict[Tuple[str, int], _SideChannel] = {}
 _SIDE_CHANNELS_LOCK = threading.Lock()
 
 
