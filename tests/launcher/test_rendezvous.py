@@ -117,7 +117,8 @@ def test_tiered_round_hands_workers_this_nodes_proxy(closing):
     assert len(proxy_ports) == 2 and root_port not in proxy_ports
     direct = workers_store(nodes[0], hosting=True)  # node 0: the root, or rank 0's own store
     if not torchcompat.HAS_LIST_KEYS:
-        assert nodes[0].master_port == handlers[1]._faults._proxy_upstream[1]  # node 1 proxies to it
+        # node 1 proxies to it
+        assert nodes[0].master_port == handlers[1]._faults._proxy_upstream[1]
     via_proxy = workers_store(nodes[1], hosting=False)
     via_proxy.set("worker-key", "through the proxy")
     assert direct.get("worker-key") == b"through the proxy"
