@@ -4,5 +4,7 @@ Runs in every pod before training and must never import torch. Layers: ``model``
 ``columns`` builds many fast), readers (pure bytes -> model: ``payload`` finds the document in an
 input, ``jsondecode`` decodes JSON, ``fields`` checks its fields, ``ranktable`` and ``topology``
 read them), ``planner`` and ``scorer`` (pure), sources (file/HTTP/Kubernetes I/O) and writers
-(atomic files) at the edges; ``run`` is the whole run.
+(atomic files) at the edges; ``run`` is the whole run. Most records outside ``model`` are
+NamedTuples: every pod defines them before it plans, and a frozen dataclass costs ~0.5 ms of CPU
+to define (it compiles six methods), a NamedTuple a quarter of that.
 """

@@ -35,7 +35,6 @@ the objects say, never of the order they are listed in.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import (
     AbstractSet,
     Any,
@@ -75,8 +74,7 @@ NOTES_LISTED = 3  # examples a note lists before counting the rest
 _NOT_PYTHON = re.compile(r"\[\[:|\\[pPz]")
 
 
-@dataclass(frozen=True)
-class Requirement:
+class Requirement(NamedTuple):
     """One ``matchExpressions`` entry (or a ``matchLabels`` pair, as ``In`` one value)."""
 
     key: str
@@ -120,8 +118,7 @@ class Member(NamedTuple):
         return f"spec.members[{self.position}]"
 
 
-@dataclass(frozen=True)
-class HyperNode:
+class HyperNode(NamedTuple):
     name: str
     tier: int
     tier_name: str = ""
@@ -132,8 +129,7 @@ class HyperNode:
         return field_path(KubeObject("HyperNode", self.where, {}), self.name, path)
 
 
-@dataclass(frozen=True)
-class Resolved:
+class Resolved(NamedTuple):
     """Where each node sits in the HyperNode tree."""
 
     placements: Mapping[str, Placement]  # node name -> placement

@@ -23,9 +23,8 @@ depends on the order the pods are listed in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import repeat
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from npu_job.bootstrap.columns import servers_from_columns
 from npu_job.bootstrap.fields import fail
@@ -44,8 +43,7 @@ POD_LIST_VERSION = "pods"  # RankTable.version of a table made from pods
 LISTED = 5  # pods a progress line names before counting the rest
 
 
-@dataclass(frozen=True)
-class JobSelector:
+class JobSelector(NamedTuple):
     """Which pods are the job's: Volcano's labels, the namespace, how many there must be."""
 
     job: Optional[str] = None  # volcano.sh/job-name; None: the one job the pods belong to
@@ -54,8 +52,7 @@ class JobSelector:
     expected: Optional[int] = None  # pods the job has; None: up to the highest index listed
 
 
-@dataclass(frozen=True)
-class Roster:
+class Roster(NamedTuple):
     """The job's live pods by index, and whether all of them are there and scheduled."""
 
     job: str

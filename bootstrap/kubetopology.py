@@ -11,8 +11,17 @@ address two nodes claim with different placements is an error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import AbstractSet, Dict, FrozenSet, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import (
+    AbstractSet,
+    Dict,
+    FrozenSet,
+    Iterable,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from npu_job.bootstrap import hypernode
 from npu_job.bootstrap.fields import fail
@@ -33,8 +42,7 @@ HYPERNODES = VOLCANO_HYPERNODES
 NODE_LABELS = K8S_NODE_LABELS
 
 
-@dataclass(frozen=True)
-class KubeContext:
+class KubeContext(NamedTuple):
     """What a topology document is read with besides itself.
 
     ``objects``: more objects, e.g. the Nodes of a ``kubectl get nodes -o json`` file beside a
@@ -44,13 +52,12 @@ class KubeContext:
     the known schemes of :mod:`npu_job.bootstrap.labels`.
     """
 
-    objects: KubeObjects = field(default_factory=KubeObjects)
+    objects: KubeObjects = KubeObjects()
     names: Optional[Tuple[str, ...]] = None
     label_keys: Optional[Tuple[str, ...]] = None  # topology label keys, outermost first
 
 
-@dataclass(frozen=True)
-class KubeTopology:
+class KubeTopology(NamedTuple):
     topology: Topology
     notes: Tuple[str, ...] = ()
 

@@ -34,8 +34,7 @@ topograph   ``network.topology.nvidia.com/core`` (``/datacenter`` in topograph 0
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from npu_job.bootstrap.fields import expect_str
 from npu_job.bootstrap.model import Placement
@@ -55,8 +54,7 @@ TOPOGRAPH = "network.topology.nvidia.com/"
 USER_SCHEME = "user"  # the keys named by --topology-labels
 
 
-@dataclass(frozen=True)
-class LabelScheme:
+class LabelScheme(NamedTuple):
     """A provider's topology labels: tiers outermost first, each the keys that may name it."""
 
     name: str

@@ -17,8 +17,7 @@ of the usual chain (``$NPU_JOB_TOR_INFO``, ``/etc/npu-job/topology.yaml``).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any, Callable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Tuple
 
 from npu_job.bootstrap import jobpods
 from npu_job.bootstrap.kubeobjects import KubeObjects, PodFacts, decode_objects, read_pods
@@ -44,8 +43,7 @@ Listed = Tuple[Tuple[PodFacts, ...], KubeObjects]
 JOB_SIZE_ENV = "MA_NUM_HOSTS"
 
 
-@dataclass(frozen=True)
-class LoadedJob:
+class LoadedJob(NamedTuple):
     """A job whose pods are all there and scheduled: its servers and the objects last listed."""
 
     table: RankTable

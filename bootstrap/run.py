@@ -17,8 +17,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from npu_job.bootstrap.model import Collective, Plan, PlanStatus, RankTable, Topology
 from npu_job.bootstrap.payload import verbatim_or_shown
@@ -55,8 +54,7 @@ _TRUE = ("1", "true", "yes", "on")
 KEEP_UNTIL_EXIT: Optional[List[Any]] = None
 
 
-@dataclass(frozen=True)
-class BootstrapOptions:
+class BootstrapOptions(NamedTuple):
     """Every knob of the bootstrap; flags win over environment variables (see :func:`resolve`)."""
 
     rank_table: Optional[str] = None  # path, directory or URL; None: $RANK_TABLE_FILE, defaults
@@ -153,8 +151,7 @@ def _label_keys(flag: Optional[str], env: Mapping[str, str]) -> Optional[Tuple[s
     )
 
 
-@dataclass(frozen=True)
-class BootstrapResult:
+class BootstrapResult(NamedTuple):
     """What one bootstrap run decided: the route plan written, and the exit code to return."""
 
     exit_code: int

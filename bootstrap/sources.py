@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 from npu_job.bootstrap.payload import (
     MAX_INPUT_BYTES,
@@ -172,8 +171,7 @@ def _first_line(error: BaseException) -> str:
 # --- the Kubernetes API ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class KubernetesAPI:
+class KubernetesAPI(NamedTuple):
     """In-cluster API access: ``KUBERNETES_SERVICE_HOST/PORT`` + the service account token/CA
     (:mod:`npu_job.bootstrap.kubeapi` asks it)."""
 
@@ -226,8 +224,7 @@ def locate_rank_table(
     )
 
 
-@dataclass(frozen=True)
-class TopologyCandidate:
+class TopologyCandidate(NamedTuple):
     """One place a topology may be: ``location`` is a path, URL, or :data:`K8S_TOPOLOGY`."""
 
     location: str

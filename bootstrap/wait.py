@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 from npu_job.bootstrap.model import RankTable
 from npu_job.bootstrap.payload import decode_document
@@ -35,8 +34,7 @@ DEFAULT_TIMEOUT = 300.0
 DEFAULT_INTERVAL = 5.0
 
 
-@dataclass(frozen=True)
-class LoadedRankTable:
+class LoadedRankTable(NamedTuple):
     """A completed rank table with the document it came from (for the reordered copy)."""
 
     table: RankTable
