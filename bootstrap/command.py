@@ -12,7 +12,8 @@ promise). ``npu-job bootstrap`` is the same parser as a subcommand (``HELP``, ``
 from __future__ import annotations
 
 import argparse
-from typing import Optional, Sequence
+import sys
+from typing import Any, Dict, Optional, Sequence
 
 from npu_job.errors import EXIT_USAGE, exit_code_of
 from npu_job.logs import PROG, add_log_options, setup_logging, verbosity
@@ -203,14 +204,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    return _bootstrap(vars(args))
+
+
+def _bootstrap(flags: Dict[str, Any]) -> int:
     from npu_job.bootstrap.run import bootstrap
 
-    return bootstrap(vars(args)).exit_code
+    return bootstrap(flags).exit_code
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``npu-job bootstrap ARGV`` without the rest of ``npu-job``: the same options (-v/-q
     included), help, messages and exit codes. Returns the exit code."""
+    if not (sys.argv[1:] if argv is None else argv):
+        # The pod command passes no flag (the environment says it all), and every flag's default
+        # is "not given" (None or false; a test keeps it so): no parser to build, which spares
+        # every pod the imports argparse makes on its first parser (locale and shutil).
+        setup_logging(0)
+        return exit_code_of(lambda: _bootstrap({}), PROG)
     parser = argparse.ArgumentParser(prog=f"{PROG} bootstrap", description=HELP)
     add_log_options(parser)
     configure(parser)

@@ -1,6 +1,7 @@
 """``npu-job bootstrap``, ``python -m npu_job.bootstrap`` and ``bash bootstrap.sh``: one set of
 options, one error line, exit 0 in the fallback and the error's code with --strict."""
 
+import argparse
 import filecmp
 import json
 import os
@@ -9,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from npu_job.bootstrap.command import configure
 
 from npu_job.cli import main
+from npu_job.logs import add_log_options
 from tests.bootstrap.documents import write_cce_job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,6 +123,32 @@ def test_python_dash_m_takes_the_same_options_and_verbosity(job):
     assert done.returncode == 0, done.stderr
     assert "npu-job: debug: rank table:" in done.stderr
     assert (out / "MASTER_INDEX").exists()
+
+
+def test_no_flags_mean_every_flag_at_its_default_without_building_the_parser(job):
+    """The pod command passes no flag: the bootstrap then builds no parser (argparse's first one
+    imports locale), which is the same run because every default means "not given"."""
+    parser = argparse.ArgumentParser()
+    add_log_options(parser)
+    configure(parser)
+    defaults = vars(parser.parse_args([]))
+    assert defaults and not any(defaults.values()), defaults
+    flags, out = job
+    env = dict(zip(["RANK_TABLE_FILE", "MA_CURRENT_HOST_IP", "VC_TASK_INDEX"], flags[1:6:2]))
+    code = (
+        "import sys; from npu_job.bootstrap.command import main; code = main([]); "
+        "print(sorted({'argparse', 'locale'} & set(sys.modules))); sys.exit(code)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_clean_env(**env, NPU_JOB_OUTPUT_DIR=str(out)),
+        capture_output=True,
+        text=True,
+        cwd="/",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['argparse']"  # imported, never used to build a parser
+    assert "npu-job: node rank" in done.stderr and (out / "RANK_AFTER_ACC").exists()
 
 
 def test_bootstrap_sh_works_from_any_directory(job, tmp_path):
