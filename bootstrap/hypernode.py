@@ -52,9 +52,9 @@ from typing import (
 
 from npu_job.bootstrap.canonical import id_sort_key
 from npu_job.bootstrap.fields import expect_list, expect_object, expect_str, fail
+from npu_job.bootstrap.kubefacts import NodeFacts
 from npu_job.bootstrap.kubeobjects import (
     KubeObject,
-    NodeFacts,
     field_path,
     named_once,
     optional_str,

@@ -28,7 +28,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from npu_job.bootstrap.columns import servers_from_columns
 from npu_job.bootstrap.fields import fail
-from npu_job.bootstrap.kubeobjects import POD, PodFacts, object_field
+from npu_job.bootstrap.kubefacts import PodFacts
+from npu_job.bootstrap.kubeobjects import POD, object_field
 from npu_job.bootstrap.model import Device, RankTable, Topology
 from npu_job.bootstrap.ranktable import POD_INDEX_EXPECTED, pod_index_from_name
 

@@ -26,16 +26,15 @@ from itertools import islice
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 from urllib.parse import quote, urlencode, urlsplit
 
+from npu_job.bootstrap.kubefacts import PodFacts, read_pods
 from npu_job.bootstrap.kubeobjects import (
     KubeObjects,
-    PodFacts,
     decode_kube_document,
     list_continue,
     read_objects,
-    read_pod_page,
-    read_pods,
 )
 from npu_job.bootstrap.payload import MAX_INPUT_BYTES, check_size, json_text, verbatim_or_shown
+from npu_job.bootstrap.podpage import read_pod_page
 from npu_job.bootstrap.sources import SERVICE_ACCOUNT_DIR, KubernetesAPI, SourceUnavailable
 
 from npu_job.errors import InputError
@@ -122,7 +121,7 @@ class KubeClient:
     def list_pods(
         self, path: str, params: Optional[Mapping[str, str]] = None
     ) -> Tuple[PodFacts, ...]:
-        """:func:`~npu_job.bootstrap.kubeobjects.read_pods` of every Pod of ``GET path`` (all
+        """:func:`~npu_job.bootstrap.kubefacts.read_pods` of every Pod of ``GET path`` (all
         pages): each page read straight into the facts (:func:`read_pod_page`), else the general
         way, which reads the same facts or names what is wrong."""
         pods: List[PodFacts] = []

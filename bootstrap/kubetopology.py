@@ -25,14 +25,8 @@ from typing import (
 
 from npu_job.bootstrap import hypernode
 from npu_job.bootstrap.fields import fail
-from npu_job.bootstrap.kubeobjects import (
-    NODE,
-    KubeObjects,
-    NodeFacts,
-    object_field,
-    read_nodes,
-    read_objects,
-)
+from npu_job.bootstrap.kubefacts import NodeFacts, read_nodes
+from npu_job.bootstrap.kubeobjects import NODE, KubeObjects, object_field, read_objects
 from npu_job.bootstrap.model import Placement, Topology
 from npu_job.bootstrap.topology import K8S_NODE_LABELS, VOLCANO_HYPERNODES
 

@@ -20,7 +20,8 @@ import logging
 from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Tuple
 
 from npu_job.bootstrap import jobpods
-from npu_job.bootstrap.kubeobjects import KubeObjects, PodFacts, decode_objects, read_pods
+from npu_job.bootstrap.kubefacts import PodFacts, read_pods
+from npu_job.bootstrap.kubeobjects import KubeObjects, decode_objects
 from npu_job.bootstrap.model import RankTable, Topology
 from npu_job.bootstrap.sources import (
     K8S_TOPOLOGY,

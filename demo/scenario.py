@@ -346,7 +346,8 @@ def api_plan(objects: Mapping[str, List[Dict[str, Any]]]) -> Any:
     """The plan the bootstrap makes of ``objects`` (:func:`cluster_objects`), read with its own
     readers."""
     from npu_job.bootstrap import jobpods
-    from npu_job.bootstrap.kubeobjects import read_objects, read_pods
+    from npu_job.bootstrap.kubefacts import read_pods
+    from npu_job.bootstrap.kubeobjects import read_objects
     from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
     from npu_job.bootstrap.model import Collective
     from npu_job.bootstrap.planner import plan

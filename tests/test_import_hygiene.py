@@ -37,6 +37,8 @@ POD_SIDE_MODULES = [
         f"npu_job.bootstrap.{name}"
         for name in (
             "kubeobjects",
+            "kubefacts",
+            "podpage",
             "hypernode",
             "labels",
             "kubetopology",

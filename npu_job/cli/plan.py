@@ -229,7 +229,8 @@ def _load(args: argparse.Namespace):
 def _load_pods(args: argparse.Namespace, nodes, keys):
     """A job's pods as the servers; the topology from --topology, else from the same file."""
     from npu_job.bootstrap import jobpods
-    from npu_job.bootstrap.kubeobjects import decode_objects, read_pods
+    from npu_job.bootstrap.kubefacts import read_pods
+    from npu_job.bootstrap.kubeobjects import decode_objects
     from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
     from npu_job.bootstrap.sources import read_bytes
     from npu_job.bootstrap.topology import parse_topology

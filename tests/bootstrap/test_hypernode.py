@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import planner
 from npu_job.bootstrap.hypernode import read_hypernodes, resolve
-from npu_job.bootstrap.kubeobjects import decode_objects, read_nodes, read_objects
+from npu_job.bootstrap.kubefacts import read_nodes
+from npu_job.bootstrap.kubeobjects import decode_objects, read_objects
 from npu_job.bootstrap.kubetopology import HYPERNODES, KubeContext, topology_from_document
 from npu_job.bootstrap.model import Collective, Device, Placement, RankTable, Server
 from npu_job.bootstrap.topology import VOLCANO_HYPERNODES, parse_topology

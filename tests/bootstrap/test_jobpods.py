@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import canonical, jobpods, planner
 from npu_job.bootstrap.jobpods import JobSelector, job_roster, roster_table
-from npu_job.bootstrap.kubeobjects import read_objects, read_pods
+from npu_job.bootstrap.kubefacts import read_pods
+from npu_job.bootstrap.kubeobjects import read_objects
 from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
 from npu_job.bootstrap.model import Collective
 

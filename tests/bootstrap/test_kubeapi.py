@@ -17,7 +17,7 @@ from npu_job.bootstrap.kubeapi import (
     status_of,
     topology_objects,
 )
-from npu_job.bootstrap.kubeobjects import read_pods
+from npu_job.bootstrap.kubefacts import read_pods
 from npu_job.bootstrap.sources import KubernetesAPI, SourceUnavailable
 
 from npu_job.errors import InputError

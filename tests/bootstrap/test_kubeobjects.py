@@ -8,15 +8,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from npu_job.bootstrap import kubeobjects
-from npu_job.bootstrap.kubeobjects import (
-    KubeObject,
-    decode_objects,
-    list_continue,
-    read_nodes,
-    read_objects,
-    read_pods,
-)
+from npu_job.bootstrap import kubefacts, kubeobjects, podpage
+from npu_job.bootstrap.kubefacts import read_nodes, read_pods
+from npu_job.bootstrap.kubeobjects import KubeObject, decode_objects, list_continue, read_objects
 
 from npu_job.errors import InputError
 
@@ -75,7 +69,7 @@ def test_a_damaged_pod_reads_the_same_either_way(data):
     if obj is None:
         return
     fast = _outcome(lambda o: read_pods([o], "s")[0], obj)
-    checked = _outcome(lambda o: kubeobjects._pod_checked(o, "s"), obj)
+    checked = _outcome(lambda o: kubefacts._pod_checked(o, "s"), obj)
     assert fast == checked
 
 
@@ -90,7 +84,7 @@ def test_a_page_of_the_apis_podlist_reads_straight_into_the_same_facts_or_declin
     damaged = _damaged(page, path, data.draw(VALUES))
     text = json.dumps(damaged).encode()
     with json_engine("msgspec"):
-        typed = kubeobjects.read_pod_page(text)
+        typed = podpage.read_pod_page(text)
         general = _outcome(lambda d: read_pods(read_objects(d, "s").pods, "s"), damaged)
     if typed is not None:  # declining is always safe: the general way decides
         assert ("ok", typed[0]) == general and typed[1] == "t"
@@ -100,10 +94,10 @@ def test_an_intact_page_is_read_straight_and_without_msgspec_declined():
     items = [{k: v for k, v in POD.items() if k not in ("kind", "apiVersion")}]
     text = json.dumps({"kind": "PodList", "metadata": {}, "items": items}).encode()
     with json_engine("msgspec"):
-        facts, token = kubeobjects.read_pod_page(text)
+        facts, token = podpage.read_pod_page(text)
     assert facts == read_pods(read_objects(json.loads(text), "s").pods, "s") and token is None
     with json_engine("stdlib"):
-        assert kubeobjects.read_pod_page(text) is None
+        assert podpage.read_pod_page(text) is None
 
 
 @settings(max_examples=300, deadline=None)
@@ -115,16 +109,16 @@ def test_a_damaged_node_reads_the_same_either_way(data):
         return
     obj = KubeObject("Node", "items[0]", item)
     fast = _outcome(lambda o: read_nodes([o], "s")[0], obj)
-    checked = _outcome(lambda o: kubeobjects._nodes_checked([o], "s")[0], obj)
+    checked = _outcome(lambda o: kubefacts._nodes_checked([o], "s")[0], obj)
     assert fast == checked
 
 
 def test_the_fixtures_read_the_same_either_way():
     objects = read_objects(CLUSTER, "c")
     assert read_pods(objects.pods, "c") == tuple(
-        kubeobjects._pod_checked(o, "c") for o in objects.pods
+        kubefacts._pod_checked(o, "c") for o in objects.pods
     )
-    assert read_nodes(objects.nodes, "c") == tuple(kubeobjects._nodes_checked(objects.nodes, "c"))
+    assert read_nodes(objects.nodes, "c") == tuple(kubefacts._nodes_checked(objects.nodes, "c"))
 
 
 def test_a_node_listed_twice_is_an_error_naming_both():
