@@ -45,6 +45,7 @@ PURE_CORE = [
     "npu_job.bootstrap.kubetopology",
     "npu_job.bootstrap.labels",
     "npu_job.bootstrap.jobpods",
+    "npu_job.render.keys",
     "npu_job.render.spec",
     "npu_job.render.checks",
     "npu_job.render.values",

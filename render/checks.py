@@ -8,7 +8,7 @@ boolean is: ``--set env.DEBUG=true`` is the string ``"true"``, ``--set nodes=6``
 
 The key types (:class:`Text`, :class:`Integer`, :class:`Flag`, :class:`Choice`,
 :class:`Quantity`, :class:`TextList`, :class:`TextMap`) are what the spec's key table
-(``spec.SPEC_KEYS``) gives each key: a type reads a value with the checker and names itself for
+(``keys.SPEC_KEYS``) gives each key: a type reads a value with the checker and names itself for
 the README's type column; :class:`Volumes` and :class:`Mounts` read Kubernetes volumes and their
 mounts. :class:`PerDevice` is a value that differs by ``device`` (a bound, a default).
 Kubernetes' name rules live here too: the types and the spec's lists check them.

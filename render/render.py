@@ -32,13 +32,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from npu_job.render.spec import (
-    DEVICE_RESOURCE,
-    NPU_HOST_MOUNTS,
-    SCRIPTS_VOLUME,
-    SHM_VOLUME,
-    JobSpec,
-)
+from npu_job.render.keys import DEVICE_RESOURCE, NPU_HOST_MOUNTS, SCRIPTS_VOLUME, SHM_VOLUME
+from npu_job.render.spec import JobSpec
 
 from npu_job import podfacts
 from npu_job.errors import RenderError

@@ -49,7 +49,7 @@ POD_SIDE_MODULES = [
     ),
     "npu_job.cli.plan",
     "npu_job.cli._args",
-    *(f"npu_job.render.{name}" for name in ("values", "checks", "lint", "spec", "render")),
+    *(f"npu_job.render.{name}" for name in ("values", "checks", "lint", "keys", "spec", "render")),
     "npu_job.cli.render",
     # npu-run's torch-free helpers (torch only inside the functions that need it)
     "npu_job.launcher.noderank",

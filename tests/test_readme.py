@@ -4,7 +4,7 @@ its quickstart commands are the ones CI runs."""
 import re
 from pathlib import Path
 
-from npu_job.render.spec import spec_keys_markdown
+from npu_job.render.keys import spec_keys_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")

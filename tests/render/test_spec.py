@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from npu_job.render.spec import SPEC_KEYS, JobSpec
+from npu_job.render.keys import SPEC_KEYS
+from npu_job.render.spec import JobSpec
 from npu_job.render.values import SpecInput, merge_values, parse_set
 
 from npu_job.errors import SpecError
