@@ -3,8 +3,9 @@
 The chain is the real one (render, every pod's bootstrap, npu-run, a DDP training); only the
 cluster is simulated. Pure halves apart from the halves that make system calls:
 
-* ``scenario`` (pure): the options, the simulated cluster and its CCE files, the job spec, the
-  plan every pod must reach, what a pod's log line says, and the checks of what the pods left;
+* ``scenario`` (pure): the options, the simulated cluster and its CCE files, the job spec;
+* ``checks`` (pure): the plan every pod must reach, the checks of what the pods left, the result;
+* ``podlog`` (pure): what a line of a pod's log says;
 * ``runner`` (edge): stage the pods, start and supervise them, read what they left;
 * ``podspec`` (pure): the rendered Volcano Job -> one pod spec per pod, as Volcano and the
   kubelet would make them;
@@ -15,6 +16,21 @@ The names below are the demo's API for the CLI (``npu_job.cli.demo``), the end-t
 the benchmarks; each is defined in the module it is imported from.
 """
 
+from npu_job.demo.checks import (
+    DemoResult,
+    Phases,
+    PodOutcome,
+    Prepared,
+    RingScore,
+    api_plan,
+    check_outcome,
+    describe_plan,
+    expect_routing,
+    expected_plan,
+    ring_score,
+    tor_of_pod,
+)
+from npu_job.demo.podlog import PodLine, read_pod_line
 from npu_job.demo.runner import (
     PROGRESS_EVERY,
     Supervisor,
@@ -40,29 +56,15 @@ from npu_job.demo.scenario import (
     TASK_NAME,
     ClusterAPI,
     DemoOptions,
-    DemoResult,
-    Phases,
-    PodLine,
-    PodOutcome,
-    Prepared,
-    RingScore,
     SimulatedCluster,
-    api_plan,
     cce_cluster,
-    check_outcome,
     cluster_objects,
     demo_spec_values,
-    describe_plan,
-    expect_routing,
-    expected_plan,
     loopback_ips,
     manifest_documents,
     rank_table_configmap,
-    read_pod_line,
     render_job,
-    ring_score,
     simulated_cluster,
-    tor_of_pod,
 )
 
 __all__ = [

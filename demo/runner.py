@@ -4,7 +4,7 @@
 (``scenario``), turns the manifest into pod specs (``podspec``) and stages each pod on disk
 (``podsim``); a :class:`Supervisor` starts the pods like a kubelet with ``restartPolicy:
 OnFailure``, follows their logs and says how far they got; :func:`read_outcomes` collects each
-pod's bootstrap files and every worker's report for ``scenario.check_outcome``.
+pod's bootstrap files and every worker's report for ``checks.check_outcome``.
 """
 
 from __future__ import annotations
@@ -19,29 +19,31 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from npu_job.demo import podspec
+from npu_job.demo.checks import (
+    DemoResult,
+    Phases,
+    PodOutcome,
+    Prepared,
+    check_outcome,
+    describe_plan,
+    expect_routing,
+    expected_plan,
+    ring_score,
+)
+from npu_job.demo.podlog import read_pod_line
 from npu_job.demo.scenario import (
     EXAMPLE_SCRIPT,
     INPUT_FILES,
     RANK_TABLE_CONFIGMAP,
     ClusterAPI,
     DemoOptions,
-    DemoResult,
-    Phases,
-    PodOutcome,
-    Prepared,
     SimulatedCluster,
-    check_outcome,
     cluster_objects,
     demo_spec_values,
-    describe_plan,
-    expect_routing,
-    expected_plan,
     loopback_ips,
     manifest_documents,
     rank_table_configmap,
-    read_pod_line,
     render_job,
-    ring_score,
     simulated_cluster,
 )
 

@@ -57,7 +57,10 @@ POD_SIDE_MODULES = [
     # the store proxy runs in the agent but needs no torch (wire protocol only)
     *(f"npu_job.launcher.{name}" for name in ("protocol", "proxy", "storeclient")),
     # the demo's pod simulator and orchestration (torch only inside the pods it starts)
-    *(f"npu_job.demo.{name}" for name in ("podspec", "podsim", "scenario", "runner")),
+    *(
+        f"npu_job.demo.{name}"
+        for name in ("podspec", "podsim", "scenario", "checks", "podlog", "runner")
+    ),
     "npu_job.demo",
     "npu_job.cli.demo",
     # pictures: matplotlib only inside the drawing functions
