@@ -61,17 +61,21 @@ price of tiering when many proxies share a machine (about 18 us on uvloop, 35 us
 ``benchmarks/bench_rendezvous.py`` at 128x16).
 
 Faults: a request that makes the root drop the connection it came on fails only its own client,
-as straight to the root. The only such request a well-formed client can send is an ADD to a key
-that holds no number (malformed requests are refused by the proxy itself, per client); when the
-main connection ends with an ADD as its first unanswered request, that ADD's callers fail and the
-requests queued behind it, which the root never read, are sent again first on a new main
-connection (``_Upstream._replayable``). Partial requests behave as at the root: the complete pairs
-of a MULTI_SET whose client died mid-request are stored. Any other upstream connection that breaks
-fails the requests in flight on it (their clients' connections are closed, so torch raises naming
-the proxy's address); if the root cannot be reached
-again at once, every client connection is closed. New requests reconnect with backoff and jitter
-until ``timeout``. A client that disconnects has its waits dropped (and cancelled upstream with
-CANCEL_WAIT when no other local worker shares them), so the proxy survives worker restarts.
+as straight to the root. A well-formed client can send three such requests (malformed ones are
+refused by the proxy itself, per client): an ADD to a key that holds no number (either server),
+and a GET or MULTI_GET of a missing key (torch's classic server, the only one on 2.1 and the one
+a listen fd gets on 2.4-2.7, looks the key up with ``at`` and drops the connection; the libuv one
+answers). When the main connection ends with one of them as its first unanswered request, its
+callers fail (each, straight to the root, would have lost its own connection: coalesced callers
+all arrived before it was sent) and the requests queued behind it, which the root never read,
+are sent again first on a new main connection (``_Upstream._replayable``). Partial requests
+behave as at the root: the complete pairs of a MULTI_SET whose client died mid-request are
+stored. Any other upstream connection that breaks fails the requests in flight on it (their
+clients' connections are closed, so torch raises naming the proxy's address); if the root cannot
+be reached again at once, every client connection is closed. New requests reconnect with backoff
+and jitter until ``timeout``. A client that disconnects has its waits dropped (and cancelled
+upstream with CANCEL_WAIT when no other local worker shares them), so the proxy survives worker
+restarts.
 """
 
 from __future__ import annotations
@@ -131,6 +135,8 @@ _REFUSED_LINGER = 10.0  # seconds a refused client may keep its connection open 
 _STOP_WAITING_REPLY = encode_reply(Op.WAIT, WaitReply.STOP_WAITING)
 # Answered by the proxy itself or served by wait connections; everything else goes on the main one.
 _LOCAL_OPS = frozenset({Op.WAIT, Op.PING, Op.CANCEL_WAIT, Op.BARRIER})
+# Requests a stock root may drop their connection for (see the module docstring, Faults).
+_CULPRIT_OPS = frozenset({Op.ADD, Op.GET, Op.MULTI_GET})
 
 
 class UpstreamLost(ConnectionError):
@@ -391,15 +397,16 @@ class _Upstream:
     def _replayable(
         self, error: BaseException | None
     ) -> list[tuple[Request, asyncio.Future | None]] | None:
-        """The requests the root never read, when it dropped the main connection for an ADD.
+        """The requests the root never read, when it dropped the main connection for one request.
 
         The root serves a connection's requests one at a time, in order, and drops the connection
-        when one fails; the only request a well-formed client can make fail is an ADD to a key that
-        does not hold a number (the proxy refuses malformed requests itself). So when the first
-        unanswered request is an ADD and the peer hung up, that ADD failed, everything before it
-        was applied and answered, and nothing after it was read: those are sent again on a new
-        connection (taken out of ``_pending``) and only the ADD's callers fail, as at the root.
-        None (fail everything in flight) in every other case: a root gone, a protocol error.
+        when one fails; the only requests a well-formed client can make fail are an ADD to a key
+        that does not hold a number and, on the classic server, a GET or MULTI_GET of a missing
+        key (the proxy refuses malformed requests itself). So when the first unanswered request
+        is one of those and the peer hung up, it failed, everything before it was applied and
+        answered, and nothing after it was read: those are sent again on a new connection (taken
+        out of ``_pending``) and only its callers fail, as at the root. None (fail everything in
+        flight) in every other case: a root gone, a protocol error.
         """
         if self.kind != "main" or self._proxy.closing or isinstance(error, ProtocolError):
             return None
@@ -407,7 +414,7 @@ class _Upstream:
             return None
         while self._pending and self._pending[0][1] is None:
             self._pending.popleft()
-        if not self._pending or self._pending[0][0].op != Op.ADD:
+        if not self._pending or self._pending[0][0].op not in _CULPRIT_OPS:
             return None
         culprit = self._pending.popleft()
         rest = list(self._pending)

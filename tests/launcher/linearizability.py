@@ -13,7 +13,12 @@ order of the calls that
 Requests without a reply (SET, APPEND) have no return time of their own: the root has applied them
 once a later request of the same connection is answered, so their ``returned`` is that answer's
 time (infinite when none follows). A WAIT that timed out on the client constrains nothing (the
-root may have been about to wake it); a WAIT that returned must find its key present.
+root may have been about to wake it); a WAIT that returned must find each of its keys present, or
+touched after the WAIT was sent by a compare-and-set on the missing key: torch's libuv store server
+wakes the waiters of a key on every compare-and-set, also one that finds the key missing and leaves
+it missing (its "lying" branch), so straight to the root such a WAIT returns "ready" for a key that
+does not exist. The model keeps, per key, the latest time such a compare-and-set may have happened
+(its return), and a WAIT sent before it may count it as its wake-up.
 
 The search is Wing and Gong's, with Lowe's memo of (calls done, state) pairs already explored and
 one shortcut: a call that may come next and leaves the state as it is (a read, a failed
@@ -29,6 +34,9 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 State = Tuple[Tuple[bytes, bytes], ...]  # sorted (key, value) pairs
+# In the state dict, beside each key's value: the latest return time of a compare-and-set that
+# found the key missing and woke its waiters (the libuv root's), under this prefix.
+_TOUCHED = b"\x00touched:"
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,7 @@ def apply(state: Dict[bytes, bytes], call: Call) -> Tuple[bool, Dict[bytes, byte
     if op == "check":
         return call.result == all(k in state for k in keys), state
     if op == "wait":
-        return call.result == "timeout" or all(k in state for k in keys), state
+        return call.result == "timeout" or all(_woken(state, k, call.invoked) for k in keys), state
     if op == "delete":
         if keys[0] not in state:
             return call.result == 0, state
@@ -93,11 +101,19 @@ def apply(state: Dict[bytes, bytes], call: Call) -> Tuple[bool, Dict[bytes, byte
         if current is None:
             if expected == b"":
                 return call.result == desired, {**state, keys[0]: desired}  # type: ignore[dict-item]
+            touched = _TOUCHED + keys[0]
+            if call.returned > float(state.get(touched, b"-inf")):
+                return call.result == expected, {**state, touched: repr(call.returned).encode()}
             return call.result == expected, state
         if current == expected:
             return call.result == desired, {**state, keys[0]: desired}  # type: ignore[dict-item]
         return call.result == current, state
     raise ValueError(f"no model for {op}")
+
+
+def _woken(state: Dict[bytes, bytes], key: bytes, invoked: float) -> bool:
+    """A WAIT sent at ``invoked`` may return for ``key``: present, or touched since it was sent."""
+    return key in state or float(state.get(_TOUCHED + key, b"-inf")) > invoked
 
 
 @dataclass

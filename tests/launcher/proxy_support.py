@@ -43,6 +43,29 @@ def tcp_store(port: int, *, master: bool = False, timeout: float = 5.0):  # type
     )
 
 
+def classic_root():  # type: ignore[no-untyped-def]
+    """A root on torch's classic store server, whatever server this torch hosts by default.
+
+    The classic server is the only one on torch 2.1 and the one a listen fd gets on 2.4-2.7; it
+    differs from the libuv one (the default since 2.4) in what it drops a connection for (a GET
+    or MULTI_GET of a missing key) and in which writes wake a WAIT. ``use_libuv=False`` asks for
+    it where ``TCPStore`` takes that parameter (still on 2.13); before that parameter the classic
+    server is the only one.
+    """
+    import torch.distributed as dist
+
+    sock, port = root_listen_socket(LOOPBACK)
+    fd = sock.detach()
+    common = dict(wait_for_workers=False, multi_tenant=True, master_listen_fd=fd)
+    timeout = datetime.timedelta(seconds=5)
+    try:
+        root = dist.TCPStore(LOOPBACK, port, None, True, timeout, use_libuv=False, **common)
+    except TypeError:  # no use_libuv parameter: the classic server is the only one
+        root = dist.TCPStore(LOOPBACK, port, None, True, timeout, **common)
+    assert not getattr(root, "libuvBackend", False), "asked for the classic store server"
+    return root
+
+
 class ProxyProcess:
     """``python -m npu_job.launcher.proxy`` as a child; ``stats()`` asks it for its counters."""
 

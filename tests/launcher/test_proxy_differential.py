@@ -23,7 +23,7 @@ from npu_job.launcher import torchcompat
 from npu_job.launcher.protocol import VALIDATION_MAGIC, Op, Request, encode_request
 from npu_job.launcher.storeclient import RawStoreClient
 
-from tests.launcher.proxy_support import LOOPBACK, ProxyProcess, tcp_store
+from tests.launcher.proxy_support import LOOPBACK, ProxyProcess, classic_root, tcp_store
 from tests.launcher.torch_features import store_errors
 
 torch_dist = pytest.importorskip("torch.distributed")
@@ -287,13 +287,22 @@ def _raw_outcome(call: Callable[[], object]) -> object:
         return ("raised", type(exc).__name__)
 
 
-def _both_worlds(loop: str, scenario: Callable[..., object]) -> tuple[object, object]:
+ROOTS = ["default", "classic"]  # the server this torch hosts (libuv on 2.13), the classic one
+
+
+def _root(kind: str):  # type: ignore[no-untyped-def]
+    return classic_root() if kind == "classic" else tcp_store(0, master=True)
+
+
+def _both_worlds(
+    loop: str, scenario: Callable[..., object], root: str = "default"
+) -> tuple[object, object]:
     """``scenario(port, root[, proxy])`` against a root directly and then through a proxy."""
     if loop == "uvloop":
         pytest.importorskip("uvloop")
-    direct_root = tcp_store(0, master=True)
+    direct_root = _root(root)
     expected = scenario(direct_root.port, direct_root)
-    proxied_root = tcp_store(0, master=True)
+    proxied_root = _root(root)
     with ProxyProcess(proxied_root.port, loop=loop) as proxy:
         actual = scenario(proxy.port, proxied_root, proxy)
     return expected, actual
@@ -363,36 +372,49 @@ def test_a_client_dying_mid_multi_set_leaves_its_complete_pairs_as_at_the_root(l
     assert actual == expected
 
 
-def _bad_add_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
-    """Case 2: one worker's ADD on a key holding "abc" (the root drops that connection) with six
-    other workers' GETs right behind it (through a proxy: frozen, so that all arrive at once and
-    share the upstream connection): only that worker fails."""
-    root.set("s", "abc")
+def _bystanders_behind(
+    port: int, root, proxy: ProxyProcess | None, culprit: Callable[[], Callable[[], object]]
+) -> object:
+    """``culprit()`` sends one worker's request, then six other workers' GETs go right behind it
+    (through a proxy: frozen, so that all arrive at once and share the upstream connection).
+    ``culprit`` returns how to learn that worker's fate; returns every worker's."""
     root.set("k", "v")
     root.get("k")
-    culprit = tcp_store(port)
     bystanders = [_raw(port) for _ in range(6)]
     for bystander in bystanders:
         bystander.call(Request(Op.GETNUMKEYS))
     get = Request(Op.GET, (b"/k",))
-    fate: list = []
     if proxy is not None:
         proxy.pause()
     try:
-        adding = threading.Thread(target=lambda: fate.append(outcome(lambda: culprit.add("s", 1))))
-        adding.start()
+        fate = culprit()
         time.sleep(0.1)
         for bystander in bystanders:
             bystander.send(get)
     finally:
         if proxy is not None:
             proxy.resume()
-    adding.join(30)
+    culprit_fate = fate()
     seen = [_raw_outcome(lambda b=b: b.receive(get)) for b in bystanders]
     after = [
         _raw_outcome(lambda b=b: b.call(Request(Op.ADD, (b"/n",), number=1))) for b in bystanders
     ]
-    return {"culprit": fate, "bystanders": seen, "their adds": sorted(after, key=repr)}
+    return {"culprit": culprit_fate, "bystanders": seen, "their adds": sorted(after, key=repr)}
+
+
+def _bad_add_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
+    """Case 2: one worker's ADD on a key holding "abc" (the root drops that connection) with six
+    other workers' GETs right behind it: only that worker fails."""
+    root.set("s", "abc")
+    adder = tcp_store(port)
+
+    def culprit() -> Callable[[], object]:
+        fate: list = []
+        adding = threading.Thread(target=lambda: fate.append(outcome(lambda: adder.add("s", 1))))
+        adding.start()
+        return lambda: adding.join(30) or fate
+
+    return _bystanders_behind(port, root, proxy, culprit)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -401,6 +423,96 @@ def test_a_request_the_root_drops_its_connection_for_fails_only_its_own_client(l
     assert expected["bystanders"] == [b"v"] * 6
     assert expected["their adds"] == [1, 2, 3, 4, 5, 6]
     assert actual == expected
+
+
+def _missing_get_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
+    """A worker's GET of a key that is missing (its WAIT raced a DELETE), with six other workers'
+    GETs right behind it. The classic root drops that worker's connection; the libuv one answers
+    b""."""
+    getter, missing = _raw(port), Request(Op.GET, (b"/gone",))
+    getter.call(Request(Op.GETNUMKEYS))
+
+    def culprit() -> Callable[[], object]:
+        getter.send(missing)
+        return lambda: _raw_outcome(lambda: getter.receive(missing))
+
+    return _bystanders_behind(port, root, proxy, culprit)
+
+
+@pytest.mark.parametrize("root", ROOTS)
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_get_of_a_missing_key_fails_at_most_its_own_client(loop, root):
+    """On the classic root the GET is a second request the root drops its connection for
+    (``classic_root``: ``use_libuv=False`` on this torch): through the proxy, as straight to the
+    root, only its client fails and the GETs queued behind it on the shared upstream connection
+    are answered."""
+    expected, actual = _both_worlds(loop, _missing_get_scenario, root)
+    classic = root == "classic" or not _root_serves_others_while_a_client_lags()
+    assert expected["culprit"] == (("raised", "ConnectionError") if classic else b"")
+    assert expected["bystanders"] == [b"v"] * 6
+    assert expected["their adds"] == [1, 2, 3, 4, 5, 6]
+    assert actual == expected
+
+
+def _wait_after_delete_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
+    """A worker waits on k while a sibling sets it (one wait group in the proxy), the sibling
+    deletes k, then a worker waits on k again: it keeps waiting until its timeout. Then it waits
+    once more and a third worker's compare_set on the missing k (expected value not empty: k
+    stays missing) is made: the libuv root wakes that wait, the classic one does not."""
+    deleter, waiter, toucher = tcp_store(port), tcp_store(port), tcp_store(port)
+    fates: dict[str, object] = {}
+
+    def wait_in_thread(name: str, seconds: float) -> threading.Thread:
+        timeout = datetime.timedelta(seconds=seconds)
+        thread = threading.Thread(
+            target=lambda: fates.update({name: outcome(lambda: waiter.wait(["k"], timeout))})
+        )
+        thread.start()
+        time.sleep(0.3)  # the wait is at the root (through a proxy: its upstream WAIT is sent)
+        return thread
+
+    first = wait_in_thread("before the set", 5)
+    deleter.set("k", "v")
+    first.join(10)
+    fates["delete"] = deleter.delete_key("k")
+    fates["after the delete"] = outcome(
+        lambda: waiter.wait(["k"], datetime.timedelta(milliseconds=300))
+    )
+    touched = wait_in_thread("touched", 1.5)
+    fates["compare_set"] = toucher.compare_set("k", "x", "y")
+    touched.join(10)
+    fates["k exists"] = torchcompat.key_exists(toucher, "k")
+    return fates
+
+
+@pytest.mark.parametrize("root", ROOTS)
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_wait_after_a_siblings_delete_waits_as_at_the_root(loop, root):
+    """The divergence issue 15 left open ("ready" for a key a sibling deleted first) was the
+    libuv root's own: its compare_set wakes a key's waiters also when the key is missing and
+    stays so. Through the proxy the WAIT answers as straight to each kind of root."""
+    expected, actual = _both_worlds(loop, _wait_after_delete_scenario, root)
+    timed_out = ("raised", type(_timeout_error()).__name__)
+    libuv = root == "default" and _root_serves_others_while_a_client_lags()
+    assert expected == {
+        "before the set": None,
+        "delete": 1,
+        "after the delete": timed_out,
+        "compare_set": b"x",
+        "touched": None if libuv else timed_out,
+        "k exists": False,
+    }
+    assert actual == expected
+
+
+def _timeout_error() -> BaseException:
+    """What this torch raises for a timed-out wait."""
+    root = tcp_store(0, master=True)
+    try:
+        tcp_store(root.port).wait(["never"], datetime.timedelta(milliseconds=10))
+    except store_errors() as exc:
+        return exc
+    raise AssertionError("a wait on a missing key returned")
 
 
 def _two_poppers_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:

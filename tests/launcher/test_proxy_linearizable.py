@@ -2,7 +2,7 @@
 
 One stock torch ``TCPStore`` root, two proxies in front of it (child processes, as npu-run runs
 them), several raw-protocol clients per proxy issuing random operations over a few keys: sets,
-gets, appends, compare-and-sets, checks, counters, waits that time out (CANCEL_WAIT),
+gets, appends, compare-and-sets, deletes, checks, counters, waits that time out (CANCEL_WAIT),
 and MiB-scale values whose replies fill the first proxy's shared upstream connection. Every call is recorded
 with the time its request was sent and its reply read; :func:`linearizability.check` must find an
 order of the calls that a single store, answering one request at a time, would have produced.
@@ -87,6 +87,26 @@ def test_the_checker_keeps_each_clients_program_order():
     ]
     with pytest.raises(Inconsistent):
         linearizability.check(history)
+
+
+def test_a_compare_set_on_a_missing_key_wakes_the_waits_sent_before_it():
+    """torch's libuv root wakes a key's waiters on every compare-and-set, also one that finds the
+    key missing and leaves it so: such a WAIT returns "ready" for a key that does not exist,
+    straight to the root as through a proxy."""
+    woken = [
+        _call(0, "delete", [b"k"], [], 0, 0.0, 0.1),
+        _call(1, "wait", [b"k"], [], "ready", 0.2, 0.6),
+        _call(2, "compare_set", [b"k"], [b"x", b"y"], b"x", 0.3, 0.4),
+        _call(1, "check", [b"k"], [], False, 0.7, 0.8),
+    ]
+    assert len(linearizability.check(woken)) == len(woken)
+    # a compare-and-set that returned before the WAIT was sent cannot have woken it
+    too_early = [
+        _call(2, "compare_set", [b"k"], [b"x", b"y"], b"x", 0.0, 0.1),
+        _call(1, "wait", [b"k"], [], "ready", 0.2, 0.6),
+    ]
+    with pytest.raises(Inconsistent):
+        linearizability.check(too_early)
 
 
 def test_the_checker_models_counters_compare_set_delete_and_waits():
@@ -215,13 +235,11 @@ def _replace_returned(call: Call, returned: float) -> Call:
 
 # What the clients of each proxy do most: the first proxy's (behind large replies) read, the
 # second's write, so that a write is answered while a read of the same key is still queued.
-# No deletes: a WAIT through the proxy can still be answered "ready" for a key that a sibling
-# client's DELETE removed before the WAIT arrived (the checker finds it within a few histories on
-# torch 2.14; issue 15 stays open for it), and this test guards what is fixed.
-KINDS = ("big_read", "big_set", "get", "set", "append", "cas", "check", "add", "wait", "multi_get")
+KINDS = ("big_read", "big_set", "get", "set", "append", "cas", "delete", "check", "add", "wait",
+         "multi_get")  # fmt: skip
 WEIGHTS = (
-    (4, 0, 14, 0, 0, 0, 4, 1, 2, 2),
-    (2, 2, 4, 8, 2, 3, 2, 2, 1, 1),
+    (4, 0, 14, 0, 0, 0, 0, 4, 1, 2, 2),
+    (2, 2, 4, 8, 2, 3, 3, 2, 2, 1, 1),
 )
 
 
@@ -260,6 +278,8 @@ async def _run_client(
                 Request(Op.COMPARE_SET, keys=(key,), values=(expected, fresh)),
                 (expected, fresh),
             )
+        elif kind == "delete":
+            await client.call("delete", Request(Op.DELETE_KEY, keys=(key,)))
         elif kind == "check":
             await client.call("check", Request(Op.CHECK, keys=tuple(rng.sample(SMALL, 2))))
         elif kind == "add":
@@ -280,7 +300,9 @@ async def _run_loader(client: _Client, stop: asyncio.Event) -> None:
         )
 
 
-async def _record_history(proxy_ports: list[int], seed: int) -> list[Call]:
+async def _record_history(
+    proxy_ports: list[int], seed: int, weights: tuple = WEIGHTS
+) -> list[Call]:
     history: list[Call] = []
     ports = [port for port, n in zip(proxy_ports, CLIENTS) for _ in range(n)]
     roles = [role for role, n in enumerate(CLIENTS) for _ in range(n)]
@@ -301,7 +323,7 @@ async def _record_history(proxy_ports: list[int], seed: int) -> list[Call]:
         until = time.monotonic() + DURATION
         await asyncio.gather(
             *(
-                _run_client(c, random.Random(rng.random()), until, role, WEIGHTS[role])
+                _run_client(c, random.Random(rng.random()), until, role, weights[role])
                 for c, role in zip(clients, roles)
             )
         )
@@ -320,10 +342,16 @@ def test_concurrent_histories_through_two_proxies_are_linearizable(loop):
     root = tcp_store(0, master=True)
     # torch's classic store server (before 2.2, and the one a listen fd gets on 2.4-2.7) drops the
     # connection of a GET of a missing key, where the libuv one answers it: there the small keys
-    # (and the large one) exist from the start, so every GET finds its key
+    # (and the large one) exist from the start and nobody deletes them, so every GET finds its key
     classic = not getattr(root, "libuvBackend", False)
     preset = {**{key: b"preset" for key in SMALL}, BIG: b"preset".ljust(BIG_SIZE, b".")}
     preset = preset if classic else {}
+    no_delete = KINDS.index("delete")
+    weights = (
+        tuple(tuple(0 if i == no_delete else w for i, w in enumerate(ws)) for ws in WEIGHTS)
+        if classic
+        else WEIGHTS
+    )
     proxies = [ProxyProcess(root.port, loop=loop) for _ in CLIENTS]
     try:
         ports = [p.port for p in proxies]
@@ -334,7 +362,7 @@ def test_concurrent_histories_through_two_proxies_are_linearizable(loop):
                     setter.set(key.decode().lstrip("/"), value)
                 setter.get(key.decode().lstrip("/"))  # answered: every preset key is applied
             start = time.monotonic()
-            history = asyncio.run(_record_history(ports, seed))
+            history = asyncio.run(_record_history(ports, seed, weights))
             recorded = time.monotonic() - start
             initial = {key: _token(value) for key, value in preset.items()}
             try:
