@@ -18,7 +18,8 @@ So the root sees 1 + ``wait_connections`` connections per node (3 by default; 4 
 own). BARRIER, which no torch code path uses and which cannot be merged (every arrival must count
 once at the root), takes an idle wait connection or, if none is idle, a short-lived extra one.
 
-Coalescing (what a one-for-one forwarder cannot do):
+Coalescing (what a one-for-one forwarder cannot do; its rules are pure code in
+:mod:`npu_job.launcher.coalescing`, this module does the sockets, the futures and the loop):
 
 * identical GETs and CHECKs share one upstream request, and identical WAITs (same key list) one
   upstream WAIT, under one rule (the contract): **a client request is answered from an upstream
@@ -26,7 +27,7 @@ Coalescing (what a one-for-one forwarder cannot do):
   at an instant between the client's request and its reply, the answer is one the root could have
   given that client, and the proxy is linearizable with respect to the root, key by key and across
   keys. Concretely: a GET or CHECK joins only a request still in the proxy's outgoing batch of
-  the main connection (``_Upstream.flushes`` has not moved since it was queued; the tables of
+  the main connection (its ``Batch`` is not yet ``sent``; the tables of
   joinable requests are emptied when the batch is written, ``on_sent``), and not one that a local
   write to any of its keys was queued after (DELETE_KEY/QUEUE_POP for WAITs): the client that
   wrote must read its write. A WAIT may join a group whose upstream WAIT (or, while queued, CHECK)
@@ -98,13 +99,19 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from npu_job.launcher.coalescing import (
+    Batch,
+    Joins,
+    WaitGroup,
+    add_batch,
+    add_results,
+    dropped_for,
+)
 from npu_job.launcher.protocol import (
     BLOCKING_OPS,
     NEWEST,
     NO_REPLY_OPS,
-    QUEUE_OPS,
     VALIDATION_MAGIC,
-    WRITE_OPS,
     CheckReply,
     Dialect,
     Op,
@@ -127,16 +134,12 @@ logger = logging.getLogger(__name__)
 LISTEN_BACKLOG = 65535  # the kernel caps it at net.core.somaxconn
 DEFAULT_WAIT_CONNECTIONS = 2
 _READ_CHUNK = 1 << 16
-_POLL_FIRST = 0.005
-_POLL_MAX = 0.25
-_POP_RETRY = Backoff(_POLL_FIRST, 2.0, _POLL_MAX)  # a queued wait's schedule, without jitter
+_POLL = Backoff(0.005, 2.0, 0.25)  # a queued wait's CHECKs and a shared pop's retries
 _PROBE_TIMEOUT = 2.0
 _REFUSED_LINGER = 10.0  # seconds a refused client may keep its connection open after our FIN
 _STOP_WAITING_REPLY = encode_reply(Op.WAIT, WaitReply.STOP_WAITING)
 # Answered by the proxy itself or served by wait connections; everything else goes on the main one.
 _LOCAL_OPS = frozenset({Op.WAIT, Op.PING, Op.CANCEL_WAIT, Op.BARRIER})
-# Requests a stock root may drop their connection for (see the module docstring, Faults).
-_CULPRIT_OPS = frozenset({Op.ADD, Op.GET, Op.MULTI_GET})
 
 
 class UpstreamLost(ConnectionError):
@@ -210,8 +213,7 @@ class _Upstream:
         self._flush_scheduled = False
         self._reader_task: asyncio.Task | None = None
         self.closed = False
-        self.flushes = 0  # batches handed to the transport: a request queued at n is unsent while
-        # this is still n (see AsyncStoreProxy's contract)
+        self.batch = Batch()  # what send queues now: unsent until _flush (the proxy's contract)
 
     async def open(self, deadline: float) -> None:
         loop = asyncio.get_running_loop()
@@ -320,7 +322,8 @@ class _Upstream:
         if self._out and self._writer is not None and not self.closed:
             data = b"".join(self._out)
             self._out.clear()
-            self.flushes += 1
+            self.batch.sent = True
+            self.batch = Batch()
             self._proxy.on_sent(self)
             self._writer.write(data)
 
@@ -412,15 +415,13 @@ class _Upstream:
             return None
         if isinstance(error, asyncio.CancelledError) or isinstance(error, UpstreamLost):
             return None
-        while self._pending and self._pending[0][1] is None:
-            self._pending.popleft()
-        if not self._pending or self._pending[0][0].op not in _CULPRIT_OPS:
+        index = dropped_for(self._pending)
+        if index is None:
             return None
-        culprit = self._pending.popleft()
-        rest = list(self._pending)
+        pending = list(self._pending)
         self._pending.clear()
-        self._pending.append(culprit)
-        return rest
+        self._pending.append(pending[index])  # failed below, with whatever else is in flight
+        return pending[index + 1 :]
 
     def close(self) -> None:
         if self.closed:
@@ -469,7 +470,7 @@ class _Client(asyncio.BufferedProtocol):
         self.id = next(self._ids)
         self.proxy = proxy
         self.transport: asyncio.Transport | None = None
-        self.wait: _WaitGroup | None = None
+        self.wait: WaitGroup[_Client] | None = None
         self.barrier: tuple[_Upstream, asyncio.Future] | None = None
         # keys of the WAIT just answered, when one upstream answer woke several local waiters
         self.woken_with_others: tuple[bytes, ...] | None = None
@@ -636,55 +637,6 @@ class _Client(asyncio.BufferedProtocol):
             transport.abort()
 
 
-class _WaitGroup:
-    """Local waiters of one key list, served by one upstream WAIT (or CHECK polls while queued)."""
-
-    __slots__ = (
-        "asked",
-        "conn",
-        "joinable",
-        "keys",
-        "late",
-        "poll_delay",
-        "shared",
-        "state",
-        "waiters",
-    )
-
-    def __init__(self, keys: tuple[bytes, ...]) -> None:
-        self.keys = keys
-        # by client id; answered directly, no future per waiter. ``waiters`` arrived before the
-        # group's latest upstream WAIT or CHECK was sent, so its answer is theirs; ``late`` ones
-        # arrived after, and are asked again (a new group) when that answer is "ready".
-        self.waiters: dict[int, _Client] = {}
-        self.late: dict[int, _Client] = {}
-        self.state = "queued"  # queued -> active -> done | cancelling
-        self.conn: _Upstream | None = None
-        self.asked: tuple[_Upstream, int] | None = None  # latest request's (conn, its flushes)
-        self.joinable = True
-        self.poll_delay = _POLL_FIRST
-        self.shared = False  # more than one client has waited in it (or in the group it follows)
-
-    def asking(self, conn: _Upstream) -> None:
-        """An upstream request for this group is queued on ``conn``: everyone waiting is covered."""
-        self.asked = (conn, conn.flushes)
-        self.waiters.update(self.late)
-        self.late.clear()
-
-    def add(self, client: _Client) -> None:
-        if self.waiters or self.late:
-            self.shared = True
-        asked = self.asked
-        if asked is None or asked[0].flushes == asked[1]:  # nothing sent yet, or not yet sent
-            self.waiters[client.id] = client
-        else:
-            self.late[client.id] = client
-
-    def remove(self, client: _Client) -> None:
-        self.waiters.pop(client.id, None)
-        self.late.pop(client.id, None)
-
-
 class AsyncStoreProxy:
     """The proxy on an asyncio loop (the benchmark runs many of these on one loop)."""
 
@@ -713,13 +665,10 @@ class AsyncStoreProxy:
         self._idle_wait: list[_Upstream] = []
         self._wait_pool: set[_Upstream] = set()
         self._wait_opening = 0
-        self._queued: collections.deque[_WaitGroup] = collections.deque()
-        self._wait_groups: dict[tuple[bytes, ...], _WaitGroup] = {}
-        self._get_inflight: dict[bytes, asyncio.Future] = {}
-        self._check_inflight: dict[tuple[bytes, ...], asyncio.Future] = {}
+        self._queued: collections.deque[WaitGroup[_Client]] = collections.deque()
+        self._joins: Joins[asyncio.Future] = Joins()
         self._add_busy: set[bytes] = set()
         self._add_next: dict[bytes, list[tuple[int, asyncio.Future]]] = {}
-        self._queue_keys: set[bytes] = set()
         self._tasks: set[asyncio.Task] = set()
         self._spare_barrier_conns: list[_Upstream] = []
         self._replay: list[tuple[Request, asyncio.Future | None]] = []
@@ -836,8 +785,7 @@ class AsyncStoreProxy:
         """``conn`` handed its queued requests to the transport: from now on the root may answer
         them at any moment, so no request arriving later may share them (GET, CHECK)."""
         if conn is self._main:
-            self._get_inflight.clear()
-            self._check_inflight.clear()
+            self._joins.sent()
 
     def on_upstream_lost(self, conn: _Upstream) -> None:
         if self._closing:
@@ -982,41 +930,24 @@ class AsyncStoreProxy:
         Synchronous on purpose: the write invalidation and the send are one atomic step.
         """
         op = request.op
-        if op in WRITE_OPS:
-            self._note_write(request)
-        if op in QUEUE_OPS:
-            self._queue_keys.update(request.keys)
-        if op == Op.GET:
-            return self._join_or_send(main, request, self._get_inflight, request.keys[0])
-        if op == Op.CHECK:
-            return self._join_or_send(main, request, self._check_inflight, request.keys)
+        self._joins.noted(request)
+        if op in (Op.GET, Op.CHECK):
+            return self._join_or_send(main, request)
         if op == Op.ADD:
             return self._add(main, request.keys[0], request.number)
         return main.send(request)
 
-    def _join_or_send(
-        self, main: _Upstream, request: Request, table: dict, key: object
-    ) -> asyncio.Future:
-        future = table.get(key)
+    def _join_or_send(self, main: _Upstream, request: Request) -> asyncio.Future:
+        op, keys, joins = request.op, request.keys, self._joins
+        future = joins.read(op, keys)
         if future is not None:
             self.counters.coalesced += 1
             return future
         future = main.send(request)
         assert future is not None
-        table[key] = future
-        future.add_done_callback(lambda f: table.pop(key) if table.get(key) is f else None)
+        joins.reading(op, keys, future)
+        future.add_done_callback(lambda f: joins.answered(op, keys, f))
         return future
-
-    def _note_write(self, request: Request) -> None:
-        """Later reads of these keys must not join requests that went out before this write."""
-        keys = set(request.keys)
-        for key in keys:
-            self._get_inflight.pop(key, None)
-        for check_keys in [ks for ks in self._check_inflight if keys.intersection(ks)]:
-            del self._check_inflight[check_keys]
-        if request.op in (Op.DELETE_KEY, Op.QUEUE_POP):
-            for wait_keys in [ks for ks in self._wait_groups if keys.intersection(ks)]:
-                self._wait_groups.pop(wait_keys).joinable = False
 
     def _add(self, main: _Upstream, key: bytes, delta: int) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
@@ -1030,12 +961,12 @@ class AsyncStoreProxy:
     def _send_adds(
         self, main: _Upstream, key: bytes, batch: list[tuple[int, asyncio.Future]]
     ) -> None:
-        total = sum(delta for delta, _ in batch)
-        if not -(1 << 63) <= total < (1 << 63):  # the merged delta must fit the wire's i64
-            for delta, future in batch[1:]:
+        carried = add_batch([delta for delta, _ in batch])
+        if carried < len(batch):  # the merged delta must fit the wire's i64
+            for delta, future in batch[carried:]:
                 self._add_next.setdefault(key, []).insert(0, (delta, future))
-            batch = batch[:1]
-            total = batch[0][0]
+            batch = batch[:carried]
+        total = sum(delta for delta, _ in batch)
         self._add_busy.add(key)
         try:
             upstream = main.send(Request(Op.ADD, keys=(key,), number=total))
@@ -1054,10 +985,9 @@ class AsyncStoreProxy:
                     if not future.done():
                         future.set_exception(exc)
             else:
-                running = reply.result() - total
-                for delta, future in batch:
-                    running += delta
-                    _resolve(future, running)
+                results = add_results(reply.result(), [delta for delta, _ in batch])
+                for (_, future), result in zip(batch, results):
+                    _resolve(future, result)
             waiting = self._add_next.pop(key, [])
             self._add_busy.discard(key)
             if waiting:
@@ -1074,7 +1004,7 @@ class AsyncStoreProxy:
         poll) until it gets an item, which is what the root's waiter would have got after its
         wake-up, or until the client leaves (its own wait timeout closes it).
         """
-        pauses = _POP_RETRY.pauses()
+        pauses = _POLL.pauses()
         while True:
             main = await self._get_main()
             reply = await self._submit(main, request)  # type: ignore[misc]
@@ -1089,15 +1019,11 @@ class AsyncStoreProxy:
 
     def _client_wait(self, client: _Client, keys: tuple[bytes, ...]) -> None:
         self._leave_wait(client)  # the root keeps one wait per connection, the latest
-        group = self._wait_groups.get(keys)
-        if group is not None and group.joinable and group.state in ("queued", "active"):
+        group = self._joins.wait_group(keys)
+        if group is not None:
             self.counters.coalesced += 1
         else:
-            group = _WaitGroup(keys)
-            if self._queue_keys.intersection(keys):
-                group.joinable = False
-            else:
-                self._wait_groups[keys] = group
+            group = self._joins.new_wait_group(keys)
             self._queued.append(group)
             self._pump_waits()
             if group.state == "queued":
@@ -1124,11 +1050,11 @@ class AsyncStoreProxy:
                 self.spawn(self._open_wait_conn())
             break
 
-    def _activate(self, group: _WaitGroup, conn: _Upstream) -> None:
+    def _activate(self, group: WaitGroup[_Client], conn: _Upstream) -> None:
         group.state = "active"
         group.conn = conn
         try:
-            group.asking(conn)
+            group.asking(conn.batch)
             upstream = conn.send(Request(Op.WAIT, keys=group.keys))
         except UpstreamLost as exc:
             self._finish_group(group, exc)
@@ -1146,42 +1072,31 @@ class AsyncStoreProxy:
 
         upstream.add_done_callback(done)
 
-    async def _poll_group(self, group: _WaitGroup) -> None:
+    async def _poll_group(self, group: WaitGroup[_Client]) -> None:
         """A queued group asks CHECK (coalesced, on the main stream) until ready or promoted."""
+        pauses = _POLL.pauses()
         try:
             while group.state == "queued":
                 main = await self._get_main()
-                group.asking(main)
+                group.asking(main.batch)
                 ready = await asyncio.shield(
-                    self._join_or_send(
-                        main, Request(Op.CHECK, keys=group.keys), self._check_inflight, group.keys
-                    )
+                    self._join_or_send(main, Request(Op.CHECK, keys=group.keys))
                 )
                 if group.state != "queued":
                     return
                 if ready == CheckReply.READY:
                     self._finish_group(group, None)
                     return
-                await asyncio.sleep(group.poll_delay)
-                group.poll_delay = min(group.poll_delay * 2, _POLL_MAX)
+                await asyncio.sleep(next(pauses))
         except UpstreamLost as exc:
             if group.state == "queued":
                 self._finish_group(group, exc)
 
-    def _finish_group(self, group: _WaitGroup, error: BaseException | None) -> None:
-        group.state = "done"
-        if self._wait_groups.get(group.keys) is group:
-            del self._wait_groups[group.keys]
-        waiters, group.waiters = group.waiters, {}
-        late, group.late = group.late, {}
-        if error is not None:
-            waiters.update(late)
-        elif late:  # their answer must come from a request sent after they arrived: ask again
-            again = _WaitGroup(group.keys)
-            again.joinable = group.joinable
-            again.shared = True
-            if again.joinable:
-                self._wait_groups[group.keys] = again
+    def _finish_group(self, group: WaitGroup[_Client], error: BaseException | None) -> None:
+        self._joins.forget_wait(group)
+        waiters, late = group.finish(error is not None)
+        if late:  # their answer must come from a request sent after they arrived: ask again
+            again: WaitGroup[_Client] = self._joins.new_wait_group(group.keys, follows=group)
             for client in late.values():
                 again.waiters[client.id] = client
                 client.wait = again
@@ -1234,10 +1149,9 @@ class AsyncStoreProxy:
         group = client.wait
         client.wait = None
         group.remove(client)
-        if group.waiters or group.late or group.state not in ("queued", "active"):
+        if not group.empty or group.state not in ("queued", "active"):
             return
-        if self._wait_groups.get(group.keys) is group:
-            del self._wait_groups[group.keys]
+        self._joins.forget_wait(group)
         if group.state == "queued":
             group.state = "done"
             return
@@ -1273,7 +1187,7 @@ class AsyncStoreProxy:
         if conn is None:  # no idle connection: open a short-lived one, then retry
             return self.spawn(self._open_spare_barrier_conn())
         self._leave_barrier(client)
-        self._note_write(request)
+        self._joins.noted(request)
         upstream = conn.send(request)
         assert upstream is not None
         client.barrier = (conn, upstream)
