@@ -19,7 +19,8 @@ own). BARRIER, which no torch code path uses and which cannot be merged (every a
 once at the root), takes an idle wait connection or, if none is idle, a short-lived extra one.
 
 Coalescing (what a one-for-one forwarder cannot do; its rules are pure code in
-:mod:`npu_job.launcher.coalescing`, this module does the sockets, the futures and the loop):
+:mod:`npu_job.launcher.coalescing`; this module serves the local clients and runs the loop, and
+:mod:`npu_job.launcher.proxyupstream` owns the connections to the root):
 
 * identical GETs and CHECKs share one upstream request, and identical WAITs (same key list) one
   upstream WAIT, under one rule (the contract): **a client request is answered from an upstream
@@ -69,7 +70,7 @@ a listen fd gets on 2.4-2.7, looks the key up with ``at`` and drops the connecti
 answers). When the main connection ends with one of them as its first unanswered request, its
 callers fail (each, straight to the root, would have lost its own connection: coalesced callers
 all arrived before it was sent) and the requests queued behind it, which the root never read,
-are sent again first on a new main connection (``_Upstream._replayable``). Partial requests
+are sent again first on a new main connection (``Upstream._replayable``). Partial requests
 behave as at the root: the complete pairs of a MULTI_SET whose client died mid-request are
 stored. Any other upstream connection that breaks fails the requests in flight on it (their
 clients' connections are closed, so torch raises naming the proxy's address); if the root cannot
@@ -91,7 +92,6 @@ import itertools
 import json
 import logging
 import os
-import random
 import socket
 import sys
 import threading
@@ -100,31 +100,33 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from npu_job.launcher.coalescing import (
-    Batch,
     Joins,
     WaitGroup,
     add_batch,
     add_results,
-    dropped_for,
 )
 from npu_job.launcher.protocol import (
-    BLOCKING_OPS,
     NEWEST,
     NO_REPLY_OPS,
-    VALIDATION_MAGIC,
     CheckReply,
     Dialect,
     Op,
     ProtocolError,
     QueuePopReply,
-    ReplyValue,
     Request,
     WaitReply,
     complete_multi_set_prefix,
-    decode_reply,
     decode_request,
     encode_reply,
-    encode_request,
+)
+from npu_job.launcher.proxyupstream import (
+    READ_CHUNK,
+    Counters,
+    Upstream,
+    UpstreamLost,
+    forward,
+    resolve,
+    set_nodelay,
 )
 
 from npu_job.polling import Backoff
@@ -133,17 +135,12 @@ logger = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 65535  # the kernel caps it at net.core.somaxconn
 DEFAULT_WAIT_CONNECTIONS = 2
-_READ_CHUNK = 1 << 16
 _POLL = Backoff(0.005, 2.0, 0.25)  # a queued wait's CHECKs and a shared pop's retries
 _PROBE_TIMEOUT = 2.0
 _REFUSED_LINGER = 10.0  # seconds a refused client may keep its connection open after our FIN
 _STOP_WAITING_REPLY = encode_reply(Op.WAIT, WaitReply.STOP_WAITING)
 # Answered by the proxy itself or served by wait connections; everything else goes on the main one.
 _LOCAL_OPS = frozenset({Op.WAIT, Op.PING, Op.CANCEL_WAIT, Op.BARRIER})
-
-
-class UpstreamLost(ConnectionError):
-    """The root store connection broke or could not be opened."""
 
 
 @dataclass(frozen=True)
@@ -161,294 +158,6 @@ class ProxyStats:
     waits_queued: int  # distinct waits queued behind a full pool (polled with CHECK)
     received_by_op: Mapping[str, int] = field(default_factory=dict)
     upstream_by_op: Mapping[str, int] = field(default_factory=dict)
-
-
-class _Counters:
-    __slots__ = (
-        "client_connections",
-        "coalesced",
-        "received_by_op",
-        "requests_received",
-        "requests_upstream",
-        "upstream_by_op",
-        "upstream_connections",
-    )
-
-    def __init__(self) -> None:
-        self.client_connections = 0
-        self.requests_received = 0
-        self.requests_upstream = 0
-        self.upstream_connections = 0
-        self.coalesced = 0
-        # keyed by Op, named in snapshots: Enum.name is a property lookup on the per-request path
-        self.received_by_op: dict[Op, int] = collections.Counter()
-        self.upstream_by_op: dict[Op, int] = collections.Counter()
-
-
-def _set_nodelay(sock: socket.socket | None) -> None:
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-class _Upstream:
-    """One connection to the root: writes batched per loop iteration, replies matched FIFO."""
-
-    def __init__(self, proxy: AsyncStoreProxy, kind: str) -> None:
-        self._proxy = proxy
-        self.kind = kind
-        self._writer: asyncio.StreamWriter | None = None
-        # Requests sent and not yet known to be applied, in order: those with a reply (a future)
-        # and, behind the first of those, the no-reply ones (None): if the root drops the
-        # connection, what follows the request it failed on was never applied (see replayable).
-        self._pending: collections.deque[tuple[Request, asyncio.Future | None]] = (
-            collections.deque()
-        )
-        self._awaiting = 0  # entries of _pending with a future
-        # reply-bearing requests sent and answered since the connection opened (FIFO: the n-th
-        # answer proves every request sent before the n-th reply-bearing one was applied)
-        self.asked = 0
-        self.answered = 0
-        self._when_answered: dict[int, list] = {}
-        self._out: list[bytes] = []
-        self._flush_scheduled = False
-        self._reader_task: asyncio.Task | None = None
-        self.closed = False
-        self.batch = Batch()  # what send queues now: unsent until _flush (the proxy's contract)
-
-    async def open(self, deadline: float) -> None:
-        loop = asyncio.get_running_loop()
-        host, port = self._proxy.upstream
-        delay = 0.05
-        while True:
-            try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port),
-                    timeout=max(0.1, min(10.0, deadline - loop.time())),
-                )
-                break
-            except (OSError, asyncio.TimeoutError) as exc:
-                if loop.time() + delay > deadline:
-                    raise UpstreamLost(
-                        f"cannot connect to the root store at {host}:{port}: {exc}"
-                    ) from exc
-                await asyncio.sleep(
-                    delay * random.uniform(0.5, 1.0)
-                )  # full jitter keeps nodes apart
-                delay = min(delay * 2, 2.0)
-        _set_nodelay(writer.get_extra_info("socket"))
-        self._writer = writer
-        self._proxy.counters.upstream_connections += 1
-        self._proxy.upstream_open.add(self)
-        self._reader_task = asyncio.ensure_future(self._read_replies(reader))
-        dialect = self._proxy.dialect
-        if dialect.validates:
-            self.send(Request(Op.VALIDATE, number=VALIDATION_MAGIC))
-        # Prove the peer is a store: PING where the root knows it (torch 2.5+), else a key count
-        # (an i64 reply; a root sent an opcode it does not know would drop the connection).
-        nonce = random.getrandbits(32)
-        probe = Request(Op.PING, number=nonce) if Op.PING in dialect else Request(Op.GETNUMKEYS)
-        answer = self.send(probe)
-        assert answer is not None
-        try:
-            echoed = await asyncio.wait_for(
-                asyncio.shield(answer), timeout=max(0.1, deadline - loop.time())
-            )
-        except asyncio.TimeoutError:
-            self.close()
-            raise UpstreamLost(
-                f"the root store at {host}:{port} did not answer {probe.op.name}"
-            ) from None
-        except UpstreamLost:
-            self.close()
-            raise
-        if probe.op == Op.PING and echoed != nonce:
-            self.close()
-            raise UpstreamLost(
-                f"{host}:{port} is not a TCPStore (PING answered {echoed}, sent {nonce})"
-            )
-
-    @property
-    def busy(self) -> bool:
-        return self._awaiting > 0
-
-    def send(self, request: Request) -> asyncio.Future | None:
-        """Queue ``request``; returns the future of its reply (None for no-reply ops)."""
-        if self.closed:
-            raise UpstreamLost(
-                f"connection to the root store {self._proxy.upstream_text} is closed"
-            )
-        self._out.append(encode_request(request, self._proxy.dialect))
-        counters = self._proxy.counters
-        counters.requests_upstream += 1
-        counters.upstream_by_op[request.op] += 1
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-        if request.op in NO_REPLY_OPS:
-            if self._awaiting:
-                self._pending.append((request, None))
-            return None
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append((request, future))
-        self._awaiting += 1
-        self.asked += 1
-        return future
-
-    def applied_mark(self) -> int:
-        """After a no-reply request was queued: it is applied once ``answered`` reaches this."""
-        return self.asked + 1
-
-    def when_applied(self, mark: int, callback) -> None:  # type: ignore[no-untyped-def]
-        """Call ``callback()`` once ``answered >= mark`` (at once if so; on loss, at the loss)."""
-        if self.answered >= mark or self.closed:
-            callback()
-            return
-        if self.asked < mark:  # nothing with a reply follows: ask something cheap
-            probe = (
-                Request(Op.PING, number=0)
-                if Op.PING in self._proxy.dialect
-                else Request(Op.GETNUMKEYS)
-            )
-            self.send(probe)
-        self._when_answered.setdefault(mark, []).append(callback)
-
-    def _answered_one(self) -> None:
-        self.answered += 1
-        for callback in self._when_answered.pop(self.answered, ()):
-            callback()
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if self._out and self._writer is not None and not self.closed:
-            data = b"".join(self._out)
-            self._out.clear()
-            self.batch.sent = True
-            self.batch = Batch()
-            self._proxy.on_sent(self)
-            self._writer.write(data)
-
-    async def _read_replies(self, reader: asyncio.StreamReader) -> None:
-        buf = bytearray()
-        error: BaseException | None = None
-        try:
-            while True:
-                chunk = await reader.read(_READ_CHUNK)
-                if not chunk:
-                    break
-                buf += chunk
-                pos = 0
-                while self._pending:
-                    request, future = self._pending[0]
-                    if future is None:  # applied: a request with a reply went before it
-                        self._pending.popleft()
-                        continue
-                    decoded = decode_reply(request, buf, pos)
-                    if decoded is None:
-                        break
-                    value, pos = decoded
-                    self._pending.popleft()
-                    self._awaiting -= 1
-                    self._answered_one()
-                    # A wait the root cancelled without waking it: its single byte is the
-                    # reply to the CANCEL_WAIT queued right behind it.
-                    if (
-                        request.op in BLOCKING_OPS
-                        and value == WaitReply.WAIT_CANCELED
-                        and self._pending
-                        and self._pending[0][0].op == Op.CANCEL_WAIT
-                    ):
-                        cancel = self._pending.popleft()[1]
-                        self._awaiting -= 1
-                        self._answered_one()
-                        assert cancel is not None
-                        _resolve(cancel, value)
-                    _resolve(future, value)
-                if pos:
-                    del buf[:pos]
-                if buf and not self._awaiting:
-                    error = ProtocolError(
-                        f"unexpected bytes from the root store: {bytes(buf[:16]).hex()}"
-                    )
-                    break
-        except (OSError, asyncio.IncompleteReadError) as exc:
-            error = exc
-        except asyncio.CancelledError:
-            error = UpstreamLost("proxy stopping")
-        finally:
-            was_open = not self.closed
-            self.close()
-            lost = UpstreamLost(
-                f"lost the connection to the root store {self._proxy.upstream_text}"
-                + (f": {error}" if error else "")
-            )
-            replay = self._replayable(error)
-            if replay is not None:
-                self._proxy.replay_later(replay)
-            while self._pending:
-                _, future = self._pending.popleft()
-                if future is not None and not future.done():
-                    future.set_exception(lost)
-                    future.exception()  # mark retrieved; joiners still see it
-            self._awaiting = 0
-            waiting, self._when_answered = self._when_answered, {}
-            for callbacks in waiting.values():
-                for callback in callbacks:
-                    callback()
-            if was_open:
-                self._proxy.on_upstream_lost(self)
-
-    def _replayable(
-        self, error: BaseException | None
-    ) -> list[tuple[Request, asyncio.Future | None]] | None:
-        """The requests the root never read, when it dropped the main connection for one request.
-
-        The root serves a connection's requests one at a time, in order, and drops the connection
-        when one fails; the only requests a well-formed client can make fail are an ADD to a key
-        that does not hold a number and, on the classic server, a GET or MULTI_GET of a missing
-        key (the proxy refuses malformed requests itself). So when the first unanswered request
-        is one of those and the peer hung up, it failed, everything before it was applied and
-        answered, and nothing after it was read: those are sent again on a new connection (taken
-        out of ``_pending``) and only its callers fail, as at the root. None (fail everything in
-        flight) in every other case: a root gone, a protocol error.
-        """
-        if self.kind != "main" or self._proxy.closing or isinstance(error, ProtocolError):
-            return None
-        if isinstance(error, asyncio.CancelledError) or isinstance(error, UpstreamLost):
-            return None
-        index = dropped_for(self._pending)
-        if index is None:
-            return None
-        pending = list(self._pending)
-        self._pending.clear()
-        self._pending.append(pending[index])  # failed below, with whatever else is in flight
-        return pending[index + 1 :]
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self._proxy.upstream_open.discard(self)
-        if self._writer is not None:
-            self._writer.close()
-        if self._reader_task is not None and self._reader_task is not asyncio.current_task():
-            self._reader_task.cancel()
-
-
-def _resolve(future: asyncio.Future, value: ReplyValue) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
-def _forward(future: asyncio.Future, answer: asyncio.Future) -> None:
-    """Settle ``future`` as ``answer`` settled (a request sent again on a new connection)."""
-    if future.done():
-        return
-    if answer.cancelled():
-        future.cancel()
-    elif answer.exception() is not None:
-        future.set_exception(answer.exception())  # type: ignore[arg-type]
-    else:
-        future.set_result(answer.result())
 
 
 class _Client(asyncio.BufferedProtocol):
@@ -471,11 +180,11 @@ class _Client(asyncio.BufferedProtocol):
         self.proxy = proxy
         self.transport: asyncio.Transport | None = None
         self.wait: WaitGroup[_Client] | None = None
-        self.barrier: tuple[_Upstream, asyncio.Future] | None = None
+        self.barrier: tuple[Upstream, asyncio.Future] | None = None
         # keys of the WAIT just answered, when one upstream answer woke several local waiters
         self.woken_with_others: tuple[bytes, ...] | None = None
         # its latest no-reply write on the main connection: (connection, applied mark)
-        self.unconfirmed: tuple[_Upstream, int] | None = None
+        self.unconfirmed: tuple[Upstream, int] | None = None
         self.stop_held: object | None = None  # a WAIT answer held until that write is applied
         self._buf = bytearray()
         self._validated = not proxy.dialect.validates  # torch 2.1 clients send no VALIDATE
@@ -488,7 +197,7 @@ class _Client(asyncio.BufferedProtocol):
         # uvloop's transports implement asyncio.Transport without subclassing it: no isinstance
         # check
         self.transport = transport  # type: ignore[assignment]
-        _set_nodelay(transport.get_extra_info("socket"))
+        set_nodelay(transport.get_extra_info("socket"))
         self.proxy.add_client(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -656,23 +365,23 @@ class AsyncStoreProxy:
         self.timeout = float(timeout)
         self.wait_connections = wait_connections
         self.dialect = dialect
-        self.counters = _Counters()
-        self.upstream_open: set[_Upstream] = set()
+        self.counters = Counters()
+        self.upstream_open: set[Upstream] = set()
         self._server: asyncio.AbstractServer | None = None
         self._clients: dict[int, _Client] = {}
-        self._main: _Upstream | None = None
+        self._main: Upstream | None = None
         self._main_opening: asyncio.Future | None = None
-        self._idle_wait: list[_Upstream] = []
-        self._wait_pool: set[_Upstream] = set()
+        self._idle_wait: list[Upstream] = []
+        self._wait_pool: set[Upstream] = set()
         self._wait_opening = 0
         self._queued: collections.deque[WaitGroup[_Client]] = collections.deque()
         self._joins: Joins[asyncio.Future] = Joins()
         self._add_busy: set[bytes] = set()
         self._add_next: dict[bytes, list[tuple[int, asyncio.Future]]] = {}
         self._tasks: set[asyncio.Task] = set()
-        self._spare_barrier_conns: list[_Upstream] = []
+        self._spare_barrier_conns: list[Upstream] = []
         self._replay: list[tuple[Request, asyncio.Future | None]] = []
-        self.scratch = memoryview(bytearray(_READ_CHUNK))  # every client's reads (see _Client)
+        self.scratch = memoryview(bytearray(READ_CHUNK))  # every client's reads (see _Client)
         self._closing = False
 
     # ------------------------------------------------------------ lifecycle
@@ -739,7 +448,7 @@ class AsyncStoreProxy:
 
     # ------------------------------------------------------------ upstream
 
-    async def _get_main(self) -> _Upstream:
+    async def _get_main(self) -> Upstream:
         main = self._main
         if main is not None and not main.closed:
             return main
@@ -747,9 +456,9 @@ class AsyncStoreProxy:
             self._main_opening = self.spawn(self._open_main())
         return await asyncio.shield(self._main_opening)
 
-    async def _open_main(self) -> _Upstream:
+    async def _open_main(self) -> Upstream:
         try:
-            conn = _Upstream(self, "main")
+            conn = Upstream(self, "main")
             await conn.open(asyncio.get_running_loop().time() + self.timeout)
             current = self._main
             if current is not None and not current.closed:  # the root probe got there first
@@ -768,7 +477,7 @@ class AsyncStoreProxy:
         """Requests a dropped main connection never delivered: first on the next main one."""
         self._replay.extend(requests)
 
-    def _install_main(self, conn: _Upstream) -> None:
+    def _install_main(self, conn: Upstream) -> None:
         replay, self._replay = self._replay, []
         for request, future in replay:
             try:
@@ -778,16 +487,16 @@ class AsyncStoreProxy:
                     future.set_exception(exc)
                 continue
             if future is not None and answer is not None:
-                answer.add_done_callback(functools.partial(_forward, future))
+                answer.add_done_callback(functools.partial(forward, future))
         self._main = conn
 
-    def on_sent(self, conn: _Upstream) -> None:
+    def on_sent(self, conn: Upstream) -> None:
         """``conn`` handed its queued requests to the transport: from now on the root may answer
         them at any moment, so no request arriving later may share them (GET, CHECK)."""
         if conn is self._main:
             self._joins.sent()
 
-    def on_upstream_lost(self, conn: _Upstream) -> None:
+    def on_upstream_lost(self, conn: Upstream) -> None:
         if self._closing:
             return
         logger.warning(
@@ -804,7 +513,7 @@ class AsyncStoreProxy:
     async def _probe_root(self) -> None:
         """After a broken connection: if the root is gone, close every client so none hangs."""
         try:
-            probe = _Upstream(self, "main")
+            probe = Upstream(self, "main")
             await probe.open(asyncio.get_running_loop().time() + _PROBE_TIMEOUT)
         except UpstreamLost as exc:
             logger.error(
@@ -830,7 +539,7 @@ class AsyncStoreProxy:
 
     async def _open_wait_conn(self) -> None:
         try:
-            conn = _Upstream(self, "wait")
+            conn = Upstream(self, "wait")
             await conn.open(asyncio.get_running_loop().time() + self.timeout)
         except UpstreamLost as exc:
             logger.warning("store proxy: %s", exc)
@@ -841,7 +550,7 @@ class AsyncStoreProxy:
         self._wait_pool.add(conn)
         self._release_wait_conn(conn)
 
-    def _release_wait_conn(self, conn: _Upstream) -> None:
+    def _release_wait_conn(self, conn: Upstream) -> None:
         if conn.closed:
             return
         if conn not in self._wait_pool:  # an extra connection a BARRIER borrowed
@@ -924,7 +633,7 @@ class AsyncStoreProxy:
 
     # ------------------------------------------------------------ non-blocking requests
 
-    def _submit(self, main: _Upstream, request: Request) -> asyncio.Future | None:
+    def _submit(self, main: Upstream, request: Request) -> asyncio.Future | None:
         """Send (or join) ``request`` on the main connection; the reply's future, None if no reply.
 
         Synchronous on purpose: the write invalidation and the send are one atomic step.
@@ -937,7 +646,7 @@ class AsyncStoreProxy:
             return self._add(main, request.keys[0], request.number)
         return main.send(request)
 
-    def _join_or_send(self, main: _Upstream, request: Request) -> asyncio.Future:
+    def _join_or_send(self, main: Upstream, request: Request) -> asyncio.Future:
         op, keys, joins = request.op, request.keys, self._joins
         future = joins.read(op, keys)
         if future is not None:
@@ -949,7 +658,7 @@ class AsyncStoreProxy:
         future.add_done_callback(lambda f: joins.answered(op, keys, f))
         return future
 
-    def _add(self, main: _Upstream, key: bytes, delta: int) -> asyncio.Future:
+    def _add(self, main: Upstream, key: bytes, delta: int) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         if key in self._add_busy:
             self._add_next.setdefault(key, []).append((delta, future))
@@ -959,7 +668,7 @@ class AsyncStoreProxy:
         return future
 
     def _send_adds(
-        self, main: _Upstream, key: bytes, batch: list[tuple[int, asyncio.Future]]
+        self, main: Upstream, key: bytes, batch: list[tuple[int, asyncio.Future]]
     ) -> None:
         carried = add_batch([delta for delta, _ in batch])
         if carried < len(batch):  # the merged delta must fit the wire's i64
@@ -987,7 +696,7 @@ class AsyncStoreProxy:
             else:
                 results = add_results(reply.result(), [delta for delta, _ in batch])
                 for (_, future), result in zip(batch, results):
-                    _resolve(future, result)
+                    resolve(future, result)
             waiting = self._add_next.pop(key, [])
             self._add_busy.discard(key)
             if waiting:
@@ -1050,7 +759,7 @@ class AsyncStoreProxy:
                 self.spawn(self._open_wait_conn())
             break
 
-    def _activate(self, group: WaitGroup[_Client], conn: _Upstream) -> None:
+    def _activate(self, group: WaitGroup[_Client], conn: Upstream) -> None:
         group.state = "active"
         group.conn = conn
         try:
@@ -1157,10 +866,10 @@ class AsyncStoreProxy:
             return
         group.state = "cancelling"
         conn = group.conn
-        assert conn is not None
+        assert isinstance(conn, Upstream)
         self._cancel_upstream(conn)
 
-    def _cancel_upstream(self, conn: _Upstream) -> None:
+    def _cancel_upstream(self, conn: Upstream) -> None:
         try:
             cancelled = conn.send(Request(Op.CANCEL_WAIT))
         except UpstreamLost:
@@ -1177,7 +886,7 @@ class AsyncStoreProxy:
     # ------------------------------------------------------------ BARRIER
 
     def _client_barrier(self, client: _Client, request: Request) -> asyncio.Future[object] | None:
-        conn: _Upstream | None = None
+        conn: Upstream | None = None
         while self._idle_wait and conn is None:
             candidate = self._idle_wait.pop()
             conn = None if candidate.closed else candidate
@@ -1207,7 +916,7 @@ class AsyncStoreProxy:
         return None
 
     async def _open_spare_barrier_conn(self) -> None:
-        conn = _Upstream(self, "barrier")
+        conn = Upstream(self, "barrier")
         await conn.open(asyncio.get_running_loop().time() + self.timeout)
         self._spare_barrier_conns.append(conn)
 

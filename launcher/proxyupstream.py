@@ -1,0 +1,349 @@
+"""The store proxy's connections to the root: writes batched per loop turn, replies matched FIFO.
+
+An :class:`Upstream` is one TCP connection from a proxy (:mod:`npu_job.launcher.proxy`) to the
+root store: it opens with backoff and jitter and proves the peer is a store (PING, or a key count
+where the root has no PING), queues requests into the current outgoing :class:`Batch` and writes
+each batch once per loop turn, matches replies to requests in order, tells when the no-reply
+requests queued so far are applied (``applied_mark``, ``when_applied``), and when the root drops
+it for one request (:func:`~npu_job.launcher.coalescing.dropped_for`) hands the requests the root
+never read back to its owner to send again. Its owner (the proxy) is reached through
+:class:`UpstreamOwner`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import socket
+from typing import List, Optional, Protocol, Set, Tuple
+
+from npu_job.launcher.coalescing import Batch, dropped_for
+from npu_job.launcher.protocol import (
+    BLOCKING_OPS,
+    NO_REPLY_OPS,
+    VALIDATION_MAGIC,
+    Dialect,
+    Op,
+    ProtocolError,
+    ReplyValue,
+    Request,
+    WaitReply,
+    decode_reply,
+    encode_request,
+)
+
+READ_CHUNK = 1 << 16
+
+
+class UpstreamLost(ConnectionError):
+    """The root store connection broke or could not be opened."""
+
+
+class Counters:
+    """The proxy's counters (see ``ProxyStats``), kept on its loop."""
+
+    __slots__ = (
+        "client_connections",
+        "coalesced",
+        "received_by_op",
+        "requests_received",
+        "requests_upstream",
+        "upstream_by_op",
+        "upstream_connections",
+    )
+
+    def __init__(self) -> None:
+        self.client_connections = 0
+        self.requests_received = 0
+        self.requests_upstream = 0
+        self.upstream_connections = 0
+        self.coalesced = 0
+        # keyed by Op, named in snapshots: Enum.name is a property lookup on the per-request path
+        self.received_by_op: dict[Op, int] = collections.Counter()
+        self.upstream_by_op: dict[Op, int] = collections.Counter()
+
+
+class UpstreamOwner(Protocol):
+    """What a connection needs of the proxy that owns it."""
+
+    upstream: Tuple[str, int]
+    upstream_text: str
+    dialect: Dialect
+    counters: Counters
+    upstream_open: Set[Upstream]
+
+    @property
+    def closing(self) -> bool: ...
+
+    def on_sent(self, conn: Upstream) -> None: ...
+
+    def replay_later(self, requests: List[Tuple[Request, Optional[asyncio.Future]]]) -> None: ...
+
+    def on_upstream_lost(self, conn: Upstream) -> None: ...
+
+
+def set_nodelay(sock: socket.socket | None) -> None:
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class Upstream:
+    """One connection to the root: writes batched per loop iteration, replies matched FIFO."""
+
+    def __init__(self, proxy: UpstreamOwner, kind: str) -> None:
+        self._proxy = proxy
+        self.kind = kind
+        self._writer: asyncio.StreamWriter | None = None
+        # Requests sent and not yet known to be applied, in order: those with a reply (a future)
+        # and, behind the first of those, the no-reply ones (None): if the root drops the
+        # connection, what follows the request it failed on was never applied (see replayable).
+        self._pending: collections.deque[tuple[Request, asyncio.Future | None]] = (
+            collections.deque()
+        )
+        self._awaiting = 0  # entries of _pending with a future
+        # reply-bearing requests sent and answered since the connection opened (FIFO: the n-th
+        # answer proves every request sent before the n-th reply-bearing one was applied)
+        self.asked = 0
+        self.answered = 0
+        self._when_answered: dict[int, list] = {}
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._reader_task: asyncio.Task | None = None
+        self.closed = False
+        self.batch = Batch()  # what send queues now: unsent until _flush (the proxy's contract)
+
+    async def open(self, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        host, port = self._proxy.upstream
+        delay = 0.05
+        while True:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port),
+                    timeout=max(0.1, min(10.0, deadline - loop.time())),
+                )
+                break
+            except (OSError, asyncio.TimeoutError) as exc:
+                if loop.time() + delay > deadline:
+                    raise UpstreamLost(
+                        f"cannot connect to the root store at {host}:{port}: {exc}"
+                    ) from exc
+                await asyncio.sleep(
+                    delay * random.uniform(0.5, 1.0)
+                )  # full jitter keeps nodes apart
+                delay = min(delay * 2, 2.0)
+        set_nodelay(writer.get_extra_info("socket"))
+        self._writer = writer
+        self._proxy.counters.upstream_connections += 1
+        self._proxy.upstream_open.add(self)
+        self._reader_task = asyncio.ensure_future(self._read_replies(reader))
+        dialect = self._proxy.dialect
+        if dialect.validates:
+            self.send(Request(Op.VALIDATE, number=VALIDATION_MAGIC))
+        # Prove the peer is a store: PING where the root knows it (torch 2.5+), else a key count
+        # (an i64 reply; a root sent an opcode it does not know would drop the connection).
+        nonce = random.getrandbits(32)
+        probe = Request(Op.PING, number=nonce) if Op.PING in dialect else Request(Op.GETNUMKEYS)
+        answer = self.send(probe)
+        assert answer is not None
+        try:
+            echoed = await asyncio.wait_for(
+                asyncio.shield(answer), timeout=max(0.1, deadline - loop.time())
+            )
+        except asyncio.TimeoutError:
+            self.close()
+            raise UpstreamLost(
+                f"the root store at {host}:{port} did not answer {probe.op.name}"
+            ) from None
+        except UpstreamLost:
+            self.close()
+            raise
+        if probe.op == Op.PING and echoed != nonce:
+            self.close()
+            raise UpstreamLost(
+                f"{host}:{port} is not a TCPStore (PING answered {echoed}, sent {nonce})"
+            )
+
+    @property
+    def busy(self) -> bool:
+        return self._awaiting > 0
+
+    def send(self, request: Request) -> asyncio.Future | None:
+        """Queue ``request``; returns the future of its reply (None for no-reply ops)."""
+        if self.closed:
+            raise UpstreamLost(
+                f"connection to the root store {self._proxy.upstream_text} is closed"
+            )
+        self._out.append(encode_request(request, self._proxy.dialect))
+        counters = self._proxy.counters
+        counters.requests_upstream += 1
+        counters.upstream_by_op[request.op] += 1
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        if request.op in NO_REPLY_OPS:
+            if self._awaiting:
+                self._pending.append((request, None))
+            return None
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future))
+        self._awaiting += 1
+        self.asked += 1
+        return future
+
+    def applied_mark(self) -> int:
+        """After a no-reply request was queued: it is applied once ``answered`` reaches this."""
+        return self.asked + 1
+
+    def when_applied(self, mark: int, callback) -> None:  # type: ignore[no-untyped-def]
+        """Call ``callback()`` once ``answered >= mark`` (at once if so; on loss, at the loss)."""
+        if self.answered >= mark or self.closed:
+            callback()
+            return
+        if self.asked < mark:  # nothing with a reply follows: ask something cheap
+            probe = (
+                Request(Op.PING, number=0)
+                if Op.PING in self._proxy.dialect
+                else Request(Op.GETNUMKEYS)
+            )
+            self.send(probe)
+        self._when_answered.setdefault(mark, []).append(callback)
+
+    def _answered_one(self) -> None:
+        self.answered += 1
+        for callback in self._when_answered.pop(self.answered, ()):
+            callback()
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self._writer is not None and not self.closed:
+            data = b"".join(self._out)
+            self._out.clear()
+            self.batch.sent = True
+            self.batch = Batch()
+            self._proxy.on_sent(self)
+            self._writer.write(data)
+
+    async def _read_replies(self, reader: asyncio.StreamReader) -> None:
+        buf = bytearray()
+        error: BaseException | None = None
+        try:
+            while True:
+                chunk = await reader.read(READ_CHUNK)
+                if not chunk:
+                    break
+                buf += chunk
+                pos = 0
+                while self._pending:
+                    request, future = self._pending[0]
+                    if future is None:  # applied: a request with a reply went before it
+                        self._pending.popleft()
+                        continue
+                    decoded = decode_reply(request, buf, pos)
+                    if decoded is None:
+                        break
+                    value, pos = decoded
+                    self._pending.popleft()
+                    self._awaiting -= 1
+                    self._answered_one()
+                    # A wait the root cancelled without waking it: its single byte is the
+                    # reply to the CANCEL_WAIT queued right behind it.
+                    if (
+                        request.op in BLOCKING_OPS
+                        and value == WaitReply.WAIT_CANCELED
+                        and self._pending
+                        and self._pending[0][0].op == Op.CANCEL_WAIT
+                    ):
+                        cancel = self._pending.popleft()[1]
+                        self._awaiting -= 1
+                        self._answered_one()
+                        assert cancel is not None
+                        resolve(cancel, value)
+                    resolve(future, value)
+                if pos:
+                    del buf[:pos]
+                if buf and not self._awaiting:
+                    error = ProtocolError(
+                        f"unexpected bytes from the root store: {bytes(buf[:16]).hex()}"
+                    )
+                    break
+        except (OSError, asyncio.IncompleteReadError) as exc:
+            error = exc
+        except asyncio.CancelledError:
+            error = UpstreamLost("proxy stopping")
+        finally:
+            was_open = not self.closed
+            self.close()
+            lost = UpstreamLost(
+                f"lost the connection to the root store {self._proxy.upstream_text}"
+                + (f": {error}" if error else "")
+            )
+            replay = self._replayable(error)
+            if replay is not None:
+                self._proxy.replay_later(replay)
+            while self._pending:
+                _, future = self._pending.popleft()
+                if future is not None and not future.done():
+                    future.set_exception(lost)
+                    future.exception()  # mark retrieved; joiners still see it
+            self._awaiting = 0
+            waiting, self._when_answered = self._when_answered, {}
+            for callbacks in waiting.values():
+                for callback in callbacks:
+                    callback()
+            if was_open:
+                self._proxy.on_upstream_lost(self)
+
+    def _replayable(
+        self, error: BaseException | None
+    ) -> list[tuple[Request, asyncio.Future | None]] | None:
+        """The requests the root never read, when it dropped the main connection for one request.
+
+        The root serves a connection's requests one at a time, in order, and drops the connection
+        when one fails; the only requests a well-formed client can make fail are an ADD to a key
+        that does not hold a number and, on the classic server, a GET or MULTI_GET of a missing
+        key (the proxy refuses malformed requests itself). So when the first unanswered request
+        is one of those and the peer hung up, it failed, everything before it was applied and
+        answered, and nothing after it was read: those are sent again on a new connection (taken
+        out of ``_pending``) and only its callers fail, as at the root. None (fail everything in
+        flight) in every other case: a root gone, a protocol error.
+        """
+        if self.kind != "main" or self._proxy.closing or isinstance(error, ProtocolError):
+            return None
+        if isinstance(error, asyncio.CancelledError) or isinstance(error, UpstreamLost):
+            return None
+        index = dropped_for(self._pending)
+        if index is None:
+            return None
+        pending = list(self._pending)
+        self._pending.clear()
+        self._pending.append(pending[index])  # failed below, with whatever else is in flight
+        return pending[index + 1 :]
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._proxy.upstream_open.discard(self)
+        if self._writer is not None:
+            self._writer.close()
+        if self._reader_task is not None and self._reader_task is not asyncio.current_task():
+            self._reader_task.cancel()
+
+
+def resolve(future: asyncio.Future, value: ReplyValue) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def forward(future: asyncio.Future, answer: asyncio.Future) -> None:
+    """Settle ``future`` as ``answer`` settled (a request sent again on a new connection)."""
+    if future.done():
+        return
+    if answer.cancelled():
+        future.cancel()
+    elif answer.exception() is not None:
+        future.set_exception(answer.exception())  # type: ignore[arg-type]
+    else:
+        future.set_result(answer.result())
