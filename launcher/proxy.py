@@ -39,9 +39,9 @@ Coalescing (what a one-for-one forwarder cannot do; its rules are pure code in
   turn (every worker asking for the same key at once) still share one request. Per client, order
   is the root's: its requests go upstream in arrival order on the main connection, and a WAIT
   answer (served on a wait connection) is held until the main connection has answered a request
-  sent after the client's latest no-reply write (``_answer_wait``). Before issue 15 a
-  GET could join one sent long before, still queued behind large replies on the main connection,
-  and return a value older than a write another node had completed;
+  sent after the client's latest no-reply write (``proxyserver``'s ``_answer_wait``). Before
+  issue 15 a GET could join one sent long before, still queued behind large replies on the main
+  connection, and return a value older than a write another node had completed;
 * concurrent ADDs to one key are summed into one upstream ADD (group commit: while one ADD to a
   key is in flight, later ones accumulate); with root reply ``total`` for a batch of deltas
   ``d1..dn`` the i-th caller gets ``total - sum(d) + d1 + ... + di`` - distinct values, as if the
@@ -52,8 +52,8 @@ Keys used with QUEUE_* ops are never coalesced for WAIT (a queue push wakes one 
 A key first used as a queue by several workers' simultaneous blocking ``queue_pop`` (WAIT is the
 first thing the proxy sees of it) can still be merged once; a pop that follows such a shared
 wake-up and finds the queue empty is not answered but tried again until it gets an item (the root
-would have kept that worker waiting), see ``_pop_as_waiter``. If the worker gives up (its wait
-timeout) while such a retry is on its way, that one item is popped for nobody.
+would have kept that worker waiting), see ``proxyserver``'s ``_pop_as_waiter``. If the worker
+gives up (its wait timeout) while such a retry is on its way, that one item is popped for nobody.
 
 Threading: ``StoreProxy`` runs the asyncio loop on a background thread. Some torch client calls
 (``list_keys``, ``queue_len``, ``queue_pop``) hold the GIL while blocked on their socket: made in
@@ -71,9 +71,9 @@ a listen fd gets on 2.4-2.7, looks the key up with ``at`` and drops the connecti
 answers). When the main connection ends with one of them as its first unanswered request, its
 callers fail (each, straight to the root, would have lost its own connection: coalesced callers
 all arrived before it was sent) and the requests queued behind it, which the root never read,
-are sent again first on a new main connection (``Upstream._replayable``). Partial requests
-behave as at the root: the complete pairs of a MULTI_SET whose client died mid-request are
-stored. Any other upstream connection that breaks fails the requests in flight on it (their
+are sent again first on a new main connection (``proxyupstream.Upstream._replayable``). Partial
+requests behave as at the root: the complete pairs of a MULTI_SET whose client died mid-request
+are stored. Any other upstream connection that breaks fails the requests in flight on it (their
 clients' connections are closed, so torch raises naming the proxy's address); if the root cannot
 be reached again at once, every client connection is closed. New requests reconnect with backoff
 and jitter until ``timeout``. A client that disconnects has its waits dropped (and cancelled
