@@ -60,9 +60,12 @@ def classic_root():  # type: ignore[no-untyped-def]
     timeout = datetime.timedelta(seconds=5)
     try:
         root = dist.TCPStore(LOOPBACK, port, None, True, timeout, use_libuv=False, **common)
-    except TypeError:  # no use_libuv parameter: the classic server is the only one
+    except TypeError:  # no use_libuv parameter: before it, the classic server is the only one
         root = dist.TCPStore(LOOPBACK, port, None, True, timeout, **common)
-    assert not getattr(root, "libuvBackend", False), "asked for the classic store server"
+    if getattr(root, "libuvBackend", False):  # a release that dropped the classic server
+        import pytest
+
+        pytest.skip("this torch hosts no classic store server")
     return root
 
 
