@@ -12,7 +12,9 @@ that it sent after that request arrived (its contract). What follows from that r
 * ADD group commit (:func:`add_batch`, :func:`add_results`): one upstream ADD for the deltas of
   concurrent callers, each caller getting the result it would have had alone, in arrival order;
 * the culprit rule (:func:`dropped_for`): which request the root dropped the main connection for,
-  so that only its callers fail and the requests behind it are sent again.
+  so that only its callers fail and the requests behind it are sent again;
+* when a connection's no-reply writes are applied (:class:`AppliedMarks`), which a WAIT answer
+  waits for.
 
 The proxy keeps the futures and the connections; the objects here hold them as opaque values.
 """
@@ -184,6 +186,48 @@ class Joins(Generic[T]):
     def forget_wait(self, group: WaitGroup) -> None:
         if self.waits.get(group.keys) is group:
             del self.waits[group.keys]
+
+
+class AppliedMarks(Generic[T]):
+    """When a connection's no-reply requests (SET, APPEND, ...) are applied at the root.
+
+    The root answers a connection's requests in order, so the n-th answer proves that every
+    request sent before the n-th reply-bearing one was applied. A no-reply request queued now is
+    applied once ``answered`` reaches ``mark()``; what waits for that (``T``, opaque) is handed
+    back by :meth:`answer` when it does. A WAIT answer through the proxy, which comes on a
+    connection of its own, is held this way until the client's earlier writes are applied.
+    """
+
+    __slots__ = ("answered", "asked", "_waiting")
+
+    def __init__(self) -> None:
+        self.asked = 0  # reply-bearing requests sent since the connection opened
+        self.answered = 0
+        self._waiting: Dict[int, List[T]] = {}
+
+    def mark(self) -> int:
+        """The mark of a no-reply request queued now (after every request sent so far)."""
+        return self.asked + 1
+
+    def applied(self, mark: int) -> bool:
+        return self.answered >= mark
+
+    def needs_probe(self, mark: int) -> bool:
+        """No reply-bearing request follows the one marked: the connection must send one."""
+        return self.asked < mark
+
+    def wait(self, mark: int, item: T) -> None:
+        self._waiting.setdefault(mark, []).append(item)
+
+    def answer(self) -> List[T]:
+        """One more reply came: what waited for the mark it reaches."""
+        self.answered += 1
+        return self._waiting.pop(self.answered, [])
+
+    def drain(self) -> List[T]:
+        """The connection is lost: everything still waiting, released at once."""
+        waiting, self._waiting = self._waiting, {}
+        return [item for items in waiting.values() for item in items]
 
 
 def add_batch(deltas: Sequence[int]) -> int:

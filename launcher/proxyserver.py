@@ -755,7 +755,7 @@ class AsyncStoreProxy:
         request sent after the client's latest no-reply write (a PING if none follows).
         """
         unconfirmed = client.unconfirmed
-        if unconfirmed is None or unconfirmed[0].answered >= unconfirmed[1]:
+        if unconfirmed is None or unconfirmed[0].marks.applied(unconfirmed[1]):
             client.unconfirmed = None
             client.write(_STOP_WAITING_REPLY)
             return

@@ -16,9 +16,9 @@ import asyncio
 import collections
 import random
 import socket
-from typing import List, Optional, Protocol, Set, Tuple
+from typing import Callable, List, Optional, Protocol, Set, Tuple
 
-from npu_job.launcher.coalescing import Batch, dropped_for
+from npu_job.launcher.coalescing import AppliedMarks, Batch, dropped_for
 from npu_job.launcher.protocol import (
     BLOCKING_OPS,
     NO_REPLY_OPS,
@@ -102,11 +102,7 @@ class Upstream:
             collections.deque()
         )
         self._awaiting = 0  # entries of _pending with a future
-        # reply-bearing requests sent and answered since the connection opened (FIFO: the n-th
-        # answer proves every request sent before the n-th reply-bearing one was applied)
-        self.asked = 0
-        self.answered = 0
-        self._when_answered: dict[int, list] = {}
+        self.marks: AppliedMarks[Callable[[], None]] = AppliedMarks()
         self._out: list[bytes] = []
         self._flush_scheduled = False
         self._reader_task: asyncio.Task | None = None
@@ -189,30 +185,29 @@ class Upstream:
         future = asyncio.get_running_loop().create_future()
         self._pending.append((request, future))
         self._awaiting += 1
-        self.asked += 1
+        self.marks.asked += 1
         return future
 
     def applied_mark(self) -> int:
-        """After a no-reply request was queued: it is applied once ``answered`` reaches this."""
-        return self.asked + 1
+        """After a no-reply request was queued: the mark at which it is applied."""
+        return self.marks.mark()
 
-    def when_applied(self, mark: int, callback) -> None:  # type: ignore[no-untyped-def]
-        """Call ``callback()`` once ``answered >= mark`` (at once if so; on loss, at the loss)."""
-        if self.answered >= mark or self.closed:
+    def when_applied(self, mark: int, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once ``mark`` is applied (at once if so; on loss, at the loss)."""
+        if self.marks.applied(mark) or self.closed:
             callback()
             return
-        if self.asked < mark:  # nothing with a reply follows: ask something cheap
+        if self.marks.needs_probe(mark):  # nothing with a reply follows: ask something cheap
             probe = (
                 Request(Op.PING, number=0)
                 if Op.PING in self._proxy.dialect
                 else Request(Op.GETNUMKEYS)
             )
             self.send(probe)
-        self._when_answered.setdefault(mark, []).append(callback)
+        self.marks.wait(mark, callback)
 
     def _answered_one(self) -> None:
-        self.answered += 1
-        for callback in self._when_answered.pop(self.answered, ()):
+        for callback in self.marks.answer():
             callback()
 
     def _flush(self) -> None:
@@ -288,10 +283,8 @@ class Upstream:
                     future.set_exception(lost)
                     future.exception()  # mark retrieved; joiners still see it
             self._awaiting = 0
-            waiting, self._when_answered = self._when_answered, {}
-            for callbacks in waiting.values():
-                for callback in callbacks:
-                    callback()
+            for callback in self.marks.drain():
+                callback()
             if was_open:
                 self._proxy.on_upstream_lost(self)
 

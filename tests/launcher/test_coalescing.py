@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from npu_job.launcher.coalescing import (
+    AppliedMarks,
     Batch,
     Joins,
     WaitGroup,
@@ -133,3 +134,24 @@ def test_no_request_is_blamed_when_the_first_owed_one_cannot_fail_at_the_root():
     assert dropped_for(_pending((Op.CHECK, True), (Op.ADD, True))) is None
     assert dropped_for(_pending((Op.SET, False))) is None
     assert dropped_for([]) is None
+
+
+def test_a_no_reply_write_is_applied_once_a_request_sent_after_it_is_answered():
+    marks: AppliedMarks[str] = AppliedMarks()
+    marks.asked += 1  # a GET in flight
+    set_mark = marks.mark()  # then a SET (no reply): applied after the next reply-bearing one
+    assert not marks.applied(set_mark) and marks.needs_probe(set_mark)
+    marks.wait(set_mark, "release the WAIT answer")
+    marks.asked += 1  # a request with a reply follows the SET: no probe needed
+    assert not marks.needs_probe(set_mark)
+    assert marks.answer() == []  # the GET's reply proves only what went before it
+    assert marks.answer() == ["release the WAIT answer"]
+    assert marks.applied(set_mark)
+
+
+def test_a_lost_connection_releases_everything_waiting_for_a_mark():
+    marks: AppliedMarks[str] = AppliedMarks()
+    marks.wait(marks.mark(), "a")
+    marks.wait(marks.mark() + 1, "b")
+    assert sorted(marks.drain()) == ["a", "b"]
+    assert marks.drain() == []
