@@ -17,7 +17,7 @@ import enum
 import struct
 import types
 from dataclasses import dataclass
-from typing import Mapping, Union
+from typing import List, Mapping, Optional, Tuple, Union
 
 VALIDATION_MAGIC = 0x3C85F7CE
 
@@ -91,7 +91,7 @@ class Dialect:
 
     name: str
     opcodes: Mapping[Op, int]
-    ops_by_byte: tuple[Op | None, ...]
+    ops_by_byte: Tuple[Optional[Op], ...]
 
     def __contains__(self, op: object) -> bool:
         return op in self.opcodes
@@ -129,7 +129,7 @@ def make_dialect(
         raise ValueError("a store without VALIDATE (torch 2.1) knows no later request either")
     shift = 0 if validate else 1
     opcodes = {op: int(op) - shift for op in sorted(ops)}
-    by_byte: list[Op | None] = [None] * 256
+    by_byte: List[Optional[Op]] = [None] * 256
     for op, byte in opcodes.items():
         by_byte[byte] = op
     missing = [op.name for op in Op if op not in opcodes]
@@ -156,8 +156,8 @@ class Request:
     """
 
     op: Op
-    keys: tuple[bytes, ...] = ()
-    values: tuple[bytes, ...] = ()
+    keys: Tuple[bytes, ...] = ()
+    values: Tuple[bytes, ...] = ()
     number: int = 0
 
 
@@ -166,10 +166,10 @@ class QueuePopReply:
     """QUEUE_POP answers the queue length before the pop, then the value if it was > 0."""
 
     length: int
-    value: bytes | None = None
+    value: Optional[bytes] = None
 
 
-ReplyValue = Union[None, int, bytes, tuple[bytes, ...], QueuePopReply]
+ReplyValue = Union[None, int, bytes, Tuple[bytes, ...], QueuePopReply]
 
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
@@ -247,7 +247,7 @@ class _Incomplete(Exception):
 class _Cursor:
     __slots__ = ("buf", "pos")
 
-    def __init__(self, buf: bytes | bytearray | memoryview, pos: int) -> None:
+    def __init__(self, buf: Union[bytes, bytearray, memoryview], pos: int) -> None:
         self.buf = buf
         self.pos = pos
 
@@ -282,8 +282,8 @@ class _Cursor:
 
 
 def _key(
-    buf: bytes | bytearray | memoryview, pos: int, limit: int = MAX_KEY_LEN, what: str = "key"
-) -> tuple[bytes, int]:
+    buf: Union[bytes, bytearray, memoryview], pos: int, limit: int = MAX_KEY_LEN, what: str = "key"
+) -> Tuple[bytes, int]:
     if pos + 8 > len(buf):
         raise _Incomplete
     (size,) = _U64.unpack_from(buf, pos)
@@ -296,18 +296,20 @@ def _key(
         return bytes(view[start:end]), end
 
 
-def _payload(buf: bytes | bytearray | memoryview, pos: int) -> tuple[bytes, int]:
+def _payload(buf: Union[bytes, bytearray, memoryview], pos: int) -> Tuple[bytes, int]:
     return _key(buf, pos, MAX_PAYLOAD_LEN, "value")
 
 
-def _number(buf: bytes | bytearray | memoryview, pos: int, fmt: struct.Struct) -> tuple[int, int]:
+def _number(
+    buf: Union[bytes, bytearray, memoryview], pos: int, fmt: struct.Struct
+) -> Tuple[int, int]:
     end = pos + fmt.size
     if end > len(buf):
         raise _Incomplete
     return fmt.unpack_from(buf, pos)[0], end
 
 
-def _keys(buf: bytes | bytearray | memoryview, pos: int) -> tuple[tuple[bytes, ...], int]:
+def _keys(buf: Union[bytes, bytearray, memoryview], pos: int) -> Tuple[Tuple[bytes, ...], int]:
     count, pos = _number(buf, pos, _U64)
     if count > MAX_KEY_COUNT:
         raise ProtocolError(f"{count} keys exceed the server limit of {MAX_KEY_COUNT}")
@@ -325,8 +327,8 @@ _BARE = frozenset({Op.GETNUMKEYS, Op.CANCEL_WAIT, Op.LIST_KEYS})
 
 
 def decode_request(
-    buf: bytes | bytearray | memoryview, pos: int = 0, dialect: Dialect = NEWEST
-) -> tuple[Request, int] | None:
+    buf: Union[bytes, bytearray, memoryview], pos: int = 0, dialect: Dialect = NEWEST
+) -> Optional[Tuple[Request, int]]:
     """Decode one request at ``buf[pos:]``; None if incomplete, else (request, next pos)."""
     if pos >= len(buf):
         return None
@@ -381,8 +383,8 @@ def decode_request(
 
 
 def complete_multi_set_prefix(
-    buf: bytes | bytearray | memoryview, dialect: Dialect = NEWEST
-) -> Request | None:
+    buf: Union[bytes, bytearray, memoryview], dialect: Dialect = NEWEST
+) -> Optional[Request]:
     """The complete key/value pairs at the start of a MULTI_SET cut short (its client died).
 
     The stock server stores each pair of a MULTI_SET as it parses it, so a client that vanishes
@@ -391,8 +393,8 @@ def complete_multi_set_prefix(
     """
     if not buf or dialect.ops_by_byte[buf[0]] != Op.MULTI_SET:
         return None
-    keys: list[bytes] = []
-    values: list[bytes] = []
+    keys: List[bytes] = []
+    values: List[bytes] = []
     try:
         count, pos = _number(buf, 1, _U64)
         for _ in range(min(count, MAX_KEY_COUNT)):
@@ -405,7 +407,7 @@ def complete_multi_set_prefix(
     return Request(Op.MULTI_SET, tuple(keys), tuple(values)) if keys else None
 
 
-def _skip_strings(buf: bytes | bytearray | memoryview, pos: int, count: int) -> int | None:
+def _skip_strings(buf: Union[bytes, bytearray, memoryview], pos: int, count: int) -> Optional[int]:
     """Where ``count`` length-prefixed strings starting at ``pos`` end; None if they are not all
     in ``buf`` yet. Reads only the lengths: checking a reply that arrives in many reads costs
     O(strings) per read, never a copy of the values already there."""
@@ -416,7 +418,9 @@ def _skip_strings(buf: bytes | bytearray | memoryview, pos: int, count: int) -> 
     return pos if pos <= len(buf) else None
 
 
-def reply_complete(request: Request, buf: bytes | bytearray | memoryview, pos: int = 0) -> bool:
+def reply_complete(
+    request: Request, buf: Union[bytes, bytearray, memoryview], pos: int = 0
+) -> bool:
     """Whether the whole reply to ``request`` is in ``buf[pos:]`` (cheap; no value is copied)."""
     op = request.op
     if op in (Op.GET, Op.COMPARE_SET):
@@ -435,7 +439,7 @@ def reply_complete(request: Request, buf: bytes | bytearray | memoryview, pos: i
     return True  # fixed-size replies: decode_reply checks them at no cost
 
 
-def _check_multi_set_prefix(buf: bytes | bytearray | memoryview, pos: int, count: int) -> None:
+def _check_multi_set_prefix(buf: Union[bytes, bytearray, memoryview], pos: int, count: int) -> None:
     """Refuse an oversize key or value of an incomplete MULTI_SET as soon as its length is in."""
     for index in range(2 * count):
         if pos + 8 > len(buf):
@@ -448,8 +452,8 @@ def _check_multi_set_prefix(buf: bytes | bytearray | memoryview, pos: int, count
 
 
 def decode_reply(
-    request: Request, buf: bytes | bytearray | memoryview, pos: int = 0
-) -> tuple[ReplyValue, int] | None:
+    request: Request, buf: Union[bytes, bytearray, memoryview], pos: int = 0
+) -> Optional[Tuple[ReplyValue, int]]:
     """Decode the reply to ``request`` at ``buf[pos:]``; None if incomplete."""
     op = request.op
     if not reply_complete(request, buf, pos):
@@ -481,7 +485,9 @@ def decode_reply(
     return value, cur.pos
 
 
-def decode_wait_byte(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int, int] | None:
+def decode_wait_byte(
+    buf: Union[bytes, bytearray, memoryview], pos: int = 0
+) -> Optional[Tuple[int, int]]:
     """A WAIT/BARRIER/CANCEL_WAIT connection answers single bytes: (byte, next pos) or None."""
     if pos >= len(buf):
         return None

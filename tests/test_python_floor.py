@@ -203,6 +203,31 @@ def test_render_runs_on_the_floor_python(tmp_path, floor_python):
         assert streams[1] == streams[0], example.name
 
 
+@pytest.mark.torch
+def test_the_store_proxy_relays_torch_clients_on_the_floor_python(tmp_path, floor_python):
+    """npu-run's store proxy runs on images whose python is the floor (torch 2.1-2.4 ship for
+    3.8): under that interpreter, with no torch (the newest protocol), it relays this torch's
+    clients to this torch's root."""
+    pytest.importorskip("torch")
+    from tests.launcher.proxy_support import ProxyProcess, tcp_store
+
+    stage = stage_package(tmp_path / "site")
+    root = tcp_store(0, master=True)
+    proxy = ProxyProcess(
+        root.port, python=floor_python, dialect="newest", env=_pod_env(stage), cwd=str(tmp_path)
+    )
+    try:
+        client = tcp_store(proxy.port)
+        client.set("key", "through a 3.8 proxy")
+        assert root.get("key") == b"through a 3.8 proxy"
+        assert client.add("counter", 2) == 2 and root.add("counter", 1) == 3
+        client.wait(["key"])
+        assert client.compare_set("key", "through a 3.8 proxy", "swapped") == b"swapped"
+        del client
+    finally:
+        assert proxy.stop() == 0
+
+
 def test_ruff_targets_the_floor():
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     assert re.search(r'^target-version = "py(\d)(\d+)"$', text, re.M).groups() == tuple(

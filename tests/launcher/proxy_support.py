@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Mapping, Optional
 
 from .rootsocket import established_connections, root_listen_socket  # noqa: F401
 
@@ -79,11 +80,17 @@ class ProxyProcess:
         timeout: float = 10.0,
         wait_connections: int = 2,
         loop: str = "auto",
+        python: str = sys.executable,
+        dialect: str = "torch",
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
     ) -> None:
-        """``loop``: the proxy's event loop (``NPU_JOB_PROXY_LOOP``: auto, asyncio or uvloop)."""
+        """``loop``: the proxy's event loop (``NPU_JOB_PROXY_LOOP``: auto, asyncio or uvloop);
+        ``python``, ``dialect``, ``env`` (instead of this process's environment) and ``cwd``:
+        another interpreter and install, which need not have torch with ``dialect="newest"``."""
         self.proc = subprocess.Popen(
             [
-                sys.executable,
+                python,
                 "-m",
                 "npu_job.launcher.proxy",
                 f"{LOOPBACK}:{upstream_port}",
@@ -92,12 +99,13 @@ class ProxyProcess:
                 "--wait-connections",
                 str(wait_connections),
                 "--dialect",
-                "torch",
-            ],  # the installed torch's store protocol, as npu-run runs it
+                dialect,
+            ],  # "torch": the installed torch's store protocol, as npu-run runs it
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, "NPU_JOB_PROXY_LOOP": loop},
+            env={**(os.environ if env is None else env), "NPU_JOB_PROXY_LOOP": loop},
+            cwd=cwd,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
