@@ -30,7 +30,14 @@ import time
 import uuid
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
-from npu_job.errors import EXIT_INTERNAL, EXIT_USAGE, LaunchError, NpuJobError, report_error
+from npu_job.errors import (
+    EXIT_INTERNAL,
+    EXIT_USAGE,
+    LaunchError,
+    NpuJobError,
+    print_error,
+    report_error,
+)
 from npu_job.logs import setup_logging
 
 from . import noderank
@@ -407,19 +414,19 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         _recorded_launch()(config, cmd, cmd_args)
         return 0
     except ChildFailedError as failed:
-        print(f"{PROG}: error: {type(failed).__name__}:{failed}", file=sys.stderr)
+        print_error(f"{type(failed).__name__}:{failed}", PROG)
         found = rendezvous.last_verdict()
         if found is not None:
-            print(f"{PROG}: error: {verdict.line(found)}", file=sys.stderr)
+            print_error(verdict.line(found), PROG)
         return EXIT_WORKERS_FAILED
     except JobStopped as stopped:
-        print(f"{PROG}: error: {verdict.line(stopped.verdict)}", file=sys.stderr)
+        print_error(verdict.line(stopped.verdict), PROG)
         return LaunchError.exit_code
     except RendezvousError as error:
         found = rendezvous.last_verdict()
         if found is not None:  # the watch knew why before the rendezvous failed
             logger.info("rendezvous failed: %s", error)
-            print(f"{PROG}: error: {verdict.line(found)}", file=sys.stderr)
+            print_error(verdict.line(found), PROG)
             return LaunchError.exit_code
         raise LaunchError(f"rendezvous failed: {error}") from None
     except SignalException as caught:
@@ -444,7 +451,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return run(args, os.environ)
     except UsageError as error:
         parser.print_usage(sys.stderr)
-        print(f"{PROG}: error: {error}", file=sys.stderr)
+        print_error(str(error), PROG)
         return EXIT_USAGE
     except NpuJobError as error:
         return report_error(error, PROG)

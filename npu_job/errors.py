@@ -154,9 +154,14 @@ class MissingExtraError(NpuJobError):
     exit_code = 9
 
 
+def print_error(message: str, prog: str) -> None:
+    """The one shape of an error line on stderr: ``PROG: error: MESSAGE`` (as argparse's)."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+
+
 def report_error(error: NpuJobError, prog: str) -> int:
     """Print ``error`` as one line (plus ``TIP:``) on stderr and return its exit code."""
-    print(f"{prog}: error: {error.message}", file=sys.stderr)
+    print_error(error.message, prog)
     if error.tip:
         print(f"TIP: {error.tip}", file=sys.stderr)
     return error.exit_code

@@ -214,11 +214,11 @@ def _write_picture(args: argparse.Namespace) -> None:
 def _usage_error(args: argparse.Namespace, message: str) -> int:
     """argparse's own usage error (usage line, then ``npu-job demo: error: MESSAGE``), exit code 2,
     for flag combinations no single flag's type can reject; returned like any other usage error."""
-    from npu_job.errors import EXIT_USAGE
+    from npu_job.errors import EXIT_USAGE, print_error
 
     parser: argparse.ArgumentParser = args._demo_parser
     parser.print_usage(sys.stderr)
-    sys.stderr.write(f"{parser.prog}: error: {message}\n")
+    print_error(message, parser.prog)
     return EXIT_USAGE
 
 
