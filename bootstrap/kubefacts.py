@@ -31,6 +31,8 @@ from npu_job.bootstrap.kubeobjects import (
     string_map,
 )
 
+from npu_job.parsing import count_from_text
+
 # Extended resources that count a pod's accelerators (device plugins' resource names): NVIDIA's
 # and AMD's GPU plugins, and the Ascend plugins (huawei.com/ascend-1980 on CCE, huawei.com/Ascend910
 # and friends in MindCluster).
@@ -258,12 +260,10 @@ def _devices_fast(amounts: Dict[Any, Any]) -> Optional[Tuple[int, bool]]:
         if not accelerator:
             continue
         listed = True
-        if type(value) is str and value.isdigit() and value.isascii() and len(value) <= 9:
-            total += int(value)
-        elif type(value) is int and value >= 0:
-            total += value
-        else:
+        count = _quantity_count(value)
+        if count is None:
             return None
+        total += count
     return total, listed
 
 
@@ -325,8 +325,17 @@ def _accelerators(spec: Mapping[str, Any], source: str, path: str) -> int:
 
 def _device_count(value: Any, source: str, path: str) -> int:
     """A device quantity: a whole number, written as a number or as a string (``"8"``)."""
-    if type(value) is int and value >= 0:
-        return value
-    if type(value) is str and value.isdigit() and value.isascii() and len(value) <= 9:
-        return int(value)
-    fail(source, path, "a whole number of devices", value)
+    count = _quantity_count(value)
+    if count is None:
+        fail(source, path, "a whole number of devices", value)
+    return count
+
+
+DEVICE_DIGITS = 9  # a node's device quantity: far below 10**9
+
+
+def _quantity_count(value: Any) -> Optional[int]:
+    """A device quantity as a count: an int >= 0, or its ASCII digits (``"8"``); else None."""
+    if type(value) is int:
+        return value if value >= 0 else None
+    return count_from_text(value, DEVICE_DIGITS) if type(value) is str else None

@@ -16,11 +16,11 @@ MAX_COUNT_DIGITS = 18  # every count and index npu-job reads is far below 10**18
 COUNT_LIMIT = 10**MAX_COUNT_DIGITS
 
 
-def count_from_text(text: str) -> Optional[int]:
+def count_from_text(text: str, max_digits: int = MAX_COUNT_DIGITS) -> Optional[int]:
     """The value of ``text`` if it is a count: ASCII digits spelling a number below
-    :data:`COUNT_LIMIT` (leading zeros allowed); else None."""
+    ``10**max_digits`` (:data:`COUNT_LIMIT` by default; leading zeros allowed); else None."""
     significant = text.lstrip("0")
-    if len(significant) <= MAX_COUNT_DIGITS and text.isdigit() and text.isascii():
+    if len(significant) <= max_digits and text.isdigit() and text.isascii():
         return int(significant or "0")
     return None
 

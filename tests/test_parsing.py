@@ -66,3 +66,11 @@ def test_seconds_are_what_float_reads_within_the_bound_and_never_nan(
 
 def test_infinite_seconds_mean_no_limit() -> None:
     assert seconds_from_text("inf", zero_ok=False) == math.inf
+
+
+@pytest.mark.parametrize(
+    "text, expected", [("8", 8), ("008", 8), ("999999999", 999999999), ("1000000000", None)]
+)
+def test_a_narrower_count_takes_fewer_digits(text: str, expected) -> None:
+    """A device quantity is read by the same reader, below 10**9."""
+    assert count_from_text(text, max_digits=9) == expected

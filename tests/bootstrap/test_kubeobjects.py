@@ -171,3 +171,21 @@ def test_the_continue_token_of_a_page():
     assert list_continue({"metadata": {"continue": "abc"}}) == "abc"
     assert list_continue({"metadata": {"continue": ""}}) is None
     assert list_continue({"metadata": {}}) is None and list_continue([]) is None
+
+
+@pytest.mark.parametrize(
+    "quantity, expected",
+    [("8", 8), (8, 8), ("0008", 8), ("²", None), ("8 ", None), ("1000000000", None), (-1, None)],
+)
+def test_a_pods_accelerator_quantity_is_a_count_below_a_billion(quantity, expected):
+    """Read either way by npu_job.parsing's count reader: ASCII digits only (``"²"`` is a digit
+    to ``int()``), or a non-negative JSON integer; anything else names the field."""
+    resources = {"limits": {"nvidia.com/gpu": quantity}, "requests": {"nvidia.com/gpu": quantity}}
+    pod = _damaged(POD, ("spec", "containers", 0, "resources"), resources)
+    obj = KubeObject("Pod", "items[0]", pod)
+    for read in (lambda o: read_pods([o], "s")[0], lambda o: kubefacts._pod_checked(o, "s")):
+        outcome = _outcome(read, obj)
+        if expected is None:
+            assert outcome[0] == "error" and "nvidia.com/gpu" in outcome[1], outcome
+        else:
+            assert outcome == ("ok", outcome[1]) and outcome[1].accelerators == expected
