@@ -26,6 +26,13 @@ def _ours(pid: int) -> list:
     return [line.split()[0] for line in listed.splitlines() if line.startswith(f"npjfab{pid}-")]
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT at its default in the child, so that Python turns it into KeyboardInterrupt: a
+    suite started in the background of a non-interactive shell (`.ci/run &`) inherits it ignored,
+    and Python then leaves it ignored (the benchmark ran on through a Ctrl-C, as nohup asks)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.netns
 @pytest.mark.torch
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -36,6 +43,7 @@ def test_ctrl_c_while_measuring_removes_every_namespace_process_and_file(tmp_pat
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
+        preexec_fn=_ctrl_c_as_in_a_terminal,
     )
     seen = []
     try:
