@@ -74,7 +74,10 @@ all arrived before it was sent) and the requests queued behind it, which the roo
 are sent again first on a new main connection (``proxyupstream.Upstream._replayable``). Partial
 requests behave as at the root: the complete pairs of a MULTI_SET whose client died mid-request
 are stored. Any other upstream connection that breaks fails the requests in flight on it (their
-clients' connections are closed, so torch raises naming the proxy's address); if the root cannot
+clients' connections are closed, so torch raises naming the proxy's address), and a main one also
+closes the clients whose no-reply writes (SET, APPEND, ...) went on it unconfirmed: the root may
+never have read them, and straight to the root such a client's own connection broke (kept open,
+its next read would miss its own write on the new connection); if the root cannot
 be reached again at once, every client connection is closed. New requests reconnect with backoff
 and jitter until ``timeout``. A client that disconnects has its waits dropped (and cancelled
 upstream with CANCEL_WAIT when no other local worker shares them), so the proxy survives worker

@@ -427,11 +427,30 @@ class AsyncStoreProxy:
         )
         if conn is self._main:
             self._main = None
+        if conn.kind == "main" and not conn.writes_kept:
+            self._close_writers_in_doubt(conn)
         if conn in self._wait_pool:
             self._wait_pool.discard(conn)
             if conn in self._idle_wait:
                 self._idle_wait.remove(conn)
         self.spawn(self._probe_root())
+
+    def _close_writers_in_doubt(self, conn: Upstream) -> None:
+        """Close the clients whose no-reply writes (SET, APPEND, ...) went on ``conn`` and are not
+        known to be applied: the root may never have read them. Straight to the root, such a
+        client's own connection broke, and torch raises on its next call; kept open, its next
+        read would go on a new connection and could miss its own write."""
+        for client in list(self._clients.values()):
+            unconfirmed = client.unconfirmed
+            if unconfirmed is None or unconfirmed[0] is not conn:
+                continue
+            client.unconfirmed = None
+            if not conn.marks.applied(unconfirmed[1]):
+                logger.warning(
+                    "store proxy: closing client %d: its writes went with the lost connection",
+                    client.id,
+                )
+                client.abort()
 
     async def _probe_root(self) -> None:
         """After a broken connection: if the root is gone, close every client so none hangs."""

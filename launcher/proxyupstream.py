@@ -107,6 +107,9 @@ class Upstream:
         self._flush_scheduled = False
         self._reader_task: asyncio.Task | None = None
         self.closed = False
+        # lost after the root dropped it for one request, the rest sent again (_replayable): every
+        # no-reply write sent on it is applied or on its way again
+        self.writes_kept = False
         self.batch = Batch()  # what send queues now: unsent until _flush (the proxy's contract)
 
     async def open(self, deadline: float) -> None:
@@ -276,6 +279,7 @@ class Upstream:
             )
             replay = self._replayable(error)
             if replay is not None:
+                self.writes_kept = True
                 self._proxy.replay_later(replay)
             while self._pending:
                 _, future = self._pending.popleft()
@@ -283,10 +287,10 @@ class Upstream:
                     future.set_exception(lost)
                     future.exception()  # mark retrieved; joiners still see it
             self._awaiting = 0
+            if was_open:  # before the held WAIT answers go: it closes clients whose writes it lost
+                self._proxy.on_upstream_lost(self)
             for callback in self.marks.drain():
                 callback()
-            if was_open:
-                self._proxy.on_upstream_lost(self)
 
     def _replayable(
         self, error: BaseException | None

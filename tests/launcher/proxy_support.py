@@ -149,3 +149,73 @@ class ProxyProcess:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+class CuttableRelay:
+    """A TCP relay in front of a root, as a network path that can break: ``hold()`` makes the
+    bytes clients send on the connections open now go nowhere, ``cut()`` closes those
+    connections (both ways, a FIN each); connections made afterwards are relayed whole."""
+
+    def __init__(self, upstream_port: int) -> None:
+        import socket
+        import threading
+
+        self._upstream_port = upstream_port
+        self._listener = socket.create_server((LOOPBACK, 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._pairs: list = []  # [client side, root side], the connections open now
+        self._held: set = set()  # client sides whose bytes go nowhere
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                near, _ = self._listener.accept()
+            except OSError:
+                return
+            far = socket.create_connection((LOOPBACK, self._upstream_port))
+            with self._lock:
+                self._pairs.append((near, far))
+            for source, sink in ((near, far), (far, near)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source, sink) -> None:  # type: ignore[no-untyped-def]
+        while True:
+            try:
+                data = source.recv(1 << 16)
+                if not data:
+                    break
+                if source not in self._held:
+                    sink.sendall(data)
+            except OSError:
+                break
+        self._close(source, sink)
+
+    @staticmethod
+    def _close(*sockets) -> None:  # type: ignore[no-untyped-def]
+        import socket
+
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def hold(self) -> None:
+        with self._lock:
+            self._held.update(near for near, _ in self._pairs)
+
+    def cut(self) -> None:
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for near, far in pairs:
+            self._close(near, far)
+
+    def close(self) -> None:
+        self._listener.close()
+        self.cut()

@@ -23,7 +23,13 @@ from npu_job.launcher import torchcompat
 from npu_job.launcher.protocol import VALIDATION_MAGIC, Op, Request, encode_request
 from npu_job.launcher.storeclient import RawStoreClient
 
-from tests.launcher.proxy_support import LOOPBACK, ProxyProcess, classic_root, tcp_store
+from tests.launcher.proxy_support import (
+    LOOPBACK,
+    CuttableRelay,
+    ProxyProcess,
+    classic_root,
+    tcp_store,
+)
 from tests.launcher.torch_features import store_errors
 
 torch_dist = pytest.importorskip("torch.distributed")
@@ -566,4 +572,43 @@ def _write_then_wait_scenario(port: int, root, proxy: ProxyProcess | None = None
 def test_a_wait_answered_after_a_write_means_the_write_is_applied(loop):
     expected, actual = _both_worlds(loop, _write_then_wait_scenario)
     assert expected == b"new"
+    assert actual == expected
+
+
+def _write_lost_on_a_broken_path(client_port: int, relay: CuttableRelay, root) -> object:
+    """A worker's SET (no reply) leaves, the network path to the root breaks before the root has
+    read it, and a new path works at once; the worker then asks whether its key exists."""
+    writer = _raw(client_port)
+    writer.call(Request(Op.GETNUMKEYS))  # connected all the way to the root
+    relay.hold()
+    writer.send(Request(Op.SET, (b"/mine",), (b"v",)))
+    time.sleep(0.3)  # the SET is on its way (through the proxy: on the proxy's main connection)
+    relay.cut()
+    time.sleep(0.5)  # through the proxy: it has seen the loss and reconnected
+    outcome = _raw_outcome(lambda: writer.call(Request(Op.CHECK, (b"/mine",))))
+    writer.close()
+    return {"failed": isinstance(outcome, tuple), "root has it": root.check(["mine"])}
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_write_lost_with_a_broken_connection_fails_its_client_as_at_the_root(loop):
+    """Straight to the root the worker's own connection broke, so its next call raises; through
+    the proxy it must too (its SET went with the proxy's connection), not answer from a new
+    connection as if the write had been applied."""
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    results = []
+    for proxied in (False, True):
+        root = tcp_store(0, master=True)
+        relay = CuttableRelay(root.port)
+        try:
+            if proxied:
+                with ProxyProcess(relay.port, loop=loop) as proxy:
+                    results.append(_write_lost_on_a_broken_path(proxy.port, relay, root))
+            else:
+                results.append(_write_lost_on_a_broken_path(relay.port, relay, root))
+        finally:
+            relay.close()
+    expected, actual = results
+    assert expected == {"failed": True, "root has it": False}
     assert actual == expected
