@@ -97,6 +97,7 @@ import socket
 import sys
 import threading
 from collections.abc import Mapping
+from typing import List, Optional
 
 from npu_job.launcher.protocol import NEWEST, Dialect
 from npu_job.launcher.proxyserver import (
@@ -190,9 +191,9 @@ class StoreProxy:
             wait_connections=wait_connections,
             dialect=dialect,
         )
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._port: int | None = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self._port: Optional[int] = None
         self._lock = threading.Lock()
         self._stopped = False
 
@@ -255,7 +256,7 @@ class StoreProxy:
             self._port = sock.getsockname()[1]
             loop = new_event_loop()
             started = threading.Event()
-            failure: list[BaseException] = []
+            failure: List[BaseException] = []
 
             def run() -> None:
                 asyncio.set_event_loop(loop)
@@ -313,7 +314,7 @@ class StoreProxy:
         self.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     """``python -m npu_job.launcher.proxy HOST:PORT``: serve one proxy (tests, debugging).
 
     Prints ``{"version": 1, "port": N}`` once listening; then each ``stats`` line on stdin

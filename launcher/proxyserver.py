@@ -21,6 +21,7 @@ import socket
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Set, Tuple, Union
 
 from npu_job.launcher.coalescing import (
     Joins,
@@ -101,19 +102,19 @@ class _Client(asyncio.BufferedProtocol):
     def __init__(self, proxy: AsyncStoreProxy) -> None:
         self.id = next(self._ids)
         self.proxy = proxy
-        self.transport: asyncio.Transport | None = None
-        self.wait: WaitGroup[_Client] | None = None
-        self.barrier: tuple[Upstream, asyncio.Future] | None = None
+        self.transport: Optional[asyncio.Transport] = None
+        self.wait: Optional[WaitGroup[_Client]] = None
+        self.barrier: Optional[Tuple[Upstream, asyncio.Future]] = None
         # keys of the WAIT just answered, when one upstream answer woke several local waiters
-        self.woken_with_others: tuple[bytes, ...] | None = None
+        self.woken_with_others: Optional[Tuple[bytes, ...]] = None
         # its latest no-reply write on the main connection: (connection, applied mark)
-        self.unconfirmed: tuple[Upstream, int] | None = None
-        self.stop_held: object | None = None  # a WAIT answer held until that write is applied
+        self.unconfirmed: Optional[Tuple[Upstream, int]] = None
+        self.stop_held: Optional[object] = None  # a WAIT answer held until that write is applied
         self._buf = bytearray()
         self._validated = not proxy.dialect.validates  # torch 2.1 clients send no VALIDATE
         self._blocked = False
         self._refused = False
-        self._replies: collections.deque[tuple[Op, object]] = collections.deque()
+        self._replies: collections.deque[Tuple[Op, object]] = collections.deque()
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -139,7 +140,7 @@ class _Client(asyncio.BufferedProtocol):
         if pos < nbytes:
             self._buf += data[pos:]
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def connection_lost(self, exc: Optional[Exception]) -> None:
         if self._buf and self._validated and not self._refused and not self._blocked:
             # as the root does: the complete pairs of a MULTI_SET cut short are stored
             partial = complete_multi_set_prefix(self._buf, self.proxy.dialect)
@@ -153,7 +154,7 @@ class _Client(asyncio.BufferedProtocol):
         if pos:
             del self._buf[:pos]
 
-    def _consume(self, buf: bytearray | memoryview) -> int:
+    def _consume(self, buf: Union[bytearray, memoryview]) -> int:
         """Handle the whole requests at the start of ``buf``; returns where the rest begins."""
         pos = 0
         proxy = self.proxy
@@ -289,21 +290,21 @@ class AsyncStoreProxy:
         self.wait_connections = wait_connections
         self.dialect = dialect
         self.counters = Counters()
-        self.upstream_open: set[Upstream] = set()
-        self._server: asyncio.AbstractServer | None = None
-        self._clients: dict[int, _Client] = {}
-        self._main: Upstream | None = None
-        self._main_opening: asyncio.Future | None = None
-        self._idle_wait: list[Upstream] = []
-        self._wait_pool: set[Upstream] = set()
+        self.upstream_open: Set[Upstream] = set()
+        self._server: Optional[asyncio.AbstractServer] = None
+        self._clients: Dict[int, _Client] = {}
+        self._main: Optional[Upstream] = None
+        self._main_opening: Optional[asyncio.Future] = None
+        self._idle_wait: List[Upstream] = []
+        self._wait_pool: Set[Upstream] = set()
         self._wait_opening = 0
         self._queued: collections.deque[WaitGroup[_Client]] = collections.deque()
         self._joins: Joins[asyncio.Future] = Joins()
-        self._add_busy: set[bytes] = set()
-        self._add_next: dict[bytes, list[tuple[int, asyncio.Future]]] = {}
-        self._tasks: set[asyncio.Task] = set()
-        self._spare_barrier_conns: list[Upstream] = []
-        self._replay: list[tuple[Request, asyncio.Future | None]] = []
+        self._add_busy: Set[bytes] = set()
+        self._add_next: Dict[bytes, List[Tuple[int, asyncio.Future]]] = {}
+        self._tasks: Set[asyncio.Task] = set()
+        self._spare_barrier_conns: List[Upstream] = []
+        self._replay: List[Tuple[Request, Optional[asyncio.Future]]] = []
         self.scratch = memoryview(bytearray(READ_CHUNK))  # every client's reads (see _Client)
         self._closing = False
 
@@ -396,7 +397,7 @@ class AsyncStoreProxy:
     def closing(self) -> bool:
         return self._closing
 
-    def replay_later(self, requests: list[tuple[Request, asyncio.Future | None]]) -> None:
+    def replay_later(self, requests: List[Tuple[Request, Optional[asyncio.Future]]]) -> None:
         """Requests a dropped main connection never delivered: first on the next main one."""
         self._replay.extend(requests)
 
@@ -536,7 +537,7 @@ class AsyncStoreProxy:
                 pass
         self.spawn(send())
 
-    def handle(self, client: _Client, request: Request) -> asyncio.Future[object] | None:
+    def handle(self, client: _Client, request: Request) -> Optional[asyncio.Future[object]]:
         """Act on one client request; returns an awaitable to retry after if it cannot go yet."""
         op = request.op
         woken_with_others, client.woken_with_others = client.woken_with_others, None
@@ -549,7 +550,9 @@ class AsyncStoreProxy:
                 client.unconfirmed = (main, main.applied_mark())
             try:
                 if op == Op.QUEUE_POP and woken_with_others == request.keys:
-                    future: asyncio.Future | None = self.spawn(self._pop_as_waiter(client, request))
+                    future: Optional[asyncio.Future] = self.spawn(
+                        self._pop_as_waiter(client, request)
+                    )
                 else:
                     future = self._submit(main, request)
             except UpstreamLost as exc:
@@ -575,7 +578,7 @@ class AsyncStoreProxy:
 
     # ------------------------------------------------------------ non-blocking requests
 
-    def _submit(self, main: Upstream, request: Request) -> asyncio.Future | None:
+    def _submit(self, main: Upstream, request: Request) -> Optional[asyncio.Future]:
         """Send (or join) ``request`` on the main connection; the reply's future, None if no reply.
 
         Synchronous on purpose: the write invalidation and the send are one atomic step.
@@ -610,7 +613,7 @@ class AsyncStoreProxy:
         return future
 
     def _send_adds(
-        self, main: Upstream, key: bytes, batch: list[tuple[int, asyncio.Future]]
+        self, main: Upstream, key: bytes, batch: List[Tuple[int, asyncio.Future]]
     ) -> None:
         carried = add_batch([delta for delta, _ in batch])
         if carried < len(batch):  # the merged delta must fit the wire's i64
@@ -668,7 +671,7 @@ class AsyncStoreProxy:
 
     # ------------------------------------------------------------ WAIT
 
-    def _client_wait(self, client: _Client, keys: tuple[bytes, ...]) -> None:
+    def _client_wait(self, client: _Client, keys: Tuple[bytes, ...]) -> None:
         self._leave_wait(client)  # the root keeps one wait per connection, the latest
         group = self._joins.wait_group(keys)
         if group is not None:
@@ -743,7 +746,7 @@ class AsyncStoreProxy:
             if group.state == "queued":
                 self._finish_group(group, exc)
 
-    def _finish_group(self, group: WaitGroup[_Client], error: BaseException | None) -> None:
+    def _finish_group(self, group: WaitGroup[_Client], error: Optional[BaseException]) -> None:
         self._joins.forget_wait(group)
         waiters, late = group.finish(error is not None)
         if late:  # their answer must come from a request sent after they arrived: ask again
@@ -827,8 +830,10 @@ class AsyncStoreProxy:
 
     # ------------------------------------------------------------ BARRIER
 
-    def _client_barrier(self, client: _Client, request: Request) -> asyncio.Future[object] | None:
-        conn: Upstream | None = None
+    def _client_barrier(
+        self, client: _Client, request: Request
+    ) -> Optional[asyncio.Future[object]]:
+        conn: Optional[Upstream] = None
         while self._idle_wait and conn is None:
             candidate = self._idle_wait.pop()
             conn = None if candidate.closed else candidate

@@ -16,7 +16,7 @@ import asyncio
 import collections
 import random
 import socket
-from typing import Callable, List, Optional, Protocol, Set, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple
 
 from npu_job.launcher.coalescing import AppliedMarks, Batch, dropped_for
 from npu_job.launcher.protocol import (
@@ -60,8 +60,8 @@ class Counters:
         self.upstream_connections = 0
         self.coalesced = 0
         # keyed by Op, named in snapshots: Enum.name is a property lookup on the per-request path
-        self.received_by_op: dict[Op, int] = collections.Counter()
-        self.upstream_by_op: dict[Op, int] = collections.Counter()
+        self.received_by_op: Dict[Op, int] = collections.Counter()
+        self.upstream_by_op: Dict[Op, int] = collections.Counter()
 
 
 class UpstreamOwner(Protocol):
@@ -83,7 +83,7 @@ class UpstreamOwner(Protocol):
     def on_upstream_lost(self, conn: Upstream) -> None: ...
 
 
-def set_nodelay(sock: socket.socket | None) -> None:
+def set_nodelay(sock: Optional[socket.socket]) -> None:
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
@@ -94,18 +94,18 @@ class Upstream:
     def __init__(self, proxy: UpstreamOwner, kind: str) -> None:
         self._proxy = proxy
         self.kind = kind
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: Optional[asyncio.StreamWriter] = None
         # Requests sent and not yet known to be applied, in order: those with a reply (a future)
         # and, behind the first of those, the no-reply ones (None): if the root drops the
         # connection, what follows the request it failed on was never applied (see replayable).
-        self._pending: collections.deque[tuple[Request, asyncio.Future | None]] = (
+        self._pending: collections.deque[Tuple[Request, Optional[asyncio.Future]]] = (
             collections.deque()
         )
         self._awaiting = 0  # entries of _pending with a future
         self.marks: AppliedMarks[Callable[[], None]] = AppliedMarks()
-        self._out: list[bytes] = []
+        self._out: List[bytes] = []
         self._flush_scheduled = False
-        self._reader_task: asyncio.Task | None = None
+        self._reader_task: Optional[asyncio.Task] = None
         self.closed = False
         # lost after the root dropped it for one request, the rest sent again (_replayable): every
         # no-reply write sent on it is applied or on its way again
@@ -168,7 +168,7 @@ class Upstream:
     def busy(self) -> bool:
         return self._awaiting > 0
 
-    def send(self, request: Request) -> asyncio.Future | None:
+    def send(self, request: Request) -> Optional[asyncio.Future]:
         """Queue ``request``; returns the future of its reply (None for no-reply ops)."""
         if self.closed:
             raise UpstreamLost(
@@ -225,7 +225,7 @@ class Upstream:
 
     async def _read_replies(self, reader: asyncio.StreamReader) -> None:
         buf = bytearray()
-        error: BaseException | None = None
+        error: Optional[BaseException] = None
         try:
             while True:
                 chunk = await reader.read(READ_CHUNK)
@@ -293,8 +293,8 @@ class Upstream:
                 callback()
 
     def _replayable(
-        self, error: BaseException | None
-    ) -> list[tuple[Request, asyncio.Future | None]] | None:
+        self, error: Optional[BaseException]
+    ) -> Optional[List[Tuple[Request, Optional[asyncio.Future]]]]:
         """The requests the root never read, when it dropped the main connection for one request.
 
         The root serves a connection's requests one at a time, in order, and drops the connection

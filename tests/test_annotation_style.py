@@ -16,13 +16,6 @@ from typing import Iterator, List, Tuple
 from .test_layers import modules
 
 BUILTIN_GENERICS = {"list", "dict", "tuple", "set", "frozenset", "type"}
-# the store proxy's modules, in the other style since they were written (converted once its
-# current change lands)
-NOT_YET = {
-    "npu_job.launcher.proxy",
-    "npu_job.launcher.proxyserver",
-    "npu_job.launcher.proxyupstream",
-}
 
 
 def annotations(tree: ast.AST) -> Iterator[ast.expr]:
@@ -57,10 +50,7 @@ def other_style(path: Path) -> List[Tuple[int, str]]:
 
 def test_product_annotations_use_typings_generics():
     found = [
-        f"{path.name}:{line}: {text}"
-        for module, path in modules()
-        if module not in NOT_YET
-        for line, text in other_style(path)
+        f"{path.name}:{line}: {text}" for _, path in modules() for line, text in other_style(path)
     ]
     assert found == []
 
@@ -88,12 +78,6 @@ def test_no_product_module_subscripts_a_builtin_at_run_time():
         for line, text in runtime_builtin_generics(path)
     ]
     assert found == []
-
-
-def test_the_modules_not_yet_converted_still_need_it():
-    """When the store modules are converted, NOT_YET empties (this test then says so)."""
-    paths = dict(modules())
-    assert all(other_style(paths[module]) for module in NOT_YET)
 
 
 def test_the_check_sees_both_spellings_and_leaves_text_alone(tmp_path):
