@@ -33,11 +33,18 @@ def read_pod_page(text: bytes) -> Optional[Tuple[Tuple[PodFacts, ...], Optional[
     absent = _unset()
     facts: List[PodFacts] = []
     append = facts.append
+    # The pods of a job ask for the same resources: count each distinct text once.
+    counted: Dict[Tuple[bytes, ...], Optional[int]] = {}
     for index, pod in enumerate(page.items):
         metadata, spec, status = pod.metadata, pod.spec, pod.status
         if pod.kind is not absent or not metadata.name:
             return None
-        accelerators = _struct_accelerators(spec.containers) if spec is not None else 0
+        accelerators: Optional[int] = 0
+        if spec is not None and spec.containers:
+            texts = tuple([bytes(container.resources) for container in spec.containers])
+            accelerators = counted.get(texts, _UNCOUNTED)
+            if accelerators is _UNCOUNTED:
+                accelerators = counted[texts] = _accelerators(texts)
         if accelerators is None:
             return None
         append(
@@ -57,13 +64,20 @@ def read_pod_page(text: bytes) -> Optional[Tuple[Tuple[PodFacts, ...], Optional[
     return tuple(facts), token or None
 
 
-def _struct_accelerators(containers: Any) -> Optional[int]:
-    """:func:`.kubefacts.devices_of` of the typed containers of :func:`read_pod_page`."""
-    return devices_of(
-        (container.resources.limits, container.resources.requests)
-        for container in containers or ()
-        if container.resources is not None
-    )
+_UNCOUNTED: Any = object()
+
+
+def _accelerators(resources: Tuple[bytes, ...]) -> Optional[int]:
+    """:func:`.kubefacts.devices_of` of the containers' ``resources`` (JSON text each, empty when
+    absent); None: resources that do not fit the types :func:`.kubefacts.read_pods` accepts."""
+    import msgspec  # loaded: read_pod_page decoded a page with it
+
+    decode = _resources_decoder(msgspec).decode
+    try:
+        typed = [decode(text) for text in resources if text]
+    except (ValueError, msgspec.MsgspecError):
+        return None
+    return devices_of((each.limits, each.requests) for each in typed if each is not None)
 
 
 def _unset() -> Any:
@@ -79,9 +93,10 @@ def _pod_page_decoder(msgspec: Any) -> Any:
     the page is then read the general way; unknown fields are skipped unbuilt."""
     struct = msgspec.defstruct
     text = Optional[str]
-    amounts = Optional[Dict[str, Any]]
-    resources = struct("Resources", [("limits", amounts, None), ("requests", amounts, None)])
-    container = struct("Container", [("resources", Optional[resources], None)])
+    # the containers' resources stay JSON text: _accelerators reads each distinct one
+    container = struct(
+        "Container", [("resources", msgspec.Raw, msgspec.field(default_factory=msgspec.Raw))]
+    )
     containers = Optional[List[container]]  # type: ignore[valid-type]
     spec = struct("Spec", [("nodeName", text, None), ("containers", containers, None)])
     status = struct("Status", [("hostIP", text, None), ("phase", text, None)])
@@ -115,3 +130,14 @@ def _pod_page_decoder(msgspec: Any) -> Any:
         ],
     )
     return msgspec.json.Decoder(page)
+
+
+@lru_cache(maxsize=None)
+def _resources_decoder(msgspec: Any) -> Any:
+    """msgspec's decoder of a container's ``resources`` (or null), typed as
+    :func:`_pod_page_decoder` used to take them."""
+    amounts = Optional[Dict[str, Any]]
+    resources = msgspec.defstruct(
+        "Resources", [("limits", amounts, None), ("requests", amounts, None)]
+    )
+    return msgspec.json.Decoder(Optional[resources])

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import canonical, scorer
 from npu_job.bootstrap.model import (
@@ -21,6 +22,8 @@ from npu_job.bootstrap.model import (
 )
 from npu_job.bootstrap.planner import bit_reversed, collective_from_hccl_algo, interleave, plan
 from npu_job.bootstrap.synthetic import synthetic_cluster
+
+from .engines import ENGINES, json_engine
 
 PROPERTY_SETTINGS = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -474,6 +477,30 @@ def test_digests_are_plain_sha256_of_the_canonical_bytes():
         canonical.input_digest(table, topology, Collective.RING) == hashlib.sha256(data).hexdigest()
     )
     assert canonical.mapping_digest("0-1,1-0") == hashlib.sha256(b"0-1,1-0").hexdigest()
+
+
+# What the canonical input holds (ids are any text: quotes, control characters, DEL, non-ASCII).
+_CANONICAL_DOCUMENTS = st.recursive(
+    st.none() | st.integers() | st.text(alphabet=st.characters(codec="utf-8"), max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(document=_CANONICAL_DOCUMENTS)
+@example(["\x7f", "\u00e9", "\x00", '"', "\\"])
+def test_canonical_bytes_are_json_dumps_ascii_whichever_encoder_runs(document):
+    """The input digest hashes these bytes: msgspec (loaded once an input is big) and the standard
+    library must write the same ones, so that the digest means the input, not the encoder."""
+    expected = json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    for engine in ENGINES:
+        with json_engine(engine):
+            assert canonical.ascii_json(document) == expected
 
 
 def test_planning_an_ipv4_cluster_loads_no_heavy_module():
