@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Sequence
 
 import pytest
 import yaml
+from npu_job.render.keys import SPEC_KEYS
 from npu_job.render.render import RenderedJob, render
 from npu_job.render.spec import JobSpec, validate
 from npu_job.render.values import SpecInput, merge_values, parse_set
@@ -15,6 +16,9 @@ from npu_job.render.values import SpecInput, merge_values, parse_set
 BOOTSTRAP_STAND_IN = "#!/usr/bin/env bash\n# bootstrap.sh stand-in of the render tests\nexit 0\n"
 
 MINIMAL = {"name": "demo", "image": "registry.example.com/train:1", "script": "train.py"}
+
+#: the keys whose null means something other than their default (``KeySpec.null``)
+NULL_MEANINGS = [doc for doc in SPEC_KEYS if doc.null]
 
 
 def spec_from(values: Dict[str, Any], *sets: str) -> JobSpec:

@@ -1,0 +1,77 @@
+"""The facts read of Nodes and Pods: the fast readers (a 4096-pod job) mean exactly what the
+field-by-field readers mean, on the fixtures and on every damaged copy of them hypothesis makes; a
+node listed twice; a pod's accelerator count."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from npu_job.bootstrap import kubefacts
+from npu_job.bootstrap.kubefacts import read_nodes, read_pods
+from npu_job.bootstrap.kubeobjects import KubeObject, read_objects
+
+from npu_job.errors import InputError
+
+from .kubedamage import CLUSTER, NODE, POD, VALUES, damaged_copy, outcome_of, paths_into
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_a_damaged_pod_reads_the_same_either_way(data):
+    paths = list(paths_into(POD))
+    path = data.draw(st.sampled_from(paths))
+    item = damaged_copy(POD, path, data.draw(VALUES))
+    obj = KubeObject("Pod", "items[0]", item) if isinstance(item, dict) else None
+    if obj is None:
+        return
+    fast = outcome_of(lambda o: read_pods([o], "s")[0], obj)
+    checked = outcome_of(lambda o: kubefacts._pod_checked(o, "s"), obj)
+    assert fast == checked
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_a_damaged_node_reads_the_same_either_way(data):
+    path = data.draw(st.sampled_from(list(paths_into(NODE))))
+    item = damaged_copy(NODE, path, data.draw(VALUES))
+    if not isinstance(item, dict):
+        return
+    obj = KubeObject("Node", "items[0]", item)
+    fast = outcome_of(lambda o: read_nodes([o], "s")[0], obj)
+    checked = outcome_of(lambda o: kubefacts._nodes_checked([o], "s")[0], obj)
+    assert fast == checked
+
+
+def test_the_fixtures_read_the_same_either_way():
+    objects = read_objects(CLUSTER, "c")
+    assert read_pods(objects.pods, "c") == tuple(
+        kubefacts._pod_checked(o, "c") for o in objects.pods
+    )
+    assert read_nodes(objects.nodes, "c") == tuple(kubefacts._nodes_checked(objects.nodes, "c"))
+
+
+def test_a_node_listed_twice_is_an_error_naming_both():
+    objects = read_objects({"kind": "NodeList", "items": [NODE, NODE]}, "n")
+    with pytest.raises(
+        InputError,
+        match=r"^n: items\[1\] \(Node 'node-0'\): metadata.name: expected a "
+        r"node name unique in the list; 'node-0' is also items\[0\]$",
+    ):
+        read_nodes(objects.nodes, "n")
+
+
+@pytest.mark.parametrize(
+    "quantity, expected",
+    [("8", 8), (8, 8), ("0008", 8), ("²", None), ("8 ", None), ("1000000000", None), (-1, None)],
+)
+def test_a_pods_accelerator_quantity_is_a_count_below_a_billion(quantity, expected):
+    """Read either way by npu_job.parsing's count reader: ASCII digits only (``"²"`` is a digit
+    to ``int()``), or a non-negative JSON integer; anything else names the field."""
+    resources = {"limits": {"nvidia.com/gpu": quantity}, "requests": {"nvidia.com/gpu": quantity}}
+    pod = damaged_copy(POD, ("spec", "containers", 0, "resources"), resources)
+    obj = KubeObject("Pod", "items[0]", pod)
+    for read in (lambda o: read_pods([o], "s")[0], lambda o: kubefacts._pod_checked(o, "s")):
+        outcome = outcome_of(read, obj)
+        if expected is None:
+            assert outcome[0] == "error" and "nvidia.com/gpu" in outcome[1], outcome
+        else:
+            assert outcome == ("ok", outcome[1]) and outcome[1].accelerators == expected
