@@ -34,6 +34,8 @@ CASES = [
             "bash bootstrap.sh",
             "target (16 pods within 0.15 s of bare start-up, once the API",
             "cpu:  median excess",
+            "least pod reader      16",
+            "floor: reading the 16 pods and nothing else",
         ],
     ),
     (

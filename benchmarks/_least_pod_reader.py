@@ -1,0 +1,114 @@
+"""The least a pod can do to read its job's pods from the API: the floor of ``bench_bootstrap_api``.
+
+Run by ``bench_bootstrap_api.py`` beside the bootstrap, with the same environment (the in-cluster
+API, the service account, ``MA_VJ_NAME``). It does what no reader of the API's pods can skip and
+nothing else: load the standard library's ``ssl`` and ``http.client`` and msgspec, open one TLS
+connection trusting the service account's CA, list the job's pods in the bootstrap's pages
+(``limit``, ``continue``, ``resourceVersion=0``, gzip as the API server sends big answers),
+inflate each page and decode it by msgspec into typed structs of the nine fields the bootstrap
+reads (``bootstrap/podpage.py``'s types, spelled here so that none of npu_job is imported). No
+checks, no roster, no topology, no plan, no files.
+
+Its CPU over a bare interpreter is what reading the pods costs before any planning: what the
+bootstrap's budget has to hold besides the plan. It exits 0 having read every pod of the job.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+gc.disable()  # as the bootstrap runs
+
+import http.client  # noqa: E402
+import ssl  # noqa: E402
+import zlib  # noqa: E402
+from typing import Any, Dict, List, Optional  # noqa: E402
+from urllib.parse import urlencode  # noqa: E402
+
+import msgspec  # noqa: E402
+
+SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+PAGE = "500"
+
+
+def page_decoder() -> Any:
+    text = Optional[str]
+    struct = msgspec.defstruct
+    container = struct(
+        "Container", [("resources", msgspec.Raw, msgspec.field(default_factory=msgspec.Raw))]
+    )
+    spec = struct(
+        "Spec", [("nodeName", text, None), ("containers", Optional[List[container]], None)]
+    )
+    status = struct("Status", [("hostIP", text, None), ("phase", text, None)])
+    metadata = struct(
+        "Metadata",
+        [
+            ("name", str),
+            ("namespace", text, None),
+            ("labels", Optional[Dict[str, str]], None),
+            ("deletionTimestamp", Any, None),
+        ],
+    )
+    pod = struct(
+        "Pod",
+        [
+            ("metadata", metadata),
+            ("spec", Optional[spec], None),
+            ("status", Optional[status], None),
+        ],
+    )
+    list_meta = struct("ListMeta", [("token", text, msgspec.field(default=None, name="continue"))])
+    page = struct("Page", [("items", List[pod]), ("metadata", Optional[list_meta], None)])
+    return msgspec.json.Decoder(page)
+
+
+def main() -> int:
+    account = os.environ.get("NPU_JOB_K8S_SA_DIR", SERVICE_ACCOUNT)
+    with open(os.path.join(account, "token")) as file:
+        token = file.read().strip()
+    with open(os.path.join(account, "namespace")) as file:
+        namespace = file.read().strip()
+    context = ssl.create_default_context(cafile=os.path.join(account, "ca.crt"))
+    connection = http.client.HTTPSConnection(
+        os.environ["KUBERNETES_SERVICE_HOST"],
+        int(os.environ["KUBERNETES_SERVICE_PORT"]),
+        context=context,
+    )
+    headers = {
+        "Authorization": f"Bearer {token}",
+        "Accept": "application/json",
+        "Accept-Encoding": "gzip",
+    }
+    selector = {"labelSelector": f"volcano.sh/job-name={os.environ['MA_VJ_NAME']}"}
+    query = {**selector, "limit": PAGE, "resourceVersion": "0"}
+    decode = page_decoder().decode
+    pods = 0
+    while True:
+        connection.request(
+            "GET", f"/api/v1/namespaces/{namespace}/pods?{urlencode(query)}", headers=headers
+        )
+        response = connection.getresponse()
+        body = response.read()
+        if response.status != 200:
+            sys.stderr.write(f"least pod reader: HTTP {response.status}\n")
+            return 1
+        if response.getheader("Content-Encoding") == "gzip":
+            body = zlib.decompressobj(31).decompress(body)
+        page = decode(body)
+        pods += len(page.items)
+        token_ = page.metadata.token if page.metadata is not None else None
+        if not token_:
+            break
+        query = {**selector, "limit": PAGE, "continue": token_}
+    expected = os.environ.get("MA_NUM_HOSTS")
+    if expected and pods != int(expected):
+        sys.stderr.write(f"least pod reader: read {pods} pods, expected {expected}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
