@@ -134,8 +134,8 @@ def _pod_page_decoder(msgspec: Any) -> Any:
 
 @lru_cache(maxsize=None)
 def _resources_decoder(msgspec: Any) -> Any:
-    """msgspec's decoder of a container's ``resources`` (or null), typed as
-    :func:`_pod_page_decoder` used to take them."""
+    """msgspec's decoder of a container's ``resources`` (or null): its ``limits`` and
+    ``requests``, each an object or null, as :func:`.kubefacts.read_pods` accepts them."""
     amounts = Optional[Dict[str, Any]]
     resources = msgspec.defstruct(
         "Resources", [("limits", amounts, None), ("requests", amounts, None)]
