@@ -5,9 +5,9 @@ API, the service account, ``MA_VJ_NAME``). It does what no reader of the API's p
 nothing else: load the standard library's ``ssl`` and ``http.client`` and msgspec, open one TLS
 connection trusting the service account's CA, list the job's pods in the bootstrap's pages
 (``limit``, ``continue``, ``resourceVersion=0``, gzip as the API server sends big answers),
-inflate each page and decode it by msgspec into typed structs of the nine fields the bootstrap
-reads (``bootstrap/podpage.py``'s types, spelled here so that none of npu_job is imported). No
-checks, no roster, no topology, no plan, no files.
+inflate each page (without the CRC-32, as the bootstrap does) and decode it by msgspec into
+typed structs of the nine fields the bootstrap reads (``bootstrap/podpage.py``'s types, spelled
+here so that none of npu_job is imported). No checks, no roster, no topology, no plan, no files.
 
 Its CPU over a bare interpreter is what reading the pods costs before any planning: what the
 bootstrap's budget has to hold besides the plan. It exits 0 having read every pod of the job.
@@ -96,7 +96,9 @@ def main() -> int:
             sys.stderr.write(f"least pod reader: HTTP {response.status}\n")
             return 1
         if response.getheader("Content-Encoding") == "gzip":
-            body = zlib.decompressobj(31).decompress(body)
+            # as the bootstrap inflates: the deflate stream alone, no CRC-32 (TLS authenticated
+            # it); a header without optional fields (10 bytes), as the API server writes it
+            body = zlib.decompressobj(-zlib.MAX_WBITS).decompress(memoryview(body)[10:])
         page = decode(body)
         pods += len(page.items)
         token_ = page.metadata.token if page.metadata is not None else None
