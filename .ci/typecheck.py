@@ -41,6 +41,7 @@ PURE_CORE = [
     "npu_job.bootstrap.kubeobjects",
     "npu_job.bootstrap.kubefacts",
     "npu_job.bootstrap.podpage",
+    "npu_job.bootstrap.podtypes",
     "npu_job.bootstrap.hypernode",
     "npu_job.bootstrap.kubetopology",
     "npu_job.bootstrap.labels",

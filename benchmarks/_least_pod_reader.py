@@ -6,8 +6,9 @@ nothing else: load the standard library's ``ssl`` and ``http.client`` and msgspe
 connection trusting the service account's CA, list the job's pods in the bootstrap's pages
 (``limit``, ``continue``, ``resourceVersion=0``, gzip as the API server sends big answers),
 inflate each page (without the CRC-32, as the bootstrap does) and decode it by msgspec into
-typed structs of the nine fields the bootstrap reads (``bootstrap/podpage.py``'s types, spelled
-here so that none of npu_job is imported). No checks, no roster, no topology, no plan, no files.
+typed structs of the nine fields the bootstrap reads (the bootstrap's own decoder, from
+:mod:`npu_job.bootstrap.podtypes`, which loads nothing else of npu_job). No checks, no roster, no
+topology, no plan, no files.
 
 Its CPU over a bare interpreter is what reading the pods costs before any planning: what the
 bootstrap's budget has to hold besides the plan. It exits 0 having read every pod of the job.
@@ -24,45 +25,14 @@ gc.disable()  # as the bootstrap runs
 import http.client  # noqa: E402
 import ssl  # noqa: E402
 import zlib  # noqa: E402
-from typing import Any, Dict, List, Optional  # noqa: E402
 from urllib.parse import urlencode  # noqa: E402
 
 import msgspec  # noqa: E402
+import msgspec.json  # noqa: E402
+from npu_job.bootstrap.podtypes import pod_page_decoder  # noqa: E402
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 PAGE = "500"
-
-
-def page_decoder() -> Any:
-    text = Optional[str]
-    struct = msgspec.defstruct
-    container = struct(
-        "Container", [("resources", msgspec.Raw, msgspec.field(default_factory=msgspec.Raw))]
-    )
-    spec = struct(
-        "Spec", [("nodeName", text, None), ("containers", Optional[List[container]], None)]
-    )
-    status = struct("Status", [("hostIP", text, None), ("phase", text, None)])
-    metadata = struct(
-        "Metadata",
-        [
-            ("name", str),
-            ("namespace", text, None),
-            ("labels", Optional[Dict[str, str]], None),
-            ("deletionTimestamp", Any, None),
-        ],
-    )
-    pod = struct(
-        "Pod",
-        [
-            ("metadata", metadata),
-            ("spec", Optional[spec], None),
-            ("status", Optional[status], None),
-        ],
-    )
-    list_meta = struct("ListMeta", [("token", text, msgspec.field(default=None, name="continue"))])
-    page = struct("Page", [("items", List[pod]), ("metadata", Optional[list_meta], None)])
-    return msgspec.json.Decoder(page)
 
 
 def main() -> int:
@@ -84,7 +54,7 @@ def main() -> int:
     }
     selector = {"labelSelector": f"volcano.sh/job-name={os.environ['MA_VJ_NAME']}"}
     query = {**selector, "limit": PAGE, "resourceVersion": "0"}
-    decode = page_decoder().decode
+    decode = pod_page_decoder(msgspec).decode
     pods = 0
     while True:
         connection.request(
@@ -101,7 +71,7 @@ def main() -> int:
             body = zlib.decompressobj(-zlib.MAX_WBITS).decompress(memoryview(body)[10:])
         page = decode(body)
         pods += len(page.items)
-        token_ = page.metadata.token if page.metadata is not None else None
+        token_ = page.metadata.continue_ if page.metadata is not None else None
         if not token_:
             break
         query = {**selector, "limit": PAGE, "continue": token_}

@@ -11,11 +11,11 @@ read the same facts or name what is wrong.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any, Dict, List, Optional, Tuple
 
 from npu_job.bootstrap.jsondecode import decode_typed
 from npu_job.bootstrap.kubefacts import PodFacts, devices_of
+from npu_job.bootstrap.podtypes import pod_page_decoder, resources_decoder
 
 
 def read_pod_page(text: bytes) -> Optional[Tuple[Tuple[PodFacts, ...], Optional[str]]]:
@@ -27,7 +27,7 @@ def read_pod_page(text: bytes) -> Optional[Tuple[Tuple[PodFacts, ...], Optional[
     :func:`~.kubeobjects.read_objects`, :func:`~.kubefacts.read_pods`), which reads the same facts
     or names what is wrong.
     """
-    page = decode_typed(text, _pod_page_decoder)
+    page = decode_typed(text, pod_page_decoder)
     if page is None or page.kind != "PodList":
         return None
     absent = _unset()
@@ -72,7 +72,7 @@ def _accelerators(resources: Tuple[bytes, ...]) -> Optional[int]:
     absent); None: resources that do not fit the types :func:`.kubefacts.read_pods` accepts."""
     import msgspec  # loaded: read_pod_page decoded a page with it
 
-    decode = _resources_decoder(msgspec).decode
+    decode = resources_decoder(msgspec).decode
     try:
         typed = [decode(text) for text in resources if text]
     except (ValueError, msgspec.MsgspecError):
@@ -84,60 +84,3 @@ def _unset() -> Any:
     import msgspec  # loaded: read_pod_page decoded a page with it
 
     return msgspec.UNSET
-
-
-@lru_cache(maxsize=None)
-def _pod_page_decoder(msgspec: Any) -> Any:
-    """msgspec's decoder of a ``PodList`` page into the fields :func:`.kubefacts.read_pods` reads,
-    each with the type it accepts (built once). What does not fit is refused, never coerced, and
-    the page is then read the general way; unknown fields are skipped unbuilt."""
-    struct = msgspec.defstruct
-    text = Optional[str]
-    # the containers' resources stay JSON text: _accelerators reads each distinct one
-    container = struct(
-        "Container", [("resources", msgspec.Raw, msgspec.field(default_factory=msgspec.Raw))]
-    )
-    containers = Optional[List[container]]  # type: ignore[valid-type]
-    spec = struct("Spec", [("nodeName", text, None), ("containers", containers, None)])
-    status = struct("Status", [("hostIP", text, None), ("phase", text, None)])
-    metadata = struct(
-        "Metadata",
-        [
-            ("name", str),
-            ("namespace", text, None),
-            ("labels", Optional[Dict[str, str]], None),
-            ("deletionTimestamp", Any, None),
-        ],
-    )
-    pod = struct(
-        "Pod",
-        [
-            ("metadata", metadata),
-            ("spec", Optional[spec], None),
-            ("status", Optional[status], None),
-            ("kind", Any, msgspec.UNSET),  # the API's items carry none
-        ],
-    )
-    list_metadata = struct(
-        "ListMeta", [("continue_", text, msgspec.field(default=None, name="continue"))]
-    )
-    page = struct(
-        "Page",
-        [
-            ("items", List[pod]),  # type: ignore[valid-type]
-            ("kind", Any, None),
-            ("metadata", Optional[list_metadata], None),
-        ],
-    )
-    return msgspec.json.Decoder(page)
-
-
-@lru_cache(maxsize=None)
-def _resources_decoder(msgspec: Any) -> Any:
-    """msgspec's decoder of a container's ``resources`` (or null): its ``limits`` and
-    ``requests``, each an object or null, as :func:`.kubefacts.read_pods` accepts them."""
-    amounts = Optional[Dict[str, Any]]
-    resources = msgspec.defstruct(
-        "Resources", [("limits", amounts, None), ("requests", amounts, None)]
-    )
-    return msgspec.json.Decoder(Optional[resources])

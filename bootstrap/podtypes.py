@@ -1,0 +1,69 @@
+"""The msgspec types of the ``PodList`` fields the bootstrap reads (pure; nothing but typing).
+
+:mod:`npu_job.bootstrap.podpage` decodes the API's pages with them; the benchmarks' least pod
+reader (``benchmarks/_least_pod_reader.py``) decodes the same pages with the same types without
+loading the rest of npu_job, so this module imports nothing of it. Each builder takes the msgspec
+module (loaded by the caller, only for big inputs) and builds its decoder once.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Dict, List, Optional
+
+
+@lru_cache(maxsize=None)
+def pod_page_decoder(msgspec: Any) -> Any:
+    """msgspec's decoder of a ``PodList`` page into the fields :func:`.kubefacts.read_pods` reads,
+    each with the type it accepts (built once). What does not fit is refused, never coerced, and
+    the page is then read the general way; unknown fields are skipped unbuilt."""
+    struct = msgspec.defstruct
+    text = Optional[str]
+    # the containers' resources stay JSON text: podpage reads each distinct one once
+    container = struct(
+        "Container", [("resources", msgspec.Raw, msgspec.field(default_factory=msgspec.Raw))]
+    )
+    containers = Optional[List[container]]  # type: ignore[valid-type]
+    spec = struct("Spec", [("nodeName", text, None), ("containers", containers, None)])
+    status = struct("Status", [("hostIP", text, None), ("phase", text, None)])
+    metadata = struct(
+        "Metadata",
+        [
+            ("name", str),
+            ("namespace", text, None),
+            ("labels", Optional[Dict[str, str]], None),
+            ("deletionTimestamp", Any, None),
+        ],
+    )
+    pod = struct(
+        "Pod",
+        [
+            ("metadata", metadata),
+            ("spec", Optional[spec], None),
+            ("status", Optional[status], None),
+            ("kind", Any, msgspec.UNSET),  # the API's items carry none
+        ],
+    )
+    list_metadata = struct(
+        "ListMeta", [("continue_", text, msgspec.field(default=None, name="continue"))]
+    )
+    page = struct(
+        "Page",
+        [
+            ("items", List[pod]),  # type: ignore[valid-type]
+            ("kind", Any, None),
+            ("metadata", Optional[list_metadata], None),
+        ],
+    )
+    return msgspec.json.Decoder(page)
+
+
+@lru_cache(maxsize=None)
+def resources_decoder(msgspec: Any) -> Any:
+    """msgspec's decoder of a container's ``resources`` (or null): its ``limits`` and
+    ``requests``, each an object or null, as :func:`.kubefacts.read_pods` accepts them."""
+    amounts = Optional[Dict[str, Any]]
+    resources = msgspec.defstruct(
+        "Resources", [("limits", amounts, None), ("requests", amounts, None)]
+    )
+    return msgspec.json.Decoder(Optional[resources])
