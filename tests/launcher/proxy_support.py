@@ -11,8 +11,10 @@ import datetime
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from typing import Mapping, Optional
 
 from .rootsocket import established_connections, root_listen_socket  # noqa: F401
@@ -157,9 +159,6 @@ class CuttableRelay:
     connections (both ways, a FIN each); connections made afterwards are relayed whole."""
 
     def __init__(self, upstream_port: int) -> None:
-        import socket
-        import threading
-
         self._upstream_port = upstream_port
         self._listener = socket.create_server((LOOPBACK, 0))
         self.port: int = self._listener.getsockname()[1]
@@ -169,9 +168,6 @@ class CuttableRelay:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
-        import socket
-        import threading
-
         while True:
             try:
                 near, _ = self._listener.accept()
@@ -197,8 +193,6 @@ class CuttableRelay:
 
     @staticmethod
     def _close(*sockets) -> None:  # type: ignore[no-untyped-def]
-        import socket
-
         for sock in sockets:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
