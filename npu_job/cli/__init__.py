@@ -29,7 +29,7 @@ SUBCOMMANDS: Dict[str, Tuple[str, str]] = {
     ),
     "plan": (
         "npu_job.cli.plan",
-        "show the routing-affine order for a rank table and how it scores",
+        "show the routing-affine order for a rank table or a job's pods, and how it scores",
     ),
     "render": ("npu_job.cli.render", "render a job spec into a Volcano Job and train.sh"),
     "demo": ("npu_job.cli.demo", "run the whole pipeline on a simulated cluster on this machine"),

@@ -1,4 +1,4 @@
-"""``npu-job plan``: show the routing-affine order for a rank table and how it scores.
+"""``npu-job plan``: show the routing-affine order for a rank table or pods, and how it scores.
 
 Reads a rank table, or a Volcano job's pods (``kubectl get pods -o json``, or one
 ``kubectl get hypernodes,nodes,pods -o json`` that holds the topology too), and (optionally) a
@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from npu_job.cli._args import int_at_least, picture_file
 
-HELP = "show the routing-affine order for a rank table and how it scores"
+HELP = "show the routing-affine order for a rank table or a job's pods, and how it scores"
 JSON_VERSION = 1
 ORDER_NAMES = ("scheduler", "random", "ours")
 

@@ -70,3 +70,11 @@ def test_every_subcommand_help_lists_verbose_and_quiet(command, capsys):
     assert main([command, "--help"]) == 0
     text = capsys.readouterr().out
     assert "-v, --verbose" in text and "-q, --quiet" in text
+
+
+@pytest.mark.parametrize("command", list(SUBCOMMANDS))
+def test_the_fronts_one_line_help_is_the_subcommands_own(command):
+    """``npu-job --help`` names each subcommand without importing it, so the front keeps a copy
+    of the one-line help each module declares (``HELP``); the two must say the same."""
+    module_name, help_text = SUBCOMMANDS[command]
+    assert help_text == importlib.import_module(module_name).HELP
