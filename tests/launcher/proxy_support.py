@@ -15,11 +15,28 @@ import socket
 import subprocess
 import sys
 import threading
+from importlib.util import find_spec
 from typing import Mapping, Optional
+
+import pytest
 
 from .rootsocket import established_connections, root_listen_socket  # noqa: F401
 
 LOOPBACK = "127.0.0.1"
+
+#: The proxy's event loops, as test parameters. The standard library's is marked
+#: ``standard_loop``: the loop is the proxy's own code, alike under every torch release, so the
+#: torch matrix (noxfile.py) runs only uvloop, which the launcher extra installs and the proxy
+#: then runs on, and leaves the standard loop to the main suite.
+LOOPS = (
+    pytest.param("asyncio", marks=pytest.mark.standard_loop),
+    pytest.param(
+        "uvloop",
+        marks=pytest.mark.skipif(
+            find_spec("uvloop") is None, reason="uvloop is not installed (an optional accelerator)"
+        ),
+    ),
+)
 
 
 def tcp_store(port: int, *, master: bool = False, timeout: float = 5.0):  # type: ignore[no-untyped-def]

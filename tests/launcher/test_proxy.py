@@ -24,7 +24,13 @@ from npu_job.launcher.protocol import NEWEST, Op, Request, encode_request
 from npu_job.launcher.proxy import StoreProxy, new_event_loop
 from npu_job.launcher.storeclient import RawStoreClient
 
-from tests.launcher.proxy_support import LOOPBACK, ProxyProcess, established_connections, tcp_store
+from tests.launcher.proxy_support import (
+    LOOPBACK,
+    LOOPS,
+    ProxyProcess,
+    established_connections,
+    tcp_store,
+)
 from tests.launcher.torch_features import needs, store_errors
 
 torch_dist = pytest.importorskip("torch.distributed")
@@ -380,12 +386,10 @@ def test_in_process_store_proxy_starts_stops_idempotently_and_leaks_nothing(root
     assert wait_until(lambda: established_connections(root.port) == 1)  # only the root's own client
 
 
-@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("loop_kind", LOOPS)
 def test_the_proxy_serves_alike_on_the_standard_loop_and_on_optional_uvloop(
     root, monkeypatch, loop_kind
 ):
-    if loop_kind == "uvloop":
-        pytest.importorskip("uvloop")  # an optional accelerator, not a dependency
     monkeypatch.setenv("NPU_JOB_PROXY_LOOP", loop_kind)
     loop = new_event_loop()  # what StoreProxy.start() runs on
     assert type(loop).__module__.split(".")[0] == loop_kind

@@ -25,6 +25,7 @@ from npu_job.launcher.storeclient import RawStoreClient
 
 from tests.launcher.proxy_support import (
     LOOPBACK,
+    LOOPS,
     CuttableRelay,
     ProxyProcess,
     classic_root,
@@ -277,7 +278,6 @@ def test_proxy_answers_exactly_like_the_root(seed):
 # Each case runs the same scripted calls straight to a stock root and through a proxy (on each
 # event loop) and compares what the clients see.
 
-LOOPS = ["asyncio", "uvloop"]
 needs_queues = pytest.mark.skipif(not torchcompat.HAS_QUEUES, reason="this torch has no queues")
 DIALECT = torchcompat.store_dialect()
 
@@ -304,8 +304,6 @@ def _both_worlds(
     loop: str, scenario: Callable[..., object], root: str = "default"
 ) -> tuple[object, object]:
     """``scenario(port, root[, proxy])`` against a root directly and then through a proxy."""
-    if loop == "uvloop":
-        pytest.importorskip("uvloop")
     direct_root = _root(root)
     expected = scenario(direct_root.port, direct_root)
     proxied_root = _root(root)
@@ -598,8 +596,6 @@ def test_a_write_lost_with_a_broken_connection_fails_its_client_as_at_the_root(l
     """Straight to the root the worker's own connection broke, so its next call raises; through
     the proxy it must too (its SET went with the proxy's connection), not answer from a new
     connection as if the write had been applied."""
-    if loop == "uvloop":
-        pytest.importorskip("uvloop")
     results = []
     for proxied in (False, True):
         root = tcp_store(0, master=True)

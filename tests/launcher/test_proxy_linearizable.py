@@ -33,7 +33,7 @@ from npu_job.launcher.protocol import (
 
 from tests.launcher import linearizability
 from tests.launcher.linearizability import Call, Inconsistent
-from tests.launcher.proxy_support import LOOPBACK, ProxyProcess, tcp_store
+from tests.launcher.proxy_support import LOOPBACK, LOOPS, ProxyProcess, tcp_store
 
 pytest.importorskip("torch.distributed")
 DIALECT = torchcompat.store_dialect()
@@ -335,10 +335,8 @@ async def _record_history(
     return history
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("loop", LOOPS)
 def test_concurrent_histories_through_two_proxies_are_linearizable(loop):
-    if loop == "uvloop":
-        pytest.importorskip("uvloop")
     root = tcp_store(0, master=True)
     # torch's classic store server (before 2.2, and the one a listen fd gets on 2.4-2.7) drops the
     # connection of a GET of a missing key, where the libuv one answers it: there the small keys
