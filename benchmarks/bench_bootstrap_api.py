@@ -25,9 +25,11 @@ a script that reads the same pods from the same API and does nothing else, with 
 library's TLS and HTTP and msgspec, as the bootstrap reads them. Its excess is the floor under any
 Python pod that reads its job from the API, and the table says how much of the budget it leaves.
 
-``--callgrind``: also count the instructions of one bare start and one run of the biggest size
-under ``valgrind --tool=callgrind`` (following bash's exec into python): a steady figure where a
-busy machine makes CPU times wander by tens of milliseconds.
+``--callgrind``: also count the instructions of one bare start, one least pod reader and one
+run of the biggest size under ``valgrind --tool=callgrind`` (following bash's exec into python): a
+steady figure where a busy machine makes CPU times wander by tens of milliseconds. One more run,
+cut into phases by ``_bootstrap_phases.py`` (start-up and imports, reading the pods, the roster,
+the topology, the plan, the files, the rest), says where the bootstrap's instructions go.
 
     python benchmarks/bench_bootstrap_api.py [--sizes 64,1024,4096] [--repeat 7] [--callgrind]
         [--output FILE]
@@ -45,7 +47,7 @@ import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the fake API and the job generator live with the tests
@@ -62,6 +64,8 @@ from tests.bootstrap.kubejob import big_job  # noqa: E402
 
 SCRIPT = REPO / "scripts" / "bootstrap.sh"
 LEAST_READER = Path(__file__).resolve().parent / "_least_pod_reader.py"
+PHASES = Path(__file__).resolve().parent / "_bootstrap_phases.py"
+PHASE_MARK = "zlib_adler32"  # the C function _bootstrap_phases.py calls between phases
 BARE, BOOTSTRAP, LEAST = "python -c pass", "bash bootstrap.sh", "least pod reader"
 TARGET_EXCESS = 0.15
 NAMESPACE = "team-a"
@@ -103,6 +107,48 @@ def instructions(command: Sequence[str], env: Dict[str, str]) -> int:
     return int(counts[-1].replace(",", ""))
 
 
+def phase_instructions(env: Dict[str, str]) -> List[Tuple[str, int]]:
+    """Instructions of each phase of one bootstrap run (``_bootstrap_phases.py``), in the order
+    the phases first ran; a phase entered several times is summed."""
+    with tempfile.TemporaryDirectory(prefix="bench-phases-") as out:
+        done = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--dump-before={PHASE_MARK}",
+                f"--callgrind-out-file={out}/cg",
+                sys.executable,
+                str(PHASES),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        names = done.stdout.splitlines()
+        # cg.1, cg.2, ... at each boundary, then cg for what ran after the last one
+        profiles = sorted(
+            Path(out).glob("cg*"), key=lambda path: int(path.suffix[1:] or sys.maxsize)
+        )
+        if len(profiles) != len(names):
+            raise SystemExit(
+                f"{PHASES.name}: {len(profiles)} callgrind profiles for {len(names)} phases "
+                f"(does the bootstrap call {PHASE_MARK} itself now?)"
+            )
+        totals: Dict[str, int] = {}
+        for name, profile in zip(names, profiles):
+            totals[name] = totals.get(name, 0) + _profile_total(profile)
+    return list(totals.items())
+
+
+def _profile_total(profile: Path) -> int:
+    with profile.open() as lines:
+        for line in lines:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise SystemExit(f"{profile}: no instruction total")
+
+
 def check_success(env: Dict[str, str]) -> None:
     plan = json.loads((Path(env["NPU_JOB_OUTPUT_DIR"]) / "route_plan.json").read_text())
     if plan["status"] != "success":
@@ -112,11 +158,21 @@ def check_success(env: Dict[str, str]) -> None:
 Row = Tuple[str, int, float, float, float, float, float]
 
 
+class Counted(NamedTuple):
+    """Instructions (callgrind) of one run each, at the biggest size."""
+
+    bare: int
+    least: int
+    bootstrap: int
+    phases: List[Tuple[str, int]]  # one more bootstrap run, by phase
+
+
 def run(
     sizes: Sequence[int], repeat: int, callgrind: bool = False
-) -> Tuple[List[Row], Optional[Tuple[int, int]]]:
+) -> Tuple[List[Row], Optional[Counted]]:
     """One HTTPS server (and fake API) per size, all up at once; runs interleaved. With
-    ``callgrind``, also the instructions of a bare start and of the biggest size."""
+    ``callgrind``, also the instructions of a bare start, the least pod reader and the bootstrap
+    at the biggest size, and the bootstrap's by phase."""
     with tempfile.TemporaryDirectory(prefix="bench-bootstrap-api-") as tmp, ExitStack() as stack:
         cert, key = make_self_signed(Path(tmp))
         base = {
@@ -179,11 +235,14 @@ def run(
                 samples[LEAST, size].append(least(size))
         counted = None
         if callgrind:
-            counted = (
+            env = cases[sizes[-1]][1]
+            counted = Counted(
                 instructions([sys.executable, "-c", "pass"], base),
-                instructions(["bash", str(SCRIPT)], cases[sizes[-1]][1]),
+                instructions([sys.executable, str(LEAST_READER)], env),
+                instructions(["bash", str(SCRIPT)], env),
+                phase_instructions(env),
             )
-            check_success(cases[sizes[-1]][1])
+            check_success(env)
     median = statistics.median
     rows: List[Row] = []
     for kind, size in samples:
@@ -202,7 +261,7 @@ def run(
     return rows, counted
 
 
-def table_text(rows: Sequence[Row], repeat: int, counted: Optional[Tuple[int, int]] = None) -> str:
+def table_text(rows: Sequence[Row], repeat: int, counted: Optional[Counted] = None) -> str:
     base = rows[0]
     lines = [
         f"bootstrap with no rank table, pods from the Kubernetes API (fake, on loopback), {repeat} "
@@ -236,13 +295,27 @@ def table_text(rows: Sequence[Row], repeat: int, counted: Optional[Tuple[int, in
         "budget for the roster, the topology, the plan and the files",
     ]
     if counted is not None:
-        bare, pod = counted
-        lines += [
-            "",
-            f"instructions (callgrind, one run each): python -c pass {bare:,}, bootstrap.sh at "
-            f"{biggest[1]} pods {pod:,}: excess {pod - bare:,}",
-        ]
+        lines += ["", *_instruction_lines(counted, biggest[1])]
     return "\n".join(lines) + "\n"
+
+
+def _instruction_lines(counted: Counted, pods: int) -> List[str]:
+    bare = counted.bare
+    lines = [
+        f"instructions (callgrind, one run each) at {pods} pods: python -c pass {bare:,}; "
+        f"least pod reader {counted.least:,} (excess {counted.least - bare:,}); bootstrap.sh "
+        f"{counted.bootstrap:,} (excess {counted.bootstrap - bare:,}, of which "
+        f"{counted.bootstrap - counted.least:,} beyond the least reader's)",
+        f"the bootstrap by phase ({PHASES.name}, python without bash; M = millions):",
+    ]
+    total = sum(count for _, count in counted.phases)
+    for name, count in counted.phases:
+        shown = f"{count / 1e6:10.1f} M  {count / total:6.1%}"
+        if name == "start-up and imports":
+            shown += f"  (a bare start-up is {bare / 1e6:.1f} M of it)"
+        lines.append(f"  {name:<22} {shown}")
+    lines.append(f"  {'total':<22} {total / 1e6:10.1f} M")
+    return lines
 
 
 def _verdict(excess: float) -> str:

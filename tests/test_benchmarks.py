@@ -38,6 +38,19 @@ CASES = [
             "floor: reading the 16 pods and nothing else",
         ],
     ),
+    pytest.param(
+        "bench_bootstrap_api.py",
+        ["--sizes", "8", "--repeat", "1", "--callgrind"],
+        [
+            "instructions (callgrind, one run each) at 8 pods: python -c pass",
+            "beyond the least reader's",
+            "reading the pods ",
+            "the topology ",
+            "the plan ",
+        ],
+        marks=pytest.mark.skipif(not shutil.which("valgrind"), reason="needs valgrind"),
+        id="bench_bootstrap_api.py-callgrind",
+    ),
     (
         "bench_order.py",
         ["--max-nodes", "16", "--samples", "2"],
