@@ -1,0 +1,279 @@
+"""JSON decoding on the pod: part-by-part scanning and msgspec are shortcuts that must mean what
+``json.loads`` means, refuse what it refuses (numbers JSON cannot hold), and write what
+``json.dumps`` writes."""
+
+import json
+import re
+import sys
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from npu_job.bootstrap import jsondecode
+
+from npu_job.errors import InputError
+
+from .engines import ENGINES, json_engine
+
+# --- scan_array_member: part-by-part decoding that must agree with json.loads ------------------
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def _keep_all(item):
+    return ("item", item)  # never None: every item is accepted
+
+
+def _reference(text, key="a"):
+    """What scan_array_member must return for ``text``: json.loads' answer, or None."""
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return None
+    if type(document) is not dict or type(document.get(key)) is not list:
+        return None
+    return [_keep_all(item) for item in document[key]]
+
+
+@given(
+    items=st.lists(_JSON_VALUES, max_size=4),
+    others=st.dictionaries(
+        st.text(max_size=3).filter(lambda k: k != "a"), _JSON_VALUES, max_size=3
+    ),
+    indent=st.sampled_from([None, 1, "\t"]),
+    cut=st.integers(0, 400),
+    mutation=st.sampled_from(["", "x", ",", "]", "}", " ", '"', "\\u0001"]),
+)
+def test_scan_array_member_accepts_exactly_what_json_loads_accepts(
+    items, others, indent, cut, mutation
+):
+    text = json.dumps({**others, "a": items}, indent=indent)
+    for candidate in (text, text[:cut] + mutation + text[cut:], text[:cut]):
+        scanned = jsondecode.scan_array_member(candidate.encode(), "a", _keep_all)
+        reference = _reference(candidate)
+        if reference is None:
+            assert scanned is None, candidate
+        elif scanned is not None:  # None is always allowed: the caller then parses the usual way
+            assert scanned == reference, candidate
+    assert jsondecode.scan_array_member(text.encode(), "a", _keep_all) == _reference(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": [1], "a": [2]}',
+        '{"a": {}}',
+        "{}",
+        "[1]",
+        '{"a": [1]} 2',
+        '{"a": [1,]}',
+        '{"a": [1] "b": 2}',
+    ],
+    ids=[
+        "key-twice",
+        "not-an-array",
+        "empty-object",
+        "not-an-object",
+        "extra-data",
+        "trailing-comma",
+        "missing-comma",
+    ],
+)
+def test_scan_array_member_leaves_anything_unusual_to_the_full_parse(text):
+    assert jsondecode.scan_array_member(text.encode(), "a", _keep_all) is None
+
+
+def test_scan_array_member_stops_when_an_item_is_refused():
+    assert (
+        jsondecode.scan_array_member(
+            b'{"a": [1, 2, 3]}', "a", lambda item: item if item != 2 else None
+        )
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"a":[1,2,3]}', '{"a": [ 1 , 2 ,3 ] }', '{"a":[1\r\n,\t2,\n3\n]}', '{"a":[1, 2, 3 ]}'],
+    ids=["compact", "spaces-everywhere", "crlf-and-tabs", "space-before-close"],
+)
+def test_scan_array_member_reads_items_whatever_the_whitespace_between_them(text):
+    assert jsondecode.scan_array_member(text.encode(), "a", _keep_all) == [
+        _keep_all(n) for n in (1, 2, 3)
+    ]
+
+
+# --- msgspec is a shortcut: whatever it accepts means what json.loads makes of it ---------------
+
+
+def _outcome(text, engine):
+    """What parse_json makes of ``text`` under ``engine``: ("ok", repr of the value) or
+    ("error", message). repr tells 1 from 1.0 and -0.0 from 0.0, which == would not."""
+    with json_engine(engine):
+        try:
+            return "ok", repr(jsondecode.parse_json(text, "f.json"))
+        except InputError as error:
+            return "error", error.message
+
+
+_ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    document=_ANY_JSON,
+    indent=st.sampled_from([None, 0, 2, "\t"]),
+    ascii_only=st.booleans(),
+    cut=st.integers(0, 200),
+    mutation=st.sampled_from(
+        [
+            "",
+            "x",
+            ",",
+            "]",
+            "}",
+            " ",
+            '"',
+            "\\",
+            "\\u",
+            "\\ud800",
+            "\x01",
+            "\xff",
+            "é",
+            "1e999",
+            "-",
+            "0",
+            "NaN",
+            "\n",
+        ]
+    ),
+)
+def test_msgspec_and_the_standard_library_agree_on_every_text(
+    document, indent, ascii_only, cut, mutation
+):
+    text = json.dumps(document, indent=indent, ensure_ascii=ascii_only)
+    for candidate in (text, text[:cut] + mutation + text[cut:], text[:cut]):
+        data = candidate.encode("utf-8", "surrogatepass")
+        assert _outcome(data, "msgspec") == _outcome(data, "stdlib"), candidate
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        (b'{"a": NaN}', "f.json: content: expected finite numbers, got NaN (not JSON)"),
+        (b"[Infinity]", "f.json: content: expected finite numbers, got Infinity (not JSON)"),
+        (b"[-Infinity]", "f.json: content: expected finite numbers, got -Infinity (not JSON)"),
+        (b'{"a": [1e400]}', "f.json: content: expected finite numbers, got 1e400 (not JSON)"),
+        (
+            b"[" + b"9" * 5000 + b"]",
+            "f.json: content: expected integers of at most 4300 digits, got one of 5000 digits",
+        ),
+        (
+            b"[-" + b"9" * 4301 + b"]",
+            "f.json: content: expected integers of at most 4300 digits, got one of 4301 digits",
+        ),
+    ],
+    ids=[
+        "nan",
+        "infinity",
+        "minus-infinity",
+        "overflow",
+        "int-too-long",
+        "negative-int-one-digit-too-long",
+    ],
+)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_numbers_json_cannot_hold_are_refused_by_both_engines(engine, data, expected):
+    kind, message = _outcome(data, engine)
+    assert kind == "error" and message.startswith(expected)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_longest_integer_both_engines_read_has_4300_digits(engine):
+    assert _outcome(b"[" + b"9" * 4300 + b"]", engine) == ("ok", repr([10**4300 - 1]))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b'["\\ud800"]', '["\u00e9\u2028"]'.encode(), "[1]".encode("utf-16"), b'["\xed\xa0\x80"]'],
+    ids=["lone-surrogate-escape", "non-ascii", "utf-16", "surrogate-bytes"],
+)
+def test_what_only_the_standard_library_accepts_still_decodes_under_msgspec(data):
+    assert _outcome(data, "msgspec") == _outcome(data, "stdlib")
+    assert _outcome(data, "msgspec")[0] == "ok"
+
+
+def test_msgspec_is_loaded_only_for_big_inputs(monkeypatch):
+    monkeypatch.setattr(jsondecode, "_msgspec", False)
+    assert jsondecode.msgspec_for(jsondecode.MSGSPEC_FROM_BYTES - 1) is None
+    assert jsondecode._msgspec is False  # not even tried
+    assert jsondecode.msgspec_for(jsondecode.MSGSPEC_FROM_BYTES) is not None
+    # loaded, it serves small inputs too: the last page of a big LIST, a small list after it
+    assert jsondecode.msgspec_for(1) is jsondecode._msgspec
+
+
+def test_without_msgspec_big_inputs_use_the_standard_library(monkeypatch):
+    monkeypatch.setattr(jsondecode, "_msgspec", False)
+    monkeypatch.setitem(sys.modules, "msgspec", None)  # what an image without msgspec looks like
+    monkeypatch.setattr(jsondecode, "MSGSPEC_FROM_BYTES", 0)
+    assert jsondecode.msgspec_for(10**9) is None
+    assert jsondecode.parse_json(b'{"a": [1, 2]}', "f") == {"a": [1, 2]}
+    assert (
+        jsondecode.decode_typed(b"{}", lambda msgspec: pytest.fail("no msgspec, no decoder"))
+        is None
+    )
+    assert jsondecode.encode_compact({"a": "\u00e9"}) == b'{"a":"\\u00e9"}'
+
+
+def test_decode_typed_checks_utf8_that_msgspec_skips():
+    def decoder_for(msgspec):
+        return msgspec.json.Decoder(msgspec.defstruct("Only", [("a", int)]))
+
+    with json_engine("msgspec"):
+        assert jsondecode.decode_typed(b'{"a": 1, "b": "ok"}', decoder_for).a == 1
+        assert (
+            jsondecode.decode_typed(b'{"a": 1, "b": "\xff"}', decoder_for) is None
+        )  # json.loads refuses it
+        assert (
+            jsondecode.decode_typed(b'{"a": "1"}', decoder_for) is None
+        )  # a wrong type decides nothing
+        assert jsondecode.decode_typed(b'{"a": 1', decoder_for) is None
+    with json_engine("stdlib"):
+        assert jsondecode.decode_typed(b'{"a": 1}', decoder_for) is None
+
+
+_STRING_LITERAL = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_WHITESPACE = re.compile(rb"[ \t\n\r]")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    document=_ANY_JSON.filter(
+        lambda value: "NaN" not in json.dumps(value) and "Infinity" not in json.dumps(value)
+    )
+)
+@example({"0: ": None})  # a separator's bytes inside a string are not a separator
+def test_encode_compact_writes_what_json_dumps_means(document):
+    for engine in ENGINES:
+        with json_engine(engine):
+            encoded = jsondecode.encode_compact(document)
+        assert json.loads(encoded) == document
+        assert not _WHITESPACE.search(_STRING_LITERAL.sub(b'""', encoded))  # compact: no spaces
+
+
+def test_encode_compact_falls_back_for_what_msgspec_cannot_write():
+    with json_engine("msgspec"):
+        document = jsondecode.parse_json(b'{"a": "\\ud800", "b": ' + b"7" * 30 + b"}", "f")
+        assert jsondecode.encode_compact(document) == b'{"a":"\\ud800","b":' + b"7" * 30 + b"}"
