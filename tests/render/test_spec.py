@@ -1,5 +1,5 @@
-"""Job spec validation: one precise problem per bad value, all problems at once, the warnings, and
-null from every input (the defaults are the key table's: test_keys.py)."""
+"""Job spec validation: one precise problem per bad value, all problems at once, and null from
+every input (the defaults are the key table's: test_keys.py; the warnings lint's: test_lint.py)."""
 
 from __future__ import annotations
 
@@ -11,24 +11,6 @@ from npu_job.render.values import SpecInput, merge_values, parse_set
 from npu_job.errors import SpecError
 
 from .conftest import MINIMAL, NULL_MEANINGS, spec_from, with_keys
-
-
-def test_set_keeps_text_where_a_string_is_expected():
-    spec = spec_from(dict(MINIMAL), "env.DEBUG=true", "args={--epochs,90,007}", "nodes=3")
-    assert spec.env == (("DEBUG", "true"),)
-    assert spec.args == ("--epochs", "90", "007")
-    assert spec.nodes == 3
-
-
-def test_yaml_integers_are_accepted_as_strings_but_floats_and_booleans_are_not():
-    assert spec_from(with_keys(args=["--epochs", 90])).args == ("--epochs", "90")
-    with pytest.raises(SpecError) as error:
-        spec_from(with_keys(args=["--lr", 0.10], env={"FLAG": True}))
-    assert error.value.problems == (
-        "args[1]: expected a string, got 0.1 (a number) (quote it to keep it exactly as written)",
-        "env.FLAG: expected a string, got true (a boolean) (quote it to keep it exactly as written)",
-    )
-
 
 BAD_SPECS = [
     # (id, values change, expected problem text: a regex of the single problem)
@@ -253,138 +235,6 @@ def test_all_problems_are_listed_at_once_with_their_origin():
         "nodes (from job.yaml): expected an integer from 1 to 100000, got 0",
     )
     assert error.value.message.startswith("job.yaml + --set: 4 problems:\n  - scritp")
-
-
-@pytest.mark.parametrize(
-    "extra, expected",
-    [
-        pytest.param(
-            {"nodes": 2, "routing": True},
-            ["routing is on with 2 node(s)"],
-            id="routing-below-3-nodes",
-        ),
-        pytest.param(
-            {"npus_per_node": 4},
-            ["npus_per_node is 4, below a full node (full_node_npus 8)"],
-            id="part-of-a-node",
-        ),
-        pytest.param(
-            {"nodes": 3, "npus_per_node": 4},
-            [
-                "npus_per_node is 4, below a full node (full_node_npus 8); each pod's bootstrap (NPU_JOB_FULL_NODE_DEVICES=8) "
-                "will find partial nodes in the rank table, write a failed route_plan.json and keep the scheduler's order"
-            ],
-            id="part-of-a-node-with-routing",
-        ),
-        pytest.param(
-            {"npus_per_node": 16, "full_node_npus": 16, "nodes": 3},
-            [],
-            id="a3-full-node-no-warning",
-        ),
-        pytest.param(
-            {"device": "cpu", "full_node_npus": 8},
-            ["full_node_npus is ignored for device cpu"],
-            id="full-node-on-cpu",
-        ),
-        pytest.param(
-            {"nodes": 4, "launcher": "torchrun", "launcher_args": ["--rdzv_backend=c10d"]},
-            ["launcher_args --rdzv_backend=c10d assigns node ranks by arrival"],
-            id="arrival-order-launcher",
-        ),
-        pytest.param(
-            {"nodes": 4, "launcher": "torchrun", "launcher_args": ["--rdzv-backend", "static"]},
-            [],
-            id="static-is-fine",
-        ),
-        pytest.param(
-            {"device": "gpu", "hccl": {"connect_timeout": 300}},
-            ["hccl settings are ignored for device gpu"],
-            id="hccl-on-gpu",
-        ),
-        pytest.param({"nodes": 6}, [], id="six-full-nodes-no-warning"),
-        pytest.param(
-            {"nodes": 3, "device": "cpu", "routing": True, "anti_affinity": True},
-            [],
-            id="routed-cpu-by-the-api",
-        ),
-        pytest.param(
-            {
-                "nodes": 3,
-                "device": "cpu",
-                "routing": True,
-                "routing_source": "api",
-                "env": {"RANK_TABLE_FILE": "https://x/rt.json"},
-            },
-            [
-                "routing_source is api, but env RANK_TABLE_FILE names a rank table: the bootstrap reads",
-                "routing by the Kubernetes API with anti_affinity off",
-            ],
-            id="routed-cpu-by-the-api-told",
-        ),
-        pytest.param(
-            {"routing_source": "api"},
-            ["routing_source is ignored: routing is off"],
-            id="routing-source-without-routing",
-        ),
-        pytest.param(
-            {"network_topology": {"mode": "soft", "highest_tier_allowed": 2}},
-            ["network_topology.highest_tier_allowed is ignored in soft mode"],
-            id="soft-with-a-tier",
-        ),
-        pytest.param(
-            {"nodes": 3, "device": "cpu", "routing": True, "routing_source": "rank-table"},
-            [
-                "routing is on for device cpu, but no rank table source is configured (CCE's configmap1980 plugin "
-                "serves NPU jobs only): set env RANK_TABLE_FILE (a file in one of volumes, or an http(s) URL) or mount "
-                "one at /user/config; without it each pod's bootstrap finds no rank table and keeps the scheduler's order"
-            ],
-            id="routed-cpu-without-rank-table",
-        ),
-        pytest.param(
-            {"nodes": 3, "device": "gpu", "routing": True, "routing_source": "rank-table"},
-            ["routing is on for device gpu, but no rank table"],
-            id="routed-gpu-without-rank-table",
-        ),
-        pytest.param(
-            {
-                "nodes": 3,
-                "device": "cpu",
-                "routing": True,
-                "env": {"RANK_TABLE_FILE": "https://x/rt.json"},
-            },
-            [],
-            id="routed-cpu-rank-table-from-env",
-        ),
-        pytest.param(
-            {
-                "nodes": 3,
-                "device": "cpu",
-                "routing": True,
-                "volumes": [{"name": "rt", "configMap": {"name": "rt"}}],
-                "mounts": [{"name": "rt", "mountPath": "/user/config"}],
-            },
-            [],
-            id="routed-cpu-rank-table-mounted-where-the-bootstrap-looks",
-        ),
-        pytest.param(
-            {
-                "nodes": 3,
-                "device": "cpu",
-                "routing": True,
-                "volumes": [{"name": "rt", "configMap": {"name": "rt"}}],
-                "mounts": [{"name": "rt", "mountPath": "/data"}],
-                "routing_source": "rank-table",
-            },
-            ["routing is on for device cpu, but no rank table"],
-            id="routed-cpu-volume-elsewhere",
-        ),
-    ],
-)
-def test_warnings(extra, expected):
-    warnings = spec_from(with_keys(**extra)).warnings
-    assert len(warnings) == len(expected), warnings
-    for warning, start in zip(warnings, expected):
-        assert warning.startswith(start)
 
 
 @pytest.mark.parametrize("doc", [pytest.param(doc, id=doc.key) for doc in NULL_MEANINGS])
