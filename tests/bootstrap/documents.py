@@ -10,8 +10,11 @@ import base64
 import gzip
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import yaml
+from npu_job.bootstrap.kubeobjects import decode_objects
+from npu_job.bootstrap.kubetopology import KubeContext
 from npu_job.bootstrap.model import RankTable, Topology
 from npu_job.bootstrap.ranktable import rank_table_document
 from npu_job.bootstrap.synthetic import synthetic_cluster
@@ -250,3 +253,36 @@ def plain_topology_document(topology: Topology) -> Dict[str, Any]:
             entry["slot"] = placement.slot
         servers[server_id] = entry
     return {"version": 1, "servers": servers}
+
+
+# --- the Kubernetes fixtures: kubectl dumps written here (tests/bootstrap/fixtures/kube) ----------
+
+KUBE_FIXTURES = Path(__file__).parent / "fixtures" / "kube"
+THREE_TIER = KUBE_FIXTURES / "hypernodes-three-tier.yaml"
+NODES = KUBE_FIXTURES / "nodes.json"
+
+_LOADED: Dict[Path, Any] = {}
+
+
+def kube_document(path: Path) -> Any:
+    """A fresh copy of a fixture document (YAML read once: PyYAML is slow)."""
+    if path not in _LOADED:
+        text = path.read_text()
+        _LOADED[path] = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    return json.loads(json.dumps(_LOADED[path]))
+
+
+def nodes_context(names: Optional[Sequence[str]] = None) -> KubeContext:
+    """The nodes of ``nodes.json`` beside a topology document, placing only ``names`` if given."""
+    return KubeContext(
+        objects=decode_objects(NODES.read_bytes(), str(NODES)),
+        names=None if names is None else tuple(names),
+    )
+
+
+def node_ip(name: str) -> str:
+    """The InternalIP of node ``name`` in ``nodes.json``."""
+    return {
+        n["metadata"]["name"]: n["status"]["addresses"][0]["address"]
+        for n in kube_document(NODES)["items"]
+    }[name]

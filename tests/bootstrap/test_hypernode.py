@@ -4,56 +4,28 @@ regexMatch and labelMatch, a node in no HyperNode and a node in two."""
 
 import json
 import random
-from pathlib import Path
 
 import pytest
-import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import planner
 from npu_job.bootstrap.hypernode import read_hypernodes, resolve
 from npu_job.bootstrap.kubefacts import read_nodes
-from npu_job.bootstrap.kubeobjects import decode_objects, read_objects
+from npu_job.bootstrap.kubeobjects import read_objects
 from npu_job.bootstrap.kubetopology import HYPERNODES, KubeContext, topology_from_document
 from npu_job.bootstrap.model import Collective, Device, Placement, RankTable, Server
 from npu_job.bootstrap.topology import VOLCANO_HYPERNODES, parse_topology
 
 from npu_job.errors import InputError
 
+from .documents import KUBE_FIXTURES, NODES, THREE_TIER, kube_document, node_ip, nodes_context
 from .engines import ENGINES, json_engine
 
-FIXTURES = Path(__file__).parent / "fixtures" / "kube"
-THREE_TIER = FIXTURES / "hypernodes-three-tier.yaml"
-TWO_TIER = FIXTURES / "hypernodes-two-tier.json"
-NODES = FIXTURES / "nodes.json"
-
-
-_LOADED = {}
-
-
-def _doc(path):
-    """A fresh copy of a fixture document (YAML read once: PyYAML is slow)."""
-    if path not in _LOADED:
-        text = path.read_text()
-        _LOADED[path] = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    return json.loads(json.dumps(_LOADED[path]))
-
-
-def _nodes_context(names=None):
-    return KubeContext(
-        objects=decode_objects(NODES.read_bytes(), str(NODES)),
-        names=None if names is None else tuple(names),
-    )
-
-
-def _ip(name):
-    return {
-        n["metadata"]["name"]: n["status"]["addresses"][0]["address"] for n in _doc(NODES)["items"]
-    }[name]
+TWO_TIER = KUBE_FIXTURES / "hypernodes-two-tier.json"
 
 
 def test_three_tier_tree_places_every_member_kind_by_its_path_outermost_first():
-    found = topology_from_document(_doc(THREE_TIER), "hn.yaml", context=_nodes_context())
+    found = topology_from_document(kube_document(THREE_TIER), "hn.yaml", context=nodes_context())
     topology = found.topology
     assert topology.source == HYPERNODES
     expected = {
@@ -72,13 +44,13 @@ def test_three_tier_tree_places_every_member_kind_by_its_path_outermost_first():
     for name, (spine, tor) in expected.items():
         placement = Placement(tiers=("cluster-a", spine), tors=(tor,))
         assert topology.placement_of(name) == placement, name
-        assert topology.placement_of(_ip(name)) == placement, name  # keyed by InternalIP too
+        assert topology.placement_of(node_ip(name)) == placement, name  # keyed by InternalIP too
     assert topology.placement_of("node-11") is None  # no HyperNode selects it
-    assert topology.placement_of(_ip("node-11")) is None
+    assert topology.placement_of(node_ip("node-11")) is None
 
 
 def test_a_node_in_two_hypernodes_is_placed_by_lowest_tier_then_path_and_reported():
-    found = topology_from_document(_doc(THREE_TIER), "hn.yaml", context=_nodes_context())
+    found = topology_from_document(kube_document(THREE_TIER), "hn.yaml", context=nodes_context())
     # node-5: tor-1 by regex and tor-3 by rack=r3; both tier 1, cluster-a > spine-0 sorts first
     assert found.topology.placement_of("node-5") == Placement(("cluster-a", "spine-0"), ("tor-1",))
     assert len(found.notes) == 1
@@ -89,7 +61,7 @@ def test_a_node_in_two_hypernodes_is_placed_by_lowest_tier_then_path_and_reporte
 
 def test_two_tier_tree_with_a_regex_and_a_label_selector_with_does_not_exist():
     found = topology_from_document(
-        json.loads(TWO_TIER.read_text()), "hn.json", context=_nodes_context()
+        json.loads(TWO_TIER.read_text()), "hn.json", context=nodes_context()
     )
     topology = found.topology
     for name in ("node-0", "node-1", "node-2", "node-3"):
@@ -103,19 +75,13 @@ def test_two_tier_tree_with_a_regex_and_a_label_selector_with_does_not_exist():
     assert "'node-5' ('s3' > 's1', 's3' > 's2')" in found.notes[0]
 
 
-def test_one_combined_list_reads_like_the_two_files():
-    combined = _doc(THREE_TIER)
-    combined["items"] = _doc(NODES)["items"] + combined["items"]
-    alone = topology_from_document(combined, "cluster.json")
-    beside = topology_from_document(_doc(THREE_TIER), "hn.yaml", context=_nodes_context())
-    assert alone == beside
-
-
 def test_parse_topology_detects_hypernodes_in_yaml_json_and_typed_lists():
-    context = _nodes_context()
+    context = nodes_context()
     from_yaml = parse_topology(THREE_TIER.read_bytes(), "hn.yaml", context=context)
-    from_json = parse_topology(json.dumps(_doc(THREE_TIER)).encode(), "hn.json", context=context)
-    typed = _doc(THREE_TIER)
+    from_json = parse_topology(
+        json.dumps(kube_document(THREE_TIER)).encode(), "hn.json", context=context
+    )
+    typed = kube_document(THREE_TIER)
     typed["kind"] = "HyperNodeList"
     for item in typed["items"]:  # the API lists items without kind
         del item["kind"]
@@ -130,7 +96,7 @@ def test_parse_topology_detects_hypernodes_in_yaml_json_and_typed_lists():
 
 def test_without_node_labels_label_members_place_nothing_and_say_why():
     found = topology_from_document(
-        _doc(THREE_TIER),
+        kube_document(THREE_TIER),
         "hn.yaml",
         context=KubeContext(names=tuple(f"node-{i}" for i in range(12))),
     )
@@ -146,25 +112,14 @@ def test_without_node_labels_label_members_place_nothing_and_say_why():
     )
 
 
-def test_names_of_interest_by_address_place_the_same_as_the_whole_cluster():
-    whole = topology_from_document(_doc(THREE_TIER), "hn.yaml", context=_nodes_context()).topology
-    some = [_ip("node-3"), "node-8", _ip("node-5"), "node-11"]
-    part = topology_from_document(
-        _doc(THREE_TIER), "hn.yaml", context=_nodes_context(some)
-    ).topology
-    for key in some:
-        assert part.placement_of(key) == whole.placement_of(key)
-    assert part.placement_of("node-0") is None  # not asked for
-
-
 def test_planner_puts_each_tor_and_spine_together():
     topology = topology_from_document(
-        _doc(THREE_TIER), "hn.yaml", context=_nodes_context()
+        kube_document(THREE_TIER), "hn.yaml", context=nodes_context()
     ).topology
     names = [f"node-{i}" for i in range(12)]
     random.Random(4).shuffle(names)
     servers = tuple(
-        Server(_ip(name), i, tuple(Device(str(d)) for d in range(8)))
+        Server(node_ip(name), i, tuple(Device(str(d)) for d in range(8)))
         for i, name in enumerate(names)
     )
     plan = planner.plan(RankTable("1.0", "completed", servers), topology, Collective.RING)
@@ -387,7 +342,7 @@ def test_a_hypernode_name_twice_is_an_error():
 def test_listing_order_never_changes_the_placements(seed):
     """The API lists objects in any order, and members in the order they were written."""
     rng = random.Random(seed)
-    hypernodes, nodes = _doc(THREE_TIER), _doc(NODES)
+    hypernodes, nodes = kube_document(THREE_TIER), kube_document(NODES)
     expected = topology_from_document(
         hypernodes, "hn", context=KubeContext(objects=read_objects(nodes, "nodes"))
     )
@@ -402,19 +357,19 @@ def test_listing_order_never_changes_the_placements(seed):
 
 
 def test_resolution_is_restricted_to_names_without_a_node_list():
-    tree = read_hypernodes(read_objects(_doc(TWO_TIER), "hn").hypernodes, "hn")
+    tree = read_hypernodes(read_objects(kube_document(TWO_TIER), "hn").hypernodes, "hn")
     resolved = resolve(tree, (), "hn", names=("node-6", "node-2", "node-40"))
     assert dict(resolved.placements) == {
         "node-2": Placement(("s3",), ("s0",)),
         "node-6": Placement(("s3",), ("s1",)),
     }
-    nodes = read_nodes(read_objects(_doc(NODES), "nodes").nodes, "nodes")
+    nodes = read_nodes(read_objects(kube_document(NODES), "nodes").nodes, "nodes")
     assert resolve(tree, nodes, "hn").placements["node-10"] == Placement(("s3",), ("s2",))
 
 
 def _combined_json():
-    combined = _doc(THREE_TIER)
-    combined["items"] = _doc(NODES)["items"] + combined["items"]
+    combined = kube_document(THREE_TIER)
+    combined["items"] = kube_document(NODES)["items"] + combined["items"]
     return json.dumps(combined).encode()
 
 
@@ -444,7 +399,9 @@ def test_bootstrap_reads_a_hypernode_file_with_the_nodes_beside_it(tmp_path):
     names = [f"node-{i}" for i in range(12)]
     random.Random(9).shuffle(names)
     servers = tuple(
-        Server(_ip(name), i, tuple(Device(str(d), f"29.0.{i}.{d}", i * 2 + d) for d in range(2)))
+        Server(
+            node_ip(name), i, tuple(Device(str(d), f"29.0.{i}.{d}", i * 2 + d) for d in range(2))
+        )
         for i, name in enumerate(names)
     )
     table = RankTable("1.0", "completed", servers)
@@ -464,7 +421,7 @@ def test_bootstrap_reads_a_hypernode_file_with_the_nodes_beside_it(tmp_path):
         assert result.route_plan["status"] == "success", result.route_plan["reason"]
         mappings.add(result.route_plan["mapping_digest"])
     assert len(mappings) == 1
-    topology = parse_topology(THREE_TIER.read_bytes(), "t", context=_nodes_context())
+    topology = parse_topology(THREE_TIER.read_bytes(), "t", context=nodes_context())
     expected = planner.plan(table, topology, Collective.RING)
     assert result.route_plan["rank_mapping"] == expected.rank_mapping
     assert result.route_plan["topology"] == f"{THREE_TIER} (volcano-hypernodes)"
