@@ -7,7 +7,7 @@ same fields into each new instance's ``__dict__`` directly, the way ``pickle`` a
 a frozen dataclass: the results are indistinguishable from the constructors' (equality, hash,
 repr, immutability), about 2.5x faster. :class:`DeviceColumns` goes further: servers made by
 :func:`servers_from_device_columns` build their devices only when first read (bootstrapping reads
-only how many each server has). ``tests/bootstrap/test_model.py`` holds the field lists here to
+only how many each server has). ``tests/bootstrap/test_columns.py`` holds the field lists here to
 the dataclasses'.
 """
 
