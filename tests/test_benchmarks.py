@@ -14,12 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.netns import netns_unavailable_reason
+from tests.e2e.netns import fabric_unavailable_reason
 
 REPO = Path(__file__).resolve().parent.parent
-FABRIC_REASON = netns_unavailable_reason() or (
-    None if shutil.which("tc") and shutil.which("ss") else "needs tc and ss (iproute2)"
-)
+FABRIC_REASON = fabric_unavailable_reason()
 
 CASES = [
     (

@@ -84,6 +84,14 @@ def netns_unavailable_reason() -> Optional[str]:
     return None
 
 
+def fabric_unavailable_reason() -> Optional[str]:
+    """Why ``benchmarks/bench_fabric.py`` cannot build its emulated fabric here (namespaces, and
+    iproute2's ``tc`` and ``ss``), or None when it can."""
+    if shutil.which("tc") is None or shutil.which("ss") is None:
+        return "needs tc and ss (iproute2)"
+    return netns_unavailable_reason()
+
+
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 

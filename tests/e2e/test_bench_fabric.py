@@ -7,6 +7,8 @@ behind is bench_fabric's case in tests/test_benchmarks.py.)
 from __future__ import annotations
 
 import glob
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,10 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.netns import netns_unavailable_reason
+from tests.e2e.netns import fabric_unavailable_reason
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_fabric.py"
-REASON = netns_unavailable_reason()
+REASON = fabric_unavailable_reason()
+AS_NOBODY = (
+    None
+    if os.geteuid() == 0 and shutil.which("setpriv")
+    else "needs root and setpriv (util-linux) to run the benchmark as nobody"
+)
 
 
 def _ours(pid: int) -> list:
@@ -83,7 +90,7 @@ def test_ctrl_c_while_measuring_removes_every_namespace_process_and_file(tmp_pat
     assert glob.glob(f"/var/tmp/npjfab{process.pid}-*") == []
 
 
-@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+@pytest.mark.skipif(AS_NOBODY is not None, reason=AS_NOBODY or "")
 def test_without_root_it_says_so_and_exits_77(tmp_path):
     done = subprocess.run(
         [
