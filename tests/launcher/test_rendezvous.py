@@ -577,7 +577,11 @@ def test_a_proxy_that_cannot_take_its_port_again_stops_the_job_naming_it(closing
         made.append(rendezvous.start_store_proxy(host, port, timeout, listen_port))
         return made[-1]
 
-    settings = make_handlers(2, [0, 1], keep_alive_interval=0.2, tiered=True)
+    # the watch looks at the proxy every 0.2 s; a 5 s liveness window keeps a stalled heartbeat
+    # on a loaded machine from stopping the job first (with the default 3 beats it did, at 0.6 s)
+    settings = make_handlers(
+        2, [0, 1], keep_alive_interval=0.2, keep_alive_max_attempt=25, tiered=True
+    )
     handlers = {
         rank: ParallelRendezvousHandler(h.settings, proxy_factory=factory)
         for rank, h in settings.items()
