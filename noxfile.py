@@ -7,6 +7,12 @@ their nvidia-* packages; they import and run on a CPU-only machine) and keeps it
 reuse it. A session runs the launcher tests and records which torch features it found; ``nox -s
 supported`` turns those records into the README's "Supported torch" table.
 
+Two sessions run at a time (nox's ``--parallel``; ``-j 1`` runs them one by one), each printing
+its output when it ends. A launcher session keeps about 0.7 of a core busy on average (its tests
+mostly wait on timeouts and on other processes), so on CI's 2 cores two side by side take 7 to 9
+minutes each where one alone takes 6; three at once saturated the machine, took 12 minutes each
+and failed two timing-sensitive tests (a 0.6 s heartbeat, a barrier's deadline).
+
     nox                        # the whole matrix
     nox -s "launcher(torch='2.1.0')"
     nox -s supported           # the table, from the last matrix run
@@ -15,9 +21,12 @@ supported`` turns those records into the README's "Supported torch" table.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import nox
 
@@ -27,6 +36,8 @@ nox.options.envdir = str(ENVDIR)
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["lint", "launcher", "oldest_msgspec"]
 nox.options.error_on_missing_interpreters = True
+nox.options.parallel = min(2, os.cpu_count() or 1)
+nox.options.allow_parallel = True  # every session but `supported`, which reads the others' results
 
 # Releases of the matrix and what else each needs. torch built against NumPy 1.x (before 2.3)
 # warns on every import beside NumPy 2. 2.13.0 is the main suite's own torch.
@@ -43,7 +54,7 @@ LAUNCHER_TESTS = "tests/launcher"
 LINT_TOOLS = ["ruff==0.17.6", "mypy==2.4.1", "types-PyYAML", "types-requests"]
 
 
-@nox.session(python=False)
+@nox.session(python=False, allow_parallel=False)
 def supported(session: nox.Session) -> None:
     """Print the README's "Supported torch" table from the matrix's last results."""
     rows = [json.loads(path.read_text()) for path in sorted(RESULTS.glob("*.json"))]
@@ -77,7 +88,8 @@ def oldest_msgspec(session: nox.Session) -> None:
 
     Its DecodeError became a ValueError only in 0.21; the readers must fall back alike before.
     """
-    session.install("msgspec==0.18.6", "-e", ".[test]")
+    with _one_build_at_a_time():
+        session.install("msgspec==0.18.6", "-e", ".[test]")
     session.run(
         "python",
         "-m",
@@ -101,7 +113,8 @@ def launcher(session: nox.Session, torch: str) -> None:
     main suite: the loop is the proxy's own code, the same under every torch, and running both on
     every release cost 43 s a release.
     """
-    session.install(f"torch=={torch}", *MATRIX[torch], "-e", ".[launcher,test]")
+    with _one_build_at_a_time():
+        session.install(f"torch=={torch}", *MATRIX[torch], "-e", ".[launcher,test]")
     RESULTS.mkdir(parents=True, exist_ok=True)
     report = RESULTS / f"{torch}.junit.xml"
     features = session.run("python", "-m", "npu_job.launcher.torchcompat", "--json", silent=True)
@@ -129,6 +142,17 @@ def launcher(session: nox.Session, torch: str) -> None:
     session.log(f"torch {torch}: {summary}")
     if failed:
         session.error(f"torch {torch}: {summary}")
+
+
+@contextmanager
+def _one_build_at_a_time() -> Iterator[None]:
+    """Sessions running side by side take turns installing the project: pip builds an editable
+    install in the shared source tree (its ``.egg-info``, ``build/``), which two builds at once
+    could leave half-written. Cached venvs make each turn a few seconds."""
+    ENVDIR.mkdir(parents=True, exist_ok=True)
+    with open(ENVDIR / "install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _junit_summary(report: Path) -> tuple[str, int]:
