@@ -61,11 +61,7 @@ class Roster(NamedTuple):
     indices: Tuple[int, ...]
     expected: int
     unscheduled: Tuple[str, ...]  # names of pods without a node (or a host IP) yet
-
-    @property
-    def missing(self) -> Tuple[int, ...]:
-        present = set(self.indices)
-        return tuple(index for index in range(self.expected) if index not in present)
+    missing: Tuple[int, ...]  # indices below expected that no live pod has
 
     @property
     def ready(self) -> bool:
@@ -108,13 +104,15 @@ def job_roster(pods: Sequence[PodFacts], selector: JobSelector, source: str) -> 
             _field(pod, f"metadata.labels.{TASK_INDEX_LABEL}"),
             f"a pod index below {expected}, the job's pod count (MA_NUM_HOSTS); got {max(beyond)}",
         )
-    ordered = tuple(chosen[index] for index in sorted(chosen))
+    indices = tuple(sorted(chosen))
+    ordered = tuple(chosen[index] for index in indices)
     return Roster(
         job,
         ordered,
-        tuple(sorted(chosen)),
+        indices,
         expected,
         tuple(pod.name for pod in ordered if not (pod.node_name and pod.host_ip)),
+        tuple(index for index in range(expected) if index not in chosen),
     )
 
 
