@@ -16,7 +16,8 @@ local workers:
 
 So the root sees 1 + ``wait_connections`` connections per node (3 by default; 4 with the agent's
 own). BARRIER, which no torch code path uses and which cannot be merged (every arrival must count
-once at the root), takes an idle wait connection or, if none is idle, a short-lived extra one.
+once at the root), takes an idle wait connection or, if none is idle, a short-lived extra one
+(closed after its answer; an extra that comes up after the pool did is still the one taken).
 
 Coalescing (what a one-for-one forwarder cannot do; its rules are pure code in
 :mod:`npu_job.launcher.coalescing`, the server that applies them on an event loop is

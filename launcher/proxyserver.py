@@ -834,11 +834,14 @@ class AsyncStoreProxy:
         self, client: _Client, request: Request
     ) -> Optional[asyncio.Future[object]]:
         conn: Optional[Upstream] = None
-        while self._idle_wait and conn is None:
-            candidate = self._idle_wait.pop()
-            conn = None if candidate.closed else candidate
+        # An extra connection first: one is open only because a BARRIER asked for it, and taking
+        # an idle wait connection instead (the pool came up meanwhile) would leave it open for
+        # good, one more root connection per barrier that found the pool still opening.
         while self._spare_barrier_conns and conn is None:
             candidate = self._spare_barrier_conns.pop()
+            conn = None if candidate.closed else candidate
+        while self._idle_wait and conn is None:
+            candidate = self._idle_wait.pop()
             conn = None if candidate.closed else candidate
         if conn is None:  # no idle connection: open a short-lived one, then retry
             return self.spawn(self._open_spare_barrier_conn())

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 from importlib.util import find_spec
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import pytest
 
@@ -173,15 +173,21 @@ class ProxyProcess:
 class CuttableRelay:
     """A TCP relay in front of a root, as a network path that can break: ``hold()`` makes the
     bytes clients send on the connections open now go nowhere, ``cut()`` closes those
-    connections (both ways, a FIN each); connections made afterwards are relayed whole."""
+    connections (both ways, a FIN each); connections made afterwards are relayed whole.
 
-    def __init__(self, upstream_port: int) -> None:
+    ``gates``: the ``k``-th connection accepted (0-based) is relayed only once ``gates[k]`` is
+    set (None, or beyond the list: at once), so a test can order when the proxy's connections
+    to the root come up; ``accepted`` counts the connections accepted so far."""
+
+    def __init__(self, upstream_port: int, gates: Sequence[Optional[threading.Event]] = ()) -> None:
         self._upstream_port = upstream_port
+        self._gates = list(gates)
         self._listener = socket.create_server((LOOPBACK, 0))
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
         self._pairs: list = []  # [client side, root side], the connections open now
         self._held: set = set()  # client sides whose bytes go nowhere
+        self.accepted = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -190,11 +196,18 @@ class CuttableRelay:
                 near, _ = self._listener.accept()
             except OSError:
                 return
-            far = socket.create_connection((LOOPBACK, self._upstream_port))
-            with self._lock:
-                self._pairs.append((near, far))
-            for source, sink in ((near, far), (far, near)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+            gate = self._gates[self.accepted] if self.accepted < len(self._gates) else None
+            self.accepted += 1
+            threading.Thread(target=self._relay, args=(near, gate), daemon=True).start()
+
+    def _relay(self, near: socket.socket, gate: Optional[threading.Event]) -> None:
+        if gate is not None:
+            gate.wait()
+        far = socket.create_connection((LOOPBACK, self._upstream_port))
+        with self._lock:
+            self._pairs.append((near, far))
+        for source, sink in ((near, far), (far, near)):
+            threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
 
     def _pump(self, source, sink) -> None:  # type: ignore[no-untyped-def]
         while True:

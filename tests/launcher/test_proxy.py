@@ -27,6 +27,7 @@ from npu_job.launcher.storeclient import RawStoreClient
 from tests.launcher.proxy_support import (
     LOOPBACK,
     LOOPS,
+    CuttableRelay,
     ProxyProcess,
     established_connections,
     tcp_store,
@@ -464,6 +465,37 @@ def test_a_barrier_wider_than_the_wait_pool_completes_on_short_lived_extra_conne
     assert not any(thread.is_alive() for thread in threads)
     assert root.get("wide") == b"4"  # the barrier's counter, as the root keeps it
     assert wait_until(lambda: proxy.stats()["upstream_open"] == 3)  # the extras are closed again
+
+
+@needs("barrier")
+def test_extra_barrier_connections_are_closed_even_when_the_wait_pool_came_up_meanwhile(root):
+    """Barriers that found no wait connection open extra ones; if the pool's connections come up
+    before the extras do, the barriers still take the extras they asked for, so every extra is
+    closed afterwards and the root keeps seeing main + pool (a relay orders the connections)."""
+    pool, extras = threading.Event(), threading.Event()
+    relay = CuttableRelay(root.port, gates=[None, pool, pool] + [extras] * 4)
+    try:
+        with ProxyProcess(relay.port) as proxy:
+            stores = [tcp_store(proxy.port) for _ in range(4)]
+            threads = [threading.Thread(target=s.barrier, args=("late-pool", 4)) for s in stores]
+            for thread in threads:
+                thread.start()
+            # main, the pool's two, and one extra per barrier: all asked for, none up
+            assert wait_until(lambda: relay.accepted == 7), relay.accepted
+            pool.set()
+            time.sleep(0.5)  # the pool's handshakes, through before any extra can answer
+            extras.set()
+            for thread in threads:
+                thread.join(20)
+            assert not any(thread.is_alive() for thread in threads)
+            assert root.get("late-pool") == b"4"
+
+            def open_now() -> int:
+                return proxy.stats()["upstream_open"]
+
+            assert wait_until(lambda: open_now() == 3), open_now()
+    finally:
+        relay.close()
 
 
 def _opcodes_this_torch_lacks() -> list:
