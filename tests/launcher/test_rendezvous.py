@@ -549,7 +549,8 @@ def test_an_ipv6_master_hosts_the_root_and_serves_the_workers(closing, tiered):
 def test_a_node_whose_agent_fails_tells_the_others_why_it_leaves(closing):
     """An agent that leaves on an error of its own (not a rendezvous error, not a verdict) names
     itself and the error, so nodes still training stop instead of waiting for it."""
-    handlers = make_handlers(2, [0, 1], keep_alive_interval=0.2)
+    # a 5 s liveness window: the leaving node's word, not its missing heartbeat, stops node 0
+    handlers = make_handlers(2, [0, 1], keep_alive_interval=0.2, keep_alive_max_attempt=25)
     closing(handlers.values())
     join_all([handlers[0], handlers[1]])
     handlers[1].report_outcome("running")
