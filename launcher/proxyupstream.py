@@ -124,6 +124,11 @@ class Upstream:
                 )
                 break
             except (OSError, asyncio.TimeoutError) as exc:
+                # A stopping proxy gives up here, not only when cancelled: before Python 3.12,
+                # asyncio.wait_for loses a cancellation that lands as the connect fails, and
+                # the retries would run on to the deadline (the store timeout) inside stop().
+                if self._proxy.closing:
+                    raise UpstreamLost("proxy stopping") from exc
                 if loop.time() + delay > deadline:
                     raise UpstreamLost(
                         f"cannot connect to the root store at {host}:{port}: {exc}"

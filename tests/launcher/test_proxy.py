@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from npu_job.launcher import torchcompat
 from npu_job.launcher.protocol import NEWEST, Op, Request, encode_request
-from npu_job.launcher.proxy import StoreProxy, new_event_loop
+from npu_job.launcher.proxy import AsyncStoreProxy, StoreProxy, UpstreamLost, new_event_loop
+from npu_job.launcher.proxyupstream import Upstream
 from npu_job.launcher.storeclient import RawStoreClient
 
 from tests.launcher.proxy_support import (
@@ -385,6 +386,28 @@ def test_in_process_store_proxy_starts_stops_idempotently_and_leaks_nothing(root
     with socket.socket() as probe:
         assert probe.connect_ex((LOOPBACK, port)) != 0
     assert wait_until(lambda: established_connections(root.port) == 1)  # only the root's own client
+
+
+def test_a_stopping_proxy_gives_up_reaching_its_root_at_the_next_refusal():
+    """While the root refuses connections, a connection being opened retries with backoff until
+    the store timeout; once the proxy is stopping, the next refusal ends it. (Stopping cancels the
+    attempt, but before Python 3.12 ``asyncio.wait_for`` loses a cancellation that lands as the
+    connect fails, and the retries went on: stopping took up to the timeout, ~9 s in the matrix's
+    torch 2.4 runs.)"""
+    with socket.socket() as unused:  # a port nothing listens on: every connect is refused
+        unused.bind((LOOPBACK, 0))
+        refused = unused.getsockname()[1]
+    proxy = AsyncStoreProxy(LOOPBACK, refused, timeout=30, dialect=DIALECT)
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(proxy.aclose())  # stopping: what StoreProxy.stop() awaits first
+        opening = Upstream(proxy, "main").open(loop.time() + 30)
+        started = time.monotonic()
+        with pytest.raises(UpstreamLost, match="proxy stopping"):
+            loop.run_until_complete(opening)
+        assert time.monotonic() - started < 15  # not the 30 s of retries
+    finally:
+        loop.close()
 
 
 @pytest.mark.parametrize("loop_kind", LOOPS)
