@@ -579,7 +579,7 @@ def test_a_proxy_that_cannot_take_its_port_again_stops_the_job_naming_it(closing
         return made[-1]
 
     # the watch looks at the proxy every 0.2 s; a 5 s liveness window keeps a stalled heartbeat
-    # on a loaded machine from stopping the job first (with the default 3 beats it did, at 0.6 s)
+    # on a loaded machine from stopping the job before the proxy's verdict does
     settings = make_handlers(
         2, [0, 1], keep_alive_interval=0.2, keep_alive_max_attempt=25, tiered=True
     )
