@@ -692,10 +692,8 @@ class AsyncStoreProxy:
             if group.state != "queued":
                 self._queued.popleft()
                 continue
-            if self._idle_wait:
-                conn = self._idle_wait.pop()
-                if conn.closed:
-                    continue
+            conn = _pop_open(self._idle_wait)
+            if conn is not None:
                 self._queued.popleft()
                 self._activate(group, conn)
                 continue
@@ -833,16 +831,10 @@ class AsyncStoreProxy:
     def _client_barrier(
         self, client: _Client, request: Request
     ) -> Optional[asyncio.Future[object]]:
-        conn: Optional[Upstream] = None
         # An extra connection first: one is open only because a BARRIER asked for it, and taking
         # an idle wait connection instead (the pool came up meanwhile) would leave it open for
         # good, one more root connection per barrier that found the pool still opening.
-        while self._spare_barrier_conns and conn is None:
-            candidate = self._spare_barrier_conns.pop()
-            conn = None if candidate.closed else candidate
-        while self._idle_wait and conn is None:
-            candidate = self._idle_wait.pop()
-            conn = None if candidate.closed else candidate
+        conn = _pop_open(self._spare_barrier_conns) or _pop_open(self._idle_wait)
         if conn is None:  # no idle connection: open a short-lived one, then retry
             return self.spawn(self._open_spare_barrier_conn())
         self._leave_barrier(client)
@@ -885,3 +877,12 @@ def format_address(host: str, port: int) -> str:
     except ValueError:
         pass
     return f"{host}:{port}"
+
+
+def _pop_open(conns: List[Upstream]) -> Optional[Upstream]:
+    """The last of ``conns`` still open, popped with the closed ones after it; None if none is."""
+    while conns:
+        conn = conns.pop()
+        if not conn.closed:
+            return conn
+    return None
