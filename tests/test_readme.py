@@ -23,7 +23,10 @@ def test_ci_runs_exactly_the_readme_install_and_test_commands():
         for line in ci
         if line and not line.startswith(("#", "set ", "cd ", "export ", "echo ", "start="))
     ]
-    assert commands[:2] == ["pip install torch==2.13.0 -e '.[launcher,test]'", "python -m pytest"]
+    assert commands[:2] == [
+        "pip install torch==2.13.0 -e '.[launcher,test]'",
+        "python -m pytest -n auto",
+    ]
     for command in commands[:2]:
         assert f"```bash\n{command}\n```" in README
     assert commands[2:] == ["python -m nox", "python -m nox -s supported"]  # the torch matrix
