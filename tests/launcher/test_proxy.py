@@ -521,6 +521,38 @@ def test_extra_barrier_connections_are_closed_even_when_the_wait_pool_came_up_me
         relay.close()
 
 
+@needs("barrier")
+def test_an_extra_barrier_connection_is_closed_when_its_client_left_while_it_opened(root):
+    """A BARRIER that found no idle wait connection opens an extra one. A client that leaves
+    meanwhile is seen to go only once the extra is up (the proxy stops reading a client while
+    its request waits), so the BARRIER goes out on the extra and is cancelled at once; the
+    cancellation's answer closes the extra, and the root is left with main + pool, not one
+    more connection until the proxy stops (a relay holds the connections up)."""
+    held = threading.Event()
+    relay = CuttableRelay(root.port, gates=[None, held, held, held])
+    try:
+        with ProxyProcess(relay.port) as proxy:
+            leaving = raw_client(proxy.port)
+            leaving.send(Request(Op.BARRIER, (b"/left",), number=2))
+            # main, the pool's two and the barrier's extra: all asked for, only main up
+            assert wait_until(lambda: relay.accepted == 4), relay.accepted
+            leaving.sock.close()
+            time.sleep(0.3)  # the close reaches the proxy before the extra is up
+            held.set()
+
+            def open_now() -> int:
+                return proxy.stats()["upstream_open"]
+
+            assert wait_until(lambda: open_now() == 3), open_now()
+            time.sleep(0.5)  # and it stays at main + pool: the extra is not merely late
+            assert open_now() == 3
+            store = tcp_store(proxy.port)  # the proxy serves on, the pool's connections too
+            store.set("after", "ok")
+            assert store.get("after") == b"ok"
+    finally:
+        relay.close()
+
+
 def _opcodes_this_torch_lacks() -> list:
     """Bytes a client of the newest torch could send that the installed torch's store does not
     know: each missing op under its newest number, and a byte no release uses."""
