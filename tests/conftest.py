@@ -1,4 +1,5 @@
-"""What every test gets: the ``npu_job`` logger as it was before the test.
+"""What every test gets: the ``npu_job`` logger as it was before the test; and how many workers
+``-n auto`` starts (:mod:`tests.cpu_quota`).
 
 A command run in-process (``npu_job.cli.main``, npu-run's ``main``) sends that logger to its own
 stderr handler and stops it propagating, as a command should; left so, pytest's ``caplog`` of a
@@ -8,9 +9,12 @@ later test would see nothing, and the outcome of a test would depend on which ra
 from __future__ import annotations
 
 import logging
-from typing import Iterator
+import os
+from typing import Iterator, Optional
 
 import pytest
+
+from tests.cpu_quota import usable_cpus
 
 
 @pytest.fixture(autouse=True)
@@ -22,3 +26,11 @@ def _npu_job_logger_restored() -> Iterator[None]:
     logger.handlers[:] = handlers
     logger.setLevel(level)
     logger.propagate = propagate
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook; plain pytest runs without it
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> Optional[int]:
+    """``-n auto``: one worker per CPU this process may use, a container's CPU quota included."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own override, which its hook reads
+    return usable_cpus()

@@ -1,0 +1,79 @@
+"""``-n auto`` starts one test worker per CPU the suite may use: its affinity, capped by its
+cgroup's CPU quota (:mod:`tests.cpu_quota`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cpu_quota import cgroup_cpu_quota, quota_v1, quota_v2, usable_cpus
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU_V1 = Path("/sys/fs/cgroup/cpu")
+
+
+def test_the_kernels_quota_formats_read_as_cpus():
+    assert quota_v2("150000 100000\n") == 1.5
+    assert quota_v2("max 100000\n") is None
+    assert quota_v1("50000\n", "100000\n") == 0.5
+    assert quota_v1("-1\n", "100000\n") is None
+
+
+def test_the_own_cgroup_is_read_and_a_namespaceless_container_falls_back_to_the_mount(tmp_path):
+    """A file tree laid out as the kernel's cgroup mounts are (a fake: the real ones are
+    read by the test below)."""
+    proc = tmp_path / "cgroup"
+    (tmp_path / "fs" / "job" / "a").mkdir(parents=True)
+    (tmp_path / "fs" / "job" / "a" / "cpu.max").write_text("250000 100000\n")
+    proc.write_text("0::/job/a\n")
+    assert cgroup_cpu_quota(proc, tmp_path / "fs") == 2.5
+    proc.write_text("0::/elsewhere/b\n")  # the host's path; the container's group is the mount
+    (tmp_path / "fs" / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_quota(proc, tmp_path / "fs") is None
+    v1 = tmp_path / "fs" / "cpu,cpuacct" / "docker" / "c1"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("100000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    proc.write_text("12:memory:/docker/c1\n4:cpu,cpuacct:/docker/c1\n")
+    assert cgroup_cpu_quota(proc, tmp_path / "fs") == 1.0
+    assert cgroup_cpu_quota(tmp_path / "absent", tmp_path / "fs") is None
+
+
+def test_a_quota_below_the_affinity_caps_the_workers_of_n_auto(tmp_path):
+    """A real cgroup v1 group with one CPU's quota on a machine of more: a pytest started in it
+    with ``-n auto`` and this suite's hook brings up one worker, not one per CPU."""
+    if os.geteuid() != 0 or not (CPU_V1 / "cpu.cfs_quota_us").is_file():
+        pytest.skip("needs root and a cgroup v1 cpu controller to make a group with a quota")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: a quota of one cannot lower the worker count")
+    assert usable_cpus() == len(os.sched_getaffinity(0))  # this process: no quota
+    (tmp_path / "conftest.py").write_text(
+        "from tests.conftest import pytest_xdist_auto_num_workers  # noqa: F401\n"
+    )
+    (tmp_path / "test_probe.py").write_text("def test_one():\n    pass\n")
+    group = CPU_V1 / f"npujob-quota-{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text("100000")
+        done = subprocess.run(
+            ["sh", "-c", f'echo $$ > {group / "cgroup.procs"} && exec "$@"', "sh"]
+            + [sys.executable, "-m", "pytest", "-n", "auto", "-p", "no:cacheprovider"]
+            + ["--rootdir", str(tmp_path), str(tmp_path)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={
+                **{k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_AUTO_NUM_WORKERS"},
+                "PYTHONPATH": str(ROOT),
+            },
+        )
+    finally:
+        group.rmdir()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "created: 1/1 worker\n" in done.stdout, done.stdout
