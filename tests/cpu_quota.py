@@ -28,7 +28,10 @@ def usable_cpus(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = CGRO
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-    quota = cgroup_cpu_quota(proc_cgroup, root)
+    try:
+        quota = cgroup_cpu_quota(proc_cgroup, root)
+    except (ValueError, ZeroDivisionError):  # a file of another shape: count without it
+        quota = None
     if quota is not None:
         cpus = min(cpus, math.ceil(quota))
     return max(1, cpus)

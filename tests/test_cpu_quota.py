@@ -41,6 +41,8 @@ def test_the_own_cgroup_is_read_and_a_namespaceless_container_falls_back_to_the_
     proc.write_text("12:memory:/docker/c1\n4:cpu,cpuacct:/docker/c1\n")
     assert cgroup_cpu_quota(proc, tmp_path / "fs") == 1.0
     assert cgroup_cpu_quota(tmp_path / "absent", tmp_path / "fs") is None
+    (v1 / "cpu.cfs_period_us").write_text("0\n")  # a file no kernel writes: no cap, no crash
+    assert usable_cpus(proc, tmp_path / "fs") == len(os.sched_getaffinity(0))
 
 
 def test_a_quota_below_the_affinity_caps_the_workers_of_n_auto(tmp_path):
