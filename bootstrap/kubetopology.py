@@ -77,10 +77,9 @@ def topology_from_objects(
     if fmt == HYPERNODES or (fmt is None and everything.hypernodes):
         if not everything.hypernodes:
             fail(source, "items", "HyperNode objects (kubectl get hypernodes -o json)")
-        tree = hypernode.read_hypernodes(everything.hypernodes, source)
-        resolved = hypernode.resolve(tree, nodes, source, names=wanted)
-        placements = _keyed(resolved.placements, nodes, wanted, source)
-        return KubeTopology(Topology(placements, source=HYPERNODES), resolved.notes)
+        tree_placements, tree_notes = _tree_placements(everything, nodes, wanted, source)
+        placements = _keyed(tree_placements, nodes, wanted, source)
+        return KubeTopology(Topology(placements, source=HYPERNODES), tree_notes)
     from npu_job.bootstrap import labels  # the label schemes: not needed with HyperNodes
 
     by_node: Dict[str, Placement] = {}
@@ -100,6 +99,23 @@ def topology_from_objects(
             f" node(s): {counted}",
         )
     return KubeTopology(Topology(_keyed(by_node, nodes, wanted, source), source=NODE_LABELS), notes)
+
+
+def _tree_placements(
+    objects: KubeObjects,
+    nodes: Sequence[NodeFacts],
+    wanted: Optional[AbstractSet[str]],
+    source: str,
+) -> Tuple[Mapping[str, Placement], Tuple[str, ...]]:
+    """Each node's placement in the HyperNode tree, and the notes on the choices made."""
+    simple = hypernode.exact_tree_placements(objects.hypernodes, wanted)
+    if simple is not None:
+        return simple, ()
+    # a tree with choices to make, notes to write or errors to name: read and resolved in full
+    resolved = hypernode.resolve(
+        hypernode.read_hypernodes(objects.hypernodes, source), nodes, source, names=wanted
+    )
+    return resolved.placements, resolved.notes
 
 
 def _wanted_nodes(

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import planner
-from npu_job.bootstrap.hypernode import read_hypernodes, resolve
+from npu_job.bootstrap.hypernode import exact_tree_placements, read_hypernodes, resolve
 from npu_job.bootstrap.kubefacts import read_nodes
 from npu_job.bootstrap.kubeobjects import read_objects
 from npu_job.bootstrap.kubetopology import HYPERNODES, KubeContext, topology_from_document
@@ -425,3 +425,135 @@ def test_bootstrap_reads_a_hypernode_file_with_the_nodes_beside_it(tmp_path):
     expected = planner.plan(table, topology, Collective.RING)
     assert result.route_plan["rank_mapping"] == expected.rank_mapping
     assert result.route_plan["topology"] == f"{THREE_TIER} (volcano-hypernodes)"
+
+
+# --- the shortcut for discovery's trees ----------------------------------------------------------
+
+COMPLICATIONS = (
+    "none",
+    "second parent",
+    "second holder",
+    "cycle",
+    "self member",
+    "regex member",
+    "label member",
+    "selector with two keys",
+    "member without a type",
+    "member of an unknown type",
+    "empty member name",
+    "tier below zero",
+    "tier as text",
+    "tierName as a number",
+    "name twice",
+    "members not a list",
+    "unknown child named twice",
+)
+
+
+@st.composite
+def discovery_trees(draw):
+    """A random forest of HyperNodes with exact members only (as Volcano's discovery writes
+    them), nodes under the leaves, possibly with one complication the shortcut must leave to
+    the general reader; and the node names a job asks for (None: every node)."""
+    count = draw(st.integers(1, 7))
+    names = [f"hn-{i}" for i in range(count)]
+    items = [_hn(name, draw(st.integers(0, 4))) for name in names]
+    for index in range(1, count):  # a forest: each HyperNode's parent comes before it
+        parent = draw(st.one_of(st.none(), st.integers(0, index - 1)))
+        if parent is not None:
+            items[parent]["spec"]["members"].append(_child(names[index]))
+    nodes = [f"node-{i}" for i in range(draw(st.integers(0, 12)))]
+    for node in nodes:
+        holder = draw(st.one_of(st.none(), st.integers(0, count - 1)))
+        if holder is not None:
+            repeats = draw(st.integers(1, 2))  # a node listed twice by one HyperNode is one member
+            items[holder]["spec"]["members"] += [_node_member(exactMatch={"name": node})] * repeats
+    complication = draw(st.sampled_from(COMPLICATIONS))
+    victim = items[draw(st.integers(0, count - 1))]
+    spec = victim["spec"]
+    other = draw(st.sampled_from(names))
+    if complication == "second parent":
+        items.append(_hn("hn-extra", 5, _child(other)))
+        spec["members"].append(_child(other))
+    elif complication == "second holder":
+        node = draw(st.sampled_from(nodes)) if nodes else "node-x"
+        spec["members"].append(_node_member(exactMatch={"name": node}))
+        items.append(_hn("hn-extra", 1, _node_member(exactMatch={"name": node})))
+    elif complication == "cycle":
+        items.append(_hn("hn-loop-a", 2, _child("hn-loop-b")))
+        items.append(_hn("hn-loop-b", 3, _child("hn-loop-a")))
+    elif complication == "self member":
+        spec["members"].append(_child(victim["metadata"]["name"]))
+    elif complication == "regex member":
+        spec["members"].append(_node_member(regexMatch={"pattern": "node-1"}))
+    elif complication == "label member":
+        spec["members"].append(_node_member(labelMatch={"matchLabels": {"rack": "a"}}))
+    elif complication == "selector with two keys":
+        spec["members"].append(
+            _node_member(exactMatch={"name": "node-0"}, regexMatch={"pattern": "x"})
+        )
+    elif complication == "member without a type":
+        spec["members"].append({"selector": {"exactMatch": {"name": "node-0"}}})
+    elif complication == "member of an unknown type":
+        spec["members"].append({"type": "Rack", "selector": {"exactMatch": {"name": "node-0"}}})
+    elif complication == "empty member name":
+        spec["members"].append(_node_member(exactMatch={"name": ""}))
+    elif complication == "tier below zero":
+        spec["tier"] = -1
+    elif complication == "tier as text":
+        spec["tier"] = "1"
+    elif complication == "tierName as a number":
+        spec["tierName"] = 7
+    elif complication == "name twice":
+        items.append(_hn(victim["metadata"]["name"], 1))
+    elif complication == "members not a list":
+        spec["members"] = {"type": "Node"}
+    elif complication == "unknown child named twice":
+        spec["members"].append(_child("hn-ghost"))
+        items.append(_hn("hn-extra", 1, _child("hn-ghost")))
+    asked = draw(
+        st.one_of(st.none(), st.lists(st.sampled_from(nodes + ["node-absent"]), unique=True))
+    )
+    return items, complication, None if asked is None else frozenset(asked)
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=discovery_trees(), seed=st.integers(0, 10_000))
+def test_the_shortcut_places_nodes_as_the_general_reader_or_leaves_the_tree_to_it(case, seed):
+    """exact_tree_placements is only a shortcut: where it answers, its placements are the
+    general reader's and the general reader has nothing to note; a tree with choices, notes or
+    errors it leaves (None). It answers for every plain discovery tree, in any listing order."""
+    items, complication, asked = case
+    objects = read_objects({"kind": "List", "items": items}, "hn").hypernodes
+    try:
+        general = resolve(read_hypernodes(objects, "hn"), (), "hn", names=asked)
+    except InputError:
+        general = None
+    short = exact_tree_placements(objects, asked)
+    if general is None:
+        assert short is None
+    elif short is not None:
+        assert short == dict(general.placements)
+        assert general.notes == ()
+    if complication == "none":
+        assert short is not None
+        shuffled = [json.loads(json.dumps(item)) for item in items]
+        rng = random.Random(seed)
+        rng.shuffle(shuffled)
+        for item in shuffled:
+            rng.shuffle(item["spec"]["members"])
+        reread = read_objects({"kind": "List", "items": shuffled}, "hn").hypernodes
+        assert exact_tree_placements(reread, asked) == short
+
+
+def test_a_discovery_tree_takes_the_shortcut_and_a_tree_with_choices_does_not():
+    plain = [
+        _hn("leaf", 1, _node_member(exactMatch={"name": "n1"})),
+        _hn("spine", 2, _child("leaf")),
+    ]
+    objects = read_objects({"kind": "List", "items": plain}, "hn").hypernodes
+    assert exact_tree_placements(objects) == {"n1": Placement(("spine",), ("leaf",))}
+    shared = plain + [_hn("other", 1, _node_member(exactMatch={"name": "n1"}))]
+    objects = read_objects({"kind": "List", "items": shared}, "hn").hypernodes
+    assert exact_tree_placements(objects) is None
+    assert exact_tree_placements(objects, frozenset({"n2"})) == {}  # n1 is not asked for
