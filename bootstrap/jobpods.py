@@ -189,8 +189,9 @@ def by_server(
     if topology is None:
         return None
     placements = {}
+    placement_of = topology.placements.get
     for server, node in zip(table.servers, nodes):
-        placement = topology.placement_of(node) or topology.placement_of(server.server_id)
+        placement = placement_of(node) or placement_of(server.server_id)
         if placement is not None:
             placements[server.server_id] = placement
     return Topology(placements, source=topology.source)

@@ -150,7 +150,8 @@ def _keyed(
         if placement is None or (keep is not None and node.name not in keep):
             continue
         for key in (node.name, *node.addresses):
-            if keyed.setdefault(key, placement) != placement:
+            held = keyed.setdefault(key, placement)
+            if held is not placement and held != placement:
                 fail(
                     source,
                     object_field(NODE, node.where, node.name, "status.addresses"),
@@ -159,6 +160,10 @@ def _keyed(
                 )
             claimed.setdefault(key, node.name)
     for name, placement in by_node.items():  # named by the HyperNodes, not in the node list
-        if name not in listed and keyed.setdefault(name, placement) != placement:
+        if name in listed:
+            continue
+        held = keyed.setdefault(name, placement)
+        # nodes share placements: "is" spares comparing the dataclasses field by field
+        if held is not placement and held != placement:
             fail(source, "items", f"one placement per node address; {shown(name)} is claimed twice")
     return keyed

@@ -140,7 +140,8 @@ class Topology:
     source: str = "none"
 
     def __post_init__(self) -> None:
-        ordered = dict(sorted(self.placements.items()))  # keys are unique: values never compared
+        placements = self.placements
+        ordered = {key: placements[key] for key in sorted(placements)}
         object.__setattr__(self, "placements", MappingProxyType(ordered))
 
     def placement_of(self, server_id: str) -> Optional[Placement]:
