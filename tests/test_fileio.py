@@ -55,3 +55,26 @@ def test_a_set_of_files_is_written_all_or_none(tmp_path, monkeypatch):
     written = write_files_atomic(tmp_path / "out", [("a", "1", 0o644), ("b", "2", 0o755)])
     assert [p.read_text() for p in written] == ["1", "2"] and os.access(written[1], os.X_OK)
     assert sorted(os.listdir(tmp_path / "out")) == ["a", "b"]
+
+
+def test_the_temporary_file_is_new_private_and_beside_its_target(tmp_path, monkeypatch):
+    """As tempfile.mkstemp makes it: a name no file has (a taken one is passed over, never
+    opened), created 0600 in the target's directory; a symlink planted at a name is not
+    followed."""
+    names = iter([b"\x00" * 6, b"\x00" * 6, b"\x01" * 6])
+    monkeypatch.setattr(fileio.os, "urandom", lambda size: next(names))
+    taken = tmp_path / ".out.json.000000000000.tmp"
+    taken.symlink_to(tmp_path / "elsewhere")
+    fd, path = fileio._create_temp(tmp_path / "out.json")
+    os.close(fd)
+    assert path == str(tmp_path / ".out.json.010101010101.tmp")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_directory_whose_every_name_is_taken_is_an_error_not_a_loop(tmp_path, monkeypatch):
+    monkeypatch.setattr(fileio.os, "urandom", lambda size: b"\x07" * size)
+    (tmp_path / ".out.json.070707070707.tmp").write_text("someone else's")
+    with pytest.raises(FileExistsError):
+        fileio._create_temp(tmp_path / "out.json")
+    assert (tmp_path / ".out.json.070707070707.tmp").read_text() == "someone else's"
