@@ -11,13 +11,15 @@ promise). ``npu-job bootstrap`` is the same parser as a subcommand (``HELP``, ``
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 from npu_job.errors import EXIT_USAGE, exit_code_of
 from npu_job.logs import PROG, add_log_options, setup_logging, verbosity
 from npu_job.parsing import int_at_least, seconds
+
+if TYPE_CHECKING:
+    import argparse  # imported where a parser is built: the pod command passes no flag
 
 HELP = "compute this pod's routing-affine node rank (pod step 1)"
 
@@ -55,6 +57,8 @@ SECONDS = seconds(zero_ok=True)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    import argparse
+
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
     inputs = parser.add_argument_group("inputs")
@@ -219,9 +223,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not (sys.argv[1:] if argv is None else argv):
         # The pod command passes no flag (the environment says it all), and every flag's default
         # is "not given" (None or false; a test keeps it so): no parser to build, which spares
-        # every pod the imports argparse makes on its first parser (locale and shutil).
+        # every pod argparse itself and the imports it makes on its first parser (locale and
+        # shutil).
         setup_logging(0)
         return exit_code_of(lambda: _bootstrap({}), PROG)
+    import argparse
+
     parser = argparse.ArgumentParser(prog=f"{PROG} bootstrap", description=HELP)
     add_log_options(parser)
     configure(parser)

@@ -7,10 +7,12 @@ like the rest of the tool's output. stdout stays free for data.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
-from typing import Optional, TextIO
+from typing import TYPE_CHECKING, Optional, TextIO
+
+if TYPE_CHECKING:
+    import argparse  # only for the option helpers: the bootstrap's pod command builds no parser
 
 PROG = "npu-job"
 
@@ -51,6 +53,8 @@ def add_log_options(parser: argparse.ArgumentParser, suffix: str = "") -> None:
     A subcommand's copies have their own destinations and no defaults, so that ``npu-job -v
     bootstrap`` is not undone by the subcommand's default and ``-v`` counts on both sides.
     """
+    import argparse
+
     parser.add_argument(
         "-v",
         "--verbose",
