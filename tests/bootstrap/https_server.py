@@ -125,6 +125,10 @@ class HTTPSServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+            # TCP_NODELAY, as the Kubernetes API server (Go's net package sets it on every TCP
+            # connection). With Nagle's algorithm on, the tail of each TLS record of a big answer
+            # waits for the client's delayed ACK: 40 ms stalls, ten in a 4096-pod listing.
+            disable_nagle_algorithm = True
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 started = time.perf_counter()
