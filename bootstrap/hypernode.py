@@ -339,7 +339,7 @@ def exact_tree_placements(
                 return None
     chains: Dict[str, Optional[Tuple[str, ...]]] = {}
     for hypernode in tiers:  # every chain, so that a cycle anywhere declines as resolve refuses it
-        if _exact_chain(hypernode, parent, chains) is None:
+        if _chain(hypernode, parent, chains) is None:
             return None
     placed: Dict[str, Placement] = {}  # one Placement per holding HyperNode, shared by its nodes
     placements: Dict[str, Placement] = {}
@@ -352,26 +352,6 @@ def exact_tree_placements(
             placement = placed[at] = Placement(tiers=chain[:-1], tors=chain[-1:])
         placements[node] = placement
     return placements
-
-
-def _exact_chain(
-    hypernode: str, parent: Mapping[str, str], chains: Dict[str, Optional[Tuple[str, ...]]]
-) -> Optional[Tuple[str, ...]]:
-    """The HyperNodes from the root down to ``hypernode`` by ``parent`` (memoised in
-    ``chains``); None when the walk up meets itself: a cycle."""
-    walk: List[str] = []
-    current: Optional[str] = hypernode
-    while current is not None and current not in chains:
-        chains[current] = None  # on this walk: met again, it closes a cycle
-        walk.append(current)
-        current = parent.get(current)
-    tail: Optional[Tuple[str, ...]] = () if current is None else chains[current]
-    if tail is None:
-        return None
-    for name in reversed(walk):
-        tail = tail + (name,)
-        chains[name] = tail
-    return tail
 
 
 def resolve(
@@ -400,7 +380,7 @@ def resolve(
     else:
         candidates = set(names)  # in any order: the results are per node
     holders = _holders(ordered, candidates, facts, names is not None, notes)
-    chains: Dict[str, Tuple[str, ...]] = {}
+    chains: Dict[str, Optional[Tuple[str, ...]]] = {}
     placements: Dict[str, Placement] = {}
     # the same HyperNodes hold many nodes (a leaf, all its nodes): their paths, worked out once
     known: Dict[Any, Tuple[Tuple[Tuple[str, ...], ...], Placement]] = {}
@@ -411,7 +391,11 @@ def resolve(
         key = held_by[0] if len(held_by) == 1 else tuple(held_by)
         found = known.get(key)
         if found is None:
-            options = [_chain(holder, parent, chains) for holder in held_by]
+            options: List[Tuple[str, ...]] = []
+            for holder in held_by:
+                chain = _chain(holder, parent, chains)
+                assert chain is not None  # _check_acyclic has refused every cycle
+                options.append(chain)
             if len(options) > 1:
                 options.sort(
                     key=lambda chain: (by_name[chain[-1]].tier, tuple(map(id_sort_key, chain)))
@@ -582,19 +566,23 @@ def _selector_problem(requirements: Tuple[Requirement, ...]) -> Optional[str]:
 
 
 def _chain(
-    holder: str, parent: Mapping[str, str], chains: Dict[str, Tuple[str, ...]]
-) -> Tuple[str, ...]:
-    """The HyperNodes from the root down to ``holder`` (memoised; the tree has no cycle)."""
+    holder: str, parent: Mapping[str, str], chains: Dict[str, Optional[Tuple[str, ...]]]
+) -> Optional[Tuple[str, ...]]:
+    """The HyperNodes from the root down to ``holder`` by ``parent`` (memoised in ``chains``);
+    None when the walk up meets itself: a cycle."""
     walk: List[str] = []
     current: Optional[str] = holder
     while current is not None and current not in chains:
+        chains[current] = None  # on this walk: met again, it closes a cycle
         walk.append(current)
         current = parent.get(current)
-    tail: Tuple[str, ...] = chains[current] if current is not None else ()
+    tail: Optional[Tuple[str, ...]] = () if current is None else chains[current]
+    if tail is None:
+        return None
     for name in reversed(walk):
         tail = tail + (name,)
         chains[name] = tail
-    return chains[holder]
+    return tail
 
 
 def _path_text(chain: Sequence[str]) -> str:
