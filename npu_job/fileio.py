@@ -100,7 +100,7 @@ def _temp_copy(target: Path, data: Union[str, bytes], mode: int, durable: bool) 
 
 
 # tempfile.mkstemp's flags. tempfile itself is not imported: it loads shutil, and shutil bz2 and
-# lzma, ~8 M instructions of a pod's start-up (the bootstrap's budget) for one random name.
+# lzma, 6.7 M instructions of a pod's start-up (the bootstrap's budget) for one random name.
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
 _CREATE |= getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 _NAME_TRIES = 100
