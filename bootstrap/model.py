@@ -20,7 +20,7 @@ import enum
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,12 @@ class Plan:
     def is_identity(self) -> bool:
         return all(rank == pod for pod, rank in enumerate(self.node_rank_of_pod))
 
-    @property
+    @cached_property  # its digest and the route plan both read it
     def rank_mapping(self) -> str:
         """The platform's ``"newRank-podIndex,..."`` form, in new-rank order."""
-        return ",".join(f"{rank}-{pod}" for rank, pod in enumerate(self.pod_of_node_rank))
+        return rank_mapping_text(self.pod_of_node_rank)
+
+
+def rank_mapping_text(pod_of_node_rank: Sequence[int]) -> str:
+    """:attr:`Plan.rank_mapping` of the order ``pod_of_node_rank`` (pod index by new rank)."""
+    return ",".join([f"{rank}-{pod}" for rank, pod in enumerate(pod_of_node_rank)])

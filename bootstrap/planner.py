@@ -50,7 +50,14 @@ import logging
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from npu_job.bootstrap import canonical
-from npu_job.bootstrap.model import Collective, Plan, PlanStatus, RankTable, Topology
+from npu_job.bootstrap.model import (
+    Collective,
+    Plan,
+    PlanStatus,
+    RankTable,
+    Topology,
+    rank_mapping_text,
+)
 
 from npu_job.errors import shown
 from npu_job.podfacts import MIN_NODES
@@ -393,8 +400,7 @@ def _finish(
     node_rank_of_pod = [0] * len(order)
     for rank, pod in enumerate(order):
         node_rank_of_pod[pod] = rank
-    # Plan.rank_mapping spelled out here so the mapping is built once, not via a second Plan.
-    mapping = ",".join([f"{rank}-{pod}" for rank, pod in enumerate(order)])
+    mapping = rank_mapping_text(order)
     result = Plan(
         status,
         tuple(node_rank_of_pod),
@@ -403,6 +409,10 @@ def _finish(
         digest,
         canonical.mapping_digest(mapping),
     )
+    # What the plan would work out again when first asked (the route plan asks): its caches.
+    cache = vars(result)
+    cache["pod_of_node_rank"] = tuple(order)
+    cache["rank_mapping"] = mapping
     log.debug(
         "plan %s for %d nodes (%s): input sha256 %s, mapping sha256 %s",
         result.status,

@@ -14,6 +14,7 @@ from npu_job.bootstrap.model import (
     Collective,
     Device,
     Placement,
+    Plan,
     PlanStatus,
     RankTable,
     Server,
@@ -164,6 +165,13 @@ def test_plan_is_a_permutation_with_each_switch_group_contiguous_and_the_ring_bo
     score = scorer.score_order(order, keys, samples=0)
     assert score.ring_cross_edges == score.ring_lower_bound
     assert score.ring_cross_edges_by_tier == score.ring_lower_bound_by_tier
+    # the planner hands its order and mapping to the plan's caches: what the fields alone give
+    fresh = Plan(result.status, result.node_rank_of_pod, result.collective)
+    assert (result.pod_of_node_rank, result.rank_mapping) == (
+        fresh.pod_of_node_rank,
+        fresh.rank_mapping,
+    )
+    assert result.mapping_digest == canonical.mapping_digest(fresh.rank_mapping)
 
 
 @PROPERTY_SETTINGS
