@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from itertools import repeat
-from typing import Any, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, List, Literal, Optional, Sequence, Tuple, Union, cast
 
 from npu_job.bootstrap.jsondecode import encode_compact
 from npu_job.bootstrap.model import Collective, Placement, RankTable, Server, Topology
@@ -144,7 +144,15 @@ def switch_path(server: Server, topology: Optional[Topology]) -> SwitchPath:
 
 def switch_paths(table: RankTable, topology: Optional[Topology]) -> Tuple[SwitchPath, ...]:
     """:func:`switch_path` of every server, in pod order."""
-    return tuple(switch_path(server, topology) for server in table.servers)
+    servers = table.servers
+    if topology is not None and all(server.super_pod_id is None for server in servers):
+        # The usual job: the topology places every server by its id, and no super pod adds a
+        # tier; then the paths are the placements' own, looked up at C speed.
+        placements = list(map(topology.placements.get, [server.server_id for server in servers]))
+        if all(placements):  # a Placement is always true, a miss is None
+            found = cast(List[Placement], placements)
+            return tuple([(place.tiers, place.tors, place.slot) for place in found])
+    return tuple([switch_path(server, topology) for server in servers])
 
 
 def canonical_input(

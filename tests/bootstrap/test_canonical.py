@@ -4,6 +4,7 @@ JSON encoder wrote them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from hypothesis import example, given, settings
@@ -79,6 +80,45 @@ def test_id_order_is_the_order_of_id_sort_key(ids):
     """The C-speed path for all-IPv4 ids must sort exactly as id_sort_key does, duplicates too."""
     expected = sorted(range(len(ids)), key=lambda i: canonical.id_sort_key(ids[i]))
     assert canonical.id_order(ids) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    nodes=st.integers(1, 24),
+    tors=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+    missing=st.integers(0, 2),
+    super_pods=st.sampled_from(["none", "the rank table's", "one server's own"]),
+    keyed_by=st.sampled_from(["server_id", "host_ip", "some by host_ip"]),
+)
+def test_switch_paths_are_each_servers_switch_path(
+    nodes, tors, seed, missing, super_pods, keyed_by
+):
+    """Every server placed by its id and no super pod is looked up in bulk: the same paths as
+    asking server by server, and so are the paths of every other cluster."""
+    table, topology = synthetic_cluster(
+        nodes,
+        min(tors, nodes),
+        seed=seed,
+        missing_topology=min(missing, nodes - 1),
+        super_pods=min(tors, nodes, 2) if super_pods == "the rank table's" else 0,
+    )
+    servers = table.servers
+    if keyed_by != "server_id":  # the topology knows (some) servers by their host IPs
+        servers = tuple(
+            dataclasses.replace(server, server_id=f"node-{index}", host_ip=server.server_id)
+            if keyed_by == "host_ip" or index % 2
+            else server
+            for index, server in enumerate(servers)
+        )
+    if super_pods == "one server's own":  # a super pod the topology does not know of
+        servers = (dataclasses.replace(servers[0], super_pod_id="sp-x"),) + servers[1:]
+    table = dataclasses.replace(table, servers=servers)
+    expected = tuple(canonical.switch_path(server, topology) for server in table.servers)
+    assert canonical.switch_paths(table, topology) == expected
+    assert canonical.switch_paths(table, None) == tuple(
+        canonical.switch_path(server, None) for server in table.servers
+    )
 
 
 # --- the canonical bytes and their digests --------------------------------------------------------
