@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import canonical, jobpods, planner
 from npu_job.bootstrap.jobpods import JobSelector, job_roster, roster_table
@@ -68,6 +68,22 @@ def test_a_topology_of_node_names_is_keyed_by_the_servers():
         "10.1.7.130": Placement((), ("t2",)),
     }
     assert keyed.source == "x" and jobpods.by_server(None, table, ()) is None
+
+
+def test_a_topology_of_every_node_is_keyed_by_node_name_alone():
+    """Placed by node name, never by address, when both would place a server."""
+    from npu_job.bootstrap.model import Placement, Topology
+
+    document, _ = _pods()
+    roster = _roster(document)
+    table = roster_table(roster, "pods")
+    nodes = jobpods.node_names(roster)
+    by_node = {node: Placement((), (f"t-{node}",)) for node in nodes}
+    by_address = {server.server_id: Placement((), ("wrong",)) for server in table.servers}
+    keyed = jobpods.by_server(Topology({**by_address, **by_node}, "x"), table, nodes)
+    assert dict(keyed.placements) == {
+        server.server_id: by_node[node] for server, node in zip(table.servers, nodes)
+    }
 
 
 def test_index_from_the_task_index_label_else_the_name_suffix():
@@ -205,3 +221,104 @@ def test_every_listing_order_gives_the_same_servers_and_plan(seed):
     random.Random(seed).shuffle(shuffled["items"])
     digest, plan = plan_of(shuffled)
     assert digest == expected[0] and plan == expected[1] and plan.status.value == "success"
+
+
+def _roster_pod_by_pod(pods, selector, source):
+    """What job_roster answers, spelled out pod by pod with pod_index (the reference); its
+    refusals say what job_roster's say (a bad label's is pod_index's own)."""
+    job = selector.job
+    chosen = {}
+    for pod in pods:
+        labels = pod.labels
+        if (
+            labels.get(jobpods.JOB_NAME_LABEL) != job
+            or (selector.task is not None and labels.get(jobpods.TASK_SPEC_LABEL) != selector.task)
+            or pod.deleting
+            or pod.phase in jobpods.ENDED_PHASES
+        ):
+            continue
+        index = jobpods.pod_index(pod, source)
+        if index in chosen:
+            raise InputError(source, "labels", "one live pod per index")
+        chosen[index] = pod
+    expected = selector.expected if selector.expected is not None else max(chosen, default=-1) + 1
+    if any(index >= expected for index in chosen):
+        raise InputError(source, "labels", f"a pod index below {expected}")
+    indices = tuple(sorted(chosen))
+    ordered = tuple(chosen[index] for index in indices)
+    return jobpods.Roster(
+        job,
+        ordered,
+        indices,
+        expected,
+        tuple(pod.name for pod in ordered if not (pod.node_name and pod.host_ip)),
+        tuple(index for index in range(expected) if index not in chosen),
+    )
+
+
+_INDEX_LABELS = st.one_of(
+    st.integers(0, 12).map(str),  # the usual label
+    st.integers(0, 12).map(lambda index: f"00{index}"),  # leading zeros
+    st.sampled_from([None, "", "x1", "1.0", "-1", "\u0661", "0" * 20 + "3", "9" * 19, " 2"]),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pods=st.lists(
+        st.tuples(
+            _INDEX_LABELS,
+            st.integers(0, 12),  # the index the name ends in
+            st.sampled_from(["llama", "other"]),
+            st.sampled_from(["worker", "ps"]),
+            st.sampled_from(["Running", "Pending", "Succeeded", "Failed"]),
+            st.booleans(),  # deleting
+            st.booleans(),  # scheduled
+        ),
+        max_size=14,
+    ),
+    expected=st.none() | st.integers(1, 14),
+    task=st.none() | st.just("worker"),
+)
+@example(  # 19 digits: more than a count has, though int() reads them
+    pods=[("9" * 19, 0, "llama", "worker", "Running", False, True)], expected=3, task=None
+)
+@example(  # three pods of a 3-pod job, one of them numbered 3
+    pods=[(label, 0, "llama", "worker", "Running", False, True) for label in ("0", "1", "3")],
+    expected=3,
+    task=None,
+)
+@example(  # two pods with one index, each label well-formed
+    pods=[("1", 0, "llama", "worker", "Running", False, True)] * 2, expected=3, task=None
+)
+def test_the_roster_is_the_pods_read_one_by_one(pods, expected, task):
+    """Whatever the labels say (no label, leading zeros, non-digits, an index twice, beyond the
+    count), the roster is what reading pod by pod with pod_index gives, or the same refusal."""
+    from npu_job.bootstrap.kubefacts import PodFacts
+
+    facts = [
+        PodFacts(
+            name=f"{job}-{spec}-{name_index}",
+            labels={
+                jobpods.JOB_NAME_LABEL: job,
+                jobpods.TASK_SPEC_LABEL: spec,
+                **({} if label is None else {jobpods.TASK_INDEX_LABEL: label}),
+            },
+            node_name=f"node-{position}" if scheduled else "",
+            host_ip=f"10.0.0.{position}" if scheduled else "",
+            phase=phase,
+            deleting=deleting,
+            where=f"items[{position}]",
+        )
+        for position, (label, name_index, job, spec, phase, deleting, scheduled) in enumerate(pods)
+    ]
+    selector = JobSelector(job="llama", task=task, expected=expected)
+    try:
+        want = _roster_pod_by_pod(facts, selector, "pods")
+    except InputError as refused:
+        with pytest.raises(InputError) as error:
+            job_roster(facts, selector, "pods")
+        assert refused.expected in error.value.expected
+        assert error.value.field.endswith(("task-index", "name"))
+    else:
+        assert job_roster(facts, selector, "pods") == want
