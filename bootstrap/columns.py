@@ -52,7 +52,8 @@ def servers_from_columns(
     :func:`devices_from_columns` for why and why it is the same (:class:`Server` has no
     ``__post_init__`` either)."""
     servers = list(map(object.__new__, repeat(Server, len(server_ids))))
-    for state, *row in zip(
+    # One name per column, not ``*row``: unpacking into a list costs a fifth of the loop.
+    for state, server_id, pod_index, devices_of, host_ip, container_ip, pod_name, super_pod in zip(
         map(vars, servers),
         server_ids,
         pod_indices,
@@ -62,15 +63,13 @@ def servers_from_columns(
         pod_names,
         super_pod_ids,
     ):
-        (
-            state["server_id"],
-            state["pod_index"],
-            state["devices"],
-            state["host_ip"],
-            state["container_ip"],
-            state["pod_name"],
-            state["super_pod_id"],
-        ) = row
+        state["server_id"] = server_id
+        state["pod_index"] = pod_index
+        state["devices"] = devices_of
+        state["host_ip"] = host_ip
+        state["container_ip"] = container_ip
+        state["pod_name"] = pod_name
+        state["super_pod_id"] = super_pod
     return servers
 
 
@@ -116,25 +115,10 @@ def servers_from_device_columns(
     """:func:`servers_from_columns` where server ``i`` gets ``devices.devices_of(i)``, built only
     when first read (``device_count`` never builds them): equal, in every field, to the servers
     :func:`servers_from_columns` makes from the materialised device tuples."""
-    servers = list(map(object.__new__, repeat(Server, len(server_ids))))
-    for position, (state, *row) in enumerate(
-        zip(
-            map(vars, servers),
-            server_ids,
-            pod_indices,
-            host_ips,
-            container_ips,
-            pod_names,
-            super_pod_ids,
-        )
-    ):
-        (
-            state["server_id"],
-            state["pod_index"],
-            state["host_ip"],
-            state["container_ip"],
-            state["pod_name"],
-            state["super_pod_id"],
-        ) = row
+    servers = servers_from_columns(
+        server_ids, pod_indices, repeat(()), host_ips, container_ips, pod_names, super_pod_ids
+    )
+    for position, state in enumerate(map(vars, servers)):
+        del state["devices"]  # so that _DevicesFromColumns answers, from the columns
         state["_device_rows"] = (devices, position)
     return servers
