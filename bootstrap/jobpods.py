@@ -186,13 +186,11 @@ def roster_table(roster: Roster, source: str) -> RankTable:
                 f"and {shown(pod.name)} are both on node {shown(pod.node_name)} (in the job "
                 "spec, anti_affinity: true)",
             )
-    device_sets: Dict[int, Tuple[Device, ...]] = {}  # immutable: one tuple per count, shared
-    devices = []
-    for pod in roster.pods:
-        count = pod.accelerators or 1
-        if count not in device_sets:
-            device_sets[count] = tuple(Device(str(position)) for position in range(count))
-        devices.append(device_sets[count])
+    counts = [pod.accelerators or 1 for pod in roster.pods]
+    device_sets: Dict[int, Tuple[Device, ...]] = {  # immutable: one tuple per count, shared
+        count: tuple(Device(str(position)) for position in range(count)) for count in set(counts)
+    }
+    devices = list(map(device_sets.__getitem__, counts))
     addresses = [pod.host_ip for pod in roster.pods]
     servers = servers_from_columns(
         addresses,
@@ -203,7 +201,9 @@ def roster_table(roster: Roster, source: str) -> RankTable:
         [pod.name for pod in roster.pods],
         repeat(None),
     )
-    return RankTable(version=POD_LIST_VERSION, status="completed", servers=tuple(servers))
+    table = RankTable(version=POD_LIST_VERSION, status="completed", servers=tuple(servers))
+    vars(table)["device_counts"] = tuple(counts)  # its cache: what it would count again
+    return table
 
 
 def node_names(roster: Roster) -> Tuple[str, ...]:

@@ -14,7 +14,7 @@ from npu_job.bootstrap.jobpods import JobSelector, job_roster, roster_table
 from npu_job.bootstrap.kubefacts import read_pods
 from npu_job.bootstrap.kubeobjects import read_objects
 from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
-from npu_job.bootstrap.model import Collective
+from npu_job.bootstrap.model import Collective, RankTable
 
 from npu_job.errors import InputError, NotReadyError
 
@@ -51,6 +51,7 @@ def test_the_jobs_pods_in_index_order_become_servers_named_by_node():
     assert [s.pod_name for s in table.servers] == [f"llama-worker-{i}" for i in range(8)]
     assert [s.pod_index for s in table.servers] == list(range(8))
     assert table.device_counts == (8,) * 8  # nvidia.com/gpu limits
+    assert RankTable(table.version, table.status, table.servers).device_counts == (8,) * 8
 
 
 def test_a_topology_of_node_names_is_keyed_by_the_servers():
@@ -197,6 +198,8 @@ def test_a_cpu_pod_counts_one_device_and_a_gpu_count_is_read_from_its_limits():
     }
     table = roster_table(_roster(document), "pods")
     assert table.device_counts == (16,) + (1,) * 7
+    # the counts it was built with are the counts of its servers' devices
+    assert tuple(len(server.devices) for server in table.servers) == table.device_counts
     assert planner.plan(table, None, full_node_devices=None).reasons[0].startswith("partial nodes")
 
 
