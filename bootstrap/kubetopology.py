@@ -140,6 +140,8 @@ def _keyed(
     source: str,
 ) -> Dict[str, Placement]:
     """``by_node`` keyed by node name and by every InternalIP of the node as well."""
+    if not nodes:  # no Nodes listed (HyperNodes that name their nodes): no address to add
+        return dict(by_node)
     keyed: Dict[str, Placement] = {}
     claimed: Dict[str, str] = {}  # key -> the node that claimed it first
     keep = wanted

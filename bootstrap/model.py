@@ -141,7 +141,8 @@ class Topology:
 
     def __post_init__(self) -> None:
         placements = self.placements
-        ordered = {key: placements[key] for key in sorted(placements)}
+        keys = sorted(placements)
+        ordered = dict(zip(keys, map(placements.__getitem__, keys)))
         object.__setattr__(self, "placements", MappingProxyType(ordered))
 
     def placement_of(self, server_id: str) -> Optional[Placement]:
