@@ -279,7 +279,9 @@ _DECODER = json.JSONDecoder(**_NUMBER_HOOKS)
 _scan_once: Callable[[str, int], Tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 
 
-def decode_typed(text: bytes, decoder_for: Callable[[Any], Any]) -> Any:
+def decode_typed(
+    text: bytes, decoder_for: Callable[[Any], Any], *, builds_at_most: Optional[int] = None
+) -> Any:
     """``decoder_for(msgspec).decode(text)``, or None when msgspec is not used or refuses ``text``.
 
     ``decoder_for`` builds (and should cache) the ``msgspec.json.Decoder`` of the reader's types
@@ -289,13 +291,24 @@ def decode_typed(text: bytes, decoder_for: Callable[[Any], Any]) -> Any:
     too. A refusal decides nothing: the caller then reads the document the standard way, which
     accepts it or names what is wrong.
 
+    A text is decoded when the whole document would fit decoded (:func:`fits_decoded`, as for
+    the other readers), or when ``builds_at_most`` (bytes the decoder's types build per byte of
+    text at most, measured by the reader's tests) keeps what it builds under the same cap. The
+    second test is free; the first counts every value of a big text (~12 instructions a byte,
+    more than decoding it), which is what a reader of the API's one-page lists (20 MB of pods)
+    would pay. So such a reader also reads a document too big to decode whole, of which it
+    builds a few fields.
+
     One difference remains, in a place no reader looks: msgspec checks the syntax of the values it
     skips but not their range, so a number beyond a double in a skipped field passes here while
     :func:`parse_json` refuses it.
     """
     msgspec = msgspec_for(len(text))
-    if msgspec is None or not fits_decoded(text):  # the same documents as the other readers
+    if msgspec is None:
         return None
+    if builds_at_most is None or len(text) * builds_at_most > MAX_DECODED_BYTES:
+        if not fits_decoded(text):  # the same documents as the other readers
+            return None
     try:
         if not text.isascii():
             text.decode("utf-8")  # JSON text that is not UTF-8 is json.loads' to judge

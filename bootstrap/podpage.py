@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from npu_job.bootstrap.jsondecode import decode_typed
 from npu_job.bootstrap.kubefacts import PodFacts, devices_of
-from npu_job.bootstrap.podtypes import pod_page_decoder, resources_decoder
+from npu_job.bootstrap.podtypes import POD_PAGE_BUILDS_AT_MOST, pod_page_decoder, resources_decoder
 
 
 def read_pod_page(text: bytes) -> Optional[Tuple[Tuple[PodFacts, ...], Optional[str]]]:
@@ -27,7 +27,7 @@ def read_pod_page(text: bytes) -> Optional[Tuple[Tuple[PodFacts, ...], Optional[
     :func:`~.kubeobjects.read_objects`, :func:`~.kubefacts.read_pods`), which reads the same facts
     or names what is wrong.
     """
-    page = decode_typed(text, pod_page_decoder)
+    page = decode_typed(text, pod_page_decoder, builds_at_most=POD_PAGE_BUILDS_AT_MOST)
     if page is None or page.kind != "PodList":
         return None
     absent = _unset()

@@ -9,7 +9,15 @@ module (loaded by the caller, only for big inputs) and builds its decoder once.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
+
+# Bytes of memory pod_page_decoder builds per byte of page at most: every field it keeps is a
+# string, a label map of strings or a view of the text (no field decodes any JSON value whole), so
+# what it builds grows with the text alone. The worst measured is a pod of many two-letter labels
+# (9x: a dict entry and a short str for each 8 bytes of ``"ab":"",``); tests/bootstrap/
+# test_podpage.py measures the shapes. With it a page of up to 32 MiB fits the decoding cap
+# uncounted: the API answers a job's pods in one page (its watch cache ignores ``limit``).
+POD_PAGE_BUILDS_AT_MOST = 12
 
 
 @lru_cache(maxsize=None)
@@ -32,7 +40,7 @@ def pod_page_decoder(msgspec: Any) -> Any:
             ("name", str),
             ("namespace", text, None),
             ("labels", Optional[Dict[str, str]], None),
-            ("deletionTimestamp", Any, None),
+            ("deletionTimestamp", text, None),  # a time; anything else: the general way
         ],
     )
     pod = struct(
@@ -41,7 +49,7 @@ def pod_page_decoder(msgspec: Any) -> Any:
             ("metadata", metadata),
             ("spec", Optional[spec], None),
             ("status", Optional[status], None),
-            ("kind", Any, msgspec.UNSET),  # the API's items carry none
+            ("kind", Union[text, msgspec.UnsetType], msgspec.UNSET),  # the API's items carry none
         ],
     )
     list_metadata = struct(
@@ -51,7 +59,7 @@ def pod_page_decoder(msgspec: Any) -> Any:
         "Page",
         [
             ("items", List[pod]),  # type: ignore[valid-type]
-            ("kind", Any, None),
+            ("kind", text, None),
             ("metadata", Optional[list_metadata], None),
         ],
     )

@@ -29,6 +29,7 @@ CASES = [
         "bench_bootstrap_api.py",
         ["--sizes", "8,16", "--repeat", "1"],
         [
+            "(fake, on loopback, all pods in one answer)",
             "bash bootstrap.sh",
             "target (16 pods within 0.15 s of bare start-up, once the API",
             "cpu:  median excess",
@@ -38,8 +39,9 @@ CASES = [
     ),
     pytest.param(
         "bench_bootstrap_api.py",
-        ["--sizes", "8", "--repeat", "1", "--callgrind"],
+        ["--sizes", "8", "--repeat", "1", "--callgrind", "--api", "pages"],
         [
+            "(fake, on loopback, pages of 500)",
             "instructions (callgrind, one run each) at 8 pods: python -c pass",
             "beyond the least reader's",
             "reading the pods ",

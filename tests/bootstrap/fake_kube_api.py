@@ -12,6 +12,10 @@ documented API (Kubernetes API reference and "API Concepts"), and nothing more:
   remain, with ``metadata.remainingItemCount``; a ``continue`` token lists the rest of the same
   snapshot; a ``resourceVersion`` sent with a ``continue`` token is refused with 400, as the API
   server does ("specifying resource version is not allowed when using continue");
+  ``cached_lists_whole=True``: a list asked with ``resourceVersion=0`` is answered whole,
+  ``limit`` ignored, as API servers before Kubernetes 1.34 answer it from their watch cache
+  ("limit is optional for the server to honor", kubernetes/kubernetes#96182; KEP-4988 made the
+  cache page its answers);
 * ``Authorization: Bearer <token>`` checked (401 with a ``Status`` object otherwise); resources
   named in ``forbidden`` answer 403 with a ``Status``, as RBAC does;
 * ``Accept-Encoding: gzip`` honoured for answers of 128 KiB or more, as the API server compresses
@@ -70,8 +74,10 @@ class FakeKubernetesAPI:
         namespaces: Iterable[str] = ("default",),
         forbidden: Iterable[str] = (),
         order: Optional[int] = None,
+        cached_lists_whole: bool = False,
     ) -> None:
         self.token = token
+        self.cached_lists_whole = cached_lists_whole
         self.nodes = list(nodes)
         self.pods = list(pods)
         self.hypernodes = None if hypernodes is None else list(hypernodes)
@@ -120,6 +126,8 @@ class FakeKubernetesAPI:
                 400, "BadRequest", "specifying resource version is not allowed when using continue"
             )
         limit = int(query.get("limit", ["0"])[0] or 0)
+        if self.cached_lists_whole and query.get("resourceVersion") == ["0"]:
+            limit = 0  # the watch cache answers whole
         if token:
             snapshot_id, offset = json.loads(base64.urlsafe_b64decode(token))
             items = self._snapshots[snapshot_id]

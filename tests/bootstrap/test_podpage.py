@@ -39,3 +39,84 @@ def test_an_intact_page_is_read_straight_and_without_msgspec_declined():
     assert facts == read_pods(read_objects(json.loads(text), "s").pods, "s") and token is None
     with json_engine("stdlib"):
         assert podpage.read_pod_page(text) is None
+
+
+def _page(items) -> bytes:
+    return json.dumps({"kind": "PodList", "items": items}, separators=(",", ":")).encode()
+
+
+def _two_letter_keys():
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    return [a + b for a in letters for b in letters]
+
+
+# The shapes that make the typed decoder build the most per byte of text: small strings and
+# label entries, each a few bytes of JSON and a Python object of tens of bytes.
+_DENSE_PAGES = {
+    "two-letter labels": [
+        {"metadata": {"name": f"p{i}", "labels": dict.fromkeys(_two_letter_keys(), "")}}
+        for i in range(40)
+    ],
+    "one-letter pods": [{"metadata": {"name": "a"}} for _ in range(100_000)],
+    "one-letter scheduled pods": [
+        {
+            "metadata": {"name": "a", "namespace": "n", "deletionTimestamp": "t"},
+            "spec": {"nodeName": "n", "containers": [{}]},
+            "status": {"hostIP": "h", "phase": "p"},
+        }
+        for _ in range(50_000)
+    ],
+    "a deletion time of nested objects": [
+        {"metadata": {"name": "a", "deletionTimestamp": json.loads('{"a":' * 60 + "0" + "}" * 60)}}
+        for _ in range(2000)
+    ],
+    "many containers": [
+        {"metadata": {"name": "a"}, "spec": {"containers": [{"resources": {}}] * 400}}
+        for _ in range(200)
+    ],
+}
+
+
+def test_the_typed_decoder_builds_at_most_its_stated_bytes_per_byte_of_text():
+    """POD_PAGE_BUILDS_AT_MOST is what lets a one-page list of a big job skip counting its
+    values: the densest pages measured stay under it (no typed field decodes JSON whole)."""
+    import tracemalloc
+
+    import msgspec
+    from npu_job.bootstrap.podtypes import POD_PAGE_BUILDS_AT_MOST, pod_page_decoder
+
+    decoder = pod_page_decoder(msgspec)
+    for shape, items in _DENSE_PAGES.items():
+        text = _page(items)
+        tracemalloc.start()
+        try:
+            decoded = decoder.decode(text)
+        except msgspec.ValidationError:  # refused (for the general way): built nothing kept
+            decoded = None
+        finally:
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+        assert decoded is None or len(decoded.items) == len(items)
+        assert peak <= POD_PAGE_BUILDS_AT_MOST * len(text), (shape, peak / len(text))
+
+
+def test_a_whole_job_in_one_page_is_read_without_counting_its_values(monkeypatch):
+    """The API answers the first page (resourceVersion=0) from its watch cache, which ignores
+    ``limit`` before Kubernetes 1.34: a job's pods come in one page of ~5 KB a pod. The typed
+    reader decodes it without the whole-document count (a second pass over the text)."""
+    from npu_job.bootstrap import jsondecode
+
+    pod = {k: v for k, v in POD.items() if k not in ("kind", "apiVersion")}
+    text = _page([pod] * (2 * jsondecode._FITS_UNCOUNTED // len(_page([pod]))))
+    assert len(text) > jsondecode._FITS_UNCOUNTED  # what fits_decoded would count
+
+    def counted(_text):
+        raise AssertionError("counted the values of a page the typed decoder reads")
+
+    monkeypatch.setattr(jsondecode, "_value_count", counted)
+    with json_engine("msgspec"):
+        facts, _ = podpage.read_pod_page(text)
+    assert (
+        len(facts) > 1
+        and facts[0] == read_pods(read_objects(json.loads(_page([pod])), "s").pods, "s")[0]
+    )
