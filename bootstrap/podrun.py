@@ -51,6 +51,7 @@ class LoadedJob(NamedTuple):
     nodes: Tuple[str, ...]  # each server's node name
     location: str  # what the route plan names as the source of the servers
     objects: KubeObjects  # the last listing (a file's Nodes and HyperNodes too)
+    roster: jobpods.Roster  # the job's pods the servers were made from
     client: Any = None  # the open KubeClient, when the pods came from the API
 
 
@@ -76,7 +77,7 @@ def load_job(
             return None
         table = jobpods.roster_table(roster, location)
         log.info("%s", roster.progress())
-        return LoadedJob(table, jobpods.node_names(roster), location, objects, client)
+        return LoadedJob(table, jobpods.node_names(roster), location, objects, roster, client)
 
     def progress(elapsed: float) -> None:
         log.info(
@@ -185,11 +186,14 @@ def job_topology(
     verify: Verify,
     job: LoadedJob,
     load_chain: Callable[..., Tuple[Optional[Topology], str]],
+    keep: Optional[List[Any]] = None,
 ) -> Tuple[Optional[Topology], str]:
     """The topology for ``job`` (first found, see the module docstring); ``load_chain`` is the
-    rank-table path's :func:`~npu_job.bootstrap.run.load_topology`."""
+    rank-table path's :func:`~npu_job.bootstrap.run.load_topology`. ``keep``, when given, gets
+    what was listed from the API, for a process that ends without freeing it
+    (:data:`~npu_job.bootstrap.run.KEEP_UNTIL_EXIT`)."""
     try:
-        topology, name = _job_topology(options, env, verify, job, load_chain)
+        topology, name = _job_topology(options, env, verify, job, load_chain, keep)
     finally:
         if job.client is not None:
             job.client.close()
@@ -202,6 +206,7 @@ def _job_topology(
     verify: Verify,
     job: LoadedJob,
     load_chain: Callable[..., Tuple[Optional[Topology], str]],
+    keep: Optional[List[Any]],
 ) -> Tuple[Optional[Topology], str]:
     from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
 
@@ -227,6 +232,8 @@ def _job_topology(
 
         base = job.client.api.base_url
         objects = kubeapi.topology_objects(job.client, by_name=True)
+        if keep is not None:
+            keep.append(objects)
         if objects.hypernodes or objects.nodes:
             found = topology_from_objects(objects, base, options.topology_format, context)
             if found.topology.placements:
