@@ -96,11 +96,30 @@ def id_order(identifiers: Sequence[str]) -> List[int]:
         packed = list(map(_inet_aton, identifiers))
     except (OSError, ValueError, TypeError):
         packed = None
-    if packed is not None and list(map(_inet_ntoa, packed)) == list(identifiers):
+    if packed is not None and _all_dotted_quads(identifiers):
         keys: Sequence[Any] = list(map(int.from_bytes, packed, repeat(_BIG)))
     else:
         keys = list(map(id_sort_key, identifiers))
     return sorted(range(len(keys)), key=keys.__getitem__)
+
+
+_NONZERO_AS_ONE = str.maketrans("23456789", "11111111")
+
+
+def _all_dotted_quads(identifiers: Sequence[str]) -> bool:
+    """Whether ids that inet_aton reads are all canonical dotted quads (``_inet_ntoa(packed) ==
+    id`` for each): ASCII digits and three dots each, no number with a leading zero. Checked over
+    the joined text in a few passes of C (a fifth of formatting each address back)."""
+    count = len(identifiers)
+    text = "." + ".".join(identifiers)  # every number now follows a dot
+    if text.count(".") != 4 * count:  # three dots each, as inet_aton reads at most four parts
+        return False
+    digits = text.translate(_NONZERO_AS_ONE)  # "0" stays, so a leading zero is ".0" + digit
+    return (
+        digits.count("0") + digits.count("1") + 4 * count == len(digits)  # nothing else
+        and ".00" not in digits
+        and ".01" not in digits
+    )
 
 
 # The addresses of a server a topology may be keyed by, in the order they are tried: MindCluster

@@ -71,11 +71,21 @@ def test_natural_order_takes_digit_runs_of_any_length():
 
 
 _IPV4 = st.tuples(*[st.integers(0, 255)] * 4).map(lambda parts: ".".join(map(str, parts)))
-_OTHER_IDS = st.sampled_from(["010.0.0.1", "1.2.3", "tor-2", "tor-10", "::1", "0::1", ""])
+_OTHER_IDS = st.sampled_from(
+    # what inet_aton reads but is no canonical dotted quad, and ids that are no address at all
+    ["010.0.0.1", "1.2.3.04", "1.2.3.00", "0x1.2.3.4", "1.2.3", "1.2.3.4 x", "1.2.3.4\n"]
+    + ["\u0661.2.3.4", "1.2.3.4.", " 1.2.3.4", "tor-2", "tor-10", "::1", "0::1", ""]
+)
 
 
 @settings(max_examples=60, deadline=None)
 @given(ids=st.lists(_IPV4, max_size=12) | st.lists(_IPV4 | _OTHER_IDS, max_size=12))
+# inet_aton reads each of these first ids as an address before the second, which is no order
+@example(ids=["1.2.3.00", "1.2.3.1"])  # a number of two zeros (octal to inet_aton)
+@example(ids=["1.2.3.04", "1.2.3.5"])  # a leading zero
+@example(ids=["1.2.3", "1.2.2.9"])  # three parts: 1.2.0.3
+@example(ids=["1.2.3.4 x", "1.2.3.5"])  # what follows a space is ignored
+@example(ids=["1.2.3 ", "1.2.2.9"])  # three parts and a space: as many non-digits as a quad
 def test_id_order_is_the_order_of_id_sort_key(ids):
     """The C-speed path for all-IPv4 ids must sort exactly as id_sort_key does, duplicates too."""
     expected = sorted(range(len(ids)), key=lambda i: canonical.id_sort_key(ids[i]))
