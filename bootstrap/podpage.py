@@ -33,6 +33,7 @@ def read_pod_page(text: bytes) -> Optional[Tuple[Tuple[PodFacts, ...], Optional[
     absent = _unset()
     facts: List[PodFacts] = []
     append = facts.append
+    new_facts = tuple.__new__  # a NamedTuple from all its fields, without a Python frame each
     # The pods of a job ask for the same resources: count each distinct text once.
     counted: Dict[Tuple[bytes, ...], Optional[int]] = {}
     for index, pod in enumerate(page.items):
@@ -48,16 +49,19 @@ def read_pod_page(text: bytes) -> Optional[Tuple[Tuple[PodFacts, ...], Optional[
         if accelerators is None:
             return None
         append(
-            PodFacts(
-                metadata.name,
-                metadata.namespace or "",
-                {} if metadata.labels is None else metadata.labels,
-                spec is not None and spec.nodeName or "",
-                status is not None and status.hostIP or "",
-                status is not None and status.phase or "",
-                metadata.deletionTimestamp is not None,
-                accelerators,
-                f"items[{index}]",
+            new_facts(  # PodFacts(...) with every field given: its __new__ only binds them
+                PodFacts,
+                (
+                    metadata.name,
+                    metadata.namespace or "",
+                    {} if metadata.labels is None else metadata.labels,
+                    spec is not None and spec.nodeName or "",
+                    status is not None and status.hostIP or "",
+                    status is not None and status.phase or "",
+                    metadata.deletionTimestamp is not None,
+                    accelerators,
+                    f"items[{index}]",
+                ),
             )
         )
     token = page.metadata.continue_ if page.metadata is not None else None
