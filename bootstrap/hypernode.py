@@ -179,16 +179,12 @@ def selects_by_label(objects: Sequence[KubeObject]) -> bool:
     """Whether any of these (unchecked) HyperNodes may select nodes by label: then the nodes'
     labels are needed. True for anything malformed too (the reader will say what)."""
     try:
-        members = [
-            member
-            for obj in objects
-            for member in (obj.item.get("spec") or {}).get("members") or ()
-        ]
-        return any(
-            type(member.get("selector")) is not dict
-            or member["selector"].get("labelMatch") is not None
-            for member in members
-        )
+        for obj in objects:
+            for member in (obj.item.get("spec") or {}).get("members") or ():
+                selector = member.get("selector")
+                if type(selector) is not dict or selector.get("labelMatch") is not None:
+                    return True
+        return False
     except (AttributeError, TypeError):
         return True
 

@@ -149,6 +149,30 @@ def _child(name):
     return {"type": "HyperNode", "selector": {"exactMatch": {"name": name}}}
 
 
+@pytest.mark.parametrize(
+    "members, needs_labels",
+    [
+        ([_node_member(exactMatch={"name": "n1"}), _child("leaf")], False),
+        ([_node_member(regexMatch={"pattern": "n.*"})], False),
+        ([_node_member(exactMatch={"name": "n1"}), _node_member(labelMatch={})], True),
+        ([_node_member(labelMatch=None)], False),
+        ([{"type": "Node"}], True),  # no selector: malformed, the reader will say
+        (["n1"], True),
+    ],
+)
+def test_the_nodes_are_listed_only_for_trees_that_select_by_label(members, needs_labels):
+    """A tree that names its nodes needs no Node objects (the pod path then lists none); any
+    labelMatch, or anything malformed, says the labels may be needed."""
+    from npu_job.bootstrap.hypernode import selects_by_label
+
+    objects = read_objects(
+        {"kind": "List", "items": [_hn("leaf", 1), _hn("spine", 2, *members)]}, "s"
+    ).hypernodes
+    assert selects_by_label(objects) is needs_labels
+    spec_not_an_object = read_objects({"kind": "HyperNode", "metadata": {}, "spec": "x"}, "s")
+    assert selects_by_label(spec_not_an_object.hypernodes) is True
+
+
 def test_a_hypernode_in_two_parents_hangs_under_the_lowest_tier_then_name():
     document = {
         "kind": "List",
