@@ -138,19 +138,20 @@ def precondition_failures(
         reasons.append(
             f"only {count} node(s); reordering needs at least {MIN_NODES} (platform rule)"
         )
-    if any(server.pod_index != index for index, server in enumerate(servers)):
+    if [server.pod_index for server in servers] != list(range(count)):
         reasons.append(f"pod indices are not 0..{count - 1} in order")
-    first_pod: Dict[str, int] = {}
-    for server in servers:
-        if server.server_id in first_pod:
-            reasons.append(
-                f"duplicate server_id {shown(server.server_id)} (pod indices "
-                f"{first_pod[server.server_id]} and {server.pod_index})"
-            )
-        else:
-            first_pod[server.server_id] = server.pod_index
+    if len({server.server_id for server in servers}) != count:  # name each one given twice
+        first_pod: Dict[str, int] = {}
+        for server in servers:
+            if server.server_id in first_pod:
+                reasons.append(
+                    f"duplicate server_id {shown(server.server_id)} (pod indices "
+                    f"{first_pod[server.server_id]} and {server.pod_index})"
+                )
+            else:
+                first_pod[server.server_id] = server.pod_index
     reasons.extend(_partial_node_reasons(table, full_node_devices))
-    placed = sum(1 for tiers, tors, _slot in paths if tiers or tors)
+    placed = any(tiers or tors for tiers, tors, _slot in paths)  # stops at the first
     if count and topology is not None and topology.placements:
         # a topology that places none of the servers is never "used" (even with super pods)
         if not any(canonical.topology_entry(server, topology)[1] for server in servers):
