@@ -313,16 +313,14 @@ def exact_tree_placements(
             return None
         tiers[name] = tier
         for member in members or ():
-            if type(member) is not dict:
+            try:  # only JSON objects take these keys: anything else raises (no type test each)
+                selector = member["selector"]
+                target = selector["exactMatch"]["name"]
+                kind = member["type"]
+            except (KeyError, TypeError):
                 return None
-            selector = member.get("selector")
-            if type(selector) is not dict or len(selector) != 1:
+            if len(selector) != 1 or type(target) is not str or not target:
                 return None
-            exact = selector.get("exactMatch")
-            target = exact.get("name") if type(exact) is dict else None
-            if type(target) is not str or not target:
-                return None
-            kind = member.get("type")
             if kind == "Node":
                 if names is not None and target not in names:
                     continue

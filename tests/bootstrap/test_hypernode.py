@@ -471,6 +471,10 @@ COMPLICATIONS = (
     "name twice",
     "members not a list",
     "unknown child named twice",
+    "member not an object",
+    "selector not an object",
+    "exactMatch not an object",
+    "a number for a name",
 )
 
 
@@ -535,6 +539,14 @@ def discovery_trees(draw):
     elif complication == "unknown child named twice":
         spec["members"].append(_child("hn-ghost"))
         items.append(_hn("hn-extra", 1, _child("hn-ghost")))
+    elif complication == "member not an object":
+        spec["members"].append(draw(st.sampled_from(["node-0", ["node-0"], 3, None])))
+    elif complication == "selector not an object":
+        spec["members"].append({"type": "Node", "selector": draw(st.sampled_from(["x", ["x"]]))})
+    elif complication == "exactMatch not an object":
+        spec["members"].append(_node_member(exactMatch=draw(st.sampled_from(["node-0", None]))))
+    elif complication == "a number for a name":
+        spec["members"].append(_node_member(exactMatch={"name": draw(st.sampled_from([7, 0.5]))}))
     asked = draw(
         st.one_of(st.none(), st.lists(st.sampled_from(nodes + ["node-absent"]), unique=True))
     )
