@@ -25,7 +25,11 @@ def test_identity_plan_keeps_master_at_pod_zero():
     assert plan.is_identity and plan.master_index == 0 and plan.rank_mapping == "0-0,1-1"
 
 
-@pytest.mark.parametrize("ranks", [(0, 0, 1), (1, 2), (0, 2)], ids=["duplicate", "no-zero", "gap"])
+@pytest.mark.parametrize(
+    "ranks",
+    [(0, 0, 1), (1, 2), (0, 2), (-1, 1), (2, 0, 0)],
+    ids=["duplicate", "no-zero", "gap", "negative", "duplicate-below-the-top"],
+)
 def test_plan_rejects_anything_but_a_permutation(ranks):
     with pytest.raises(ValueError, match="not a permutation"):
         Plan(PlanStatus.SUCCESS, ranks, Collective.RING)
