@@ -175,8 +175,9 @@ def roster_table(roster: Roster, source: str) -> RankTable:
     roster)."""
     if not roster.ready:
         raise ValueError(f"roster of job {roster.job!r} is not ready: {roster.progress()}")
+    nodes = node_names(roster)
     on_node: Dict[str, PodFacts] = {}
-    for pod in roster.pods:
+    for pod in roster.pods if len(set(nodes)) != len(nodes) else ():  # name the two pods
         other = on_node.setdefault(pod.node_name, pod)
         if other is not pod:
             fail(

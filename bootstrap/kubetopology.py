@@ -125,6 +125,8 @@ def _wanted_nodes(
     listed node has is kept as it is (a node the HyperNodes name without a node list)."""
     if names is None:
         return None
+    if not nodes:  # no Node to know by an address: the names are the node names
+        return frozenset(names)
     wanted = set(names)
     found = {
         node.name for node in nodes if node.name in wanted or not wanted.isdisjoint(node.addresses)
