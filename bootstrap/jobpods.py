@@ -23,7 +23,7 @@ depends on the order the pods are listed in.
 
 from __future__ import annotations
 
-from itertools import repeat
+from itertools import islice, repeat
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
 
 from npu_job.bootstrap.columns import servers_from_columns
@@ -61,18 +61,20 @@ class Roster(NamedTuple):
     indices: Tuple[int, ...]
     expected: int
     unscheduled: Tuple[str, ...]  # names of pods without a node (or a host IP) yet
-    missing: Tuple[int, ...]  # indices below expected that no live pod has
+    missing: Tuple[int, ...]  # the lowest indices below expected that no live pod has (a few)
+    missing_count: int  # how many indices below expected no live pod has
 
     @property
     def ready(self) -> bool:
-        return not self.missing and not self.unscheduled
+        return not self.missing_count and not self.unscheduled
 
     def progress(self) -> str:
         """``6 of 8 pods of job 'llama' scheduled; waiting for ...``, for a log line."""
         scheduled = len(self.pods) - len(self.unscheduled)
         waiting: List[str] = []
-        if self.missing:
-            waiting.append(f"pod index(es) {_few([str(i) for i in self.missing])} not created")
+        if self.missing_count:
+            listed = _few([str(i) for i in self.missing], self.missing_count)
+            waiting.append(f"pod index(es) {listed} not created")
         if self.unscheduled:
             waiting.append(f"{_few([shown(n) for n in self.unscheduled])} not scheduled")
         text = f"{scheduled} of {self.expected} pods of job {shown(self.job)} scheduled"
@@ -117,15 +119,19 @@ def job_roster(pods: Sequence[PodFacts], selector: JobSelector, source: str) -> 
         )
     indices = tuple(sorted(chosen))
     ordered = tuple(map(chosen.__getitem__, indices))
-    # distinct indices, each in 0..expected-1: as many as expected means none is missing
-    missing = () if len(indices) == expected else tuple(set(range(expected)) - chosen.keys())
+    # distinct indices, each in 0..expected-1: expected less their count are missing, and the
+    # lowest of those are found past at most len(indices) present ones (whatever the highest
+    # index a pod claims, when there is no count to hold it to)
+    missing_count = expected - len(indices)
+    absent = (index for index in range(expected) if index not in chosen)
     return Roster(
         job,
         ordered,
         indices,
         expected,
         tuple([pod.name for pod in ordered if not (pod.node_name and pod.host_ip)]),
-        tuple(sorted(missing)),
+        tuple(islice(absent, LISTED)) if missing_count else (),
+        missing_count,
     )
 
 
@@ -260,9 +266,11 @@ def _field(pod: PodFacts, path: str) -> str:
     return object_field(POD, pod.where, pod.name, path)
 
 
-def _few(items: Sequence[str]) -> str:
+def _few(items: Sequence[str], total: Optional[int] = None) -> str:
+    """The first :data:`LISTED` of ``items`` and how many more (of ``total``, default all)."""
+    total = len(items) if total is None else total
     listed = ", ".join(items[:LISTED])
-    return listed + (f" and {len(items) - LISTED} more" if len(items) > LISTED else "")
+    return listed + (f" and {total - LISTED} more" if total > LISTED else "")
 
 
 def not_ready_error(roster: Roster, source: str, waited: Optional[float] = None) -> NotReadyError:

@@ -255,7 +255,8 @@ def _roster_pod_by_pod(pods, selector, source):
         indices,
         expected,
         tuple(pod.name for pod in ordered if not (pod.node_name and pod.host_ip)),
-        tuple(index for index in range(expected) if index not in chosen),
+        tuple(index for index in range(expected) if index not in chosen)[: jobpods.LISTED],
+        len([index for index in range(expected) if index not in chosen]),
     )
 
 
@@ -325,3 +326,24 @@ def test_the_roster_is_the_pods_read_one_by_one(pods, expected, task):
         assert error.value.field.endswith(("task-index", "name"))
     else:
         assert job_roster(facts, selector, "pods") == want
+
+
+def test_a_pod_claiming_a_huge_index_without_a_count_waits_and_says_so_at_once():
+    """Without MA_NUM_HOSTS the highest index says how many pods there are: a label of 10**17 is
+    a job waiting for pods that never come (and timing out into scheduler order), not a list of
+    10**17 missing indices built for its progress line."""
+    from npu_job.bootstrap.kubefacts import PodFacts
+
+    pods = [
+        PodFacts(
+            f"llama-worker-{i}",
+            labels={jobpods.JOB_NAME_LABEL: "llama", jobpods.TASK_INDEX_LABEL: label},
+            node_name=f"node-{i}",
+            host_ip=f"10.0.0.{i}",
+        )
+        for i, label in enumerate(["0", "2", "1" + "0" * 17])
+    ]
+    roster = job_roster(pods, JobSelector(job="llama"), "pods")
+    assert not roster.ready and roster.missing_count == 10**17 - 2
+    assert roster.missing == (1, 3, 4, 5, 6)
+    assert "pod index(es) 1, 3, 4, 5, 6 and 99999999999999993 more not created" in roster.progress()
