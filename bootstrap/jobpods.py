@@ -62,7 +62,12 @@ class Roster(NamedTuple):
     expected: int
     unscheduled: Tuple[str, ...]  # names of pods without a node (or a host IP) yet
     missing: Tuple[int, ...]  # the lowest indices below expected that no live pod has (a few)
-    missing_count: int  # how many indices below expected no live pod has
+
+    @property
+    def missing_count(self) -> int:
+        """How many indices below expected no live pod has (the indices are distinct and each
+        below expected, so it is what the count of them leaves)."""
+        return self.expected - len(self.indices)
 
     @property
     def ready(self) -> bool:
@@ -131,7 +136,6 @@ def job_roster(pods: Sequence[PodFacts], selector: JobSelector, source: str) -> 
         expected,
         tuple([pod.name for pod in ordered if not (pod.node_name and pod.host_ip)]),
         tuple(islice(absent, LISTED)) if missing_count else (),
-        missing_count,
     )
 
 
@@ -226,9 +230,9 @@ def by_server(
     if topology is None:
         return None
     placement_of = topology.placements.get
-    ids = [server.server_id for server in table.servers]
     by_node = list(map(placement_of, nodes))
     if all(by_node):  # every node placed (a Placement is always true): the usual job, in bulk
+        ids = [server.server_id for server in table.servers]
         return Topology(dict(zip(ids, cast(List[Placement], by_node))), source=topology.source)
     placements = {}
     for server, node in zip(table.servers, nodes):

@@ -256,7 +256,6 @@ def _roster_pod_by_pod(pods, selector, source):
         expected,
         tuple(pod.name for pod in ordered if not (pod.node_name and pod.host_ip)),
         tuple(index for index in range(expected) if index not in chosen)[: jobpods.LISTED],
-        len([index for index in range(expected) if index not in chosen]),
     )
 
 
@@ -325,7 +324,10 @@ def test_the_roster_is_the_pods_read_one_by_one(pods, expected, task):
         assert refused.expected in error.value.expected
         assert error.value.field.endswith(("task-index", "name"))
     else:
-        assert job_roster(facts, selector, "pods") == want
+        roster = job_roster(facts, selector, "pods")
+        assert roster == want
+        present = set(roster.indices)
+        assert roster.missing_count == len([i for i in range(roster.expected) if i not in present])
 
 
 def test_a_pod_claiming_a_huge_index_without_a_count_waits_and_says_so_at_once():
