@@ -1,5 +1,6 @@
-"""What every test gets: the ``npu_job`` logger as it was before the test; and how many workers
-``-n auto`` starts (:mod:`tests.cpu_quota`).
+"""What every test gets: the ``npu_job`` logger as it was before the test; how many workers
+``-n auto`` starts (:mod:`tests.cpu_quota`); and, for timing tests marked so, a rerun after the
+machine itself stalled (:mod:`tests.machine_stalls`, whose hooks these are).
 
 A command run in-process (``npu_job.cli.main``, npu-run's ``main``) sends that logger to its own
 stderr handler and stops it propagating, as a command should; left so, pytest's ``caplog`` of a
@@ -15,6 +16,11 @@ from typing import Iterator, Optional
 import pytest
 
 from tests.cpu_quota import usable_cpus
+from tests.machine_stalls import (  # noqa: F401  (the hooks of the plugin)
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
+    pytest_terminal_summary,
+)
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,9 @@ a broken proxy socket, a failing worker), and asserts what an operator would che
 until every node stopped (only as "before the timeout that applies, plus a margin": a shared
 2-core machine is slow; the times themselves are in ``benchmarks/bench_faults.py``), the last line
 of every node's log, the exit codes, and that no process of the job and none of its ports is left.
-Liveness knobs are short here (1 s heartbeats, 3 missed = dead), as ``--rdzv_conf`` allows.
+Liveness knobs are short here (1 s heartbeats, 3 missed = dead), as ``--rdzv_conf`` allows; so
+a stop of the whole machine longer than two beats looks like a frozen node, and a test that failed
+while the machine stalled that long runs again (:mod:`tests.machine_stalls`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Dict, List
 
 import pytest
 from npu_job.launcher import torchcompat
+
+from tests.machine_stalls import rerun_after_machine_stall
 
 from .cluster import (
     LocalCluster,
@@ -44,6 +48,7 @@ CONF = (
     f"--rdzv_conf=join_timeout=60,close_timeout={CLOSE_TIMEOUT:g},timeout=20,"
     f"keep_alive_interval={INTERVAL:g},keep_alive_max_attempt={ATTEMPTS}"
 )
+pytestmark = rerun_after_machine_stall(longer_than=WINDOW - INTERVAL)
 
 
 @pytest.fixture

@@ -1,0 +1,107 @@
+"""The fault tests' rerun rule (:mod:`tests.machine_stalls`): a failed attempt runs again only if
+the machine stalled for at least the marked time while it ran. Stalls are real: a process is
+stopped with SIGSTOP and woken with SIGCONT, as a stop of the whole virtual machine would stop it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+WATCHER = """
+import json, sys
+from tests.machine_stalls import StallWatch
+watch = StallWatch().start()
+print("ready", flush=True)
+sys.stdin.readline()
+print(json.dumps([length for _, length in watch.since(0.0)]), flush=True)
+"""
+
+
+def test_the_watch_sees_its_process_stopped_and_how_long():
+    child = subprocess.Popen(
+        [sys.executable, "-c", WATCHER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.3)
+        os.kill(child.pid, signal.SIGSTOP)
+        time.sleep(1.5)
+        os.kill(child.pid, signal.SIGCONT)
+        time.sleep(0.3)
+        child.stdin.write("report\n")
+        child.stdin.flush()
+        stalls = json.loads(child.stdout.readline())
+    finally:
+        child.kill()
+        child.wait()
+    assert max(stalls) >= 1.4, stalls  # stopped 1.5 s, less one step of the watch's sleep
+
+
+SAMPLE = """
+import os, subprocess, sys
+from pathlib import Path
+from tests.machine_stalls import rerun_after_machine_stall
+
+ATTEMPTS = Path(__file__).with_name("attempts")
+
+def stop_this_process(seconds):
+    me = os.getpid()
+    subprocess.run(["sh", "-c", "kill -STOP %d; sleep %s; kill -CONT %d" % (me, seconds, me)])
+
+@rerun_after_machine_stall(longer_than=1.5)
+def test_sample():
+    attempt = len(ATTEMPTS.read_text()) if ATTEMPTS.exists() else 0
+    ATTEMPTS.write_text("x" * (attempt + 1))
+    if attempt == 0:
+        stop_this_process({stall})
+    assert attempt > 0 or {passes_first}, "the first attempt fails"
+"""
+
+
+def run_sample(tmp_path: Path, stall: float, passes_first: bool = False) -> tuple:
+    (tmp_path / "test_sample.py").write_text(
+        textwrap.dedent(SAMPLE.format(stall=stall, passes_first=passes_first))
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.machine_stalls", "-p", "no:cacheprovider"]
+        + ["-ra", "-p", "no:xdist", "test_sample.py"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    attempts = len((tmp_path / "attempts").read_text())
+    return done.returncode, done.stdout, attempts
+
+
+def test_a_failure_during_a_long_enough_stall_runs_again_and_says_why(tmp_path):
+    code, out, attempts = run_sample(tmp_path, stall=2.5)
+    assert (code, attempts) == (0, 2), out
+    assert "1 passed, 1 rerun" in out, out
+    assert "the machine stalled for 2." in out, out
+
+
+def test_a_failure_with_a_shorter_stall_fails_at_once_and_reports_the_stall(tmp_path):
+    code, out, attempts = run_sample(tmp_path, stall=1.0)
+    assert (code, attempts) == (1, 1), out
+    assert "1 failed in" in out and "1 rerun" not in out, out
+    assert "the machine stalled for" in out, out  # seen (over 0.5 s), but under the 1.5 s marked
+
+
+def test_a_stall_alone_does_not_fail_a_test(tmp_path):
+    code, out, attempts = run_sample(tmp_path, stall=2.5, passes_first=True)
+    assert (code, attempts) == (0, 1), out
