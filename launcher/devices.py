@@ -13,12 +13,13 @@ The choice itself is pure (:func:`resolve_nproc_per_node` takes a :class:`Device
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from typing import Callable, Tuple
 
 from npu_job.errors import LaunchError
 from npu_job.parsing import is_count
+
+from .cpus import usable_cpus
 
 logger = logging.getLogger(__name__)
 
@@ -91,13 +92,7 @@ def _count_gpus() -> int:
     return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
 
 
-def _count_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def probe_devices() -> DeviceCounts:
-    """Count this node's NPUs, GPUs and usable CPUs (imports torch; torch_npu if present)."""
-    return DeviceCounts(npu=_count_npus(), gpu=_count_gpus(), cpu=_count_cpus())
+    """Count this node's NPUs, GPUs and usable CPUs (its quota counted: :mod:`.cpus`; imports
+    torch, and torch_npu if present)."""
+    return DeviceCounts(npu=_count_npus(), gpu=_count_gpus(), cpu=usable_cpus())

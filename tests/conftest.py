@@ -1,5 +1,6 @@
 """What every test gets: the ``npu_job`` logger as it was before the test; how many workers
-``-n auto`` starts (:mod:`tests.cpu_quota`); and, for timing tests marked so, a rerun after the
+``-n auto`` starts (as many as the CPUs npu-run's ``--nproc_per_node=cpu`` counts:
+:mod:`npu_job.launcher.cpus`); and, for timing tests marked so, a rerun after the
 machine itself stalled (:mod:`tests.machine_stalls`, whose hooks these are).
 
 A command run in-process (``npu_job.cli.main``, npu-run's ``main``) sends that logger to its own
@@ -14,8 +15,8 @@ import os
 from typing import Iterator, Optional
 
 import pytest
+from npu_job.launcher.cpus import usable_cpus
 
-from tests.cpu_quota import usable_cpus
 from tests.machine_stalls import (  # noqa: F401  (the hooks of the plugin)
     pytest_runtest_makereport,
     pytest_runtest_setup,

@@ -1,15 +1,17 @@
 """How many CPUs this process may use: its CPU affinity, capped by its cgroup's CPU quota.
 
-The test suite runs one pytest-xdist worker per usable CPU (``-n auto``, the hook in
-``tests/conftest.py``). ``os.sched_getaffinity`` counts every CPU of a container's host even
-when a quota (``docker run --cpus``, a Kubernetes CPU limit) lets it use only a few, and xdist
-would start a worker per host CPU. The tests start processes and wait on timeouts, and an
-oversubscribed machine stretches them past their windows: on 2 CPUs, 3 workers ran the suite
-slower than 2 (583 s against 478-497 s).
+``--nproc_per_node=cpu`` (and ``auto`` on a node without accelerators) starts one worker per
+usable CPU. ``os.sched_getaffinity`` counts every CPU of a container's host even when a quota (a
+Kubernetes CPU limit, ``docker run --cpus``) lets the pod use only a few; torchrun counts
+``os.cpu_count()``, which ignores the affinity too. A pod limited to 4 CPUs on a 64-CPU host
+would start 64 workers that share 4 CPUs' time. The test suite sizes ``-n auto`` the same way
+(the hook in ``tests/conftest.py``): on 2 CPUs, 3 xdist workers ran it slower than 2 (583 s
+against 478-497 s).
 
 The quota is read from this process's own cgroup, as ``/proc/self/cgroup`` names it, in the
 kernel's documented formats: cgroup v2's ``cpu.max`` (``"<quota> <period>"`` or ``"max
-<period>"``), cgroup v1's ``cpu.cfs_quota_us`` (``-1``: none) and ``cpu.cfs_period_us``.
+<period>"``), cgroup v1's ``cpu.cfs_quota_us`` (``-1``: none) and ``cpu.cfs_period_us``. A
+quota of 1.5 CPUs counts as 2. A file of another shape counts as no quota.
 """
 
 from __future__ import annotations

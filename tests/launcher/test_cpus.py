@@ -1,5 +1,6 @@
-"""``-n auto`` starts one test worker per CPU the suite may use: its affinity, capped by its
-cgroup's CPU quota (:mod:`tests.cpu_quota`)."""
+"""The CPUs a process may use: its affinity, capped by its cgroup's CPU quota
+(:mod:`npu_job.launcher.cpus`). npu-run's ``--nproc_per_node=cpu`` starts that many workers, and
+the test suite's ``-n auto`` that many xdist workers."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import List
 
 import pytest
+from npu_job.launcher.cpus import cgroup_cpu_quota, quota_v1, quota_v2, usable_cpus
 
-from tests.cpu_quota import cgroup_cpu_quota, quota_v1, quota_v2, usable_cpus
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CPU_V1 = Path("/sys/fs/cgroup/cpu")
 
 
@@ -45,28 +46,20 @@ def test_the_own_cgroup_is_read_and_a_namespaceless_container_falls_back_to_the_
     assert usable_cpus(proc, tmp_path / "fs") == len(os.sched_getaffinity(0))
 
 
-def test_a_quota_below_the_affinity_caps_the_workers_of_n_auto(tmp_path):
-    """A real cgroup v1 group with one CPU's quota on a machine of more: a pytest started in it
-    with ``-n auto`` and this suite's hook brings up one worker, not one per CPU."""
+def run_under_one_cpu_of_quota(argv: List[str], cwd: Path) -> subprocess.CompletedProcess:
+    """Run ``argv`` in a new real cgroup (v1) whose quota is one CPU, on a machine of more."""
     if os.geteuid() != 0 or not (CPU_V1 / "cpu.cfs_quota_us").is_file():
         pytest.skip("needs root and a cgroup v1 cpu controller to make a group with a quota")
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("one CPU: a quota of one cannot lower the worker count")
-    assert usable_cpus() == len(os.sched_getaffinity(0))  # this process: no quota
-    (tmp_path / "conftest.py").write_text(
-        "from tests.conftest import pytest_xdist_auto_num_workers  # noqa: F401\n"
-    )
-    (tmp_path / "test_probe.py").write_text("def test_one():\n    pass\n")
+    if usable_cpus() < 2:
+        pytest.skip("this process may use one CPU already: a quota of one lowers nothing")
     group = CPU_V1 / f"npujob-quota-{os.getpid()}"
     group.mkdir()
     try:
         (group / "cpu.cfs_period_us").write_text("100000")
         (group / "cpu.cfs_quota_us").write_text("100000")
-        done = subprocess.run(
-            ["sh", "-c", f'echo $$ > {group / "cgroup.procs"} && exec "$@"', "sh"]
-            + [sys.executable, "-m", "pytest", "-n", "auto", "-p", "no:cacheprovider"]
-            + ["--rootdir", str(tmp_path), str(tmp_path)],
-            cwd=tmp_path,
+        return subprocess.run(
+            ["sh", "-c", f'echo $$ > {group / "cgroup.procs"} && exec "$@"', "sh", *argv],
+            cwd=cwd,
             capture_output=True,
             text=True,
             timeout=120,
@@ -77,5 +70,28 @@ def test_a_quota_below_the_affinity_caps_the_workers_of_n_auto(tmp_path):
         )
     finally:
         group.rmdir()
+
+
+def test_a_quota_below_the_affinity_caps_the_workers_of_n_auto(tmp_path):
+    """A pytest started in a group with one CPU's quota, with ``-n auto`` and this suite's hook,
+    brings up one worker, not one per CPU."""
+    (tmp_path / "conftest.py").write_text(
+        "from tests.conftest import pytest_xdist_auto_num_workers  # noqa: F401\n"
+    )
+    (tmp_path / "test_probe.py").write_text("def test_one():\n    pass\n")
+    done = run_under_one_cpu_of_quota(
+        [sys.executable, "-m", "pytest", "-n", "auto", "-p", "no:cacheprovider"]
+        + ["--rootdir", str(tmp_path), str(tmp_path)],
+        tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "created: 1/1 worker\n" in done.stdout, done.stdout
+
+
+def test_npu_run_counts_one_cpu_under_a_quota_of_one(tmp_path):
+    """What ``--nproc_per_node=cpu`` (and ``auto`` with no accelerator) starts in a pod limited to
+    one CPU: one worker, however many CPUs its host has."""
+    probe = "from npu_job.launcher import devices; print(devices.probe_devices().cpu)"
+    done = run_under_one_cpu_of_quota([sys.executable, "-c", probe], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "1", done.stdout
