@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     options["--nproc-per-node"].help = (
         "Workers per node: N, or auto (NPUs if torch_npu sees any, else GPUs, else CPUs), npu, "
-        "gpu, cpu (or torch's xpu / custom device names)."
+        "gpu, cpu (or torch's xpu / custom device names). CPUs are those this process may use: "
+        "its affinity, capped by its cgroup's CPU quota (a pod's CPU limit)."
     )
     options["--rdzv-backend"].help = (
         "Rendezvous backend: static (default), c10d, etcd, etcd-v2, or parallel (static membership "
