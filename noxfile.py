@@ -156,7 +156,9 @@ def _one_build_at_a_time() -> Iterator[None]:
 
 
 def _junit_summary(report: Path) -> tuple[str, int]:
-    """pytest's counts from its JUnit report: ``("N passed, N skipped, N failed", failed)``."""
+    """pytest's counts from its JUnit report: ``("N passed, N skipped, N failed", failed)``, and
+    ``", N rerun"`` when a test ran again after the machine stalled (tests/machine_stalls.py):
+    each attempt is a ``testcase`` of its own, while ``tests`` counts the test once."""
     import xml.etree.ElementTree as ElementTree
 
     suite = ElementTree.parse(report).getroot()
@@ -166,4 +168,6 @@ def _junit_summary(report: Path) -> tuple[str, int]:
         int(suite.get("failures", 0)) + int(suite.get("errors", 0)),
     )
     skipped = int(suite.get("skipped", 0))
-    return f"{total - failed - skipped} passed, {skipped} skipped, {failed} failed", failed
+    reruns = len(suite.findall("testcase")) - total
+    summary = f"{total - failed - skipped} passed, {skipped} skipped, {failed} failed"
+    return summary + (f", {reruns} rerun" if reruns > 0 else ""), failed
