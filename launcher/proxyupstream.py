@@ -137,6 +137,9 @@ class Upstream:
                     delay * random.uniform(0.5, 1.0)
                 )  # full jitter keeps nodes apart
                 delay = min(delay * 2, 2.0)
+        if self._proxy.closing:  # connected as the proxy stopped (a cancellation lost, as above)
+            writer.close()
+            raise UpstreamLost("proxy stopping")
         set_nodelay(writer.get_extra_info("socket"))
         self._writer = writer
         self._proxy.counters.upstream_connections += 1

@@ -410,6 +410,21 @@ def test_a_stopping_proxy_gives_up_reaching_its_root_at_the_next_refusal():
         loop.close()
 
 
+def test_a_stopping_proxy_keeps_no_connection_it_opened_as_it_stopped(root):
+    """The other side of the lost cancellation: the connect succeeds as the proxy stops. The new
+    connection is closed at once, never counted as open, so stopping leaves none to the root."""
+    proxy = AsyncStoreProxy(LOOPBACK, root.port, timeout=30, dialect=DIALECT)
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(proxy.aclose())
+        with pytest.raises(UpstreamLost, match="proxy stopping"):
+            loop.run_until_complete(Upstream(proxy, "main").open(loop.time() + 30))
+        assert proxy.upstream_open == set() and proxy.counters.upstream_connections == 0
+        assert wait_until(lambda: established_connections(root.port) == 1)  # the root's own
+    finally:
+        loop.close()
+
+
 @pytest.mark.parametrize("loop_kind", LOOPS)
 def test_the_proxy_serves_alike_on_the_standard_loop_and_on_optional_uvloop(
     root, monkeypatch, loop_kind
