@@ -29,9 +29,16 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from npu_job.errors import LaunchError
+from tests.machine_stalls import rerun_after_machine_stall
 
 from .cluster import free_port, port_is_free
 from .torch_features import Joined, joined
+
+# A liveness window of 5 s (a heartbeat every 0.2 s, 25 missed before a node counts as gone), for
+# tests in which a node's own word, not its missing heartbeat, must stop the others. A machine
+# stalled for the window less one beat hides every live node's beats and can stop them first.
+BEAT, BEATS_MISSED = 0.2, 25
+stalls_hide_the_beats = rerun_after_machine_stall(longer_than=BEAT * (BEATS_MISSED - 1))
 
 
 def make_handlers(
@@ -546,11 +553,14 @@ def test_an_ipv6_master_hosts_the_root_and_serves_the_workers(closing, tiered):
     assert rank_0.get("from-rank-2") == b"over IPv6"
 
 
+@stalls_hide_the_beats
 def test_a_node_whose_agent_fails_tells_the_others_why_it_leaves(closing):
     """An agent that leaves on an error of its own (not a rendezvous error, not a verdict) names
     itself and the error, so nodes still training stop instead of waiting for it."""
-    # a 5 s liveness window: the leaving node's word, not its missing heartbeat, stops node 0
-    handlers = make_handlers(2, [0, 1], keep_alive_interval=0.2, keep_alive_max_attempt=25)
+    # the leaving node's word, not its missing heartbeat, stops node 0
+    handlers = make_handlers(
+        2, [0, 1], keep_alive_interval=BEAT, keep_alive_max_attempt=BEATS_MISSED
+    )
     closing(handlers.values())
     join_all([handlers[0], handlers[1]])
     handlers[1].report_outcome("running")
@@ -567,6 +577,7 @@ def test_a_node_whose_agent_fails_tells_the_others_why_it_leaves(closing):
             time.sleep(0.05)
 
 
+@stalls_hide_the_beats
 def test_a_proxy_that_cannot_take_its_port_again_stops_the_job_naming_it(closing):
     """The proxy's thread ends and its port cannot be bound again: the node's watch publishes
     the verdict, and every node stops naming that proxy."""
@@ -578,10 +589,10 @@ def test_a_proxy_that_cannot_take_its_port_again_stops_the_job_naming_it(closing
         made.append(rendezvous.start_store_proxy(host, port, timeout, listen_port))
         return made[-1]
 
-    # the watch looks at the proxy every 0.2 s; a 5 s liveness window keeps a stalled heartbeat
+    # the watch looks at the proxy every 0.2 s; the 5 s liveness window keeps a stalled heartbeat
     # on a loaded machine from stopping the job before the proxy's verdict does
     settings = make_handlers(
-        2, [0, 1], keep_alive_interval=0.2, keep_alive_max_attempt=25, tiered=True
+        2, [0, 1], keep_alive_interval=BEAT, keep_alive_max_attempt=BEATS_MISSED, tiered=True
     )
     handlers = {
         rank: ParallelRendezvousHandler(h.settings, proxy_factory=factory)
