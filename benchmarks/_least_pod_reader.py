@@ -8,10 +8,18 @@ connection trusting the service account's CA, list the job's pods in the bootstr
 inflate each page (without the CRC-32, as the bootstrap does) and decode it by msgspec into
 typed structs of the nine fields the bootstrap reads (the bootstrap's own decoder, from
 :mod:`npu_job.bootstrap.podtypes`, which loads nothing else of npu_job). No checks, no roster, no
-topology, no plan, no files.
+topology, no plan, no files; and it exits as the bootstrap does, without freeing what it read
+object by object.
 
 Its CPU over a bare interpreter is what reading the pods costs before any planning: what the
 bootstrap's budget has to hold besides the plan. It exits 0 having read every pod of the job.
+
+With ``NPU_JOB_BENCH_PHASES=1`` (``bench_bootstrap_api.py --callgrind``, under ``valgrind
+--tool=callgrind --dump-before=zlib_adler32``) it calls ``zlib.adler32`` at every boundary between
+its phases (start-up and imports, with the decoder's making; TLS and HTTP; inflating; decoding),
+so that callgrind writes
+the instructions of each to a profile of its own, and prints the phases' names, one per boundary,
+as ``_bootstrap_phases.py`` does. Inflating a raw deflate stream never calls ``adler32`` itself.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from typing import Any, List
 
 gc.disable()  # as the bootstrap runs
 
@@ -33,9 +42,22 @@ from npu_job.bootstrap.podtypes import pod_page_decoder  # noqa: E402
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 PAGE = "500"
+PHASES_ENV = "NPU_JOB_BENCH_PHASES"
+MARKING = os.environ.get(PHASES_ENV) == "1"
+phases = ["start-up and imports"]
+pages: List[Any] = []  # kept until the process ends, as the bootstrap keeps what it listed
+
+
+def phase(name: str) -> None:
+    """Where ``name`` begins (see the module docstring); nothing unless the phases are asked for."""
+    if MARKING:
+        zlib.adler32(b"")  # callgrind dumps the phase that ends here
+        phases.append(name)
 
 
 def main() -> int:
+    decode = pod_page_decoder(msgspec).decode  # counted with the imports
+    phase("TLS and HTTP")
     account = os.environ.get("NPU_JOB_K8S_SA_DIR", SERVICE_ACCOUNT)
     with open(os.path.join(account, "token")) as file:
         token = file.read().strip()
@@ -54,7 +76,6 @@ def main() -> int:
     }
     selector = {"labelSelector": f"volcano.sh/job-name={os.environ['MA_VJ_NAME']}"}
     query = {**selector, "limit": PAGE, "resourceVersion": "0"}
-    decode = pod_page_decoder(msgspec).decode
     pods = 0
     while True:
         connection.request(
@@ -66,15 +87,20 @@ def main() -> int:
             sys.stderr.write(f"least pod reader: HTTP {response.status}\n")
             return 1
         if response.getheader("Content-Encoding") == "gzip":
+            phase("inflating")
             # as the bootstrap inflates: the deflate stream alone, no CRC-32 (TLS authenticated
             # it); a header without optional fields (10 bytes), as the API server writes it
             body = zlib.decompressobj(-zlib.MAX_WBITS).decompress(memoryview(body)[10:])
+        phase("decoding")
         page = decode(body)
+        pages.append(page)
         pods += len(page.items)
         token_ = page.metadata.continue_ if page.metadata is not None else None
         if not token_:
             break
+        phase("TLS and HTTP")
         query = {**selector, "limit": PAGE, "continue": token_}
+    phase("the rest")
     expected = os.environ.get("MA_NUM_HOSTS")
     if expected and pods != int(expected):
         sys.stderr.write(f"least pod reader: read {pods} pods, expected {expected}\n")
@@ -83,4 +109,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if MARKING:
+        sys.stdout.write("\n".join(phases) + "\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # as bootstrap.sh exits: what was read goes with the process

@@ -31,7 +31,9 @@ Python pod that reads its job from the API, and the table says how much of the b
 run of the biggest size under ``valgrind --tool=callgrind`` (following bash's exec into python): a
 steady figure where a busy machine makes CPU times wander by tens of milliseconds. One more run,
 cut into phases by ``_bootstrap_phases.py`` (start-up and imports, reading the pods, the roster,
-the topology, the plan, the files, the rest), says where the bootstrap's instructions go.
+the topology, the plan, the files, the rest), says where the bootstrap's instructions go, and one
+more least pod reader, cut into its own phases (start-up and imports, TLS and HTTP, inflating,
+decoding), where the floor's go.
 
     python benchmarks/bench_bootstrap_api.py [--sizes 64,1024,4096] [--repeat 7] [--callgrind]
         [--api whole|pages] [--output FILE]
@@ -68,6 +70,7 @@ SCRIPT = REPO / "scripts" / "bootstrap.sh"
 LEAST_READER = Path(__file__).resolve().parent / "_least_pod_reader.py"
 PHASES = Path(__file__).resolve().parent / "_bootstrap_phases.py"
 PHASE_MARK = "zlib_adler32"  # the C function _bootstrap_phases.py calls between phases
+LEAST_PHASES_ENV = "NPU_JOB_BENCH_PHASES"  # asks the least pod reader to mark its phases alike
 BARE, BOOTSTRAP, LEAST = "python -c pass", "bash bootstrap.sh", "least pod reader"
 TARGET_EXCESS = 0.15
 NAMESPACE = "team-a"
@@ -109,9 +112,10 @@ def instructions(command: Sequence[str], env: Dict[str, str]) -> int:
     return int(counts[-1].replace(",", ""))
 
 
-def phase_instructions(env: Dict[str, str]) -> List[Tuple[str, int]]:
-    """Instructions of each phase of one bootstrap run (``_bootstrap_phases.py``), in the order
-    the phases first ran; a phase entered several times is summed."""
+def phase_instructions(script: Path, env: Dict[str, str]) -> List[Tuple[str, int]]:
+    """Instructions of each phase of one run of ``script`` (``_bootstrap_phases.py``, or the
+    least pod reader with its phases asked for), in the order the phases first ran; a phase
+    entered several times is summed."""
     with tempfile.TemporaryDirectory(prefix="bench-phases-") as out:
         done = subprocess.run(
             [
@@ -120,7 +124,7 @@ def phase_instructions(env: Dict[str, str]) -> List[Tuple[str, int]]:
                 f"--dump-before={PHASE_MARK}",
                 f"--callgrind-out-file={out}/cg",
                 sys.executable,
-                str(PHASES),
+                str(script),
             ],
             env=env,
             capture_output=True,
@@ -134,8 +138,8 @@ def phase_instructions(env: Dict[str, str]) -> List[Tuple[str, int]]:
         )
         if len(profiles) != len(names):
             raise SystemExit(
-                f"{PHASES.name}: {len(profiles)} callgrind profiles for {len(names)} phases "
-                f"(does the bootstrap call {PHASE_MARK} itself now?)"
+                f"{script.name}: {len(profiles)} callgrind profiles for {len(names)} phases "
+                f"(does what it runs call {PHASE_MARK} itself now?)"
             )
         totals: Dict[str, int] = {}
         for name, profile in zip(names, profiles):
@@ -179,6 +183,7 @@ class Counted(NamedTuple):
     least: int
     bootstrap: int
     phases: List[Tuple[str, int]]  # one more bootstrap run, by phase
+    least_phases: List[Tuple[str, int]]  # one more least pod reader's run, by phase
 
 
 def run(
@@ -255,7 +260,8 @@ def run(
                 instructions([sys.executable, "-c", "pass"], base),
                 instructions([sys.executable, str(LEAST_READER)], env),
                 checked(lambda: instructions(["bash", str(SCRIPT)], env), env),
-                checked(lambda: phase_instructions(env), env),
+                checked(lambda: phase_instructions(PHASES, env), env),
+                phase_instructions(LEAST_READER, {**env, LEAST_PHASES_ENV: "1"}),
             )
     median = statistics.median
     rows: List[Row] = []
@@ -319,15 +325,22 @@ def table_text(
 
 def _instruction_lines(counted: Counted, pods: int) -> List[str]:
     bare = counted.bare
-    lines = [
+    return [
         f"instructions (callgrind, one run each) at {pods} pods: python -c pass {bare:,}; "
         f"least pod reader {counted.least:,} (excess {counted.least - bare:,}); bootstrap.sh "
         f"{counted.bootstrap:,} (excess {counted.bootstrap - bare:,}, of which "
         f"{counted.bootstrap - counted.least:,} beyond the least reader's)",
         f"the bootstrap by phase ({PHASES.name}, python without bash; M = millions):",
+        *_phase_lines(counted.phases, bare),
+        f"the least pod reader by phase ({LEAST_READER.name}, {LEAST_PHASES_ENV}=1):",
+        *_phase_lines(counted.least_phases, bare),
     ]
-    total = sum(count for _, count in counted.phases)
-    for name, count in counted.phases:
+
+
+def _phase_lines(phases: Sequence[Tuple[str, int]], bare: int) -> List[str]:
+    total = sum(count for _, count in phases)
+    lines = []
+    for name, count in phases:
         shown = f"{count / 1e6:10.1f} M  {count / total:6.1%}"
         if name == "start-up and imports":
             shown += f"  (a bare start-up is {bare / 1e6:.1f} M of it)"
