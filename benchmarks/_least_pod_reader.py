@@ -17,9 +17,9 @@ bootstrap's budget has to hold besides the plan. It exits 0 having read every po
 With ``NPU_JOB_BENCH_PHASES=1`` (``bench_bootstrap_api.py --callgrind``, under ``valgrind
 --tool=callgrind --dump-before=zlib_adler32``) it calls ``zlib.adler32`` at every boundary between
 its phases (start-up and imports, with the decoder's making; TLS and HTTP; inflating; decoding),
-so that callgrind writes
-the instructions of each to a profile of its own, and prints the phases' names, one per boundary,
-as ``_bootstrap_phases.py`` does. Inflating a raw deflate stream never calls ``adler32`` itself.
+so that callgrind writes the instructions of each to a profile of its own, and prints the phases'
+names, one per boundary, as ``_bootstrap_phases.py`` does. Inflating a raw deflate stream never
+calls ``adler32`` itself.
 """
 
 from __future__ import annotations
