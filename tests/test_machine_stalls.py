@@ -71,7 +71,6 @@ def test_the_watch_sees_its_process_stopped_and_how_long():
 SAMPLE = """
 import os, subprocess, sys
 from pathlib import Path
-from types import ModuleType
 from tests.machine_stalls import rerun_after_machine_stall
 
 ATTEMPTS = Path(__file__).with_name("attempts")
