@@ -20,17 +20,14 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import zlib
 from importlib import import_module
 from typing import Any, Callable, List
 
+from _phase_marks import Phases
+
 gc.disable()  # as bootstrap.sh runs
-names: List[str] = ["start-up and imports"]
-
-
-def boundary(name: str) -> None:
-    zlib.adler32(b"")  # callgrind dumps the phase that ends here
-    names.append(name)
+phases = Phases("start-up and imports")
+boundary = phases.begin
 
 
 from npu_job.bootstrap import run as bootstrap_run  # noqa: E402
@@ -71,7 +68,7 @@ boundary("the rest")
 bootstrap_run.KEEP_UNTIL_EXIT = []  # as bootstrap.sh: freed by os._exit
 code = main(sys.argv[1:])
 boundary("the rest")
-sys.stdout.write("\n".join(names) + "\n")
+phases.write()
 sys.stdout.flush()
 sys.stderr.flush()
 os._exit(code)

@@ -18,8 +18,8 @@ With ``NPU_JOB_BENCH_PHASES=1`` (``bench_bootstrap_api.py --callgrind``, under `
 --tool=callgrind --dump-before=zlib_adler32``) it calls ``zlib.adler32`` at every boundary between
 its phases (start-up and imports, with the decoder's making; TLS and HTTP; inflating; decoding),
 so that callgrind writes the instructions of each to a profile of its own, and prints the phases'
-names, one per boundary, as ``_bootstrap_phases.py`` does. Inflating a raw deflate stream never
-calls ``adler32`` itself.
+names, one per boundary, as ``_bootstrap_phases.py`` does (both through ``_phase_marks.py``).
+Inflating a raw deflate stream never calls ``adler32`` itself.
 """
 
 from __future__ import annotations
@@ -38,21 +38,14 @@ from urllib.parse import urlencode  # noqa: E402
 
 import msgspec  # noqa: E402
 import msgspec.json  # noqa: E402
+from _phase_marks import ENV, Phases  # noqa: E402
 from npu_job.bootstrap.podtypes import pod_page_decoder  # noqa: E402
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 PAGE = "500"
-PHASES_ENV = "NPU_JOB_BENCH_PHASES"
-MARKING = os.environ.get(PHASES_ENV) == "1"
-phases = ["start-up and imports"]
+phases = Phases("start-up and imports", marking=os.environ.get(ENV) == "1")
+phase = phases.begin
 pages: List[Any] = []  # kept until the process ends, as the bootstrap keeps what it listed
-
-
-def phase(name: str) -> None:
-    """Where ``name`` begins (see the module docstring); nothing unless the phases are asked for."""
-    if MARKING:
-        zlib.adler32(b"")  # callgrind dumps the phase that ends here
-        phases.append(name)
 
 
 def main() -> int:
@@ -110,8 +103,7 @@ def main() -> int:
 
 if __name__ == "__main__":
     code = main()
-    if MARKING:
-        sys.stdout.write("\n".join(phases) + "\n")
+    phases.write()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # as bootstrap.sh exits: what was read goes with the process

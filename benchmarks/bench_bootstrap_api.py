@@ -56,6 +56,8 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the fake API and the job generator live with the tests
 
+from _phase_marks import ENV as LEAST_PHASES_ENV  # noqa: E402
+from _phase_marks import MARK as PHASE_MARK  # noqa: E402
 from _report import publish  # noqa: E402
 
 from tests.bootstrap.fake_kube_api import (  # noqa: E402
@@ -69,8 +71,6 @@ from tests.bootstrap.kubejob import big_job  # noqa: E402
 SCRIPT = REPO / "scripts" / "bootstrap.sh"
 LEAST_READER = Path(__file__).resolve().parent / "_least_pod_reader.py"
 PHASES = Path(__file__).resolve().parent / "_bootstrap_phases.py"
-PHASE_MARK = "zlib_adler32"  # the C function _bootstrap_phases.py calls between phases
-LEAST_PHASES_ENV = "NPU_JOB_BENCH_PHASES"  # asks the least pod reader to mark its phases alike
 BARE, BOOTSTRAP, LEAST = "python -c pass", "bash bootstrap.sh", "least pod reader"
 TARGET_EXCESS = 0.15
 NAMESPACE = "team-a"
