@@ -14,13 +14,17 @@ config is built by torch's ``config_from_args``, and ``elastic_launch`` runs tor
   tracebacks, and a clean exit on SIGTERM/SIGINT;
 * faults named the same way on every node (the ``parallel`` backend's watch, see :mod:`.watch`):
   torch's agent is subclassed only to report its workers' final failure to that watch before it
-  stops, and every worker starts behind :mod:`.pdeath`, so it dies with a SIGKILLed agent.
+  stops, and every worker starts behind :mod:`.pdeath`, so it dies with a SIGKILLed agent;
+* a worker killed while ``@record`` wrote its error file is reported by its signal, where torch's
+  agent would fail parsing the half-written file.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import json
 import logging
 import os
 import signal
@@ -28,7 +32,7 @@ import sys
 import textwrap
 import time
 import uuid
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from npu_job.errors import (
     EXIT_INTERNAL,
@@ -261,14 +265,62 @@ def launch_config(args: argparse.Namespace) -> Tuple[Any, Any, List[str]]:
 
 
 def _launch(config: Any, entrypoint: Any, cmd_args: Sequence[str]) -> Any:
+    from torch.distributed.elastic.multiprocessing import api as processes
     from torch.distributed.launcher import api
 
-    agent_class = api.LocalElasticAgent
-    api.LocalElasticAgent = _watched_agent_class()  # the name launch_agent builds its agent from
-    try:
+    with contextlib.ExitStack() as replaced:
+        # the names launch_agent builds its agent from, and the process contexts their failures
+        replaced.enter_context(_replaced(api, "LocalElasticAgent", _watched_agent_class()))
+        replaced.enter_context(_replaced(processes, "ProcessFailure", _readable_failure_class()))
         return api.elastic_launch(config=config, entrypoint=entrypoint)(*cmd_args)
+
+
+@contextlib.contextmanager
+def _replaced(module: Any, name: str, value: Any) -> Iterator[None]:
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
     finally:
-        api.LocalElasticAgent = agent_class
+        setattr(module, name, original)
+
+
+def _readable_failure_class() -> type:
+    """torch's ``ProcessFailure``, taking an unreadable error file for a missing one.
+
+    ``@record`` writes a worker's error file in place: it opens it for writing, then dumps the
+    JSON. A worker killed between the two (by the OOM killer, or by its agent stopping the group
+    while it was failing too, as the peers of a failed worker do) leaves an empty file, and
+    torch's ``ProcessFailure`` raises parsing it: the agent ends with a ``JSONDecodeError``
+    instead of the failure. A failure whose file cannot be
+    read is reported as one without a file: by its exit code or signal.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    class ReadableFailure(ProcessFailure):  # type: ignore[misc, valid-type]
+        def __post_init__(self) -> None:
+            if not _error_file_readable(self.error_file):
+                logger.info(
+                    "worker pid %s left an unreadable error file %s (stopped while writing it?)",
+                    self.pid,
+                    self.error_file,
+                )
+                self.error_file = ""  # no such file: torch takes the no-reply path
+            super().__post_init__()
+
+    return ReadableFailure
+
+
+def _error_file_readable(path: str) -> bool:
+    """False when ``path`` exists but holds no JSON (missing is torch's own, handled case)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            json.load(handle)
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _watched_agent_class() -> type:

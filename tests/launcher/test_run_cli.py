@@ -451,6 +451,19 @@ def npu_run(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([executable, *argv], capture_output=True, text=True, timeout=timeout)
 
 
+def one_parallel_node(out: Path, *worker_args: str) -> subprocess.CompletedProcess:
+    """One node of the ``parallel`` backend, two ``record_env.py`` workers writing to ``out``."""
+    return npu_run(
+        "--nnodes=1",
+        "--nproc_per_node=2",
+        "--rdzv_backend=parallel",
+        f"--master_port={free_port()}",
+        SCRIPT,
+        str(out),
+        *worker_args,
+    )
+
+
 def test_console_script_runs_unmodified_workers_standalone_with_torchs_log_options(tmp_path):
     logs = tmp_path / "logs"
     done = npu_run(
@@ -468,16 +481,7 @@ def test_console_script_runs_unmodified_workers_standalone_with_torchs_log_optio
 
 
 def test_worker_failure_prints_torchruns_summary_with_the_root_cause(tmp_path):
-    done = npu_run(
-        "--nnodes=1",
-        "--nproc_per_node=2",
-        "--rdzv_backend=parallel",
-        f"--master_port={free_port()}",
-        SCRIPT,
-        str(tmp_path),
-        "--fail-rank",
-        "1",
-    )
+    done = one_parallel_node(tmp_path, "--fail-rank", "1")
     assert done.returncode == run.EXIT_WORKERS_FAILED, done.stderr
     assert "npu-run: error: ChildFailedError:" in done.stderr
     assert "Root Cause (first observed failure)" in done.stderr
@@ -485,3 +489,13 @@ def test_worker_failure_prints_torchruns_summary_with_the_root_cause(tmp_path):
         "RuntimeError: worker rank 1 fails on purpose" in done.stderr
     )  # the worker's @record traceback
     assert not Path(tmp_path, "0.json").exists()
+
+
+def test_a_worker_killed_while_writing_its_error_file_is_reported_by_its_signal(tmp_path):
+    """torch's ``@record`` writes the error file in place (open, then dump): a worker killed
+    between the two leaves it empty, and torch's agent fails parsing it (a ``JSONDecodeError``
+    in place of the failure). npu-run reports the worker as killed by its signal."""
+    done = one_parallel_node(tmp_path, "--killed-recording", "1")
+    assert done.returncode == run.EXIT_WORKERS_FAILED, done.stderr
+    assert "JSONDecodeError" not in done.stderr and "internal error" not in done.stderr
+    assert "Signal 9 (SIGKILL) received by PID" in done.stderr, done.stderr

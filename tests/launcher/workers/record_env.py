@@ -9,7 +9,10 @@ Options (after the output directory):
   --fail-rank R        raise on global rank R while TORCHELASTIC_RESTART_COUNT is 0 (before
                        joining the group), to exercise the agent's group restart;
   --hold-until PATH    after writing the record, keep the process group (and so its store
-                       connections) open until PATH exists, so the test can count connections.
+                       connections) open until PATH exists, so the test can count connections;
+  --killed-recording R global rank R truncates its error file, as ``@record`` does first when it
+                       writes one, and SIGKILLs itself: a worker killed in mid-write (by the OOM
+                       killer, or by its agent stopping it while it was failing too).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -49,9 +53,13 @@ def main() -> None:
     parser.add_argument("out_dir")
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--hold-until", default="")
+    parser.add_argument("--killed-recording", type=int, default=-1)
     options = parser.parse_args()
 
     rank = int(os.environ["RANK"])
+    if rank == options.killed_recording:
+        open(os.environ["TORCHELASTIC_ERROR_FILE"], "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
     if rank == options.fail_rank and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
         raise RuntimeError(f"worker rank {rank} fails on purpose before restart 1")
 
