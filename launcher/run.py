@@ -32,7 +32,7 @@ import sys
 import textwrap
 import time
 import uuid
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from npu_job.errors import (
     EXIT_INTERNAL,
@@ -337,6 +337,12 @@ def _watched_agent_class() -> type:
     class WatchedAgent(LocalElasticAgent):  # type: ignore[misc, valid-type]
         _npu_final: Any = None  # the failed result no restart is left for
         _npu_failed_at = 0.0
+        _npu_stopped: Set[int] = set()  # pids of the workers torch itself stopped, this attempt
+
+        def _start_workers(self, *args: Any, **kwargs: Any) -> Any:
+            assigned = super()._start_workers(*args, **kwargs)
+            self._npu_stopped = _pids_running_at_close(self._pcontext)
+            return assigned
 
         def _monitor_workers(self, *args: Any, **kwargs: Any) -> Any:
             result = super()._monitor_workers(*args, **kwargs)
@@ -354,6 +360,7 @@ def _watched_agent_class() -> type:
                     final,
                     self._npu_failed_at or time.time(),
                     float(self._worker_group.spec.monitor_interval),
+                    self._npu_stopped,
                 )
             return super()._stop_workers(*args, **kwargs)
 
@@ -369,18 +376,48 @@ def _watched_agent_class() -> type:
     return WatchedAgent
 
 
-def _settle_failure(handler: Any, result: Any, failed_at: float, interval: float) -> None:
+def _pids_running_at_close(pcontext: Any) -> Set[int]:
+    """The pids of the workers still running when torch stops them, filled in as it does.
+
+    Once one worker fails, torch's process context SIGTERMs the others, and torch 2.13+ counts
+    them among the group's failures too. Without an error file they are dated like any worker a
+    signal ended (the start of the monitor interval), so one of them could be named the cause;
+    they are its consequence. Collected where the context closes, before it signals anyone.
+    """
+    running: Set[int] = set()
+    close = pcontext.close
+
+    def close_noting_the_running(*args: Any, **kwargs: Any) -> Any:
+        running.update(pid for pid in pcontext.pids().values() if _running_child(pid))
+        return close(*args, **kwargs)
+
+    pcontext.close = close_noting_the_running
+    return running
+
+
+def _running_child(pid: int) -> bool:
+    """Whether child ``pid`` has not ended (without reaping it: torch's ``Popen`` does that)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:  # reaped already: it ended
+        return False
+
+
+def _settle_failure(
+    handler: Any, result: Any, failed_at: float, interval: float, stopped: Set[int]
+) -> None:
+    """Report this node's cause of the end: its earliest failure not stopped by torch itself."""
     from . import rendezvous
     from .verdict import FailureReport
 
     if not isinstance(handler, rendezvous.ParallelRendezvousHandler) or not result.failures:
         return
-    when = {
-        rank: _failed_when(failure, failed_at, interval)
-        for rank, failure in result.failures.items()
-    }
+    failures = {
+        rank: failure for rank, failure in result.failures.items() if failure.pid not in stopped
+    } or result.failures
+    when = {rank: _failed_when(failure, failed_at, interval) for rank, failure in failures.items()}
     rank = min(when, key=lambda worker: (when[worker], worker))
-    failure = result.failures[rank]
+    failure = failures[rank]
     handler.settle_failure(
         FailureReport(
             node_rank=handler.settings.node_rank,

@@ -494,8 +494,13 @@ def test_worker_failure_prints_torchruns_summary_with_the_root_cause(tmp_path):
 def test_a_worker_killed_while_writing_its_error_file_is_reported_by_its_signal(tmp_path):
     """torch's ``@record`` writes the error file in place (open, then dump): a worker killed
     between the two leaves it empty, and torch's agent fails parsing it (a ``JSONDecodeError``
-    in place of the failure). npu-run reports the worker as killed by its signal."""
+    in place of the failure). npu-run reports the worker as killed by its signal, and names it
+    the cause: not worker rank 0, which torch's agent then stopped (torch 2.13+ lists it among
+    the failures too, killed by SIGTERM, with no error file either)."""
     done = one_parallel_node(tmp_path, "--killed-recording", "1")
     assert done.returncode == run.EXIT_WORKERS_FAILED, done.stderr
     assert "JSONDecodeError" not in done.stderr and "internal error" not in done.stderr
     assert "Signal 9 (SIGKILL) received by PID" in done.stderr, done.stderr
+    verdict = done.stderr.strip().splitlines()[-1]
+    assert verdict.startswith("npu-run: error: the job stopped: node rank 0 "), verdict
+    assert "worker rank 1 (local rank 1, pid " in verdict and "killed by signal 9" in verdict
