@@ -32,7 +32,18 @@ import sys
 import textwrap
 import time
 import uuid
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import (
+    AbstractSet,
+    Any,
+    Callable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 from npu_job.errors import (
     EXIT_INTERNAL,
@@ -292,8 +303,8 @@ def _readable_failure_class() -> type:
     JSON. A worker killed between the two (by the OOM killer, or by its agent stopping the group
     while it was failing too, as the peers of a failed worker do) leaves an empty file, and
     torch's ``ProcessFailure`` raises parsing it: the agent ends with a ``JSONDecodeError``
-    instead of the failure. A failure whose file cannot be
-    read is reported as one without a file: by its exit code or signal.
+    instead of the failure. A failure whose file cannot be read is reported as one without a
+    file: by its exit code or signal.
     """
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
@@ -337,7 +348,7 @@ def _watched_agent_class() -> type:
     class WatchedAgent(LocalElasticAgent):  # type: ignore[misc, valid-type]
         _npu_final: Any = None  # the failed result no restart is left for
         _npu_failed_at = 0.0
-        _npu_stopped: Set[int] = set()  # pids of the workers torch itself stopped, this attempt
+        _npu_stopped: AbstractSet[int] = frozenset()  # pids torch itself stopped, this attempt
 
         def _start_workers(self, *args: Any, **kwargs: Any) -> Any:
             assigned = super()._start_workers(*args, **kwargs)
@@ -404,7 +415,7 @@ def _running_child(pid: int) -> bool:
 
 
 def _settle_failure(
-    handler: Any, result: Any, failed_at: float, interval: float, stopped: Set[int]
+    handler: Any, result: Any, failed_at: float, interval: float, stopped: AbstractSet[int]
 ) -> None:
     """Report this node's cause of the end: its earliest failure not stopped by torch itself."""
     from . import rendezvous
