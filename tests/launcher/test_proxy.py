@@ -21,7 +21,13 @@ from pathlib import Path
 import pytest
 from npu_job.launcher import torchcompat
 from npu_job.launcher.protocol import NEWEST, Op, Request, encode_request
-from npu_job.launcher.proxy import AsyncStoreProxy, StoreProxy, UpstreamLost, new_event_loop
+from npu_job.launcher.proxy import (
+    DEFAULT_WAIT_CONNECTIONS,
+    AsyncStoreProxy,
+    StoreProxy,
+    UpstreamLost,
+    new_event_loop,
+)
 from npu_job.launcher.proxyupstream import Upstream
 from npu_job.launcher.storeclient import RawStoreClient
 
@@ -54,7 +60,10 @@ def root():
 
 @pytest.fixture
 def proxy(root):
+    """A proxy whose main and wait connections are open. A wait that arrives while they are still
+    opening is queued and polled with CHECK, so tests that count upstream WAITs start here."""
     with ProxyProcess(root.port) as process:
+        assert wait_until(lambda: process.stats()["upstream_open"] == 1 + DEFAULT_WAIT_CONNECTIONS)
         yield process
 
 
