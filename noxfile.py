@@ -34,7 +34,7 @@ ENVDIR = Path(os.environ.get("NPU_JOB_NOX_ENVDIR", Path.home() / ".cache" / "npu
 RESULTS = ENVDIR / "results"
 nox.options.envdir = str(ENVDIR)
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["lint", "launcher", "oldest_msgspec"]
+nox.options.sessions = ["lint", "launcher", "oldest_accelerators"]
 nox.options.error_on_missing_interpreters = True
 nox.options.parallel = min(2, os.cpu_count() or 1)
 nox.options.allow_parallel = True  # every session but `supported`, which reads the others' results
@@ -83,13 +83,15 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session
-def oldest_msgspec(session: nox.Session) -> None:
-    """The bootstrap and plan readers with the oldest msgspec setup.cfg admits (no torch needed).
+def oldest_accelerators(session: nox.Session) -> None:
+    """The bootstrap and plan readers with the oldest msgspec and zlib-ng setup.cfg admits (no
+    torch needed).
 
-    Its DecodeError became a ValueError only in 0.21; the readers must fall back alike before.
+    msgspec's DecodeError became a ValueError only in 0.21; the readers must fall back alike
+    before. zlib-ng must inflate to the same text and errors as the standard library from 0.4 on.
     """
     with _one_build_at_a_time():
-        session.install("msgspec==0.18.6", "-e", ".[test]")
+        session.install("msgspec==0.18.6", "zlib-ng==0.4.0", "-e", ".[test]")
     session.run(
         "python",
         "-m",

@@ -14,7 +14,7 @@ document is capped at :data:`MAX_DECODED_BYTES` once decoded, estimated before a
 6 MB of JSON and the pod-side budget is a fraction of a second): it decodes about twice as fast as
 ``json``, decodes straight into typed structs without building what a reader skips (5x faster
 still), and encodes 10x faster. Importing it costs ~10 ms, more than it saves on a small job, so
-it is loaded only for an input of :data:`MSGSPEC_FROM_BYTES` or more (and then serves the smaller
+it is loaded only for an input of ``MSGSPEC.from_bytes`` or more (and then serves the smaller
 ones too). It is only ever a shortcut:
 
 * whatever it accepts, ``json.loads`` accepts with the same meaning (UTF-8 is checked first,
@@ -36,29 +36,9 @@ import re
 from json.decoder import scanstring  # type: ignore[attr-defined]  # exists; typeshed omits it
 from typing import Any, Callable, List, Optional, Tuple, TypedDict, TypeVar, cast
 
+from npu_job.bootstrap.accelerator import MSGSPEC
+
 from npu_job.errors import InputError
-
-# Below this size the standard library is faster than importing msgspec first (~1000 nodes).
-MSGSPEC_FROM_BYTES = 512 * 1024
-_msgspec: Any = False  # False: not tried yet; None: not installed; else the msgspec module
-
-
-def msgspec_for(size: int) -> Any:
-    """The msgspec module (with ``msgspec.json``) if installed and worth loading for ``size``
-    bytes of JSON; else None. Once a big input has loaded it, it serves every input, however
-    small (the import was the cost: the last page of a big LIST, a small list after it)."""
-    global _msgspec
-    if _msgspec is False:
-        if size < MSGSPEC_FROM_BYTES:
-            return None
-        try:
-            import msgspec.json
-        except ImportError:  # the standard library does everything, only slower
-            _msgspec = None
-        else:
-            _msgspec = msgspec
-    return _msgspec
-
 
 _T = TypeVar("_T")
 _SKIP_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace, as json.decoder skips it
@@ -169,7 +149,7 @@ def parse_json(text: bytes, source: str) -> Any:
             f"16k-node rank table takes about 130), got one of about "
             f"{decoded_size(text) >> 20} MiB ({_value_count(text)} values in {len(text)} bytes)",
         )
-    msgspec = msgspec_for(len(text))
+    msgspec = MSGSPEC.for_size(len(text))
     if msgspec is not None:
         try:
             return msgspec.json.decode(text)
@@ -285,7 +265,7 @@ def decode_typed(
     """``decoder_for(msgspec).decode(text)``, or None when msgspec is not used or refuses ``text``.
 
     ``decoder_for`` builds (and should cache) the ``msgspec.json.Decoder`` of the reader's types
-    from the msgspec module, which is loaded only for big inputs (see :func:`msgspec_for`).
+    from the msgspec module, which is loaded only for big inputs (:data:`~.accelerator.MSGSPEC`).
     For readers that keep a few fields of a big document: the decoder builds only those. ``text``
     must be UTF-8 (which msgspec does not check in the strings it skips): anything else is refused
     too. A refusal decides nothing: the caller then reads the document the standard way, which
@@ -303,7 +283,7 @@ def decode_typed(
     skips but not their range, so a number beyond a double in a skipped field passes here while
     :func:`parse_json` refuses it.
     """
-    msgspec = msgspec_for(len(text))
+    msgspec = MSGSPEC.for_size(len(text))
     if msgspec is None:
         return None
     if builds_at_most is None or len(text) * builds_at_most > MAX_DECODED_BYTES:
@@ -321,7 +301,7 @@ def encode_compact(document: Any) -> bytes:
     """Compact JSON (UTF-8) of a decoded document, as ``json.dumps(..., separators=(",", ":"))``
     means it: msgspec's encoder (10x faster) if a big input has loaded it already (a document
     decoded from a small input is quick to encode either way), the standard library otherwise."""
-    msgspec = _msgspec or None
+    msgspec = MSGSPEC.module or None
     if msgspec is not None:
         try:
             return msgspec.json.encode(document)

@@ -44,6 +44,7 @@ from functools import lru_cache
 from itertools import chain
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
+from npu_job.bootstrap.accelerator import MSGSPEC
 from npu_job.bootstrap.fields import (
     expect_count,
     expect_list,
@@ -56,12 +57,7 @@ from npu_job.bootstrap.fields import (
     require_str,
     require_unique_id,
 )
-from npu_job.bootstrap.jsondecode import (
-    MSGSPEC_FROM_BYTES,
-    decode_typed,
-    parse_json,
-    scan_array_member,
-)
+from npu_job.bootstrap.jsondecode import decode_typed, parse_json, scan_array_member
 from npu_job.bootstrap.model import Placement, RankTable, Topology
 from npu_job.bootstrap.payload import decode_document, encode_b64_gzip, json_text
 
@@ -90,7 +86,7 @@ def parse_topology(
     if fmt is not None and fmt not in FORMATS:
         raise ValueError(f"unknown topology format {fmt!r}")
     # a big Kubernetes list is decoded into only the fields read (decode_typed's threshold)
-    if fmt in KUBE_FORMATS or (fmt is None and len(data) >= MSGSPEC_FROM_BYTES):
+    if fmt in KUBE_FORMATS or (fmt is None and len(data) >= MSGSPEC.from_bytes):
         from npu_job.bootstrap.kubeobjects import decode_kube_document
 
         # the API's NodeList is JSON; what people write or kubectl prints may be YAML

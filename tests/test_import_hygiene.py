@@ -19,6 +19,7 @@ POD_SIDE_MODULES = [
     *(
         f"npu_job.bootstrap.{name}"
         for name in (
+            "accelerator",
             "payload",
             "jsondecode",
             "fields",

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import jsondecode
+from npu_job.bootstrap.accelerator import MSGSPEC
 
 from npu_job.errors import InputError
 
@@ -215,20 +216,11 @@ def test_what_only_the_standard_library_accepts_still_decodes_under_msgspec(data
     assert _outcome(data, "msgspec")[0] == "ok"
 
 
-def test_msgspec_is_loaded_only_for_big_inputs(monkeypatch):
-    monkeypatch.setattr(jsondecode, "_msgspec", False)
-    assert jsondecode.msgspec_for(jsondecode.MSGSPEC_FROM_BYTES - 1) is None
-    assert jsondecode._msgspec is False  # not even tried
-    assert jsondecode.msgspec_for(jsondecode.MSGSPEC_FROM_BYTES) is not None
-    # loaded, it serves small inputs too: the last page of a big LIST, a small list after it
-    assert jsondecode.msgspec_for(1) is jsondecode._msgspec
-
-
 def test_without_msgspec_big_inputs_use_the_standard_library(monkeypatch):
-    monkeypatch.setattr(jsondecode, "_msgspec", False)
+    monkeypatch.setattr(MSGSPEC, "module", False)
     monkeypatch.setitem(sys.modules, "msgspec", None)  # what an image without msgspec looks like
-    monkeypatch.setattr(jsondecode, "MSGSPEC_FROM_BYTES", 0)
-    assert jsondecode.msgspec_for(10**9) is None
+    monkeypatch.setattr(MSGSPEC, "from_bytes", 0)
+    assert MSGSPEC.for_size(10**9) is None
     assert jsondecode.parse_json(b'{"a": [1, 2]}', "f") == {"a": [1, 2]}
     assert (
         jsondecode.decode_typed(b"{}", lambda msgspec: pytest.fail("no msgspec, no decoder"))

@@ -11,13 +11,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from npu_job.bootstrap import payload
+from npu_job.bootstrap.accelerator import ZLIB_NG
 from npu_job.bootstrap.payload import decode_document, encode_b64_gzip, json_text
 
 from npu_job.errors import InputError
 
 from .documents import b64_gzip, v1_0
+from .engines import inflater
 
 DOC = v1_0()
+_GZIPPED_DOC = gzip.compress(json.dumps(DOC).encode(), mtime=0)
 
 
 @pytest.mark.parametrize(
@@ -89,6 +92,74 @@ def test_an_incomplete_gzip_stream_says_so_whether_or_not_the_crc_is_checked(cut
             json_text(body, "api", verify_crc=verify)
         errors.append(caught.value.message)
     assert errors[0] == errors[1] and "gzip" in errors[0]
+
+
+def _outcome(data, verify_crc, engine):
+    """What ``json_text`` makes of ``data`` with ``engine`` inflating: the text, or the error."""
+    with inflater(engine):
+        try:
+            return "text", json_text(data, "api", verify_crc=verify_crc)
+        except InputError as error:
+            return "error", str(error)
+
+
+def _streams():
+    text = json.dumps(DOC).encode()
+    plain = gzip.compress(text, mtime=0)
+    yield "plain", plain
+    yield "with-file-name", _gzip_member(text, filename="doc.json")
+    yield "b64", base64.b64encode(plain)
+    for cut in (1, 8, 20, len(plain) // 2):
+        yield f"cut-{cut}", plain[:-cut]
+    yield "trailing-garbage", plain + b"junk"
+    yield "bad-crc", plain[:-8] + bytes([plain[-8] ^ 1]) + plain[-7:]
+    yield "bad-length", plain[:-4] + (len(text) + 1).to_bytes(4, "little")
+    yield "bad-block-type", plain[:10] + b"\xff" + plain[11:]
+
+
+@pytest.mark.parametrize("verify_crc", [True, False], ids=["crc", "no-crc"])
+@pytest.mark.parametrize("name, data", list(_streams()), ids=[name for name, _ in _streams()])
+def test_zlib_ng_and_the_standard_library_inflate_to_the_same_text_and_errors(
+    name, data, verify_crc
+):
+    assert _outcome(data, verify_crc, "zlib-ng") == _outcome(data, verify_crc, "stdlib")
+
+
+@given(
+    at=st.integers(min_value=10, max_value=len(_GZIPPED_DOC) - 1),
+    mask=st.integers(min_value=1, max_value=255),
+    verify_crc=st.booleans(),
+)
+def test_any_damaged_byte_reads_alike_with_either_inflater(at, mask, verify_crc):
+    damaged = bytearray(_GZIPPED_DOC)
+    damaged[at] ^= mask
+    assert _outcome(bytes(damaged), verify_crc, "zlib-ng") == _outcome(
+        bytes(damaged), verify_crc, "stdlib"
+    )
+
+
+_BIG_TEXT = json.dumps({"pods": ["x" * 100] * 12000}).encode()  # 1.2 MB, gzipped 4 KB
+
+
+def test_a_big_stream_loads_zlib_ng_by_the_size_its_trailer_states(monkeypatch):
+    """Before anything is inflated: the import costs about a millisecond, which only a big stream
+    pays back."""
+    assert len(_BIG_TEXT) >= ZLIB_NG.from_bytes > len(json.dumps(DOC))
+    small = gzip.compress(json.dumps(DOC).encode())
+    for verify_crc in (True, False):
+        monkeypatch.setattr(ZLIB_NG, "module", False)
+        assert json_text(small, "api", verify_crc=verify_crc) == json.dumps(DOC).encode()
+        assert ZLIB_NG.module is False  # not even tried
+        assert json_text(gzip.compress(_BIG_TEXT), "api", verify_crc=verify_crc) == _BIG_TEXT
+        assert ZLIB_NG.module.__name__ == "zlib_ng.zlib_ng"
+
+
+def test_without_zlib_ng_the_standard_library_inflates_big_streams(monkeypatch):
+    monkeypatch.setattr(ZLIB_NG, "module", False)
+    monkeypatch.setitem(sys.modules, "zlib_ng", None)  # what an image without zlib-ng looks like
+    for verify_crc in (True, False):
+        assert json_text(gzip.compress(_BIG_TEXT), "api", verify_crc=verify_crc) == _BIG_TEXT
+    assert ZLIB_NG.module is None
 
 
 def test_our_encoder_is_deterministic_gzip_with_stdencoding():
