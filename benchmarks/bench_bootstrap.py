@@ -14,8 +14,9 @@ the child from ``os.wait4``, which a busy machine inflates far less), and each m
 over the bare interpreter start in the same run. Target: 4096 nodes within 0.15 s of it; the
 verdict is printed for both wall and CPU time.
 
-Each size also runs with msgspec hidden (``import msgspec`` fails, as in an image without it), in
-the same interleaved loop: the standard-library path the bootstrap falls back to, side by side.
+Each size also runs with msgspec hidden (``import msgspec`` fails, as in an image without it), and
+with zlib-ng hidden, in the same interleaved loop: the standard-library paths the bootstrap falls
+back to, side by side.
 
     python benchmarks/bench_bootstrap.py [--sizes 64,1024,4096] [--repeat 11] [--output FILE]
 """
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
+from _hidden import hidden
 from _report import publish
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,18 +100,9 @@ def check_success(env: Dict[str, str]) -> None:
 Row = Tuple[str, int, float, float, float, float, float]
 WITH_MSGSPEC = "bash bootstrap.sh"
 WITHOUT_MSGSPEC = "  without msgspec"
-
-
-def hide_msgspec(directory: Path, env: Dict[str, str]) -> Dict[str, str]:
-    """``env`` in which ``import msgspec`` fails, as in an image without it: a package of that
-    name that raises ImportError, first on PYTHONPATH."""
-    package = directory / "msgspec"
-    package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").write_text(
-        'raise ImportError("hidden by bench_bootstrap to time the standard-library path")\n'
-    )
-    path = os.pathsep.join(filter(None, [str(directory), env.get("PYTHONPATH")]))
-    return {**env, "PYTHONPATH": path}
+WITHOUT_ZLIB_NG = "  without zlib-ng"
+HIDDEN = {WITHOUT_MSGSPEC: "msgspec", WITHOUT_ZLIB_NG: "zlib_ng"}  # case: the package it hides
+CASES = (WITH_MSGSPEC, *HIDDEN)
 
 
 def run(sizes: Sequence[int], repeat: int) -> List[Row]:
@@ -118,7 +111,8 @@ def run(sizes: Sequence[int], repeat: int) -> List[Row]:
         for nodes in sizes:
             env = write_job(Path(tmp) / f"n{nodes}", nodes)
             cases[WITH_MSGSPEC, nodes] = env
-            cases[WITHOUT_MSGSPEC, nodes] = hide_msgspec(Path(tmp) / "no-msgspec", env)
+            for case, package in HIDDEN.items():
+                cases[case, nodes] = hidden(package, Path(tmp) / f"no-{package}", env)
         baseline_env = cases[WITH_MSGSPEC, sizes[0]]
         samples: Dict[Tuple[str, int], List[Tuple[float, float]]] = {("python3 -c pass", 0): []}
         samples.update({case: [] for case in cases})
@@ -139,7 +133,7 @@ def run(sizes: Sequence[int], repeat: int) -> List[Row]:
 
     base = summary(("python3 -c pass", 0))
     rows = [base]
-    for case in sorted(cases, key=lambda case: (case[1], case[0] != WITH_MSGSPEC)):
+    for case in sorted(cases, key=lambda case: (case[1], CASES.index(case[0]))):
         row = summary(case)
         rows.append(row[:6] + (row[2] - base[2],))
     return rows
@@ -165,17 +159,21 @@ def table_text(rows: Sequence[Row], repeat: int) -> str:
     by_case = {(row[0], row[1]): row for row in rows[1:]}
     biggest = max(nodes for _name, nodes in by_case)
     shipped, stdlib = by_case[WITH_MSGSPEC, biggest], by_case[WITHOUT_MSGSPEC, biggest]
+    zlib_only = by_case[WITHOUT_ZLIB_NG, biggest]
     cpu_excess = shipped[4] - base[4]
     lines += [
         "",
         f"target ({biggest} nodes within {TARGET_EXCESS:.2f} s of bare start-up), as installed "
-        "(with msgspec):",
+        "(with msgspec and zlib-ng):",
         f"  wall: median excess {shipped[6]:.3f} s: {_verdict(shipped[6])}",
         f"  cpu:  median excess {cpu_excess:.3f} s (user+sys; less sensitive to a busy machine): "
         f"{_verdict(cpu_excess)}",
         f"  without msgspec (standard library only): median excess {stdlib[6]:.3f} s wall, "
         f"{stdlib[4] - base[4]:.3f} s cpu; msgspec/stdlib excess ratio "
         f"{shipped[6] / stdlib[6]:.2f} wall, {cpu_excess / (stdlib[4] - base[4]):.2f} cpu",
+        f"  without zlib-ng (the standard library's zlib): median excess {zlib_only[6]:.3f} s "
+        f"wall, {zlib_only[4] - base[4]:.3f} s cpu; zlib-ng/zlib excess ratio "
+        f"{shipped[6] / zlib_only[6]:.2f} wall, {cpu_excess / (zlib_only[4] - base[4]):.2f} cpu",
     ]
     return "\n".join(lines) + "\n"
 

@@ -56,6 +56,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the fake API and the job generator live with the tests
 
+from _hidden import hidden  # noqa: E402
 from _phase_marks import ENV as LEAST_PHASES_ENV  # noqa: E402
 from _phase_marks import MARK as PHASE_MARK  # noqa: E402
 from _report import publish  # noqa: E402
@@ -72,6 +73,7 @@ SCRIPT = REPO / "scripts" / "bootstrap.sh"
 LEAST_READER = Path(__file__).resolve().parent / "_least_pod_reader.py"
 PHASES = Path(__file__).resolve().parent / "_bootstrap_phases.py"
 BARE, BOOTSTRAP, LEAST = "python -c pass", "bash bootstrap.sh", "least pod reader"
+WITHOUT_ZLIB_NG = "  without zlib-ng"
 TARGET_EXCESS = 0.15
 NAMESPACE = "team-a"
 
@@ -236,22 +238,31 @@ def run(
             check_success(env)
             return result
 
+        def without_zlib_ng(size: int) -> Tuple[float, float, float, float]:
+            server, env = cases[size]
+            env = hidden("zlib_ng", Path(tmp) / "no-zlib_ng", env)
+            result = timed(["bash", str(SCRIPT)], env, server)
+            check_success(env)
+            return result
+
         def least(size: int) -> Tuple[float, float, float, float]:
             server, env = cases[size]
             return timed([sys.executable, str(LEAST_READER)], env, server)
 
         for size in sizes:  # warm the page cache and the bytecode, and check it works
             once(size)
+            without_zlib_ng(size)
             least(size)
         idle = cases[sizes[0]][0]
         samples: Dict[Tuple[str, int], List[Tuple[float, float, float, float]]] = {
             (BARE, 0): [],
-            **{(kind, s): [] for s in sizes for kind in (BOOTSTRAP, LEAST)},
+            **{(kind, s): [] for s in sizes for kind in (BOOTSTRAP, WITHOUT_ZLIB_NG, LEAST)},
         }
         for _ in range(repeat):
             samples[BARE, 0].append(timed([sys.executable, "-c", "pass"], base, idle))
             for size in sizes:
                 samples[BOOTSTRAP, size].append(once(size))
+                samples[WITHOUT_ZLIB_NG, size].append(without_zlib_ng(size))
                 samples[LEAST, size].append(least(size))
         counted = None
         if callgrind:
@@ -303,6 +314,7 @@ def table_text(
         )
     biggest = next(row for row in reversed(rows) if row[0] == BOOTSTRAP)
     floor = next(row for row in reversed(rows) if row[0] == LEAST)
+    zlib_only = next(row for row in reversed(rows) if row[0] == WITHOUT_ZLIB_NG)
     lines += [
         "",
         f"target ({biggest[1]} pods within {TARGET_EXCESS:.2f} s of bare start-up, once the API "
@@ -311,6 +323,9 @@ def table_text(
         f"{_verdict(biggest[3] - base[3])}",
         f"  wall: median excess less the API's answering time {biggest[5] - base[5]:.3f} s: "
         f"{_verdict(biggest[5] - base[5])}",
+        f"  without zlib-ng (the standard library's zlib inflates): cpu excess "
+        f"{zlib_only[3] - base[3]:.3f} s; zlib-ng/zlib cpu excess ratio "
+        f"{(biggest[3] - base[3]) / (zlib_only[3] - base[3]):.2f}",
         f"  after the last answer: median {biggest[6]:.3f} s from the API's last byte to the "
         f"pod's exit (decode of that page, topology, plan, files): {_verdict(biggest[6])}",
         f"  floor: reading the {floor[1]} pods and nothing else (the least pod reader: TLS, "
