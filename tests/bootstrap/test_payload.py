@@ -138,7 +138,7 @@ def test_any_damaged_byte_reads_alike_with_either_inflater(at, mask, verify_crc)
     )
 
 
-_BIG_TEXT = json.dumps({"pods": ["x" * 100] * 12000}).encode()  # 1.2 MB, gzipped 4 KB
+_BIG_TEXT = json.dumps({"pods": ["x" * 100] * 24000}).encode()  # 2.5 MB, gzipped 8 KB
 
 
 def test_a_big_stream_loads_zlib_ng_by_the_size_its_trailer_states(monkeypatch):
