@@ -228,8 +228,7 @@ def _zlib_for(size: int) -> ModuleType:
     """zlib-ng's ``zlib`` module if installed and worth loading for ``size`` inflated bytes
     (:data:`~.accelerator.ZLIB_NG`), else the standard library's: both inflate the same bytes to
     the same text."""
-    fast: Optional[ModuleType] = ZLIB_NG.for_size(size)
-    return fast or zlib
+    return ZLIB_NG.for_size(size) or zlib
 
 
 def _parse_yaml(text: bytes, source: str) -> Any:

@@ -6,6 +6,7 @@ import gzip
 import json
 import subprocess
 import sys
+import tracemalloc
 
 import pytest
 from hypothesis import given
@@ -17,7 +18,7 @@ from npu_job.bootstrap.payload import decode_document, encode_b64_gzip, json_tex
 from npu_job.errors import InputError
 
 from .documents import b64_gzip, v1_0
-from .engines import inflater
+from .engines import INFLATERS, inflater
 
 DOC = v1_0()
 _GZIPPED_DOC = gzip.compress(json.dumps(DOC).encode(), mtime=0)
@@ -136,6 +137,27 @@ def test_any_damaged_byte_reads_alike_with_either_inflater(at, mask, verify_crc)
     assert _outcome(bytes(damaged), verify_crc, "zlib-ng") == _outcome(
         bytes(damaged), verify_crc, "stdlib"
     )
+
+
+@pytest.mark.parametrize("verify_crc", [True, False], ids=["crc", "no-crc"])
+@pytest.mark.parametrize("engine", INFLATERS)
+def test_either_inflater_stops_a_gzip_bomb_at_the_cap_in_bounded_memory(
+    monkeypatch, engine, verify_crc
+):
+    """Inflating stops one byte past the cap: a bomb is never inflated whole."""
+    monkeypatch.setattr(payload, "MAX_INPUT_BYTES", 64 << 10)
+    bomb = gzip.compress(b'{"a": "' + b"x" * (16 << 20) + b'"}')  # 16 MiB in 16 KB
+    tracemalloc.start()
+    try:
+        outcome = _outcome(bomb, verify_crc, engine)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert outcome == (
+        "error",
+        "api: content: expected at most 65536 bytes after decompression (gzip)",
+    )
+    assert peak < 1 << 20
 
 
 _BIG_TEXT = json.dumps({"pods": ["x" * 100] * 24000}).encode()  # 2.5 MB, gzipped 8 KB
