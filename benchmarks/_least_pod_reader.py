@@ -5,11 +5,12 @@ API, the service account, ``MA_VJ_NAME``). It does what no reader of the API's p
 nothing else: load the standard library's ``ssl`` and ``http.client`` and msgspec, open one TLS
 connection trusting the service account's CA, list the job's pods in the bootstrap's pages
 (``limit``, ``continue``, ``resourceVersion=0``, gzip as the API server sends big answers),
-inflate each page (without the CRC-32, and with zlib-ng when installed, as the bootstrap does) and decode it by msgspec into
-typed structs of the nine fields the bootstrap reads (the bootstrap's own decoder, from
-:mod:`npu_job.bootstrap.podtypes`, which loads nothing else of npu_job). No checks, no roster, no
-topology, no plan, no files; and it exits as the bootstrap does, without freeing what it read
-object by object.
+inflate each page as the bootstrap does (without the CRC-32; by zlib-ng, loaded by the first
+big page, when installed: the bootstrap's own choice, ``npu_job.bootstrap.accelerator.ZLIB_NG``)
+and decode it by msgspec into typed structs of the nine fields the bootstrap reads (the
+bootstrap's own decoder, from :mod:`npu_job.bootstrap.podtypes`; neither module loads anything
+else of npu_job). No checks, no roster, no topology, no plan, no files; and it exits as the
+bootstrap does, without freeing what it read object by object.
 
 Its CPU over a bare interpreter is what reading the pods costs before any planning: what the
 bootstrap's budget has to hold besides the plan. It exits 0 having read every pod of the job.
@@ -34,16 +35,12 @@ gc.disable()  # as the bootstrap runs
 import http.client  # noqa: E402
 import ssl  # noqa: E402
 import zlib  # noqa: E402
-from types import ModuleType  # noqa: E402
 from urllib.parse import urlencode  # noqa: E402
 
-try:  # the bootstrap inflates big pages with zlib-ng when it is installed
-    from zlib_ng import zlib_ng as inflater
-except ImportError:
-    inflater: ModuleType = zlib  # type: ignore[no-redef]
 import msgspec  # noqa: E402
 import msgspec.json  # noqa: E402
 from _phase_marks import ENV, Phases  # noqa: E402
+from npu_job.bootstrap.accelerator import ZLIB_NG  # noqa: E402
 from npu_job.bootstrap.podtypes import pod_page_decoder  # noqa: E402
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -88,6 +85,7 @@ def main() -> int:
             phase("inflating")
             # as the bootstrap inflates: the deflate stream alone, no CRC-32 (TLS authenticated
             # it); a header without optional fields (10 bytes), as the API server writes it
+            inflater = ZLIB_NG.for_size(int.from_bytes(body[-4:], "little")) or zlib
             body = inflater.decompressobj(-zlib.MAX_WBITS).decompress(memoryview(body)[10:])
         phase("decoding")
         page = decode(body)
