@@ -227,8 +227,8 @@ def _accelerators_fast(containers: Any) -> Optional[int]:
 
 def devices_of(resources: Iterable[Tuple[Any, Any]]) -> Optional[int]:
     """Accelerators of the containers' ``(limits, requests)``: the limits of a known accelerator
-    resource, else the requests; None: amounts that are not an object, or a count
-    :func:`_device_count` refuses."""
+    resource, else the requests; None: amounts that are not an object, a count
+    :func:`_device_count` refuses, or more than :data:`MAX_DEVICES` in all."""
     total = 0
     for limits, requests in resources:
         for amounts in (limits, requests):
@@ -242,7 +242,7 @@ def devices_of(resources: Iterable[Tuple[Any, Any]]) -> Optional[int]:
             if counted[1]:
                 total += counted[0]
                 break
-    return total
+    return total if total <= MAX_DEVICES else None
 
 
 def _devices_fast(amounts: Dict[Any, Any]) -> Optional[Tuple[int, bool]]:
@@ -320,6 +320,8 @@ def _accelerators(spec: Mapping[str, Any], source: str, path: str) -> int:
                 total += _device_count(value, source, join_key(f"{here}.resources.{kind}", key))
             if counted:
                 break
+    if total > MAX_DEVICES:
+        fail(source, path, f"{_AT_MOST} in all (the server's accelerators), got {total}")
     return total
 
 
@@ -327,15 +329,25 @@ def _device_count(value: Any, source: str, path: str) -> int:
     """A device quantity: a whole number, written as a number or as a string (``"8"``)."""
     count = _quantity_count(value)
     if count is None:
-        fail(source, path, "a whole number of devices", value)
+        fail(source, path, f"a whole number of devices, {_AT_MOST}", value)
     return count
 
 
-DEVICE_DIGITS = 9  # a node's device quantity: far below 10**9
+# The most accelerators one server (one pod, all its containers) may ask for. The roster builds an
+# object per device, so a count is checked against this before anything is built: a pod asking
+# for 10**12 GPUs would otherwise take every pod of the job past its memory. The largest real
+# nodes have 16 accelerators (Atlas A3 super-pod nodes; 8 on DGX/HGX); 1024 leaves room for
+# 64x that (and for fractional-device plugins that count slices) at ~100 KB per server.
+MAX_DEVICES = 1024
+DEVICE_DIGITS = len(str(MAX_DEVICES))  # a count's digits past leading zeros, checked first
+_AT_MOST = f"at most {MAX_DEVICES}"
 
 
 def _quantity_count(value: Any) -> Optional[int]:
-    """A device quantity as a count: an int >= 0, or its ASCII digits (``"8"``); else None."""
+    """A device quantity as a count up to :data:`MAX_DEVICES`: an int, or its ASCII digits
+    (``"8"``); else None. An int is compared, never printed or converted (O(1) memory whatever
+    its size), and text is refused by its length before it is read as a number."""
     if type(value) is int:
-        return value if value >= 0 else None
-    return count_from_text(value, DEVICE_DIGITS) if type(value) is str else None
+        return value if 0 <= value <= MAX_DEVICES else None
+    count = count_from_text(value, DEVICE_DIGITS) if type(value) is str else None
+    return count if count is not None and count <= MAX_DEVICES else None

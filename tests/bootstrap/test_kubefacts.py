@@ -61,11 +61,28 @@ def test_a_node_listed_twice_is_an_error_naming_both():
 
 @pytest.mark.parametrize(
     "quantity, expected",
-    [("8", 8), (8, 8), ("0008", 8), ("²", None), ("8 ", None), ("1000000000", None), (-1, None)],
+    [
+        ("8", 8),
+        (8, 8),
+        ("0008", 8),
+        ("²", None),
+        ("8 ", None),
+        ("1024", 1024),
+        (1024, 1024),
+        ("0" * 30 + "1024", 1024),
+        ("1025", None),
+        (1025, None),
+        ("999999999", None),
+        (10**12, None),
+        (int("9" * 4300), None),
+        ("9" * 5000, None),
+        (-1, None),
+    ],
 )
-def test_a_pods_accelerator_quantity_is_a_count_below_a_billion(quantity, expected):
+def test_a_pods_accelerator_quantity_is_a_count_of_at_most_1024(quantity, expected):
     """Read either way by npu_job.parsing's count reader: ASCII digits only (``"²"`` is a digit
-    to ``int()``), or a non-negative JSON integer; anything else names the field."""
+    to ``int()``), or a non-negative JSON integer, at most kubefacts.MAX_DEVICES (a server's
+    accelerators: the roster builds one object per device); anything else names the field."""
     resources = {"limits": {"nvidia.com/gpu": quantity}, "requests": {"nvidia.com/gpu": quantity}}
     pod = damaged_copy(POD, ("spec", "containers", 0, "resources"), resources)
     obj = KubeObject("Pod", "items[0]", pod)
@@ -73,5 +90,21 @@ def test_a_pods_accelerator_quantity_is_a_count_below_a_billion(quantity, expect
         outcome = outcome_of(read, obj)
         if expected is None:
             assert outcome[0] == "error" and "nvidia.com/gpu" in outcome[1], outcome
+            assert "expected a whole number of devices, at most 1024, got" in outcome[1]
         else:
             assert outcome == ("ok", outcome[1]) and outcome[1].accelerators == expected
+
+
+def test_a_pods_containers_ask_for_at_most_1024_accelerators_in_all():
+    pod = damaged_copy(
+        POD,
+        ("spec", "containers"),
+        [{"name": f"c{i}", "resources": {"limits": {"nvidia.com/gpu": 600}}} for i in range(2)],
+    )
+    obj = KubeObject("Pod", "items[0]", pod)
+    for read in (lambda o: read_pods([o], "s")[0], lambda o: kubefacts._pod_checked(o, "s")):
+        assert outcome_of(read, obj) == (
+            "error",
+            "s: items[0] (Pod 'llama-worker-0'): spec.containers: expected at most 1024 in all (the "
+            "server's accelerators), got 1200",
+        )

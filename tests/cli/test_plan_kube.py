@@ -132,6 +132,29 @@ def test_a_job_not_all_scheduled_is_one_line_exit_4(tmp_path, capsys):
     ]
 
 
+@pytest.mark.parametrize(
+    "count",
+    [b"1000000000000", b'"999999999"', b"9" * 4300, b"1025"],
+    ids=["an int", "a string", "4300 digits", "one past the cap"],
+)
+def test_a_pod_asking_for_more_than_1024_devices_is_one_line_exit_3(count, tmp_path, capsys):
+    """The roster builds an object per device: a count is refused before any is built (it took
+    plan past 2 GiB), for an int and for digits alike."""
+    document = json.loads(PODS.read_text())
+    document["items"][5]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 7}}
+    text = (
+        json.dumps(document).encode().replace(b'"nvidia.com/gpu": 7', b'"nvidia.com/gpu": ' + count)
+    )
+    (tmp_path / "pods.json").write_bytes(text)
+    assert main(["plan", "--pods", str(tmp_path / "pods.json")]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"npu-job: error: {tmp_path / 'pods.json'}: items[5] (Pod 'llama-worker-5'): "
+        "spec.containers[0].resources.limits.nvidia.com/gpu: expected a whole number of "
+        "devices, at most 1024, got "
+    ), err
+
+
 def test_pods_of_two_jobs_need_job_and_it_picks_one(tmp_path, capsys):
     document = json.loads(PODS.read_text())
     stranger = json.loads(json.dumps(document["items"][0]))
