@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from itertools import repeat
-from typing import Any, List, Literal, Optional, Sequence, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union, cast
 
 from npu_job.bootstrap.jsondecode import encode_compact
 from npu_job.bootstrap.model import Collective, Placement, RankTable, Server, Topology
@@ -40,6 +40,8 @@ try:
 except ImportError:
     from socket import inet_aton as _inet_aton
     from socket import inet_ntoa as _inet_ntoa
+if TYPE_CHECKING:  # typing.Literal is Python 3.8+; the pod side runs on 3.7
+    from typing import Literal
 _BIG: Literal["big"] = "big"  # int.from_bytes' byte order, typed as it accepts it
 
 # (kind, ...) tuples; kind 0 = IP address (then version, integer value), kind 1 = natural order.

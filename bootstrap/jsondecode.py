@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import re
 from json.decoder import scanstring  # type: ignore[attr-defined]  # exists; typeshed omits it
-from typing import Any, Callable, List, Optional, Tuple, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, TypeVar, cast
 
 from npu_job.bootstrap.accelerator import MSGSPEC
 
@@ -243,17 +243,20 @@ def _bounded_int(literal: str) -> int:
 
 # json.loads' settings but for numbers it cannot read or JSON cannot hold, refused (scan_once
 # raises _UnreadableNumber, a ValueError). msgspec refuses the same ones (the tests check).
-class _NumberHooks(TypedDict):
-    parse_constant: Callable[[str], Any]
-    parse_float: Callable[[str], Any]
-    parse_int: Callable[[str], Any]
+if TYPE_CHECKING:  # typing.TypedDict is Python 3.8+; the pod side runs on 3.7
+    from typing import TypedDict
+
+    class _NumberHooks(TypedDict):
+        parse_constant: Callable[[str], Any]
+        parse_float: Callable[[str], Any]
+        parse_int: Callable[[str], Any]
 
 
-_NUMBER_HOOKS = _NumberHooks(
-    parse_constant=_not_a_number,
-    parse_float=_finite_float,
-    parse_int=_bounded_int,
-)
+_NUMBER_HOOKS: _NumberHooks = {
+    "parse_constant": _not_a_number,
+    "parse_float": _finite_float,
+    "parse_int": _bounded_int,
+}
 _DECODER = json.JSONDecoder(**_NUMBER_HOOKS)
 # JSONDecoder.__init__ sets scan_once (the C scanner when built); typeshed does not declare it
 _scan_once: Callable[[str, int], Tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]

@@ -259,7 +259,7 @@ def _list_decoder(msgspec: Any) -> Any:
     TypedDicts: what decodes is plain dicts and lists, read by the same code as a full decode.
     HyperNode ``spec.members`` is small and decoded whole.
     """
-    from typing import TypedDict  # Python 3.8+
+    from typing import TypedDict  # novermin: Python 3.8+, as msgspec itself
 
     def typed(name: str, fields: Dict[str, Any]) -> Any:
         return TypedDict(name, fields, total=False)  # type: ignore[operator]

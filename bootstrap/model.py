@@ -18,9 +18,31 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from functools import cached_property
 from types import MappingProxyType
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Generic, Mapping, Optional, Sequence, Tuple, TypeVar
+
+try:
+    from functools import cached_property
+except ImportError:  # Python 3.7: the pod side runs on the image's python3
+    _Value = TypeVar("_Value")
+
+    class cached_property(Generic[_Value]):  # type: ignore[no-redef]  # noqa: N801
+        """``functools.cached_property`` as these frozen dataclasses use it: computed once, kept in
+        the instance's ``__dict__`` (which a frozen dataclass's ``__setattr__`` does not guard)."""
+
+        def __init__(self, function: Callable[[Any], _Value]) -> None:
+            self.function = function
+            self.name = function.__name__
+            self.__doc__ = function.__doc__
+
+        def __set_name__(self, owner: type, name: str) -> None:
+            self.name = name
+
+        def __get__(self, instance: Any, owner: Optional[type] = None) -> Any:
+            if instance is None:
+                return self
+            value = instance.__dict__[self.name] = self.function(instance)
+            return value
 
 
 @dataclass(frozen=True)

@@ -210,7 +210,7 @@ def _all_devices_fast(server_list: List[Any]) -> Optional[DeviceColumns]:
     if len(set(counts)) == 1:  # full nodes, the usual case
         offsets: Sequence[int] = range(0, len(flat) + 1, counts[0])
     else:
-        offsets = list(accumulate(counts, initial=0))
+        offsets = [0, *accumulate(counts)]  # accumulate's initial= is Python 3.8+
     # the Device objects themselves are built only if someone reads Server.devices
     return DeviceColumns(ids, ips, rank_ids, supers, offsets)
 
