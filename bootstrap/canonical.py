@@ -41,8 +41,8 @@ except ImportError:
     from socket import inet_aton as _inet_aton
     from socket import inet_ntoa as _inet_ntoa
 if TYPE_CHECKING:  # typing.Literal is Python 3.8+; the pod side runs on 3.7
-    from typing import Literal
-_BIG: Literal["big"] = "big"  # int.from_bytes' byte order, typed as it accepts it
+    from typing import Literal  # novermin: for the type checker only
+_BIG: Literal["big"] = "big"  # novermin: int.from_bytes' byte order, typed as it accepts it
 
 # (kind, ...) tuples; kind 0 = IP address (then version, integer value), kind 1 = natural order.
 IdKey = Tuple[Union[int, str, Tuple[Union[str, Tuple[int, str]], ...]], ...]

@@ -12,7 +12,7 @@ promise). ``npu-job bootstrap`` is the same parser as a subcommand (``HELP``, ``
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, NoReturn, Optional, Sequence
 
 from npu_job.errors import EXIT_USAGE, exit_code_of
 from npu_job.logs import PROG, add_log_options, setup_logging, verbosity
@@ -238,3 +238,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return int(exit_.code) if isinstance(exit_.code, int) else EXIT_USAGE
     setup_logging(verbosity(args))
     return exit_code_of(lambda: run(args), PROG)
+
+
+def pod_main(argv: Sequence[str]) -> NoReturn:
+    """The bootstrap as a pod runs it (``bootstrap.sh``, the job's bundle): :func:`main`, then an
+    exit that skips the interpreter's teardown.
+
+    The run disables the cyclic GC (its objects are acyclic and the process is short) and keeps
+    what it decoded in ``run.KEEP_UNTIL_EXIT`` rather than freeing ~10^6 objects one by one before
+    the process ends anyway. The outputs are on disk (closed and renamed) when :func:`main`
+    returns; what the teardown would have flushed is flushed here.
+    """
+    import gc
+    import os
+
+    from npu_job.bootstrap import run as bootstrap_run
+
+    gc.disable()
+    bootstrap_run.KEEP_UNTIL_EXIT = []
+    code = main(argv)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        sys.exit(code)  # e.g. a closed stdout: let the normal exit report it
+    os._exit(code)

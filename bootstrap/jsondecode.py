@@ -244,7 +244,7 @@ def _bounded_int(literal: str) -> int:
 # json.loads' settings but for numbers it cannot read or JSON cannot hold, refused (scan_once
 # raises _UnreadableNumber, a ValueError). msgspec refuses the same ones (the tests check).
 if TYPE_CHECKING:  # typing.TypedDict is Python 3.8+; the pod side runs on 3.7
-    from typing import TypedDict
+    from typing import TypedDict  # novermin: for the type checker only
 
     class _NumberHooks(TypedDict):
         parse_constant: Callable[[str], Any]

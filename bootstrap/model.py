@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Dict, Generic, Mapping, Optional, Sequence, Tuple, TypeVar
 
 try:
-    from functools import cached_property
+    from functools import cached_property  # novermin: the fallback below serves 3.7
 except ImportError:  # Python 3.7: the pod side runs on the image's python3
     _Value = TypeVar("_Value")
 

@@ -33,12 +33,13 @@ from npu_job.bootstrap.sources import (
 )
 
 from npu_job.errors import EXIT_OK, InputError, NpuJobError, shown
-from npu_job.parsing import count_from_text, seconds_from_text
+from npu_job.parsing import count_from_text, is_true, seconds_from_text
 from npu_job.podfacts import (
     FULL_NODE_ENV,
     OUTPUT_DIR,
     OUTPUT_DIR_ENV,
     RANK_TABLE_ENV,
+    STRICT_ENV,
     TASK_INDEX_ENV,
 )
 
@@ -46,7 +47,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_WAIT_TIMEOUT = 300.0
 DEFAULT_POLL_INTERVAL = 5.0
-_TRUE = ("1", "true", "yes", "on")
 
 # A process that ends with os._exit right after the run (bootstrap.sh) sets this to a list: the run
 # then leaves its decoded rank table (or the pods and HyperNodes it listed) there rather than
@@ -129,7 +129,7 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
         collective=pick("collective"),
         wait_timeout=seconds("wait_timeout", "NPU_JOB_WAIT_TIMEOUT", DEFAULT_WAIT_TIMEOUT),
         poll_interval=seconds("poll_interval", "NPU_JOB_POLL_INTERVAL", DEFAULT_POLL_INTERVAL),
-        strict=bool(strict_flag) or env.get("NPU_JOB_STRICT", "").strip().lower() in _TRUE,
+        strict=bool(strict_flag) or is_true(env.get(STRICT_ENV, "")),
         ca_bundle=pick("ca_bundle", "NPU_JOB_CA_BUNDLE"),
         full_node_devices=count("full_node_devices", FULL_NODE_ENV),
         nodes=pick("nodes", "NPU_JOB_NODES"),
@@ -185,7 +185,7 @@ def _bootstrap(
     sleep: Callable[[float], None],
 ) -> BootstrapResult:
     environ = os.environ if env is None else env
-    strict = bool(flags.get("strict")) or environ.get("NPU_JOB_STRICT", "").strip().lower() in _TRUE
+    strict = bool(flags.get("strict")) or is_true(environ.get(STRICT_ENV, ""))
     output_dir = flags.get("output_dir") or environ.get(OUTPUT_DIR_ENV) or OUTPUT_DIR
     context: Dict[str, Any] = {}
     failure: Optional[NpuJobError] = None

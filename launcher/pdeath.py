@@ -25,14 +25,27 @@ import sys
 
 # No typing import (nor anything else the wrapper's start would pay for): annotations stay text.
 
-# "-0 or ...": code that starts with "-" (see the module docstring), running this very file
-LAUNCH = (
-    "-I",
-    "-S",
-    "-c",
-    f"-0 or exec(compile(open({__file__!r}).read(), {__file__!r}, 'exec'), "
-    f"{{'__name__': '__main__', '__file__': {__file__!r}}})",
-)
+
+def launch() -> "tuple[str, ...]":
+    """The interpreter flags that run this file's code as ``__main__``.
+
+    "-0 or ...": code that starts with "-" (see the module docstring). From an installed package
+    the code runs this very file; from the job's bundle (a zip archive, which ``open`` cannot read
+    into) it carries the file's source itself.
+    """
+    if os.path.isfile(__file__):
+        code = f"open({__file__!r}).read()"
+    else:
+        code = repr(__loader__.get_source(__name__))  # type: ignore[name-defined]  # noqa: F821
+    return (
+        "-I",
+        "-S",
+        "-c",
+        f"-0 or exec(compile({code}, {__file__!r}, 'exec'), "
+        f"{{'__name__': '__main__', '__file__': {__file__!r}}})",
+    )
+
+
 PARENT_FLAG = "--parent="
 EXEC_FLAG = "--exec="
 PR_SET_PDEATHSIG = 1
@@ -41,7 +54,7 @@ EXIT_ORPHANED = 137  # as if the signal had come: 128 + SIGKILL
 
 def wrap(entrypoint: str, args: "Sequence[str]", parent_pid: int) -> "tuple[str, list[str]]":
     """torch's worker command ``entrypoint args`` behind the wrapper, for agent ``parent_pid``."""
-    head = [*LAUNCH, f"{PARENT_FLAG}{parent_pid}"]
+    head = [*launch(), f"{PARENT_FLAG}{parent_pid}"]
     if entrypoint != sys.executable:  # --no_python: a program of its own
         head.append(f"{EXEC_FLAG}{entrypoint}")
     return sys.executable, [*head, *args]

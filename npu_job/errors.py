@@ -21,6 +21,7 @@ code  exception              meaning
 7     InconsistentError      inputs contradict each other (e.g. this host not in the table)
 8     LaunchError            the launcher could not start or lost its store
 9     MissingExtraError      an optional feature needs an extra that is not installed
+10    BundleError            the job's npu-job bundle is missing, truncated or altered
 ====  =====================  ==========================================================
 """
 
@@ -152,6 +153,13 @@ class MissingExtraError(NpuJobError):
     which ``pip install 'npu-job[EXTRA]'`` brings it)."""
 
     exit_code = 9
+
+
+class BundleError(NpuJobError):
+    """The job's bundle of the pod side (``npu-job.pyz``) is missing, unreadable, or holds other
+    entries than its digest records (:mod:`npu_job.bundled`)."""
+
+    exit_code = 10
 
 
 def print_error(message: str, prog: str) -> None:

@@ -30,6 +30,14 @@ def is_count(text: str) -> bool:
     return count_from_text(text) is not None
 
 
+TRUE_WORDS = ("1", "true", "yes", "on")
+
+
+def is_true(text: str) -> bool:
+    """``text`` turns a switch on (``NPU_JOB_STRICT=1``): one of :data:`TRUE_WORDS`, any case."""
+    return text.strip().lower() in TRUE_WORDS
+
+
 def seconds_from_text(text: str, *, zero_ok: bool) -> Optional[float]:
     """``text`` as seconds, > 0 (or >= 0 with ``zero_ok``); None otherwise (NaN too)."""
     try:

@@ -29,6 +29,15 @@ ENV_FILE = "npu_job_env.sh"
 TASK_INDEX_ENV = "VC_TASK_INDEX"
 #: A rank table the job brings itself (a path or an http(s) URL), where CCE delivers none.
 RANK_TABLE_ENV = "RANK_TABLE_FILE"
+#: Makes the bootstrap exit non-zero when it cannot plan (as ``--strict`` does).
+STRICT_ENV = "NPU_JOB_STRICT"
+#: Where the job's bundle is when it is not beside bootstrap.sh (``bootstrap.url`` downloads it
+#: there); bootstrap.sh and train.sh read it.
+BUNDLE_ENV = "NPU_JOB_BUNDLE"
+FETCHED_BUNDLE = "/tmp/npu-job.pyz"
+#: The interpreter train.sh runs npu-run on, where it is not $NPU_JOB_PYTHON (an image whose
+#: python3 lacks torch).
+LAUNCHER_PYTHON_ENV = "NPU_JOB_LAUNCHER_PYTHON"
 #: The interpreter bootstrap.sh runs (default: python3 on PATH).
 PYTHON_ENV = "NPU_JOB_PYTHON"
 #: The devices of a full node, which render passes to routed pods and the bootstrap reads

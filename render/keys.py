@@ -178,7 +178,8 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
             "an image reference (no spaces or control characters)",
         ),
         REQUIRED,
-        "Container image (with torch, torch_npu and npu-job installed).",
+        "Container image: python3 and torch (torch_npu on NPUs); npu-job comes with the job "
+        "(`bundle`).",
     ),
     KeySpec(
         "script",
@@ -415,7 +416,16 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
             "an http:// or https:// URL without spaces",
         ),
         None,
-        "Fetch bootstrap.sh from this URL at pod start instead of the bundled one.",
+        "Pods fetch the bundle from this URL at start (`npu-job bundle -o FILE`, hosted by you) "
+        "instead of the scripts ConfigMap carrying it.",
+    ),
+    KeySpec(
+        "bundle",
+        Flag(),
+        True,
+        "Ship the pod side (the bootstrap and npu-run) with the job as `npu-job.pyz`, so that the "
+        "image needs nothing installed; `false`: the image brings npu-job (`pip_install`, or its "
+        "Dockerfile).",
     ),
     KeySpec(
         "pip_install",
@@ -426,8 +436,8 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
             one_is_a_list=True,
         ),
         (),
-        "pip requirements installed at pod start before anything else (e.g. `npu-job==0.1.0`), "
-        "for images without npu-job.",
+        "pip requirements installed at pod start before anything else (e.g. a package the "
+        "training script needs).",
     ),
     KeySpec(
         "volumes",

@@ -62,8 +62,11 @@ def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str
         warnings.append(f"full_node_npus is ignored for device {spec.device}: it has no full node")
     if spec.device != "npu" and "hccl" in explicit:
         warnings.append(f"hccl settings are ignored for device {spec.device}")
-    if spec.bootstrap_url and not spec.routing:
-        warnings.append("bootstrap.url is ignored: routing is off, so the pod runs no bootstrap")
+    if spec.bootstrap_url and not spec.uses_bundle:
+        warnings.append(
+            "bootstrap.url is ignored: no bundle is used (bundle is false, or neither routing nor "
+            "npu-run is on)"
+        )
     if spec.routes_by_api and RANK_TABLE_ENV in dict(spec.env):
         warnings.append(
             f"routing_source is api, but env {RANK_TABLE_ENV} names a rank table: the "

@@ -1,6 +1,7 @@
 """``render(spec) -> RenderedJob``: a validated :class:`JobSpec` through the Jinja templates.
 
-Pure apart from reading the package's own templates: values in, an inspectable object out.
+Pure apart from reading the package's own templates and the pod side it bundles
+(:mod:`npu_job.bundle`): values in, an inspectable object out.
 ``RenderedJob.stream()`` is the multi-document YAML for ``kubectl apply -f -`` (a ``# Source:``
 comment per document, the scripts ConfigMap before the Job that mounts it) and
 ``RenderedJob.files()`` the files ``--output-dir`` writes; the CLI is just a writer of these.
@@ -22,6 +23,7 @@ template and line. Each rendered document is parsed back before it is returned.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import logging
@@ -36,7 +38,8 @@ from npu_job.render.keys import DEVICE_RESOURCE, NPU_HOST_MOUNTS, SCRIPTS_VOLUME
 from npu_job.render.spec import JobSpec
 
 from npu_job import podfacts
-from npu_job.errors import RenderError
+from npu_job.bundle import BUNDLE_NAME, Bundle, installed_bundle
+from npu_job.errors import BundleError, RenderError
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +74,9 @@ class RenderedJob:
     documents: Tuple[Document, ...]  # ConfigMap first, then (routing by the API) RBAC, the Job
     scripts: Tuple[
         Tuple[str, str], ...
-    ]  # (file name, text): train.sh, [install.sh], [bootstrap.sh]
+    ]  # (file name, text): train.sh, [install.sh], [fetch-bundle.sh], [bootstrap.sh]
     warnings: Tuple[str, ...] = ()
+    bundle: Optional[Bundle] = None  # the pod side, shipped in the ConfigMap (npu-job.pyz)
 
     def stream(self) -> str:
         """The documents as one multi-document YAML stream (what stdout gets)."""
@@ -80,8 +84,11 @@ class RenderedJob:
 
     def files(self) -> Tuple[Tuple[str, str, int], ...]:
         """(file name, text, mode) of what ``--output-dir`` writes: config.yaml, then scripts."""
-        return (("config.yaml", self.stream(), 0o644),) + tuple(
-            (name, text, 0o755) for name, text in self.scripts
+        shipped = ((BUNDLE_NAME, self.bundle.data, 0o755),) if self.bundle else ()
+        return (
+            (("config.yaml", self.stream(), 0o644),)
+            + tuple((name, text, 0o755) for name, text in self.scripts)
+            + shipped
         )
 
     @property
@@ -259,6 +266,19 @@ def _context(spec: JobSpec) -> Dict[str, Any]:
         "npu_host_mounts": NPU_HOST_MOUNTS,
         "full_node_env": podfacts.FULL_NODE_ENV,
         "launcher_command": LAUNCHER_COMMANDS[spec.launcher],
+        # the job's bundle: where train.sh finds it, and whether npu-run comes from it
+        "bundle_name": BUNDLE_NAME,
+        "bundle_env": podfacts.BUNDLE_ENV,
+        "bundle_path": (
+            podfacts.FETCHED_BUNDLE
+            if spec.fetches_bundle
+            else posixpath.join(spec.scripts_dir, BUNDLE_NAME)
+        ),
+        "bundle_launcher": spec.uses_bundle and spec.launcher == "npu-run",
+        "bundle_exit": BundleError.exit_code,
+        "launcher_python_env": podfacts.LAUNCHER_PYTHON_ENV,
+        "python_env": podfacts.PYTHON_ENV,
+        "bundle_base64": None,
         "job_labels": job_labels,
         "cce_routing": npu_routing,
         "configmap_labels": _pairs((MANAGED_BY,), spec.labels),
@@ -284,8 +304,11 @@ def bootstrap_script() -> str:
     return _package_text("bootstrap.sh", SCRIPTS_PACKAGE)
 
 
-def render(spec: JobSpec, *, bootstrap: Optional[str] = None) -> RenderedJob:
-    """Render ``spec``; ``bootstrap`` overrides the bundled bootstrap.sh text (tests)."""
+def render(
+    spec: JobSpec, *, bootstrap: Optional[str] = None, bundle: Optional[Bundle] = None
+) -> RenderedJob:
+    """Render ``spec``; ``bootstrap`` and ``bundle`` stand in for the shipped bootstrap.sh and
+    bundle (tests: their own changes would churn every golden file)."""
     import yaml
 
     for warning in spec.warnings:
@@ -296,13 +319,14 @@ def render(spec: JobSpec, *, bootstrap: Optional[str] = None) -> RenderedJob:
     scripts: List[Tuple[str, str]] = [("train.sh", _render_template(env, "train.sh.j2", context))]
     if spec.pip_install:
         scripts.append(("install.sh", _render_template(env, "install.sh.j2", context)))
+    if spec.fetches_bundle:
+        scripts.append(("fetch-bundle.sh", _render_template(env, "fetch-bundle.sh.j2", context)))
     if spec.routing:
-        if spec.bootstrap_url:
-            scripts.append(("bootstrap.sh", _render_template(env, "bootstrap-url.sh.j2", context)))
-        else:
-            scripts.append(
-                ("bootstrap.sh", bootstrap if bootstrap is not None else bootstrap_script())
-            )
+        scripts.append(("bootstrap.sh", bootstrap if bootstrap is not None else bootstrap_script()))
+    shipped: Optional[Bundle] = None
+    if spec.uses_bundle and not spec.fetches_bundle:
+        shipped = bundle if bundle is not None else installed_bundle()
+        context["bundle_base64"] = base64.b64encode(shipped.data).decode("ascii")
     context["scripts"] = tuple(scripts)
 
     templates = ["configmap.yaml.j2", "job.yaml.j2"]
@@ -323,4 +347,4 @@ def render(spec: JobSpec, *, bootstrap: Optional[str] = None) -> RenderedJob:
             documents.append(
                 Document(SOURCE_PREFIX + template, parsed["kind"], parsed["metadata"]["name"], text)
             )
-    return RenderedJob(spec, tuple(documents), tuple(scripts), spec.warnings)
+    return RenderedJob(spec, tuple(documents), tuple(scripts), spec.warnings, shipped)

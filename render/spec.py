@@ -142,6 +142,7 @@ class JobSpec:
     anti_affinity: bool = _DEFAULTS["anti_affinity"]
     scripts_dir: str = _DEFAULTS["scripts_dir"]
     bootstrap_url: Optional[str] = _DEFAULTS["bootstrap.url"]
+    bundle: bool = _DEFAULTS["bundle"]
     pip_install: Tuple[str, ...] = _DEFAULTS["pip_install"]
     #: what is valid but will disappoint (``lint.spec_warnings``); the renderer logs these
     warnings: Tuple[str, ...] = field(default=(), compare=False)
@@ -149,6 +150,16 @@ class JobSpec:
     @property
     def resource_name(self) -> Optional[str]:
         return DEVICE_RESOURCE[self.device]
+
+    @property
+    def uses_bundle(self) -> bool:
+        """Whether the pods run npu-job from the job's bundle (the bootstrap, or npu-run)."""
+        return self.bundle and (self.routing or self.launcher == "npu-run")
+
+    @property
+    def fetches_bundle(self) -> bool:
+        """Whether the pods download the bundle (``bootstrap.url``) rather than mount it."""
+        return self.uses_bundle and self.bootstrap_url is not None
 
     @property
     def routes_by_api(self) -> bool:

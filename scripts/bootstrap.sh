@@ -5,41 +5,47 @@
 #
 # Writes /tmp/RANK_AFTER_ACC and /tmp/MASTER_INDEX (or $NPU_JOB_OUTPUT_DIR) for the pod command.
 # It never breaks the job: when it cannot plan it says why and exits 0 without rank files, so the
-# job runs in scheduler order (--strict or NPU_JOB_STRICT=1: exit non-zero instead). It does not
-# depend on where it lives: it is installed on PATH and also shipped to pods in a ConfigMap.
-# $NPU_JOB_PYTHON picks the interpreter (default: python3 on PATH).
+# job runs in scheduler order (--strict or NPU_JOB_STRICT=1: exit non-zero instead).
+#
+# Which npu-job runs, one rule in every pod: the job's bundle when there is one (npu-job.pyz
+# beside this script, as npu-job render ships them, or $NPU_JOB_BUNDLE), since every pod of a job
+# must run the same planner; else the npu_job package installed in the image (this script is also
+# installed on PATH). $NPU_JOB_PYTHON picks the interpreter (default: python3 on PATH).
 python=${NPU_JOB_PYTHON:-python3}
+strict=
+case " $* " in *" --strict "*) strict=1 ;; esac
+case "$(printf '%s' "${NPU_JOB_STRICT:-}" | tr '[:upper:]' '[:lower:]' | tr -d '[:space:]')" in
+    1 | true | yes | on) strict=1 ;;
+esac
+fail() { # the job keeps the scheduler order, unless --strict
+    if [ -n "$strict" ]; then exit "$1"; fi
+    exit 0
+}
 if ! command -v "${python}" >/dev/null 2>&1; then
     echo "npu-job: error: bootstrap.sh: ${python}: not found; keeping the scheduler order" >&2
-    case " $* ${NPU_JOB_STRICT:-} " in *" --strict "*|*" 1 "*|*" true "*|*" yes "*|*" on "*) exit 3 ;; esac
-    exit 0
+    fail 3
 fi
-# One interpreter start (the pod-side time budget is tight): this is `python3 -m npu_job.bootstrap
-# "$@"` (npu_job/bootstrap/command.py, then run.py), plus a clear message instead of a traceback
-# when npu_job is not installed in this image.
+bundle=${NPU_JOB_BUNDLE:-$(dirname -- "${BASH_SOURCE[0]}")/npu-job.pyz}
+if [ -n "${NPU_JOB_BUNDLE:-}" ] || [ -e "$bundle" ]; then
+    if [ ! -f "$bundle" ] || [ ! -r "$bundle" ]; then
+        echo "npu-job: error: bootstrap.sh: ${bundle}: no readable npu-job bundle; keeping the scheduler order" >&2
+        fail 10
+    fi
+    NPU_JOB_PYTHON=$python sh "$bundle" bootstrap "$@"
+    code=$?
+    if [ "$code" = 10 ]; then fail 10; fi # the bundle said why: truncated or altered
+    exit "$code"
+fi
+# No bundle: the installed package, in one interpreter start, with a clear message instead of a
+# traceback when npu_job is not installed in this image.
 exec "${python}" -c '
-import gc, os, sys
-# The run disables the cyclic GC (npu_job/bootstrap/run.py: its objects are acyclic and the
-# process is short); doing it before the imports too spares the passes of the collector over the
-# classes and functions they create (~6 M instructions). The process ends with os._exit below.
-gc.disable()
+import os, sys
 try:
-    from npu_job.bootstrap import run as bootstrap_run
-    from npu_job.bootstrap.command import main
+    from npu_job.bootstrap.command import pod_main
 except ImportError as error:
-    print("npu-job: error: bootstrap.sh: %s: the npu_job package is not importable (%s); "
-          "keeping the scheduler order" % (sys.executable, error), file=sys.stderr)
-    strict = "--strict" in sys.argv[1:] or os.environ.get("NPU_JOB_STRICT", "").lower() in ("1", "true", "yes", "on")
-    sys.exit(3 if strict else 0)
-bootstrap_run.KEEP_UNTIL_EXIT = []  # freed by os._exit below, not object by object
-code = main(sys.argv[1:])
-# The outputs are on disk (closed and renamed) and nothing else runs after this: skip the
-# interpreter teardown, which frees the ~10^6 objects of a big rank table one by one and runs a
-# last full GC pass over them (~10 ms at 4096 nodes). Flush what that teardown would have flushed.
-try:
-    sys.stdout.flush()
-    sys.stderr.flush()
-except BaseException:
-    sys.exit(code)  # e.g. a closed stdout: let the normal exit report it
-os._exit(code)
-' "$@"
+    print("npu-job: error: bootstrap.sh: %s: no npu-job bundle beside bootstrap.sh and the npu_job "
+          "package is not importable (%s); keeping the scheduler order" % (sys.executable, error),
+          file=sys.stderr)
+    sys.exit(3 if sys.argv[1] else 0)
+pod_main(sys.argv[2:])
+' "$strict" "$@"

@@ -25,6 +25,7 @@ LAYERS: Dict[str, Tuple[int, str]] = {
     "npu_job.podfacts": (0, "core"),
     "npu_job.parsing": (0, "core"),
     "npu_job.polling": (0, "core"),
+    "npu_job.bundle": (0, "core"),  # what the job's bundle is, and building it from the sources
     # files the commands ship (the pod's scripts, the demo's workload); they import the core at most
     "npu_job.scripts": (0, "data"),
     "npu_job.examples": (0, "data"),
@@ -35,6 +36,7 @@ LAYERS: Dict[str, Tuple[int, str]] = {
     "npu_job.picture": (2, "picture"),  # pictures of plans: beside the demo, above the parts
     "npu_job.cli": (3, "entry points"),
     "npu_job.__main__": (3, "entry points"),
+    "npu_job.bundled": (3, "entry points"),  # `python3 npu-job.pyz COMMAND`, the bundle's own
     # `python -m npu_job.bootstrap` / `python -m npu_job.launcher` are commands, like the CLI's
     "npu_job.bootstrap.__main__": (3, "entry points"),
     "npu_job.launcher.__main__": (3, "entry points"),

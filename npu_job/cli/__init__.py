@@ -32,6 +32,10 @@ SUBCOMMANDS: Dict[str, Tuple[str, str]] = {
         "show the routing-affine order for a rank table or a job's pods, and how it scores",
     ),
     "render": ("npu_job.cli.render", "render a job spec into a Volcano Job and train.sh"),
+    "bundle": (
+        "npu_job.cli.bundle",
+        "write the pod side of npu-job (bootstrap, npu-run) as one file, for hosting it yourself",
+    ),
     "demo": ("npu_job.cli.demo", "run the whole pipeline on a simulated cluster on this machine"),
 }
 

@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import List, Sequence, Tuple, Union
 
 from npu_job.errors import InputError
 
@@ -20,8 +20,9 @@ HELP = "render a job spec into a Volcano Job and train.sh"
 log = logging.getLogger(__name__)
 
 DESCRIPTION = """\
-Render a job spec (YAML) into what `kubectl apply -f -` needs: a ConfigMap carrying train.sh
-(and bootstrap.sh when routing acceleration is on) and the Volcano Job that mounts it.
+Render a job spec (YAML) into what `kubectl apply -f -` needs: a ConfigMap carrying train.sh,
+bootstrap.sh when routing acceleration is on, and the job's bundle of npu-job (npu-job.pyz: the
+bootstrap and npu-run, so the image needs nothing installed), and the Volcano Job that mounts it.
 
 Values are merged helm-style: SPEC, then each -f file in order, then --set / --set-string;
 the right-most wins. Maps merge, lists are replaced, null removes a key (back to its default)
@@ -34,7 +35,7 @@ examples:
   npu-job render job.yaml | kubectl apply -f -
   npu-job render job.yaml -f prod.yaml --set nodes=16 --set 'args={--epochs,90}'
   cat job.yaml | npu-job render - --set-string env.RUN_ID=0042
-  npu-job render job.yaml --output-dir out/   # out/config.yaml, out/train.sh, out/bootstrap.sh
+  npu-job render job.yaml --output-dir out/   # config.yaml, train.sh, bootstrap.sh, npu-job.pyz
 
 --set syntax (as helm): a.b=c; several with commas: a=1,b=2; lists: a={x,y} or a[0]=x (0..65536);
 true/false/integers are typed, but a key that expects a string keeps the text as written;
@@ -103,8 +104,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--output-dir",
         metavar="DIR",
         type=Path,
-        help="write config.yaml, train.sh (and bootstrap.sh) into DIR instead of printing the "
-        "stream",
+        help="write config.yaml, train.sh (and bootstrap.sh, npu-job.pyz) into DIR instead of "
+        "printing the stream",
     )
 
 
@@ -160,7 +161,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_output_dir(directory: Path, files: Sequence[Tuple[str, str, int]]) -> List[Path]:
+def _write_output_dir(
+    directory: Path, files: Sequence[Tuple[str, Union[str, bytes], int]]
+) -> List[Path]:
     """Write all ``files`` into ``directory`` or none; an unusable directory is an InputError."""
     from npu_job.fileio import write_files_atomic
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import io
 import os
 import shutil
@@ -90,7 +91,8 @@ def test_output_dir_writes_files_and_says_so(spec_file, tmp_path, capsys):
     )
     assert code == 0, err
     assert out.splitlines() == [
-        f"wrote {out_dir / name}" for name in ("config.yaml", "train.sh", "bootstrap.sh")
+        f"wrote {out_dir / name}"
+        for name in ("config.yaml", "train.sh", "bootstrap.sh", "npu-job.pyz")
     ]
     stream = (out_dir / "config.yaml").read_text()
     assert (
@@ -100,8 +102,11 @@ def test_output_dir_writes_files_and_says_so(spec_file, tmp_path, capsys):
     assert sorted(p.name for p in out_dir.iterdir()) == [
         "bootstrap.sh",
         "config.yaml",
+        "npu-job.pyz",
         "train.sh",
     ], "no temp files left"
+    shipped = base64.b64decode(next(yaml.safe_load_all(stream))["binaryData"]["npu-job.pyz"])
+    assert (out_dir / "npu-job.pyz").read_bytes() == shipped
 
 
 def test_bad_spec_writes_nothing(spec_file, tmp_path, capsys):
@@ -318,8 +323,8 @@ def test_unusable_output_dir_is_one_line_exit_3_and_nothing_is_written(
     )
     assert done.returncode == 3, done.stderr
     assert done.stderr.splitlines() == [
-        f"npu-job: error: {target}: --output-dir: expected a directory to write config.yaml, train.sh "
-        f"and bootstrap.sh into ({reason})"
+        f"npu-job: error: {target}: --output-dir: expected a directory to write config.yaml, train.sh, "
+        f"bootstrap.sh and npu-job.pyz into ({reason})"
     ]
     assert done.stdout == ""
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before, (

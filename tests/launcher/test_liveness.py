@@ -170,11 +170,15 @@ def test_a_call_waiting_behind_another_counts_that_wait_in_its_deadline():
 def test_the_wrapper_keeps_torchs_name_for_the_script():
     entry, args = pdeath.wrap(sys.executable, ["-u", "train.py", "--lr", "1"], parent_pid=42)
     assert entry == sys.executable
-    assert args == [*pdeath.LAUNCH, "--parent=42", "-u", "train.py", "--lr", "1"]
+    assert args == [*pdeath.launch(), "--parent=42", "-u", "train.py", "--lr", "1"]
     assert next(arg for arg in args if not arg.startswith("-")) == "train.py"  # torch's rule
     _, args = pdeath.wrap("/bin/train", ["x"], parent_pid=42)
     assert next(arg for arg in args if not arg.startswith("-")) == "x"
-    assert pdeath.parse(args[len(pdeath.LAUNCH) :]) == (42, "/bin/train", ["x"])  # as sys.argv[1:]
+    assert pdeath.parse(args[len(pdeath.launch()) :]) == (
+        42,
+        "/bin/train",
+        ["x"],
+    )  # as sys.argv[1:]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")

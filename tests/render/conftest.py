@@ -11,9 +11,20 @@ from npu_job.render.render import RenderedJob, render
 from npu_job.render.spec import JobSpec, validate
 from npu_job.render.values import SpecInput, merge_values, parse_set
 
+from npu_job.bundle import Bundle
+
 #: stands in for the bundled bootstrap.sh (owned and tested by the bootstrap part) where a test
 #: only needs to know that the ConfigMap carries it
 BOOTSTRAP_STAND_IN = "#!/usr/bin/env bash\n# bootstrap.sh stand-in of the render tests\nexit 0\n"
+
+#: stands in for the job's bundle of the pod side (built and tested in tests/test_bundle.py)
+BUNDLE_STAND_IN = Bundle(
+    data=b"#!/bin/sh\n# npu-job.pyz stand-in of the render tests\nexit 0\n",
+    digest="sha256:" + "0" * 64,
+    version="0.0.0",
+    entries=0,
+    source_bytes=0,
+)
 
 MINIMAL = {"name": "demo", "image": "registry.example.com/train:1", "script": "train.py"}
 
@@ -30,7 +41,7 @@ def spec_from(values: Dict[str, Any], *sets: str) -> JobSpec:
 def render_values(
     values: Dict[str, Any], *sets: str, bootstrap: str = BOOTSTRAP_STAND_IN
 ) -> RenderedJob:
-    return render(spec_from(values, *sets), bootstrap=bootstrap)
+    return render(spec_from(values, *sets), bootstrap=bootstrap, bundle=BUNDLE_STAND_IN)
 
 
 def parsed(rendered: RenderedJob) -> List[Dict[str, Any]]:

@@ -2,7 +2,8 @@
 
 Regenerate after an intended change with ``NPU_JOB_UPDATE_GOLDEN=1 python -m pytest
 tests/render/test_golden.py`` and review the diff of ``tests/golden/``. The bundled bootstrap.sh
-is replaced by a stand-in so that its own changes (owned by the bootstrap part) don't churn these.
+and the job's bundle are replaced by stand-ins so that their own changes (owned by the bootstrap and
+the bundle) don't churn these.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from npu_job.render.render import render
 from npu_job.render.spec import validate
 from npu_job.render.values import SpecInput, load_yaml_values, merge_values
 
-from .conftest import BOOTSTRAP_STAND_IN
+from .conftest import BOOTSTRAP_STAND_IN, BUNDLE_STAND_IN
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
@@ -28,7 +29,9 @@ def test_example_renders_to_its_golden_stream(example):
     source = f"examples/{example}.yaml"
     values = load_yaml_values((ROOT / source).read_text(), source)
     stream = render(
-        validate(merge_values([SpecInput(source, values=values)])), bootstrap=BOOTSTRAP_STAND_IN
+        validate(merge_values([SpecInput(source, values=values)])),
+        bootstrap=BOOTSTRAP_STAND_IN,
+        bundle=BUNDLE_STAND_IN,
     ).stream()
     golden = GOLDEN / f"{example}.yaml"
     if UPDATE:

@@ -85,6 +85,7 @@ def test_every_documented_key_is_accepted():
         "scripts_dir": "/opt/x",
         "bootstrap": {"url": "https://example.com/bootstrap.sh"},
         "pip_install": "npu-job==0.1.0",
+        "bundle": False,
         "routing_source": "api",
         "service_account": "trainer",
         "network_topology": {"mode": "hard", "highest_tier_allowed": 2},
@@ -93,7 +94,7 @@ def test_every_documented_key_is_accepted():
     values.update(samples)
     spec = spec_from(values)
     assert spec.hccl.base_port == 61000 and spec.bootstrap_url == "https://example.com/bootstrap.sh"
-    assert spec.pip_install == ("npu-job==0.1.0",)
+    assert spec.pip_install == ("npu-job==0.1.0",) and spec.bundle is False
     assert (
         spec.network_topology.highest_tier_allowed == 2
         and spec.routing_service_account == "trainer"

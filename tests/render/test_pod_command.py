@@ -10,6 +10,7 @@ prints its argv/env and the rank files it can see; no Kubernetes is involved (no
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ from npu_job.render.render import RenderedJob, render
 from tests.e2e.netns import private_tmp_shell
 
 from .conftest import container, job_of, parsed, spec_from, with_keys
-from .test_scripts import kubelet_expand, make_fake_bin
+from .test_scripts import kubelet_expand, make_fake_bin, write_fake_bundle
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
@@ -83,6 +84,11 @@ def run_pods(rendered: RenderedJob, workspace: Path) -> List[Dict[str, Any]]:
     for name, text in configmap["data"].items():  # what the ConfigMap volume holds
         (scripts / name).write_text(text)
     bin_dir = make_fake_bin(workspace / "bin", names=("npu-run", "torchrun"))
+    for name, encoded in configmap.get("binaryData", {}).items():
+        # the job's bundle, but for its npu-run: the fake launcher, which reports what it got
+        (bin_dir / f"real-{name}").write_bytes(base64.b64decode(encoded))
+        inside = Path(POD_ROOT) / "bin"  # the workspace as the pods see it
+        write_fake_bundle(scripts / name, inside / "npu-run", real_bundle=inside / f"real-{name}")
     command = container(job_of(rendered))["command"]
     pod_command = kubelet_expand(command[2], {})
     procs = []

@@ -386,13 +386,20 @@ def test_bundled_bootstrap_is_shipped_verbatim():
     assert yaml.safe_load_all(rendered.stream()).__next__()["data"]["bootstrap.sh"] == bundled
 
 
-def test_bootstrap_url_ships_a_fetcher_instead():
+def test_bootstrap_url_ships_a_fetcher_of_the_bundle_instead_of_the_bundle():
     rendered = render_values(
-        with_keys(nodes=3, bootstrap={"url": "https://obs.example.com/x/bootstrap.sh?a=1&b=$(x)"})
+        with_keys(nodes=3, bootstrap={"url": "https://obs.example.com/x/npu-job.pyz?a=1&b=$(x)"})
     )
-    fetcher = dict(rendered.scripts)["bootstrap.sh"]
-    assert "url='https://obs.example.com/x/bootstrap.sh?a=1&b=$(x)'" in fetcher
-    assert fetcher != BOOTSTRAP_STAND_IN
+    scripts = dict(rendered.scripts)
+    fetcher = scripts["fetch-bundle.sh"]
+    assert "url='https://obs.example.com/x/npu-job.pyz?a=1&b=$(x)'" in fetcher
+    assert scripts["bootstrap.sh"] == BOOTSTRAP_STAND_IN  # the same bootstrap.sh, told where
+    assert rendered.bundle is None and "binaryData" not in parsed(rendered)[0]
+    job = job_of(rendered)
+    assert env_of(job)["NPU_JOB_BUNDLE"] == "/tmp/npu-job.pyz"
+    assert rendered.pod_command.startswith(
+        "cd /opt/npu-job || exit 1; bash fetch-bundle.sh; bash bootstrap.sh;"
+    )
 
 
 def test_hccl_ports_can_be_reserved_in_the_pod():

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 import yaml
@@ -62,19 +62,39 @@ print(json.dumps(report))
 
 
 def make_fake_bin(directory: Path, names=("npu-run", "torchrun", "python3")) -> Path:
-    """A bin dir whose launchers (npu-run, torchrun, python3) print their argv/env as JSON."""
+    """A bin dir whose launchers (npu-run, torchrun, python3) print their argv/env as JSON, and
+    a stand-in of the job's bundle (:data:`FAKE_BUNDLE`) whose ``run`` is that npu-run."""
     directory.mkdir(parents=True, exist_ok=True)
     for name in names:
         path = directory / name
         path.write_text(FAKE_LAUNCHER.format(python=sys.executable))
         path.chmod(0o755)
+    write_fake_bundle(directory / FAKE_BUNDLE, directory / "npu-run")
     return directory
+
+
+#: the stand-in bundle's name in a fake bin dir (train.sh finds it through $NPU_JOB_BUNDLE)
+FAKE_BUNDLE = "npu-job.pyz"
+
+
+def write_fake_bundle(path: Path, launcher: Path, real_bundle: Optional[Path] = None) -> Path:
+    """A bundle whose ``run`` is ``launcher`` and whose bootstrap is ``real_bundle``'s (or none)."""
+    bootstrap = f'exec sh "{real_bundle}" "$@"' if real_bundle else "exit 0"
+    path.write_text(
+        f'#!/bin/sh\nif [ "$1" = run ]; then shift; exec "{launcher}" "$@"; fi\n{bootstrap}\n'
+    )
+    return path
 
 
 def run_train_sh(script: str, tmp_path: Path, env: Dict[str, str]) -> Dict[str, Any]:
     bin_dir = make_fake_bin(tmp_path / "bin")
     (tmp_path / "train.sh").write_text(script)
-    full_env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), **env}
+    full_env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "HOME": str(tmp_path),
+        "NPU_JOB_BUNDLE": str(bin_dir / FAKE_BUNDLE),
+        **env,
+    }
     done = subprocess.run(
         ["bash", str(tmp_path / "train.sh")],
         env=full_env,
