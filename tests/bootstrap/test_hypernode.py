@@ -4,6 +4,7 @@ regexMatch and labelMatch, a node in no HyperNode and a node in two."""
 
 import json
 import random
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -208,7 +209,7 @@ def test_selectors_volcano_would_refuse_match_nothing_and_are_reported():
     document = {
         "kind": "List",
         "items": [
-            _hn("a", 1, _node_member(regexMatch={"pattern": "node-[[:digit:]]"})),
+            _hn("a", 1, _node_member(regexMatch={"pattern": "node-(?=1)"})),  # RE2 has no lookahead
             _hn("b", 1, _node_member(regexMatch={"pattern": "node-("})),
             _hn("c", 1, _node_member(labelMatch={})),
             _hn(
@@ -231,8 +232,14 @@ def test_selectors_volcano_would_refuse_match_nothing_and_are_reported():
     found = topology_from_document(document, "hn", context=KubeContext(names=("node-1", "node-2")))
     assert dict(found.topology.placements) == {"node-1": Placement((), ("f",))}
     note = next(n for n in found.notes if n.startswith("HyperNode members that select no node"))
-    assert "'a' spec.members[0] (RE2 syntax '[[:' is not read here)" in note
-    assert "'b' spec.members[0] (invalid pattern: missing ), unterminated subpattern" in note
+    assert (
+        "'a' spec.members[0] (invalid pattern: 'error parsing regexp: invalid or unsupported "
+        "Perl syntax: `(?=`')" in note
+    )
+    assert (
+        "'b' spec.members[0] (invalid pattern: 'error parsing regexp: missing closing ): "
+        "`node-(`')" in note
+    )
     assert "'c' spec.members[0] (an empty labelMatch)" in note
     assert "and 2 more" in note
 
@@ -593,3 +600,31 @@ def test_a_discovery_tree_takes_the_shortcut_and_a_tree_with_choices_does_not():
     objects = read_objects({"kind": "List", "items": shared}, "hn").hypernodes
     assert exact_tree_placements(objects) is None
     assert exact_tree_placements(objects, frozenset({"n2"})) == {}  # n1 is not asked for
+
+
+def test_regex_members_are_matched_as_go_reads_them_in_bounded_time():
+    names = tuple("a" * 28 + f"{i:02d}" for i in range(4))  # 30 characters, as in the issue
+    document = {
+        "kind": "List",
+        "items": [
+            _hn("slow", 1, _node_member(regexMatch={"pattern": "(a+)+$"})),  # minutes in re
+            _hn("dots", 1, _node_member(regexMatch={"pattern": "(.*){40}z"})),
+            _hn("posix", 2, _node_member(regexMatch={"pattern": "^[[:alpha:]]+0[[:digit:]]$"})),
+        ],
+    }
+    started = time.perf_counter()
+    found = topology_from_document(document, "hn", context=KubeContext(names=names))
+    assert time.perf_counter() - started < 2.0
+    assert dict(found.topology.placements) == {n: Placement((), ("posix",)) for n in names}
+
+
+def test_matching_past_its_budget_is_one_error_naming_the_pattern(monkeypatch):
+    monkeypatch.setattr("npu_job.bootstrap.hypernode.MAX_MATCH_STEPS", 100)
+    document = {"kind": "List", "items": [_hn("t", 1, _node_member(regexMatch={"pattern": "z"}))]}
+    names = tuple(f"node-{i}" for i in range(50))
+    with pytest.raises(InputError) as caught:
+        topology_from_document(document, "hn.json", context=KubeContext(names=names))
+    assert caught.value.message == (
+        "hn.json: items[0] (HyperNode 't'): spec.members[0].selector.regexMatch.pattern: expected "
+        "patterns that npu-job can match against 50 node name(s) within 100 steps in all"
+    )
