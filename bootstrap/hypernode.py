@@ -74,6 +74,11 @@ MEMBER_TYPES = ("Node", "HyperNode")
 SELECTORS = ("exactMatch", "regexMatch", "labelMatch")
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 NOTES_LISTED = 3  # examples a note lists before counting the rest
+# HyperNodes from a root down to a node's: a fabric has a handful of tiers (Volcano sets no limit:
+# the CRD's spec.tier has only a minimum). The cap keeps the paths, one per HyperNode, from
+# growing with the square of a hostile chain's length (30000 deep took over 2 GiB)
+MAX_DEPTH = 32
+CYCLE_NAMED = 4  # HyperNodes a cycle's error names before counting the rest
 
 # the matching work one resolve may do over all regexMatch members and candidate nodes: a
 # character read costs a step; at ~0.4 us a step, about 2 s of Python. A job's 4096 nodes against
@@ -371,6 +376,7 @@ def resolve(
     notes: List[str] = []
     parent = _parents(ordered, by_name, notes)
     _check_acyclic(ordered, by_name, source)
+    _check_depth(ordered, by_name, parent, source)
     facts = {node.name: node for node in nodes}
     if names is None:
         exact = {m.exact for h in ordered for m in h.members if m.type == "Node" and m.exact}
@@ -473,11 +479,14 @@ def _check_acyclic(
                 if child is None or state.get(child.name) == 2:
                     continue
                 if state.get(child.name) == 1:
-                    cycle = trail[trail.index(child.name) :] + [child.name]
+                    cycle = trail[trail.index(child.name) :]
+                    named = " > ".join(map(shown, cycle[:CYCLE_NAMED]))
+                    if len(cycle) > CYCLE_NAMED:
+                        named += f" > ... ({len(cycle)} HyperNodes in all)"
                     fail(
                         source,
                         hypernode.field(f"{member.path}.selector.exactMatch.name"),
-                        f"HyperNodes that form a tree; {' > '.join(map(shown, cycle))} is a cycle",
+                        f"HyperNodes that form a tree; {named} > {shown(child.name)} is a cycle",
                     )
                 stack.append((hypernode, position))
                 stack.append((child, 0))
@@ -487,6 +496,38 @@ def _check_acyclic(
             else:
                 state[hypernode.name] = 2
                 trail.pop()
+
+
+def _check_depth(
+    ordered: Sequence[HyperNode],
+    by_name: Mapping[str, HyperNode],
+    parent: Mapping[str, str],
+    source: str,
+) -> None:
+    """A HyperNode more than :data:`MAX_DEPTH` from its root is an error, named at the member
+    of its parent that lists the first one too deep (the tree is acyclic by now)."""
+    depth: Dict[str, int] = {}
+    for hypernode in ordered:
+        walk: List[str] = []
+        current: Optional[str] = hypernode.name
+        while current is not None and current not in depth:
+            walk.append(current)
+            current = parent.get(current)
+        above = 0 if current is None else depth[current]
+        for name in reversed(walk):
+            above += 1
+            depth[name] = above
+    too_deep = sorted((n for n, d in depth.items() if d == MAX_DEPTH + 1), key=id_sort_key)
+    if too_deep:
+        child = too_deep[0]
+        holder = by_name[parent[child]]
+        member = next(m for m in holder.members if m.type == "HyperNode" and m.exact == child)
+        fail(
+            source,
+            holder.field(f"{member.path}.selector.exactMatch.name"),
+            f"HyperNodes nested at most {MAX_DEPTH} deep; {shown(child)} is "
+            f"{MAX_DEPTH + 1} deep, the deepest {max(depth.values())}",
+        )
 
 
 def _holders(
@@ -581,15 +622,17 @@ def _chain(
     holder: str, parent: Mapping[str, str], chains: Dict[str, Optional[Tuple[str, ...]]]
 ) -> Optional[Tuple[str, ...]]:
     """The HyperNodes from the root down to ``holder`` by ``parent`` (memoised in ``chains``);
-    None when the walk up meets itself: a cycle."""
+    None when the walk up meets itself (a cycle) or goes past :data:`MAX_DEPTH`."""
     walk: List[str] = []
     current: Optional[str] = holder
     while current is not None and current not in chains:
         chains[current] = None  # on this walk: met again, it closes a cycle
         walk.append(current)
+        if len(walk) > MAX_DEPTH:  # too deep (resolve says so): no path is made
+            return None
         current = parent.get(current)
     tail: Optional[Tuple[str, ...]] = () if current is None else chains[current]
-    if tail is None:
+    if tail is None or len(tail) + len(walk) > MAX_DEPTH:
         return None
     for name in reversed(walk):
         tail = tail + (name,)

@@ -235,10 +235,10 @@ def _job_topology(
         if keep is not None:
             keep.append(objects)
         if objects.hypernodes or objects.nodes:
-            found = topology_from_objects(objects, base, options.topology_format, context)
+            path = kubeapi.HYPERNODES_PATH if objects.hypernodes else kubeapi.NODES_PATH
+            name = f"{base}{path}"  # errors name the list read, not the server
+            found = topology_from_objects(objects, name, options.topology_format, context)
             if found.topology.placements:
-                path = kubeapi.HYPERNODES_PATH if objects.hypernodes else kubeapi.NODES_PATH
-                name = f"{base}{path}"
                 _log_found(found.topology, name, found.notes)
                 return found.topology, f"{name} ({found.topology.source})"
         chain_env = {**env, "NPU_JOB_K8S_TOPOLOGY": "0"}  # asked already

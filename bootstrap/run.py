@@ -478,11 +478,12 @@ def _api_topology(
             raise
         log.info("topology: skipping Kubernetes node labels and HyperNodes: %s", error.message)
         return None
-    found = topology_from_objects(objects, api.base_url, candidate.fmt, context)
+    path = kubeapi.HYPERNODES_PATH if objects.hypernodes else kubeapi.NODES_PATH
+    listed = f"{api.base_url}{path}"  # errors name the list read, not the server
+    found = topology_from_objects(objects, listed, candidate.fmt, context)
     for note in found.notes:
         log.info("topology: note: %s", note)
-    path = kubeapi.HYPERNODES_PATH if objects.hypernodes else kubeapi.NODES_PATH
-    return found.topology, f"{api.base_url}{path}"
+    return found.topology, listed
 
 
 def _read_candidate(candidate: TopologyCandidate, verify: Verify) -> Optional[Tuple[bytes, str]]:

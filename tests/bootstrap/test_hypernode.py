@@ -5,12 +5,18 @@ regexMatch and labelMatch, a node in no HyperNode and a node in two."""
 import json
 import random
 import time
+import tracemalloc
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import planner
-from npu_job.bootstrap.hypernode import exact_tree_placements, read_hypernodes, resolve
+from npu_job.bootstrap.hypernode import (
+    MAX_DEPTH,
+    exact_tree_placements,
+    read_hypernodes,
+    resolve,
+)
 from npu_job.bootstrap.kubefacts import read_nodes
 from npu_job.bootstrap.kubeobjects import read_objects
 from npu_job.bootstrap.kubetopology import HYPERNODES, KubeContext, topology_from_document
@@ -627,4 +633,46 @@ def test_matching_past_its_budget_is_one_error_naming_the_pattern(monkeypatch):
     assert caught.value.message == (
         "hn.json: items[0] (HyperNode 't'): spec.members[0].selector.regexMatch.pattern: expected "
         "patterns that npu-job can match against 50 node name(s) within 100 steps in all"
+    )
+
+
+def _chain_of(depth: int) -> list:
+    items = [_hn("h0", 1, _node_member(exactMatch={"name": "n1"}))]
+    items += [_hn(f"h{d}", d + 1, _child(f"h{d - 1}")) for d in range(1, depth)]
+    return items
+
+
+def test_a_chain_deeper_than_the_bound_is_one_error_in_linear_memory():
+    document = {"kind": "List", "items": _chain_of(30000)}
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError) as caught:
+            topology_from_document(document, "hn.json")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.message == (
+        "hn.json: items[29968] (HyperNode 'h29968'): spec.members[0].selector.exactMatch.name: "
+        "expected HyperNodes nested at most 32 deep; 'h29967' is 33 deep, the deepest 30000"
+    )
+    assert peak < 200 * 2**20  # each level's copied path took over 2 GiB
+
+
+def test_a_chain_as_deep_as_the_bound_is_placed():
+    found = topology_from_document({"kind": "List", "items": _chain_of(MAX_DEPTH)}, "hn")
+    placement = found.topology.placement_of("n1")
+    assert placement.tors == ("h0",) and len(placement.tiers) == MAX_DEPTH - 1
+
+
+@pytest.mark.parametrize("length", [5, 1000, 100000])
+def test_a_long_cycle_is_named_by_its_first_members_and_its_length(length):
+    items = _chain_of(length)
+    items[0]["spec"]["members"].append(_child(f"h{length - 1}"))
+    with pytest.raises(InputError) as caught:
+        topology_from_document({"kind": "List", "items": items}, "hn.json")
+    last = length - 1
+    assert caught.value.message == (
+        "hn.json: items[1] (HyperNode 'h1'): spec.members[0].selector.exactMatch.name: expected "
+        f"HyperNodes that form a tree; 'h0' > 'h{last}' > 'h{last - 1}' > 'h{last - 2}' > ... "
+        f"({length} HyperNodes in all) > 'h0' is a cycle"
     )

@@ -346,3 +346,28 @@ def test_a_4096_pod_job_from_the_api_in_pages(big, tls_files, tmp_path, whole):
     ]
     assert sum(a != b for a, b in zip(order, order[1:])) == 255
     assert os.path.exists(tmp_path / "out" / RANK_FILE)
+
+
+def test_a_hypernode_cycle_from_the_api_is_named_at_the_list_url(api, tmp_path):
+    cycle = [
+        {
+            "apiVersion": "topology.volcano.sh/v1alpha1",
+            "kind": "HyperNode",
+            "metadata": {"name": name},
+            "spec": {
+                "tier": 1,
+                "members": [{"type": "HyperNode", "selector": {"exactMatch": {"name": other}}}],
+            },
+        }
+        for name, other in (("loop-a", "loop-b"), ("loop-b", "loop-a"))
+    ]
+    api.hypernodes = KINDS["HyperNode"] + cycle
+    result = bootstrap({}, pod_env(2, tmp_path / "out", NPU_JOB_PODS="k8s", **api.env))
+    reason = result.route_plan["reason"]
+    assert result.route_plan["status"] == "failed"
+    root = api.env["KUBERNETES_SERVICE_HOST"]
+    assert (
+        f"{root}:{api.env['KUBERNETES_SERVICE_PORT']}/apis/topology.volcano.sh/v1alpha1/hypernodes: "
+        in reason
+    )
+    assert "'loop-a' > 'loop-b' > 'loop-a' is a cycle" in reason
