@@ -17,14 +17,22 @@ the API answers). One keep-alive HTTPS connection serves every page; responses m
 :data:`~npu_job.bootstrap.payload.MAX_INPUT_BYTES` per page. Connection errors, 429 and 5xx are
 retried with exponential backoff; a 4xx or a certificate error is an :class:`InputError` at once
 (401: the token, 403: the RBAC rule the job needs).
+
+Every list is bounded, whatever the server answers: a read waits at most :data:`TIMEOUT`, an
+answer (connecting, headers, body) ends within :data:`ANSWER_DEADLINE` however slowly it comes
+(:mod:`.deadline`), a list of every page and retry within :data:`LIST_DEADLINE`, in at most
+:data:`MAX_PAGES` pages and :data:`MAX_ITEMS` items; a continue token that comes back (a server
+paging in a cycle) is an error at once. Each names the list's URL (the token goes in a header,
+never in the URL).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from itertools import islice
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple
 from urllib.parse import quote, urlencode, urlsplit
 
 from npu_job.bootstrap.kubefacts import PodFacts, read_pods
@@ -38,7 +46,7 @@ from npu_job.bootstrap.payload import MAX_INPUT_BYTES, check_size, json_text, ve
 from npu_job.bootstrap.podpage import read_pod_page
 from npu_job.bootstrap.sources import SERVICE_ACCOUNT_DIR, KubernetesAPI, SourceUnavailable
 
-from npu_job.errors import InputError
+from npu_job.errors import InputError, shown
 from npu_job.parsing import count_from_text
 from npu_job.polling import Backoff
 
@@ -47,8 +55,27 @@ log = logging.getLogger(__name__)
 PAGE_SIZE = 500
 RETRIES = 3  # after the first attempt; a quick client (an optional source) retries once
 RETRY = Backoff(0.5, factor=2.0, cap=2.0)  # 0.5, 1, 2 s between attempts, no jitter
-TIMEOUT = 30.0
+TIMEOUT = 30.0  # seconds one read may wait (a silent server)
 QUICK_TIMEOUT = 5.0  # an optional source (the topology in the automatic chain)
+# Seconds one answer may take from connecting to its last byte (a server may send a byte every
+# few seconds and never trip TIMEOUT). Every pod of a 4096-pod job asks for its ~20 MB of pods at
+# once, 80 GB through the API server: about a minute at 10 Gb/s; twice that.
+ANSWER_DEADLINE = 120.0
+QUICK_ANSWER_DEADLINE = 30.0
+# Seconds a whole list (every page and retry) may take: the default wait for the pods, which the
+# pod's poll then does not overrun by more than one list.
+LIST_DEADLINE = 300.0
+QUICK_LIST_DEADLINE = 60.0
+# Items a list may hold: Kubernetes supports clusters of 150,000 pods (its scalability
+# thresholds) and EKS and GKE clusters of up to 100,000 nodes; a job's pods are far fewer. A page
+# may hold more than PAGE_SIZE (a server that ignores limit): the count bounds what is kept.
+MAX_ITEMS = 200_000
+# Pages a list may take: MAX_ITEMS in pages of PAGE_SIZE (an API server fills every page but the
+# last), so a server paging on without end with few or no items stops here.
+MAX_PAGES = 400
+# Characters of a continue token: the API server's encodes a resource version and a key (well
+# under 1 KiB); the token goes back in the next request's URL.
+MAX_CONTINUE_CHARS = 16 * 1024
 NODES_PATH = "/api/v1/nodes"
 HYPERNODES_PATH = "/apis/topology.volcano.sh/v1alpha1/hypernodes"
 NAMESPACE_ENV = "NPU_JOB_NAMESPACE"
@@ -88,6 +115,9 @@ class KubeClient:
         self.page_size = page_size or PAGE_SIZE
         self.retries = 1 if quick else RETRIES
         self.timeout = QUICK_TIMEOUT if quick else TIMEOUT
+        self.answer_deadline = QUICK_ANSWER_DEADLINE if quick else ANSWER_DEADLINE
+        self.list_deadline = QUICK_LIST_DEADLINE if quick else LIST_DEADLINE
+        self._list_ends = float("inf")  # the monotonic time the list being read must end by
         parts = urlsplit(api.base_url)
         self._host = parts.hostname or ""
         self._port = parts.port or 443
@@ -148,18 +178,33 @@ class KubeClient:
             "limit": str(self.page_size),
             "resourceVersion": "0",
         }
-        while True:
-            text = json_text(self.get(path, query), name, verify_crc=False)  # TLS did
-            read = typed(text) if typed is not None else None
-            if read is not None:
-                page, token = read
-            else:
-                page = decode_kube_document(text, name, allow_yaml=False)
-                token = list_continue(page)
-            yield page, name
-            if token is None:
-                return
-            query = {**(params or {}), "limit": str(self.page_size), "continue": token}
+        self._list_ends = time.monotonic() + self.list_deadline
+        seen: Set[bytes] = set()  # digests of the continue tokens given so far
+        pages = items = 0
+        try:
+            while True:
+                text = json_text(self.get(path, query), name, verify_crc=False)  # TLS did
+                pages += 1
+                read = typed(text) if typed is not None else None
+                if read is not None:
+                    page, token = read
+                else:
+                    page = decode_kube_document(text, name, allow_yaml=False)
+                    token = list_continue(page)
+                items += _item_count(page)
+                if items > MAX_ITEMS:
+                    raise InputError(
+                        name,
+                        "items",
+                        f"expected at most {MAX_ITEMS} items in the list (page {pages})",
+                    )
+                yield page, name
+                if token is None:
+                    return
+                _check_continue(token, pages, seen, self.page_size, name)
+                query = {**(params or {}), "limit": str(self.page_size), "continue": token}
+        finally:
+            self._list_ends = float("inf")
 
     def get(self, path: str, query: Mapping[str, str]) -> bytes:
         """The body of ``GET path?query`` (200 only), retried as the module docstring says."""
@@ -196,15 +241,41 @@ class KubeClient:
             pause = next(pauses, None)
             if pause is None:
                 raise problem
+            if time.monotonic() + pause >= self._list_ends:
+                raise self._list_late(name, problem)
             self._sleep(pause)
 
-    def _request(self, target: str, name: str) -> Tuple[int, str, Any, bytes]:
-        import http.client
+    def _list_late(self, name: str, problem: Optional[InputError] = None) -> SourceUnavailable:
+        last = f"; last: {problem.field}: {problem.expected}" if problem is not None else ""
+        return SourceUnavailable(
+            name, "list", f"expected the whole list within {self.list_deadline:g} s{last}"
+        )
 
+    def _request(self, target: str, name: str) -> Tuple[int, str, Any, bytes]:
+        from npu_job.bootstrap.deadline import DeadlinePassed
+
+        now = time.monotonic()
+        if now >= self._list_ends:
+            raise self._list_late(name)
         if self._connection is None:
-            self._connection = http.client.HTTPSConnection(
+            self._connection = _connection_class()(
                 self._host, self._port, timeout=self.timeout, context=self._tls()
             )
+        self._connection.deadline = min(now + self.answer_deadline, self._list_ends)
+        try:
+            return self._exchange(target, name)
+        except DeadlinePassed:
+            self.close()
+            if now + self.answer_deadline >= self._list_ends:
+                raise self._list_late(name) from None
+            raise SourceUnavailable(
+                name,
+                "answer",
+                f"expected a whole answer within {self.answer_deadline:g} s (the server sent it "
+                "too slowly)",
+            ) from None
+
+    def _exchange(self, target: str, name: str) -> Tuple[int, str, Any, bytes]:
         token = _read_token(self.api.token_path)
         self._connection.request(
             "GET",
@@ -236,6 +307,54 @@ class KubeClient:
             ca = self.api.ca_path if os.path.isfile(self.api.ca_path) else None
             self._context = ssl.create_default_context(cafile=ca)
         return self._context
+
+
+def _connection_class() -> Any:
+    """``http.client.HTTPSConnection`` with answers bounded in time (:mod:`.deadline`)."""
+    if not _CONNECTION:
+        import http.client
+
+        from npu_job.bootstrap.deadline import bounded_connection
+
+        _CONNECTION.append(bounded_connection(http.client.HTTPSConnection))
+    return _CONNECTION[0]
+
+
+_CONNECTION: List[Any] = []
+
+
+def _item_count(page: Any) -> int:
+    """Items of a page: the facts :func:`read_pod_page` read, or a document's ``items``."""
+    if type(page) is tuple:
+        return len(page)
+    listed = page.get("items") if type(page) is dict else None
+    return len(listed) if type(listed) is list else 0
+
+
+def _check_continue(token: str, pages: int, seen: Set[bytes], page_size: int, name: str) -> None:
+    """Refuse a continue token that would page on without end: too long to send back, given
+    before in this list (a cycle), or past :data:`MAX_PAGES`; else remember it in ``seen``."""
+    field = "metadata.continue"
+    if len(token) > MAX_CONTINUE_CHARS:
+        raise InputError(
+            name,
+            field,
+            f"expected a continue token of at most {MAX_CONTINUE_CHARS} characters, got "
+            f"{len(token)} (page {pages})",
+        )
+    digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+    if digest in seen:
+        raise InputError(
+            name,
+            field,
+            f"expected a new continue token on every page; page {pages} gave {shown(token)} "
+            "again (the server pages in a cycle)",
+        )
+    if pages >= MAX_PAGES:
+        raise InputError(
+            name, field, f"expected the list to end within {MAX_PAGES} pages of {page_size}"
+        )
+    seen.add(digest)
 
 
 def _read_token(path: str) -> str:

@@ -193,6 +193,28 @@ def serve_sequence(*responses: Response) -> Route:
     return route
 
 
+def serve_dripping(body: bytes, every: float, *, head_too: bool = True) -> Route:
+    """Answer 200 with ``body`` a byte every ``every`` seconds (its head too, with ``head_too``),
+    as a slow or hostile server may: each byte resets a reader's per-read timeout. It stops when
+    the client hangs up."""
+
+    def route(handler: BaseHTTPRequestHandler) -> None:
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        head += b"Content-Length: %d\r\n\r\n" % len(body)
+        slow = head + body if head_too else body
+        try:
+            if not head_too:
+                handler.wfile.write(head)
+            for position in range(len(slow)):
+                handler.wfile.write(slow[position : position + 1])
+                time.sleep(every)
+        except OSError:  # the client gave up
+            pass
+        return None  # hang up: the answer is sent
+
+    return route  # type: ignore[return-value]
+
+
 def tls_files_fixture(tmp_path_factory: Any) -> Tuple[Path, Path]:
     """Body of a module-scoped fixture: one self-signed certificate per test module."""
     return make_self_signed(tmp_path_factory.mktemp("tls"))

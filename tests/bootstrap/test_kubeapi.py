@@ -3,7 +3,9 @@ serving a thin fake of the documented Kubernetes LIST endpoints (tests/bootstrap
 or, for the failure cases, answers written here as the API server documents them."""
 
 import gzip
+import itertools
 import json
+import time
 
 import pytest
 from npu_job.bootstrap import kubeapi
@@ -26,7 +28,7 @@ from npu_job.polling import Backoff
 from .documents import node
 from .engines import json_engine
 from .fake_kube_api import FakeKubernetesAPI, status
-from .https_server import HTTPSServer, serve_sequence, tls_files_fixture
+from .https_server import HTTPSServer, serve_dripping, serve_sequence, tls_files_fixture
 
 tls_files = pytest.fixture(scope="module")(tls_files_fixture)
 
@@ -249,3 +251,101 @@ def test_a_kept_alive_connection_the_server_closed_is_opened_again_at_once(
         client.list(NODES_PATH)
         client.list(NODES_PATH)  # the kept-alive connection is gone: a new one, no backoff
     assert answers == []
+
+
+# --- bounded whatever the server answers ------------------------------------------------------
+
+
+def _page(token, items=()):
+    metadata = {"continue": token} if token else {}
+    body = {"kind": "NodeList", "metadata": metadata, "items": list(items)}
+    return 200, {"Content-Type": "application/json"}, json.dumps(body).encode()
+
+
+@pytest.mark.parametrize(
+    "tokens, pages",
+    [({"": "again", "again": "again"}, 2), ({"": "A", "A": "B", "B": "A"}, 3)],
+    ids=["the same token again", "a cycle A, B, A"],
+)
+def test_a_continue_token_that_comes_back_ends_the_list_naming_it(server, api, tokens, pages):
+    """A server that answers every page with a token it gave before would be asked ~2,000 times
+    a second for ever (and its items kept): the first repeat is an error naming the list."""
+    asked = []
+
+    def route(handler):
+        given = handler.path.partition("continue=")[2]
+        asked.append(given)
+        return _page(tokens[given], [node(f"n{len(asked)}", "10.0.0.1", {})])
+
+    server.routes[NODES_PATH] = route
+    with KubeClient(api) as client, pytest.raises(InputError) as raised:
+        client.list(NODES_PATH)
+    assert raised.value.message == (
+        f"{api.base_url}{NODES_PATH}: metadata.continue: expected a new continue token on every "
+        f"page; page {pages} gave {tokens[asked[-1]]!r} again (the server pages in a cycle)"
+    )
+    assert len(asked) == pages
+
+
+def test_a_list_that_pages_on_without_end_stops_at_max_pages(server, api, monkeypatch):
+    monkeypatch.setattr(kubeapi, "MAX_PAGES", 5)
+    counter = itertools.count()
+    server.routes[NODES_PATH] = lambda handler: _page(f"t{next(counter)}")
+    with KubeClient(api) as client, pytest.raises(
+        InputError,
+        match=r"/api/v1/nodes: metadata.continue: expected the list to end within 5 "
+        r"pages of 500$",
+    ):
+        client.list(NODES_PATH)
+    assert next(counter) == 5
+
+
+def test_a_list_keeps_at_most_max_items(server, api, monkeypatch):
+    """Counted whatever the pages' size (a server may ignore limit), before a page is kept."""
+    monkeypatch.setattr(kubeapi, "MAX_ITEMS", 10)
+    FakeKubernetesAPI(server, "tok", [node(f"n{i}", f"10.0.0.{i}", {}) for i in range(11)])
+    with KubeClient(api, page_size=4) as client, pytest.raises(
+        InputError, match=r"/api/v1/nodes: items: expected at most 10 items in the list \(page 3\)$"
+    ):
+        client.list(NODES_PATH)
+    with KubeClient(api, page_size=4) as client:
+        monkeypatch.setattr(kubeapi, "MAX_ITEMS", 11)
+        assert len(client.list(NODES_PATH).nodes) == 11
+
+
+@pytest.mark.parametrize("head_too", [True, False], ids=["headers dripped", "body dripped"])
+def test_an_answer_sent_a_byte_at_a_time_ends_by_its_deadline(server, api, head_too):
+    """Each byte comes well within the per-read timeout, so only a deadline on the whole answer
+    ends it; a retry would not come faster, so there is none."""
+    body = json.dumps({"kind": "NodeList", "items": [node("n0", "10.0.0.1", {})]}).encode()
+    server.routes[NODES_PATH] = serve_dripping(body, 0.05, head_too=head_too)
+    client = KubeClient(api)
+    client.answer_deadline = 0.6
+    started = time.monotonic()
+    with client, pytest.raises(SourceUnavailable) as raised:
+        client.list(NODES_PATH)
+    assert time.monotonic() - started < 0.6 + 0.5
+    assert raised.value.message == (
+        f"{api.base_url}{NODES_PATH}: answer: expected a whole answer within 0.6 s (the server sent "
+        "it too slowly)"
+    )
+    assert len(server.requests) == 1
+
+
+def test_a_whole_list_ends_by_its_deadline_however_quick_each_page(server, api):
+    counter = itertools.count()
+
+    def route(handler):
+        time.sleep(0.1)
+        return _page(f"t{next(counter)}")
+
+    server.routes[NODES_PATH] = route
+    client = KubeClient(api)
+    client.list_deadline = 0.5
+    started = time.monotonic()
+    with client, pytest.raises(
+        SourceUnavailable, match=r"/api/v1/nodes: list: expected the whole list within 0.5 s$"
+    ):
+        client.list(NODES_PATH)
+    assert time.monotonic() - started < 0.5 + 0.3
+    assert 3 <= next(counter) <= 6

@@ -1,0 +1,95 @@
+"""A total deadline on an HTTP answer (the I/O edge): a socket whose every read ends by it.
+
+A socket's timeout bounds one read, not an answer: a server that sends its headers or its body a
+byte every few seconds never trips it and holds the pod forever. :class:`DeadlineSocket` wraps a
+connected socket (plain or TLS) so that each read waits at most the time left before
+its connection's ``deadline`` (and at most ``per_read``), and a read after it raises
+:class:`DeadlinePassed`; ``http.client`` reads status line, headers and body through
+:meth:`~DeadlineSocket.makefile`, so the whole answer is bounded. The TLS handshake needs nothing
+more: CPython bounds each TLS operation as a whole by the socket's timeout, which
+:func:`bounded_connection` sets to the time left before connecting.
+
+Standard library only; ``http.client`` is imported by the caller.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import time
+from typing import Any, Optional
+
+_clock = time.monotonic
+
+
+class DeadlinePassed(socket.timeout):
+    """The answer did not end by its deadline (a ``socket.timeout``, so an ``OSError``)."""
+
+
+class DeadlineSocket:
+    """``sock`` with every read bounded by ``owner.deadline`` (a :func:`time.monotonic` time,
+    read at each read: the owner sets it per answer); everything else is ``sock``'s own."""
+
+    def __init__(self, sock: Any, per_read: float, owner: Any) -> None:
+        self._sock = sock
+        self.per_read = per_read
+        self._owner = owner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+    def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
+        left = self._owner.deadline - _clock()
+        if left <= 0:
+            raise DeadlinePassed("the answer did not end by its deadline")
+        self._sock.settimeout(min(self.per_read, left))
+        try:
+            return self._sock.recv_into(buffer, nbytes)
+        except socket.timeout:
+            if left < self.per_read:  # the deadline, not the read's own timeout, ran out
+                raise DeadlinePassed("the answer did not end by its deadline") from None
+            raise
+
+    def makefile(self, mode: str = "r", buffering: Optional[int] = None, **kwargs: Any) -> Any:
+        """A buffered reader over :meth:`recv_into` (``"rb"``, as ``http.client`` asks)."""
+        if mode != "rb":
+            return self._sock.makefile(mode, buffering, **kwargs)
+        size = buffering if buffering and buffering > 0 else io.DEFAULT_BUFFER_SIZE
+        return io.BufferedReader(_Reader(self), size)
+
+
+class _Reader(io.RawIOBase):
+    """The raw stream of a :class:`DeadlineSocket` (closing it leaves the socket open, as
+    ``socket.makefile``'s does: the connection owns the socket)."""
+
+    def __init__(self, sock: DeadlineSocket) -> None:
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self._sock.recv_into(buffer)
+
+
+def bounded_connection(base: Any) -> Any:
+    """A subclass of ``base`` (``http.client.HTTPSConnection`` or a subclass) whose answers end by
+    its ``deadline``, set before each request: connecting waits at most the time left, and the
+    socket is a :class:`DeadlineSocket`."""
+
+    class BoundedConnection(base):  # type: ignore[misc, valid-type]
+        deadline = float("inf")
+
+        def connect(self) -> None:
+            per_read = self.timeout
+            left = self.deadline - _clock()
+            if left <= 0:
+                raise DeadlinePassed("the answer did not end by its deadline")
+            self.timeout = min(per_read, left)
+            try:
+                super().connect()
+            finally:
+                self.timeout = per_read
+            self.sock = DeadlineSocket(self.sock, per_read, self)
+
+    return BoundedConnection
