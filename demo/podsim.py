@@ -102,7 +102,9 @@ def stage_pod(spec: PodSpec, directory: Path) -> Path:
     for number, mount in enumerate(spec.file_mounts):
         target = directory / "volumes" / str(number)
         for relative, text in mount.files:
-            write_atomic(target / relative, text, mode=mount.mode)
+            # binaryData (the bundle) comes decoded with surrogateescape: back to its bytes
+            data = text.encode("utf-8", "surrogateescape")
+            write_atomic(target / relative, data, mode=mount.mode)
     for number, mount in enumerate(spec.host_mounts):
         if not mount.host_path:
             (directory / "emptydir" / str(number)).mkdir(parents=True, exist_ok=True)

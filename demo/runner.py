@@ -110,9 +110,10 @@ def prepare(
     cluster = simulated_cluster(options, host_ips)
     values = demo_spec_values(options, free_port(), str(shared.resolve()))
     rendered = render_job(values)
-    for name, text, _mode in rendered.files():
-        (workspace / "rendered").mkdir(exist_ok=True)
-        (workspace / "rendered" / name).write_text(text)
+    from npu_job.fileio import write_atomic
+
+    for name, data, mode in rendered.files():  # the bundle is bytes
+        write_atomic(workspace / "rendered" / name, data, mode, durable=False)
     documents = manifest_documents(rendered)
     _, job = podspec.find_job(documents)
     cluster_files: Dict[str, str] = {}
