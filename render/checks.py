@@ -35,7 +35,7 @@ from typing import (
 
 from npu_job.render.values import MergedValues, Path, SetScalar, format_path, typed
 
-from npu_job.errors import LISTED_PROBLEMS
+from npu_job.errors import LISTED_PROBLEMS, shown
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
@@ -136,7 +136,7 @@ class Checker:
             self.problem(path, f"expected an integer, got {describe(value)}")
             return None
         if not low <= value <= high:
-            self.problem(path, f"expected an integer from {low} to {high}, got {value}")
+            self.problem(path, f"expected an integer from {low} to {high}, got {shown(value)}")
             return None
         return value
 

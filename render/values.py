@@ -108,6 +108,13 @@ class MergedValues:
 # YAML files
 
 
+def _sized_integer(text: str) -> int:
+    """An integer with as many digits as ``text`` (and its sign), for a number too long for
+    ``int()``: no spec key takes one, and a message describes it by its size."""
+    digits = sum(c.isdigit() for c in text)
+    return (-1 if text.lstrip().startswith("-") else 1) * 10 ** max(digits - 1, 0)
+
+
 def load_yaml_values(text: str, source: str) -> Dict[str, Any]:
     """Parse one spec file's text; an empty file is ``{}``.
 
@@ -141,7 +148,14 @@ def load_yaml_values(text: str, source: str) -> Dict[str, Any]:
             seen[key] = key_node.start_mark.line
         return loader.construct_mapping(node, deep=deep)
 
+    def construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+        try:
+            return loader.construct_yaml_int(node)
+        except ValueError:  # past int()'s 4300-digit limit: its size is all validation needs
+            return _sized_integer(node.value)
+
     _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    _StrictLoader.add_constructor("tag:yaml.org,2002:int", construct_int)
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except RecursionError:  # PyYAML's parser recurses per level; it gets here far beyond MAX_DEPTH
@@ -318,7 +332,10 @@ class _SetParser:
         if raw in ("true", "false"):
             return SetScalar(raw, raw == "true")
         if _INTEGER.match(raw):
-            return SetScalar(raw, int(raw))
+            try:
+                return SetScalar(raw, int(raw))
+            except ValueError:  # past int()'s 4300-digit limit
+                return SetScalar(raw, _sized_integer(raw))
         return SetScalar(raw, raw)
 
 

@@ -381,3 +381,27 @@ def test_a_long_integer_in_a_yaml_topology(
     else:
         line = assert_one_line_error(outcome, f"{topology}: {field}: expected ")
         assert "integers of at most 4300 digits" in line
+
+
+@pytest.mark.parametrize("where", ["yaml", "--set"])
+def test_render_refuses_a_long_integer_spec_key_in_one_validation_line(tmp_path, where):
+    import subprocess
+    import sys
+
+    spec = tmp_path / "job.yaml"
+    value = "9" * 5000
+    tier = f"  highest_tier_allowed: {value}\n" if where == "yaml" else ""
+    spec.write_text(
+        "name: j\nimage: x\nnodes: 4\nscript: train.py\nnetwork_topology:\n  mode: hard\n" + tier
+    )
+    extra = ["--set", f"network_topology.highest_tier_allowed={value}"] if where == "--set" else []
+    done = subprocess.run(
+        [sys.executable, "-m", "npu_job", "render", str(spec), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 5, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "network_topology.highest_tier_allowed" in done.stderr
+    assert "expected an integer from 0 to 2147483647, got an integer of 16607 bits" in done.stderr
