@@ -54,6 +54,22 @@ CASES = [
         marks=pytest.mark.skipif(not shutil.which("valgrind"), reason="needs valgrind"),
         id="bench_bootstrap_api.py-callgrind",
     ),
+    pytest.param(
+        "bench_bundle.py",
+        ["--nodes", "16", "--repeat", "1", "--callgrind"],
+        [
+            "bootstrap at 16 nodes",
+            "| bootstrap | installed |",
+            "| bootstrap | bundle |",
+            "M instr.,",
+            "| npu-run start-up | bundle |",
+        ],
+        marks=[
+            pytest.mark.skipif(not shutil.which("valgrind"), reason="needs valgrind"),
+            pytest.mark.torch,
+        ],
+        id="bench_bundle.py",
+    ),
     (
         "bench_order.py",
         ["--max-nodes", "16", "--samples", "2"],
