@@ -5,7 +5,10 @@ session builds its venv once with one torch release from PyPI (CUDA builds, abou
 their nvidia-* packages; they import and run on a CPU-only machine) and keeps it under
 ``~/.cache/npu-job/nox`` (``NPU_JOB_NOX_ENVDIR`` overrides), outside the clone, so later runs
 reuse it. A session runs the launcher tests and records which torch features it found; ``nox -s
-supported`` turns those records into the README's "Supported torch" table.
+supported`` turns those records into the README's "Supported torch" table. The launcher tests
+include npu-run from the job's bundle on a torch-only interpreter (``test_bundle_run.py``: a venv
+that sees the release's torch but nothing of npu-job), so every release runs the tiered store,
+restarts and the ``parallel`` backend the way a pod with nothing installed does.
 
 Two sessions run at a time (nox's ``--parallel``; ``-j 1`` runs them one by one), each printing
 its output when it ends. A launcher session keeps about 0.7 of a core busy on average (its tests

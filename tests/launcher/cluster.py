@@ -167,6 +167,9 @@ class LocalCluster:
     master_port: int = field(default_factory=free_port)
     tag: str = field(default_factory=lambda: uuid.uuid4().hex)
     nodes: List[Node] = field(default_factory=list)
+    # what runs npu-run (the bundle's tests: ``sh npu-job.pyz run``), and in which directory
+    launcher: Sequence[str] = (sys.executable, "-m", "npu_job.launcher")
+    cwd: Optional[Path] = None
 
     def start(
         self,
@@ -178,9 +181,7 @@ class LocalCluster:
         env: Optional[Mapping[str, str]] = None,
     ) -> Node:
         command = [
-            sys.executable,
-            "-m",
-            "npu_job.launcher",
+            *self.launcher,
             f"--nnodes={self.nnodes}",
             f"--nproc_per_node={self.nproc_per_node}",
             f"--node_rank={node_rank}",
@@ -205,7 +206,12 @@ class LocalCluster:
         log_path = self.workdir / f"npu-run-{len(self.nodes)}.log"
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                cwd=self.cwd,
+                start_new_session=True,
             )
         node = Node(node_rank, process, log_path)
         self.nodes.append(node)

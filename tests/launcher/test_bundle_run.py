@@ -1,0 +1,155 @@
+"""npu-run from the job's bundle on a stock torch: nothing of npu-job installed, only the file.
+
+A training image has python3 and torch; the pod runs ``sh npu-job.pyz run ...`` with
+``NPU_JOB_PYTHON`` naming that python3. Here that python is a venv that sees this interpreter's
+packages but not npu-job's, neither its modules nor its metadata (:mod:`.stock_python`), so no
+``torchrun.handlers`` entry point exists there. On it, from the bundle alone:
+
+* two nodes of two workers each join one gloo process group through the ``parallel`` rendezvous
+  and the tiered store, and each node's first line names the bundle it runs;
+* a worker that fails on its first attempt is restarted (``--max_restarts 1``) and the job ends
+  well;
+* and the ``parallel`` backend is registered by npu-run itself.
+
+Real processes on loopback, as in :mod:`.test_multinode` (whose cluster helper runs the nodes).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Dict, Iterator, List
+
+import pytest
+
+from npu_job.bundle import BUNDLE_NAME, Bundle, installed_bundle
+
+from .cluster import LocalCluster
+from .stock_python import clean_env, make_stock_python
+
+NNODES = 2
+NPROC = 2
+WORLD = NNODES * NPROC
+TIMEOUT = 60  # seconds for a whole job; each takes under 10 on an idle 2-core machine
+
+
+@pytest.fixture(scope="module")
+def bundle() -> Bundle:
+    return installed_bundle()
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory, bundle: Bundle) -> Dict[str, Path]:
+    """A stock image's python3 and the bundle file, in a directory outside the repository."""
+    directory = tmp_path_factory.mktemp("pod")
+    bundle_path = directory / BUNDLE_NAME
+    bundle_path.write_bytes(bundle.data)
+    return {"dir": directory, "python": make_stock_python(directory), "bundle": bundle_path}
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, pod: Dict[str, Path]) -> Iterator[LocalCluster]:
+    made = LocalCluster(
+        tmp_path,
+        nnodes=NNODES,
+        nproc_per_node=NPROC,
+        launcher=("sh", str(pod["bundle"]), "run"),
+        cwd=pod["dir"],
+    )
+    yield made
+    made.kill_all()
+
+
+def start_job(cluster: LocalCluster, pod: Dict[str, Path], out: Path, *extra: str) -> None:
+    """Both nodes, tiered, ``workers/record_env.py`` writing to ``out`` (``extra``: its options
+    after the launcher's flags, split at ``--``)."""
+    split = extra.index("--") if "--" in extra else len(extra)
+    launcher_args, worker_args = list(extra[:split]), list(extra[split + 1 :])
+    # PYTHONPATH empty counts as unset: nothing leads the stock python back to this one's packages
+    env = {"NPU_JOB_PYTHON": str(pod["python"]), "PYTHONPATH": ""}
+    for node_rank in range(NNODES):
+        cluster.start(
+            str(node_rank),
+            "record_env.py",
+            [str(out), *worker_args],
+            launcher_args=["--enable_tiered_parallel_tcpstore=true", *launcher_args],
+            env=env,
+        )
+
+
+def records(out: Path) -> List[dict]:
+    return [json.loads((out / f"{rank}.json").read_text()) for rank in range(WORLD)]
+
+
+def test_two_tiered_nodes_train_from_the_bundle_on_a_stock_torch(cluster, pod, bundle, tmp_path):
+    out = tmp_path / "records"
+    out.mkdir()
+    start_job(cluster, pod, out)
+    assert cluster.wait_all(TIMEOUT) == [0] * NNODES, cluster.logs()
+
+    found = records(out)
+    assert [r["pg_rank"] for r in found] == list(range(WORLD))
+    assert {r["pg_world_size"] for r in found} == {WORLD}
+    assert {r["sum"] for r in found} == {float(sum(range(1, WORLD + 1)))}  # one all_reduce
+    # node rank 1's workers share one store that is not the root: its proxy
+    node_1_ports = {r["MASTER_PORT"] for r in found[NPROC:]}
+    assert len(node_1_ports) == 1 and node_1_ports != {str(cluster.master_port)}
+    for node in cluster.nodes:
+        log = node.log()
+        assert f"running {bundle.version} from bundle {bundle.short_digest} ({pod['bundle']})" in (
+            log
+        )
+        assert f"({pod['python']})" in log.splitlines()[0]  # on the image's python, not ours
+        assert "store proxy listening on" in log
+
+
+def test_a_worker_failing_once_is_restarted_from_the_bundle(cluster, pod, tmp_path):
+    """Global rank 3 raises while TORCHELASTIC_RESTART_COUNT is 0 (before joining the group):
+    its node restarts its workers, the other node restarts its own with them (without spending a
+    restart of its own, as under torch's c10d backend), and every worker of round 1 succeeds."""
+    out = tmp_path / "records"
+    out.mkdir()
+    start_job(cluster, pod, out, "--max_restarts=1", "--", "--fail-rank", "3")
+    assert cluster.wait_all(TIMEOUT) == [0] * NNODES, cluster.logs()
+
+    found = records(out)
+    assert [r["TORCHELASTIC_RESTART_COUNT"] for r in found] == ["0", "0", "1", "1"]
+    assert {r["sum"] for r in found} == {float(sum(range(1, WORLD + 1)))}
+    assert "worker rank 3 fails on purpose before restart 1" in cluster.logs()
+    assert all("round 1 complete" in node.log() for node in cluster.nodes)
+
+
+# npu-run's own registration, in the stock python with the bundle first on sys.path, as it runs
+_REGISTRY = """\
+import sys
+sys.path.insert(0, sys.argv[1])
+from torch.distributed.elastic.rendezvous import RendezvousParameters, rendezvous_handler_registry
+
+params = RendezvousParameters("parallel", "127.0.0.1:29500", "job", 1, 1, rank=0)
+try:
+    rendezvous_handler_registry.create_handler(params)
+    sys.exit("parallel was registered before npu-run registered it: an entry point is visible")
+except ValueError:
+    pass
+from npu_job.launcher import rendezvous
+
+rendezvous.register()
+handler = rendezvous_handler_registry.create_handler(params)
+print(type(handler).__module__, handler.get_backend(), rendezvous.__file__)
+"""
+
+
+def test_npu_run_registers_the_parallel_backend_without_entry_points(pod):
+    done = subprocess.run(
+        [str(pod["python"]), "-c", _REGISTRY, str(pod["bundle"])],
+        capture_output=True,
+        text=True,
+        cwd=pod["dir"],
+        env=clean_env(),
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    module, backend, source = done.stdout.split()
+    assert (module, backend) == ("npu_job.launcher.rendezvous", "parallel")
+    assert source.startswith(str(pod["bundle"]))
