@@ -49,6 +49,7 @@ from npu_job.errors import (
     EXIT_INTERNAL,
     EXIT_USAGE,
     LaunchError,
+    MissingExtraError,
     NpuJobError,
     print_error,
     report_error,
@@ -68,6 +69,22 @@ logger = logging.getLogger(__name__)
 
 class UsageError(Exception):
     """A flag value argparse could not check by itself (reported as usage, exit 2)."""
+
+
+def require_torch() -> None:
+    """Raise :class:`MissingExtraError` (one line, exit 9) unless torch imports here.
+
+    npu-run is torchrun's parser and agent, so even ``--help`` needs torch; the job's bundle runs
+    on whatever python3 the image has, which may have none.
+    """
+    try:
+        import torch  # noqa: F401
+    except ImportError as error:
+        raise MissingExtraError(
+            f"npu-run needs torch, which Python {sys.version.split()[0]} ({sys.executable}) "
+            f"cannot import ({error}): install it there (pip install 'npu-job[launcher]' brings "
+            "it), or run the bundle on a Python that has it (NPU_JOB_PYTHON)"
+        ) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -543,6 +560,10 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run ``npu-run`` with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
     setup_logging(0, prog=PROG)
+    try:
+        require_torch()
+    except MissingExtraError as error:
+        return report_error(error, PROG)
     parser = build_parser()
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))

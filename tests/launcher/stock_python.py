@@ -8,6 +8,8 @@ torch imports in it; ``npu_job`` does not, and neither does npu-job's metadata (
 no ``torchrun.handlers`` entry point of it). The editable install's finder is a ``.pth`` file
 too, and ``.pth`` files inside a path a ``.pth`` file adds are not processed, but npu-job's
 dist-info would still be found there, hence the view rather than the directory itself.
+
+:func:`make_bare_python` makes the same venv without the link: a python3 with no torch.
 """
 
 from __future__ import annotations
@@ -110,4 +112,12 @@ def make_stock_python(directory: Path) -> Path:
         pytest.skip(f"torch does not import in this interpreter: {found['torch error']}")
     assert not found["npu_job"], "the stock python imports npu_job"
     assert not found["npu-job dist"], "the stock python sees npu-job's metadata"
+    return python
+
+
+def make_bare_python(directory: Path) -> Path:
+    """A python with the standard library only: an image without torch."""
+    python = _make_venv(directory / "bare-venv")
+    found = facts(python, directory)
+    assert found["torch"] is None and not found["npu_job"], found
     return python

@@ -9,7 +9,8 @@ packages but not npu-job's, neither its modules nor its metadata (:mod:`.stock_p
   and the tiered store, and each node's first line names the bundle it runs;
 * a worker that fails on its first attempt is restarted (``--max_restarts 1``) and the job ends
   well;
-* and the ``parallel`` backend is registered by npu-run itself.
+* the ``parallel`` backend is registered by npu-run itself;
+* and on a python3 without torch, npu-run is one ``npu-run: error:`` line, exit 9.
 
 Real processes on loopback, as in :mod:`.test_multinode` (whose cluster helper runs the nodes).
 """
@@ -24,9 +25,10 @@ from typing import Dict, Iterator, List
 import pytest
 
 from npu_job.bundle import BUNDLE_NAME, Bundle, installed_bundle
+from npu_job.errors import MissingExtraError
 
 from .cluster import LocalCluster
-from .stock_python import clean_env, make_stock_python
+from .stock_python import clean_env, make_bare_python, make_stock_python
 
 NNODES = 2
 NPROC = 2
@@ -153,3 +155,28 @@ def test_npu_run_registers_the_parallel_backend_without_entry_points(pod):
     module, backend, source = done.stdout.split()
     assert (module, backend) == ("npu_job.launcher.rendezvous", "parallel")
     assert source.startswith(str(pod["bundle"]))
+
+
+def test_without_torch_npu_run_is_one_line_exit_9_and_version_still_works(tmp_path, pod, bundle):
+    python = make_bare_python(tmp_path)
+    env = {**clean_env(), "NPU_JOB_PYTHON": str(python)}
+
+    def bundle_run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["sh", str(pod["bundle"]), *argv],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=TIMEOUT,
+        )
+
+    assert bundle_run("version").stdout == f"npu-job {bundle.version} {bundle.digest}\n"
+    for argv in (["run", "--help"], ["run", "--nnodes=1", "train.py"]):
+        done = bundle_run(*argv)
+        assert done.returncode == MissingExtraError.exit_code, done.stderr
+        identity, error = done.stderr.splitlines()  # what runs, then why it cannot
+        assert identity.startswith(f"npu-job: running {bundle.version} from bundle")
+        assert error.startswith("npu-run: error: npu-run needs torch, which Python "), error
+        assert f"({python}) cannot import (No module named 'torch')" in error
+        assert "NPU_JOB_PYTHON" in error
