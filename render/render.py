@@ -32,7 +32,7 @@ import re
 import shlex
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from npu_job.render.keys import DEVICE_RESOURCE, NPU_HOST_MOUNTS, SCRIPTS_VOLUME, SHM_VOLUME
 from npu_job.render.spec import JobSpec
@@ -82,14 +82,14 @@ class RenderedJob:
         """The documents as one multi-document YAML stream (what stdout gets)."""
         return "".join(f"---\n# Source: {doc.source}\n{doc.text}" for doc in self.documents)
 
-    def files(self) -> Tuple[Tuple[str, str, int], ...]:
-        """(file name, text, mode) of what ``--output-dir`` writes: config.yaml, then scripts."""
-        shipped = ((BUNDLE_NAME, self.bundle.data, 0o755),) if self.bundle else ()
-        return (
-            (("config.yaml", self.stream(), 0o644),)
-            + tuple((name, text, 0o755) for name, text in self.scripts)
-            + shipped
-        )
+    def files(self) -> Tuple[Tuple[str, Union[str, bytes], int], ...]:
+        """(file name, data, mode) of what ``--output-dir`` writes: config.yaml, the scripts, then
+        the bundle."""
+        files: List[Tuple[str, Union[str, bytes], int]] = [("config.yaml", self.stream(), 0o644)]
+        files += [(name, text, 0o755) for name, text in self.scripts]
+        if self.bundle:
+            files.append((BUNDLE_NAME, self.bundle.data, 0o755))
+        return tuple(files)
 
     @property
     def job(self) -> Document:
