@@ -25,10 +25,18 @@ gke         ``cloud.google.com/gce-topology-block``, ``cloud.google.com/gce-topo
             The third key there, ``cloud.google.com/gce-topology-host``, names the physical
             host the VM runs on (one host per full-size accelerator VM): below every switch, so
             it is not a tier here.
-topograph   ``network.topology.nvidia.com/core`` (``/datacenter`` in topograph 0.1), ``/spine``,
+topograph   ``fabric.topograph.run/tier-N`` for every N on the node, the highest N outermost
+            (tier 0 is the switch closest to the node, its leaf; there is no fixed depth), then
+            ``accelerator.topograph.run/domain`` (the NVLink domain, innermost): the keys
+            topograph 1.0 and later writes, NVIDIA/topograph ``docs/reference/node-labels.md``
+            and ``pkg/topology/topology.go`` (commit e2b6250; v1.0.0 is aab33e1). Its
+            ``accelerator.topograph.run/sub-domain`` (a part of the domain, e.g. a rack of it)
+            is not a tier here, as the older family has none.
+topograph-0 ``network.topology.nvidia.com/core`` (``/datacenter`` in topograph 0.1), ``/spine``,
             ``/leaf`` (``/block`` in 0.1) and ``/accelerator`` (the NVLink domain, innermost):
-            NVIDIA topograph, https://docs.nvidia.com/topograph/engines/kubernetes and
-            NVIDIA/topograph ``docs/engines/k8s.md`` (v0.1.0 for the older names).
+            topograph before 1.0, NVIDIA/topograph ``docs/engines/k8s.md`` at v0.5.0 (commit
+            253cb10; v0.1.0 for the older names). Read after the newer family, so a node still
+            carrying both is placed by the newer.
 ==========  ===================================================================================
 """
 
@@ -49,7 +57,10 @@ EKS_LAYER_LABELS = tuple(f"topology.k8s.aws/network-node-layer-{n}" for n in (1,
 GKE_BLOCK_LABEL = "cloud.google.com/gce-topology-block"
 GKE_SUBBLOCK_LABEL = "cloud.google.com/gce-topology-subblock"
 GKE_HOST_LABEL = "cloud.google.com/gce-topology-host"  # documented, deliberately not a tier
-TOPOGRAPH = "network.topology.nvidia.com/"
+TOPOGRAPH_TIER_PREFIX = "fabric.topograph.run/tier-"  # + N, N = 0 the closest to the node
+TOPOGRAPH_DOMAIN_LABEL = "accelerator.topograph.run/domain"
+TOPOGRAPH_SUBDOMAIN_LABEL = "accelerator.topograph.run/sub-domain"  # documented, not a tier
+TOPOGRAPH_0 = "network.topology.nvidia.com/"  # topograph before 1.0
 
 USER_SCHEME = "user"  # the keys named by --topology-labels
 
@@ -61,6 +72,9 @@ class LabelScheme(NamedTuple):
     title: str  # for log lines
     tiers: Tuple[Tuple[str, ...], ...]
     joined_by: Optional[str] = None  # the innermost value lists several ToRs joined by this
+    # keys ``numbered + N`` (N a decimal without leading zeros, 0 the innermost) are tiers
+    # outside ``tiers``, as many as the node has, the highest N outermost
+    numbered: Optional[str] = None
 
     @property
     def keys(self) -> Tuple[str, ...]:
@@ -79,14 +93,35 @@ SCHEMES: Tuple[LabelScheme, ...] = (
     LabelScheme(
         "topograph",
         "NVIDIA topograph",
+        ((TOPOGRAPH_DOMAIN_LABEL,),),
+        numbered=TOPOGRAPH_TIER_PREFIX,
+    ),
+    LabelScheme(
+        "topograph-0",
+        "NVIDIA topograph 0.x",
         (
-            (TOPOGRAPH + "core", TOPOGRAPH + "datacenter"),
-            (TOPOGRAPH + "spine",),
-            (TOPOGRAPH + "leaf", TOPOGRAPH + "block"),
-            (TOPOGRAPH + "accelerator",),
+            (TOPOGRAPH_0 + "core", TOPOGRAPH_0 + "datacenter"),
+            (TOPOGRAPH_0 + "spine",),
+            (TOPOGRAPH_0 + "leaf", TOPOGRAPH_0 + "block"),
+            (TOPOGRAPH_0 + "accelerator",),
         ),
     ),
 )
+
+
+def _numbered_tiers(labels: Mapping[str, Any], prefix: str) -> Tuple[Tuple[str, ...], ...]:
+    """The keys ``prefix + N`` on the node as tiers, the highest N first."""
+    numbers = [
+        key[len(prefix) :]
+        for key in labels
+        if isinstance(key, str) and key.startswith(prefix) and len(key) > len(prefix)
+    ]
+    numbers = [
+        n for n in numbers if all(c in "0123456789" for c in n) and (n == "0" or n[0] != "0")
+    ]
+    # decimals without leading zeros order by length, then text (no int(): no digit limit)
+    numbers.sort(key=lambda n: (len(n), n), reverse=True)
+    return tuple((prefix + n,) for n in numbers)
 
 
 def user_scheme(keys: Sequence[str]) -> LabelScheme:
@@ -123,10 +158,11 @@ def placement_from_labels(
         return expect_str(value, source, f"{path}.{key}", empty_ok=True)
 
     for scheme in (user_scheme(keys),) if keys is not None else SCHEMES:
+        tiers = scheme.tiers
+        if scheme.numbered is not None:
+            tiers = _numbered_tiers(labels, scheme.numbered) + tiers
         switches = [
-            value
-            for value in (next(filter(None, map(label, tier)), "") for tier in scheme.tiers)
-            if value
+            value for value in (next(filter(None, map(label, tier)), "") for tier in tiers) if value
         ]
         if not switches:
             continue

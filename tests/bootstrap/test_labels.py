@@ -81,6 +81,40 @@ def test_topograph_core_spine_leaf_and_the_nvlink_domain_innermost_old_names_too
     assert placed["dgx-05"] == placed["dgx-02"] == Placement(("core-1", "spine-1"), ("leaf-12",))
 
 
+def test_topograph_1_fabric_tiers_highest_outermost_and_the_nvlink_domain_innermost():
+    """topograph >= 1.0: fabric.topograph.run/tier-N, tier 0 closest to the node, any depth."""
+    labels = {
+        "fabric.topograph.run/tier-0": "s1",
+        "fabric.topograph.run/tier-1": "s2",
+        "fabric.topograph.run/tier-2": "s3",
+        "accelerator.topograph.run/domain": "nvl1",
+        "accelerator.topograph.run/sub-domain": "nvl1.rack01",  # documented, not a tier
+        "kubernetes.io/hostname": "dgx-00",
+    }
+    placement, scheme = placement_from_labels(labels, "n", "labels")
+    assert (placement, scheme.name) == (Placement(("s3", "s2", "s1"), ("nvl1",)), "topograph")
+    del labels["accelerator.topograph.run/domain"]
+    assert placement_from_labels(labels, "n", "labels")[0] == Placement(("s3", "s2"), ("s1",))
+
+
+def test_topograph_1_tiers_are_numbers_not_text_and_only_plain_decimals():
+    labels = {f"fabric.topograph.run/tier-{n}": f"s{n}" for n in range(12)}
+    labels.update(
+        {
+            "fabric.topograph.run/tier-": "no number",
+            "fabric.topograph.run/tier-01": "leading zero",
+            "fabric.topograph.run/tier-x": "not a number",
+            "fabric.topograph.run/tier-\u0663": "not ASCII",
+            "fabric.topograph.run/tier-" + "9" * 5000: "",  # empty: absent (and no int())
+            "fabric.topograph.run/tier-5": "",
+        }
+    )
+    placement, _ = placement_from_labels(labels, "n", "labels")
+    assert placement == Placement(
+        ("s11", "s10", "s9", "s8", "s7", "s6", "s4", "s3", "s2", "s1"), ("s0",)
+    )
+
+
 @pytest.mark.parametrize(
     "labels, expected, scheme",
     [
@@ -116,6 +150,19 @@ def test_topograph_core_spine_leaf_and_the_nvlink_domain_innermost_old_names_too
         (
             {"network.topology.nvidia.com/accelerator": "nvl-7"},
             Placement((), ("nvl-7",)),
+            "topograph-0",
+        ),
+        (
+            {"accelerator.topograph.run/domain": "nvl-7"},
+            Placement((), ("nvl-7",)),
+            "topograph",
+        ),
+        (  # a node still carrying topograph 0.x's labels after the upgrade: the newer decide
+            {
+                "network.topology.nvidia.com/leaf": "old-leaf",
+                "fabric.topograph.run/tier-0": "leaf-1",
+            },
+            Placement((), ("leaf-1",)),
             "topograph",
         ),
     ],
