@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Iterator, List, NamedTuple, Sequence
 
 import pytest
 
@@ -41,35 +41,45 @@ def bundle() -> Bundle:
     return installed_bundle()
 
 
+class Pod(NamedTuple):
+    """What a pod has: a directory outside the repository, the image's python3, the bundle."""
+
+    dir: Path
+    python: Path
+    bundle: Path
+
+
 @pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory, bundle: Bundle) -> Dict[str, Path]:
-    """A stock image's python3 and the bundle file, in a directory outside the repository."""
+def pod(tmp_path_factory: pytest.TempPathFactory, bundle: Bundle) -> Pod:
     directory = tmp_path_factory.mktemp("pod")
     bundle_path = directory / BUNDLE_NAME
     bundle_path.write_bytes(bundle.data)
-    return {"dir": directory, "python": make_stock_python(directory), "bundle": bundle_path}
+    return Pod(directory, make_stock_python(directory), bundle_path)
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, pod: Dict[str, Path]) -> Iterator[LocalCluster]:
+def cluster(tmp_path: Path, pod: Pod) -> Iterator[LocalCluster]:
     made = LocalCluster(
         tmp_path,
         nnodes=NNODES,
         nproc_per_node=NPROC,
-        launcher=("sh", str(pod["bundle"]), "run"),
-        cwd=pod["dir"],
+        launcher=("sh", str(pod.bundle), "run"),
+        cwd=pod.dir,
     )
     yield made
     made.kill_all()
 
 
-def start_job(cluster: LocalCluster, pod: Dict[str, Path], out: Path, *extra: str) -> None:
-    """Both nodes, tiered, ``workers/record_env.py`` writing to ``out`` (``extra``: its options
-    after the launcher's flags, split at ``--``)."""
-    split = extra.index("--") if "--" in extra else len(extra)
-    launcher_args, worker_args = list(extra[:split]), list(extra[split + 1 :])
+def start_job(
+    cluster: LocalCluster,
+    pod: Pod,
+    out: Path,
+    launcher_args: Sequence[str] = (),
+    worker_args: Sequence[str] = (),
+) -> None:
+    """Both nodes, tiered, ``workers/record_env.py`` writing to ``out``."""
     # PYTHONPATH empty counts as unset: nothing leads the stock python back to this one's packages
-    env = {"NPU_JOB_PYTHON": str(pod["python"]), "PYTHONPATH": ""}
+    env = {"NPU_JOB_PYTHON": str(pod.python), "PYTHONPATH": ""}
     for node_rank in range(NNODES):
         cluster.start(
             str(node_rank),
@@ -99,10 +109,8 @@ def test_two_tiered_nodes_train_from_the_bundle_on_a_stock_torch(cluster, pod, b
     assert len(node_1_ports) == 1 and node_1_ports != {str(cluster.master_port)}
     for node in cluster.nodes:
         log = node.log()
-        assert f"running {bundle.version} from bundle {bundle.short_digest} ({pod['bundle']})" in (
-            log
-        )
-        assert f"({pod['python']})" in log.splitlines()[0]  # on the image's python, not ours
+        assert f"running {bundle.version} from bundle {bundle.short_digest} ({pod.bundle})" in (log)
+        assert f"({pod.python})" in log.splitlines()[0]  # on the image's python, not ours
         assert "store proxy listening on" in log
 
 
@@ -112,7 +120,7 @@ def test_a_worker_failing_once_is_restarted_from_the_bundle(cluster, pod, tmp_pa
     restart of its own, as under torch's c10d backend), and every worker of round 1 succeeds."""
     out = tmp_path / "records"
     out.mkdir()
-    start_job(cluster, pod, out, "--max_restarts=1", "--", "--fail-rank", "3")
+    start_job(cluster, pod, out, ["--max_restarts=1"], ["--fail-rank", "3"])
     assert cluster.wait_all(TIMEOUT) == [0] * NNODES, cluster.logs()
 
     found = records(out)
@@ -144,17 +152,17 @@ print(type(handler).__module__, handler.get_backend(), rendezvous.__file__)
 
 def test_npu_run_registers_the_parallel_backend_without_entry_points(pod):
     done = subprocess.run(
-        [str(pod["python"]), "-c", _REGISTRY, str(pod["bundle"])],
+        [str(pod.python), "-c", _REGISTRY, str(pod.bundle)],
         capture_output=True,
         text=True,
-        cwd=pod["dir"],
+        cwd=pod.dir,
         env=clean_env(),
         timeout=TIMEOUT,
     )
     assert done.returncode == 0, done.stderr
     module, backend, source = done.stdout.split()
     assert (module, backend) == ("npu_job.launcher.rendezvous", "parallel")
-    assert source.startswith(str(pod["bundle"]))
+    assert source.startswith(str(pod.bundle))
 
 
 def test_without_torch_npu_run_is_one_line_exit_9_and_version_still_works(tmp_path, pod, bundle):
@@ -163,7 +171,7 @@ def test_without_torch_npu_run_is_one_line_exit_9_and_version_still_works(tmp_pa
 
     def bundle_run(*argv: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            ["sh", str(pod["bundle"]), *argv],
+            ["sh", str(pod.bundle), *argv],
             capture_output=True,
             text=True,
             cwd=tmp_path,
