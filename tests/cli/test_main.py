@@ -10,7 +10,7 @@ import pytest
 from npu_job.cli import SUBCOMMANDS, main
 
 #: the fewest arguments each subcommand parses with
-REQUIRED = {"render": ["job.yaml"], "plan": ["--rank-table", "rt.json"]}
+REQUIRED = {"render": ["job.yaml"], "plan": ["--rank-table", "rt.json"], "bundle": ["-o", "x.pyz"]}
 
 
 @pytest.fixture
