@@ -34,6 +34,8 @@ class DeadlineSocket:
         self._sock = sock
         self.per_read = per_read
         self._owner = owner
+        self._readers = 0  # open makefile() readers: closing waits for them, as a socket's does
+        self._closing = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
@@ -55,7 +57,20 @@ class DeadlineSocket:
         if mode != "rb":
             return self._sock.makefile(mode, buffering, **kwargs)
         size = buffering if buffering and buffering > 0 else io.DEFAULT_BUFFER_SIZE
+        self._readers += 1
         return io.BufferedReader(_Reader(self), size)
+
+    def close(self) -> None:
+        """Close the socket once no reader needs it: ``http.client`` closes its connection
+        before the body of a last answer (``Connection: close``) is read from the reader."""
+        self._closing = True
+        if not self._readers:
+            self._sock.close()
+
+    def reader_closed(self) -> None:
+        self._readers -= 1
+        if self._closing and not self._readers:
+            self._sock.close()
 
 
 class _Reader(io.RawIOBase):
@@ -70,6 +85,11 @@ class _Reader(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         return self._sock.recv_into(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._sock.reader_closed()
+        super().close()
 
 
 def bounded_connection(base: Any) -> Any:
