@@ -358,9 +358,36 @@ def _check_continue(token: str, pages: int, seen: Set[bytes], page_size: int, na
 
 
 def _read_token(path: str) -> str:
+    """The service account token: one line of printable ASCII (a JWT), as an HTTP header carries
+    it. Anything else is an error that never shows the token (it is a credential and the error
+    goes to the pod's log and route_plan.json): only its length and a short digest."""
     from npu_job.bootstrap.sources import read_file
 
-    return read_file(path).decode("utf-8", "replace").strip()
+    raw = read_file(path)
+    token = raw.strip()
+    if token and token.isascii() and all(0x21 <= byte <= 0x7E for byte in token):
+        return token.decode("ascii")
+    if not token:
+        found = "an empty file"
+    else:
+        try:
+            text = token.decode("utf-8")
+        except UnicodeDecodeError:
+            kind = "bytes that are not UTF-8"
+        else:
+            if "\n" in text or "\r" in text:
+                kind = "a line break inside"
+            elif not text.isascii():
+                kind = "characters that are not ASCII"
+            else:
+                kind = "a space or control character inside"
+        digest = hashlib.sha256(raw).hexdigest()[:TOKEN_DIGEST_CHARS]
+        found = f"{len(raw)} bytes with {kind} (sha256 {digest}...; the token is not shown)"
+    raise InputError(path, "token", f"expected a service account token on one line; got {found}")
+
+
+# Hex digits of a token's sha256 an error shows: enough to tell two tokens apart, never the token.
+TOKEN_DIGEST_CHARS = 12
 
 
 def _status_error(name: str, status: int, reason: str, body: bytes) -> InputError:

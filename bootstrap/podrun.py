@@ -147,12 +147,7 @@ def _source(
 
     api = KubernetesAPI.from_env(env)
     if api is None:
-        raise InputError(
-            "Kubernetes API",
-            "KUBERNETES_SERVICE_HOST",
-            "expected in-cluster credentials (service host and a service account "
-            f"token) for {PODS_ENV}=k8s",
-        )
+        raise KubernetesAPI.absent(env, f" for {PODS_ENV}=k8s")
     if not selector.job:
         raise InputError(
             "environment",

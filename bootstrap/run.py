@@ -463,11 +463,7 @@ def _api_topology(
     api = KubernetesAPI.from_env(env)
     if api is None:
         if candidate.required:
-            raise InputError(
-                "Kubernetes API",
-                "KUBERNETES_SERVICE_HOST",
-                "expected in-cluster credentials (service host and a service account token)",
-            )
+            raise KubernetesAPI.absent(env, "")
         return None
     try:
         # in the automatic chain the API is optional: do not hold the pod up for it

@@ -28,7 +28,7 @@ from npu_job.bootstrap.payload import (
     verbatim_or_shown,
 )
 
-from npu_job.errors import InputError
+from npu_job.errors import InputError, shown
 from npu_job.parsing import count_from_text
 from npu_job.podfacts import (
     DEFAULT_RANK_TABLES,
@@ -183,16 +183,46 @@ class KubernetesAPI(NamedTuple):
     def from_env(
         cls, env: Mapping[str, str], account_dir: str = SERVICE_ACCOUNT_DIR
     ) -> Optional[KubernetesAPI]:
-        """The in-cluster API, or None when not in a cluster (no service host or no token)."""
+        """The in-cluster API, or None when not in a cluster (no service host or no token); a
+        ``KUBERNETES_SERVICE_PORT`` that is no port number is an :class:`InputError`."""
         host = env.get("KUBERNETES_SERVICE_HOST")
         port = env.get("KUBERNETES_SERVICE_PORT", "443")
         account = Path(env.get("NPU_JOB_K8S_SA_DIR", account_dir))
         token = account / "token"
         if not host or not token.is_file():
             return None
+        number = count_from_text(port.strip(), 5)
+        if number is None or not 1 <= number <= 65535:
+            raise InputError(
+                "environment",
+                "KUBERNETES_SERVICE_PORT",
+                f"expected the API server's port, a number from 1 to 65535, got {shown(port)}",
+            )
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"  # IPv6 literal
-        return cls(f"https://{host}:{port}", str(token), str(account / "ca.crt"))
+        return cls(f"https://{host}:{number}", str(token), str(account / "ca.crt"))
+
+    @staticmethod
+    def absent(
+        env: Mapping[str, str], purpose: str, account_dir: str = SERVICE_ACCOUNT_DIR
+    ) -> InputError:
+        """Why :meth:`from_env` found no API (``purpose``: what it was wanted for): the service
+        host unset, else the token file missing."""
+        if not env.get("KUBERNETES_SERVICE_HOST"):
+            return InputError(
+                "Kubernetes API",
+                "KUBERNETES_SERVICE_HOST",
+                "expected in-cluster credentials (service host and a service account token)"
+                + purpose,
+            )
+        token = Path(env.get("NPU_JOB_K8S_SA_DIR", account_dir)) / "token"
+        return InputError(
+            str(token),
+            "file",
+            f"expected the service account token (not found){purpose}",
+            tip="is automountServiceAccountToken off for the job's pods? NPU_JOB_K8S_SA_DIR "
+            "names another directory",
+        )
 
 
 # --- locating inputs ------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from npu_job.bootstrap.kubeobjects import read_objects
 from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
 from npu_job.bootstrap.run import bootstrap
 
-from npu_job.errors import NotReadyError
+from npu_job.errors import InputError, NotReadyError
 from npu_job.podfacts import ENV_FILE, MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN_FILE
 
 from .fake_kube_api import FakeKubernetesAPI, in_cluster, service_account
@@ -272,6 +272,62 @@ def test_missing_job_name_or_credentials_are_one_line(api, tmp_path):
         bootstrap({}, env)
         .route_plan["reason"]
         .startswith("Kubernetes API: KUBERNETES_SERVICE_HOST: expected in-cluster credentials")
+    )
+
+
+SECRET = "eyJhbGciOiJSUzI1NiJ9.c2VjcmV0.c2lnbmF0dXJl"
+
+
+@pytest.mark.parametrize(
+    "token, found",
+    [
+        (f"{SECRET}\n{SECRET}\n".encode(), "a line break inside"),
+        (SECRET.encode() + b"\xff\xfe", "bytes that are not UTF-8"),
+        (f"{SECRET} x".encode(), "a space or control character inside"),
+        (f"{SECRET}é".encode(), "characters that are not ASCII"),
+    ],
+)
+def test_a_token_that_is_not_one_line_is_one_line_that_never_shows_it(
+    api, tmp_path, logs, token, found
+):
+    """The token is a credential: the error line (in the pod log and route_plan.json) gives its
+    length and a short digest only; --strict raises the same error, not a traceback's."""
+    import hashlib
+
+    token_file = tmp_path / "sa" / "token"
+    token_file.write_bytes(token)
+    env = pod_env(0, tmp_path / "out", NPU_JOB_PODS="k8s", **api.env)
+    digest = hashlib.sha256(token).hexdigest()[:12]
+    expected = (
+        f"{token_file}: token: expected a service account token on one line; got {len(token)} "
+        f"bytes with {found} (sha256 {digest}...; the token is not shown)"
+    )
+    assert bootstrap({}, env).route_plan["reason"] == expected
+    written = (tmp_path / "out" / ROUTE_PLAN_FILE).read_text()
+    assert "c2VjcmV0" not in written and not any("c2VjcmV0" in line for line in logs())
+    with pytest.raises(InputError) as raised:
+        bootstrap({"strict": True}, env)
+    assert raised.value.message == expected
+
+
+@pytest.mark.parametrize("port", ["https", "99999", "0", ""])
+def test_a_service_port_that_is_no_port_number_is_one_line(api, tmp_path, port):
+    env = pod_env(0, tmp_path, NPU_JOB_PODS="k8s", **{**api.env, "KUBERNETES_SERVICE_PORT": port})
+    expected = (
+        "environment: KUBERNETES_SERVICE_PORT: expected the API server's port, a number from 1 "
+        f"to 65535, got {port!r}"
+    )
+    assert bootstrap({}, env).route_plan["reason"] == expected
+    with pytest.raises(InputError, match=expected):
+        bootstrap({"strict": True}, env)
+
+
+def test_a_missing_token_is_named_by_its_path_not_the_service_host(api, tmp_path):
+    (tmp_path / "sa" / "token").unlink()
+    result = bootstrap({}, pod_env(0, tmp_path, NPU_JOB_PODS="k8s", **api.env))
+    assert result.route_plan["reason"] == (
+        f"{tmp_path / 'sa' / 'token'}: file: expected the service account token (not found) for "
+        "NPU_JOB_PODS=k8s"
     )
 
 
