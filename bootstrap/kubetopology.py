@@ -98,7 +98,46 @@ def topology_from_objects(
             f"node labels placed {len(by_node)} of {len(nodes if wanted is None else wanted)}"
             f" node(s): {counted}",
         )
+    else:
+        considered = [node for node in nodes if wanted is None or node.name in wanted]
+        if considered:
+            notes = (_unplaced_note(considered, context.label_keys),)
     return KubeTopology(Topology(_keyed(by_node, nodes, wanted, source), source=NODE_LABELS), notes)
+
+
+# Label keys a note on unplaced nodes names before it counts the rest.
+LISTED_KEYS = 6
+# Label namespaces of Kubernetes itself (kubernetes.io/hostname, node.kubernetes.io/...): named
+# last, after the keys more likely to hold a switch.
+_KUBERNETES_DOMAINS = ("kubernetes.io", "k8s.io")
+
+
+def _unplaced_note(nodes: Sequence[NodeFacts], keys: Optional[Tuple[str, ...]]) -> str:
+    """Why node labels placed none of ``nodes``: the label keys they carry (a few, then how many
+    more), and how to name the ones that hold the switch."""
+    from npu_job.bootstrap import labels
+
+    seen = {key for node in nodes for key in node.labels}
+
+    def domain_order(key: str) -> Tuple[bool, str]:
+        domain = key.partition("/")[0] if "/" in key else ""
+        return domain.endswith(_KUBERNETES_DOMAINS), key
+
+    ordered = sorted(seen, key=domain_order)
+    listed = ", ".join(shown(key) for key in ordered[:LISTED_KEYS])
+    if len(ordered) > LISTED_KEYS:
+        listed += f" and {len(ordered) - LISTED_KEYS} more"
+    wanted = (
+        f"the named labels ({', '.join(keys)})"
+        if keys is not None
+        else f"a label of a known scheme ({', '.join(s.title for s in labels.SCHEMES)})"
+    )
+    carried = f"label keys on them: {listed}" if seen else "they carry no labels"
+    return (
+        f"node labels placed none of {len(nodes)} node(s): none has {wanted}; {carried}; "
+        "--topology-labels KEY,KEY,... (NPU_JOB_TOPOLOGY_LABELS; outermost first) reads the "
+        "switch path from other keys"
+    )
 
 
 def _tree_placements(

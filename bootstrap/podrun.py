@@ -236,6 +236,8 @@ def _job_topology(
             if found.topology.placements:
                 _log_found(found.topology, name, found.notes)
                 return found.topology, f"{name} ({found.topology.source})"
+            for note in found.notes:  # why the cluster's objects placed nothing
+                log.info("topology: note: %s", note)
         chain_env = {**env, "NPU_JOB_K8S_TOPOLOGY": "0"}  # asked already
     return load_chain(options, job.location, chain_env, verify, names=names)
 

@@ -2,7 +2,7 @@
 them read alike, and the servers of interest may be named by node name or by address."""
 
 import pytest
-from npu_job.bootstrap.kubetopology import topology_from_document
+from npu_job.bootstrap.kubetopology import KubeContext, topology_from_document
 
 from npu_job.errors import InputError
 
@@ -62,3 +62,23 @@ def test_an_address_two_nodes_claim_under_one_switch_places_the_same():
     topology = topology_from_document(_sharing_an_address("node-0", "node-1"), "c.json").topology
     assert topology.placement_of(node_ip("node-1")) == topology.placement_of("node-1")
     assert topology.placement_of("node-0") == topology.placement_of("node-1")
+
+
+def test_nodes_no_label_places_are_noted_with_a_few_of_their_label_keys():
+    """Other label families are named, Kubernetes' own last, a few and then a count, with the
+    flag that reads them."""
+    labels = {f"example.com/k{i}": "x" for i in range(7)}
+    labels["kubernetes.io/hostname"] = "n0"
+    document = {
+        "kind": "NodeList",
+        "items": [{"metadata": {"name": "n0", "labels": labels}}],
+    }
+    found = topology_from_document(document, "nodes.json")
+    assert not found.topology.placements
+    (note,) = found.notes
+    assert "label keys on them: 'example.com/k0', 'example.com/k1', 'example.com/k2', " in note
+    assert "'example.com/k5' and 2 more; --topology-labels KEY,KEY,..." in note
+    named = topology_from_document(
+        document, "nodes.json", context=KubeContext(label_keys=("example.com/rack",))
+    )
+    assert "none has the named labels (example.com/rack);" in named.notes[0]

@@ -255,10 +255,28 @@ def test_without_hypernodes_the_node_labels_place_the_nodes(api, tmp_path):
     assert result.route_plan["rank_mapping"] == expected.rank_mapping
 
 
-def test_hypernodes_forbidden_and_no_labels_is_no_topology(api, tmp_path):
+def test_hypernodes_forbidden_and_no_labels_is_no_topology(api, tmp_path, logs):
+    """The fixture's nodes carry their rack in a label family of their own (example.com/rack):
+    the log names the keys seen and the flag that reads them."""
     api.forbidden = {"hypernodes"}
     result = bootstrap({}, pod_env(0, tmp_path, NPU_JOB_PODS="k8s", **api.env))
     assert result.route_plan["reason"] == "no switch topology available"
+    notes = [line for line in logs() if "node labels placed none" in line]
+    assert len(notes) == 1 and notes[0].startswith(
+        "topology: note: node labels placed none of 8 node(s): none has a label of a known "
+        "scheme (CCE cabinet, "
+    )
+    assert "; label keys on them: 'example.com/rack', 'nvidia.com/gpu.present', " in notes[0]
+    assert notes[0].endswith(
+        "--topology-labels KEY,KEY,... (NPU_JOB_TOPOLOGY_LABELS; outermost first) reads the "
+        "switch path from other keys"
+    )
+    named = {**api.env, "NPU_JOB_TOPOLOGY_LABELS": "example.com/rack"}
+    assert (
+        bootstrap({}, pod_env(0, tmp_path, NPU_JOB_PODS="k8s", **named))
+        .route_plan["topology"]
+        .endswith("/api/v1/nodes (k8s-node-labels)")
+    )
 
 
 def test_missing_job_name_or_credentials_are_one_line(api, tmp_path):
