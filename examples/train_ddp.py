@@ -33,21 +33,21 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from npu_job.fileio import write_atomic  # npu-run's package is in the image
-from npu_job.podfacts import (
-    OUTPUT_DIR,
-    OUTPUT_DIR_ENV,
-    RANK_FILE,
-    ROUTE_PLAN_FILE,
-    TASK_INDEX_ENV,
-)
+# The pod's facts as npu-job spells them (npu_job.podfacts; tests/test_podfacts.py holds these
+# copies to it): like any training script, this one runs where the image has torch and no npu-job,
+# which comes in the job's bundle for the bootstrap and npu-run only.
+OUTPUT_DIR = "/tmp"
+OUTPUT_DIR_ENV = "NPU_JOB_OUTPUT_DIR"
+RANK_FILE = "RANK_AFTER_ACC"
+ROUTE_PLAN_FILE = "route_plan.json"
+TASK_INDEX_ENV = "VC_TASK_INDEX"
 
 REPORT_VERSION = 1
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -212,6 +212,20 @@ def load_checkpoint(directory: Optional[str], model: nn.Module) -> int:
     state = torch.load(path, map_location="cpu")
     model.load_state_dict(state["model"])
     return int(state["next_step"])
+
+
+def write_atomic(path: Path, data: Union[str, bytes]) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename: a reader (another rank,
+    a restarted job) sees the old file or the new one, never half of one."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_bytes(payload)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def save_checkpoint(directory: str, model: nn.Module, next_step: int) -> None:

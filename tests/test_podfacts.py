@@ -47,11 +47,16 @@ def literals(path: Path) -> Iterator[Tuple[str, int]]:
                 yield node.value, node.lineno
 
 
+# The demo's training script runs in the image, which has torch and no npu-job: it keeps its own
+# copies of the facts it reads, held to podfacts by test_the_training_scripts_copies_are_podfacts.
+EXAMPLE = "npu_job.examples.train_ddp"
+
+
 def spelled_again() -> List[str]:
     known = facts()
     found = []
     for module, path in modules():
-        if module == "npu_job.podfacts":
+        if module in ("npu_job.podfacts", EXAMPLE):
             continue
         for text, line in literals(path):
             if text in known:
@@ -61,6 +66,27 @@ def spelled_again() -> List[str]:
 
 def test_no_product_module_spells_a_pod_fact_of_its_own():
     assert spelled_again() == []
+
+
+def test_the_training_scripts_copies_are_podfacts():
+    path = dict(modules())[EXAMPLE]
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    copies = {
+        target.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for target in node.targets
+        if isinstance(target, ast.Name) and hasattr(podfacts, target.id)
+    }
+    assert copies and copies == {name: getattr(podfacts, name) for name in copies}
+    assert not any(
+        isinstance(node, (ast.Import, ast.ImportFrom))
+        and any(
+            (getattr(node, "module", None) or alias.name).startswith("npu_job")
+            for alias in node.names
+        )
+        for node in ast.walk(tree)
+    ), "the training script runs where npu-job is not installed"
 
 
 def test_the_check_sees_a_fact_spelled_in_code_but_not_in_a_docstring(tmp_path):
