@@ -20,25 +20,32 @@ import time
 from typing import Any, Optional
 
 _clock = time.monotonic
+_FOREVER = float("inf")
 
 
-class DeadlinePassed(socket.timeout):
-    """The answer did not end by its deadline (a ``socket.timeout``, so an ``OSError``)."""
+class DeadlinePassed(Exception):
+    """The answer did not end by its deadline. Deliberately no ``OSError``: the HTTP libraries
+    retry those (``urllib3`` a timeout as a read error), and asking again cannot end sooner."""
 
 
 class DeadlineSocket:
     """``sock`` with every read bounded by ``owner.deadline`` (a :func:`time.monotonic` time,
     read at each read: the owner sets it per answer); everything else is ``sock``'s own."""
 
-    def __init__(self, sock: Any, per_read: float, owner: Any) -> None:
+    def __init__(self, sock: Any, per_read: Optional[float], owner: Any) -> None:
         self._sock = sock
-        self.per_read = per_read
+        self.per_read = _FOREVER if per_read is None else per_read
         self._owner = owner
         self._readers = 0  # open makefile() readers: closing waits for them, as a socket's does
         self._closing = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
+
+    def settimeout(self, value: Optional[float]) -> None:
+        """A read's own timeout (``urllib3`` sets the read timeout once connected)."""
+        self.per_read = _FOREVER if value is None else value
+        self._sock.settimeout(value)
 
     def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
         left = self._owner.deadline - _clock()
@@ -93,9 +100,10 @@ class _Reader(io.RawIOBase):
 
 
 def bounded_connection(base: Any) -> Any:
-    """A subclass of ``base`` (``http.client.HTTPSConnection`` or a subclass) whose answers end by
-    its ``deadline``, set before each request: connecting waits at most the time left, and the
-    socket is a :class:`DeadlineSocket`."""
+    """A subclass of ``base`` (``http.client.HTTPSConnection``, ``urllib3``'s connections) whose
+    answers end by its ``deadline`` (set on the instance before each request, or on the class for
+    all its connections): connecting waits at most the time left, and the socket is a
+    :class:`DeadlineSocket`."""
 
     class BoundedConnection(base):  # type: ignore[misc, valid-type]
         deadline = float("inf")
@@ -105,7 +113,7 @@ def bounded_connection(base: Any) -> Any:
             left = self.deadline - _clock()
             if left <= 0:
                 raise DeadlinePassed("the answer did not end by its deadline")
-            self.timeout = min(per_read, left)
+            self.timeout = left if per_read is None else min(per_read, left)
             try:
                 super().connect()
             finally:

@@ -48,6 +48,9 @@ HTTP_CONNECT_TIMEOUT = 5.0
 HTTP_READ_TIMEOUT = 30.0
 HTTP_RETRIES = 3
 HTTP_BACKOFF = 0.5  # seconds; doubles per retry (urllib3 Retry)
+# Seconds a whole fetch may take, retries included, however slowly the server sends (the read
+# timeout bounds one read only): a 64 MiB input at 1 MB/s, twice over.
+HTTP_DEADLINE = 120.0
 
 Verify = Union[bool, str]
 
@@ -105,10 +108,39 @@ def http_session(retries: int = HTTP_RETRIES, backoff: float = HTTP_BACKOFF) -> 
         raise_on_status=False,
     )
     session = requests.Session()
-    adapter = HTTPAdapter(max_retries=retry)
+    adapter = _bounded_adapter(HTTPAdapter)(max_retries=retry)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session
+
+
+def _bounded_adapter(base: Any) -> Any:
+    """``requests``' adapter whose connections end every answer by the adapter's ``deadline``
+    (:func:`~npu_job.bootstrap.deadline.bounded_connection`), proxied ones too."""
+    from npu_job.bootstrap.deadline import bounded_connection
+    from urllib3 import HTTPConnectionPool, HTTPSConnectionPool
+    from urllib3.connection import HTTPConnection, HTTPSConnection
+
+    plain, secure = bounded_connection(HTTPConnection), bounded_connection(HTTPSConnection)
+    pools = {
+        "http": type("BoundedPool", (HTTPConnectionPool,), {"ConnectionCls": plain}),
+        "https": type("BoundedHTTPSPool", (HTTPSConnectionPool,), {"ConnectionCls": secure}),
+    }
+
+    class BoundedAdapter(base):  # type: ignore[misc, valid-type]
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            super().init_poolmanager(*args, **kwargs)
+            self.poolmanager.pool_classes_by_scheme = pools
+
+        def proxy_manager_for(self, *args: Any, **kwargs: Any) -> Any:
+            manager = super().proxy_manager_for(*args, **kwargs)
+            manager.pool_classes_by_scheme = pools
+            return manager
+
+        def set_deadline(self, deadline: float) -> None:
+            plain.deadline = secure.deadline = deadline
+
+    return BoundedAdapter
 
 
 def fetch_url(
@@ -120,13 +152,22 @@ def fetch_url(
     session: Any = None,
     timeout: Tuple[float, float] = (HTTP_CONNECT_TIMEOUT, HTTP_READ_TIMEOUT),
     name: Optional[str] = None,
+    deadline: float = HTTP_DEADLINE,
 ) -> bytes:
-    """GET ``url`` (retries, timeouts, 64 MiB cap); 4xx is an :class:`InputError`, network
-    trouble and 5xx after retries a :class:`SourceUnavailable`."""
+    """GET ``url`` (retries, timeouts, 64 MiB cap, the whole fetch within ``deadline`` seconds);
+    4xx is an :class:`InputError`, network trouble, 5xx after retries and a deadline passed a
+    :class:`SourceUnavailable`."""
+    import time
+
     import requests
+    from npu_job.bootstrap.deadline import DeadlinePassed
 
     label = name or url
     http = session or http_session()
+    ends = time.monotonic() + deadline
+    for adapter in http.adapters.values():
+        if hasattr(adapter, "set_deadline"):
+            adapter.set_deadline(ends)
     try:
         with http.get(
             url,
@@ -155,6 +196,9 @@ def fetch_url(
     except requests.exceptions.SSLError as error:
         trusted = f"expected a certificate trusted by the CA bundle ({_first_line(error)})"
         raise InputError(label, "TLS", trusted) from None
+    except DeadlinePassed:
+        late = f"expected the whole answer within {deadline:g} s (the server sent it too slowly)"
+        raise SourceUnavailable(label, "answer", late) from None
     except requests.exceptions.RequestException as error:
         reachable = f"expected a reachable server ({_first_line(error)})"
         raise SourceUnavailable(label, "connection", reachable) from None

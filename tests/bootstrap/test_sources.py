@@ -2,6 +2,7 @@
 from a real HTTPS server on loopback, and from a (fake, documented-format) Kubernetes API."""
 
 import os
+import time
 
 import pytest
 from npu_job.bootstrap import payload
@@ -23,7 +24,13 @@ from npu_job.errors import InputError
 
 from .documents import node
 from .fake_kube_api import FakeKubernetesAPI
-from .https_server import HTTPSServer, serve_bytes, serve_sequence, tls_files_fixture
+from .https_server import (
+    HTTPSServer,
+    serve_bytes,
+    serve_dripping,
+    serve_sequence,
+    tls_files_fixture,
+)
 
 tls_files = pytest.fixture(scope="module")(tls_files_fixture)
 
@@ -191,6 +198,24 @@ def test_oversized_response_is_refused(server, ca, monkeypatch):
     server.routes["/big"] = serve_bytes(b"x" * 101)
     with pytest.raises(InputError, match=r"size: expected at most 100 bytes, got 101 bytes"):
         read_bytes(server.url("/big"), verify=ca)
+
+
+@pytest.mark.parametrize("head_too", [True, False], ids=["headers dripped", "body dripped"])
+def test_a_url_sent_a_byte_at_a_time_ends_by_its_deadline(server, ca, head_too):
+    """Each byte comes well within the read timeout, so only a deadline on the whole fetch ends
+    it; the retries (default session, backoff and all) do not start again after it."""
+    server.routes["/rank.json"] = serve_dripping(
+        b'{"status": "completed"}', 0.05, head_too=head_too
+    )
+    started = time.monotonic()
+    with pytest.raises(SourceUnavailable) as raised:
+        fetch_url(server.url("/rank.json"), verify=ca, deadline=0.6)
+    assert time.monotonic() - started < 0.6 + 0.5
+    assert raised.value.message == (
+        f"{server.url('/rank.json')}: answer: expected the whole answer within 0.6 s (the server "
+        "sent it too slowly)"
+    )
+    assert len(server.requests) == 1
 
 
 def test_a_declared_length_too_long_to_be_a_number_is_not_believed(server, ca):
