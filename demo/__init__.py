@@ -7,6 +7,8 @@ cluster is simulated. Pure halves apart from the halves that make system calls:
 * ``checks`` (pure): the plan every pod must reach, the checks of what the pods left, the result;
 * ``podlog`` (pure): what a line of a pod's log says;
 * ``runner`` (edge): stage the pods, start and supervise them, read what they left;
+* ``images`` (edge): what software the pods' image holds (by default a stock python3 with torch
+  and no npu-job);
 * ``podspec`` (pure): the rendered Volcano Job -> one pod spec per pod, as Volcano and the
   kubelet would make them;
 * ``podsim`` (edge): one pod as an isolated process: namespaces, mounts, chroot
@@ -30,6 +32,7 @@ from npu_job.demo.checks import (
     ring_score,
     tor_of_pod,
 )
+from npu_job.demo.images import Image, find_interpreter, make_image, offered_images
 from npu_job.demo.podlog import PodLine, read_pod_line
 from npu_job.demo.runner import (
     PROGRESS_EVERY,
@@ -46,6 +49,7 @@ from npu_job.demo.runner import (
 from npu_job.demo.scenario import (
     DEVICES,
     EXAMPLE_SCRIPT,
+    IMAGES,
     INPUT_FILES,
     JOB_NAME,
     LOOPBACK_BASE,
@@ -70,6 +74,7 @@ from npu_job.demo.scenario import (
 __all__ = [
     "DEVICES",
     "EXAMPLE_SCRIPT",
+    "IMAGES",
     "INPUT_FILES",
     "JOB_NAME",
     "LOOPBACK_BASE",
@@ -92,10 +97,14 @@ __all__ = [
     "example_script",
     "expect_routing",
     "expected_plan",
+    "find_interpreter",
     "free_port",
+    "Image",
     "keep_directory_problem",
     "loopback_ips",
+    "make_image",
     "manifest_documents",
+    "offered_images",
     "Phases",
     "PodLine",
     "PodOutcome",

@@ -3,8 +3,9 @@
 :func:`expected_plan` is the plan every pod's bootstrap must arrive at (computed with the
 bootstrap's own readers and planner from what the pods are given; identity when it must fall
 back); :func:`check_outcome` lists every inconsistency in what the pods left: each pod's bootstrap
-wrote that plan (or fell back when it should), every worker's global rank follows it, all ranks
-ended with the same parameters, and the loss went down. :class:`DemoResult` holds what a run found
+ran from the job's bundle (:func:`bundle_identity`) and wrote that plan (or fell back when it
+should), every worker's global rank follows it, all ranks ended with the same parameters, and the
+loss went down. :class:`DemoResult` holds what a run found
 and its ``--json`` summary; :class:`Phases` the time each phase took; :class:`RingScore` what the
 plan buys on the ring.
 """
@@ -18,6 +19,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from npu_job.demo.scenario import JOB_NAME, SUMMARY_VERSION, DemoOptions, SimulatedCluster
 
+from npu_job.errors import shown
+from npu_job.logs import PROG
 from npu_job.podfacts import MIN_NODES
 
 
@@ -106,6 +109,13 @@ class PodOutcome:
     route_plan: Optional[Dict[str, Any]]
     rank_after_acc: Optional[str]
     master_index: Optional[str]
+    first_line: Optional[str] = None  # the first line its container printed (last attempt)
+
+
+def bundle_identity(bundle: Any) -> str:
+    """How the first line of a pod whose bootstrap runs ``bundle`` (a
+    :class:`~npu_job.bundle.Bundle`) starts: the identity line :mod:`npu_job.bundled` logs."""
+    return f"{PROG}: running {bundle.version} from bundle {bundle.short_digest} ("
 
 
 def check_outcome(
@@ -115,14 +125,24 @@ def check_outcome(
     reports: Sequence[Dict[str, Any]],
     *,
     expect_routing: bool,
+    identity: Optional[str] = None,
 ) -> List[str]:
-    """Every inconsistency in the chain, one sentence each (empty: the run proved its point)."""
+    """Every inconsistency in the chain, one sentence each (empty: the run proved its point).
+
+    ``identity``: how every pod's first line must start (:func:`bundle_identity`), when its
+    bootstrap runs the job's bundle.
+    """
     problems: List[str] = []
     world = options.nodes * options.nproc_per_node
     for pod in pods:
         where = f"pod {pod.index}"
         if pod.exit_code != 0:
             problems.append(f"{where}: exited with {pod.exit_code} after {pod.restarts} restart(s)")
+        if identity is not None and not (pod.first_line or "").startswith(identity):
+            problems.append(
+                f"{where}: the bootstrap did not say it ran from the job's bundle: the pod's "
+                f"first line is {shown(pod.first_line or '', 160)}, expected {identity!r}..."
+            )
         planned = plan.node_rank_of_pod[pod.index]
         if expect_routing:
             if pod.route_plan is None:
@@ -232,6 +252,7 @@ class Prepared:
     rendered: Any
     specs: Tuple[Any, ...]  # podspec.PodSpec
     spec_files: Tuple[Path, ...]
+    image: Any = None  # images.Image: what software the pods' image holds
 
 
 @dataclass

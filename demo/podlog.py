@@ -3,7 +3,8 @@
 The supervisor (``runner``) follows every pod's log to say how far the pods got and to name the
 first error; each line is read here into a :class:`PodLine`: podsim's setup failure, an error
 line, and at most one event (train.sh's node rank, npu-run's rendezvous, a training step, the
-end of training, a worker's failure).
+end of training, a worker's failure). A pod's log holds every attempt of its container, each
+after its :func:`attempt_header`; :func:`first_line` is what one attempt printed first.
 """
 
 from __future__ import annotations
@@ -22,6 +23,21 @@ _ROUND_COMPLETE = re.compile(r"npu-run: round \d+ complete")
 # warnings).
 _ERROR_LINE = re.compile(r"(?i:error:)|not found|FAILED|cannot run")
 _NODE_RANK = re.compile(r"npu-job: node rank (\d+) of (\d+), master (\S+)")
+
+
+def attempt_header(pod: str, attempt: int) -> str:
+    """The line podsim writes to a pod's log before it starts ``attempt`` of its container."""
+    return f"--- {pod} attempt {attempt}\n"
+
+
+def first_line(log: str, pod: str, attempt: int) -> Optional[str]:
+    """The first line that ``attempt`` of ``pod``'s container printed in ``log`` (None: none)."""
+    header = attempt_header(pod, attempt)
+    at = log.rfind(header)
+    if at < 0:
+        return None
+    line, newline, _ = log[at + len(header) :].partition("\n")
+    return line if line or newline else None
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ file, mounts the volumes (a mount path that does not exist on the host gets a tm
 its parent that re-binds the parent's entries, so nothing on the host is touched), sets the
 hostname, chroots and execs the container command with exactly the pod's environment. The host
 IP is whatever the caller chose: a loopback address (all of 127/8 is local on Linux) or a
-network-namespace address. The "image" is this installation (:func:`this_installation`): a pod's
-PATH leads first to the running interpreter and npu-job's console scripts, whatever the PATH of
-whoever started the pods.
+network-namespace address. The "image" is the pod spec's environment and its ``image_paths``
+(:mod:`npu_job.demo.images` makes them): by default a stock python3 with torch and no npu-job;
+or this installation (:func:`this_installation`), whose pods' PATH leads first to the running
+interpreter and npu-job's console scripts, whatever the PATH of whoever started the pods.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from npu_job.demo.podlog import attempt_header
 from npu_job.demo.podspec import SETUP_FAILED, PodSpec, hosts_file_text
 
 from npu_job.errors import LaunchError
@@ -33,7 +35,7 @@ from npu_job.podfacts import PYTHON_ENV
 
 
 def this_installation() -> Dict[str, str]:
-    """The image's software, as environment: this Python and npu-job's console scripts.
+    """The installed image's software, as environment: this Python and npu-job's console scripts.
 
     A pod runs npu-job's own code (the bootstrap runs ``python3``, train.sh runs ``npu-run``), so
     its PATH must lead to the directory of the running interpreter and to this installation's
@@ -201,7 +203,7 @@ def start_pod(
         reset_pod_tmp(directory)
     target = log_file or directory / "pod.log"
     with open(target, "ab") as handle:
-        handle.write(f"--- {spec.name} attempt {attempt}\n".encode())
+        handle.write(attempt_header(spec.name, attempt).encode())
         handle.flush()
         process = subprocess.Popen(
             pod_argv(spec_file, prefix, user_namespace),
@@ -238,17 +240,18 @@ def _mount(
         raise OSError(errno, f"mount {source or '-'} on {target}: {os.strerror(errno)}")
 
 
-def software_under_tmp(tmp: str = "/tmp") -> Tuple[str, ...]:
-    """Directories of this Python and of npu-job itself that live under ``tmp``, outermost only.
+def software_under_tmp(tmp: str = "/tmp", image: Sequence[str] = ()) -> Tuple[str, ...]:
+    """Directories of this Python, of npu-job itself and of the pod's ``image`` (its
+    :attr:`~npu_job.demo.podspec.PodSpec.image_paths`) that live under ``tmp``, outermost only.
 
-    A pod gets a private /tmp, which would hide a virtualenv or a checkout that happens to live
-    there (CI clones often do); a real pod has its software in the image instead. These are bound
-    read-only at the same paths inside the pod's /tmp, so the pod runs the same interpreter and
-    the same npu-job code as the machine that starts it.
+    A pod gets a private /tmp, which would hide a virtualenv, a checkout that happens to live
+    there (CI clones often do) or a demo run's image; a real pod has its software in the image
+    instead. These are bound read-only at the same paths inside the pod's /tmp, so the pod runs
+    the same interpreter and the same npu-job code as the machine that starts it.
     """
     import importlib.util
 
-    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path]
+    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path, *image]
     for package in (
         "npu_job",
         "npu_job.bootstrap",
@@ -376,7 +379,7 @@ def enter_pod(spec_file: Path, host_mount_namespace: str) -> None:
         )
     builder = _RootBuilder(directory / "root")
     builder.populate(directory / "tmp")
-    for path in software_under_tmp():
+    for path in software_under_tmp(image=spec.image_paths):
         builder.bind(Path(path), path, read_only=True)
     builder.bind(directory / "hosts", "/etc/hosts", read_only=True)
     for number, mount in enumerate(spec.file_mounts):

@@ -121,6 +121,9 @@ class PodSpec:
     file_mounts: Tuple[FileMount, ...] = ()
     host_mounts: Tuple[HostMount, ...] = ()
     restart_policy: str = "Always"
+    # host directories of the image's software: the pod sees them at the same paths (podsim binds
+    # those its private /tmp would hide)
+    image_paths: Tuple[str, ...] = ()
 
     @property
     def dns_name(self) -> str:
@@ -143,6 +146,7 @@ class PodSpec:
             for m in raw["file_mounts"]
         )
         raw["host_mounts"] = tuple(HostMount(**m) for m in raw["host_mounts"])
+        raw["image_paths"] = tuple(raw.get("image_paths", ()))
         return cls(**raw)
 
 
@@ -359,11 +363,13 @@ def pod_specs(
     cluster_files: Optional[Mapping[str, str]] = None,
     cluster_env: Optional[Mapping[str, str]] = None,
     source: str = "manifest",
+    image_paths: Sequence[str] = (),
 ) -> Tuple[PodSpec, ...]:
     """One :class:`PodSpec` per pod of the Volcano Job in ``documents`` (pure).
 
     ``host_ips[k]`` is the host address of the k-th pod (tasks in order, replicas by index);
-    ``image_env`` is the environment the image provides (the container env is layered on top);
+    ``image_env`` is the environment the image provides (the container env is layered on top),
+    ``image_paths`` the host directories its software lives in;
     ``cluster_files`` maps absolute paths to the text that cluster plugins mount into every pod
     (or the kubelet: a service account's token); ``cluster_env`` is what the kubelet adds to every
     container's environment (``KUBERNETES_SERVICE_HOST/PORT``), before the container's own env.
@@ -500,6 +506,7 @@ def pod_specs(
                     file_mounts=tuple(file_mounts),
                     host_mounts=tuple(host_mounts),
                     restart_policy=str(pod_spec.get("restartPolicy") or "Always"),
+                    image_paths=tuple(image_paths),
                 )
             )
             flat += 1

@@ -24,13 +24,14 @@ from npu_job.demo.checks import (
     Phases,
     PodOutcome,
     Prepared,
+    bundle_identity,
     check_outcome,
     describe_plan,
     expect_routing,
     expected_plan,
     ring_score,
 )
-from npu_job.demo.podlog import read_pod_line
+from npu_job.demo.podlog import first_line, read_pod_line
 from npu_job.demo.scenario import (
     EXAMPLE_SCRIPT,
     INPUT_FILES,
@@ -100,7 +101,7 @@ def prepare(
     the Kubernetes API the pods of a ``routing_source="api"`` run reach (it must serve
     :func:`~npu_job.demo.scenario.cluster_objects` of this run, written to
     ``cluster/cluster.json``)."""
-    from npu_job.demo import podsim
+    from npu_job.demo import images, podsim
 
     workspace.mkdir(parents=True, exist_ok=True)
     shared = workspace / "shared"
@@ -161,11 +162,12 @@ def prepare(
         )
         cluster_files.update(api.pod_files())
         cluster_env = api.pod_env()
-    image_env = podspec.image_environment(os.environ, podsim.this_installation())
+    image = images.make_image(options.image, workspace / "image", os.environ)
     specs = podspec.pod_specs(
         documents,
         host_ips,
-        image_env=image_env,
+        image_env=image.env,
+        image_paths=image.paths,
         cluster_files=cluster_files,
         cluster_env=cluster_env,
     )
@@ -178,6 +180,7 @@ def prepare(
         rendered,
         specs,
         spec_files,
+        image,
     )
 
 
@@ -417,6 +420,7 @@ def read_outcomes(
     """Each pod's bootstrap files (from its private /tmp) and every worker's report."""
     pods = []
     for index, spec_file in enumerate(prepared.spec_files):
+        restarts = supervisor.restarts[index]
         tmp = spec_file.parent / "tmp"
         route_plan = None
         if (tmp / ROUTE_PLAN_FILE).is_file():
@@ -428,16 +432,26 @@ def read_outcomes(
             PodOutcome(
                 index,
                 supervisor.exit_codes[index],
-                supervisor.restarts[index],
+                restarts,
                 route_plan,
                 _read(tmp / RANK_FILE),
                 _read(tmp / MASTER_FILE),
+                first_line(
+                    _read_log(spec_file.parent / "pod.log"), prepared.specs[index].name, restarts
+                ),
             )
         )
     reports = []
     for path in sorted((prepared.workspace / "shared" / "output" / "reports").glob("rank-*.json")):
         reports.append(json.loads(path.read_text()))
     return pods, reports
+
+
+def _read_log(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _read(path: Path) -> Optional[str]:
@@ -484,6 +498,7 @@ def run(
         phases=phases,
         user_namespace=user_namespace,
     )
+    progress(f"image ({options.image}): {prepared.image.description}")
     progress(
         f"starting {options.nodes} pods x {options.nproc_per_node} workers (workspace {workspace})"
     )
@@ -495,7 +510,11 @@ def run(
     finally:
         supervisor.stop()
     pods, reports = read_outcomes(prepared, supervisor)
-    problems = check_outcome(prepared.plan, options, pods, reports, expect_routing=routed)
+    bundle = prepared.rendered.bundle
+    identity = bundle_identity(bundle) if options.routing and bundle is not None else None
+    problems = check_outcome(
+        prepared.plan, options, pods, reports, expect_routing=routed, identity=identity
+    )
     if problems and supervisor.first_errors:  # the first thing that went wrong, before its effects
         index, line = next(iter(supervisor.first_errors.items()))
         problems.insert(0, f"first error: pod {index}: {shown(line, 200)}")

@@ -46,6 +46,10 @@ DEVICES = ("cpu", "npu")
 ROUTING_SOURCES = ("rank-table", "api")  # the job's own rank table (CCE's on npu), or the pods
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the kubelet mounts it
 LOOPBACK_BASE = "127.0.0."  # pod k gets 127.0.0.(10+k): all of 127/8 is local on Linux
+# What the pods' image holds (``images.make_image`` makes them): python3 with torch and no
+# npu-job; the same with a CPython 3.7 python3 and torch in another interpreter; this installation
+STOCK_IMAGE, STOCK_PY37_IMAGE, INSTALLED_IMAGE = "stock", "stock-py37", "installed"
+IMAGES = (STOCK_IMAGE, STOCK_PY37_IMAGE, INSTALLED_IMAGE)
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,7 @@ class DemoOptions:
     # "api": no rank table; each pod's bootstrap lists the job's pods, the cluster's Nodes and its
     # HyperNodes from a Kubernetes API the caller serves (run(..., api=ClusterAPI(...)))
     routing_source: str = "rank-table"
+    image: str = STOCK_IMAGE  # one of IMAGES: what software the pods' image holds
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.nproc_per_node < 1 or self.steps < 1:
@@ -78,6 +83,8 @@ class DemoOptions:
                 f"routing_source must be one of {', '.join(ROUTING_SOURCES)}, "
                 f"got {self.routing_source!r}"
             )
+        if self.image not in IMAGES:
+            raise ValueError(f"image must be one of {', '.join(IMAGES)}, got {self.image!r}")
         if self.routing and self.deliver_rank_table and not 1 <= self.tors <= self.nodes:
             raise ValueError(f"tors must be within 1..nodes ({self.nodes}), got {self.tors}")
 

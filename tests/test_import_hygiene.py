@@ -60,7 +60,7 @@ POD_SIDE_MODULES = [
     # the demo's pod simulator and orchestration (torch only inside the pods it starts)
     *(
         f"npu_job.demo.{name}"
-        for name in ("podspec", "podsim", "scenario", "checks", "podlog", "runner")
+        for name in ("podspec", "podsim", "scenario", "checks", "podlog", "runner", "images")
     ),
     "npu_job.demo",
     "npu_job.cli.demo",

@@ -18,6 +18,8 @@ SECONDS = seconds(zero_ok=False)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from npu_job.demo.images import offered_images
+
     parser.description = (
         "Simulate a cluster (a CCE-format rank table + ranktable_tor.json, pods scattered over "
         "ToRs), render a CPU job with routing on with npu-job render (its rank table comes in a "
@@ -60,6 +62,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         dest="routing",
         action="store_false",
         help="render with routing acceleration off (pods keep the scheduler's order)",
+    )
+    parser.add_argument(
+        "--image",
+        choices=offered_images(),
+        default="stock",
+        help="what the pods' image holds. stock (default, what users meet): python3 with torch "
+        "and no npu-job, so the pods run npu-job only from the job's bundle; stock-py37: the "
+        "same but python3 is CPython 3.7 (the bootstrap's) and torch is in another interpreter, "
+        "named by NPU_JOB_LAUNCHER_PYTHON (offered when python3.7 is on PATH or under pyenv); "
+        "installed: this installation's python and npu-job commands first on the pods' PATH",
     )
     parser.add_argument(
         "--keep",
@@ -131,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps,
         routing=args.routing,
         timeout=args.timeout,
+        image=args.image,
     )
     if args.picture:
         _write_picture(args)
