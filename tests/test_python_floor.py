@@ -17,9 +17,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import pytest
+from npu_job.demo.images import find_interpreter
 
 from tests.bootstrap.documents import write_cce_job
 
@@ -39,24 +40,9 @@ def floor() -> Tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def _interpreter(version: Tuple[int, int]) -> Optional[str]:
-    name = f"python{version[0]}.{version[1]}"
-    roots = [Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"]
-    candidates = [shutil.which(name)] + sorted(
-        str(path) for root in roots for path in root.glob(f"{version[0]}.{version[1]}.*/bin/{name}")
-    )
-    for candidate in candidates:
-        if (
-            candidate
-            and subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0
-        ):
-            return candidate
-    return None
-
-
 @pytest.fixture(scope="module")
 def floor_python() -> str:
-    found = _interpreter(floor())
+    found = find_interpreter(floor())
     if found is None:
         pytest.skip(
             f"no Python {'.'.join(map(str, floor()))} interpreter (python3.X on PATH or pyenv) on this machine"
