@@ -14,9 +14,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from npu_job.demo import podsim, podspec
+from npu_job.demo import images, podsim, podspec
 
-from npu_job.errors import InputError
+from npu_job.errors import InputError, LaunchError
 
 IPS = ("127.0.0.20", "127.0.0.21", "127.0.0.22")
 
@@ -103,7 +103,9 @@ def test_rendered_job_gives_each_pod_the_volcano_env_names_and_files():
         for other, ip in enumerate(IPS):
             assert f"{ip}\tjob-worker-{other}.job" in hosts
         mounted = {mount.mount_path: dict(mount.files) for mount in spec.file_mounts}
-        assert mounted[rendered.spec.scripts_dir] == dict(rendered.scripts)
+        scripts = dict(mounted[rendered.spec.scripts_dir])
+        shipped = scripts.pop("npu-job.pyz").encode("utf-8", "surrogateescape")
+        assert scripts == dict(rendered.scripts) and shipped == rendered.bundle.data
         assert "worker.host" in mounted["/etc/volcano"]
 
 
@@ -124,6 +126,80 @@ def test_this_installation_is_the_running_python_and_its_console_scripts():
     assert path[0] == os.path.dirname(sys.executable)
     if Path(sys.prefix, "pyvenv.cfg").is_file():  # a virtualenv: its python3 is this interpreter
         assert "NPU_JOB_PYTHON" not in podsim.this_installation()
+
+
+PY37 = images.find_interpreter(images.PY37)
+NO_PY37 = "no CPython 3.7 on this machine (python3.7 on PATH or under pyenv): stock-py37 untested"
+
+
+def callers_environment():
+    """A caller whose PATH leads to this installation's commands and whose PYTHONPATH holds the
+    checkout (where npu_job imports from): neither may reach a stock image."""
+    import sys
+
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    return {**os.environ, "PATH": path, "PYTHONPATH": root}
+
+
+def image_runs(image, python, code):
+    return subprocess.run(
+        [python, "-c", code], env=image.env, cwd="/", capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.torch
+def test_a_stock_image_has_python3_with_torch_and_no_npu_job(tmp_path):
+    import shutil
+
+    image = images.make_image("stock", tmp_path / "image", callers_environment())
+    path = image.env["PATH"]
+    assert "PYTHONPATH" not in image.env and image.paths == (str(tmp_path / "image"),)
+    assert shutil.which("npu-run", path=path) is None and shutil.which("npu-job", path=path) is None
+    python3 = shutil.which("python3", path=path)
+    assert python3.startswith(str(tmp_path / "image"))
+    assert image_runs(image, python3, "import torch").returncode == 0
+    missing = image_runs(image, python3, "import npu_job")
+    assert "No module named 'npu_job'" in missing.stderr
+
+
+@pytest.mark.skipif(PY37 is None, reason=NO_PY37)
+def test_the_py37_image_bootstraps_on_3_7_and_names_the_torch_python_for_the_launcher(tmp_path):
+    import shutil
+
+    image = images.make_image("stock-py37", tmp_path / "image", callers_environment())
+    python3 = shutil.which("python3", path=image.env["PATH"])
+    version = image_runs(image, python3, "import sys; print(sys.version_info[:2])")
+    assert version.stdout.strip() == "(3, 7)"
+    launcher = image.env["NPU_JOB_LAUNCHER_PYTHON"]
+    found = image_runs(image, launcher, "import importlib.util as u; assert u.find_spec('torch')")
+    assert found.returncode == 0, found.stderr
+    for python in (python3, launcher):
+        assert image_runs(image, python, "import npu_job").returncode != 0
+
+
+def test_without_a_py37_the_py37_image_is_not_offered_and_cannot_be_made(tmp_path, monkeypatch):
+    monkeypatch.setattr(images, "find_interpreter", lambda version, probe=True: None)
+    assert images.offered_images() == ("stock", "installed")
+    with pytest.raises(LaunchError, match="no CPython 3.7 on this machine"):
+        images.make_image("stock-py37", tmp_path, os.environ)
+
+
+@pytest.mark.parametrize(
+    "name, ours",
+    [
+        ("npu_job", True),
+        ("npu_job-0.1.0.dist-info", True),
+        ("__editable__.npu_job-0.1.0.pth", True),
+        ("__editable___npu_job_0_1_0_finder.py", True),
+        ("npu-job.egg-link", True),
+        ("torch", False),
+        ("distutils-precedence.pth", False),
+        ("npu", False),
+    ],
+)
+def test_a_stock_image_links_everything_in_site_packages_but_npu_jobs_own(name, ours):
+    assert images._is_npu_job(name) is ours
 
 
 def test_hostile_env_values_reach_the_process_exactly_as_written():
