@@ -25,6 +25,7 @@ from npu_job.demo.checks import (
     Prepared,
     RingScore,
     api_plan,
+    bundle_identity,
     check_outcome,
     describe_plan,
     expect_routing,
@@ -33,7 +34,7 @@ from npu_job.demo.checks import (
     tor_of_pod,
 )
 from npu_job.demo.images import Image, find_interpreter, make_image, offered_images
-from npu_job.demo.podlog import PodLine, read_pod_line
+from npu_job.demo.podlog import PodLine, first_line, read_pod_line
 from npu_job.demo.runner import (
     PROGRESS_EVERY,
     Supervisor,
@@ -85,6 +86,7 @@ __all__ = [
     "SUMMARY_VERSION",
     "TASK_NAME",
     "api_plan",
+    "bundle_identity",
     "cce_cluster",
     "check_outcome",
     "ClusterAPI",
@@ -98,6 +100,7 @@ __all__ = [
     "expect_routing",
     "expected_plan",
     "find_interpreter",
+    "first_line",
     "free_port",
     "Image",
     "keep_directory_problem",

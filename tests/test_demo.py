@@ -204,6 +204,33 @@ def test_a_fallback_that_still_wrote_rank_files_is_reported():
     assert problems == ["pod 0: fallback expected, but /tmp/RANK_AFTER_ACC is '0'"]
 
 
+def test_a_pod_whose_first_line_is_not_the_bundles_identity_is_reported():
+    from npu_job.bundle import Bundle
+
+    bundle = Bundle(b"", "sha256:" + "ab" * 32, "9.9", 0, 0)
+    identity = demo.bundle_identity(bundle)
+    assert identity == "npu-job: running 9.9 from bundle sha256:abababababab ("
+    options = demo.DemoOptions(nodes=2, nproc_per_node=2, tors=2)
+    good = f"{identity}./npu-job.pyz) on Python 3.7.16 (/usr/bin/python3)"
+    pods = [
+        outcome(0, first_line=good),
+        outcome(1, first_line="npu-job: error: bootstrap.sh: ... not importable"),
+    ]
+    problems = demo.check_outcome(
+        plan_of([1, 0]), options, pods, GOOD_REPORTS, expect_routing=True, identity=identity
+    )
+    assert len(problems) == 1 and problems[0].startswith(
+        "pod 1: the bootstrap did not say it ran from the job's bundle"
+    )
+
+
+def test_a_pods_first_line_is_read_from_its_last_attempt():
+    log = "--- p attempt 0\nold first\nmore\n--- p attempt 1\nnew first\nmore\n--- q attempt 0\n"
+    assert demo.first_line(log, "p", 1) == "new first"
+    assert demo.first_line(log, "p", 0) == "old first"
+    assert demo.first_line(log, "q", 0) is None and demo.first_line(log, "p", 2) is None
+
+
 def test_the_phases_add_up_to_the_one_total_as_printed():
     phases = demo.Phases(
         {
@@ -357,6 +384,7 @@ def test_demo_runs_the_whole_chain_and_says_so(tmp_path, capsys, monkeypatch):
     )
     out, err = capsys.readouterr()
     assert code == 0, err
+    assert "npu-job: image (stock): python3 " in err  # the default: torch, no npu-job
     summary = json.loads(out)
     assert summary["version"] == 1 and summary["ok"] is True and summary["problems"] == []
     node_rank = {pod["pod_index"]: pod["node_rank"] for pod in summary["plan"]["pods"]}
@@ -391,6 +419,28 @@ def test_demo_runs_the_whole_chain_and_says_so(tmp_path, capsys, monkeypatch):
     assert f"{sum(seconds):.1f} s" == err.splitlines()[-1].rsplit(" in ", 1)[1]
     assert (keep / "rendered" / "config.yaml").is_file()
     assert podsim.processes_inside(keep) == []
+
+
+PY37 = demo.find_interpreter((3, 7))
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
+@pytest.mark.skipif(
+    PY37 is None, reason="no CPython 3.7 (python3.7 on PATH or pyenv): no stock-py37"
+)
+def test_the_routed_pipeline_runs_where_python3_is_3_7_and_torch_is_elsewhere(tmp_path):
+    """A CANN-like image: the bootstrap runs the bundle on python3 3.7, npu-run and the workers on
+    the interpreter NPU_JOB_LAUNCHER_PYTHON names; every pod must still follow the plan."""
+    options = demo.DemoOptions(
+        nodes=3, tors=3, nproc_per_node=1, steps=2, image="stock-py37", timeout=200
+    )
+    result = demo.run(options, tmp_path / "w")
+    assert result.ok, "\n".join(result.problems)
+    assert all(" on Python 3.7." in pod.first_line for pod in result.pods)
+    assert [pod.route_plan["rank_mapping"] for pod in result.pods] == [
+        result.prepared.plan.rank_mapping
+    ] * 3
 
 
 CRON_PATH = "/usr/bin:/bin"  # what cron gives a job; CI runners and service managers are alike
@@ -437,6 +487,8 @@ def test_the_installed_demo_runs_whatever_the_callers_PATH(tmp_path, layout):
                 "1",
                 "--steps",
                 "2",
+                "--image",
+                "installed",
                 "--keep",
                 str(tmp_path / "demo"),
                 "--json",
@@ -456,37 +508,35 @@ def test_the_installed_demo_runs_whatever_the_callers_PATH(tmp_path, layout):
 
 
 @pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
-def test_a_failed_run_names_the_first_error_a_pod_printed(tmp_path, monkeypatch, capsys):
-    """An image without npu-job (the pods' PATH without this installation): the one-line summary
-    says what went wrong in the pods, not only what the checks missed afterwards."""
-    monkeypatch.setattr(podsim, "this_installation", lambda: {})
+def test_stock_pods_fail_without_the_bundle_and_the_summary_names_the_first_error(
+    tmp_path, monkeypatch, capsys
+):
+    """The stock image has no npu-job: a job whose ConfigMap lost its npu-job.pyz (as if render
+    stopped shipping it) cannot bootstrap (npu_job is not importable) and train.sh stops (exit
+    10); the one-line summary says what went wrong in the pods, not only what the checks missed
+    afterwards."""
+    from npu_job.demo import runner
+
+    def without_the_bundle(rendered):
+        documents = demo.manifest_documents(rendered)
+        for document in documents:
+            if document.get("kind") == "ConfigMap":
+                document.pop("binaryData", None)
+        return documents
+
+    monkeypatch.setattr(runner, "manifest_documents", without_the_bundle)
     monkeypatch.setenv("PATH", CRON_PATH)
     keep = tmp_path / "demo"
-    assert (
-        main(
-            [
-                "demo",
-                "--nodes",
-                "1",
-                "--tors",
-                "1",
-                "--nproc-per-node",
-                "1",
-                "--no-routing",
-                "--keep",
-                str(keep),
-            ]
-        )
-        == 7
-    )
-    summary = [
-        line
-        for line in capsys.readouterr().err.splitlines()
-        if line.startswith("npu-job: error: demo:")
-    ]
+    argv = ["demo", "--nodes", "1", "--tors", "1", "--nproc-per-node", "1", "--keep", str(keep)]
+    assert main(argv) == 7
+    err = capsys.readouterr().err
+    summary = [line for line in err.splitlines() if line.startswith("npu-job: error: demo:")]
     assert len(summary) == 1
     assert summary[0].startswith("npu-job: error: demo: first error: pod 0: ")
-    assert "npu-run: not found" in summary[0] and "None" not in summary[0]
+    assert "the npu_job package is not importable" in summary[0]
+    assert "pod 0: exited with 10" in summary[0]
+    pod_log = (keep / "pods" / "demo-worker-0" / "pod.log").read_text()
+    assert "no readable npu-job bundle (npu-run is in it)" in pod_log
 
 
 @pytest.mark.parametrize(
