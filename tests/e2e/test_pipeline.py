@@ -12,8 +12,9 @@ container starts) and the fabric (ToRs exist only in the generated ranktable_tor
 Every case asserts the final global ranks against the plan the bootstrap had to compute, that all
 ranks ended with identical parameters and a lower loss (the example script's per-rank reports),
 and that no process, namespace or bridge is left behind. Every case runs with the PATH cron gives
-a job (no virtualenv, no Python of this installation on it): the pods' image is this installation
-whatever the caller's PATH.
+a job (no virtualenv, no Python of this installation on it) and the demo's default stock image
+(python3 with torch, no npu-job: the pods run npu-job from the job's bundle, and each pod's first
+line must say so); one NPU case runs a CANN-like image whose python3 is CPython 3.7.
 """
 
 from __future__ import annotations
@@ -125,6 +126,9 @@ def test_routing_moves_rank_zero_and_the_master_to_another_pod(tmp_path):
     options = demo.DemoOptions(nodes=6, nproc_per_node=1, tors=3, seed=0, steps=8, timeout=150)
     result = run_on_hosts(options, tmp_path, "pr")
     assert result.ok, explain(result)
+    assert result.options.image == "stock" and result.prepared.image.env["PATH"].startswith(
+        str(tmp_path)
+    )
     plan = result.prepared.plan
     assert str(plan.status) == "success"
     assert plan.master_index != 0, "pick a seed whose plan moves rank 0 off pod 0"
@@ -158,6 +162,27 @@ def test_the_npu_job_gets_its_rank_table_from_cce_and_follows_the_same_plan(tmp_
     assert str(plan.status) == "success"
     assert [pod.route_plan["rank_mapping"] for pod in result.pods] == [plan.rank_mapping] * 3
     assert_trained_by_plan(result, plan.node_rank_of_pod, 1)
+
+
+@pytest.mark.skipif(
+    demo.find_interpreter((3, 7)) is None,
+    reason="no CPython 3.7 (python3.7 on PATH or pyenv): no stock-py37 image",
+)
+def test_a_cann_like_image_bootstraps_on_python_3_7_and_trains_on_the_launchers_python(tmp_path):
+    options = demo.DemoOptions(
+        nodes=3,
+        nproc_per_node=1,
+        tors=3,
+        seed=0,
+        steps=4,
+        device="npu",
+        image="stock-py37",
+        timeout=150,
+    )
+    result = run_on_hosts(options, tmp_path, "p7")
+    assert result.ok, explain(result)
+    assert all(" on Python 3.7." in pod.first_line for pod in result.pods)
+    assert_trained_by_plan(result, result.prepared.plan.node_rank_of_pod, 1)
 
 
 def test_routing_off_keeps_the_scheduler_order(tmp_path):
