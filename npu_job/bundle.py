@@ -212,7 +212,10 @@ def pod_side_files() -> List[Tuple[str, str]]:
     files = [(f"npu_job/{name}.py", core / f"{name}.py") for name in CORE_MODULES]
     for package_name in BUNDLED_PACKAGES:
         spec = importlib.util.find_spec(package_name)  # where it is, without running its code
-        assert spec is not None and spec.submodule_search_locations, package_name
+        if spec is None or not spec.submodule_search_locations:
+            from npu_job.errors import NpuJobError
+
+            raise NpuJobError(f"{package_name}: not importable here, so it cannot be bundled")
         root = Path(list(spec.submodule_search_locations)[0])
         prefix = package_name.replace(".", "/")
         for path in sorted(root.rglob("*.py")):
