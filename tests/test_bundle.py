@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
+from npu_job.demo.images import find_interpreter
 
 from npu_job import __version__, bundled
 from npu_job.bundle import (
@@ -39,7 +40,6 @@ from npu_job.bundle import (
 )
 from npu_job.errors import BundleError
 from tests.bootstrap.documents import write_cce_job
-from tests.test_python_floor import _interpreter
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOTSTRAP_SH = ROOT / "scripts" / "bootstrap.sh"
@@ -284,7 +284,7 @@ def test_the_bootstrap_from_the_bundle_gives_the_same_files_on_every_floor_pytho
     assert "RANK_AFTER_ACC" in expected
     ran = []
     for version in FLOOR_PYTHONS:
-        python = _interpreter(version)
+        python = find_interpreter(version)
         if python is None:
             continue
         out = tmp_path / f"py{version[0]}{version[1]}"
