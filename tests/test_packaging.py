@@ -1,7 +1,7 @@
 """The wheel users install carries what the commands need at run time, as real files.
 
 `npu-job render` ships `scripts/bootstrap.sh` in the ConfigMap (package data of `npu_job.scripts`,
-also installed on PATH), reads its templates from `render/templates/`, and `npu-job demo` runs
+also installed on PATH), reads its templates from `templates/`, and `npu-job demo` runs
 `examples/train_ddp.py` (`npu_job.examples`); without them both would break outside a source
 checkout. The wheel is built from a copy of the tree exactly as a fresh clone has it (symlinks
 kept as symlinks, so one would show).
@@ -31,7 +31,7 @@ SOURCES = ("setup.cfg", "pyproject.toml", "README.md", "npu_job", *_mapped_folde
 SHIPPED = {
     "npu_job/scripts/bootstrap.sh": "scripts/bootstrap.sh",
     "npu_job/examples/train_ddp.py": "examples/train_ddp.py",
-    "npu_job/render/templates/job.yaml.j2": "render/templates/job.yaml.j2",
+    "npu_job/render/templates/job.yaml.j2": "templates/job.yaml.j2",
 }
 
 
