@@ -23,14 +23,16 @@ def test_ci_runs_exactly_the_readme_install_and_test_commands():
         for line in ci
         if line and not line.startswith(("#", "set ", "cd ", "export ", "echo ", "start="))
     ]
-    assert commands[:2] == [
+    venv = "python3 -m venv .venv && . .venv/bin/activate"
+    assert commands[0] == venv and re.search(rf"^{re.escape(venv)}(  +#.*)?$", README, re.M)
+    assert commands[1:3] == [
         "pip install torch==2.13.0 -e '.[launcher,test]'",
         "python -m pytest -n auto",
     ]
-    for command in commands[:2]:
+    for command in commands[1:3]:
         assert f"```bash\n{command}\n```" in README
-    assert commands[2:] == ["python -m nox", "python -m nox -s supported"]  # the torch matrix
-    for command in commands[2:]:
+    assert commands[3:] == ["python -m nox", "python -m nox -s supported"]  # the torch matrix
+    for command in commands[3:]:
         assert command in README
 
 
