@@ -1,5 +1,6 @@
-"""The README documents what the code does: its spec-key table is the one render generates, and
-its quickstart commands are the ones CI runs."""
+"""The README and the pages under docs/ document what the code does: the spec-key table is the one
+render generates, the quickstart commands are the ones CI runs, every link lands, and no page
+points at something a reader cannot follow."""
 
 import re
 from pathlib import Path
@@ -8,11 +9,23 @@ from npu_job.render.keys import spec_keys_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = {path.name: path.read_text(encoding="utf-8") for path in sorted((ROOT / "docs").glob("*.md"))}
+PAGES = {ROOT / "README.md": README, **{ROOT / "docs" / name: text for name, text in DOCS.items()}}
+
+
+def _prose(text: str) -> str:
+    """The text with its fenced code blocks left out."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+
+
+def test_the_readme_is_a_front_door():
+    assert len(README.splitlines()) <= 250, "move the detail to a page under docs/"
+    assert "## Exit codes" in README  # tests/test_errors.py reads it there
 
 
 def test_spec_key_table_matches_the_validator():
-    assert spec_keys_markdown().strip() in README, (
-        "regenerate the README table from spec_keys_markdown()"
+    assert spec_keys_markdown().strip() in DOCS["render.md"], (
+        "regenerate the table in docs/render.md from spec_keys_markdown()"
     )
 
 
@@ -32,8 +45,7 @@ def test_ci_runs_exactly_the_readme_install_and_test_commands():
     for command in commands[1:3]:
         assert f"```bash\n{command}\n```" in README
     assert commands[3:] == ["python -m nox", "python -m nox -s supported"]  # the torch matrix
-    for command in commands[3:]:
-        assert command in README
+    assert "```bash\n" + "\n".join(commands) + "\n```" in DOCS["development.md"]
 
 
 def _github_anchor(title: str) -> str:
@@ -41,17 +53,46 @@ def _github_anchor(title: str) -> str:
     return re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
 
 
-def test_the_contents_list_every_section_in_order_and_every_link_lands():
-    headings = [(m.group(1), m.group(2)) for m in re.finditer(r"^(##|###) (.+)$", README, re.M)]
-    sections = [
-        (level, title) for level, title in headings if title not in ("Contents", "Quickstart")
-    ]
-    contents = README.split("## Contents\n", 1)[1].split("\n## ", 1)[0]
-    listed = re.findall(r"^( *)- \[(.+)\]\(#(.+)\)$", contents, re.M)
-    assert [(len(indent) // 2, title) for indent, title, _ in listed] == [
-        (len(level) - 2, title) for level, title in sections
-    ]
-    anchors = {_github_anchor(title) for _, title in headings}
-    assert all(anchor == _github_anchor(title) for _, title, anchor in listed)
-    for target in re.findall(r"\]\(#([^)]+)\)", README):
-        assert target in anchors, target
+def _anchors(text: str) -> set:
+    return {_github_anchor(title) for title in re.findall(r"^#+ (.+)$", _prose(text), re.M)}
+
+
+def test_every_relative_link_lands_on_a_file_and_heading():
+    for page, text in PAGES.items():
+        for target in re.findall(r"\]\(([^)\s]+)\)", _prose(text)):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.is_file(), f"{page.name}: {target}: no such file"
+            if anchor:
+                assert anchor in _anchors(PAGES.get(linked) or linked.read_text(encoding="utf-8")), (
+                    f"{page.name}: {target}: no such heading"
+                )
+
+
+def test_the_readme_links_every_page_under_docs():
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)\)", README))
+    assert linked == set(DOCS)
+
+
+def test_a_page_with_several_sections_opens_with_a_list_of_them_in_order():
+    for name, text in DOCS.items():
+        sections = re.findall(r"^## (.+)$", _prose(text), re.M)
+        if len(sections) < 3:
+            continue
+        opening = text.split("\n## ", 1)[0]
+        listed = re.findall(r"^- \[(.+?)\]\(#(.+?)\)", opening, re.M)
+        assert [title for title, _ in listed] == sections, name
+        assert [anchor for _, anchor in listed] == [_github_anchor(t) for t in sections], name
+
+
+def test_no_page_cites_what_a_reader_cannot_follow():
+    unfollowable = re.compile(
+        r"DESIGN §|\bissue \d+|\b(this|the last|the next|the) session\b|\bsession (before|after)\b"
+        r"|\blast note\b",
+        re.I,
+    )
+    for page, text in PAGES.items():
+        found = unfollowable.findall(text)
+        assert not found, f"{page.name}: {found}"

@@ -1,6 +1,6 @@
-"""The README's `npu-job plan` example runs verbatim in an empty directory: its first command writes
+"""The `npu-job plan` example of docs/ordering.md runs verbatim in an empty directory: its first command writes
 the sample inputs (`npu-job demo --write-inputs`), the next reads them, and what they print is what
-the README shows (its `...` lines stand for rows left out)."""
+the page shows (its `...` lines stand for rows left out)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import List, Tuple
 
 from npu_job.cli import main
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+PAGE = (Path(__file__).resolve().parent.parent / "docs" / "ordering.md").read_text(encoding="utf-8")
 
 
 def plan_example() -> List[Tuple[str, List[str]]]:
-    """(command, the lines the README shows it printing) for each ``$ `` line of the example."""
-    section = README.split("## `npu-job plan`", 1)[1]
+    """(command, the lines the page shows it printing) for each ``$ `` line of the example."""
+    section = PAGE.split("# `npu-job plan`", 1)[1]
     block = re.search(r"\n```\n(\$ npu-job .*?)\n```\n", section, re.S)
     assert block, "the plan section has no example block starting with a '$ npu-job' command"
     steps: List[Tuple[str, List[str]]] = []
@@ -41,6 +41,6 @@ def test_the_plan_example_runs_verbatim_from_the_inputs_the_demo_writes(
         out, err = capsys.readouterr()
         printed = [line.rstrip() for line in (err + out).splitlines()]
         wanted = [line.rstrip() for line in shown if line.strip() != "..."]
-        remaining = iter(printed)  # the README's lines, in order, each one of the printed lines
+        remaining = iter(printed)  # the page's lines, in order, each one of the printed lines
         missing = [line for line in wanted if not any(line == seen for seen in remaining)]
         assert missing == [], f"{command!r} printed:\n" + "\n".join(printed)

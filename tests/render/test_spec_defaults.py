@@ -1,6 +1,6 @@
-"""The README's spec key table says each key's type and default; these tests hold it to the code.
+"""The spec key table of docs/render.md says each key's type and default; these tests hold it to the code.
 
-The rows are read from the README itself (tests/test_readme.py keeps them equal to what
+The rows are read from that page itself (tests/test_readme.py keeps them equal to what
 ``spec_keys_markdown`` generates from the key table). Every documented default (a literal in
 backticks, ``none``, ``[]``/``{}``, and per device: `` `8` (`1` for cpu)``) is compared with what
 validation gives a spec that leaves the key out, on each device; a default written in words is
@@ -22,7 +22,7 @@ from npu_job.errors import SpecError
 
 from .conftest import spec_from, with_keys
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+PAGE = (Path(__file__).resolve().parents[2] / "docs" / "render.md").read_text(encoding="utf-8")
 DEVICES = ("npu", "gpu", "cpu")
 
 
@@ -33,7 +33,7 @@ class Row(NamedTuple):
 
 
 def readme_rows() -> List[Row]:
-    table = README.split("### Spec keys\n", 1)[1].strip().split("\n\n", 1)[0]
+    table = PAGE.split("## Spec keys\n", 1)[1].strip().split("\n\n", 1)[0]
     rows = [line.split(" | ") for line in table.splitlines()[2:]]
     return [Row(cells[0].strip("| `"), cells[1], cells[2]) for cells in rows]
 
