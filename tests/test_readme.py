@@ -96,3 +96,32 @@ def test_no_page_cites_what_a_reader_cannot_follow():
     for page, text in PAGES.items():
         found = unfollowable.findall(text)
         assert not found, f"{page.name}: {found}"
+
+
+def _command_lines(text: str):
+    """The shell lines of a page's bash (or unmarked) code blocks, continuations joined."""
+    for language, block in re.findall(r"^```(\w*)\n(.*?)^```", text, re.M | re.S):
+        if language in ("", "bash"):
+            for line in block.replace("\\\n", " ").splitlines():
+                yield line[2:] if line.startswith("$ ") else line
+
+
+def test_every_npu_job_flag_a_page_shows_is_one_its_command_takes(capsys):
+    from npu_job.cli import main
+
+    helps = {}
+    for page, text in PAGES.items():
+        for line in _command_lines(text):
+            command = re.match(r"(?:\w+=\S+ )*npu-job ([a-z]+)\b(.*)", line.split("  #", 1)[0])
+            if not command:
+                continue
+            sub, rest = command.groups()
+            if sub not in helps:
+                try:
+                    main([sub, "--help"])
+                except SystemExit:
+                    pass
+                helps[sub] = capsys.readouterr().out
+                assert "usage:" in helps[sub], f"{page.name}: npu-job {sub}: no such command"
+            for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", rest.split("|", 1)[0]):
+                assert flag in helps[sub], f"{page.name}: npu-job {sub} has no {flag}: {line}"
