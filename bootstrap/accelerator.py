@@ -1,4 +1,4 @@
-"""Optional C accelerators of the bootstrap (msgspec, zlib-ng): each loaded by the first input big
+"""Optional C accelerators of the bootstrap (msgspec): loaded by the first input big
 enough to pay for its import, then serving every input.
 
 Both are shortcuts only: without them the standard library does the same work with the same
@@ -39,7 +39,3 @@ class Accelerator:
 # Decodes JSON ~2x faster than json, 5x into typed structs, encodes 10x faster; its ~10 ms import
 # pays for itself from ~1000 nodes of rank table.
 MSGSPEC = Accelerator("msgspec", from_bytes=512 * 1024)  # msgspec.json comes with it
-# Inflates ~2x faster than zlib: 0.55 against 1.25 ms of CPU per MB of pods' JSON, so a 4096-pod
-# LIST (18.6 MB) costs ~10 ms less; its import (~1.7 ms) pays for itself from ~2.4 MB, and a page
-# of 500 pods (~2.3 MB) is the first of several.
-ZLIB_NG = Accelerator("zlib_ng.zlib_ng", from_bytes=2 << 20)

@@ -18,10 +18,6 @@ values, :data:`MAX_YAML_DEPTH` levels and no aliases of lists or mappings (which
 walk again for each use). Within these caps the bootstrap stays under 1 GiB and 10 s with a rank
 table and a topology of any content.
 
-Big gzip streams are inflated by zlib-ng when it is installed (:func:`_zlib_for`), about twice as
-fast as the standard library's zlib, with the same text and the same error messages (zlib-ng's
-inflate keeps zlib's words; the tests compare the two on damaged streams).
-
 :func:`decode_document` is the entry point. A reader that keeps little of a big document may
 instead unwrap it with :func:`json_text` and decode only what it keeps (``jsondecode``: the JSON
 engines, msgspec as a shortcut). The readers check the fields of what they decoded with
@@ -36,10 +32,8 @@ import json
 import re
 import zlib
 from functools import lru_cache
-from types import ModuleType
 from typing import Any, Callable, Optional
 
-from npu_job.bootstrap.accelerator import ZLIB_NG
 from npu_job.bootstrap.jsondecode import MAX_INT_DIGITS, NotUtf8, fits_decoded, not_utf8, parse_json
 
 from npu_job.errors import InputError, shown
@@ -166,11 +160,10 @@ def _b64decode(body: bytes, source: str) -> bytes:
 
 
 def _gunzip(raw: bytes, source: str, what: str) -> bytes:
-    engine = _zlib_for(_stated_size(raw))
-    decompressor = engine.decompressobj(16 + zlib.MAX_WBITS)
+    decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
         out = decompressor.decompress(raw, MAX_INPUT_BYTES + 1)
-    except engine.error as error:
+    except zlib.error as error:
         raise InputError(source, "content", f"expected a valid {what} stream: {error}") from None
     if len(out) > MAX_INPUT_BYTES:
         raise InputError(
@@ -201,11 +194,10 @@ def _inflate_unverified(raw: bytes) -> Optional[bytes]:
             start = end + 1
     if flags & 2:  # FHCRC
         start += 2
-    engine = _zlib_for(_stated_size(raw))
-    inflater = engine.decompressobj(-zlib.MAX_WBITS)
+    inflater = zlib.decompressobj(-zlib.MAX_WBITS)
     try:
         out = inflater.decompress(memoryview(raw)[start:], MAX_INPUT_BYTES + 1)
-    except engine.error:
+    except zlib.error:
         return None
     trailer = inflater.unused_data
     if (
@@ -216,19 +208,6 @@ def _inflate_unverified(raw: bytes) -> Optional[bytes]:
     ):
         return None
     return out
-
-
-def _stated_size(raw: bytes) -> int:
-    """The inflated size a one-member gzip stream states in its trailer (ISIZE, modulo 2**32):
-    only a hint for choosing the engine, which decides nothing about the stream."""
-    return int.from_bytes(raw[-4:], "little")
-
-
-def _zlib_for(size: int) -> ModuleType:
-    """zlib-ng's ``zlib`` module if installed and worth loading for ``size`` inflated bytes
-    (:data:`~.accelerator.ZLIB_NG`), else the standard library's: both inflate the same bytes to
-    the same text."""
-    return ZLIB_NG.for_size(size) or zlib
 
 
 def _parse_yaml(text: bytes, source: str) -> Any:

@@ -1,7 +1,7 @@
 """The oldest Python npu-job claims (setup.cfg ``python_requires``) really runs it.
 
 Two sides have their own floor: the pod side (``bootstrap.sh`` in the training image's python3,
-standard library only: pyyaml, requests, msgspec and zlib-ng are optional there) and render on the
+standard library only: pyyaml, requests and msgspec are optional there) and render on the
 user's machine. Both are run here under the floor interpreter from a staged copy of the package,
 laid out as an install puts it (setup.cfg's ``package_dir``, symlinks resolved), and must give
 byte-for-byte what this interpreter gives. An interpreter of the floor version is looked up as

@@ -1,9 +1,8 @@
-"""Running a test under each JSON engine and each inflater of ``npu_job.bootstrap.payload``.
+"""Running a test under each JSON engine of ``npu_job.bootstrap.payload``.
 
 The bootstrap decodes with msgspec when it is installed and the input is big, and with the
 standard library otherwise; both must mean the same. :func:`json_engine` switches between the two
-for any input size, so that small test documents exercise the msgspec path too. Gzip streams are
-inflated by zlib-ng or the standard library's zlib alike: :func:`inflater`.
+for any input size, so that small test documents exercise the msgspec path too.
 """
 
 from __future__ import annotations
@@ -11,10 +10,9 @@ from __future__ import annotations
 import contextlib
 from typing import ContextManager, Iterator
 
-from npu_job.bootstrap.accelerator import MSGSPEC, ZLIB_NG, Accelerator
+from npu_job.bootstrap.accelerator import MSGSPEC, Accelerator
 
 ENGINES = ("msgspec", "stdlib")
-INFLATERS = ("zlib-ng", "stdlib")
 
 
 def json_engine(name: str) -> ContextManager[None]:
@@ -23,14 +21,6 @@ def json_engine(name: str) -> ContextManager[None]:
     if name not in ENGINES:
         raise ValueError(f"unknown engine {name!r}")
     return _accelerated(MSGSPEC, name == "msgspec")
-
-
-def inflater(name: str) -> ContextManager[None]:
-    """``zlib-ng``: zlib-ng inflates every gzip stream, whatever its size; ``stdlib``: as if
-    zlib-ng were not installed."""
-    if name not in INFLATERS:
-        raise ValueError(f"unknown inflater {name!r}")
-    return _accelerated(ZLIB_NG, name == "zlib-ng")
 
 
 @contextlib.contextmanager
