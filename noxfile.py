@@ -5,7 +5,7 @@ session builds its venv once with one torch release from PyPI (CUDA builds, abou
 their nvidia-* packages; they import and run on a CPU-only machine) and keeps it under
 ``~/.cache/npu-job/nox`` (``NPU_JOB_NOX_ENVDIR`` overrides), outside the clone, so later runs
 reuse it. A session runs the launcher tests and records which torch features it found; ``nox -s
-supported`` turns those records into the README's "Supported torch" table. The launcher tests
+supported`` turns those records into docs/launcher.md's "Supported torch" table. The launcher tests
 include npu-run from the job's bundle on a torch-only interpreter (``test_bundle_run.py``: a venv
 that sees the release's torch but nothing of npu-job), so every release runs the tiered store,
 restarts and the ``parallel`` backend the way a pod with nothing installed does.
@@ -59,7 +59,7 @@ LINT_TOOLS = ["ruff==0.17.6", "mypy==2.4.1", "types-PyYAML", "types-requests"]
 
 @nox.session(python=False, allow_parallel=False)
 def supported(session: nox.Session) -> None:
-    """Print the README's "Supported torch" table from the matrix's last results."""
+    """Print docs/launcher.md's "Supported torch" table from the matrix's last results."""
     rows = [json.loads(path.read_text()) for path in sorted(RESULTS.glob("*.json"))]
     if not rows:
         session.error(f"no results in {RESULTS}: run the matrix first (nox)")

@@ -66,7 +66,7 @@ PROJECT_RANKS = 16384
 PROJECT_WORKERS = 16
 # The root listens on an IPv4 socket handed over by fd (see root_listen_socket): on torch's default
 # dual-stack "::" listener peers appear as ::ffff:127.0.0.1, whose reverse lookup goes to the DNS
-# server (2-30 ms each here, serialised on the root's loop) - the artefact DESIGN §6 warns about.
+# server (2-30 ms each here, serialised on the root's loop), an artefact of stock torch's server.
 ROOT_CODE = (
     f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
     "import time, torch.distributed as d\n"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union, c
 from npu_job.bootstrap.jsondecode import encode_compact
 from npu_job.bootstrap.model import Collective, Placement, RankTable, Server, Topology
 
-# Start-up matters on the pod (DESIGN: the bootstrap runs before training): take sha256 and
+# Start-up matters on the pod (the bootstrap runs before training): take sha256 and
 # inet_aton/inet_ntoa from the C modules themselves. ``hashlib`` would load OpenSSL's libcrypto
 # (~2.5 ms) and ``socket`` builds its enums (~2.5 ms); the functions are the same ones.
 try:

@@ -9,7 +9,7 @@ one present being the node's ToR; a tier may have several keys, the first presen
 scheme      keys (outermost first) and where they are documented
 ==========  ===================================================================================
 cce         ``cce.kubectl.kubernetes.io/cabinet``: the node's ToR IPs joined by ``-`` (several
-            when its NICs reach several ToRs). Huawei Cloud CCE (DESIGN §4).
+            when its NICs reach several ToRs). Huawei Cloud CCE.
 volcano     ``volcano.sh/hypercluster``, then ``volcano.sh/tor`` (the ToR of an Ascend 910B node)
             or else ``volcano.sh/hypernode`` (the super node of an A3 node): the labels Volcano's
             HyperNode auto-discovery reads, volcano-sh/volcano

@@ -175,7 +175,7 @@ class Topology:
 
 
 class Collective(str, enum.Enum):
-    """The collective algorithm the order is optimised for (DESIGN §5)."""
+    """The collective algorithm the order is optimised for (docs/ordering.md)."""
 
     RING = "ring"  # ring allreduce: rank r sends to r+1
     NHR = "nhr"  # HCCL nonuniform hierarchical ring: r sends to r - 2^s

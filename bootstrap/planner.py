@@ -1,4 +1,4 @@
-"""The routing-affine node order (DESIGN §5): rank table + switch topology -> :class:`Plan`.
+"""The routing-affine node order (docs/ordering.md): rank table + switch topology -> :class:`Plan`.
 
 Pure and deterministic: every pod runs :func:`plan` alone on the same inputs and must reach the
 same answer, so inputs are put in canonical order first (see :mod:`npu_job.bootstrap.canonical`)

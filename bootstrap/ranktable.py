@@ -1,6 +1,6 @@
 """Rank table reader and writers (pure): bytes -> :class:`RankTable`, and back to a document.
 
-Formats (DESIGN §3; every number is a string):
+Formats (docs/bootstrap.md; every number is a string):
 
 * **v1.0** ``server_list``: ``{status, version, server_count, server_list: [{server_id, device:
   [{device_id, device_ip, rank_id}], host_ip?, container_ip?}]}``.

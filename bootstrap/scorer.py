@@ -1,4 +1,4 @@
-"""Measure any node order on a fabric model (DESIGN §5 "Scoring an order"); pure.
+"""Measure any node order on a fabric model (docs/ordering.md); pure.
 
 Fabric model
 ------------

@@ -1,6 +1,6 @@
 """Switch topology readers (pure): bytes in one of four formats -> :class:`Topology`.
 
-Formats (DESIGN §4), detected by content unless ``fmt`` names one:
+Formats (docs/bootstrap.md), detected by content unless ``fmt`` names one:
 
 ``cce-ranktable-tor``
     CCE ``ranktable_tor.json`` (ConfigMap ``torlist-<job>``; always base64(gzip(JSON)), but plain

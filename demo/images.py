@@ -35,7 +35,7 @@ from npu_job.demo.scenario import IMAGES, INSTALLED_IMAGE, STOCK_IMAGE, STOCK_PY
 from npu_job.errors import LaunchError
 from npu_job.podfacts import LAUNCHER_PYTHON_ENV
 
-PY37 = (3, 7)  # the oldest python3 of the images the platform's routing supports (DESIGN §8)
+PY37 = (3, 7)  # the oldest python3 of the images the platform's routing supports
 NPU_JOB_COMMANDS = ("npu-job", "npu-run")  # console scripts a stock image must not have
 _NO_IMAGE_TIP = "run the demo with --image installed (the pods' image is then this installation)"
 

@@ -521,7 +521,7 @@ def hosts_file_text(spec: PodSpec) -> str:
 def cce_cluster_files(
     rank_table: Optional[str], ranktable_tor: Optional[str], directory: str = "/user/config"
 ) -> Dict[str, str]:
-    """What CCE's ``configmap1980`` plugin mounts into every pod (DESIGN §3-4)."""
+    """What CCE's ``configmap1980`` plugin mounts into every pod (docs/bootstrap.md)."""
     files: Dict[str, str] = {}
     if rank_table is not None:
         files[f"{directory}/{RANK_TABLE_NAME}"] = rank_table

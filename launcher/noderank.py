@@ -1,7 +1,7 @@
 """Where ``npu-run --node_rank=auto`` takes this node's rank from (torch-free).
 
 The bootstrap (pod step 1) computes the routing-affine node order and leaves this node's new rank
-in two places, which the platform's pod command forwards (DESIGN §1)::
+in two places, which the platform's pod command forwards (README, "How a job runs")::
 
     export RANK_AFTER_ACC=${VC_TASK_INDEX}
     rank_acc=$(cat /tmp/RANK_AFTER_ACC 2>/dev/null)

@@ -53,7 +53,7 @@ def ipv4_listen_fd(master_addr: str, port: int) -> Optional[int]:
 
     The stock store server reverse-resolves every accepted peer. On its default dual-stack
     listener an IPv4 peer shows up as ``::ffff:a.b.c.d``, which /etc/hosts never answers, so each
-    accept costs a DNS query (seconds with a slow resolver, DESIGN §6). When the master address is
+    accept costs a DNS query (seconds with a slow resolver). When the master address is
     IPv4 the root listens on IPv4 instead, on every interface as the stock server does; for IPv6
     or unresolvable names the stock listener is kept (None).
     """

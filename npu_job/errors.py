@@ -6,7 +6,7 @@ below, never a traceback, through :func:`report_error`. Library code raises them
 names the file, the field and what was
 expected; it never prints.
 
-Exit codes (stable, documented in the README):
+Exit codes (stable, documented in the README's "Exit codes"):
 
 ====  =====================  ==========================================================
 code  exception              meaning

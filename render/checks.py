@@ -9,9 +9,10 @@ boolean is: ``--set env.DEBUG=true`` is the string ``"true"``, ``--set nodes=6``
 The key types (:class:`Text`, :class:`Integer`, :class:`Flag`, :class:`Choice`,
 :class:`Quantity`, :class:`TextList`, :class:`TextMap`) are what the spec's key table
 (``keys.SPEC_KEYS``) gives each key: a type reads a value with the checker and names itself for
-the README's type column; :class:`Volumes` and :class:`Mounts` read Kubernetes volumes and their
-mounts. :class:`PerDevice` is a value that differs by ``device`` (a bound, a default).
-Kubernetes' name rules live here too: the types and the spec's lists check them.
+the type column of docs/render.md's key table; :class:`Volumes` and :class:`Mounts` read
+Kubernetes volumes and their mounts. :class:`PerDevice` is a value that differs by ``device``
+(a bound, a default). Kubernetes' name rules live here too: the types and the spec's lists
+check them.
 """
 
 from __future__ import annotations
@@ -281,12 +282,12 @@ class Context(Protocol):
 
 
 class KeyType(Protocol):
-    """A spec key's type: how a value is read (and checked), and its name in the README."""
+    """A spec key's type: how a value is read (and checked), and its name in docs/render.md."""
 
     @property
     def kind(self) -> str: ...
 
-    #: the README's default of an empty value (a list ``[]`` or a map ``{}``)
+    #: docs/render.md's default of an empty value (a list ``[]`` or a map ``{}``)
     @property
     def empty(self) -> str: ...
 

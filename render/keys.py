@@ -9,7 +9,7 @@ it means. That table drives
   did-you-mean, and each key's type in table order;
 * the defaults (:func:`with_defaults`), the :class:`~npu_job.render.spec.JobSpec` dataclasses'
   defaults among them;
-* the README's key table (:func:`spec_keys_markdown`; a test keeps the README equal to it).
+* the key table of docs/render.md (:func:`spec_keys_markdown`; a test keeps the page equal to it).
 
 The constants here (devices, resource names, the NPU host mounts, the env names npu-job sets
 itself) are shared by the key table, the validation across keys and the templates.
@@ -129,7 +129,7 @@ class Derived:
 
 @dataclass(frozen=True)
 class KeySpec:
-    """One spec key: its type, its default, and what it means (a row of the README's table).
+    """One spec key: its type, its default, and what it means (a row of docs/render.md's table).
 
     ``key`` is dotted for a key of a nested mapping (``hccl.base_port``). ``default`` is a value,
     a :class:`~npu_job.render.checks.PerDevice`, a :class:`Derived` or :data:`REQUIRED`.
@@ -144,7 +144,7 @@ class KeySpec:
 
     @property
     def documented_default(self) -> str:
-        """The README's default column: ``required``, ``none``, `` `8` (`1` for cpu)``, words."""
+        """The docs' default column: ``required``, ``none``, `` `8` (`1` for cpu)``, words."""
         if self.default is REQUIRED:
             return "required"
         if isinstance(self.default, Derived):
@@ -468,7 +468,7 @@ assert all("." not in key.key for key in SPEC_KEYS if key.default is REQUIRED)
 
 
 def spec_keys_markdown() -> str:
-    """The README's spec key table (Markdown), generated from :data:`SPEC_KEYS`."""
+    """docs/render.md's spec key table (Markdown), generated from :data:`SPEC_KEYS`."""
     rows = [
         f"| `{key.key}` | {key.type.kind} | {key.documented_default} | {key.meaning}"
         f"{f' `null`: {key.null}.' if key.null else ''} |"
