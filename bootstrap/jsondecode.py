@@ -2,9 +2,8 @@
 
 ``payload`` finds the JSON text inside an input (plain, gzip, base64(gzip)); this module decodes
 it. :func:`parse_json` is ``json.loads`` with an error naming line and column. A reader that keeps
-little of a big document may decode only what it keeps, with :func:`decode_typed` or item by item
-with :func:`scan_array_member`, falling back to :func:`parse_json` (and its exact error) whenever
-that declines.
+little of a big document may decode only what it keeps, with :func:`decode_typed`, falling back to
+:func:`parse_json` (and its exact error) whenever that declines.
 
 Decoding costs memory per value, not per byte (``{},`` is 3 bytes of text and 72 decoded), so a
 document is capped at :data:`MAX_DECODED_BYTES` once decoded, estimated before anything is built
@@ -32,110 +31,11 @@ on generated documents.
 from __future__ import annotations
 
 import json
-import re
-from json.decoder import scanstring  # type: ignore[attr-defined]  # exists; typeshed omits it
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from npu_job.bootstrap.accelerator import MSGSPEC
 
 from npu_job.errors import InputError
-
-_T = TypeVar("_T")
-_SKIP_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace, as json.decoder skips it
-# Its match() never returns None: the pattern matches the empty string at any index.
-_skip_space = cast("Callable[[str, int], re.Match[str]]", _SKIP_SPACE.match)
-_SPACE = frozenset(" \t\n\r")
-
-
-def scan_array_member(
-    text: bytes, key: str, each: Callable[[Any], Optional[_T]]
-) -> Optional[List[_T]]:
-    """``[each(item) for item in json.loads(text)[key]]``, decoding one item at a time.
-
-    For a big document of which a reader keeps little (``ranktable_tor.json``: 32k device objects
-    at 4096 nodes, read for one field each), so that only ``each``'s results are ever in memory.
-    Returns None, having decided nothing, unless ``text`` is well-formed JSON (exactly as
-    :func:`json.loads` accepts it) holding an object with one ``key`` member that is an array, and
-    ``each`` returned non-None for every item: the caller then parses the whole document the usual
-    way, which names whatever is wrong.
-    """
-    if not fits_decoded(text):  # skipped members are built whole: parse_json says what is wrong
-        return None
-    try:
-        string = text.decode(json.detect_encoding(text), "surrogatepass")  # as json.loads does
-        return _scan_array_member(string, key, each)
-    except (ValueError, StopIteration, RecursionError):  # JSONDecodeError, UnicodeDecodeError
-        return None
-
-
-def _scan_array_member(
-    string: str, key: str, each: Callable[[Any], Optional[_T]]
-) -> Optional[List[_T]]:
-    """The object walk of :func:`scan_array_member`, step for step as json.decoder's JSONObject."""
-    skip = _skip_space
-    found: Optional[List[_T]] = None
-    index = skip(string, 0).end()
-    if string[index : index + 1] != "{":
-        return None
-    index = skip(string, index + 1).end()
-    while True:  # one "name": value member per turn; "{}" has no key and is left to the caller
-        if string[index : index + 1] != '"':
-            return None
-        name, index = scanstring(string, index + 1)
-        index = skip(string, index).end()
-        if string[index : index + 1] != ":":
-            return None
-        index = skip(string, index + 1).end()
-        if name != key:
-            index = _scan_once(string, index)[1]
-        elif found is not None or string[index : index + 1] != "[":
-            return None  # a second one (json.loads would keep the last), or not an array
-        else:
-            found, index = _scan_items(string, index + 1, each)
-            if found is None:
-                return None
-        index = skip(string, index).end()
-        separator = string[index : index + 1]
-        index = skip(string, index + 1).end()
-        if separator == "}":
-            break
-        if separator != ",":
-            return None
-    return found if index == len(string) else None  # nothing may follow the object
-
-
-def _scan_items(
-    string: str, index: int, each: Callable[[Any], Optional[_T]]
-) -> Tuple[Optional[List[_T]], int]:
-    """The array after ``[`` at ``index``, step for step as json.decoder's JSONArray.
-
-    Whitespace is skipped only where there is some (:data:`_SPACE` is JSON's whitespace, and
-    ``""`` past the end is not in it): compact files, the usual ones, skip the regex calls.
-    """
-    skip = _skip_space
-    scan = _scan_once
-    results: List[_T] = []
-    append = results.append
-    index = skip(string, index).end()
-    if string[index : index + 1] == "]":
-        return results, index + 1
-    while True:
-        item, index = scan(string, index)
-        result = each(item)
-        if result is None:
-            return None, index
-        append(result)
-        separator = string[index : index + 1]
-        if separator in _SPACE:
-            index = skip(string, index).end()
-            separator = string[index : index + 1]
-        if separator == "]":
-            return results, index + 1
-        if separator != ",":
-            return None, index
-        index += 1
-        if string[index : index + 1] in _SPACE:
-            index = skip(string, index).end()
 
 
 def parse_json(text: bytes, source: str) -> Any:
@@ -257,9 +157,6 @@ _NUMBER_HOOKS: _NumberHooks = {
     "parse_float": _finite_float,
     "parse_int": _bounded_int,
 }
-_DECODER = json.JSONDecoder(**_NUMBER_HOOKS)
-# JSONDecoder.__init__ sets scan_once (the C scanner when built); typeshed does not declare it
-_scan_once: Callable[[str, int], Tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 
 
 def decode_typed(

@@ -102,7 +102,7 @@ def json_text(data: bytes, source: str, *, verify_crc: bool = True) -> bytes:
     """The JSON text inside ``data`` (plain, gzip or base64(gzip), by content), not yet parsed.
 
     ``parse_json(json_text(data, source), source)`` is ``decode_document(data, source)``, errors
-    included; for readers that parse part by part (:func:`.jsondecode.scan_array_member`).
+    included; for readers that decode only what they keep (:func:`.jsondecode.decode_typed`).
     ``verify_crc=False``: a gzip body's CRC-32 is not computed, for data whose transport already
     authenticated it (TLS: ~40% of decompressing; see :func:`_inflate_unverified`).
     """

@@ -1,4 +1,4 @@
-"""JSON decoding on the pod: part-by-part scanning and msgspec are shortcuts that must mean what
+"""JSON decoding on the pod: msgspec is a shortcut that must mean what
 ``json.loads`` means, refuse what it refuses (numbers JSON cannot hold), and write what
 ``json.dumps`` writes."""
 
@@ -15,100 +15,6 @@ from npu_job.bootstrap.accelerator import MSGSPEC
 from npu_job.errors import InputError
 
 from .engines import ENGINES, json_engine
-
-# --- scan_array_member: part-by-part decoding that must agree with json.loads ------------------
-
-_JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
-
-
-def _keep_all(item):
-    return ("item", item)  # never None: every item is accepted
-
-
-def _reference(text, key="a"):
-    """What scan_array_member must return for ``text``: json.loads' answer, or None."""
-    try:
-        document = json.loads(text)
-    except ValueError:
-        return None
-    if type(document) is not dict or type(document.get(key)) is not list:
-        return None
-    return [_keep_all(item) for item in document[key]]
-
-
-@given(
-    items=st.lists(_JSON_VALUES, max_size=4),
-    others=st.dictionaries(
-        st.text(max_size=3).filter(lambda k: k != "a"), _JSON_VALUES, max_size=3
-    ),
-    indent=st.sampled_from([None, 1, "\t"]),
-    cut=st.integers(0, 400),
-    mutation=st.sampled_from(["", "x", ",", "]", "}", " ", '"', "\\u0001"]),
-)
-def test_scan_array_member_accepts_exactly_what_json_loads_accepts(
-    items, others, indent, cut, mutation
-):
-    text = json.dumps({**others, "a": items}, indent=indent)
-    for candidate in (text, text[:cut] + mutation + text[cut:], text[:cut]):
-        scanned = jsondecode.scan_array_member(candidate.encode(), "a", _keep_all)
-        reference = _reference(candidate)
-        if reference is None:
-            assert scanned is None, candidate
-        elif scanned is not None:  # None is always allowed: the caller then parses the usual way
-            assert scanned == reference, candidate
-    assert jsondecode.scan_array_member(text.encode(), "a", _keep_all) == _reference(text)
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        '{"a": [1], "a": [2]}',
-        '{"a": {}}',
-        "{}",
-        "[1]",
-        '{"a": [1]} 2',
-        '{"a": [1,]}',
-        '{"a": [1] "b": 2}',
-    ],
-    ids=[
-        "key-twice",
-        "not-an-array",
-        "empty-object",
-        "not-an-object",
-        "extra-data",
-        "trailing-comma",
-        "missing-comma",
-    ],
-)
-def test_scan_array_member_leaves_anything_unusual_to_the_full_parse(text):
-    assert jsondecode.scan_array_member(text.encode(), "a", _keep_all) is None
-
-
-def test_scan_array_member_stops_when_an_item_is_refused():
-    assert (
-        jsondecode.scan_array_member(
-            b'{"a": [1, 2, 3]}', "a", lambda item: item if item != 2 else None
-        )
-        is None
-    )
-
-
-@pytest.mark.parametrize(
-    "text",
-    ['{"a":[1,2,3]}', '{"a": [ 1 , 2 ,3 ] }', '{"a":[1\r\n,\t2,\n3\n]}', '{"a":[1, 2, 3 ]}'],
-    ids=["compact", "spaces-everywhere", "crlf-and-tabs", "space-before-close"],
-)
-def test_scan_array_member_reads_items_whatever_the_whitespace_between_them(text):
-    assert jsondecode.scan_array_member(text.encode(), "a", _keep_all) == [
-        _keep_all(n) for n in (1, 2, 3)
-    ]
-
 
 # --- msgspec is a shortcut: whatever it accepts means what json.loads makes of it ---------------
 
