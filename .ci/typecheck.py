@@ -53,7 +53,7 @@ PURE_CORE = [
     "npu_job.render.values",
     "npu_job.render.render",
     "npu_job.render.lint",
-    "npu_job.launcher.coalescing",
+    "npu_job.launcher.proxy.coalescing",
 ]
 
 

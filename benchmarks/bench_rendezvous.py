@@ -53,7 +53,8 @@ from pathlib import Path
 
 from _report import publish
 from npu_job.launcher.protocol import Op, Request
-from npu_job.launcher.proxy import AsyncStoreProxy, new_event_loop
+from npu_job.launcher.proxy.server import AsyncStoreProxy
+from npu_job.launcher.proxy.storeproxy import new_event_loop
 from npu_job.launcher.storeclient import AsyncRawStoreClient
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,12 +9,13 @@ config is built by torch's ``config_from_args``, and ``elastic_launch`` runs tor
 * ``--node_rank=auto`` (the bootstrap's routing-affine rank, see :mod:`.noderank`);
 * ``--nproc_per_node=npu`` and an ``auto`` that finds NPUs (see :mod:`.devices`);
 * ``--rdzv_backend=parallel`` and ``--enable_tiered_parallel_tcpstore=true|false`` (torch_npu_run's
-  flags, see :mod:`.rendezvous`);
+  flags, see :mod:`.rendezvous.handler`);
 * one-line errors with exit codes from :mod:`npu_job.errors` instead of bare ``AssertionError``
   tracebacks, and a clean exit on SIGTERM/SIGINT;
-* faults named the same way on every node (the ``parallel`` backend's watch, see :mod:`.watch`):
-  torch's agent is subclassed only to report its workers' final failure to that watch before it
-  stops, and every worker starts behind :mod:`.pdeath`, so it dies with a SIGKILLed agent;
+* faults named the same way on every node (the ``parallel`` backend's watch, see
+  :mod:`.rendezvous.watch`): torch's agent is subclassed only to report its workers' final
+  failure to that watch before it stops, and every worker starts behind :mod:`.pdeath`, so it
+  dies with a SIGKILLed agent;
 * a worker killed while ``@record`` wrote its error file is reported by its signal, where torch's
   agent would fail parsing the half-written file.
 """
@@ -263,7 +264,7 @@ def launch_config(args: argparse.Namespace) -> Tuple[Any, Any, List[str]]:
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.run import config_from_args
 
-    from . import rendezvous
+    from .rendezvous import handler as backend
 
     torch_args = copy.copy(args)
     if args.rdzv_backend == "parallel":
@@ -276,10 +277,10 @@ def launch_config(args: argparse.Namespace) -> Tuple[Any, Any, List[str]]:
         raise UsageError(str(error)) from None
     if args.rdzv_backend == "parallel":
         config.rdzv_configs["rank"] = args.node_rank
-        config.rdzv_configs[rendezvous.TIERED_OPTION] = args.enable_tiered_parallel_tcpstore
+        config.rdzv_configs[backend.TIERED_OPTION] = args.enable_tiered_parallel_tcpstore
         if args.node_order:  # set by prepare() where a bootstrap left a route plan
-            config.rdzv_configs[rendezvous.NODE_ORDER_OPTION] = args.node_order
-        rendezvous.settings_from_params(  # fail here, in one line, rather than inside the agent
+            config.rdzv_configs[backend.NODE_ORDER_OPTION] = args.node_order
+        backend.settings_from_params(  # fail here, in one line, rather than inside the agent
             RendezvousParameters(
                 backend=config.rdzv_backend,
                 endpoint=config.rdzv_endpoint,
@@ -355,10 +356,11 @@ def _watched_agent_class() -> type:
     """torch's ``LocalElasticAgent``, reporting a final worker failure to the rendezvous first.
 
     When the workers failed for good, the ``parallel`` rendezvous learns which node caused the
-    end before this agent goes on (it may be another node: then :class:`~.watch.JobStopped`
-    unwinds this one, and only the culprit prints torch's failure summary). The report is made
-    where torch stops the failed group, before it does: torch 2.4–2.6 shut the rendezvous down
-    inside ``_stop_workers``, so after it there would be nobody left to report to.
+    end before this agent goes on (it may be another node: then
+    :class:`~.rendezvous.watch.JobStopped` unwinds this one, and only the culprit prints torch's
+    failure summary). The report is made where torch stops the failed group, before it does:
+    torch 2.4–2.6 shut the rendezvous down inside ``_stop_workers``, so after it there would be
+    nobody left to report to.
     """
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
@@ -435,10 +437,10 @@ def _settle_failure(
     handler: Any, result: Any, failed_at: float, interval: float, stopped: AbstractSet[int]
 ) -> None:
     """Report this node's cause of the end: its earliest failure not stopped by torch itself."""
-    from . import rendezvous
-    from .verdict import FailureReport
+    from .rendezvous import handler as backend
+    from .rendezvous.verdict import FailureReport
 
-    if not isinstance(handler, rendezvous.ParallelRendezvousHandler) or not result.failures:
+    if not isinstance(handler, backend.ParallelRendezvousHandler) or not result.failures:
         return
     failures = {
         rank: failure for rank, failure in result.failures.items() if failure.pid not in stopped
@@ -520,20 +522,22 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
 
-    from . import pdeath, rendezvous, verdict
-    from .watch import JobStopped
+    from . import pdeath
+    from .rendezvous import handler as backend
+    from .rendezvous import verdict
+    from .rendezvous.watch import JobStopped
 
     prepare(args, env)
     config, cmd, cmd_args = launch_config(args)
     cmd, cmd_args = pdeath.wrap(cmd, cmd_args, os.getpid())
-    rendezvous.register()
+    backend.register()
     previous_handler = _install_early_signal_handler()
     try:
         _recorded_launch()(config, cmd, cmd_args)
         return 0
     except ChildFailedError as failed:
         print_error(f"{type(failed).__name__}:{failed}", PROG)
-        found = rendezvous.last_verdict()
+        found = backend.last_verdict()
         if found is not None:
             print_error(verdict.line(found), PROG)
         return EXIT_WORKERS_FAILED
@@ -541,18 +545,18 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print_error(verdict.line(stopped.verdict), PROG)
         return LaunchError.exit_code
     except RendezvousError as error:
-        found = rendezvous.last_verdict()
+        found = backend.last_verdict()
         if found is not None:  # the watch knew why before the rendezvous failed
             logger.info("rendezvous failed: %s", error)
             print_error(verdict.line(found), PROG)
             return LaunchError.exit_code
         raise LaunchError(f"rendezvous failed: {error}") from None
     except SignalException as caught:
-        rendezvous.stop_all_for_signal(caught.sigval.name)
+        backend.stop_all_for_signal(caught.sigval.name)
         logger.warning("received %s: stopped the workers and the store", caught.sigval.name)
         return 128 + int(caught.sigval)
     finally:
-        rendezvous.close_all()
+        backend.close_all()
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
 

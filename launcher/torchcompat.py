@@ -95,8 +95,9 @@ _BINDINGS_NEED_SIDE_CHANNEL = not hasattr(dist.Store, "check")
 def key_exists(store: Any, key: str) -> bool:
     """``store.check([key])``, on every supported torch (2.1's ``check`` is C++ only).
 
-    A store that says it ``answers_check`` (the agents' :class:`~.rootclient.RootClient`) is
-    asked directly; only torch's own clients on 2.1 need the side channel.
+    A store that says it ``answers_check`` (the agents'
+    :class:`~.rendezvous.rootclient.RootClient`) is asked directly; only torch's own clients on
+    2.1 need the side channel.
     """
     if not _BINDINGS_NEED_SIDE_CHANNEL or getattr(store, "answers_check", False):
         return bool(store.check([key]))

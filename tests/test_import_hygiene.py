@@ -56,7 +56,12 @@ POD_SIDE_MODULES = [
     "npu_job.launcher.noderank",
     "npu_job.launcher.devices",
     # the store proxy runs in the agent but needs no torch (wire protocol only)
-    *(f"npu_job.launcher.{name}" for name in ("protocol", "proxy", "storeclient")),
+    *(f"npu_job.launcher.{name}" for name in ("protocol", "storeclient")),
+    "npu_job.launcher.proxy",
+    *(
+        f"npu_job.launcher.proxy.{name}"
+        for name in ("coalescing", "upstream", "server", "storeproxy", "__main__")
+    ),
     # the demo's pod simulator and orchestration (torch only inside the pods it starts)
     *(
         f"npu_job.demo.{name}"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Dict, Generic, List, Optional, Protocol, Sequence, Set, Tuple, TypeVar
 
-from npu_job.launcher.protocol import QUEUE_OPS, WRITE_OPS, Op, Request
+from ..protocol import QUEUE_OPS, WRITE_OPS, Op, Request
 
 T = TypeVar("T")
 Keys = Tuple[bytes, ...]

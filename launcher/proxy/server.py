@@ -4,9 +4,9 @@ It owns the local side (``_Client``: one callback-driven protocol object per wor
 replies in request order, refusals), what each request turns into (joins and writes on the main
 connection, ADD group commit, wait groups on the wait connections or polled with CHECK, BARRIER
 on a connection of its own, the held WAIT answer), reconnecting and the failure of clients when
-the root is gone. The rules it applies are pure code in :mod:`npu_job.launcher.coalescing`, its
-connections to the root are :mod:`npu_job.launcher.proxyupstream`'s; the contract, the rules and
-the faults are told in :mod:`npu_job.launcher.proxy`, which runs this server on a thread.
+the root is gone. The rules it applies are pure code in :mod:`.coalescing`, its connections to
+the root are :mod:`.upstream`'s; the contract, the rules and the faults are told in
+:mod:`npu_job.launcher.proxy`, and :mod:`.storeproxy` runs this server on a thread.
 """
 
 from __future__ import annotations
@@ -23,13 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple, Union
 
-from npu_job.launcher.coalescing import (
-    Joins,
-    WaitGroup,
-    add_batch,
-    add_results,
-)
-from npu_job.launcher.protocol import (
+from npu_job.polling import Backoff
+
+from ..protocol import (
     NEWEST,
     NO_REPLY_OPS,
     CheckReply,
@@ -43,7 +39,13 @@ from npu_job.launcher.protocol import (
     decode_request,
     encode_reply,
 )
-from npu_job.launcher.proxyupstream import (
+from .coalescing import (
+    Joins,
+    WaitGroup,
+    add_batch,
+    add_results,
+)
+from .upstream import (
     READ_CHUNK,
     Counters,
     Upstream,
@@ -52,8 +54,6 @@ from npu_job.launcher.proxyupstream import (
     resolve,
     set_nodelay,
 )
-
-from npu_job.polling import Backoff
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ root store: it opens with backoff and jitter and proves the peer is a store (PIN
 where the root has no PING), queues requests into the current outgoing :class:`Batch` and writes
 each batch once per loop turn, matches replies to requests in order, tells when the no-reply
 requests queued so far are applied (``applied_mark``, ``when_applied``), and when the root drops
-it for one request (:func:`~npu_job.launcher.coalescing.dropped_for`) hands the requests the root
+it for one request (:func:`~.coalescing.dropped_for`) hands the requests the root
 never read back to its owner to send again. Its owner (the proxy) is reached through
 :class:`UpstreamOwner`.
 """
@@ -18,8 +18,7 @@ import random
 import socket
 from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple
 
-from npu_job.launcher.coalescing import AppliedMarks, Batch, dropped_for
-from npu_job.launcher.protocol import (
+from ..protocol import (
     BLOCKING_OPS,
     NO_REPLY_OPS,
     VALIDATION_MAGIC,
@@ -32,6 +31,7 @@ from npu_job.launcher.protocol import (
     decode_reply,
     encode_request,
 )
+from .coalescing import AppliedMarks, Batch, dropped_for
 
 READ_CHUNK = 1 << 16
 

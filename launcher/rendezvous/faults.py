@@ -15,7 +15,7 @@ handler does with them:
 * **This node's store proxy** (tiered mode) is started for a round's workers and, when the watch
   finds it dead, restarted on its own port; a proxy that cannot come back is a verdict.
 
-:class:`NodeFaults` is owned by :class:`~.rendezvous.ParallelRendezvousHandler`, one per handler,
+:class:`NodeFaults` is owned by :class:`~.handler.ParallelRendezvousHandler`, one per handler,
 which hands it the root connection and the round a call needs; the handler's ``shutdown``,
 ``close``, ``settle_failure``, ``report_outcome`` and ``stop_for_signal`` call it. torch 2.4-2.6
 call ``shutdown`` inside the agent's ``_stop_workers`` and, on a signal, its ``_shutdown``: the
@@ -40,11 +40,12 @@ from torch.distributed.elastic.rendezvous import (
 from npu_job.errors import LaunchError
 from npu_job.polling import Backoff, poll
 
-from . import liveness, rounds, torchcompat, verdict
-from .rdzvconfig import ParallelSettings, RunKeys
+from .. import torchcompat
+from ..torchcompat import StoreError
+from . import liveness, rounds, verdict
+from .config import ParallelSettings, RunKeys
 from .rootclient import RootClient, RootError
 from .rootstore import literal_ip, this_node
-from .torchcompat import StoreError
 from .verdict import FailureReport, Verdict
 from .watch import WATCH_THREAD, JobStopped, Watch
 
@@ -58,7 +59,7 @@ PROXY_PROBE_TIMEOUT = 2.0
 
 
 class NodeStoreProxy(Protocol):
-    """What the handler needs of :class:`~npu_job.launcher.proxy.StoreProxy`."""
+    """What the handler needs of :class:`~npu_job.launcher.proxy.storeproxy.StoreProxy`."""
 
     def start(self) -> int: ...
 
@@ -73,7 +74,7 @@ ProxyFactory = Callable[
 def start_store_proxy(
     upstream_host: str, upstream_port: int, timeout: float, listen_port: int = 0
 ) -> NodeStoreProxy:
-    from npu_job.launcher.proxy import StoreProxy  # the store engineer's module; imported when used
+    from ..proxy.storeproxy import StoreProxy  # the store engineer's module; imported when used
 
     return StoreProxy(
         upstream_host,

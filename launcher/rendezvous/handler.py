@@ -18,9 +18,10 @@ nodes hanging in collectives. ``parallel`` keeps both properties that matter:
   run's node rank 0 while it lingers with the run closed waits for the new root instead of
   failing again.
 * **Tiering** (``--enable_tiered_parallel_tcpstore=true``): each agent runs a
-  :class:`~npu_job.launcher.proxy.StoreProxy` on ``127.0.0.1:<free port>`` and hands it to its
-  workers as ``MASTER_ADDR``/``MASTER_PORT``, so the root sees a few connections per node instead of
-  one per worker. Without tiering the workers connect to the root, as under torchrun.
+  :class:`~npu_job.launcher.proxy.storeproxy.StoreProxy` on ``127.0.0.1:<free port>`` and hands
+  it to its workers as ``MASTER_ADDR``/``MASTER_PORT``, so the root sees a few connections per
+  node instead of one per worker. Without tiering the workers connect to the root, as under
+  torchrun.
 
 * **Faults** (:mod:`.watch`): agents talk to the root through a deadline-bound client
   (:mod:`.rootclient`), heartbeat to it, and stop on one verdict that names the node at fault;
@@ -34,7 +35,7 @@ address; ``npu-run`` turns them into one ``LaunchError`` line.
 This module is the handler that ties the parts together, in the order a round runs; each part
 is a module of its own:
 
-* :mod:`.rdzvconfig`: the settings (checked once) and the run's keys in the root;
+* :mod:`.config`: the settings (checked once) and the run's keys in the root;
 * :mod:`.rootstore`: hosting the root (bind, listen fd, identity), and finding and verifying it;
 * :mod:`.rounds`: join, await, clear the previous workers' keys, the workers' store;
 * :mod:`.faults`: the watch, the verdict, the proxy and its restart, signals (a
@@ -61,7 +62,16 @@ from torch.distributed.elastic.rendezvous import (
 
 from npu_job.polling import Backoff, poll
 
-from . import rootstore, rounds, torchcompat, verdict
+from .. import torchcompat
+from ..torchcompat import StoreError
+from . import rootstore, rounds, verdict
+from .config import (
+    NODE_ORDER_OPTION,
+    TIERED_OPTION,
+    ParallelSettings,
+    RunKeys,
+    settings_from_params,
+)
 from .faults import (
     NodeFaults,
     NodeStoreProxy,
@@ -69,15 +79,7 @@ from .faults import (
     last_verdict,
     start_store_proxy,
 )
-from .rdzvconfig import (
-    NODE_ORDER_OPTION,
-    TIERED_OPTION,
-    ParallelSettings,
-    RunKeys,
-    settings_from_params,
-)
 from .rootclient import RootClient
-from .torchcompat import StoreError
 from .verdict import FailureReport, Verdict
 
 # what npu-run, torch's entry point and the tests use of the backend, wherever it lives

@@ -4,7 +4,7 @@ torch's ``TCPStore`` client blocks in C++ until the root answers: an agent whose
 sat in a store call for as long as the freeze lasted, with nothing else able to run on its main
 thread. :class:`RootClient` is a ``torch.distributed.Store`` (so torch's agent, through the
 ``PrefixStore`` the rendezvous hands it, uses it like any store) that speaks the wire protocol
-itself (:mod:`.protocol` through :class:`.storeclient.RawStoreClient`) with these rules:
+itself (:mod:`..protocol` through :class:`..storeclient.RawStoreClient`) with these rules:
 
 * **Deadline.** A call fails with :class:`RootSilent` when the root has not answered for
   ``call_timeout`` seconds (the rendezvous passes the smaller of the store timeout and the
@@ -36,9 +36,9 @@ import torch.distributed as dist
 
 from npu_job.polling import Backoff, poll_until
 
-from .protocol import CheckReply, Dialect, Op, ProtocolError, ReplyValue, Request
-from .storeclient import RawStoreClient
-from .torchcompat import StoreError, StoreTimeoutError
+from ..protocol import CheckReply, Dialect, Op, ProtocolError, ReplyValue, Request
+from ..storeclient import RawStoreClient
+from ..torchcompat import StoreError, StoreTimeoutError
 
 POLL_CAP = 1.0
 POLL = Backoff.exponential(0.01, POLL_CAP)  # wait/get: CHECK again after these pauses

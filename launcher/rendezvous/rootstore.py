@@ -31,10 +31,11 @@ from torch.distributed.elastic.rendezvous import (
 from npu_job.errors import LaunchError
 from npu_job.polling import Backoff, Every, poll_until
 
-from . import torchcompat, verdict
-from .rdzvconfig import ParallelSettings
+from .. import torchcompat
+from ..torchcompat import StoreError
+from . import verdict
+from .config import ParallelSettings
 from .rootclient import RootClient, RootError, RootSilent
-from .torchcompat import StoreError
 from .verdict import Identity
 
 logger = logging.getLogger(__name__)

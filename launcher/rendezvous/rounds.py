@@ -14,7 +14,7 @@ store each round (:func:`workers_store`). At the end node rank 0 keeps the root 
 other agents signed off (:func:`linger_for_departures`).
 
 Each function takes the root store, the run's keys and settings: the handler
-(:mod:`.rendezvous`) holds them and calls these in order.
+(:mod:`.handler`) holds them and calls these in order.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from torch.distributed.elastic.rendezvous import RendezvousStateError, Rendezvou
 
 from npu_job.polling import Backoff, Every, poll_until
 
-from . import torchcompat
-from .rdzvconfig import KEY_ROOT, ParallelSettings, RunKeys
+from .. import torchcompat
+from .config import KEY_ROOT, ParallelSettings, RunKeys
 from .rootstore import PROGRESS_INTERVAL, free_port_near
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The ``torchrun.handlers`` entry point: lets plain ``torchrun --rdzv_backend=parallel`` work.
 
 torch's rendezvous registry loads this entry point while ``torch.distributed.elastic.rendezvous``
-is being imported, which is also while :mod:`.rendezvous` imports it. So this module imports
+is being imported, which is also while :mod:`.handler` imports it. So this module imports
 nothing of torch or of the backend at load time: pointing the entry point at the backend module
 itself re-entered it half-imported and logged a warning with a traceback.
 """
@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 def create_handler(params: Any) -> Any:
     """Create the ``parallel`` handler (imports the backend on first use)."""
-    from npu_job.launcher.rendezvous import create_handler as create
+    from .handler import create_handler as create
 
     return create(params)
 

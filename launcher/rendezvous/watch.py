@@ -24,9 +24,9 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Protocol
 
+from ..protocol import CheckReply, Op, Request
 from . import liveness, verdict
 from .liveness import BeatTracker, LivenessSettings, Pending
-from .protocol import CheckReply, Op, Request
 from .rootclient import RootClient, RootError
 from .verdict import FailureReport, Identity, Verdict
 
@@ -45,7 +45,7 @@ class JobStopped(BaseException):
 
 
 class WatchKeys(Protocol):
-    """The root store keys the watch uses (:class:`.rdzvconfig.RunKeys`)."""
+    """The root store keys the watch uses (:class:`.config.RunKeys`)."""
 
     verdict: str
     verdict_claims: str

@@ -142,11 +142,11 @@ try:
     sys.exit("parallel was registered before npu-run registered it: an entry point is visible")
 except ValueError:
     pass
-from npu_job.launcher import rendezvous
+from npu_job.launcher.rendezvous import handler as backend
 
-rendezvous.register()
+backend.register()
 handler = rendezvous_handler_registry.create_handler(params)
-print(type(handler).__module__, handler.get_backend(), rendezvous.__file__)
+print(type(handler).__module__, handler.get_backend(), backend.__file__)
 """
 
 
@@ -161,7 +161,7 @@ def test_npu_run_registers_the_parallel_backend_without_entry_points(pod):
     )
     assert done.returncode == 0, done.stderr
     module, backend, source = done.stdout.split()
-    assert (module, backend) == ("npu_job.launcher.rendezvous", "parallel")
+    assert (module, backend) == ("npu_job.launcher.rendezvous.handler", "parallel")
     assert source.startswith(str(pod.bundle))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from npu_job.launcher.coalescing import (
+from npu_job.launcher.proxy.coalescing import (
     AppliedMarks,
     Batch,
     Joins,

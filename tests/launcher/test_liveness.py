@@ -18,10 +18,11 @@ import threading
 import time
 
 import pytest
-from npu_job.launcher import pdeath, torchcompat, verdict
-from npu_job.launcher.liveness import DEPARTED, BeatTracker, Pending, settled
-from npu_job.launcher.rootclient import RootClient, RootGone, RootReplaced, RootSilent
-from npu_job.launcher.verdict import FailureReport, Identity
+from npu_job.launcher import pdeath, torchcompat
+from npu_job.launcher.rendezvous import verdict
+from npu_job.launcher.rendezvous.liveness import DEPARTED, BeatTracker, Pending, settled
+from npu_job.launcher.rendezvous.rootclient import RootClient, RootGone, RootReplaced, RootSilent
+from npu_job.launcher.rendezvous.verdict import FailureReport, Identity
 
 from .cluster import alive, free_port, wait_for
 

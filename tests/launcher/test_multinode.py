@@ -22,7 +22,7 @@ from .cluster import LocalCluster, connections_to, descendants, port_is_free, wa
 NPROC = 2
 TORCH_WORKER_GRACE = 30  # PContext.close's timeout: seconds from SIGTERM to SIGKILL for a worker
 NNODES = 3
-# the agent's client (launcher/rootclient.py) and the proxy's three
+# the agent's client (launcher/rendezvous/rootclient.py) and the proxy's three
 MAX_ROOT_CONNECTIONS_PER_NODE = 4
 # node rank 0 also hosts the root: torch's TCPStore server object is a client of itself too
 ROOT_HOST_OWN_CONNECTION = 1

@@ -21,14 +21,9 @@ from pathlib import Path
 import pytest
 from npu_job.launcher import torchcompat
 from npu_job.launcher.protocol import NEWEST, Op, Request, encode_request
-from npu_job.launcher.proxy import (
-    DEFAULT_WAIT_CONNECTIONS,
-    AsyncStoreProxy,
-    StoreProxy,
-    UpstreamLost,
-    new_event_loop,
-)
-from npu_job.launcher.proxyupstream import Upstream
+from npu_job.launcher.proxy.server import DEFAULT_WAIT_CONNECTIONS, AsyncStoreProxy
+from npu_job.launcher.proxy.storeproxy import StoreProxy, new_event_loop
+from npu_job.launcher.proxy.upstream import Upstream, UpstreamLost
 from npu_job.launcher.storeclient import RawStoreClient
 
 from tests.launcher.proxy_support import (

@@ -15,9 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Sequence
 
 import pytest
-from npu_job.launcher import rendezvous, torchcompat
-from npu_job.launcher.rendezvous import ParallelRendezvousHandler, ParallelSettings
-from npu_job.launcher.watch import JobStopped
+from npu_job.launcher import torchcompat
+from npu_job.launcher.rendezvous import handler as backend
+from npu_job.launcher.rendezvous.handler import ParallelRendezvousHandler, ParallelSettings
+from npu_job.launcher.rendezvous.watch import JobStopped
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
@@ -318,7 +319,7 @@ def params(**overrides) -> RendezvousParameters:
 
 
 def test_settings_come_from_torchs_rendezvous_parameters():
-    settings = rendezvous.settings_from_params(
+    settings = backend.settings_from_params(
         params(
             timeout="60",
             join_timeout="5",
@@ -382,7 +383,7 @@ def test_settings_come_from_torchs_rendezvous_parameters():
 )
 def test_bad_settings_are_one_line_launch_errors(overrides, message):
     with pytest.raises(LaunchError, match=message) as caught:
-        rendezvous.settings_from_params(params(**overrides))
+        backend.settings_from_params(params(**overrides))
     assert "\n" not in str(caught.value)
 
 
@@ -391,15 +392,15 @@ def test_missing_rank_is_a_launch_error():
         backend="parallel", endpoint="10.0.0.1:29500", run_id="job", min_nodes=1, max_nodes=1
     )
     with pytest.raises(LaunchError, match="pass --node_rank"):
-        rendezvous.settings_from_params(RendezvousParameters(**values))
+        backend.settings_from_params(RendezvousParameters(**values))
 
 
 def test_backend_is_registered_with_torch_elastic():
-    rendezvous.register()
-    rendezvous.register()  # idempotent
+    backend.register()
+    backend.register()  # idempotent
     handler = get_rendezvous_handler(params(endpoint="127.0.0.1:29500"))
     assert isinstance(handler, ParallelRendezvousHandler) and handler.get_backend() == "parallel"
-    rendezvous.close_all()
+    backend.close_all()
 
 
 def _listening_ports(path: str) -> set:
@@ -502,7 +503,7 @@ def test_importing_the_backend_first_registers_it_without_a_warning():
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-c", "import npu_job.launcher.rendezvous"],
+        [sys.executable, "-c", "import npu_job.launcher.rendezvous.handler"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -586,7 +587,7 @@ def test_a_proxy_that_cannot_take_its_port_again_stops_the_job_naming_it(closing
     def factory(host, port, timeout, listen_port=0):
         if listen_port:
             raise OSError(98, "Address already in use")
-        made.append(rendezvous.start_store_proxy(host, port, timeout, listen_port))
+        made.append(backend.start_store_proxy(host, port, timeout, listen_port))
         return made[-1]
 
     # the watch looks at the proxy every 0.2 s; the 5 s liveness window keeps a stalled heartbeat

@@ -1,0 +1,86 @@
+"""The per-node store proxy: local TCPStore clients in, a few coalesced connections to the root out.
+
+Local workers connect to ``127.0.0.1:<port>`` with unmodified torch clients (``TCPStore(...,
+is_master=False)`` and the C++ client that ``init_process_group`` creates) and speak the native
+wire protocol (:mod:`npu_job.launcher.protocol`). The proxy talks to the root store (a stock torch
+``TCPStore`` server) over a small, bounded set of upstream connections, whatever the number of
+local workers:
+
+* one **main** connection carries every non-blocking request, pipelined. Replies come back in
+  request order, so futures are matched FIFO, and a worker's own SET-then-GET is ordered by the
+  single stream (read-your-writes);
+* a pool of ``wait_connections`` (default 2) **wait** connections each carries one blocking WAIT
+  (the root holds a connection while it waits, so WAITs cannot share the main stream). Distinct
+  waits beyond the pool are queued, polled with CHECK on the main connection (backoff) so a full
+  pool never deadlocks, and promoted when a wait connection frees up.
+
+So the root sees 1 + ``wait_connections`` connections per node (3 by default; 4 with the agent's
+own). BARRIER, which no torch code path uses and which cannot be merged (every arrival must count
+once at the root), takes an idle wait connection or, if none is idle, a short-lived extra one
+(closed after its answer; an extra that comes up after the pool did is still the one taken).
+
+Coalescing (what a one-for-one forwarder cannot do; its rules are pure code in
+:mod:`.coalescing`, the server that applies them on an event loop is :mod:`.server`, its
+connections to the root :mod:`.upstream`; :mod:`.storeproxy` runs the server on a thread, and
+``python -m npu_job.launcher.proxy`` as a command):
+
+* identical GETs and CHECKs share one upstream request, and identical WAITs (same key list) one
+  upstream WAIT, under one rule (the contract): **a client request is answered from an upstream
+  request that the proxy sent after that client request arrived**. So the root computed the answer
+  at an instant between the client's request and its reply, the answer is one the root could have
+  given that client, and the proxy is linearizable with respect to the root, key by key and across
+  keys. Concretely: a GET or CHECK joins only a request still in the proxy's outgoing batch of
+  the main connection (its ``Batch`` is not yet ``sent``; the tables of
+  joinable requests are emptied when the batch is written, ``on_sent``), and not one that a local
+  write to any of its keys was queued after (DELETE_KEY/QUEUE_POP for WAITs): the client that
+  wrote must read its write. A WAIT may join a group whose upstream WAIT (or, while queued, CHECK)
+  has already been sent, but then only as a *late* waiter: when that answer is "ready", the late
+  waiters form a new group whose own upstream WAIT is sent after they arrived (a key deleted at the
+  root in between keeps them waiting, as it would at the root). Bursts that arrive in one loop
+  turn (every worker asking for the same key at once) still share one request. Per client, order
+  is the root's: its requests go upstream in arrival order on the main connection, and a WAIT
+  answer (served on a wait connection) is held until the main connection has answered a request
+  sent after the client's latest no-reply write (``server``'s ``_answer_wait``). Before
+  issue 15 a GET could join one sent long before, still queued behind large replies on the main
+  connection, and return a value older than a write another node had completed;
+* concurrent ADDs to one key are summed into one upstream ADD (group commit: while one ADD to a
+  key is in flight, later ones accumulate); with root reply ``total`` for a batch of deltas
+  ``d1..dn`` the i-th caller gets ``total - sum(d) + d1 + ... + di`` - distinct values, as if the
+  ADDs ran alone in arrival order;
+* PING is answered locally. Nothing is cached across time.
+
+Keys used with QUEUE_* ops are never coalesced for WAIT (a queue push wakes one waiter only).
+A key first used as a queue by several workers' simultaneous blocking ``queue_pop`` (WAIT is the
+first thing the proxy sees of it) can still be merged once; a pop that follows such a shared
+wake-up and finds the queue empty is not answered but tried again until it gets an item (the root
+would have kept that worker waiting), see ``server``'s ``_pop_as_waiter``. If the worker
+gives up (its wait timeout) while such a retry is on its way, that one item is popped for nobody.
+
+Threading: ``StoreProxy`` runs the asyncio loop on a background thread. Some torch client calls
+(``list_keys``, ``queue_len``, ``queue_pop``) hold the GIL while blocked on their socket: made in
+the same process against this proxy they deadlock it, and against any store they pause it for
+that round trip. Clients are ``asyncio.BufferedProtocol`` callbacks, not tasks, and the loop is
+uvloop when it is importable (``new_event_loop``): the proxy's CPU per relayed request is the
+price of tiering when many proxies share a machine (about 18 us on uvloop, 35 us on asyncio in
+``benchmarks/bench_rendezvous.py`` at 128x16).
+
+Faults: a request that makes the root drop the connection it came on fails only its own client,
+as straight to the root. A well-formed client can send three such requests (malformed ones are
+refused by the proxy itself, per client): an ADD to a key that holds no number (either server),
+and a GET or MULTI_GET of a missing key (torch's classic server, the only one on 2.1 and the one
+a listen fd gets on 2.4-2.7, looks the key up with ``at`` and drops the connection; the libuv one
+answers). When the main connection ends with one of them as its first unanswered request, its
+callers fail (each, straight to the root, would have lost its own connection: coalesced callers
+all arrived before it was sent) and the requests queued behind it, which the root never read,
+are sent again first on a new main connection (``upstream.Upstream._replayable``). Partial
+requests behave as at the root: the complete pairs of a MULTI_SET whose client died mid-request
+are stored. Any other upstream connection that breaks fails the requests in flight on it (their
+clients' connections are closed, so torch raises naming the proxy's address), and a main one also
+closes the clients whose no-reply writes (SET, APPEND, ...) went on it unconfirmed: the root may
+never have read them, and straight to the root such a client's own connection broke (kept open,
+its next read would miss its own write on the new connection); if the root cannot
+be reached again at once, every client connection is closed. New requests reconnect with backoff
+and jitter until ``timeout``. A client that disconnects has its waits dropped (and cancelled
+upstream with CANCEL_WAIT when no other local worker shares them), so the proxy survives worker
+restarts.
+"""
