@@ -244,18 +244,14 @@ def pod_main(argv: Sequence[str]) -> NoReturn:
     """The bootstrap as a pod runs it (``bootstrap.sh``, the job's bundle): :func:`main`, then an
     exit that skips the interpreter's teardown.
 
-    The run disables the cyclic GC (its objects are acyclic and the process is short) and keeps
-    what it decoded in ``run.KEEP_UNTIL_EXIT`` rather than freeing ~10^6 objects one by one before
-    the process ends anyway. The outputs are on disk (closed and renamed) when :func:`main`
-    returns; what the teardown would have flushed is flushed here.
+    The run disables the cyclic GC (its objects are acyclic and the process is short). The outputs
+    are on disk (closed and renamed) when :func:`main` returns; what the teardown would have
+    flushed is flushed here.
     """
     import gc
     import os
 
-    from npu_job.bootstrap import run as bootstrap_run
-
     gc.disable()
-    bootstrap_run.KEEP_UNTIL_EXIT = []
     code = main(argv)
     try:
         sys.stdout.flush()

@@ -181,14 +181,11 @@ def job_topology(
     verify: Verify,
     job: LoadedJob,
     load_chain: Callable[..., Tuple[Optional[Topology], str]],
-    keep: Optional[List[Any]] = None,
 ) -> Tuple[Optional[Topology], str]:
     """The topology for ``job`` (first found, see the module docstring); ``load_chain`` is the
-    rank-table path's :func:`~npu_job.bootstrap.run.load_topology`. ``keep``, when given, gets
-    what was listed from the API, for a process that ends without freeing it
-    (:data:`~npu_job.bootstrap.run.KEEP_UNTIL_EXIT`)."""
+    rank-table path's :func:`~npu_job.bootstrap.run.load_topology`."""
     try:
-        topology, name = _job_topology(options, env, verify, job, load_chain, keep)
+        topology, name = _job_topology(options, env, verify, job, load_chain)
     finally:
         if job.client is not None:
             job.client.close()
@@ -201,7 +198,6 @@ def _job_topology(
     verify: Verify,
     job: LoadedJob,
     load_chain: Callable[..., Tuple[Optional[Topology], str]],
-    keep: Optional[List[Any]],
 ) -> Tuple[Optional[Topology], str]:
     from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
 
@@ -227,8 +223,6 @@ def _job_topology(
 
         base = job.client.api.base_url
         objects = kubeapi.topology_objects(job.client, by_name=True)
-        if keep is not None:
-            keep.append(objects)
         if objects.hypernodes or objects.nodes:
             path = kubeapi.HYPERNODES_PATH if objects.hypernodes else kubeapi.NODES_PATH
             name = f"{base}{path}"  # errors name the list read, not the server

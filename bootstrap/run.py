@@ -48,12 +48,6 @@ log = logging.getLogger(__name__)
 DEFAULT_WAIT_TIMEOUT = 300.0
 DEFAULT_POLL_INTERVAL = 5.0
 
-# A process that ends with os._exit right after the run (bootstrap.sh) sets this to a list: the run
-# then leaves its decoded rank table (or the pods and HyperNodes it listed) there rather than
-# freeing their ~10^5-10^6 objects one by one just before the process ends anyway (~4 ms at 4096
-# nodes). None (the default): nothing is retained.
-KEEP_UNTIL_EXIT: Optional[List[Any]] = None
-
 
 class BootstrapOptions(NamedTuple):
     """Every knob of the bootstrap; flags win over environment variables (see :func:`resolve`)."""
@@ -242,8 +236,6 @@ def _run(
         from npu_job.bootstrap import podrun  # no rank table: the job's pods are the servers
 
         job = podrun.load_job(options, env, verify, clock, sleep)
-        if KEEP_UNTIL_EXIT is not None:
-            KEEP_UNTIL_EXIT.append(job)  # its pods, as a rank table's document below
         table, location = job.table, job.location
         context["pods"] = location
     else:
@@ -262,9 +254,7 @@ def _run(
     )
     context["pod_index"] = pod_index
     if job is not None:
-        topology, topology_source = podrun.job_topology(
-            options, env, verify, job, load_topology, KEEP_UNTIL_EXIT
-        )
+        topology, topology_source = podrun.job_topology(options, env, verify, job, load_topology)
     else:
         topology, topology_source = load_topology(
             options, location, env, verify, names=server_addresses(table)
@@ -339,8 +329,6 @@ def _load_rank_table(
         clock=clock,
         sleep=sleep,
     )
-    if KEEP_UNTIL_EXIT is not None:
-        KEEP_UNTIL_EXIT.append(loaded)
     # the run owns this freshly decoded document and only serialises the result
     return (
         loaded.table,

@@ -14,7 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import kubeapi, planner
-from npu_job.bootstrap import run as bootstrap_run
 from npu_job.bootstrap.jobpods import JobSelector, by_server, job_roster, node_names, roster_table
 from npu_job.bootstrap.kubefacts import read_pods
 from npu_job.bootstrap.kubeobjects import read_objects
@@ -154,21 +153,6 @@ def test_pods_nodes_and_hypernodes_from_the_api_in_pages(api, tmp_path, monkeypa
         line.startswith("no rank table: the servers are the pods of job 'llama' task 'worker'")
         for line in logs()
     )
-
-
-def test_a_process_about_to_end_keeps_the_listings_rather_than_free_them(
-    api, tmp_path, monkeypatch
-):
-    """bootstrap.sh ends with os._exit and sets KEEP_UNTIL_EXIT: the run leaves the job's pods
-    and the HyperNodes it listed there, unfreed, and plans exactly as without it."""
-    env = pod_env(2, tmp_path / "out", NPU_JOB_PODS="k8s", **api.env)
-    freed = bootstrap({}, env).route_plan
-    kept: list = []
-    monkeypatch.setattr(bootstrap_run, "KEEP_UNTIL_EXIT", kept)
-    assert bootstrap({}, env).route_plan == freed
-    job, listed = kept
-    assert [pod.name for pod in job.roster.pods] == [f"llama-worker-{i}" for i in range(8)]
-    assert len(listed.hypernodes) == len(KINDS["HyperNode"])
 
 
 def test_the_bootstrap_waits_for_every_pod_to_be_scheduled(api, tmp_path, logs):
