@@ -23,14 +23,13 @@ depends on the order the pods are listed in.
 
 from __future__ import annotations
 
-from itertools import islice, repeat
+from itertools import islice
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
 
-from npu_job.bootstrap.columns import servers_from_columns
 from npu_job.bootstrap.fields import fail
 from npu_job.bootstrap.kubefacts import PodFacts
 from npu_job.bootstrap.kubeobjects import POD, object_field
-from npu_job.bootstrap.model import Device, Placement, RankTable, Topology
+from npu_job.bootstrap.model import Device, Placement, RankTable, Server, Topology
 from npu_job.bootstrap.ranktable import POD_INDEX_EXPECTED, pod_index_from_name
 
 from npu_job.errors import InputError, NotReadyError, shown
@@ -203,15 +202,10 @@ def roster_table(roster: Roster, source: str) -> RankTable:
     }
     devices = list(map(device_sets.__getitem__, counts))
     addresses = [pod.host_ip for pod in roster.pods]
-    servers = servers_from_columns(
-        addresses,
-        roster.indices,
-        devices,
-        addresses,
-        repeat(None),
-        [pod.name for pod in roster.pods],
-        repeat(None),
-    )
+    servers = [
+        Server(address, index, devices_of, host_ip=address, pod_name=pod.name)
+        for address, index, devices_of, pod in zip(addresses, roster.indices, devices, roster.pods)
+    ]
     table = RankTable(version=POD_LIST_VERSION, status="completed", servers=tuple(servers))
     vars(table)["device_counts"] = tuple(counts)  # its cache: what it would count again
     return table
