@@ -11,12 +11,12 @@ then holds the whole list (a 4096-pod job's ~20 MB, read by :mod:`.podpage` in o
 expired token (``410 Gone``) counts as a passing failure: the next poll starts over.
 
 Standard library only (``http.client`` and ``ssl``): importing ``requests`` costs about 0.1 s of
-CPU, most of the bootstrap's budget (a 4096-pod job plans within 0.15 s of interpreter start once
-the API answers). One keep-alive HTTPS connection serves every page; responses may come gzipped
-(``Accept-Encoding: gzip``; the API server compresses big ones) and are capped at
-:data:`~npu_job.bootstrap.payload.MAX_INPUT_BYTES` per page. Connection errors, 429 and 5xx are
-retried with exponential backoff; a 4xx or a certificate error is an :class:`InputError` at once
-(401: the token, 403: the RBAC rule the job needs).
+CPU, as much as a 4096-pod job's whole plan once the API answers. One keep-alive HTTPS
+connection serves every page; responses may come gzipped (``Accept-Encoding: gzip``; the API
+server compresses big ones) and are capped at :data:`~npu_job.bootstrap.payload.MAX_INPUT_BYTES`
+per page. Connection errors, 429 and 5xx are retried with exponential backoff; a 4xx or a
+certificate error is an :class:`InputError` at once (401: the token, 403: the RBAC rule the job
+needs).
 
 Every list is bounded, whatever the server answers: a read waits at most :data:`TIMEOUT`, an
 answer (connecting, headers, body) ends within :data:`ANSWER_DEADLINE` however slowly it comes
@@ -36,13 +36,14 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, 
 from urllib.parse import quote, urlencode, urlsplit
 
 from npu_job.bootstrap.kubefacts import PodFacts, read_pods
-from npu_job.bootstrap.kubeobjects import (
-    KubeObjects,
-    decode_kube_document,
-    list_continue,
-    read_objects,
+from npu_job.bootstrap.kubeobjects import KubeObjects, list_continue, read_objects
+from npu_job.bootstrap.payload import (
+    MAX_INPUT_BYTES,
+    check_size,
+    decode_document,
+    json_text,
+    verbatim_or_shown,
 )
-from npu_job.bootstrap.payload import MAX_INPUT_BYTES, check_size, json_text, verbatim_or_shown
 from npu_job.bootstrap.podpage import read_pod_page
 from npu_job.bootstrap.sources import SERVICE_ACCOUNT_DIR, KubernetesAPI, SourceUnavailable
 
@@ -189,7 +190,7 @@ class KubeClient:
                 if read is not None:
                     page, token = read
                 else:
-                    page = decode_kube_document(text, name, allow_yaml=False)
+                    page = decode_document(text, name)
                     token = list_continue(page)
                 items += _item_count(page)
                 if items > MAX_ITEMS:
@@ -394,7 +395,7 @@ def _status_error(name: str, status: int, reason: str, body: bytes) -> InputErro
     """The error of a non-200 answer; the API's ``Status.message`` says what it refused."""
     message = ""
     try:
-        document = decode_kube_document(body, name, allow_yaml=False)
+        document = decode_document(body, name)
         if type(document) is dict and type(document.get("message")) is str:
             message = f": {verbatim_or_shown(document['message'])}"
     except InputError:

@@ -14,17 +14,12 @@ field readers they share, here (:func:`object_name`, :func:`section`, :func:`str
 
 A bad field is one :class:`~npu_job.errors.InputError` naming the object and the field, e.g.
 ``nodes.json: items[3] (Node 'n3'): metadata.labels.volcano.sh/tor: expected a string, got a
-number 5`` (:func:`field_path`). A big JSON list (a 4096-pod job) is decoded with msgspec into
-only the fields those readers read when msgspec is installed
-(:func:`.jsondecode.decode_typed`); whatever it refuses is read again in full, so messages are
-the same either way. A page of the API's ``PodList`` goes further, straight into the pods' facts:
-:mod:`npu_job.bootstrap.podpage`.
+number 5`` (:func:`field_path`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from itertools import repeat
 from typing import (
     Any,
@@ -40,10 +35,9 @@ from typing import (
 )
 
 from npu_job.bootstrap.fields import expect_list, expect_object, expect_str, fail, join_key
-from npu_job.bootstrap.jsondecode import decode_typed
-from npu_job.bootstrap.payload import decode_document, json_text
+from npu_job.bootstrap.payload import decode_document
 
-from npu_job.errors import InputError, shown
+from npu_job.errors import shown
 
 NODE = "Node"
 POD = "Pod"
@@ -105,31 +99,7 @@ def object_field(kind: str, where: str, name: Optional[str], path: str) -> str:
 
 def decode_objects(data: bytes, source: str) -> KubeObjects:
     """Decode ``data`` (JSON, base64(gzip(JSON)) or YAML, by content) and sort its items by kind."""
-    return read_objects(decode_kube_document(data, source), source)
-
-
-def decode_kube_document(data: bytes, source: str, *, allow_yaml: bool = True) -> Any:
-    """The decoded document; a big JSON list holds only the fields this package reads (a document
-    that is no list, or has keys of the other topology formats, is decoded whole)."""
-    try:
-        text: Optional[bytes] = json_text(data, source)
-    except InputError:  # not JSON: YAML from kubectl -o yaml (decode_document says what is wrong)
-        if not allow_yaml:
-            raise
-        text = None
-    if text is not None:
-        typed = decode_typed(text, _list_decoder)
-        if (
-            type(typed) is dict
-            and type(typed.get("items")) is list
-            and not _OTHER_FORMATS_KEYS.intersection(typed)
-        ):
-            return typed
-    return decode_document(data, source, allow_yaml=allow_yaml)
-
-
-# Top-level keys of the non-Kubernetes topology formats: a document with any is read in full.
-_OTHER_FORMATS_KEYS = frozenset({"servers", "server_list", "tor_count"})
+    return read_objects(decode_document(data, source, allow_yaml=True), source)
 
 
 def read_objects(document: Any, source: str) -> KubeObjects:
@@ -247,57 +217,6 @@ def named_once(
             )
         seen[name] = obj.where or "the document"
         yield obj, name
-
-
-# --- msgspec schema of the fields the readers read (a big list decodes into only these) ----------
-
-
-@lru_cache(maxsize=None)
-def _list_decoder(msgspec: Any) -> Any:
-    """msgspec's decoder of a list document holding only the fields read here (built once).
-
-    TypedDicts: what decodes is plain dicts and lists, read by the same code as a full decode.
-    HyperNode ``spec.members`` is small and decoded whole.
-    """
-    from typing import TypedDict  # novermin: Python 3.8+, as msgspec itself
-
-    def typed(name: str, fields: Dict[str, Any]) -> Any:
-        return TypedDict(name, fields, total=False)  # type: ignore[operator]
-
-    meta = typed(
-        "Meta", {"name": Any, "namespace": Any, "labels": Dict[str, str], "deletionTimestamp": Any}
-    )
-    resources = typed("Resources", {"limits": Dict[str, Any], "requests": Dict[str, Any]})
-    container = typed("Container", {"resources": resources})
-    spec = typed(
-        "Spec",
-        {
-            "nodeName": Any,
-            "containers": List[container],  # type: ignore[valid-type]
-            "tier": Any,
-            "tierName": Any,
-            "members": Any,
-        },
-    )
-    address = typed("Address", {"type": Any, "address": Any})
-    status = typed(
-        "Status",
-        {"hostIP": Any, "phase": Any, "addresses": List[address]},  # type: ignore[valid-type]
-    )
-    item = typed("Item", {"kind": Any, "metadata": meta, "spec": spec, "status": status})
-    document = typed(
-        "Document",
-        {
-            "kind": Any,
-            "apiVersion": Any,
-            "metadata": Dict[str, Any],
-            "items": List[item],  # type: ignore[valid-type]
-            "servers": Any,
-            "server_list": Any,
-            "tor_count": Any,
-        },
-    )
-    return msgspec.json.Decoder(document)
 
 
 def list_continue(document: Any) -> Optional[str]:

@@ -233,10 +233,10 @@ def test_the_namespace_comes_from_the_environment_or_the_service_account(tmp_pat
 
 
 def test_gzip_bodies_are_what_the_reader_unwraps():
-    from npu_job.bootstrap.kubeobjects import decode_kube_document
+    from npu_job.bootstrap.payload import decode_document
 
     document = {"kind": "NodeList", "items": []}
-    assert decode_kube_document(gzip.compress(json.dumps(document).encode()), "x") == document
+    assert decode_document(gzip.compress(json.dumps(document).encode()), "x") == document
 
 
 def test_a_kept_alive_connection_the_server_closed_is_opened_again_at_once(
