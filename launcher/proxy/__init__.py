@@ -20,8 +20,9 @@ once at the root), takes an idle wait connection or, if none is idle, a short-li
 (closed after its answer; an extra that comes up after the pool did is still the one taken).
 
 Coalescing (what a one-for-one forwarder cannot do; its rules are pure code in
-:mod:`.coalescing`, the server that applies them on an event loop is :mod:`.server`, its
-connections to the root :mod:`.upstream`; :mod:`.storeproxy` runs the server on a thread, and
+:mod:`.coalescing`, the server that applies them on an event loop is :mod:`.server` with its
+worker connections in :mod:`.client` and its blocking requests in :mod:`.waits`, its connections
+to the root :mod:`.upstream`; :mod:`.storeproxy` runs the server on a thread, and
 ``python -m npu_job.launcher.proxy`` as a command):
 
 * identical GETs and CHECKs share one upstream request, and identical WAITs (same key list) one
@@ -40,7 +41,7 @@ connections to the root :mod:`.upstream`; :mod:`.storeproxy` runs the server on 
   turn (every worker asking for the same key at once) still share one request. Per client, order
   is the root's: its requests go upstream in arrival order on the main connection, and a WAIT
   answer (served on a wait connection) is held until the main connection has answered a request
-  sent after the client's latest no-reply write (``server``'s ``_answer_wait``). Before
+  sent after the client's latest no-reply write (``waits``' ``_answer_wait``). Before
   issue 15 a GET could join one sent long before, still queued behind large replies on the main
   connection, and return a value older than a write another node had completed;
 * concurrent ADDs to one key are summed into one upstream ADD (group commit: while one ADD to a
@@ -53,7 +54,7 @@ Keys used with QUEUE_* ops are never coalesced for WAIT (a queue push wakes one 
 A key first used as a queue by several workers' simultaneous blocking ``queue_pop`` (WAIT is the
 first thing the proxy sees of it) can still be merged once; a pop that follows such a shared
 wake-up and finds the queue empty is not answered but tried again until it gets an item (the root
-would have kept that worker waiting), see ``server``'s ``_pop_as_waiter``. If the worker
+would have kept that worker waiting), see ``waits``' ``_pop_as_waiter``. If the worker
 gives up (its wait timeout) while such a retry is on its way, that one item is popped for nobody.
 
 Threading: ``StoreProxy`` runs the asyncio loop on a background thread. Some torch client calls

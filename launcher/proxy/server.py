@@ -1,12 +1,14 @@
 """The store proxy's server on one event loop: local clients in, coalesced requests to the root out.
 
-It owns the local side (``_Client``: one callback-driven protocol object per worker connection,
-replies in request order, refusals), what each request turns into (joins and writes on the main
-connection, ADD group commit, wait groups on the wait connections or polled with CHECK, BARRIER
-on a connection of its own, the held WAIT answer), reconnecting and the failure of clients when
-the root is gone. The rules it applies are pure code in :mod:`.coalescing`, its connections to
-the root are :mod:`.upstream`'s; the contract, the rules and the faults are told in
-:mod:`npu_job.launcher.proxy`, and :mod:`.storeproxy` runs this server on a thread.
+It owns the proxy's life (start, warm-up, close, the counters), the main connection to the root
+(opening it, replaying what a dropped one never delivered, closing the clients whose writes went
+with it, probing a root that may be gone), and what each client request turns into: PING answered
+here, joins and writes on the main connection, ADD group commit. The local side, one protocol
+object per worker connection, is :mod:`.client`; the blocking requests (the WAIT pool, BARRIER)
+are :mod:`.waits`', a half this server inherits. The rules it applies are pure code in
+:mod:`.coalescing`, its connections to the root are :mod:`.upstream`'s; the contract, the rules and
+the faults are told in :mod:`npu_job.launcher.proxy`, and :mod:`.storeproxy` runs this server on
+a thread.
 """
 
 from __future__ import annotations
@@ -15,30 +17,23 @@ import asyncio
 import collections
 import functools
 import ipaddress
-import itertools
 import logging
 import socket
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple, Union
-
-from npu_job.polling import Backoff
+from typing import Dict, List, Optional, Set, Tuple
 
 from ..protocol import (
     NEWEST,
     NO_REPLY_OPS,
-    CheckReply,
     Dialect,
     Op,
-    ProtocolError,
-    QueuePopReply,
     Request,
     WaitReply,
-    complete_multi_set_prefix,
-    decode_request,
     encode_reply,
 )
+from .client import Client
 from .coalescing import (
     Joins,
     WaitGroup,
@@ -52,17 +47,14 @@ from .upstream import (
     UpstreamLost,
     forward,
     resolve,
-    set_nodelay,
 )
+from .waits import STOP_WAITING_REPLY, Waits
 
 logger = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 65535  # the kernel caps it at net.core.somaxconn
 DEFAULT_WAIT_CONNECTIONS = 2
-_POLL = Backoff(0.005, 2.0, 0.25)  # a queued wait's CHECKs and a shared pop's retries
 _PROBE_TIMEOUT = 2.0
-_REFUSED_LINGER = 10.0  # seconds a refused client may keep its connection open after our FIN
-_STOP_WAITING_REPLY = encode_reply(Op.WAIT, WaitReply.STOP_WAITING)
 # Answered by the proxy itself or served by wait connections; everything else goes on the main one.
 _LOCAL_OPS = frozenset({Op.WAIT, Op.PING, Op.CANCEL_WAIT, Op.BARRIER})
 
@@ -84,193 +76,7 @@ class ProxyStats:
     upstream_by_op: Mapping[str, int] = field(default_factory=dict)
 
 
-class _Client(asyncio.BufferedProtocol):
-    """One local worker connection, callback-driven (no task per client: the proxy's CPU per
-    request is what a single machine running many proxies pays twice over).
-
-    Reads land in the proxy's shared scratch buffer (``recv_into``, no bytes object per read) and
-    are decoded in place; only the tail of a request split across reads is copied to the client's
-    own buffer.
-
-    Requests are handled in arrival order; replies to non-blocking requests are written in the
-    same order (a joined GET may finish before an earlier request of the same client). WAIT and
-    BARRIER replies are written when they happen, as the root does.
-    """
-
-    _ids = itertools.count()
-
-    def __init__(self, proxy: AsyncStoreProxy) -> None:
-        self.id = next(self._ids)
-        self.proxy = proxy
-        self.transport: Optional[asyncio.Transport] = None
-        self.wait: Optional[WaitGroup[_Client]] = None
-        self.barrier: Optional[Tuple[Upstream, asyncio.Future]] = None
-        # keys of the WAIT just answered, when one upstream answer woke several local waiters
-        self.woken_with_others: Optional[Tuple[bytes, ...]] = None
-        # its latest no-reply write on the main connection: (connection, applied mark)
-        self.unconfirmed: Optional[Tuple[Upstream, int]] = None
-        self.stop_held: Optional[object] = None  # a WAIT answer held until that write is applied
-        self._buf = bytearray()
-        self._validated = not proxy.dialect.validates  # torch 2.1 clients send no VALIDATE
-        self._blocked = False
-        self._refused = False
-        self._replies: collections.deque[Tuple[Op, object]] = collections.deque()
-
-    # asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it: no isinstance
-        # check
-        self.transport = transport  # type: ignore[assignment]
-        set_nodelay(transport.get_extra_info("socket"))
-        self.proxy.add_client(self)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.proxy.scratch  # one loop thread: each read is consumed before the next starts
-
-    def buffer_updated(self, nbytes: int) -> None:
-        if self._refused:  # read and drop what follows a refused request (see refuse)
-            return
-        data = self.proxy.scratch[:nbytes]
-        if self._buf or self._blocked:
-            self._buf += data
-            if not self._blocked:
-                self._process()
-            return
-        pos = self._consume(data)
-        if pos < nbytes:
-            self._buf += data[pos:]
-
-    def connection_lost(self, exc: Optional[Exception]) -> None:
-        if self._buf and self._validated and not self._refused and not self._blocked:
-            # as the root does: the complete pairs of a MULTI_SET cut short are stored
-            partial = complete_multi_set_prefix(self._buf, self.proxy.dialect)
-            if partial is not None:
-                self.proxy.relay_orphan(partial)
-        self.proxy.drop_client(self)
-
-    # requests
-    def _process(self) -> None:
-        pos = self._consume(self._buf)
-        if pos:
-            del self._buf[:pos]
-
-    def _consume(self, buf: Union[bytearray, memoryview]) -> int:
-        """Handle the whole requests at the start of ``buf``; returns where the rest begins."""
-        pos = 0
-        proxy = self.proxy
-        try:
-            while not self._blocked:
-                decoded = decode_request(buf, pos, proxy.dialect)
-                if decoded is None:
-                    break
-                request, end = decoded
-                if request.op == Op.VALIDATE:
-                    if self._validated:
-                        raise ProtocolError("VALIDATE sent twice")
-                    self._validated = True
-                elif not self._validated:
-                    raise ProtocolError(f"{request.op.name} before VALIDATE")
-                else:
-                    waiting_for = proxy.handle(self, request)
-                    if waiting_for is not None:  # retried once the connection it needs is open
-                        self._block(waiting_for)
-                        break
-                proxy.counters.requests_received += 1
-                proxy.counters.received_by_op[request.op] += 1
-                pos = end
-        except ProtocolError as exc:
-            self.refuse(str(exc))
-            return len(buf)
-        return pos
-
-    def _block(self, awaitable: asyncio.Future[object]) -> None:
-        self._blocked = True
-        assert self.transport is not None
-        self.transport.pause_reading()
-
-        async def resume() -> None:
-            try:
-                await awaitable
-            except UpstreamLost as exc:
-                logger.warning("store proxy: closing client %d: %s", self.id, exc)
-                self.abort()
-                return
-            self._blocked = False
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.resume_reading()
-                self._process()
-
-        self.proxy.spawn(resume())
-
-    # replies
-    def reply(self, op: Op, value: object) -> None:
-        """Queue the reply to a non-blocking request: bytes, or a future of the reply value."""
-        if not self._replies and not isinstance(value, asyncio.Future):
-            self.write(value)  # type: ignore[arg-type]
-            return
-        self._replies.append((op, value))
-        if isinstance(value, asyncio.Future):
-            value.add_done_callback(self._flush_replies)
-        else:
-            self._flush_replies()
-
-    def _flush_replies(self, _: object = None) -> None:
-        replies = self._replies
-        while replies:
-            op, item = replies[0]
-            if isinstance(item, asyncio.Future):
-                if not item.done():
-                    return
-                if item.cancelled() or item.exception() is not None:
-                    replies.clear()
-                    self.abort()
-                    return
-                data = encode_reply(op, item.result())
-            else:
-                data = item  # type: ignore[assignment]
-            replies.popleft()
-            self.write(data)
-        if self._refused:
-            self._end_after_replies()
-
-    def refuse(self, reason: str) -> None:
-        """Stop serving a client that sent what its root would not take, as the root would.
-
-        The stock server drops such a connection. The proxy does it cleanly: the replies it
-        already owes are sent, then a FIN (the client's next call fails at once with "connection
-        closed"), and its later bytes are read and dropped so that closing never sends a reset.
-        Other clients are not affected.
-        """
-        logger.warning("store proxy: closing client %d: %s", self.id, reason)
-        self._refused = True
-        self._buf.clear()
-        if self._blocked and self.transport is not None:
-            self.transport.resume_reading()
-        self._flush_replies()
-
-    def _end_after_replies(self) -> None:
-        transport = self.transport
-        if transport is None or transport.is_closing() or self._replies:
-            return
-        if transport.can_write_eof():
-            transport.write_eof()
-            # the client hangs up on the FIN; if it never does, do not keep it forever
-            asyncio.get_running_loop().call_later(_REFUSED_LINGER, self.abort)
-        else:
-            transport.close()
-
-    def write(self, data: bytes) -> None:
-        transport = self.transport
-        if data and transport is not None and not transport.is_closing():
-            transport.write(data)
-
-    def abort(self) -> None:
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.abort()
-
-
-class AsyncStoreProxy:
+class AsyncStoreProxy(Waits):
     """The proxy on an asyncio loop (the benchmark runs many of these on one loop)."""
 
     def __init__(
@@ -292,20 +98,20 @@ class AsyncStoreProxy:
         self.counters = Counters()
         self.upstream_open: Set[Upstream] = set()
         self._server: Optional[asyncio.AbstractServer] = None
-        self._clients: Dict[int, _Client] = {}
+        self._clients: Dict[int, Client] = {}
         self._main: Optional[Upstream] = None
         self._main_opening: Optional[asyncio.Future] = None
         self._idle_wait: List[Upstream] = []
         self._wait_pool: Set[Upstream] = set()
         self._wait_opening = 0
-        self._queued: collections.deque[WaitGroup[_Client]] = collections.deque()
+        self._queued: collections.deque[WaitGroup[Client]] = collections.deque()
         self._joins: Joins[asyncio.Future] = Joins()
         self._add_busy: Set[bytes] = set()
         self._add_next: Dict[bytes, List[Tuple[int, asyncio.Future]]] = {}
         self._tasks: Set[asyncio.Task] = set()
         self._spare_barrier_conns: List[Upstream] = []
         self._replay: List[Tuple[Request, Optional[asyncio.Future]]] = []
-        self.scratch = memoryview(bytearray(READ_CHUNK))  # every client's reads (see _Client)
+        self.scratch = memoryview(bytearray(READ_CHUNK))  # every client's reads (see Client)
         self._closing = False
 
     # ------------------------------------------------------------ lifecycle
@@ -314,7 +120,7 @@ class AsyncStoreProxy:
         """Serve local clients on an already listening socket."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Client(self), sock=sock, backlog=LISTEN_BACKLOG
+            lambda: Client(self), sock=sock, backlog=LISTEN_BACKLOG
         )
         self.spawn(self._warm_up())
 
@@ -480,38 +286,16 @@ class AsyncStoreProxy:
             probe.close()
         self._pump_waits()
 
-    async def _open_wait_conn(self) -> None:
-        try:
-            conn = Upstream(self, "wait")
-            await conn.open(asyncio.get_running_loop().time() + self.timeout)
-        except UpstreamLost as exc:
-            logger.warning("store proxy: %s", exc)
-            self._fail_queued(exc)
-            return
-        finally:
-            self._wait_opening -= 1
-        self._wait_pool.add(conn)
-        self._release_wait_conn(conn)
-
-    def _release_wait_conn(self, conn: Upstream) -> None:
-        if conn.closed:
-            return
-        if conn not in self._wait_pool:  # an extra connection a BARRIER borrowed
-            conn.close()
-            return
-        self._idle_wait.append(conn)
-        self._pump_waits()
-
     # ------------------------------------------------------------ clients
 
-    def add_client(self, client: _Client) -> None:
+    def add_client(self, client: Client) -> None:
         if self._closing:
             client.abort()
             return
         self._clients[client.id] = client
         self.counters.client_connections += 1
 
-    def drop_client(self, client: _Client) -> None:
+    def drop_client(self, client: Client) -> None:
         self._clients.pop(client.id, None)
         self._leave_wait(client)
         self._leave_barrier(client)
@@ -537,7 +321,7 @@ class AsyncStoreProxy:
                 pass
         self.spawn(send())
 
-    def handle(self, client: _Client, request: Request) -> Optional[asyncio.Future[object]]:
+    def handle(self, client: Client, request: Request) -> Optional[asyncio.Future[object]]:
         """Act on one client request; returns an awaitable to retry after if it cannot go yet."""
         op = request.op
         woken_with_others, client.woken_with_others = client.woken_with_others, None
@@ -570,7 +354,7 @@ class AsyncStoreProxy:
             self._leave_barrier(client)
             if client.stop_held is not None:  # woken already: the answer goes first, as at the root
                 client.stop_held = None
-                client.write(_STOP_WAITING_REPLY)
+                client.write(STOP_WAITING_REPLY)
             client.reply(op, encode_reply(op, WaitReply.WAIT_CANCELED))
         else:  # BARRIER
             return self._client_barrier(client, request)
@@ -649,226 +433,6 @@ class AsyncStoreProxy:
 
         upstream.add_done_callback(done)
 
-    async def _pop_as_waiter(self, client: _Client, request: Request) -> object:
-        """A blocking ``queue_pop`` (WAIT, then QUEUE_POP) on a key the proxy did not know was a
-        queue, whose WAIT was answered together with other local waiters' WAITs.
-
-        At the root a push wakes one waiter of a queue; the merged WAIT woke them all. So a pop
-        that finds the queue empty is not answered: it is tried again (backoff, as queued waits
-        poll) until it gets an item, which is what the root's waiter would have got after its
-        wake-up, or until the client leaves (its own wait timeout closes it).
-        """
-        pauses = _POLL.pauses()
-        while True:
-            main = await self._get_main()
-            reply = await self._submit(main, request)  # type: ignore[misc]
-            if not isinstance(reply, QueuePopReply) or reply.length > 0:
-                return reply
-            transport = client.transport
-            if transport is None or transport.is_closing():
-                return reply
-            await asyncio.sleep(next(pauses))
-
-    # ------------------------------------------------------------ WAIT
-
-    def _client_wait(self, client: _Client, keys: Tuple[bytes, ...]) -> None:
-        self._leave_wait(client)  # the root keeps one wait per connection, the latest
-        group = self._joins.wait_group(keys)
-        if group is not None:
-            self.counters.coalesced += 1
-        else:
-            group = self._joins.new_wait_group(keys)
-            self._queued.append(group)
-            self._pump_waits()
-            if group.state == "queued":
-                self.spawn(self._poll_group(group))
-        group.add(client)
-        client.wait = group
-
-    def _pump_waits(self) -> None:
-        """Give idle (or newly opened) wait connections to queued groups, oldest first."""
-        while self._queued:
-            group = self._queued[0]
-            if group.state != "queued":
-                self._queued.popleft()
-                continue
-            conn = _pop_open(self._idle_wait)
-            if conn is not None:
-                self._queued.popleft()
-                self._activate(group, conn)
-                continue
-            if len(self._wait_pool) + self._wait_opening < self.wait_connections:
-                self._wait_opening += 1
-                self.spawn(self._open_wait_conn())
-            break
-
-    def _activate(self, group: WaitGroup[_Client], conn: Upstream) -> None:
-        group.state = "active"
-        group.conn = conn
-        try:
-            group.asking(conn.batch)
-            upstream = conn.send(Request(Op.WAIT, keys=group.keys))
-        except UpstreamLost as exc:
-            self._finish_group(group, exc)
-            return
-        assert upstream is not None
-
-        def done(reply: asyncio.Future) -> None:
-            if reply.cancelled() or reply.exception() is not None:
-                self._finish_group(group, reply.exception() or UpstreamLost("cancelled"))
-                return
-            if reply.result() == WaitReply.STOP_WAITING and group.state == "active":
-                self._finish_group(group, None)
-                self._release_wait_conn(conn)
-            # WAIT_CANCELED or a wake-up racing our CANCEL_WAIT: the cancel reply frees the conn
-
-        upstream.add_done_callback(done)
-
-    async def _poll_group(self, group: WaitGroup[_Client]) -> None:
-        """A queued group asks CHECK (coalesced, on the main stream) until ready or promoted."""
-        pauses = _POLL.pauses()
-        try:
-            while group.state == "queued":
-                main = await self._get_main()
-                group.asking(main.batch)
-                ready = await asyncio.shield(
-                    self._join_or_send(main, Request(Op.CHECK, keys=group.keys))
-                )
-                if group.state != "queued":
-                    return
-                if ready == CheckReply.READY:
-                    self._finish_group(group, None)
-                    return
-                await asyncio.sleep(next(pauses))
-        except UpstreamLost as exc:
-            if group.state == "queued":
-                self._finish_group(group, exc)
-
-    def _finish_group(self, group: WaitGroup[_Client], error: Optional[BaseException]) -> None:
-        self._joins.forget_wait(group)
-        waiters, late = group.finish(error is not None)
-        if late:  # their answer must come from a request sent after they arrived: ask again
-            again: WaitGroup[_Client] = self._joins.new_wait_group(group.keys, follows=group)
-            for client in late.values():
-                again.waiters[client.id] = client
-                client.wait = again
-            self._queued.append(again)
-            self._pump_waits()
-            if again.state == "queued":
-                self.spawn(self._poll_group(again))
-        shared = group.shared
-        for client in waiters.values():  # a client that left (CANCEL_WAIT, gone) is no longer here
-            if client.wait is group:
-                client.wait = None
-            if error is None:
-                client.woken_with_others = group.keys if shared else None
-                self._answer_wait(client)
-            else:
-                client.abort()
-
-    def _answer_wait(self, client: _Client) -> None:
-        """STOP_WAITING, once the client's earlier writes are applied at the root.
-
-        Straight to the root, a WAIT's answer proves that the writes the client sent before it
-        were applied (one connection, served in order). Through the proxy the WAIT waits on a
-        connection of its own, so its answer is held until the main connection has answered a
-        request sent after the client's latest no-reply write (a PING if none follows).
-        """
-        unconfirmed = client.unconfirmed
-        if unconfirmed is None or unconfirmed[0].marks.applied(unconfirmed[1]):
-            client.unconfirmed = None
-            client.write(_STOP_WAITING_REPLY)
-            return
-        held = client.stop_held = object()
-
-        def release() -> None:
-            if client.stop_held is held:  # not answered by a CANCEL_WAIT since, nor a later WAIT
-                client.stop_held = None
-                client.write(_STOP_WAITING_REPLY)
-
-        conn, mark = unconfirmed
-        conn.when_applied(mark, release)
-
-    def _fail_queued(self, error: BaseException) -> None:
-        if self._wait_pool or self._wait_opening:
-            return  # another connection will serve the queue
-        while self._queued:
-            self._finish_group(self._queued.popleft(), error)
-
-    def _leave_wait(self, client: _Client) -> None:
-        if client.wait is None:
-            return
-        group = client.wait
-        client.wait = None
-        group.remove(client)
-        if not group.empty or group.state not in ("queued", "active"):
-            return
-        self._joins.forget_wait(group)
-        if group.state == "queued":
-            group.state = "done"
-            return
-        group.state = "cancelling"
-        conn = group.conn
-        assert isinstance(conn, Upstream)
-        self._cancel_upstream(conn)
-
-    def _cancel_upstream(self, conn: Upstream) -> None:
-        try:
-            cancelled = conn.send(Request(Op.CANCEL_WAIT))
-        except UpstreamLost:
-            return
-        assert cancelled is not None
-        cancelled.add_done_callback(
-            lambda f: (
-                self._release_wait_conn(conn)
-                if not f.cancelled() and f.exception() is None
-                else None
-            )
-        )
-
-    # ------------------------------------------------------------ BARRIER
-
-    def _client_barrier(
-        self, client: _Client, request: Request
-    ) -> Optional[asyncio.Future[object]]:
-        # An extra connection first: one is open only because a BARRIER asked for it, and taking
-        # an idle wait connection instead (the pool came up meanwhile) would leave it open for
-        # good, one more root connection per barrier that found the pool still opening.
-        conn = _pop_open(self._spare_barrier_conns) or _pop_open(self._idle_wait)
-        if conn is None:  # no idle connection: open a short-lived one, then retry
-            return self.spawn(self._open_spare_barrier_conn())
-        self._leave_barrier(client)
-        self._joins.noted(request)
-        upstream = conn.send(request)
-        assert upstream is not None
-        client.barrier = (conn, upstream)
-
-        def done(reply: asyncio.Future) -> None:
-            if client.barrier is not None and client.barrier[1] is reply:
-                client.barrier = None
-            else:
-                return  # cancelled by the client: the CANCEL_WAIT reply frees the conn
-            if reply.cancelled() or reply.exception() is not None:
-                client.abort()
-                return
-            client.write(encode_reply(Op.BARRIER, reply.result()))
-            self._release_wait_conn(conn)
-
-        upstream.add_done_callback(done)
-        return None
-
-    async def _open_spare_barrier_conn(self) -> None:
-        conn = Upstream(self, "barrier")
-        await conn.open(asyncio.get_running_loop().time() + self.timeout)
-        self._spare_barrier_conns.append(conn)
-
-    def _leave_barrier(self, client: _Client) -> None:
-        if client.barrier is None:
-            return
-        conn, _ = client.barrier
-        client.barrier = None
-        self._cancel_upstream(conn)
-
 
 def format_address(host: str, port: int) -> str:
     try:
@@ -877,12 +441,3 @@ def format_address(host: str, port: int) -> str:
     except ValueError:
         pass
     return f"{host}:{port}"
-
-
-def _pop_open(conns: List[Upstream]) -> Optional[Upstream]:
-    """The last of ``conns`` still open, popped with the closed ones after it; None if none is."""
-    while conns:
-        conn = conns.pop()
-        if not conn.closed:
-            return conn
-    return None

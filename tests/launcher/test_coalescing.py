@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from npu_job.launcher.protocol import Op, Request
 from npu_job.launcher.proxy.coalescing import (
     AppliedMarks,
     Batch,
@@ -19,7 +20,6 @@ from npu_job.launcher.proxy.coalescing import (
     add_results,
     dropped_for,
 )
-from npu_job.launcher.protocol import Op, Request
 
 
 @dataclass(frozen=True)

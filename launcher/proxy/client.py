@@ -1,0 +1,219 @@
+"""The proxy's local side: one :class:`Client` per worker connection to the proxy.
+
+It owns what happens on that connection: reading into the server's shared buffer and decoding in
+place, VALIDATE first, handing each request to the server (:meth:`.server.AsyncStoreProxy.handle`)
+and pausing the connection while a request waits for an upstream connection, writing replies in
+request order, and refusing a client that sent what its root would not take. What a request turns
+into is the server's (:mod:`.server`) and, for the blocking ones, :mod:`.waits`'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+from typing import TYPE_CHECKING, Optional, Tuple, Union
+
+from ..protocol import (
+    Op,
+    ProtocolError,
+    complete_multi_set_prefix,
+    decode_request,
+    encode_reply,
+)
+from .coalescing import WaitGroup
+from .upstream import Upstream, UpstreamLost, set_nodelay
+
+if TYPE_CHECKING:
+    from .server import AsyncStoreProxy
+
+logger = logging.getLogger(__name__)
+
+_REFUSED_LINGER = 10.0  # seconds a refused client may keep its connection open after our FIN
+
+
+class Client(asyncio.BufferedProtocol):
+    """One local worker connection, callback-driven (no task per client: the proxy's CPU per
+    request is what a single machine running many proxies pays twice over).
+
+    Reads land in the proxy's shared scratch buffer (``recv_into``, no bytes object per read) and
+    are decoded in place; only the tail of a request split across reads is copied to the client's
+    own buffer.
+
+    Requests are handled in arrival order; replies to non-blocking requests are written in the
+    same order (a joined GET may finish before an earlier request of the same client). WAIT and
+    BARRIER replies are written when they happen, as the root does.
+    """
+
+    _ids = itertools.count()
+
+    def __init__(self, proxy: AsyncStoreProxy) -> None:
+        self.id = next(self._ids)
+        self.proxy = proxy
+        self.transport: Optional[asyncio.Transport] = None
+        self.wait: Optional[WaitGroup[Client]] = None
+        self.barrier: Optional[Tuple[Upstream, asyncio.Future]] = None
+        # keys of the WAIT just answered, when one upstream answer woke several local waiters
+        self.woken_with_others: Optional[Tuple[bytes, ...]] = None
+        # its latest no-reply write on the main connection: (connection, applied mark)
+        self.unconfirmed: Optional[Tuple[Upstream, int]] = None
+        self.stop_held: Optional[object] = None  # a WAIT answer held until that write is applied
+        self._buf = bytearray()
+        self._validated = not proxy.dialect.validates  # torch 2.1 clients send no VALIDATE
+        self._blocked = False
+        self._refused = False
+        self._replies: collections.deque[Tuple[Op, object]] = collections.deque()
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it: no isinstance
+        # check
+        self.transport = transport  # type: ignore[assignment]
+        set_nodelay(transport.get_extra_info("socket"))
+        self.proxy.add_client(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.proxy.scratch  # one loop thread: each read is consumed before the next starts
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._refused:  # read and drop what follows a refused request (see refuse)
+            return
+        data = self.proxy.scratch[:nbytes]
+        if self._buf or self._blocked:
+            self._buf += data
+            if not self._blocked:
+                self._process()
+            return
+        pos = self._consume(data)
+        if pos < nbytes:
+            self._buf += data[pos:]
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if self._buf and self._validated and not self._refused and not self._blocked:
+            # as the root does: the complete pairs of a MULTI_SET cut short are stored
+            partial = complete_multi_set_prefix(self._buf, self.proxy.dialect)
+            if partial is not None:
+                self.proxy.relay_orphan(partial)
+        self.proxy.drop_client(self)
+
+    # requests
+    def _process(self) -> None:
+        pos = self._consume(self._buf)
+        if pos:
+            del self._buf[:pos]
+
+    def _consume(self, buf: Union[bytearray, memoryview]) -> int:
+        """Handle the whole requests at the start of ``buf``; returns where the rest begins."""
+        pos = 0
+        proxy = self.proxy
+        try:
+            while not self._blocked:
+                decoded = decode_request(buf, pos, proxy.dialect)
+                if decoded is None:
+                    break
+                request, end = decoded
+                if request.op == Op.VALIDATE:
+                    if self._validated:
+                        raise ProtocolError("VALIDATE sent twice")
+                    self._validated = True
+                elif not self._validated:
+                    raise ProtocolError(f"{request.op.name} before VALIDATE")
+                else:
+                    waiting_for = proxy.handle(self, request)
+                    if waiting_for is not None:  # retried once the connection it needs is open
+                        self._block(waiting_for)
+                        break
+                proxy.counters.requests_received += 1
+                proxy.counters.received_by_op[request.op] += 1
+                pos = end
+        except ProtocolError as exc:
+            self.refuse(str(exc))
+            return len(buf)
+        return pos
+
+    def _block(self, awaitable: asyncio.Future[object]) -> None:
+        self._blocked = True
+        assert self.transport is not None
+        self.transport.pause_reading()
+
+        async def resume() -> None:
+            try:
+                await awaitable
+            except UpstreamLost as exc:
+                logger.warning("store proxy: closing client %d: %s", self.id, exc)
+                self.abort()
+                return
+            self._blocked = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
+                self._process()
+
+        self.proxy.spawn(resume())
+
+    # replies
+    def reply(self, op: Op, value: object) -> None:
+        """Queue the reply to a non-blocking request: bytes, or a future of the reply value."""
+        if not self._replies and not isinstance(value, asyncio.Future):
+            self.write(value)  # type: ignore[arg-type]
+            return
+        self._replies.append((op, value))
+        if isinstance(value, asyncio.Future):
+            value.add_done_callback(self._flush_replies)
+        else:
+            self._flush_replies()
+
+    def _flush_replies(self, _: object = None) -> None:
+        replies = self._replies
+        while replies:
+            op, item = replies[0]
+            if isinstance(item, asyncio.Future):
+                if not item.done():
+                    return
+                if item.cancelled() or item.exception() is not None:
+                    replies.clear()
+                    self.abort()
+                    return
+                data = encode_reply(op, item.result())
+            else:
+                data = item  # type: ignore[assignment]
+            replies.popleft()
+            self.write(data)
+        if self._refused:
+            self._end_after_replies()
+
+    def refuse(self, reason: str) -> None:
+        """Stop serving a client that sent what its root would not take, as the root would.
+
+        The stock server drops such a connection. The proxy does it cleanly: the replies it
+        already owes are sent, then a FIN (the client's next call fails at once with "connection
+        closed"), and its later bytes are read and dropped so that closing never sends a reset.
+        Other clients are not affected.
+        """
+        logger.warning("store proxy: closing client %d: %s", self.id, reason)
+        self._refused = True
+        self._buf.clear()
+        if self._blocked and self.transport is not None:
+            self.transport.resume_reading()
+        self._flush_replies()
+
+    def _end_after_replies(self) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._replies:
+            return
+        if transport.can_write_eof():
+            transport.write_eof()
+            # the client hangs up on the FIN; if it never does, do not keep it forever
+            asyncio.get_running_loop().call_later(_REFUSED_LINGER, self.abort)
+        else:
+            transport.close()
+
+    def write(self, data: bytes) -> None:
+        transport = self.transport
+        if data and transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    def abort(self) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.abort()

@@ -1,0 +1,296 @@
+"""The proxy's blocking requests: the WAIT pool and queue, BARRIER, and pops after a shared wake-up.
+
+:class:`Waits` is the half of :class:`~.server.AsyncStoreProxy` that serves them (the server
+inherits it; the state is the server's, set in its ``__init__``): the pool of
+``wait_connections`` wait connections to the root and the extra ones a BARRIER opens, one
+upstream WAIT per group of local waiters on the same keys (:class:`~.coalescing.WaitGroup`),
+groups queued behind a full pool and polled with CHECK on the main connection, late waiters asked
+again, the STOP_WAITING held until the client's earlier writes are applied, and cancellation when
+a client leaves. The contract these keep is told in :mod:`npu_job.launcher.proxy`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import TYPE_CHECKING, List, Optional, Set, Tuple
+
+from npu_job.polling import Backoff
+
+from ..protocol import CheckReply, Op, QueuePopReply, Request, WaitReply, encode_reply
+from .coalescing import Joins, WaitGroup
+from .upstream import Counters, Upstream, UpstreamLost
+
+if TYPE_CHECKING:
+    from .client import Client
+
+logger = logging.getLogger(__name__)
+
+_POLL = Backoff(0.005, 2.0, 0.25)  # a queued wait's CHECKs and a shared pop's retries
+STOP_WAITING_REPLY = encode_reply(Op.WAIT, WaitReply.STOP_WAITING)
+
+
+class Waits:
+    """WAIT, BARRIER and the pops a shared wake-up woke, for :class:`~.server.AsyncStoreProxy`."""
+
+    # the server's state these methods share (AsyncStoreProxy.__init__ sets it); of its methods
+    # they call spawn, _get_main, _submit and _join_or_send
+    timeout: float
+    wait_connections: int
+    counters: Counters
+    _joins: Joins[asyncio.Future]
+    _idle_wait: List[Upstream]
+    _wait_pool: Set[Upstream]
+    _wait_opening: int
+    _queued: collections.deque[WaitGroup[Client]]
+    _spare_barrier_conns: List[Upstream]
+
+    async def _open_wait_conn(self) -> None:
+        try:
+            conn = Upstream(self, "wait")
+            await conn.open(asyncio.get_running_loop().time() + self.timeout)
+        except UpstreamLost as exc:
+            logger.warning("store proxy: %s", exc)
+            self._fail_queued(exc)
+            return
+        finally:
+            self._wait_opening -= 1
+        self._wait_pool.add(conn)
+        self._release_wait_conn(conn)
+
+    def _release_wait_conn(self, conn: Upstream) -> None:
+        if conn.closed:
+            return
+        if conn not in self._wait_pool:  # an extra connection a BARRIER borrowed
+            conn.close()
+            return
+        self._idle_wait.append(conn)
+        self._pump_waits()
+
+    async def _pop_as_waiter(self, client: Client, request: Request) -> object:
+        """A blocking ``queue_pop`` (WAIT, then QUEUE_POP) on a key the proxy did not know was a
+        queue, whose WAIT was answered together with other local waiters' WAITs.
+
+        At the root a push wakes one waiter of a queue; the merged WAIT woke them all. So a pop
+        that finds the queue empty is not answered: it is tried again (backoff, as queued waits
+        poll) until it gets an item, which is what the root's waiter would have got after its
+        wake-up, or until the client leaves (its own wait timeout closes it).
+        """
+        pauses = _POLL.pauses()
+        while True:
+            main = await self._get_main()
+            reply = await self._submit(main, request)  # type: ignore[misc]
+            if not isinstance(reply, QueuePopReply) or reply.length > 0:
+                return reply
+            transport = client.transport
+            if transport is None or transport.is_closing():
+                return reply
+            await asyncio.sleep(next(pauses))
+
+    # ------------------------------------------------------------ WAIT
+
+    def _client_wait(self, client: Client, keys: Tuple[bytes, ...]) -> None:
+        self._leave_wait(client)  # the root keeps one wait per connection, the latest
+        group = self._joins.wait_group(keys)
+        if group is not None:
+            self.counters.coalesced += 1
+        else:
+            group = self._joins.new_wait_group(keys)
+            self._queued.append(group)
+            self._pump_waits()
+            if group.state == "queued":
+                self.spawn(self._poll_group(group))
+        group.add(client)
+        client.wait = group
+
+    def _pump_waits(self) -> None:
+        """Give idle (or newly opened) wait connections to queued groups, oldest first."""
+        while self._queued:
+            group = self._queued[0]
+            if group.state != "queued":
+                self._queued.popleft()
+                continue
+            conn = _pop_open(self._idle_wait)
+            if conn is not None:
+                self._queued.popleft()
+                self._activate(group, conn)
+                continue
+            if len(self._wait_pool) + self._wait_opening < self.wait_connections:
+                self._wait_opening += 1
+                self.spawn(self._open_wait_conn())
+            break
+
+    def _activate(self, group: WaitGroup[Client], conn: Upstream) -> None:
+        group.state = "active"
+        group.conn = conn
+        try:
+            group.asking(conn.batch)
+            upstream = conn.send(Request(Op.WAIT, keys=group.keys))
+        except UpstreamLost as exc:
+            self._finish_group(group, exc)
+            return
+        assert upstream is not None
+
+        def done(reply: asyncio.Future) -> None:
+            if reply.cancelled() or reply.exception() is not None:
+                self._finish_group(group, reply.exception() or UpstreamLost("cancelled"))
+                return
+            if reply.result() == WaitReply.STOP_WAITING and group.state == "active":
+                self._finish_group(group, None)
+                self._release_wait_conn(conn)
+            # WAIT_CANCELED or a wake-up racing our CANCEL_WAIT: the cancel reply frees the conn
+
+        upstream.add_done_callback(done)
+
+    async def _poll_group(self, group: WaitGroup[Client]) -> None:
+        """A queued group asks CHECK (coalesced, on the main stream) until ready or promoted."""
+        pauses = _POLL.pauses()
+        try:
+            while group.state == "queued":
+                main = await self._get_main()
+                group.asking(main.batch)
+                ready = await asyncio.shield(
+                    self._join_or_send(main, Request(Op.CHECK, keys=group.keys))
+                )
+                if group.state != "queued":
+                    return
+                if ready == CheckReply.READY:
+                    self._finish_group(group, None)
+                    return
+                await asyncio.sleep(next(pauses))
+        except UpstreamLost as exc:
+            if group.state == "queued":
+                self._finish_group(group, exc)
+
+    def _finish_group(self, group: WaitGroup[Client], error: Optional[BaseException]) -> None:
+        self._joins.forget_wait(group)
+        waiters, late = group.finish(error is not None)
+        if late:  # their answer must come from a request sent after they arrived: ask again
+            again: WaitGroup[Client] = self._joins.new_wait_group(group.keys, follows=group)
+            for client in late.values():
+                again.waiters[client.id] = client
+                client.wait = again
+            self._queued.append(again)
+            self._pump_waits()
+            if again.state == "queued":
+                self.spawn(self._poll_group(again))
+        shared = group.shared
+        for client in waiters.values():  # a client that left (CANCEL_WAIT, gone) is no longer here
+            if client.wait is group:
+                client.wait = None
+            if error is None:
+                client.woken_with_others = group.keys if shared else None
+                self._answer_wait(client)
+            else:
+                client.abort()
+
+    def _answer_wait(self, client: Client) -> None:
+        """STOP_WAITING, once the client's earlier writes are applied at the root.
+
+        Straight to the root, a WAIT's answer proves that the writes the client sent before it
+        were applied (one connection, served in order). Through the proxy the WAIT waits on a
+        connection of its own, so its answer is held until the main connection has answered a
+        request sent after the client's latest no-reply write (a PING if none follows).
+        """
+        unconfirmed = client.unconfirmed
+        if unconfirmed is None or unconfirmed[0].marks.applied(unconfirmed[1]):
+            client.unconfirmed = None
+            client.write(STOP_WAITING_REPLY)
+            return
+        held = client.stop_held = object()
+
+        def release() -> None:
+            if client.stop_held is held:  # not answered by a CANCEL_WAIT since, nor a later WAIT
+                client.stop_held = None
+                client.write(STOP_WAITING_REPLY)
+
+        conn, mark = unconfirmed
+        conn.when_applied(mark, release)
+
+    def _fail_queued(self, error: BaseException) -> None:
+        if self._wait_pool or self._wait_opening:
+            return  # another connection will serve the queue
+        while self._queued:
+            self._finish_group(self._queued.popleft(), error)
+
+    def _leave_wait(self, client: Client) -> None:
+        if client.wait is None:
+            return
+        group = client.wait
+        client.wait = None
+        group.remove(client)
+        if not group.empty or group.state not in ("queued", "active"):
+            return
+        self._joins.forget_wait(group)
+        if group.state == "queued":
+            group.state = "done"
+            return
+        group.state = "cancelling"
+        conn = group.conn
+        assert isinstance(conn, Upstream)
+        self._cancel_upstream(conn)
+
+    def _cancel_upstream(self, conn: Upstream) -> None:
+        try:
+            cancelled = conn.send(Request(Op.CANCEL_WAIT))
+        except UpstreamLost:
+            return
+        assert cancelled is not None
+        cancelled.add_done_callback(
+            lambda f: (
+                self._release_wait_conn(conn)
+                if not f.cancelled() and f.exception() is None
+                else None
+            )
+        )
+
+    # ------------------------------------------------------------ BARRIER
+
+    def _client_barrier(self, client: Client, request: Request) -> Optional[asyncio.Future[object]]:
+        # An extra connection first: one is open only because a BARRIER asked for it, and taking
+        # an idle wait connection instead (the pool came up meanwhile) would leave it open for
+        # good, one more root connection per barrier that found the pool still opening.
+        conn = _pop_open(self._spare_barrier_conns) or _pop_open(self._idle_wait)
+        if conn is None:  # no idle connection: open a short-lived one, then retry
+            return self.spawn(self._open_spare_barrier_conn())
+        self._leave_barrier(client)
+        self._joins.noted(request)
+        upstream = conn.send(request)
+        assert upstream is not None
+        client.barrier = (conn, upstream)
+
+        def done(reply: asyncio.Future) -> None:
+            if client.barrier is not None and client.barrier[1] is reply:
+                client.barrier = None
+            else:
+                return  # cancelled by the client: the CANCEL_WAIT reply frees the conn
+            if reply.cancelled() or reply.exception() is not None:
+                client.abort()
+                return
+            client.write(encode_reply(Op.BARRIER, reply.result()))
+            self._release_wait_conn(conn)
+
+        upstream.add_done_callback(done)
+        return None
+
+    async def _open_spare_barrier_conn(self) -> None:
+        conn = Upstream(self, "barrier")
+        await conn.open(asyncio.get_running_loop().time() + self.timeout)
+        self._spare_barrier_conns.append(conn)
+
+    def _leave_barrier(self, client: Client) -> None:
+        if client.barrier is None:
+            return
+        conn, _ = client.barrier
+        client.barrier = None
+        self._cancel_upstream(conn)
+
+
+def _pop_open(conns: List[Upstream]) -> Optional[Upstream]:
+    """The last of ``conns`` still open, popped with the closed ones after it; None if none is."""
+    while conns:
+        conn = conns.pop()
+        if not conn.closed:
+            return conn
+    return None
