@@ -80,13 +80,24 @@ def build_link_tree(dest: Path, root: Path = ROOT) -> Path:
     for entry in sorted((root / "npu_job").iterdir()):
         if entry.suffix == ".py" or (entry.is_dir() and (entry / "__init__.py").exists()):
             (package / entry.name).symlink_to(entry)
-    for name, folder in package_dirs(root).items():
+    # outer packages first: a folder mapped inside another mapped folder (npu_job.render.templates
+    # in npu_job.render) turns its parent's link into a directory of links to the parent's entries
+    for name, folder in sorted(package_dirs(root).items(), key=lambda item: item[0].count(".")):
         parts = name.split(".")
-        if parts[0] != "npu_job" or len(parts) != 2:
+        if parts[0] != "npu_job" or len(parts) < 2:
             raise ValueError(f"setup.cfg: package_dir maps {name!r}; only npu_job.<name> fits")
-        link = package / parts[1]
+        parent = package.joinpath(*parts[1:-1])
+        if parent.is_symlink():
+            outer = parent.resolve()
+            parent.unlink()
+            parent.mkdir()
+            for entry in sorted(outer.iterdir()):
+                (parent / entry.name).symlink_to(entry)
+        elif not parent.is_dir():
+            raise ValueError(f"setup.cfg: package_dir maps {name!r} inside no mapped package")
+        link = parent / parts[-1]
         if link.exists() or link.is_symlink():
-            raise ValueError(f"setup.cfg: package_dir maps {name!r} over npu_job/{parts[1]}")
+            raise ValueError(f"setup.cfg: package_dir maps {name!r} over {link.relative_to(dest)}")
         link.symlink_to(folder)
     return dest
 

@@ -101,7 +101,9 @@ def test_link_tree_maps_every_package_dir_entry(tmp_path: Path) -> None:
     tree = _typecheck().build_link_tree(tmp_path / "tree")
     for name, folder in mapped.items():
         laid_out = tree.joinpath(*name.split("."))
-        assert laid_out.is_symlink() and laid_out.samefile(ROOT / folder), name
+        for entry in (ROOT / folder).iterdir():  # the folder itself, or a directory of its entries
+            if f"{name}.{entry.name}" not in mapped:
+                assert (laid_out / entry.name).samefile(entry), (name, entry.name)
         assert (laid_out / "__init__.py").samefile(ROOT / folder / "__init__.py"), name
     assert (tree / "npu_job" / "__init__.py").samefile(ROOT / "npu_job" / "__init__.py")
     assert (tree / "npu_job" / "cli").samefile(ROOT / "npu_job" / "cli")
@@ -120,6 +122,15 @@ def test_link_tree_follows_a_new_package_dir_entry(tmp_path: Path) -> None:
     (root / "setup.cfg").write_text("[options]\npackage_dir =\n    elsewhere.fresh = fresh\n")
     with pytest.raises(ValueError, match="elsewhere.fresh"):
         _typecheck().build_link_tree(tmp_path / "tree2", root)
+    (root / "fresh" / "module.py").write_text("")
+    (root / "inner").mkdir()
+    (root / "inner" / "__init__.py").write_text("")
+    (root / "setup.cfg").write_text(
+        "[options]\npackage_dir =\n    npu_job.fresh.inner = inner\n    npu_job.fresh = fresh\n"
+    )
+    tree = _typecheck().build_link_tree(tmp_path / "tree3", root)  # a folder inside a mapped one
+    assert (tree / "npu_job" / "fresh" / "inner").samefile(root / "inner")
+    assert (tree / "npu_job" / "fresh" / "module.py").samefile(root / "fresh" / "module.py")
 
 
 def test_every_checked_module_exists_in_the_link_tree(tmp_path: Path) -> None:
