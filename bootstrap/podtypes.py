@@ -1,9 +1,8 @@
 """The msgspec types of the ``PodList`` fields the bootstrap reads (pure; nothing but typing).
 
-:mod:`npu_job.bootstrap.podpage` decodes the API's pages with them; the benchmarks' least pod
-reader (``benchmarks/_least_pod_reader.py``) decodes the same pages with the same types without
-loading the rest of npu_job, so this module imports nothing of it. Each builder takes the msgspec
-module (loaded by the caller, only for big inputs) and builds its decoder once.
+:mod:`npu_job.bootstrap.podpage` decodes the API's pages with them (it says why it stays now
+that msgspec is optional). Each builder takes the msgspec module (loaded by the caller, only for
+big inputs) and builds its decoder once.
 """
 
 from __future__ import annotations
