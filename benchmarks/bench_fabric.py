@@ -704,7 +704,7 @@ def verdict_lines(
 
 def plot(results: Sequence[ShapeResult], path: str, rate_mbit: float) -> None:
     """Busbw over the link rate by order, per shape and collective; predictions as ticks."""
-    from npu_job.picture import figure, save_figure
+    from npu_job.cli.picture import figure, save_figure
 
     groups = [
         (result, collective)
@@ -842,8 +842,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] = ()) -> int:
     args = parse_args(argv)
     if args.plot:
+        from npu_job.cli.picture import require_matplotlib
         from npu_job.errors import NpuJobError, report_error
-        from npu_job.picture import require_matplotlib
 
         try:
             require_matplotlib()

@@ -70,7 +70,7 @@ POD_SIDE_MODULES = [
     "npu_job.demo",
     "npu_job.cli.demo",
     # pictures: matplotlib only inside the drawing functions
-    "npu_job.picture",
+    "npu_job.cli.picture",
 ]
 
 
@@ -88,7 +88,7 @@ def test_module_does_not_import_torch(module):
 
 def test_the_hygiene_check_sees_matplotlib():
     code = (
-        "import sys; import npu_job.picture as p; p.require_matplotlib();"
+        "import sys; import npu_job.cli.picture as p; p.require_matplotlib();"
         " print(any(m.split('.')[0] == 'matplotlib' for m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

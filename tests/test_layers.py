@@ -33,7 +33,6 @@ LAYERS: Dict[str, Tuple[int, str]] = {
     "npu_job.render": (1, "render"),
     "npu_job.launcher": (1, "launcher"),
     "npu_job.demo": (2, "demo"),
-    "npu_job.picture": (2, "picture"),  # pictures of plans: beside the demo, above the parts
     "npu_job.cli": (3, "entry points"),
     "npu_job.__main__": (3, "entry points"),
     "npu_job.bundled": (3, "entry points"),  # `python3 npu-job.pyz COMMAND`, the bundle's own
@@ -41,7 +40,7 @@ LAYERS: Dict[str, Tuple[int, str]] = {
     "npu_job.bootstrap.__main__": (3, "entry points"),
     "npu_job.launcher.__main__": (3, "entry points"),
 }
-LAYER_NAMES = {0: "core", 1: "parts", 2: "demo and picture", 3: "entry points"}
+LAYER_NAMES = {0: "core", 1: "parts", 2: "demo", 3: "entry points"}
 
 
 def package_dirs() -> Dict[str, Path]:

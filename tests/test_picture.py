@@ -1,4 +1,4 @@
-"""Pictures of plans (npu_job.picture; ``npu-job plan --picture``, ``npu-job demo --picture``).
+"""Pictures of plans (npu_job.cli.picture; ``npu-job plan --picture``, ``npu-job demo --picture``).
 
 The layout is pure and checked as data: one box per switch group, every node inside its switch,
 nothing overlapping, the ranks of both orders, and exactly the ring's cross-switch edges the
@@ -21,7 +21,7 @@ from npu_job.bootstrap.model import Collective, PlanStatus
 from npu_job.bootstrap.synthetic import synthetic_cluster
 
 from npu_job.cli import main
-from npu_job.picture import layout
+from npu_job.cli.picture import layout
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -230,7 +230,7 @@ def test_plan_without_picture_never_imports_matplotlib(tmp_path):
 def test_a_drawing_that_fails_leaves_the_old_file_as_it_was(tmp_path, monkeypatch):
     from matplotlib.figure import Figure
 
-    from npu_job.picture import draw
+    from npu_job.cli.picture import draw
 
     table, topology, plan = _plan()
     target = tmp_path / "plan.png"

@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             f"nodes; use --tors {args.nodes} or fewer",
         )
     if args.picture:
-        from npu_job.picture import require_matplotlib
+        from npu_job.cli.picture import require_matplotlib
 
         require_matplotlib()  # before any work: a missing extra is one line, exit 9
     if args.write_inputs is not None:

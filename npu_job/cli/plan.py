@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     from npu_job.bootstrap.run import choose_collective
 
     if args.picture:
-        from npu_job.picture import require_matplotlib
+        from npu_job.cli.picture import require_matplotlib
 
         require_matplotlib()  # before any work: a missing extra is one line, exit 9
     table, table_source, topology, topology_source, nodes = _load(args)
