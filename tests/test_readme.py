@@ -9,7 +9,9 @@ from npu_job.render.keys import spec_keys_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-DOCS = {path.name: path.read_text(encoding="utf-8") for path in sorted((ROOT / "docs").glob("*.md"))}
+DOCS = {
+    path.name: path.read_text(encoding="utf-8") for path in sorted((ROOT / "docs").glob("*.md"))
+}
 PAGES = {ROOT / "README.md": README, **{ROOT / "docs" / name: text for name, text in DOCS.items()}}
 
 
@@ -66,9 +68,9 @@ def test_every_relative_link_lands_on_a_file_and_heading():
             linked = (page.parent / path).resolve() if path else page
             assert linked.is_file(), f"{page.name}: {target}: no such file"
             if anchor:
-                assert anchor in _anchors(PAGES.get(linked) or linked.read_text(encoding="utf-8")), (
-                    f"{page.name}: {target}: no such heading"
-                )
+                assert anchor in _anchors(
+                    PAGES.get(linked) or linked.read_text(encoding="utf-8")
+                ), f"{page.name}: {target}: no such heading"
 
 
 def test_the_readme_links_every_page_under_docs():
