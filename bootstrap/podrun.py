@@ -20,6 +20,7 @@ import logging
 from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Tuple
 
 from npu_job.bootstrap import jobpods
+from npu_job.bootstrap.inputs import job_names, read_nodes
 from npu_job.bootstrap.kubefacts import PodFacts, read_pods
 from npu_job.bootstrap.kubeobjects import KubeObjects, decode_objects
 from npu_job.bootstrap.model import RankTable, Topology
@@ -201,12 +202,10 @@ def _job_topology(
 ) -> Tuple[Optional[Topology], str]:
     from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
 
-    names = job.nodes + tuple(server.server_id for server in job.table.servers)
+    names = job_names(job.table, job.nodes)
     if options.topology or env.get("NPU_JOB_TOPOLOGY"):
         return load_chain(options, job.location, env, verify, names=names)
-    extra = KubeObjects()
-    if options.nodes:
-        extra = decode_objects(read_bytes(options.nodes, verify=verify), options.nodes)
+    extra = read_nodes(options.nodes, verify)
     context = KubeContext(objects=extra, names=names, label_keys=options.topology_labels)
     chain_env = env
     if job.client is None and (job.objects.hypernodes or job.objects.nodes):

@@ -407,12 +407,10 @@ def load_topology(
         """The KubeContext of a Kubernetes topology, made (and --nodes read) only for one: the
         rank-table path imports none of it."""
         if not made:
-            from npu_job.bootstrap.kubeobjects import KubeObjects, decode_objects
+            from npu_job.bootstrap.inputs import read_nodes
             from npu_job.bootstrap.kubetopology import KubeContext
 
-            nodes = KubeObjects()
-            if options.nodes:
-                nodes = decode_objects(read_bytes(options.nodes, verify=verify), options.nodes)
+            nodes = read_nodes(options.nodes, verify)
             made.append(KubeContext(objects=nodes, names=names, label_keys=options.topology_labels))
         return made[0]
 

@@ -298,6 +298,14 @@ def locate_rank_table(
     )
 
 
+def ranktable_tor_beside(rank_table: str) -> Optional[str]:
+    """Where CCE puts the switch topology of a local rank table: ``ranktable_tor.json`` beside it
+    (None for a URL)."""
+    if is_url(rank_table):
+        return None
+    return os.path.join(os.path.dirname(rank_table) or ".", RANKTABLE_TOR_NAME)
+
+
 class TopologyCandidate(NamedTuple):
     """One place a topology may be: ``location`` is a path, URL, or :data:`K8S_TOPOLOGY`."""
 
@@ -316,8 +324,8 @@ def topology_candidates(
             return [TopologyCandidate(K8S_TOPOLOGY, fmt, required=True)]
         return [TopologyCandidate(given, fmt, required=True)]
     candidates = []
-    if not is_url(rank_table):
-        beside = os.path.join(os.path.dirname(rank_table) or ".", RANKTABLE_TOR_NAME)
+    beside = ranktable_tor_beside(rank_table)
+    if beside is not None:
         candidates.append(TopologyCandidate(beside, fmt or "cce-ranktable-tor"))
     tor_info = env.get("NPU_JOB_TOR_INFO")
     if tor_info:

@@ -26,6 +26,7 @@ POD_SIDE_MODULES = [
             "ranktable",
             "topology",
             "sources",
+            "inputs",
             "wait",
             "identity",
             "writers",

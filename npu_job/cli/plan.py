@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import os
 import random
 import sys
@@ -192,80 +191,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace):
-    """Read the servers and topology with the bootstrap's readers (errors: one line, exit 3)."""
-    from npu_job.bootstrap.kubeobjects import KubeObjects, decode_objects
-    from npu_job.bootstrap.kubetopology import KubeContext
+    """Read the servers and topology with the bootstrap's loader (errors: one line, exit 3)."""
+    from npu_job.bootstrap import inputs
+    from npu_job.bootstrap.jobpods import JobSelector
     from npu_job.bootstrap.labels import label_keys_from_text
-    from npu_job.bootstrap.ranktable import parse_rank_table
-    from npu_job.bootstrap.run import server_addresses
-    from npu_job.bootstrap.sources import is_url, locate_rank_table, read_bytes
-    from npu_job.bootstrap.topology import parse_topology
-    from npu_job.podfacts import RANKTABLE_TOR_NAME
 
-    nodes = KubeObjects()
-    if args.nodes:
-        nodes = decode_objects(read_bytes(args.nodes), args.nodes)
+    nodes = inputs.read_nodes(args.nodes)
     keys = None
     if args.topology_labels is not None:
         keys = label_keys_from_text(args.topology_labels, "--topology-labels")
-    if args.pods:
-        return _load_pods(args, nodes, keys)
-    table_source = locate_rank_table(args.rank_table, {})
-    table = parse_rank_table(read_bytes(table_source), table_source)
-    topology_source: Optional[str] = args.topology
-    if topology_source is None and not is_url(table_source):
-        beside = os.path.join(os.path.dirname(table_source) or ".", RANKTABLE_TOR_NAME)
-        if os.path.isfile(beside):
-            topology_source = beside
-    topology = None
-    if topology_source is not None:
-        context = KubeContext(objects=nodes, names=server_addresses(table), label_keys=keys)
-        topology = parse_topology(
-            read_bytes(topology_source), topology_source, args.topology_format, context=context
-        )
-    return table, table_source, topology, topology_source, None
-
-
-def _load_pods(args: argparse.Namespace, nodes, keys):
-    """A job's pods as the servers; the topology from --topology, else from the same file."""
-    from npu_job.bootstrap import jobpods
-    from npu_job.bootstrap.kubefacts import read_pods
-    from npu_job.bootstrap.kubeobjects import decode_objects
-    from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
-    from npu_job.bootstrap.sources import read_bytes
-    from npu_job.bootstrap.topology import parse_topology
-
-    source = args.pods
-    objects = decode_objects(read_bytes(source), source)
-    selector = jobpods.JobSelector(job=args.job, task=args.task, namespace=args.namespace)
-    roster = jobpods.job_roster(read_pods(objects.pods, source), selector, source)
-    if not roster.ready:
-        raise jobpods.not_ready_error(roster, source)
-    table = jobpods.roster_table(roster, source)
-    node_names = jobpods.node_names(roster)
-    names = node_names + tuple(server.server_id for server in table.servers)
-    topology, topology_source = None, args.topology
-    if topology_source is not None:
-        context = KubeContext(objects=objects + nodes, names=names, label_keys=keys)
-        topology = parse_topology(
-            read_bytes(topology_source), topology_source, args.topology_format, context=context
-        )
-    elif objects.hypernodes or objects.nodes or nodes.nodes:
-        found = topology_from_objects(
-            objects,
-            source,
-            args.topology_format,
-            KubeContext(objects=nodes, names=names, label_keys=keys),
-        )
-        for note in found.notes:
-            logging.getLogger(__name__).info("topology: note: %s", note)
-        topology, topology_source = found.topology, f"{source} ({found.topology.source})"
-    return (
-        table,
-        source,
-        jobpods.by_server(topology, table, node_names),
-        topology_source,
-        node_names,
+    return inputs.read_inputs(
+        rank_table=args.rank_table,
+        pods=args.pods,
+        selector=JobSelector(job=args.job, task=args.task, namespace=args.namespace),
+        topology=args.topology,
+        topology_format=args.topology_format,
+        nodes=nodes,
+        label_keys=keys,
     )
 
 
