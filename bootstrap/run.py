@@ -146,6 +146,22 @@ def _label_keys(flag: Optional[str], env: Mapping[str, str]) -> Optional[Tuple[s
     )
 
 
+class RunOutcome(NamedTuple):
+    """How far one run got: what it read and decided, and the error that stopped it if one did.
+
+    A failed run's route plan names what was known by then (:func:`_fall_back`).
+    """
+
+    rank_table: Optional[str] = None  # the rank table's location, once located
+    pods: Optional[str] = None  # the job's pods' source, once they are all there (no rank table)
+    node_count: Optional[int] = None
+    pod_index: Optional[int] = None
+    topology: Optional[str] = None  # the topology's source ("none" if none was found)
+    plan: Optional[Plan] = None
+    route_plan: Optional[Dict[str, Any]] = None  # written: the plan gave an order
+    error: Optional[Exception] = None  # what stopped the run; None: route_plan was written
+
+
 class BootstrapResult(NamedTuple):
     """What one bootstrap run decided: the route plan written, and the exit code to return."""
 
@@ -181,29 +197,29 @@ def _bootstrap(
     environ = os.environ if env is None else env
     strict = bool(flags.get("strict")) or is_true(environ.get(STRICT_ENV, ""))
     output_dir = flags.get("output_dir") or environ.get(OUTPUT_DIR_ENV) or OUTPUT_DIR
-    context: Dict[str, Any] = {}
+    outcome = RunOutcome()
     failure: Optional[NpuJobError] = None
     try:
         options = resolve(flags, environ)
         output_dir = options.output_dir
-        planned = _run(options, environ, clock, sleep, context)
-        if planned is None:  # a plan that gives no order is a result: fall back with its reasons
-            failure = _not_planned(context["plan"], context.get("rank_table") or context["pods"])
-        else:
-            route_plan = planned
+        outcome = _run(options, environ, clock, sleep)
+        if outcome.error is not None:
+            raise outcome.error  # handled below like any error of resolve's
+        assert outcome.route_plan is not None  # a run without an error wrote its plan
+        route_plan = outcome.route_plan
     except NpuJobError as error:
         failure = error
     except Exception as error:  # a bug of ours must not stop the training job either
         first_line = (str(error).splitlines() or [""])[0]
         summary = f"{type(error).__name__}: {verbatim_or_shown(first_line)}"
-        route_plan = _fall_back(output_dir, f"internal error: {summary}", context)
+        route_plan = _fall_back(output_dir, f"internal error: {summary}", outcome)
         if strict:
             raise
         log.error("internal error (a bug, please report it): %s", summary)
         log.debug("traceback", exc_info=True)
         log.info("continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX)")
     if failure is not None:
-        route_plan = _fall_back(output_dir, failure.message, context)
+        route_plan = _fall_back(output_dir, failure.message, outcome)
         if strict:  # the error is the outcome --strict asks for
             raise failure
         log.error("%s", failure.message)
@@ -223,99 +239,103 @@ def _run(
     env: Mapping[str, str],
     clock: Callable[[], float],
     sleep: Callable[[float], None],
-    context: Dict[str, Any],
-) -> Optional[Dict[str, Any]]:
-    """Plan and write this pod's files; the route plan, or None when the plan gives no order
-    (``context["plan"]`` says why)."""
+) -> RunOutcome:
+    """Plan and write this pod's files. Raises no ``Exception``: the outcome holds it, with
+    what was known by then (a plan that gives no order is :func:`_not_planned`)."""
     from npu_job.bootstrap import identity, writers
 
-    verify: Verify = options.ca_bundle or True
-    job: Any = None
-    reorder: Optional[Callable[[Plan], Dict[str, Any]]] = None
-    if options.pods and not (options.rank_table or env.get(RANK_TABLE_ENV)):
-        from npu_job.bootstrap import podrun  # no rank table: the job's pods are the servers
-
-        job = podrun.load_job(options, env, verify, clock, sleep)
-        table, location = job.table, job.location
-        context["pods"] = location
-    else:
-        table, location, reorder = _load_rank_table(options, env, verify, clock, sleep, context)
-    context["node_count"] = table.node_count
-    pod_index = identity.find_pod_index(
-        table,
-        options.host_ip,
-        identity.parse_task_index(options.pod_index),
-        location,
-        **(
-            {"entries": "pods", "what": "the job's pods", "ids": "pods' host IPs"}
-            if job is not None
-            else {}
-        ),
-    )
-    context["pod_index"] = pod_index
-    if job is not None:
-        topology, topology_source = podrun.job_topology(options, env, verify, job, load_topology)
-    else:
-        topology, topology_source = load_topology(
-            options, location, env, verify, names=server_addresses(table)
-        )
-    context["topology"] = topology_source
-    collective = choose_collective(options.collective, env)
-    plan = _plan(table, topology, collective, options.full_node_devices)
-    context["plan"] = plan
-    log.info("input sha256 %s, mapping sha256 %s", plan.input_digest, plan.mapping_digest)
-    if plan.status is not PlanStatus.SUCCESS:
-        return None
-    node_rank = plan.node_rank_of_pod[pod_index]
-    route_plan = writers.route_plan_document(
-        plan,
-        node_count=table.node_count,
-        pod_index=pod_index,
-        rank_table=None if job is not None else location,
-        topology=topology_source,
-        pods=location if job is not None else None,
-    )
+    outcome = RunOutcome()
     try:
-        written = writers.write_plan_outputs(
-            options.output_dir,
-            node_rank=node_rank,
-            master_index=plan.master_index,
-            reordered_table=reorder(plan) if reorder is not None else None,
-            route_plan=route_plan,
-            original_rank_table=None if job is not None or is_url(location) else location,
+        verify: Verify = options.ca_bundle or True
+        job: Any = None
+        reorder: Optional[Callable[[Plan], Dict[str, Any]]] = None
+        if options.pods and not (options.rank_table or env.get(RANK_TABLE_ENV)):
+            from npu_job.bootstrap import podrun  # no rank table: the job's pods are the servers
+
+            job = podrun.load_job(options, env, verify, clock, sleep)
+            table, location = job.table, job.location
+            outcome = outcome._replace(pods=location)
+        else:
+            location = locate_rank_table(options.rank_table, env)
+            outcome = outcome._replace(rank_table=location)
+            table, reorder = _load_rank_table(options, location, verify, clock, sleep)
+        outcome = outcome._replace(node_count=table.node_count)
+        pod_index = identity.find_pod_index(
+            table,
+            options.host_ip,
+            identity.parse_task_index(options.pod_index),
+            location,
+            **(
+                {"entries": "pods", "what": "the job's pods", "ids": "pods' host IPs"}
+                if job is not None
+                else {}
+            ),
         )
-    except OSError as error:
-        raise InputError(
-            options.output_dir,
-            "output directory",
-            f"expected a writable directory ({error.strerror or error})",
-        ) from None
-    for note in plan.reasons:
-        log.info("note: %s", note)
-    log.info(
-        "node rank %d of %d (pod index %d), master index %d, %s order on %s; wrote %s",
-        node_rank,
-        table.node_count,
-        pod_index,
-        plan.master_index,
-        collective,
-        topology_source,
-        written[-1],
-    )
-    return route_plan
+        outcome = outcome._replace(pod_index=pod_index)
+        if job is not None:
+            topology, topology_source = podrun.job_topology(
+                options, env, verify, job, load_topology
+            )
+        else:
+            topology, topology_source = load_topology(
+                options, location, env, verify, names=server_addresses(table)
+            )
+        outcome = outcome._replace(topology=topology_source)
+        collective = choose_collective(options.collective, env)
+        plan = _plan(table, topology, collective, options.full_node_devices)
+        outcome = outcome._replace(plan=plan)
+        log.info("input sha256 %s, mapping sha256 %s", plan.input_digest, plan.mapping_digest)
+        if plan.status is not PlanStatus.SUCCESS:  # a result: fall back with its reasons
+            return outcome._replace(error=_not_planned(plan, location))
+        node_rank = plan.node_rank_of_pod[pod_index]
+        route_plan = writers.route_plan_document(
+            plan,
+            node_count=table.node_count,
+            pod_index=pod_index,
+            rank_table=None if job is not None else location,
+            topology=topology_source,
+            pods=location if job is not None else None,
+        )
+        try:
+            written = writers.write_plan_outputs(
+                options.output_dir,
+                node_rank=node_rank,
+                master_index=plan.master_index,
+                reordered_table=reorder(plan) if reorder is not None else None,
+                route_plan=route_plan,
+                original_rank_table=None if job is not None or is_url(location) else location,
+            )
+        except OSError as error:
+            raise InputError(
+                options.output_dir,
+                "output directory",
+                f"expected a writable directory ({error.strerror or error})",
+            ) from None
+        for note in plan.reasons:
+            log.info("note: %s", note)
+        log.info(
+            "node rank %d of %d (pod index %d), master index %d, %s order on %s; wrote %s",
+            node_rank,
+            table.node_count,
+            pod_index,
+            plan.master_index,
+            collective,
+            topology_source,
+            written[-1],
+        )
+        return outcome._replace(route_plan=route_plan)
+    except Exception as error:  # a bug of ours too: the caller falls back with what we knew
+        return outcome._replace(error=error)
 
 
 def _load_rank_table(
     options: BootstrapOptions,
-    env: Mapping[str, str],
+    location: str,
     verify: Verify,
     clock: Callable[[], float],
     sleep: Callable[[float], None],
-    context: Dict[str, Any],
-) -> Tuple[RankTable, str, Callable[[Plan], Dict[str, Any]]]:
-    """The completed rank table, where it is, and how to write it in a plan's order."""
-    location = locate_rank_table(options.rank_table, env)
-    context["rank_table"] = location
+) -> Tuple[RankTable, Callable[[Plan], Dict[str, Any]]]:
+    """The completed rank table at ``location``, and how to write it in a plan's order."""
     # imported once there is a rank table: a pod without one (the fallback) never reads one
     from npu_job.bootstrap import wait
     from npu_job.bootstrap.ranktable import reordered_document
@@ -332,7 +352,6 @@ def _load_rank_table(
     # the run owns this freshly decoded document and only serialises the result
     return (
         loaded.table,
-        location,
         lambda plan: reordered_document(loaded.document, loaded.table, plan, in_place=True),
     )
 
@@ -475,19 +494,19 @@ def _read_candidate(candidate: TopologyCandidate, verify: Verify) -> Optional[Tu
     return read_bytes(candidate.location, verify=verify), candidate.location
 
 
-def _fall_back(output_dir: str, reason: str, context: Mapping[str, Any]) -> Dict[str, Any]:
+def _fall_back(output_dir: str, reason: str, outcome: RunOutcome) -> Dict[str, Any]:
     """Remove stale rank files and write a failed route plan; never raises."""
     from npu_job.bootstrap import writers
 
-    plan: Optional[Plan] = context.get("plan")
+    plan = outcome.plan
     route_plan = writers.route_plan_document(
         plan,
-        node_count=context.get("node_count"),
-        pod_index=context.get("pod_index"),
-        rank_table=context.get("rank_table"),
-        topology=context.get("topology"),
+        node_count=outcome.node_count,
+        pod_index=outcome.pod_index,
+        rank_table=outcome.rank_table,
+        topology=outcome.topology,
         error=None if plan is not None and plan.status is not PlanStatus.SUCCESS else reason,
-        pods=context.get("pods"),
+        pods=outcome.pods,
     )
     try:
         writers.write_fallback_outputs(output_dir, route_plan)
