@@ -119,7 +119,7 @@ def stock_image(directory: Path, environ: Mapping[str, str]) -> Image:
     the pod's PATH, followed by an image's usual PATH (not the caller's, which may hold npu-job's
     console scripts); the caller's ``PYTHON*`` variables stay out.
     """
-    python = _torch_python(directory / "torch-python")
+    python = python_without_npu_job(directory / "torch-python")
     image = Image(
         STOCK_IMAGE, _stock_environment(environ, str(Path(python).parent)), (str(directory),)
     )
@@ -147,7 +147,7 @@ def stock_py37_image(directory: Path, environ: Mapping[str, str]) -> Image:
             "(python3.7 on PATH or under pyenv)",
             tip=f"install one (pyenv install 3.7) or run the demo with --image {STOCK_IMAGE}",
         )
-    torch_python = _torch_python(directory / "torch-python")
+    torch_python = python_without_npu_job(directory / "torch-python")
     bin_dir = directory / "python-3.7" / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     if not (bin_dir / "python3").is_symlink():
@@ -168,9 +168,11 @@ def stock_py37_image(directory: Path, environ: Mapping[str, str]) -> Image:
     )
 
 
-def _torch_python(venv: Path) -> str:
+def python_without_npu_job(venv: Path) -> str:
     """A virtualenv at ``venv`` of the running interpreter whose site-packages links everything
-    in this interpreter's site-packages but npu-job; its ``python3`` (built once per directory)."""
+    in this interpreter's site-packages but npu-job (its modules, metadata and finder, so torch
+    sees no ``torchrun.handlers`` entry point of it either); its ``python3`` (built once per
+    directory). The demo's stock images and the launcher tests' stock Python are this one."""
     import venv as venvs
 
     python = venv / "bin" / "python3"

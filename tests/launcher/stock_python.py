@@ -1,15 +1,13 @@
 """Test helper: a "stock image" Python, with torch and without any trace of npu-job.
 
 A training image holds python3 and torch, and npu-job arrives only as the job's bundle. To run
-the bundle as a pod would, :func:`make_stock_python` makes a venv (``--without-pip``: a
-fraction of a second) whose one link to the outside is a ``.pth`` file naming a view of this
-interpreter's site-packages: a directory of symlinks to every entry there except npu-job's own.
-torch imports in it; ``npu_job`` does not, and neither does npu-job's metadata (so torch finds
-no ``torchrun.handlers`` entry point of it). The editable install's finder is a ``.pth`` file
-too, and ``.pth`` files inside a path a ``.pth`` file adds are not processed, but npu-job's
-dist-info would still be found there, hence the view rather than the directory itself.
+the bundle as a pod would, :func:`make_stock_python` takes the python of the demo's stock image
+(:func:`npu_job.demo.images.python_without_npu_job`: a venv whose site-packages links every entry
+of this interpreter's but npu-job's own) and checks what the tests rely on: torch imports in it;
+``npu_job`` does not, and neither does npu-job's metadata (so torch finds no
+``torchrun.handlers`` entry point of it).
 
-:func:`make_bare_python` makes the same venv without the link: a python3 with no torch.
+:func:`make_bare_python` makes a venv of the standard library alone: a python3 with no torch.
 """
 
 from __future__ import annotations
@@ -18,14 +16,11 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 import pytest
-
-# what an install of npu-job leaves in site-packages (a wheel, an editable install of either kind)
-NPU_JOB_ENTRIES = ("npu_job", "npu-job", "__editable__", "easy-install.pth")
+from npu_job.demo.images import python_without_npu_job
 
 # Run in the new venv: which of the facts the fixture promises hold there.
 _FACTS = """\
@@ -52,29 +47,6 @@ def _make_venv(directory: Path) -> Path:
     return directory / "bin" / "python"
 
 
-def _site_packages(python: Path) -> Path:
-    found = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return Path(found.stdout.strip())
-
-
-def _view_without_npu_job(sources: List[Path], view: Path) -> None:
-    """Symlinks in ``view`` to every entry of ``sources`` that is not npu-job's (first wins)."""
-    view.mkdir()
-    for source in sources:
-        for entry in sorted(source.iterdir()):
-            name = entry.name.lower()
-            if name.startswith(NPU_JOB_ENTRIES) or name.endswith(".egg-link"):
-                continue
-            link = view / entry.name
-            if not link.exists() and not link.is_symlink():
-                link.symlink_to(entry)
-
-
 def facts(python: Path, cwd: Path) -> Dict[str, object]:
     """What ``python`` can import: ``{"npu_job": bool, "npu-job dist": bool, "torch": version}``."""
     found = subprocess.run(
@@ -99,14 +71,7 @@ def make_stock_python(directory: Path) -> Path:
     Run it with ``cwd`` outside the repository, whose ``npu_job`` package and ``.egg-info`` a
     ``-c`` run would find through its current directory.
     """
-    python = _make_venv(directory / "venv")
-    own = sysconfig.get_paths()
-    sources = [Path(own["purelib"])]
-    if Path(own["platlib"]) != sources[0]:
-        sources.append(Path(own["platlib"]))
-    view = directory / "site-packages-without-npu-job"
-    _view_without_npu_job(sources, view)
-    (_site_packages(python) / "stock-image.pth").write_text(f"{view}\n", encoding="utf-8")
+    python = Path(python_without_npu_job(directory / "venv"))
     found = facts(python, directory)
     if found["torch"] is None:
         pytest.skip(f"torch does not import in this interpreter: {found['torch error']}")
