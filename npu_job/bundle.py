@@ -77,8 +77,6 @@ CORE_MODULES = (
 #: zip's earliest date: an entry's timestamp must not depend on when or where it was built.
 FIXED_DATE = (1980, 1, 1, 0, 0, 0)
 ENTRY_MODE = 0o644
-#: What Python needs to run the pod side, and what the preamble's loader code can rely on.
-PYTHON_FLOOR = (3, 7)
 
 # The loader runs as ``python -c`` inside single quotes: no single quote may appear in it. It is
 # Python 3.7 code using the standard library only.
@@ -228,14 +226,3 @@ def pod_side_files() -> List[Tuple[str, str]]:
 def installed_bundle() -> Bundle:
     """The bundle of this installation's pod side (built once per process)."""
     return build(pod_side_files())
-
-
-def describe(bundle: Bundle) -> Sequence[Tuple[str, str]]:
-    """(field, value) rows for ``npu-job bundle`` and the docs: what a bundle is."""
-    return (
-        ("version", bundle.version),
-        ("digest", bundle.digest),
-        ("entries", str(bundle.entries)),
-        ("bytes", str(len(bundle.data))),
-        ("sources", str(bundle.source_bytes)),
-    )
