@@ -8,7 +8,7 @@ The fabric is a tree of links, each a full-duplex pair of one-way links:
 * every node hangs off its ToR by a node link (``node-up`` / ``node-down``);
 * every ToR has one uplink (``tor-up`` / ``tor-down``) into the layer above: one non-blocking
   core, or with spine groups its spine (ToRs split into contiguous groups, as
-  :func:`npu_job.bootstrap.synthetic.synthetic_cluster` does with ``spine_groups``);
+  :func:`npu_job.demo.synthetic.synthetic_cluster` does with ``spine_groups``);
 * every spine has one uplink (``spine-up`` / ``spine-down``) into the core, as fast as its ToRs'
   uplinks together divided by the oversubscription.
 

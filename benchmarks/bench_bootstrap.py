@@ -1,7 +1,7 @@
 """Whole-process wall time of ``bash scripts/bootstrap.sh`` against a bare ``python3 -c pass``.
 
 For each size (default 64, 1024 and 4096 nodes) a CCE job is generated with
-:func:`npu_job.bootstrap.synthetic.synthetic_cluster` and written to a temporary directory as the
+:func:`npu_job.demo.synthetic.synthetic_cluster` and written to a temporary directory as the
 platform mounts it: ``jobstart_hccl.json`` (plain JSON, status completed) and ``ranktable_tor.json``
 (base64(gzip(JSON))). The bootstrap runs as one pod of that job (the middle pod index), end to end:
 locate, read, decode, validate, plan, write the five output files. Every run is checked to have
@@ -46,8 +46,8 @@ SCRIPT = REPO / "scripts" / "bootstrap.sh"
 def write_job(directory: Path, nodes: int, seed: int = 7) -> Dict[str, str]:
     """Write a generated ``nodes``-node job into ``directory``; return the pod's environment."""
     from npu_job.bootstrap.ranktable import rank_table_document
-    from npu_job.bootstrap.synthetic import synthetic_cluster
     from npu_job.bootstrap.topology import encode_ranktable_tor
+    from npu_job.demo.synthetic import synthetic_cluster
 
     table, topology = synthetic_cluster(nodes, max(2, nodes // 16), seed=seed, occupancy="uneven")
     config = directory / "config"

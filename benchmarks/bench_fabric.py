@@ -129,9 +129,9 @@ class Job:
 
 def make_job(shape: model.Shape, seed: int) -> Job:
     from npu_job.bootstrap.canonical import id_sort_key
-    from npu_job.bootstrap.synthetic import synthetic_cluster
     from npu_job.bootstrap.topology import parse_topology
     from npu_job.demo import cce_cluster
+    from npu_job.demo.synthetic import synthetic_cluster
 
     from tests.bootstrap.documents import plain_topology_document  # the root is on sys.path: net
 

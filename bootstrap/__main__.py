@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from npu_job.bootstrap.command import main
+from .command import main
 
 if __name__ == "__main__":
     sys.exit(main())

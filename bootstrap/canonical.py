@@ -21,8 +21,8 @@ import re
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union, cast
 
-from npu_job.bootstrap.jsondecode import encode_compact
-from npu_job.bootstrap.model import Collective, Placement, RankTable, Server, Topology
+from .jsondecode import encode_compact
+from .model import Collective, Placement, RankTable, Server, Topology
 
 # Start-up matters on the pod (the bootstrap runs before training): take sha256 and
 # inet_aton/inet_ntoa from the C modules themselves. ``hashlib`` would load OpenSSL's libcrypto

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from npu_job.bootstrap.model import Device, Server
+from .model import Device, Server
 
 
 def devices_from_columns(

@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bootstrap(flags: Dict[str, Any]) -> int:
-    from npu_job.bootstrap.run import bootstrap
+    from .run import bootstrap
 
     return bootstrap(flags).exit_code
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from npu_job.bootstrap.model import RankTable
-
 from npu_job.errors import InconsistentError, InputError, shown
 from npu_job.parsing import count_from_text
 from npu_job.podfacts import TASK_INDEX_ENV
+
+from .model import RankTable
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import logging
 import os
 from typing import Any, NamedTuple, Optional, Tuple
 
-from npu_job.bootstrap.model import RankTable, Topology
-from npu_job.bootstrap.sources import Verify, locate_rank_table, ranktable_tor_beside, read_bytes
+from .model import RankTable, Topology
+from .sources import Verify, locate_rank_table, ranktable_tor_beside, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class Inputs(NamedTuple):
 
 def read_nodes(location: Optional[str], verify: Verify = True) -> Any:
     """The KubeObjects of ``--nodes`` (``kubectl get nodes -o json``); none when not given."""
-    from npu_job.bootstrap.kubeobjects import KubeObjects, decode_objects
+    from .kube.objects import KubeObjects, decode_objects
 
     if not location:
         return KubeObjects()
@@ -59,7 +59,7 @@ def read_inputs(
 ) -> Inputs:
     """Read the servers (``pods`` when given, else ``rank_table``) and their topology.
 
-    ``selector`` (a :class:`~npu_job.bootstrap.jobpods.JobSelector`) picks the job's pods;
+    ``selector`` (a :class:`~npu_job.bootstrap.kube.jobpods.JobSelector`) picks the job's pods;
     ``nodes`` (:func:`read_nodes`) serve a HyperNode topology's label members and addresses.
     Errors are :class:`~npu_job.errors.NpuJobError`; pods not all scheduled are one too.
     """
@@ -67,9 +67,9 @@ def read_inputs(
         nodes = read_nodes(None)
     if pods:
         return _read_pods(pods, selector, topology, topology_format, nodes, label_keys, verify)
-    from npu_job.bootstrap.kubetopology import KubeContext
-    from npu_job.bootstrap.ranktable import parse_rank_table
-    from npu_job.bootstrap.run import server_addresses
+    from .kube.topology import KubeContext
+    from .ranktable import parse_rank_table
+    from .run import server_addresses
 
     table_source = locate_rank_table(rank_table, {})
     table = parse_rank_table(read_bytes(table_source, verify=verify), table_source)
@@ -95,10 +95,10 @@ def _read_pods(
     verify: Verify,
 ) -> Inputs:
     """A job's pods as the servers; the topology named, else the one in the same document."""
-    from npu_job.bootstrap import jobpods
-    from npu_job.bootstrap.kubefacts import read_pods
-    from npu_job.bootstrap.kubeobjects import decode_objects
-    from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
+    from .kube import jobpods
+    from .kube.facts import read_pods
+    from .kube.objects import decode_objects
+    from .kube.topology import KubeContext, topology_from_objects
 
     objects = decode_objects(read_bytes(source, verify=verify), source)
     roster = jobpods.job_roster(
@@ -129,6 +129,6 @@ def _read_pods(
 
 
 def _parse(location: str, fmt: Optional[str], context: Any, verify: Verify) -> Topology:
-    from npu_job.bootstrap.topology import parse_topology
+    from .topology import parse_topology
 
     return parse_topology(read_bytes(location, verify=verify), location, fmt, context=context)

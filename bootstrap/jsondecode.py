@@ -33,9 +33,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from npu_job.bootstrap.accelerator import MSGSPEC
-
 from npu_job.errors import InputError
+
+from .accelerator import MSGSPEC
 
 
 def parse_json(text: bytes, source: str) -> Any:

@@ -34,9 +34,9 @@ import zlib
 from functools import lru_cache
 from typing import Any, Callable, Optional
 
-from npu_job.bootstrap.jsondecode import MAX_INT_DIGITS, NotUtf8, fits_decoded, not_utf8, parse_json
-
 from npu_job.errors import InputError, shown
+
+from .jsondecode import MAX_INT_DIGITS, NotUtf8, fits_decoded, not_utf8, parse_json
 
 MAX_INPUT_BYTES = 64 * 1024 * 1024
 

@@ -49,8 +49,11 @@ from __future__ import annotations
 import logging
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from npu_job.bootstrap import canonical
-from npu_job.bootstrap.model import (
+from npu_job.errors import shown
+from npu_job.podfacts import MIN_NODES
+
+from . import canonical
+from .model import (
     Collective,
     Plan,
     PlanStatus,
@@ -58,9 +61,6 @@ from npu_job.bootstrap.model import (
     Topology,
     rank_mapping_text,
 )
-
-from npu_job.errors import shown
-from npu_job.podfacts import MIN_NODES
 
 log = logging.getLogger(__name__)
 
@@ -367,7 +367,7 @@ def _better_for_rhd(
     notes: List[str],
 ) -> Tuple[int, ...]:
     """The cheapest of the contiguous, interleaved and bit-reversed orders (ties: earlier)."""
-    from npu_job.bootstrap import scorer  # only RHD plans pay for the scorer import
+    from . import scorer  # only RHD plans pay for the scorer import
 
     unplaced_tail = tuple(pod for group in groups[placed:] for pod in group)
     candidates = (

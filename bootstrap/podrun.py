@@ -7,7 +7,7 @@ $MA_TASK_NAME``). ``--pods PATH|URL`` reads ``kubectl get pods -o json`` (or a `
 HyperNodes and Nodes too) instead, for tests and dry runs. Either way the source is read again,
 with a progress line, every poll interval until the job has all its pods (``$MA_NUM_HOSTS``) and
 every one is scheduled, within the wait timeout, exactly as a rank table is waited for; the pods
-then become the servers (:mod:`npu_job.bootstrap.jobpods`).
+then become the servers (:mod:`npu_job.bootstrap.kube.jobpods`).
 
 The topology, first found: ``--topology`` (any source the rank-table path reads); the HyperNodes
 or Nodes in the pods file; the cluster's HyperNodes, else node labels, from the API; then the rest
@@ -19,22 +19,22 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Tuple
 
-from npu_job.bootstrap import jobpods
-from npu_job.bootstrap.inputs import job_names, read_nodes
-from npu_job.bootstrap.kubefacts import PodFacts, read_pods
-from npu_job.bootstrap.kubeobjects import KubeObjects, decode_objects
-from npu_job.bootstrap.model import RankTable, Topology
-from npu_job.bootstrap.sources import (
+from npu_job.errors import InputError, NotReadyError
+from npu_job.parsing import count_from_text
+from npu_job.polling import Backoff, poll
+
+from .inputs import job_names, read_nodes
+from .kube import jobpods
+from .kube.facts import PodFacts, read_pods
+from .kube.objects import KubeObjects, decode_objects
+from .model import RankTable, Topology
+from .sources import (
     K8S_TOPOLOGY,
     KubernetesAPI,
     SourceUnavailable,
     Verify,
     read_bytes,
 )
-
-from npu_job.errors import InputError, NotReadyError
-from npu_job.parsing import count_from_text
-from npu_job.polling import Backoff, poll
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ def _source(
             return read_pods(objects.pods, location), objects
 
         return read, location, None
-    from npu_job.bootstrap import kubeapi
+    from .kube.api import NAMESPACE_ENV, KubeClient, job_selector_query, namespace_of, pods_path
 
     api = KubernetesAPI.from_env(env)
     if api is None:
@@ -155,17 +155,17 @@ def _source(
             "MA_VJ_NAME",
             "expected the Volcano job's name (MA_VJ_NAME, or --job) to list its pods",
         )
-    namespace = selector.namespace or kubeapi.namespace_of(env)
+    namespace = selector.namespace or namespace_of(env)
     if not namespace:
         raise InputError(
             "environment",
-            kubeapi.NAMESPACE_ENV,
+            NAMESPACE_ENV,
             "expected the job's namespace ($NPU_JOB_NAMESPACE, --namespace, or the "
             "service account's namespace file)",
         )
-    path = kubeapi.pods_path(namespace)
-    query = kubeapi.job_selector_query(selector.job, selector.task)
-    client = kubeapi.KubeClient(api)  # one connection, kept for the topology's lists too
+    path = pods_path(namespace)
+    query = job_selector_query(selector.job, selector.task)
+    client = KubeClient(api)  # one connection, kept for the topology's lists too
     return (lambda: (client.list_pods(path, query), KubeObjects())), f"{api.base_url}{path}", client
 
 
@@ -200,7 +200,7 @@ def _job_topology(
     job: LoadedJob,
     load_chain: Callable[..., Tuple[Optional[Topology], str]],
 ) -> Tuple[Optional[Topology], str]:
-    from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
+    from .kube.topology import KubeContext, topology_from_objects
 
     names = job_names(job.table, job.nodes)
     if options.topology or env.get("NPU_JOB_TOPOLOGY"):
@@ -218,12 +218,12 @@ def _job_topology(
         "no",
         "off",
     ):
-        from npu_job.bootstrap import kubeapi
+        from .kube.api import HYPERNODES_PATH, NODES_PATH, topology_objects
 
         base = job.client.api.base_url
-        objects = kubeapi.topology_objects(job.client, by_name=True)
+        objects = topology_objects(job.client, by_name=True)
         if objects.hypernodes or objects.nodes:
-            path = kubeapi.HYPERNODES_PATH if objects.hypernodes else kubeapi.NODES_PATH
+            path = HYPERNODES_PATH if objects.hypernodes else NODES_PATH
             name = f"{base}{path}"  # errors name the list read, not the server
             found = topology_from_objects(objects, name, options.topology_format, context)
             if found.topology.placements:

@@ -28,8 +28,11 @@ from collections import deque
 from itertools import accumulate, chain, repeat
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from npu_job.bootstrap.columns import DeviceColumns, servers_from_device_columns
-from npu_job.bootstrap.fields import (
+from npu_job.errors import shown
+from npu_job.parsing import COUNT_LIMIT, MAX_COUNT_DIGITS, count_from_text
+
+from .columns import DeviceColumns, servers_from_device_columns
+from .fields import (
     expect_count,
     expect_list,
     expect_object,
@@ -40,11 +43,8 @@ from npu_job.bootstrap.fields import (
     require_str,
     require_unique_id,
 )
-from npu_job.bootstrap.model import Device, Plan, RankTable, Server
-from npu_job.bootstrap.payload import decode_document
-
-from npu_job.errors import shown
-from npu_job.parsing import COUNT_LIMIT, MAX_COUNT_DIGITS, count_from_text
+from .model import Device, Plan, RankTable, Server
+from .payload import decode_document
 
 LEGACY_VERSION = "0"
 # Volcano names pods <job>-<task>-<index>: the index is the last hyphen-separated part (a name

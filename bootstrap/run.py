@@ -19,19 +19,6 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
-from npu_job.bootstrap.model import Collective, Plan, PlanStatus, RankTable, Topology
-from npu_job.bootstrap.payload import verbatim_or_shown
-from npu_job.bootstrap.sources import (
-    K8S_TOPOLOGY,
-    KubernetesAPI,
-    TopologyCandidate,
-    Verify,
-    is_url,
-    locate_rank_table,
-    read_bytes,
-    topology_candidates,
-)
-
 from npu_job.errors import EXIT_OK, InputError, NpuJobError, shown
 from npu_job.parsing import count_from_text, is_true, seconds_from_text
 from npu_job.podfacts import (
@@ -41,6 +28,19 @@ from npu_job.podfacts import (
     RANK_TABLE_ENV,
     STRICT_ENV,
     TASK_INDEX_ENV,
+)
+
+from .model import Collective, Plan, PlanStatus, RankTable, Topology
+from .payload import verbatim_or_shown
+from .sources import (
+    K8S_TOPOLOGY,
+    KubernetesAPI,
+    TopologyCandidate,
+    Verify,
+    is_url,
+    locate_rank_table,
+    read_bytes,
+    topology_candidates,
 )
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ def _label_keys(flag: Optional[str], env: Mapping[str, str]) -> Optional[Tuple[s
     text = env.get("NPU_JOB_TOPOLOGY_LABELS", "").strip() if flag is None else str(flag)
     if flag is None and not text:
         return None
-    from npu_job.bootstrap.labels import label_keys_from_text
+    from .kube.labels import label_keys_from_text
 
     return label_keys_from_text(
         text, "--topology-labels" if flag is not None else "NPU_JOB_TOPOLOGY_LABELS"
@@ -242,7 +242,7 @@ def _run(
 ) -> RunOutcome:
     """Plan and write this pod's files. Raises no ``Exception``: the outcome holds it, with
     what was known by then (a plan that gives no order is :func:`_not_planned`)."""
-    from npu_job.bootstrap import identity, writers
+    from . import identity, writers
 
     outcome = RunOutcome()
     try:
@@ -250,7 +250,7 @@ def _run(
         job: Any = None
         reorder: Optional[Callable[[Plan], Dict[str, Any]]] = None
         if options.pods and not (options.rank_table or env.get(RANK_TABLE_ENV)):
-            from npu_job.bootstrap import podrun  # no rank table: the job's pods are the servers
+            from . import podrun  # no rank table: the job's pods are the servers
 
             job = podrun.load_job(options, env, verify, clock, sleep)
             table, location = job.table, job.location
@@ -337,8 +337,8 @@ def _load_rank_table(
 ) -> Tuple[RankTable, Callable[[Plan], Dict[str, Any]]]:
     """The completed rank table at ``location``, and how to write it in a plan's order."""
     # imported once there is a rank table: a pod without one (the fallback) never reads one
-    from npu_job.bootstrap import wait
-    from npu_job.bootstrap.ranktable import reordered_document
+    from . import wait
+    from .ranktable import reordered_document
 
     log.debug("rank table: %s", location)
     loaded = wait.wait_for_rank_table(
@@ -368,7 +368,7 @@ def _plan(
     collective: Collective,
     full_node_devices: Optional[int],
 ) -> Plan:
-    from npu_job.bootstrap import planner
+    from . import planner
 
     return planner.plan(table, topology, collective, full_node_devices=full_node_devices)
 
@@ -383,7 +383,7 @@ def choose_collective(flag: Optional[str], env: Mapping[str, str]) -> Collective
             raise InputError(
                 "--collective", "", f"expected one of {choices}, got {shown(flag)}"
             ) from None
-    from npu_job.bootstrap import planner
+    from . import planner
 
     algo = env.get("HCCL_ALGO")
     chosen = planner.collective_from_hccl_algo(algo)
@@ -418,7 +418,7 @@ def load_topology(
     ``names`` are the job's servers: a Kubernetes topology places only those (with the Nodes of
     ``options.nodes`` for a HyperNode file's label members and addresses).
     """
-    from npu_job.bootstrap.topology import parse_topology
+    from .topology import parse_topology
 
     made: List[Any] = []
 
@@ -426,8 +426,8 @@ def load_topology(
         """The KubeContext of a Kubernetes topology, made (and --nodes read) only for one: the
         rank-table path imports none of it."""
         if not made:
-            from npu_job.bootstrap.inputs import read_nodes
-            from npu_job.bootstrap.kubetopology import KubeContext
+            from .inputs import read_nodes
+            from .kube.topology import KubeContext
 
             nodes = read_nodes(options.nodes, verify)
             made.append(KubeContext(objects=nodes, names=names, label_keys=options.topology_labels))
@@ -462,8 +462,8 @@ def _api_topology(
 ) -> Optional[Tuple[Topology, str]]:
     """The cluster's HyperNodes, else its node labels, from the in-cluster API; None when not in a
     cluster or (in the automatic chain) the API refuses us or cannot be reached."""
-    from npu_job.bootstrap import kubeapi
-    from npu_job.bootstrap.kubetopology import topology_from_objects
+    from .kube.api import HYPERNODES_PATH, NODES_PATH, KubeClient, topology_objects
+    from .kube.topology import topology_from_objects
 
     api = KubernetesAPI.from_env(env)
     if api is None:
@@ -472,14 +472,14 @@ def _api_topology(
         return None
     try:
         # in the automatic chain the API is optional: do not hold the pod up for it
-        with kubeapi.KubeClient(api, quick=not candidate.required) as client:
-            objects = kubeapi.topology_objects(client)
+        with KubeClient(api, quick=not candidate.required) as client:
+            objects = topology_objects(client)
     except InputError as error:
         if candidate.required:
             raise
         log.info("topology: skipping Kubernetes node labels and HyperNodes: %s", error.message)
         return None
-    path = kubeapi.HYPERNODES_PATH if objects.hypernodes else kubeapi.NODES_PATH
+    path = HYPERNODES_PATH if objects.hypernodes else NODES_PATH
     listed = f"{api.base_url}{path}"  # errors name the list read, not the server
     found = topology_from_objects(objects, listed, candidate.fmt, context)
     for note in found.notes:
@@ -496,7 +496,7 @@ def _read_candidate(candidate: TopologyCandidate, verify: Verify) -> Optional[Tu
 
 def _fall_back(output_dir: str, reason: str, outcome: RunOutcome) -> Dict[str, Any]:
     """Remove stale rank files and write a failed route plan; never raises."""
-    from npu_job.bootstrap import writers
+    from . import writers
 
     plan = outcome.plan
     route_plan = writers.route_plan_document(

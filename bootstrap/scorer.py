@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from itertools import compress
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from npu_job.bootstrap import canonical
-from npu_job.bootstrap.model import Collective, RankTable, Topology
+from . import canonical
+from .model import Collective, RankTable, Topology
 
 SwitchKey = Tuple[str, ...]  # outer tiers outermost first, then the ToR group label (unique)
 

@@ -22,12 +22,6 @@ import os
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Tuple, Union
 
-from npu_job.bootstrap.payload import (
-    MAX_INPUT_BYTES,
-    check_size,
-    verbatim_or_shown,
-)
-
 from npu_job.errors import InputError, shown
 from npu_job.parsing import count_from_text
 from npu_job.podfacts import (
@@ -36,6 +30,12 @@ from npu_job.podfacts import (
     RANK_TABLE_ENV,
     RANK_TABLE_NAME,
     RANKTABLE_TOR_NAME,
+)
+
+from .payload import (
+    MAX_INPUT_BYTES,
+    check_size,
+    verbatim_or_shown,
 )
 
 log = logging.getLogger(__name__)
@@ -117,9 +117,10 @@ def http_session(retries: int = HTTP_RETRIES, backoff: float = HTTP_BACKOFF) -> 
 def _bounded_adapter(base: Any) -> Any:
     """``requests``' adapter whose connections end every answer by the adapter's ``deadline``
     (:func:`~npu_job.bootstrap.deadline.bounded_connection`), proxied ones too."""
-    from npu_job.bootstrap.deadline import bounded_connection
     from urllib3 import HTTPConnectionPool, HTTPSConnectionPool
     from urllib3.connection import HTTPConnection, HTTPSConnection
+
+    from .deadline import bounded_connection
 
     plain, secure = bounded_connection(HTTPConnection), bounded_connection(HTTPSConnection)
     pools = {
@@ -160,7 +161,8 @@ def fetch_url(
     import time
 
     import requests
-    from npu_job.bootstrap.deadline import DeadlinePassed
+
+    from .deadline import DeadlinePassed
 
     label = name or url
     http = session or http_session()
@@ -217,7 +219,7 @@ def _first_line(error: BaseException) -> str:
 
 class KubernetesAPI(NamedTuple):
     """In-cluster API access: ``KUBERNETES_SERVICE_HOST/PORT`` + the service account token/CA
-    (:mod:`npu_job.bootstrap.kubeapi` asks it)."""
+    (:mod:`npu_job.bootstrap.kube.api` asks it)."""
 
     base_url: str
     token_path: str

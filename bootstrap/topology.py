@@ -14,10 +14,10 @@ Formats (docs/bootstrap.md), detected by content unless ``fmt`` names one:
 ``k8s-node-labels``
     A Kubernetes ``NodeList`` (``GET /api/v1/nodes``, or kubectl's ``List``). A node is keyed by
     its ``InternalIP`` (the rank table's ``server_id``) and by its name; its placement comes from
-    its topology labels (:mod:`npu_job.bootstrap.labels` knows the keys).
+    its topology labels (:mod:`npu_job.bootstrap.kube.labels` knows the keys).
 ``volcano-hypernodes``
     Volcano's HyperNodes (``kubectl get hypernodes -o json`` or ``-o yaml``, or a ``List`` that
-    holds Nodes and Pods too): each node's path in their tree (:mod:`npu_job.bootstrap.hypernode`),
+    holds Nodes and Pods too): each node's path in their tree (:mod:`.kube.hypernode`),
     with the Nodes of the same document (or of ``context``) for label members and addresses.
 ``file``
     The plain topology file users write (YAML or JSON)::
@@ -44,7 +44,9 @@ from functools import lru_cache
 from itertools import chain
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
-from npu_job.bootstrap.fields import (
+from npu_job.errors import shown
+
+from .fields import (
     expect_count,
     expect_list,
     expect_object,
@@ -56,11 +58,9 @@ from npu_job.bootstrap.fields import (
     require_str,
     require_unique_id,
 )
-from npu_job.bootstrap.jsondecode import decode_typed, parse_json
-from npu_job.bootstrap.model import Placement, RankTable, Topology
-from npu_job.bootstrap.payload import decode_document, encode_b64_gzip, json_text
-
-from npu_job.errors import shown
+from .jsondecode import decode_typed, parse_json
+from .model import Placement, RankTable, Topology
+from .payload import decode_document, encode_b64_gzip, json_text
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ CCE_RANKTABLE_TOR = "cce-ranktable-tor"
 BASIC_TOR_NODE_CM = "basic-tor-node-cm"
 K8S_NODE_LABELS = "k8s-node-labels"
 VOLCANO_HYPERNODES = "volcano-hypernodes"
-KUBE_FORMATS = (K8S_NODE_LABELS, VOLCANO_HYPERNODES)  # read by npu_job.bootstrap.kubetopology
+KUBE_FORMATS = (K8S_NODE_LABELS, VOLCANO_HYPERNODES)  # read by npu_job.bootstrap.kube.topology
 PLAIN_FILE = "file"
 FORMATS = (CCE_RANKTABLE_TOR, BASIC_TOR_NODE_CM, K8S_NODE_LABELS, VOLCANO_HYPERNODES, PLAIN_FILE)
 
@@ -78,7 +78,7 @@ def parse_topology(
 ) -> Topology:
     """Decode ``data`` and read it as ``fmt`` (one of :data:`FORMATS`), detected when None.
 
-    ``context`` (a :class:`~npu_job.bootstrap.kubetopology.KubeContext`, or a function that makes
+    ``context`` (a :class:`~npu_job.bootstrap.kube.topology.KubeContext`, or a function that makes
     one when asked) serves the Kubernetes formats: more Nodes, the servers that matter, the label
     keys to read.
     """
@@ -102,11 +102,11 @@ def topology_from_document(
 ) -> Topology:
     chosen = fmt or detect_format(document, source)
     if chosen in KUBE_FORMATS:
-        from npu_job.bootstrap import kubetopology
+        from .kube import topology as kube_topology
 
         if callable(context):
             context = context()
-        found = kubetopology.topology_from_document(document, source, chosen, context)
+        found = kube_topology.topology_from_document(document, source, chosen, context)
         for note in found.notes:
             logger.info("topology: note: %s", note)
         return found.topology

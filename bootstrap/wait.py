@@ -20,13 +20,13 @@ import logging
 import time
 from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
-from npu_job.bootstrap.model import RankTable
-from npu_job.bootstrap.payload import decode_document
-from npu_job.bootstrap.ranktable import rank_table_from_document
-from npu_job.bootstrap.sources import SourceUnavailable
-
 from npu_job.errors import InputError, NotReadyError, shown
 from npu_job.polling import Backoff, poll
+
+from .model import RankTable
+from .payload import decode_document
+from .ranktable import rank_table_from_document
+from .sources import SourceUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,6 @@ import shlex
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from npu_job.bootstrap.jsondecode import encode_compact
-from npu_job.bootstrap.model import Plan
-
 from npu_job import __version__
 from npu_job.fileio import write_atomic
 from npu_job.podfacts import (
@@ -37,6 +34,9 @@ from npu_job.podfacts import (
     RANK_TABLE_ENV,
     ROUTE_PLAN_FILE,
 )
+
+from .jsondecode import encode_compact
+from .model import Plan
 
 ROUTE_PLAN_VERSION = 1
 PLAN_FILES = (RANK_TABLE_COPY, ENV_FILE, MASTER_FILE, RANK_FILE)

@@ -12,13 +12,15 @@ cluster is simulated. Pure halves apart from the halves that make system calls:
 * ``podspec`` (pure): the rendered Volcano Job -> one pod spec per pod, as Volcano and the
   kubelet would make them;
 * ``podsim`` (edge): one pod as an isolated process: namespaces, mounts, chroot
-  (``python -m npu_job.demo.podsim enter``).
+  (``python -m npu_job.demo.podsim enter``);
+* ``synthetic`` (pure): generated clusters, a realistic rank table and switch topology from a
+  few numbers (the scenario's and the benchmarks').
 
 The names below are the demo's API for the CLI (``npu_job.cli.demo``), the end-to-end tests and
 the benchmarks; each is defined in the module it is imported from.
 """
 
-from npu_job.demo.checks import (
+from .checks import (
     DemoResult,
     Phases,
     PodOutcome,
@@ -33,9 +35,9 @@ from npu_job.demo.checks import (
     ring_score,
     tor_of_pod,
 )
-from npu_job.demo.images import Image, find_interpreter, make_image, offered_images
-from npu_job.demo.podlog import PodLine, first_line, read_pod_line
-from npu_job.demo.runner import (
+from .images import Image, find_interpreter, make_image, offered_images
+from .podlog import PodLine, first_line, read_pod_line
+from .runner import (
     PROGRESS_EVERY,
     Supervisor,
     default_workspace,
@@ -47,7 +49,7 @@ from npu_job.demo.runner import (
     run,
     write_cluster_inputs,
 )
-from npu_job.demo.scenario import (
+from .scenario import (
     DEVICES,
     EXAMPLE_SCRIPT,
     IMAGES,

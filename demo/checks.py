@@ -17,20 +17,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from npu_job.demo.scenario import JOB_NAME, SUMMARY_VERSION, DemoOptions, SimulatedCluster
-
 from npu_job.errors import shown
 from npu_job.logs import PROG
 from npu_job.podfacts import MIN_NODES
+
+from .scenario import JOB_NAME, SUMMARY_VERSION, DemoOptions, SimulatedCluster
 
 
 def api_plan(objects: Mapping[str, List[Dict[str, Any]]]) -> Any:
     """The plan the bootstrap makes of ``objects`` (:func:`.scenario.cluster_objects`), read with
     its own readers."""
-    from npu_job.bootstrap import jobpods
-    from npu_job.bootstrap.kubefacts import read_pods
-    from npu_job.bootstrap.kubeobjects import read_objects
-    from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
+    from npu_job.bootstrap.kube import jobpods
+    from npu_job.bootstrap.kube.facts import read_pods
+    from npu_job.bootstrap.kube.objects import read_objects
+    from npu_job.bootstrap.kube.topology import KubeContext, topology_from_objects
     from npu_job.bootstrap.model import Collective
     from npu_job.bootstrap.planner import plan
 

@@ -29,11 +29,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from npu_job.demo.podspec import IMAGE_PATH, image_environment
-from npu_job.demo.scenario import IMAGES, INSTALLED_IMAGE, STOCK_IMAGE, STOCK_PY37_IMAGE
-
 from npu_job.errors import LaunchError
 from npu_job.podfacts import LAUNCHER_PYTHON_ENV
+
+from .podspec import IMAGE_PATH, image_environment
+from .scenario import IMAGES, INSTALLED_IMAGE, STOCK_IMAGE, STOCK_PY37_IMAGE
 
 PY37 = (3, 7)  # the oldest python3 of the images the platform's routing supports
 NPU_JOB_COMMANDS = ("npu-job", "npu-run")  # console scripts a stock image must not have
@@ -93,7 +93,7 @@ def make_image(name: str, directory: Path, environ: Mapping[str, str]) -> Image:
     """Image ``name`` of :data:`IMAGES` for the pods of one run, built under ``directory`` when it
     needs files; ``environ`` is the environment of whoever started the run. LaunchError (with a
     tip) when this machine cannot make it."""
-    from npu_job.demo import podsim
+    from . import podsim
 
     if name == INSTALLED_IMAGE:
         installation = podsim.this_installation()

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from npu_job.demo.podspec import SETUP_FAILED
+from .podspec import SETUP_FAILED
 
 _STEP = re.compile(r"train_ddp: step (\d+)/(\d+) loss ([0-9.]+)")
 _JOINED = re.compile(r"npu-run: node rank \d+ joined round")

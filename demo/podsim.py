@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from npu_job.demo.podlog import attempt_header
-from npu_job.demo.podspec import SETUP_FAILED, PodSpec, hosts_file_text
-
 from npu_job.errors import LaunchError
 from npu_job.podfacts import PYTHON_ENV
+
+from .podlog import attempt_header
+from .podspec import SETUP_FAILED, PodSpec, hosts_file_text
 
 
 def this_installation() -> Dict[str, str]:

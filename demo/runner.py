@@ -18,8 +18,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from npu_job.demo import podspec
-from npu_job.demo.checks import (
+from npu_job.errors import InconsistentError, LaunchError, shown
+from npu_job.podfacts import MASTER_FILE, RANK_FILE, ROUTE_PLAN_FILE
+from npu_job.polling import Backoff, poll
+
+from . import podspec
+from .checks import (
     DemoResult,
     Phases,
     PodOutcome,
@@ -31,8 +35,8 @@ from npu_job.demo.checks import (
     expected_plan,
     ring_score,
 )
-from npu_job.demo.podlog import first_line, read_pod_line
-from npu_job.demo.scenario import (
+from .podlog import first_line, read_pod_line
+from .scenario import (
     EXAMPLE_SCRIPT,
     INPUT_FILES,
     RANK_TABLE_CONFIGMAP,
@@ -47,10 +51,6 @@ from npu_job.demo.scenario import (
     render_job,
     simulated_cluster,
 )
-
-from npu_job.errors import InconsistentError, LaunchError, shown
-from npu_job.podfacts import MASTER_FILE, RANK_FILE, ROUTE_PLAN_FILE
-from npu_job.polling import Backoff, poll
 
 log = logging.getLogger(__name__)
 # podsim is imported where pods are staged or started, not here: every pod runs
@@ -101,7 +101,7 @@ def prepare(
     the Kubernetes API the pods of a ``routing_source="api"`` run reach (it must serve
     :func:`~npu_job.demo.scenario.cluster_objects` of this run, written to
     ``cluster/cluster.json``)."""
-    from npu_job.demo import images, podsim
+    from . import images, podsim
 
     workspace.mkdir(parents=True, exist_ok=True)
     shared = workspace / "shared"
@@ -230,7 +230,7 @@ class Supervisor:
 
     def workers_running(self) -> int:
         """Workers alive in the pods: ``python [options] SCRIPT ...`` (npu-run's children)."""
-        from npu_job.demo import podsim
+        from . import podsim
 
         count = 0
         for pid in podsim.processes_inside(self.prepared.workspace / "pods"):
@@ -266,7 +266,7 @@ class Supervisor:
         return f"waiting ({elapsed:.0f} s): " + ", ".join(parts)
 
     def start(self) -> None:
-        from npu_job.demo import podsim
+        from . import podsim
 
         for index, spec_file in enumerate(self.prepared.spec_files):
             self.pods.append(
@@ -282,7 +282,7 @@ class Supervisor:
         self.pods[index].kill()
 
     def _restart(self, index: int) -> None:
-        from npu_job.demo import podsim
+        from . import podsim
 
         self.restarts[index] += 1
         self.joined.discard(index)

@@ -135,7 +135,7 @@ def loopback_ips(count: int) -> Tuple[str, ...]:
 
 def simulated_cluster(options: DemoOptions, host_ips: Sequence[str]) -> SimulatedCluster:
     """A CCE cluster for ``options`` whose server ids are the pods' host addresses (pure)."""
-    from npu_job.bootstrap.synthetic import synthetic_cluster
+    from .synthetic import synthetic_cluster
 
     tors = min(max(1, options.tors), options.nodes)
     table, topology = synthetic_cluster(

@@ -34,9 +34,9 @@ from typing import (
     Union,
 )
 
-from npu_job.render.values import MergedValues, Path, SetScalar, format_path, typed
-
 from npu_job.errors import LISTED_PROBLEMS, shown
+
+from .values import MergedValues, Path, SetScalar, format_path, typed
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")

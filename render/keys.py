@@ -21,7 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Tuple
 
-from npu_job.render.checks import (
+from npu_job.podfacts import FULL_NODE_ENV, MIN_NODES, RANK_ENV, TASK_INDEX_ENV
+
+from .checks import (
     ABSOLUTE_PATH,
     DNS_LABEL,
     DNS_LABEL_RULE,
@@ -40,8 +42,6 @@ from npu_job.render.checks import (
     Volumes,
     per_device,
 )
-
-from npu_job.podfacts import FULL_NODE_ENV, MIN_NODES, RANK_ENV, TASK_INDEX_ENV
 
 # --- constants the templates and validation share ---------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterable, List, Sequence, Tuple
 from npu_job.podfacts import DEFAULT_RANK_TABLES, FULL_NODE_ENV, MIN_NODES, RANK_TABLE_ENV
 
 if TYPE_CHECKING:  # spec imports this module; the type is only named here
-    from npu_job.render.spec import JobSpec
+    from .spec import JobSpec
 
 
 def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str, ...]:

@@ -34,12 +34,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from npu_job.render.keys import DEVICE_RESOURCE, NPU_HOST_MOUNTS, SCRIPTS_VOLUME, SHM_VOLUME
-from npu_job.render.spec import JobSpec
-
 from npu_job import podfacts
 from npu_job.bundle import BUNDLE_NAME, Bundle, installed_bundle
 from npu_job.errors import BundleError, RenderError
+
+from .keys import DEVICE_RESOURCE, NPU_HOST_MOUNTS, SCRIPTS_VOLUME, SHM_VOLUME
+from .spec import JobSpec
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from npu_job.render.checks import Checker
-from npu_job.render.keys import (
+from npu_job.errors import SpecError
+
+from .checks import Checker
+from .keys import (
     DEVICE_RESOURCE,
     HCCL_PORT_COUNT,
     KEYS,
@@ -36,10 +38,8 @@ from npu_job.render.keys import (
     TOP_KEYS,
     with_defaults,
 )
-from npu_job.render.lint import brings_a_rank_table, spec_warnings
-from npu_job.render.values import MergedValues
-
-from npu_job.errors import SpecError
+from .lint import brings_a_rank_table, spec_warnings
+from .values import MergedValues
 
 # --- reading the keys ------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from npu_job.bootstrap import planner, scorer
 from npu_job.bootstrap.model import Collective
-from npu_job.bootstrap.synthetic import synthetic_cluster
+from npu_job.demo.synthetic import synthetic_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 

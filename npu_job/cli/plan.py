@@ -193,8 +193,8 @@ def run(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace):
     """Read the servers and topology with the bootstrap's loader (errors: one line, exit 3)."""
     from npu_job.bootstrap import inputs
-    from npu_job.bootstrap.jobpods import JobSelector
-    from npu_job.bootstrap.labels import label_keys_from_text
+    from npu_job.bootstrap.kube.jobpods import JobSelector
+    from npu_job.bootstrap.kube.labels import label_keys_from_text
 
     nodes = inputs.read_nodes(args.nodes)
     keys = None

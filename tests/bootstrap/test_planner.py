@@ -21,7 +21,7 @@ from npu_job.bootstrap.model import (
     Topology,
 )
 from npu_job.bootstrap.planner import bit_reversed, collective_from_hccl_algo, interleave, plan
-from npu_job.bootstrap.synthetic import synthetic_cluster
+from npu_job.demo.synthetic import synthetic_cluster
 
 PROPERTY_SETTINGS = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -438,7 +438,7 @@ def test_every_process_computes_the_same_plan_whatever_its_hash_seed():
     import sys
 
     code = (
-        "from npu_job.bootstrap.synthetic import synthetic_cluster\n"
+        "from npu_job.demo.synthetic import synthetic_cluster\n"
         "from npu_job.bootstrap.model import Collective, Placement, Topology\n"
         "from npu_job.bootstrap.planner import plan\n"
         "table, topology = synthetic_cluster(\n"

@@ -13,11 +13,18 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from npu_job.bootstrap import kubeapi, planner
-from npu_job.bootstrap.jobpods import JobSelector, by_server, job_roster, node_names, roster_table
-from npu_job.bootstrap.kubefacts import read_pods
-from npu_job.bootstrap.kubeobjects import read_objects
-from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
+from npu_job.bootstrap import planner
+from npu_job.bootstrap.kube import api as kubeapi
+from npu_job.bootstrap.kube.facts import read_pods
+from npu_job.bootstrap.kube.jobpods import (
+    JobSelector,
+    by_server,
+    job_roster,
+    node_names,
+    roster_table,
+)
+from npu_job.bootstrap.kube.objects import read_objects
+from npu_job.bootstrap.kube.topology import KubeContext, topology_from_objects
 from npu_job.bootstrap.run import bootstrap
 
 from npu_job.errors import InputError, NotReadyError

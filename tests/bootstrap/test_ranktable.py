@@ -15,7 +15,7 @@ from npu_job.bootstrap.ranktable import (
     rank_table_from_document,
     reordered_document,
 )
-from npu_job.bootstrap.synthetic import synthetic_cluster
+from npu_job.demo.synthetic import synthetic_cluster
 
 from npu_job.errors import InputError
 

@@ -352,8 +352,8 @@ def test_json_flag_prints_the_route_plan(job, capsys):
 def _partial_node_job(tmp_path):
     """3 pods of 4-device servers (half an ascend-1980 node each) over 3 ToRs, as CCE mounts it."""
     from npu_job.bootstrap.ranktable import rank_table_document
-    from npu_job.bootstrap.synthetic import synthetic_cluster
     from npu_job.bootstrap.topology import encode_ranktable_tor
+    from npu_job.demo.synthetic import synthetic_cluster
 
     table, topology = synthetic_cluster(3, 3, npus_per_node=4, seed=1)
     config = tmp_path / "config"

@@ -6,8 +6,8 @@ import time
 
 import pytest
 from npu_job.bootstrap import payload
-from npu_job.bootstrap.kubeapi import NODES_PATH, KubeClient
-from npu_job.bootstrap.kubetopology import topology_from_objects
+from npu_job.bootstrap.kube.api import NODES_PATH, KubeClient
+from npu_job.bootstrap.kube.topology import topology_from_objects
 from npu_job.bootstrap.sources import (
     K8S_TOPOLOGY,
     KubernetesAPI,

@@ -11,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import payload
 from npu_job.bootstrap.model import Placement, Topology
-from npu_job.bootstrap.synthetic import synthetic_cluster
 from npu_job.bootstrap.topology import (
     BASIC_TOR_NODE_CM,
     CCE_RANKTABLE_TOR,
@@ -21,6 +20,7 @@ from npu_job.bootstrap.topology import (
     encode_ranktable_tor,
     parse_topology,
 )
+from npu_job.demo.synthetic import synthetic_cluster
 
 from npu_job.errors import InputError
 

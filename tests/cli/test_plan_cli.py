@@ -15,8 +15,8 @@ import pytest
 from npu_job.bootstrap import planner
 from npu_job.bootstrap.model import Collective
 from npu_job.bootstrap.ranktable import rank_table_document
-from npu_job.bootstrap.synthetic import synthetic_cluster
 from npu_job.bootstrap.topology import encode_ranktable_tor
+from npu_job.demo.synthetic import synthetic_cluster
 
 from npu_job.cli import main
 from tests.bootstrap.documents import plain_topology_document

@@ -5,13 +5,13 @@ node listed twice; a pod's accelerator count."""
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from npu_job.bootstrap import kubefacts
-from npu_job.bootstrap.kubefacts import read_nodes, read_pods
-from npu_job.bootstrap.kubeobjects import KubeObject, read_objects
+from npu_job.bootstrap.kube import facts as kubefacts
+from npu_job.bootstrap.kube.facts import read_nodes, read_pods
+from npu_job.bootstrap.kube.objects import KubeObject, read_objects
 
 from npu_job.errors import InputError
 
-from .kubedamage import CLUSTER, NODE, POD, VALUES, damaged_copy, outcome_of, paths_into
+from ..kubedamage import CLUSTER, NODE, POD, VALUES, damaged_copy, outcome_of, paths_into
 
 
 @settings(max_examples=300, deadline=None)

@@ -26,14 +26,14 @@ from __future__ import annotations
 from itertools import islice
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
 
-from npu_job.bootstrap.fields import fail
-from npu_job.bootstrap.kubefacts import PodFacts
-from npu_job.bootstrap.kubeobjects import POD, object_field
-from npu_job.bootstrap.model import Device, Placement, RankTable, Server, Topology
-from npu_job.bootstrap.ranktable import POD_INDEX_EXPECTED, pod_index_from_name
-
 from npu_job.errors import InputError, NotReadyError, shown
 from npu_job.parsing import MAX_COUNT_DIGITS, count_from_text
+
+from ..fields import fail
+from ..model import Device, Placement, RankTable, Server, Topology
+from ..ranktable import POD_INDEX_EXPECTED, pod_index_from_name
+from .facts import PodFacts
+from .objects import POD, object_field
 
 JOB_NAME_LABEL = "volcano.sh/job-name"
 TASK_SPEC_LABEL = "volcano.sh/task-spec"

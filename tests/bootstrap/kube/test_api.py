@@ -8,8 +8,8 @@ import json
 import time
 
 import pytest
-from npu_job.bootstrap import kubeapi
-from npu_job.bootstrap.kubeapi import (
+from npu_job.bootstrap.kube import api as kubeapi
+from npu_job.bootstrap.kube.api import (
     HYPERNODES_PATH,
     NODES_PATH,
     KubeClient,
@@ -19,16 +19,16 @@ from npu_job.bootstrap.kubeapi import (
     status_of,
     topology_objects,
 )
-from npu_job.bootstrap.kubefacts import read_pods
+from npu_job.bootstrap.kube.facts import read_pods
 from npu_job.bootstrap.sources import KubernetesAPI, SourceUnavailable
 
 from npu_job.errors import InputError
 from npu_job.polling import Backoff
 
-from .documents import node
-from .engines import json_engine
-from .fake_kube_api import FakeKubernetesAPI, status
-from .https_server import HTTPSServer, serve_dripping, serve_sequence, tls_files_fixture
+from ..documents import node
+from ..engines import json_engine
+from ..fake_kube_api import FakeKubernetesAPI, status
+from ..https_server import HTTPSServer, serve_dripping, serve_sequence, tls_files_fixture
 
 tls_files = pytest.fixture(scope="module")(tls_files_fixture)
 
@@ -204,7 +204,7 @@ def test_topology_objects_skip_what_the_cluster_lacks_or_refuses(server, api):
 
 
 def test_an_untrusted_certificate_is_an_input_error_at_once(server, api, tmp_path):
-    from .https_server import make_self_signed
+    from ..https_server import make_self_signed
 
     (tmp_path / "other").mkdir()
     other_ca, _ = make_self_signed(tmp_path / "other")

@@ -20,7 +20,7 @@ needs).
 
 Every list is bounded, whatever the server answers: a read waits at most :data:`TIMEOUT`, an
 answer (connecting, headers, body) ends within :data:`ANSWER_DEADLINE` however slowly it comes
-(:mod:`.deadline`), a list of every page and retry within :data:`LIST_DEADLINE`, in at most
+(:mod:`..deadline`), a list of every page and retry within :data:`LIST_DEADLINE`, in at most
 :data:`MAX_PAGES` pages and :data:`MAX_ITEMS` items; a continue token that comes back (a server
 paging in a cycle) is an error at once. Each names the list's URL (the token goes in a header,
 never in the URL).
@@ -35,21 +35,21 @@ from itertools import islice
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple
 from urllib.parse import quote, urlencode, urlsplit
 
-from npu_job.bootstrap.kubefacts import PodFacts, read_pods
-from npu_job.bootstrap.kubeobjects import KubeObjects, list_continue, read_objects
-from npu_job.bootstrap.payload import (
+from npu_job.errors import InputError, shown
+from npu_job.parsing import count_from_text
+from npu_job.polling import Backoff
+
+from ..payload import (
     MAX_INPUT_BYTES,
     check_size,
     decode_document,
     json_text,
     verbatim_or_shown,
 )
-from npu_job.bootstrap.podpage import read_pod_page
-from npu_job.bootstrap.sources import SERVICE_ACCOUNT_DIR, KubernetesAPI, SourceUnavailable
-
-from npu_job.errors import InputError, shown
-from npu_job.parsing import count_from_text
-from npu_job.polling import Backoff
+from ..sources import SERVICE_ACCOUNT_DIR, KubernetesAPI, SourceUnavailable
+from .facts import PodFacts, read_pods
+from .objects import KubeObjects, list_continue, read_objects
+from .podpage import read_pod_page
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class KubeClient:
     def list_pods(
         self, path: str, params: Optional[Mapping[str, str]] = None
     ) -> Tuple[PodFacts, ...]:
-        """:func:`~npu_job.bootstrap.kubefacts.read_pods` of every Pod of ``GET path`` (all
+        """:func:`~npu_job.bootstrap.kube.facts.read_pods` of every Pod of ``GET path`` (all
         pages): each page read straight into the facts (:func:`read_pod_page`), else the general
         way, which reads the same facts or names what is wrong."""
         pods: List[PodFacts] = []
@@ -253,7 +253,7 @@ class KubeClient:
         )
 
     def _request(self, target: str, name: str) -> Tuple[int, str, Any, bytes]:
-        from npu_job.bootstrap.deadline import DeadlinePassed
+        from ..deadline import DeadlinePassed
 
         now = time.monotonic()
         if now >= self._list_ends:
@@ -311,11 +311,11 @@ class KubeClient:
 
 
 def _connection_class() -> Any:
-    """``http.client.HTTPSConnection`` with answers bounded in time (:mod:`.deadline`)."""
+    """``http.client.HTTPSConnection`` with answers bounded in time (:mod:`..deadline`)."""
     if not _CONNECTION:
         import http.client
 
-        from npu_job.bootstrap.deadline import bounded_connection
+        from ..deadline import bounded_connection
 
         _CONNECTION.append(bounded_connection(http.client.HTTPSConnection))
     return _CONNECTION[0]
@@ -362,7 +362,7 @@ def _read_token(path: str) -> str:
     """The service account token: one line of printable ASCII (a JWT), as an HTTP header carries
     it. Anything else is an error that never shows the token (it is a credential and the error
     goes to the pod's log and route_plan.json): only its length and a short digest."""
-    from npu_job.bootstrap.sources import read_file
+    from ..sources import read_file
 
     raw = read_file(path)
     token = raw.strip()
@@ -442,7 +442,7 @@ def topology_objects(client: KubeClient, *, by_name: bool = False) -> KubeObject
     ``by_name``: the servers are known by node name (a job's pods), so the Nodes are listed only
     when their labels are needed: no HyperNodes, or HyperNodes that select nodes by label.
     """
-    from npu_job.bootstrap.hypernode import selects_by_label
+    from .hypernode import selects_by_label
 
     found = KubeObjects()
     for path in (HYPERNODES_PATH, NODES_PATH):

@@ -1,6 +1,6 @@
 """The msgspec types of the ``PodList`` fields the bootstrap reads (pure; nothing but typing).
 
-:mod:`npu_job.bootstrap.podpage` decodes the API's pages with them (it says why it stays now
+:mod:`npu_job.bootstrap.kube.podpage` decodes the API's pages with them (it says why it stays now
 that msgspec is optional). Each builder takes the msgspec module (loaded by the caller, only for
 big inputs) and builds its decoder once.
 """
@@ -21,7 +21,7 @@ POD_PAGE_BUILDS_AT_MOST = 12
 
 @lru_cache(maxsize=None)
 def pod_page_decoder(msgspec: Any) -> Any:
-    """msgspec's decoder of a ``PodList`` page into the fields :func:`.kubefacts.read_pods` reads,
+    """msgspec's decoder of a ``PodList`` page into the fields :func:`.facts.read_pods` reads,
     each with the type it accepts (built once). What does not fit is refused, never coerced, and
     the page is then read the general way; unknown fields are skipped unbuilt."""
     struct = msgspec.defstruct
@@ -68,7 +68,7 @@ def pod_page_decoder(msgspec: Any) -> Any:
 @lru_cache(maxsize=None)
 def resources_decoder(msgspec: Any) -> Any:
     """msgspec's decoder of a container's ``resources`` (or null): its ``limits`` and
-    ``requests``, each an object or null, as :func:`.kubefacts.read_pods` accepts them."""
+    ``requests``, each an object or null, as :func:`.facts.read_pods` accepts them."""
     amounts = Optional[Dict[str, Any]]
     resources = msgspec.defstruct(
         "Resources", [("limits", amounts, None), ("requests", amounts, None)]

@@ -9,16 +9,17 @@ from pathlib import Path
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from npu_job.bootstrap import canonical, jobpods, planner
-from npu_job.bootstrap.jobpods import JobSelector, job_roster, roster_table
-from npu_job.bootstrap.kubefacts import read_pods
-from npu_job.bootstrap.kubeobjects import read_objects
-from npu_job.bootstrap.kubetopology import KubeContext, topology_from_objects
+from npu_job.bootstrap import canonical, planner
+from npu_job.bootstrap.kube import jobpods
+from npu_job.bootstrap.kube.facts import read_pods
+from npu_job.bootstrap.kube.jobpods import JobSelector, job_roster, roster_table
+from npu_job.bootstrap.kube.objects import read_objects
+from npu_job.bootstrap.kube.topology import KubeContext, topology_from_objects
 from npu_job.bootstrap.model import Collective, RankTable
 
 from npu_job.errors import InputError, NotReadyError
 
-FIXTURES = Path(__file__).parent / "fixtures" / "kube"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "kube"
 PODS = json.loads((FIXTURES / "pods.json").read_text())
 CLUSTER = json.loads((FIXTURES / "cluster.json").read_text())
 PLACEMENT = ["node-7", "node-2", "node-10", "node-4", "node-0", "node-8", "node-11", "node-3"]
@@ -297,7 +298,7 @@ _INDEX_LABELS = st.one_of(
 def test_the_roster_is_the_pods_read_one_by_one(pods, expected, task):
     """Whatever the labels say (no label, leading zeros, non-digits, an index twice, beyond the
     count), the roster is what reading pod by pod with pod_index gives, or the same refusal."""
-    from npu_job.bootstrap.kubefacts import PodFacts
+    from npu_job.bootstrap.kube.facts import PodFacts
 
     facts = [
         PodFacts(
@@ -334,7 +335,7 @@ def test_a_pod_claiming_a_huge_index_without_a_count_waits_and_says_so_at_once()
     """Without MA_NUM_HOSTS the highest index says how many pods there are: a label of 10**17 is
     a job waiting for pods that never come (and timing out into scheduler order), not a list of
     10**17 missing indices built for its progress line."""
-    from npu_job.bootstrap.kubefacts import PodFacts
+    from npu_job.bootstrap.kube.facts import PodFacts
 
     pods = [
         PodFacts(

@@ -5,13 +5,13 @@ token."""
 import json
 
 import pytest
-from npu_job.bootstrap import kubeobjects
-from npu_job.bootstrap.kubefacts import read_nodes, read_pods
-from npu_job.bootstrap.kubeobjects import decode_objects, list_continue, read_objects
+from npu_job.bootstrap.kube import objects as kubeobjects
+from npu_job.bootstrap.kube.facts import read_nodes, read_pods
+from npu_job.bootstrap.kube.objects import decode_objects, list_continue, read_objects
 
 from npu_job.errors import InputError
 
-from .kubedamage import CLUSTER, NODE
+from ..kubedamage import CLUSTER, NODE
 
 
 def test_typed_lists_imply_the_kind_and_lists_need_it():
@@ -35,7 +35,7 @@ def test_typed_lists_imply_the_kind_and_lists_need_it():
 
 def test_kubectl_yaml_reads_like_its_json(tmp_path):
     import yaml
-    from npu_job.bootstrap.hypernode import read_hypernodes
+    from npu_job.bootstrap.kube.hypernode import read_hypernodes
 
     def facts(objects):  # what is read (msgspec, when loaded, decodes JSON into just that)
         return (

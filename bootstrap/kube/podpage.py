@@ -1,11 +1,11 @@
-"""A page of the API's ``PodList`` read straight into :class:`~.kubefacts.PodFacts` (pure).
+"""A page of the API's ``PodList`` read straight into :class:`~.facts.PodFacts` (pure).
 
 The fast path of the pods of a big job (a pod of a 4096-pod job lists ~5 KB, of which the fields
 read are 300 bytes): msgspec decodes the page into typed structs of just the fields
-:func:`~npu_job.bootstrap.kubefacts.read_pods` reads, which checks their types as it goes, and the
+:func:`~npu_job.bootstrap.kube.facts.read_pods` reads, which checks their types as it goes, and the
 facts are taken from them with no field-by-field checks. Anything else (msgspec not loaded, a
 page of another shape, a pod that does not fit the types) is left, having decided nothing, to the
-general readers (:mod:`npu_job.bootstrap.kubeobjects`, :mod:`npu_job.bootstrap.kubefacts`), which
+general readers (:mod:`npu_job.bootstrap.kube.objects`, :mod:`npu_job.bootstrap.kube.facts`), which
 read the same facts or name what is wrong.
 
 Why it stays now that msgspec is optional (issue 28): msgspec's plain decode into builtins, then
@@ -18,18 +18,18 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from npu_job.bootstrap.jsondecode import decode_typed
-from npu_job.bootstrap.kubefacts import PodFacts, devices_of
-from npu_job.bootstrap.podtypes import POD_PAGE_BUILDS_AT_MOST, pod_page_decoder, resources_decoder
+from ..jsondecode import decode_typed
+from .facts import PodFacts, devices_of
+from .podtypes import POD_PAGE_BUILDS_AT_MOST, pod_page_decoder, resources_decoder
 
 
 def read_pod_page(text: bytes) -> Optional[Tuple[Tuple[PodFacts, ...], Optional[str]]]:
     """``(the pods' facts, the continue token)`` of one page of the API's ``PodList`` (JSON text),
-    decoded by msgspec into the fields :func:`~.kubefacts.read_pods` reads, typed, so that
+    decoded by msgspec into the fields :func:`~.facts.read_pods` reads, typed, so that
     checking them costs next to nothing; None, having decided nothing, unless msgspec is loaded
     and the page is a ``PodList`` of well-formed pods without a ``kind`` (as the API answers): the
-    caller then reads it the general way (:func:`~.payload.decode_document`,
-    :func:`~.kubeobjects.read_objects`, :func:`~.kubefacts.read_pods`), which reads the same facts
+    caller then reads it the general way (:func:`~..payload.decode_document`,
+    :func:`~.objects.read_objects`, :func:`~.facts.read_pods`), which reads the same facts
     or names what is wrong.
     """
     page = decode_typed(text, pod_page_decoder, builds_at_most=POD_PAGE_BUILDS_AT_MOST)
@@ -77,8 +77,8 @@ _UNCOUNTED: Any = object()
 
 
 def _accelerators(resources: Tuple[bytes, ...]) -> Optional[int]:
-    """:func:`.kubefacts.devices_of` of the containers' ``resources`` (JSON text each, empty when
-    absent); None: resources that do not fit the types :func:`.kubefacts.read_pods` accepts."""
+    """:func:`.facts.devices_of` of the containers' ``resources`` (JSON text each, empty when
+    absent); None: resources that do not fit the types :func:`.facts.read_pods` accepts."""
     import msgspec  # loaded: read_pod_page decoded a page with it
 
     decode = resources_decoder(msgspec).decode

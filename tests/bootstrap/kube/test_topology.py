@@ -2,11 +2,11 @@
 them read alike, and the servers of interest may be named by node name or by address."""
 
 import pytest
-from npu_job.bootstrap.kubetopology import KubeContext, topology_from_document
+from npu_job.bootstrap.kube.topology import KubeContext, topology_from_document
 
 from npu_job.errors import InputError
 
-from .documents import NODES, THREE_TIER, kube_document, node_ip, nodes_context
+from ..documents import NODES, THREE_TIER, kube_document, node_ip, nodes_context
 
 
 def test_one_combined_list_reads_like_the_two_files():

@@ -11,22 +11,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import planner
-from npu_job.bootstrap.hypernode import (
+from npu_job.bootstrap.kube.facts import read_nodes
+from npu_job.bootstrap.kube.hypernode import (
     MAX_DEPTH,
     exact_tree_placements,
     read_hypernodes,
     resolve,
 )
-from npu_job.bootstrap.kubefacts import read_nodes
-from npu_job.bootstrap.kubeobjects import read_objects
-from npu_job.bootstrap.kubetopology import HYPERNODES, KubeContext, topology_from_document
+from npu_job.bootstrap.kube.objects import read_objects
+from npu_job.bootstrap.kube.topology import HYPERNODES, KubeContext, topology_from_document
 from npu_job.bootstrap.model import Collective, Device, Placement, RankTable, Server
 from npu_job.bootstrap.topology import VOLCANO_HYPERNODES, parse_topology
 
 from npu_job.errors import InputError
 
-from .documents import KUBE_FIXTURES, NODES, THREE_TIER, kube_document, node_ip, nodes_context
-from .engines import ENGINES, json_engine
+from ..documents import KUBE_FIXTURES, NODES, THREE_TIER, kube_document, node_ip, nodes_context
+from ..engines import ENGINES, json_engine
 
 TWO_TIER = KUBE_FIXTURES / "hypernodes-two-tier.json"
 
@@ -170,7 +170,7 @@ def _child(name):
 def test_the_nodes_are_listed_only_for_trees_that_select_by_label(members, needs_labels):
     """A tree that names its nodes needs no Node objects (the pod path then lists none); any
     labelMatch, or anything malformed, says the labels may be needed."""
-    from npu_job.bootstrap.hypernode import selects_by_label
+    from npu_job.bootstrap.kube.hypernode import selects_by_label
 
     objects = read_objects(
         {"kind": "List", "items": [_hn("leaf", 1), _hn("spine", 2, *members)]}, "s"
@@ -625,7 +625,7 @@ def test_regex_members_are_matched_as_go_reads_them_in_bounded_time():
 
 
 def test_matching_past_its_budget_is_one_error_naming_the_pattern(monkeypatch):
-    monkeypatch.setattr("npu_job.bootstrap.hypernode.MAX_MATCH_STEPS", 100)
+    monkeypatch.setattr("npu_job.bootstrap.kube.hypernode.MAX_MATCH_STEPS", 100)
     document = {"kind": "List", "items": [_hn("t", 1, _node_member(regexMatch={"pattern": "z"}))]}
     names = tuple(f"node-{i}" for i in range(50))
     with pytest.raises(InputError) as caught:

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from npu_job.bootstrap.synthetic import synthetic_cluster
+from npu_job.demo.synthetic import synthetic_cluster
 
 
 @settings(max_examples=30, deadline=None)

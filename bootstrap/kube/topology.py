@@ -1,10 +1,10 @@
 """A switch topology from the cluster's own objects (pure): Volcano HyperNodes, else node labels.
 
-The documents are what the API lists or kubectl prints (:mod:`npu_job.bootstrap.kubeobjects`):
+The documents are what the API lists or kubectl prints (:mod:`npu_job.bootstrap.kube.objects`):
 ``kubectl get hypernodes -o json`` with ``kubectl get nodes -o json`` beside it, or both in one
 ``kubectl get hypernodes,nodes,pods -o json``. With HyperNodes, each node's placement is its path
-in their tree (:mod:`npu_job.bootstrap.hypernode`); without, its topology labels
-(:mod:`npu_job.bootstrap.labels`). Either way the :class:`~npu_job.bootstrap.model.Topology` is
+in their tree (:mod:`npu_job.bootstrap.kube.hypernode`); without, its topology labels
+(:mod:`npu_job.bootstrap.kube.labels`). Either way the :class:`~npu_job.bootstrap.model.Topology` is
 keyed by node name and by each ``InternalIP`` of the node (a rank table's ``server_id``), and an
 address two nodes claim with different placements is an error.
 """
@@ -23,14 +23,14 @@ from typing import (
     Tuple,
 )
 
-from npu_job.bootstrap import hypernode
-from npu_job.bootstrap.fields import fail
-from npu_job.bootstrap.kubefacts import NodeFacts, read_nodes
-from npu_job.bootstrap.kubeobjects import NODE, KubeObjects, object_field, read_objects
-from npu_job.bootstrap.model import Placement, Topology
-from npu_job.bootstrap.topology import K8S_NODE_LABELS, VOLCANO_HYPERNODES
-
 from npu_job.errors import shown
+
+from ..fields import fail
+from ..model import Placement, Topology
+from ..topology import K8S_NODE_LABELS, VOLCANO_HYPERNODES
+from . import hypernode
+from .facts import NodeFacts, read_nodes
+from .objects import NODE, KubeObjects, object_field, read_objects
 
 HYPERNODES = VOLCANO_HYPERNODES
 NODE_LABELS = K8S_NODE_LABELS
@@ -43,7 +43,7 @@ class KubeContext(NamedTuple):
     HyperNode file (their labels serve ``labelMatch``, their addresses key the result).
     ``names``: place only these servers (node names or addresses): a job's, where the cluster has
     thousands of nodes. ``label_keys``: read only these node labels (outermost first) instead of
-    the known schemes of :mod:`npu_job.bootstrap.labels`.
+    the known schemes of :mod:`npu_job.bootstrap.kube.labels`.
     """
 
     objects: KubeObjects = KubeObjects()
@@ -80,7 +80,7 @@ def topology_from_objects(
         tree_placements, tree_notes = _tree_placements(everything, nodes, wanted, source)
         placements = _keyed(tree_placements, nodes, wanted, source)
         return KubeTopology(Topology(placements, source=HYPERNODES), tree_notes)
-    from npu_job.bootstrap import labels  # the label schemes: not needed with HyperNodes
+    from . import labels  # the label schemes: not needed with HyperNodes
 
     by_node: Dict[str, Placement] = {}
     schemes: Dict[str, int] = {}
@@ -115,7 +115,7 @@ _KUBERNETES_DOMAINS = ("kubernetes.io", "k8s.io")
 def _unplaced_note(nodes: Sequence[NodeFacts], keys: Optional[Tuple[str, ...]]) -> str:
     """Why node labels placed none of ``nodes``: the label keys they carry (a few, then how many
     more), and how to name the ones that hold the switch."""
-    from npu_job.bootstrap import labels
+    from . import labels
 
     seen = {key for node in nodes for key in node.labels}
 

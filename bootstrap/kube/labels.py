@@ -44,10 +44,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from npu_job.bootstrap.fields import expect_str
-from npu_job.bootstrap.model import Placement
-
 from npu_job.errors import InputError, shown
+
+from ..fields import expect_str
+from ..model import Placement
 
 CABINET_LABEL = "cce.kubectl.kubernetes.io/cabinet"
 VOLCANO_TOR_LABEL = "volcano.sh/tor"

@@ -9,7 +9,7 @@ Reads which Nodes, Pods and HyperNodes a document holds, from
 * a single object (``kubectl get node n1 -o json``).
 
 Items of other kinds are skipped. The objects' fields are read elsewhere: a Node's and a Pod's by
-:mod:`npu_job.bootstrap.kubefacts`, a HyperNode's by :mod:`npu_job.bootstrap.hypernode`, with the
+:mod:`.facts`, a HyperNode's by :mod:`.hypernode`, with the
 field readers they share, here (:func:`object_name`, :func:`section`, :func:`string_map`...).
 
 A bad field is one :class:`~npu_job.errors.InputError` naming the object and the field, e.g.
@@ -34,10 +34,10 @@ from typing import (
     Tuple,
 )
 
-from npu_job.bootstrap.fields import expect_list, expect_object, expect_str, fail, join_key
-from npu_job.bootstrap.payload import decode_document
-
 from npu_job.errors import shown
+
+from ..fields import expect_list, expect_object, expect_str, fail, join_key
+from ..payload import decode_document
 
 NODE = "Node"
 POD = "Pod"

@@ -6,12 +6,12 @@ import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from npu_job.bootstrap import podpage
-from npu_job.bootstrap.kubefacts import read_pods
-from npu_job.bootstrap.kubeobjects import read_objects
+from npu_job.bootstrap.kube import podpage
+from npu_job.bootstrap.kube.facts import read_pods
+from npu_job.bootstrap.kube.objects import read_objects
 
-from .engines import json_engine
-from .kubedamage import POD, VALUES, damaged_copy, outcome_of, paths_into
+from ..engines import json_engine
+from ..kubedamage import POD, VALUES, damaged_copy, outcome_of, paths_into
 
 
 @settings(max_examples=300, deadline=None)
@@ -83,7 +83,7 @@ def test_the_typed_decoder_builds_at_most_its_stated_bytes_per_byte_of_text():
     import tracemalloc
 
     import msgspec
-    from npu_job.bootstrap.podtypes import POD_PAGE_BUILDS_AT_MOST, pod_page_decoder
+    from npu_job.bootstrap.kube.podtypes import POD_PAGE_BUILDS_AT_MOST, pod_page_decoder
 
     decoder = pod_page_decoder(msgspec)
     for shape, items in _DENSE_PAGES.items():

@@ -1,7 +1,7 @@
 """The facts the bootstrap reads of Nodes and Pods (pure): :class:`NodeFacts`, :class:`PodFacts`.
 
 Only these fields are read (Kubernetes API reference, core/v1 Node and Pod), of the objects
-:mod:`npu_job.bootstrap.kubeobjects` found in a document:
+:mod:`npu_job.bootstrap.kube.objects` found in a document:
 
 * Node: ``metadata.name``, ``metadata.labels``, ``status.addresses[type=InternalIP].address``;
 * Pod: ``metadata.name``, ``.namespace``, ``.labels``, ``.deletionTimestamp``, ``spec.nodeName``,
@@ -20,8 +20,10 @@ import re
 from types import MappingProxyType
 from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from npu_job.bootstrap.fields import expect_list, expect_object, expect_str, fail, join_key
-from npu_job.bootstrap.kubeobjects import (
+from npu_job.parsing import count_from_text
+
+from ..fields import expect_list, expect_object, expect_str, fail, join_key
+from .objects import (
     KubeObject,
     field_path,
     named_once,
@@ -30,8 +32,6 @@ from npu_job.bootstrap.kubeobjects import (
     section,
     string_map,
 )
-
-from npu_job.parsing import count_from_text
 
 # Extended resources that count a pod's accelerators (device plugins' resource names): NVIDIA's
 # and AMD's GPU plugins, and the Ascend plugins (huawei.com/ascend-1980 on CCE, huawei.com/Ascend910
@@ -44,7 +44,7 @@ _NO_LABELS: Mapping[str, str] = MappingProxyType({})
 
 class NodeFacts(NamedTuple):
     """A Node: its name, its ``InternalIP`` addresses and its labels. (NamedTuples like
-    :class:`~.kubeobjects.KubeObject`: a big cluster has thousands.)"""
+    :class:`~.objects.KubeObject`: a big cluster has thousands.)"""
 
     name: str
     addresses: Tuple[str, ...] = ()

@@ -54,11 +54,14 @@ from typing import (
     Union,
 )
 
-from npu_job.bootstrap import goregexp
-from npu_job.bootstrap.canonical import id_sort_key
-from npu_job.bootstrap.fields import expect_list, expect_object, expect_str, fail
-from npu_job.bootstrap.kubefacts import NodeFacts
-from npu_job.bootstrap.kubeobjects import (
+from npu_job.errors import shown
+
+from .. import goregexp
+from ..canonical import id_sort_key
+from ..fields import expect_list, expect_object, expect_str, fail
+from ..model import Placement
+from .facts import NodeFacts
+from .objects import (
     KubeObject,
     field_path,
     named_once,
@@ -66,9 +69,6 @@ from npu_job.bootstrap.kubeobjects import (
     section,
     string_map,
 )
-from npu_job.bootstrap.model import Placement
-
-from npu_job.errors import shown
 
 MEMBER_TYPES = ("Node", "HyperNode")
 SELECTORS = ("exactMatch", "regexMatch", "labelMatch")
