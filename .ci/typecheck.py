@@ -44,6 +44,8 @@ PURE_CORE = [
     "npu_job.bootstrap.kube.podpage",
     "npu_job.bootstrap.kube.podtypes",
     "npu_job.bootstrap.kube.hypernode",
+    "npu_job.bootstrap.kube.hypernodetree",
+    "npu_job.bootstrap.goregexp",
     "npu_job.bootstrap.kube.topology",
     "npu_job.bootstrap.kube.labels",
     "npu_job.bootstrap.kube.jobpods",

@@ -119,3 +119,19 @@ def test_the_launcher_extra_brings_numpy_so_torch_imports_without_a_warning():
         [sys.executable, "-c", "import torch"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and "NumPy" not in result.stderr, result.stderr
+
+
+def test_every_package_folder_is_declared_so_a_wheel_holds_it():
+    """setup.cfg lists packages by hand (package_dir maps top-level folders into npu_job, which
+    find_packages cannot follow): a sub-package left off that list is missing from every
+    non-editable install, though an editable one still imports it."""
+    from .test_layers import package_dirs
+
+    declared = package_dirs()
+    on_disk = {
+        ".".join((name, *init.parent.relative_to(folder).parts))
+        for name, folder in declared.items()
+        for init in folder.rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert sorted(on_disk - set(declared)) == []

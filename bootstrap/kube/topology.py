@@ -3,7 +3,7 @@
 The documents are what the API lists or kubectl prints (:mod:`npu_job.bootstrap.kube.objects`):
 ``kubectl get hypernodes -o json`` with ``kubectl get nodes -o json`` beside it, or both in one
 ``kubectl get hypernodes,nodes,pods -o json``. With HyperNodes, each node's placement is its path
-in their tree (:mod:`npu_job.bootstrap.kube.hypernode`); without, its topology labels
+in their tree (:mod:`.hypernodetree`); without, its topology labels
 (:mod:`npu_job.bootstrap.kube.labels`). Either way the :class:`~npu_job.bootstrap.model.Topology` is
 keyed by node name and by each ``InternalIP`` of the node (a rank table's ``server_id``), and an
 address two nodes claim with different placements is an error.
@@ -28,8 +28,9 @@ from npu_job.errors import shown
 from ..fields import fail
 from ..model import Placement, Topology
 from ..topology import K8S_NODE_LABELS, VOLCANO_HYPERNODES
-from . import hypernode
 from .facts import NodeFacts, read_nodes
+from .hypernode import read_hypernodes
+from .hypernodetree import exact_tree_placements, resolve
 from .objects import NODE, KubeObjects, object_field, read_objects
 
 HYPERNODES = VOLCANO_HYPERNODES
@@ -147,13 +148,11 @@ def _tree_placements(
     source: str,
 ) -> Tuple[Mapping[str, Placement], Tuple[str, ...]]:
     """Each node's placement in the HyperNode tree, and the notes on the choices made."""
-    simple = hypernode.exact_tree_placements(objects.hypernodes, wanted)
+    simple = exact_tree_placements(objects.hypernodes, wanted)
     if simple is not None:
         return simple, ()
     # a tree with choices to make, notes to write or errors to name: read and resolved in full
-    resolved = hypernode.resolve(
-        hypernode.read_hypernodes(objects.hypernodes, source), nodes, source, names=wanted
-    )
+    resolved = resolve(read_hypernodes(objects.hypernodes, source), nodes, source, names=wanted)
     return resolved.placements, resolved.notes
 
 

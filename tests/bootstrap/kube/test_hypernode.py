@@ -12,12 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import planner
 from npu_job.bootstrap.kube.facts import read_nodes
-from npu_job.bootstrap.kube.hypernode import (
-    MAX_DEPTH,
-    exact_tree_placements,
-    read_hypernodes,
-    resolve,
-)
+from npu_job.bootstrap.kube.hypernode import read_hypernodes
+from npu_job.bootstrap.kube.hypernodetree import MAX_DEPTH, exact_tree_placements, resolve
 from npu_job.bootstrap.kube.objects import read_objects
 from npu_job.bootstrap.kube.topology import HYPERNODES, KubeContext, topology_from_document
 from npu_job.bootstrap.model import Collective, Device, Placement, RankTable, Server
@@ -625,7 +621,7 @@ def test_regex_members_are_matched_as_go_reads_them_in_bounded_time():
 
 
 def test_matching_past_its_budget_is_one_error_naming_the_pattern(monkeypatch):
-    monkeypatch.setattr("npu_job.bootstrap.kube.hypernode.MAX_MATCH_STEPS", 100)
+    monkeypatch.setattr("npu_job.bootstrap.kube.hypernodetree.MAX_MATCH_STEPS", 100)
     document = {"kind": "List", "items": [_hn("t", 1, _node_member(regexMatch={"pattern": "z"}))]}
     names = tuple(f"node-{i}" for i in range(50))
     with pytest.raises(InputError) as caught:

@@ -1,33 +1,7 @@
-"""Go's ``regexp`` (RE2 syntax) matched in linear time, in pure Python (pure).
+"""Go's ``regexp`` syntax (RE2, with Go's ``Perl`` flags) read into a tree (pure).
 
-Volcano selects a HyperNode's ``regexMatch`` members with Go's ``regexp.Compile(pattern)`` and
-``MatchString(node.Name)`` (unanchored: the pattern may match anywhere), and a pattern that does
-not compile matches no node (volcano-sh/volcano ``pkg/util/hypernode/member_selector.go``,
-``GetMembers``). Python's ``re`` backtracks: ``(a+)+$`` against a 30-character node name runs for
-minutes. This module reads the syntax Go's ``regexp/syntax`` parses with its ``Perl`` flags
-(https://github.com/google/re2/wiki/Syntax; golang/go ``src/regexp/syntax/parse.go``) and
-answers :meth:`Program.search` by simulating the Thompson NFA (a lazily built DFA over sets of
-its states), so the time is linear in the text: at most ``len(text) x len(program)`` steps.
-
-What it reads, as Go does: literals and escapes (``\\x41``, ``\\x{263a}``, octal ``\\123``,
-``\\Q...\\E``, punctuation), ``.``, classes with ranges, negation, ``\\d \\s \\w`` (ASCII),
-``[[:alpha:]]`` and ``[[:^alpha:]]``, ``\\pL``/``\\p{Lu}`` (general categories, ``Any``,
-``Assigned``, ``ASCII``); anchors ``^ $`` (text, or lines with ``(?m)``), ``\\A \\z``, ``\\b \\B``
-(ASCII words); alternation; capturing, named and ``(?:)`` groups; flags ``i m s U`` (set, clear,
-scoped); ``* + ? {n} {n,} {n,m}`` and their lazy forms (which cannot change whether a match
-exists). Go's refusals are refusals here: backreferences, lookaround, ``\\Z``, ``\\C``,
-possessive and stacked repetition (``a**``, ``a++``), a repeat count over 1000 alone or
-multiplied through nested repetitions.
-
-Where Go and Python's ``re`` differ (each pinned by a test): ``$`` is the end of the text (not
-before a final newline) unless ``(?m)``; ``\\d \\w \\s \\b`` are ASCII only and ``\\s`` has no
-``\\v``; ``x{,3}`` is a literal; ``(?i)`` folds by Unicode's simple folding (``k`` matches the
-Kelvin sign).
-
-Not read here, said as such (the caller then matches nothing and reports it): Unicode script
-names (``\\p{Greek}``; Python's standard library has no script table), and patterns past the
-bounds below, which Go would run but no node name needs.
-"""
+What :func:`parse` accepts and refuses is told in the package's docstring
+(:mod:`npu_job.bootstrap.goregexp`)."""
 
 from __future__ import annotations
 
@@ -37,8 +11,6 @@ from typing import Callable, Dict, FrozenSet, List, NamedTuple, Optional, Sequen
 MAX_PATTERN_LENGTH = 4096  # a long alternation of node names fits; the parse stays cheap
 MAX_NESTING = 100  # groups inside groups; Go allows ~1000, the compile here recurses per level
 MAX_REPEAT = 1000  # Go's maxRepeat: one count, and the product of nested counts
-MAX_PROGRAM = 10000  # NFA instructions: bounds each step of the simulation (Go allows 3.3 M)
-MAX_CACHED = 200000  # NFA states kept in one program's DFA cache before it is dropped (memory)
 
 
 class RegexpError(ValueError):
@@ -47,23 +19,6 @@ class RegexpError(ValueError):
 
 class Unsupported(ValueError):
     """Go compiles the pattern, but it is not read here (a script class, or past a bound)."""
-
-
-class BudgetExceeded(RuntimeError):
-    """The matching work allowed (:class:`Budget`) ran out."""
-
-
-class Budget:
-    """Work shared by many searches: each text character costs one step, and each new DFA state
-    the NFA states it takes to build."""
-
-    def __init__(self, steps: int) -> None:
-        self.left = steps
-
-    def spend(self, steps: int) -> None:
-        self.left -= steps
-        if self.left < 0:
-            raise BudgetExceeded("the matching work allowed ran out")
 
 
 # --- characters -----------------------------------------------------------------------------------
@@ -91,7 +46,7 @@ _CATEGORIES = frozenset(
     "C Cc Cf Cn Co Cs L Ll Lm Lo Lt Lu M Mc Me Mn N Nd Nl No P Pc Pd Pe Pf Pi Po Ps "
     "S Sc Sk Sm So Z Zl Zp Zs".split()
 )
-_WORD = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+WORD_CHARACTERS = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
 _ESCAPES = {"a": "\a", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
 _FOLD_LOW, _FOLD_HIGH = 0x41, 0x1E943  # Go's minFold and maxFold: no folding outside
 _orbits: Dict[str, FrozenSet[str]] = {}
@@ -271,15 +226,16 @@ class _Parser:
         low, i = number(i)
         if low is None or i >= len(text):
             return None
-        high: Optional[int] = low
+        high = low
         if text[i] == ",":
             i += 1
             if i < len(text) and text[i] == "}":
                 high = -1
             else:
-                high, i = number(i)
-                if high is None:
+                upper, i = number(i)
+                if upper is None:
                     return None
+                high = upper
         if i >= len(text) or text[i] != "}":
             return None
         return low, high, i + 1
@@ -518,189 +474,9 @@ def _repeat_valid(node: Node, n: int) -> bool:
     return True
 
 
-# --- the program ----------------------------------------------------------------------------------
-
-CHAR, SPLIT, JUMP, ASSERT, MATCH = range(5)
-
-
-class _Compiler:
-    def __init__(self) -> None:
-        self.code: List[list] = []  # [op, argument, next, other next]
-
-    def emit(self, op: int, argument: object = None) -> int:
-        if len(self.code) >= MAX_PROGRAM:
-            raise Unsupported(f"it compiles to over {MAX_PROGRAM} NFA states")
-        self.code.append([op, argument, None, None])
-        return len(self.code) - 1
-
-    def fragment(self, node: Node) -> Tuple[int, List[Tuple[int, int]]]:
-        """(entry, the holes to patch with what follows): holes are (instruction, slot)."""
-        kind = node[0]
-        if kind == "char" or kind == "assert":
-            at = self.emit(CHAR if kind == "char" else ASSERT, node[1])
-            return at, [(at, 2)]
-        if kind == "cat":
-            if not node[1]:
-                at = self.emit(JUMP)
-                return at, [(at, 2)]
-            entry, holes = self.fragment(node[1][0])
-            for sub in node[1][1:]:
-                start, next_holes = self.fragment(sub)
-                self.patch(holes, start)
-                holes = next_holes
-            return entry, holes
-        if kind == "alt":
-            entry, holes = self.fragment(node[1][0])
-            for sub in node[1][1:]:
-                split = self.emit(SPLIT)
-                start, more = self.fragment(sub)
-                self.code[split][2], self.code[split][3] = entry, start
-                entry, holes = split, holes + more
-            return entry, holes
-        sub, low, high = node[1], node[2], node[3]
-        parts: List[Tuple[int, List[Tuple[int, int]]]] = [self.fragment(sub) for _ in range(low)]
-        if high < 0:  # x{n,}: n copies, then x*
-            split = self.emit(SPLIT)
-            start, holes = self.fragment(sub)
-            self.patch(holes, split)
-            self.code[split][2] = start
-            parts.append((split, [(split, 3)]))
-        else:  # x{n,m}: n copies, then m-n nested optional ones
-            for _ in range(high - low):
-                split = self.emit(SPLIT)
-                start, holes = self.fragment(sub)
-                self.code[split][2] = start
-                parts.append((split, holes + [(split, 3)]))
-        if not parts:
-            at = self.emit(JUMP)
-            return at, [(at, 2)]
-        entry, holes = parts[0]
-        for start, next_holes in parts[1:]:
-            self.patch(holes, start)
-            holes = next_holes
-        return entry, holes
-
-    def patch(self, holes: List[Tuple[int, int]], target: int) -> None:
-        for at, slot in holes:
-            self.code[at][slot] = target
-
-
-class Program:
-    """A compiled pattern: :meth:`search` answers Go's ``MatchString``."""
-
-    def __init__(self, code: Sequence[list], start: int) -> None:
-        self.code = code
-        self.start = start
-        self.asserts = any(op == ASSERT for op, *_ in code)
-        # anchored (``^...``, ``\\A...``): once no thread is alive past the start, none will be
-        self.anchored = not any(
-            self.closure((), before, after, False, after is None)
-            for before in ("\n", "a", "-")
-            for after in (None, "\n", "a", "-")
-        )
-        self.states: Dict[FrozenSet[int], int] = {}
-        self.sets: List[FrozenSet[int]] = []
-        self.matching: List[bool] = []
-        self.moves: Dict[Tuple[int, str, int], int] = {}
-        self.cached = 0
-
-    def search(self, text: str, budget: Optional[Budget] = None) -> bool:
-        """Whether the pattern matches anywhere in ``text``; ``budget`` bounds the work."""
-        spend = budget.spend if budget is not None else (lambda steps: None)
-        if self.cached > MAX_CACHED:  # a pattern whose DFA keeps growing: start afresh
-            self.states, self.sets, self.matching, self.moves = {}, [], [], {}
-            self.cached = 0
-        n = len(text)
-        first = text[0] if n else None
-        state = self.state(self.closure((), None, first, True, n == 0), spend)
-        if self.matching[state]:
-            return True
-        moves = self.moves
-        for i, c in enumerate(text):
-            following = text[i + 1] if i + 1 < n else None
-            context = self.context(following) if self.asserts else 0
-            key = (state, c, context)
-            next_state = moves.get(key)
-            spend(1)
-            if next_state is None:
-                stepped = [
-                    self.code[pc][2]
-                    for pc in self.sets[state]
-                    if self.code[pc][0] == CHAR and self.code[pc][1](c)
-                ]
-                spend(len(self.sets[state]))
-                next_state = self.state(
-                    self.closure(stepped, c, following, False, i + 1 == n), spend
-                )
-                moves[key] = next_state
-            if self.matching[next_state]:
-                return True
-            if self.anchored and not self.sets[next_state]:
-                return False
-            state = next_state
-        return False
-
-    @staticmethod
-    def context(following: Optional[str]) -> int:
-        if following is None:
-            return 1
-        return 2 + (following == "\n") + 2 * (following in _WORD)
-
-    def state(self, members: FrozenSet[int], spend: Callable[[int], None]) -> int:
-        known = self.states.get(members)
-        if known is None:
-            spend(len(members))
-            known = self.states[members] = len(self.sets)
-            self.sets.append(members)
-            self.matching.append(any(self.code[pc][0] == MATCH for pc in members))
-            self.cached += len(members) + 1
-        return known
-
-    def closure(
-        self,
-        pcs: Sequence[int],
-        before: Optional[str],
-        after: Optional[str],
-        at_start: bool,
-        at_end: bool,
-    ) -> FrozenSet[int]:
-        """The states reachable from ``pcs`` and from the start (the search is unanchored)
-        without reading a character, between ``before`` and ``after``."""
-        code = self.code
-        seen = set()
-        stack = [self.start] + list(reversed(pcs))
-        word = (before in _WORD) != (after in _WORD)
-        while stack:
-            pc = stack.pop()
-            if pc in seen:
-                continue
-            seen.add(pc)
-            op, argument, following, other = code[pc]
-            if op == SPLIT:
-                stack.append(other)
-                stack.append(following)
-            elif op == JUMP:
-                stack.append(following)
-            elif op == ASSERT:
-                if (
-                    (argument == BEGIN_TEXT and at_start)
-                    or (argument == END_TEXT and at_end)
-                    or (argument == BEGIN_LINE and (at_start or before == "\n"))
-                    or (argument == END_LINE and (at_end or after == "\n"))
-                    or (argument == WORD_BOUNDARY and word)
-                    or (argument == NOT_WORD_BOUNDARY and not word)
-                ):
-                    stack.append(following)
-        return frozenset(pc for pc in seen if code[pc][0] in (CHAR, MATCH))
-
-
-def compile(pattern: str) -> Program:  # noqa: A001 - the name Go and re give it
-    """The program for ``pattern``; :class:`RegexpError` where Go's ``regexp.Compile`` fails,
-    :class:`Unsupported` where Go compiles it but this module does not."""
+def parse(pattern: str) -> Node:
+    """The syntax tree of ``pattern``; :class:`RegexpError` where Go's parser fails,
+    :class:`Unsupported` where Go reads it but this package does not."""
     if len(pattern) > MAX_PATTERN_LENGTH:
         raise Unsupported(f"a pattern of {len(pattern)} characters (at most {MAX_PATTERN_LENGTH})")
-    tree = _Parser(pattern).parse()
-    compiler = _Compiler()
-    entry, holes = compiler.fragment(tree)
-    compiler.patch(holes, compiler.emit(MATCH))
-    return Program(compiler.code, entry)
+    return _Parser(pattern).parse()
