@@ -36,6 +36,7 @@ PURE_CORE = [
     "npu_job.bootstrap.ranktable",
     "npu_job.bootstrap.topology",
     "npu_job.bootstrap.fields",
+    "npu_job.bootstrap.options",
     "npu_job.bootstrap.accelerator",
     "npu_job.bootstrap.jsondecode",
     "npu_job.bootstrap.payload",

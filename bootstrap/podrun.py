@@ -28,6 +28,7 @@ from .kube import jobpods
 from .kube.facts import PodFacts, read_pods
 from .kube.objects import KubeObjects, decode_objects
 from .model import RankTable, Topology
+from .options import JOB_SIZE_ENV, PODS_ENV, BootstrapOptions
 from .sources import (
     K8S_TOPOLOGY,
     KubernetesAPI,
@@ -38,11 +39,9 @@ from .sources import (
 
 log = logging.getLogger(__name__)
 
-PODS_ENV = "NPU_JOB_PODS"
 # What one look at the source gives: the pods' facts, and the objects of a file (its HyperNodes and
 # Nodes serve the topology; the API's topology is listed apart, so none come with its pods)
 Listed = Tuple[Tuple[PodFacts, ...], KubeObjects]
-JOB_SIZE_ENV = "MA_NUM_HOSTS"
 
 
 class LoadedJob(NamedTuple):
@@ -57,7 +56,7 @@ class LoadedJob(NamedTuple):
 
 
 def load_job(
-    options: Any,
+    options: BootstrapOptions,
     env: Mapping[str, str],
     verify: Verify,
     clock: Callable[[], float],
@@ -118,7 +117,7 @@ def _attempt(
     return roster, objects, roster.progress()
 
 
-def _selector(options: Any, env: Mapping[str, str]) -> jobpods.JobSelector:
+def _selector(options: BootstrapOptions, env: Mapping[str, str]) -> jobpods.JobSelector:
     size = env.get(JOB_SIZE_ENV, "").strip()
     expected = count_from_text(size) if size else None
     if size and not expected:
@@ -133,7 +132,7 @@ def _selector(options: Any, env: Mapping[str, str]) -> jobpods.JobSelector:
 
 
 def _source(
-    options: Any, env: Mapping[str, str], selector: jobpods.JobSelector, verify: Verify
+    options: BootstrapOptions, env: Mapping[str, str], selector: jobpods.JobSelector, verify: Verify
 ) -> Tuple[Callable[[], Listed], str, Any]:
     """How to list the job's pods: ``(fetch, name, the API client or None)``."""
     if options.pods != K8S_TOPOLOGY:
@@ -177,7 +176,7 @@ def _job_text(selector: jobpods.JobSelector) -> str:
 
 
 def job_topology(
-    options: Any,
+    options: BootstrapOptions,
     env: Mapping[str, str],
     verify: Verify,
     job: LoadedJob,
@@ -194,7 +193,7 @@ def job_topology(
 
 
 def _job_topology(
-    options: Any,
+    options: BootstrapOptions,
     env: Mapping[str, str],
     verify: Verify,
     job: LoadedJob,
@@ -203,21 +202,15 @@ def _job_topology(
     from .kube.topology import KubeContext, topology_from_objects
 
     names = job_names(job.table, job.nodes)
-    if options.topology or env.get("NPU_JOB_TOPOLOGY"):
+    if options.topology:
         return load_chain(options, job.location, env, verify, names=names)
     extra = read_nodes(options.nodes, verify)
     context = KubeContext(objects=extra, names=names, label_keys=options.topology_labels)
-    chain_env = env
     if job.client is None and (job.objects.hypernodes or job.objects.nodes):
         found = topology_from_objects(job.objects, job.location, options.topology_format, context)
         _log_found(found.topology, job.location, found.notes)
         return found.topology, f"{job.location} ({found.topology.source})"
-    if job.client is not None and env.get("NPU_JOB_K8S_TOPOLOGY", "1").lower() not in (
-        "0",
-        "false",
-        "no",
-        "off",
-    ):
+    if job.client is not None and options.k8s_topology:
         from .kube.api import HYPERNODES_PATH, NODES_PATH, topology_objects
 
         base = job.client.api.base_url
@@ -231,8 +224,8 @@ def _job_topology(
                 return found.topology, f"{name} ({found.topology.source})"
             for note in found.notes:  # why the cluster's objects placed nothing
                 log.info("topology: note: %s", note)
-        chain_env = {**env, "NPU_JOB_K8S_TOPOLOGY": "0"}  # asked already
-    return load_chain(options, job.location, chain_env, verify, names=names)
+        options = options._replace(k8s_topology=False)  # asked already
+    return load_chain(options, job.location, env, verify, names=names)
 
 
 def _log_found(topology: Topology, name: str, notes: Tuple[str, ...]) -> None:

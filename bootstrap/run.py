@@ -20,17 +20,9 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from npu_job.errors import EXIT_OK, InputError, NpuJobError, shown
-from npu_job.parsing import count_from_text, is_true, seconds_from_text
-from npu_job.podfacts import (
-    FULL_NODE_ENV,
-    OUTPUT_DIR,
-    OUTPUT_DIR_ENV,
-    RANK_TABLE_ENV,
-    STRICT_ENV,
-    TASK_INDEX_ENV,
-)
 
 from .model import Collective, Plan, PlanStatus, RankTable, Topology
+from .options import HCCL_ALGO_ENV, BootstrapOptions, resolve, resolve_one
 from .payload import verbatim_or_shown
 from .sources import (
     K8S_TOPOLOGY,
@@ -44,106 +36,6 @@ from .sources import (
 )
 
 log = logging.getLogger(__name__)
-
-DEFAULT_WAIT_TIMEOUT = 300.0
-DEFAULT_POLL_INTERVAL = 5.0
-
-
-class BootstrapOptions(NamedTuple):
-    """Every knob of the bootstrap; flags win over environment variables (see :func:`resolve`)."""
-
-    rank_table: Optional[str] = None  # path, directory or URL; None: $RANK_TABLE_FILE, defaults
-    topology: Optional[str] = None  # path, URL or "k8s"; None: $NPU_JOB_TOPOLOGY, then the chain
-    topology_format: Optional[str] = None  # None: detect by content
-    host_ip: Optional[str] = None  # this host's IP (MA_CURRENT_HOST_IP)
-    pod_index: Optional[str] = None  # this pod's index (VC_TASK_INDEX), as text
-    output_dir: str = OUTPUT_DIR
-    collective: Optional[str] = None  # ring / nhr / rhd; None: HCCL_ALGO, else ring
-    wait_timeout: float = DEFAULT_WAIT_TIMEOUT
-    poll_interval: float = DEFAULT_POLL_INTERVAL
-    strict: bool = False
-    ca_bundle: Optional[str] = None  # CA file for https:// inputs; None: the system's
-    full_node_devices: Optional[int] = None  # devices of a full node; None: only equal counts
-    nodes: Optional[str] = None  # kubectl get nodes -o json (path or URL) for a HyperNode file
-    topology_labels: Optional[Tuple[str, ...]] = None  # node label keys, outermost first
-    pods: Optional[str] = None  # no rank table: "k8s" (the API) or a kubectl get pods -o json
-    job: Optional[str] = None  # the Volcano job whose pods those are (MA_VJ_NAME)
-    task: Optional[str] = None  # its task (MA_TASK_NAME)
-    namespace: Optional[str] = None  # its namespace; None: the service account's
-
-
-def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOptions:
-    """Options from parsed flags (None = not given) over the environment; bad values raise."""
-
-    def pick(flag: str, *names: str) -> Optional[str]:
-        value = flags.get(flag)
-        if value is not None:
-            return str(value)
-        for name in names:
-            if env.get(name):
-                return env[name]
-        return None
-
-    def seconds(flag: str, name: str, default: float) -> float:
-        value = flags.get(flag)
-        if value is not None:
-            return float(value)
-        text = env.get(name, "").strip()
-        if not text:
-            return default
-        number = seconds_from_text(text, zero_ok=True)
-        if number is None:
-            raise InputError(
-                "environment", name, f"expected a number of seconds >= 0, got {shown(text)}"
-            )
-        return number
-
-    def count(flag: str, name: str) -> Optional[int]:
-        value = flags.get(flag)
-        if value is not None:
-            return int(value)
-        text = env.get(name, "").strip()
-        if not text:
-            return None
-        number = count_from_text(text)
-        if number is None or number < 1:
-            raise InputError(
-                "environment", name, f"expected a whole number >= 1, got {shown(text)}"
-            )
-        return number
-
-    strict_flag = flags.get("strict")
-    return BootstrapOptions(
-        rank_table=pick("rank_table"),
-        topology=pick("topology"),
-        topology_format=pick("topology_format", "NPU_JOB_TOPOLOGY_FORMAT"),
-        host_ip=pick("host_ip", "MA_CURRENT_HOST_IP"),
-        pod_index=pick("pod_index", TASK_INDEX_ENV),
-        output_dir=pick("output_dir", OUTPUT_DIR_ENV) or OUTPUT_DIR,
-        collective=pick("collective"),
-        wait_timeout=seconds("wait_timeout", "NPU_JOB_WAIT_TIMEOUT", DEFAULT_WAIT_TIMEOUT),
-        poll_interval=seconds("poll_interval", "NPU_JOB_POLL_INTERVAL", DEFAULT_POLL_INTERVAL),
-        strict=bool(strict_flag) or is_true(env.get(STRICT_ENV, "")),
-        ca_bundle=pick("ca_bundle", "NPU_JOB_CA_BUNDLE"),
-        full_node_devices=count("full_node_devices", FULL_NODE_ENV),
-        nodes=pick("nodes", "NPU_JOB_NODES"),
-        topology_labels=_label_keys(flags.get("topology_labels"), env),
-        pods=pick("pods", "NPU_JOB_PODS"),
-        job=pick("job", "MA_VJ_NAME"),
-        task=pick("task", "MA_TASK_NAME"),
-        namespace=pick("namespace", "NPU_JOB_NAMESPACE"),
-    )
-
-
-def _label_keys(flag: Optional[str], env: Mapping[str, str]) -> Optional[Tuple[str, ...]]:
-    text = env.get("NPU_JOB_TOPOLOGY_LABELS", "").strip() if flag is None else str(flag)
-    if flag is None and not text:
-        return None
-    from .kube.labels import label_keys_from_text
-
-    return label_keys_from_text(
-        text, "--topology-labels" if flag is not None else "NPU_JOB_TOPOLOGY_LABELS"
-    )
 
 
 class RunOutcome(NamedTuple):
@@ -195,8 +87,9 @@ def _bootstrap(
     sleep: Callable[[float], None],
 ) -> BootstrapResult:
     environ = os.environ if env is None else env
-    strict = bool(flags.get("strict")) or is_true(environ.get(STRICT_ENV, ""))
-    output_dir = flags.get("output_dir") or environ.get(OUTPUT_DIR_ENV) or OUTPUT_DIR
+    # read alone, so that a bad value of another option still falls back to the scheduler's order
+    strict = resolve_one("strict", flags, environ)
+    output_dir = resolve_one("output_dir", flags, environ)
     outcome = RunOutcome()
     failure: Optional[NpuJobError] = None
     try:
@@ -249,7 +142,7 @@ def _run(
         verify: Verify = options.ca_bundle or True
         job: Any = None
         reorder: Optional[Callable[[Plan], Dict[str, Any]]] = None
-        if options.pods and not (options.rank_table or env.get(RANK_TABLE_ENV)):
+        if options.pods and not options.rank_table:
             from . import podrun  # no rank table: the job's pods are the servers
 
             job = podrun.load_job(options, env, verify, clock, sleep)
@@ -385,7 +278,7 @@ def choose_collective(flag: Optional[str], env: Mapping[str, str]) -> Collective
             ) from None
     from . import planner
 
-    algo = env.get("HCCL_ALGO")
+    algo = env.get(HCCL_ALGO_ENV)
     chosen = planner.collective_from_hccl_algo(algo)
     if chosen is not None:
         log.debug("collective %s from HCCL_ALGO=%s", chosen, algo)
@@ -433,7 +326,13 @@ def load_topology(
             made.append(KubeContext(objects=nodes, names=names, label_keys=options.topology_labels))
         return made[0]
 
-    chain = topology_candidates(options.topology, options.topology_format, rank_table, env)
+    chain = topology_candidates(
+        options.topology,
+        options.topology_format,
+        rank_table,
+        tor_info=options.tor_info,
+        ask_api=options.k8s_topology,
+    )
     for candidate in chain:
         if candidate.location == K8S_TOPOLOGY:
             topology_and_name = _api_topology(candidate, env, context())

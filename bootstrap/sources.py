@@ -32,6 +32,7 @@ from npu_job.podfacts import (
     RANKTABLE_TOR_NAME,
 )
 
+from .options import SERVICE_ACCOUNT_DIR, SERVICE_ACCOUNT_ENV
 from .payload import (
     MAX_INPUT_BYTES,
     check_size,
@@ -41,7 +42,6 @@ from .payload import (
 log = logging.getLogger(__name__)
 
 DEFAULT_PLAIN_TOPOLOGIES = ("/etc/npu-job/topology.yaml", "/etc/npu-job/topology.json")
-SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 K8S_TOPOLOGY = "k8s"  # the --topology / NPU_JOB_TOPOLOGY value that means "ask the API"
 
 HTTP_CONNECT_TIMEOUT = 5.0
@@ -233,7 +233,7 @@ class KubernetesAPI(NamedTuple):
         ``KUBERNETES_SERVICE_PORT`` that is no port number is an :class:`InputError`."""
         host = env.get("KUBERNETES_SERVICE_HOST")
         port = env.get("KUBERNETES_SERVICE_PORT", "443")
-        account = Path(env.get("NPU_JOB_K8S_SA_DIR", account_dir))
+        account = Path(env.get(SERVICE_ACCOUNT_ENV, account_dir))
         token = account / "token"
         if not host or not token.is_file():
             return None
@@ -261,7 +261,7 @@ class KubernetesAPI(NamedTuple):
                 "expected in-cluster credentials (service host and a service account token)"
                 + purpose,
             )
-        token = Path(env.get("NPU_JOB_K8S_SA_DIR", account_dir)) / "token"
+        token = Path(env.get(SERVICE_ACCOUNT_ENV, account_dir)) / "token"
         return InputError(
             str(token),
             "file",
@@ -317,22 +317,23 @@ class TopologyCandidate(NamedTuple):
 
 
 def topology_candidates(
-    explicit: Optional[str], fmt: Optional[str], rank_table: str, env: Mapping[str, str]
+    explicit: Optional[str],
+    fmt: Optional[str],
+    rank_table: str,
+    *,
+    tor_info: Optional[str] = None,
+    ask_api: bool = True,
 ) -> List[TopologyCandidate]:
     """Where to look for the switch topology, in order; the first that exists wins."""
-    given = explicit or env.get("NPU_JOB_TOPOLOGY")
-    if given:
-        if given == K8S_TOPOLOGY:  # the cluster's HyperNodes, else its node labels
-            return [TopologyCandidate(K8S_TOPOLOGY, fmt, required=True)]
-        return [TopologyCandidate(given, fmt, required=True)]
+    if explicit:  # a file, a URL, or the cluster's HyperNodes, else its node labels
+        return [TopologyCandidate(explicit, fmt, required=True)]
     candidates = []
     beside = ranktable_tor_beside(rank_table)
     if beside is not None:
         candidates.append(TopologyCandidate(beside, fmt or "cce-ranktable-tor"))
-    tor_info = env.get("NPU_JOB_TOR_INFO")
     if tor_info:
         candidates.append(TopologyCandidate(tor_info, fmt or "basic-tor-node-cm"))
-    if env.get("NPU_JOB_K8S_TOPOLOGY", "1").lower() not in ("0", "false", "no", "off"):
+    if ask_api:
         candidates.append(TopologyCandidate(K8S_TOPOLOGY, fmt))
     candidates.extend(TopologyCandidate(path, fmt or "file") for path in DEFAULT_PLAIN_TOPOLOGIES)
     return candidates

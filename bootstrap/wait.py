@@ -30,9 +30,6 @@ from .sources import SourceUnavailable
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT = 300.0
-DEFAULT_INTERVAL = 5.0
-
 
 class LoadedRankTable(NamedTuple):
     """A completed rank table with the document it came from (for the reordered copy)."""
@@ -46,8 +43,8 @@ def wait_for_rank_table(
     fetch: Callable[[], bytes],
     source: str,
     *,
-    timeout: float = DEFAULT_TIMEOUT,
-    interval: float = DEFAULT_INTERVAL,
+    timeout: float,
+    interval: float,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> LoadedRankTable:

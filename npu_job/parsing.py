@@ -31,11 +31,18 @@ def is_count(text: str) -> bool:
 
 
 TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 
 
 def is_true(text: str) -> bool:
     """``text`` turns a switch on (``NPU_JOB_STRICT=1``): one of :data:`TRUE_WORDS`, any case."""
     return text.strip().lower() in TRUE_WORDS
+
+
+def is_false(text: str) -> bool:
+    """``text`` turns a switch that is on by default off (``NPU_JOB_K8S_TOPOLOGY=0``): one of
+    :data:`FALSE_WORDS`, any case."""
+    return text.strip().lower() in FALSE_WORDS
 
 
 def seconds_from_text(text: str, *, zero_ok: bool) -> Optional[float]:

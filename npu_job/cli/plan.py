@@ -41,6 +41,7 @@ Examples:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from npu_job.bootstrap.options import COLLECTIVES, TOPOLOGY_FORMATS
     from npu_job.bootstrap.scorer import DEFAULT_SAMPLES, DEFAULT_UPLINKS
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -85,13 +86,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--topology-format",
         "--topology_format",
         dest="topology_format",
-        choices=(
-            "cce-ranktable-tor",
-            "basic-tor-node-cm",
-            "k8s-node-labels",
-            "volcano-hypernodes",
-            "file",
-        ),
+        choices=TOPOLOGY_FORMATS,
         help="read --topology as this format (default: detect by content)",
     )
     parser.add_argument(
@@ -110,7 +105,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--collective",
-        choices=("ring", "nhr", "rhd"),
+        choices=COLLECTIVES,
         help="collective to optimise and score for (default: from $HCCL_ALGO, else ring)",
     )
     parser.add_argument(

@@ -8,6 +8,7 @@ import pytest
 from npu_job.bootstrap import payload
 from npu_job.bootstrap.kube.api import NODES_PATH, KubeClient
 from npu_job.bootstrap.kube.topology import topology_from_objects
+from npu_job.bootstrap.options import resolve
 from npu_job.bootstrap.sources import (
     K8S_TOPOLOGY,
     KubernetesAPI,
@@ -92,8 +93,20 @@ def test_no_rank_table_anywhere_says_where_it_looked():
     )
 
 
+def chain_of(flag, fmt, rank_table, env):
+    """The topology chain a pod walks with ``--topology flag`` (None: not given) and ``env``."""
+    options = resolve({"topology": flag, "topology_format": fmt}, env)
+    return topology_candidates(
+        options.topology,
+        options.topology_format,
+        rank_table,
+        tor_info=options.tor_info,
+        ask_api=options.k8s_topology,
+    )
+
+
 def test_topology_chain_order_and_overrides():
-    chain = topology_candidates(
+    chain = chain_of(
         None, None, "/user/config/jobstart_hccl.json", {"NPU_JOB_TOR_INFO": "/etc/tor/tor_info"}
     )
     assert [(c.location, c.fmt, c.required) for c in chain] == [
@@ -103,19 +116,17 @@ def test_topology_chain_order_and_overrides():
         ("/etc/npu-job/topology.yaml", "file", False),
         ("/etc/npu-job/topology.json", "file", False),
     ]
-    no_api = topology_candidates(None, None, "https://h/t.json", {"NPU_JOB_K8S_TOPOLOGY": "0"})
+    no_api = chain_of(None, None, "https://h/t.json", {"NPU_JOB_K8S_TOPOLOGY": "0"})
     assert [c.location for c in no_api] == [
         "/etc/npu-job/topology.yaml",
         "/etc/npu-job/topology.json",
     ]
-    forced = topology_candidates(
-        None, "file", "/r.json", {"NPU_JOB_TOPOLOGY": "https://h/topo.yaml"}
-    )
+    forced = chain_of(None, "file", "/r.json", {"NPU_JOB_TOPOLOGY": "https://h/topo.yaml"})
     assert [(c.location, c.fmt, c.required) for c in forced] == [
         ("https://h/topo.yaml", "file", True)
     ]
     assert (
-        topology_candidates("k8s", None, "/r.json", {"NPU_JOB_TOPOLOGY": "/ignored"})[0].location
+        chain_of("k8s", None, "/r.json", {"NPU_JOB_TOPOLOGY": "/ignored"})[0].location
         == K8S_TOPOLOGY
     )
 

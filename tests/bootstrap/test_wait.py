@@ -113,7 +113,12 @@ def test_completed_but_invalid_table_fails_at_once():
         InputError, match=r"server_list\[1\].server_id: expected a string, got a number 7"
     ):
         wait_for_rank_table(
-            feed(json.dumps(bad).encode()), SOURCE, timeout=300, clock=time.clock, sleep=time.sleep
+            feed(json.dumps(bad).encode()),
+            SOURCE,
+            timeout=300,
+            interval=5,
+            clock=time.clock,
+            sleep=time.sleep,
         )
     assert time.sleeps == []
 
@@ -122,7 +127,9 @@ def test_missing_file_is_not_waited_for():
     time = FakeTime()
     missing = InputError(SOURCE, "file", "expected an existing file (not found)")
     with pytest.raises(InputError, match="not found"):
-        wait_for_rank_table(feed(missing), SOURCE, timeout=300, clock=time.clock, sleep=time.sleep)
+        wait_for_rank_table(
+            feed(missing), SOURCE, timeout=300, interval=5, clock=time.clock, sleep=time.sleep
+        )
     assert time.sleeps == []
 
 
@@ -130,5 +137,7 @@ def test_zero_timeout_reads_once():
     time = FakeTime()
     fetch = feed(INITIALIZING)
     with pytest.raises(NotReadyError):
-        wait_for_rank_table(fetch, SOURCE, timeout=0, clock=time.clock, sleep=time.sleep)
+        wait_for_rank_table(
+            fetch, SOURCE, timeout=0, interval=5, clock=time.clock, sleep=time.sleep
+        )
     assert len(fetch.calls) == 1 and time.sleeps == []

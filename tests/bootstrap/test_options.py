@@ -1,0 +1,132 @@
+"""The option table (bootstrap/options.py) is the one declaration of the bootstrap's settings: the
+parser, the environment fallbacks, the help and docs/bootstrap.md all follow it."""
+
+import argparse
+from pathlib import Path
+
+import pytest
+from npu_job.bootstrap.command import configure, epilog
+from npu_job.bootstrap.options import (
+    OPTIONS,
+    BootstrapOptions,
+    options_markdown,
+    resolve,
+    resolve_one,
+    underscore_alias,
+)
+
+from npu_job.errors import InputError
+
+PAGE = (Path(__file__).resolve().parents[2] / "docs" / "bootstrap.md").read_text(encoding="utf-8")
+FLAGGED = [option for option in OPTIONS if option.flag]
+SAMPLE = {"seconds": "7", "count": "16", "labels": "a/spine,a/leaf", "collective": "nhr"}
+
+
+def parser() -> argparse.ArgumentParser:
+    made = argparse.ArgumentParser()
+    configure(made)
+    return made
+
+
+def test_the_docs_table_is_the_option_table():
+    assert options_markdown().strip() in PAGE, (
+        "regenerate the table in docs/bootstrap.md from options_markdown()"
+    )
+
+
+def test_every_named_row_is_an_options_field_and_every_field_a_row():
+    named = [option.name for option in OPTIONS if option.name]
+    assert sorted(named) == sorted(BootstrapOptions._fields)
+    assert len(set(named)) == len(named)
+
+
+@pytest.mark.parametrize("option", FLAGGED, ids=lambda option: option.flag)
+def test_the_parser_takes_each_flag_in_both_spellings(option):
+    switch = option.kind in ("on", "unless off")
+    value = option.choices[-1] if option.choices else SAMPLE.get(option.kind, "x")
+    for spelling in filter(None, (option.flag, underscore_alias(option.flag))):
+        argv = [spelling] if switch else [spelling, value]
+        parsed = vars(parser().parse_args(argv))
+        assert parsed[option.name] not in (None, False), (spelling, parsed)
+
+
+def test_help_names_each_flags_variable_and_default_and_lists_every_variable():
+    text = parser().format_help()
+    flat = " ".join(text.split())
+    for option in FLAGGED:
+        assert option.flag in text
+        if option.env:
+            assert option.env in flat, option.env
+    listed = " ".join(epilog().split())
+    for option in OPTIONS:
+        if option.env:
+            assert option.env in listed, option.env
+    assert "(default: $NPU_JOB_WAIT_TIMEOUT, else 300)" in flat
+    assert "(also NPU_JOB_STRICT=1)" in flat
+
+
+@pytest.mark.parametrize(
+    "option",
+    [option for option in FLAGGED if option.env and option.kind == "text"],
+    ids=lambda option: option.flag,
+)
+def test_a_flag_wins_over_its_variable_which_wins_over_the_default(option):
+    assert getattr(resolve({}, {}), option.name) == getattr(BootstrapOptions(), option.name)
+    assert getattr(resolve({}, {option.env: "from-env"}), option.name) == "from-env"
+    both = resolve({option.name: "from-flag"}, {option.env: "from-env"})
+    assert getattr(both, option.name) == "from-flag"
+
+
+def test_numbers_switches_label_keys_and_hccl_algo_read_from_the_environment():
+    options = resolve(
+        {},
+        {
+            "NPU_JOB_WAIT_TIMEOUT": "20",
+            "NPU_JOB_POLL_INTERVAL": "0.5",
+            "NPU_JOB_FULL_NODE_DEVICES": "16",
+            "NPU_JOB_STRICT": "yes",
+            "NPU_JOB_K8S_TOPOLOGY": "off",
+            "NPU_JOB_TOPOLOGY_LABELS": "example.com/spine, example.com/rack",
+            "HCCL_ALGO": "level0:NA;level1:NHR",
+        },
+    )
+    assert (options.wait_timeout, options.poll_interval, options.full_node_devices) == (20, 0.5, 16)
+    assert options.strict and not options.k8s_topology
+    assert options.topology_labels == ("example.com/spine", "example.com/rack")
+    assert options.collective == "nhr"
+    defaults = resolve({}, {"NPU_JOB_K8S_TOPOLOGY": "anything", "NPU_JOB_STRICT": "0"})
+    assert defaults.k8s_topology and not defaults.strict
+    assert (defaults.wait_timeout, defaults.poll_interval, defaults.output_dir) == (300, 5, "/tmp")
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (
+            {"NPU_JOB_WAIT_TIMEOUT": "soon"},
+            "environment: NPU_JOB_WAIT_TIMEOUT: expected a number of seconds >= 0, got 'soon'",
+        ),
+        (
+            {"NPU_JOB_FULL_NODE_DEVICES": "0"},
+            "environment: NPU_JOB_FULL_NODE_DEVICES: expected a whole number >= 1, got '0'",
+        ),
+        (
+            {"NPU_JOB_TOPOLOGY_LABELS": "a,,b"},
+            "environment: NPU_JOB_TOPOLOGY_LABELS: expected label keys separated by commas",
+        ),
+    ],
+    ids=["seconds", "count", "labels"],
+)
+def test_a_bad_value_names_its_variable(env, message):
+    with pytest.raises(InputError) as raised:
+        resolve({}, env)
+    assert raised.value.message.startswith(message)
+
+
+def test_strict_and_the_output_dir_read_alone_despite_another_bad_value():
+    env = {"NPU_JOB_WAIT_TIMEOUT": "soon", "NPU_JOB_STRICT": "1", "NPU_JOB_OUTPUT_DIR": "/o"}
+    with pytest.raises(InputError):
+        resolve({}, env)
+    assert resolve_one("strict", {}, env) is True
+    assert resolve_one("output_dir", {}, env) == "/o"
+    assert resolve_one("output_dir", {}, {}) == "/tmp"
