@@ -69,7 +69,7 @@ def read_inputs(
         return _read_pods(pods, selector, topology, topology_format, nodes, label_keys, verify)
     from .kube.topology import KubeContext
     from .ranktable import parse_rank_table
-    from .run import server_addresses
+    from .topologychain import server_addresses
 
     table_source = locate_rank_table(rank_table, {})
     table = parse_rank_table(read_bytes(table_source, verify=verify), table_source)

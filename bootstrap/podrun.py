@@ -36,6 +36,7 @@ from .sources import (
     Verify,
     read_bytes,
 )
+from .topologychain import load_topology
 
 log = logging.getLogger(__name__)
 
@@ -180,12 +181,11 @@ def job_topology(
     env: Mapping[str, str],
     verify: Verify,
     job: LoadedJob,
-    load_chain: Callable[..., Tuple[Optional[Topology], str]],
 ) -> Tuple[Optional[Topology], str]:
-    """The topology for ``job`` (first found, see the module docstring); ``load_chain`` is the
-    rank-table path's :func:`~npu_job.bootstrap.run.load_topology`."""
+    """The topology for ``job`` (first found, see the module docstring), the job's own objects
+    before the chain the rank-table path walks (:func:`~.topologychain.load_topology`)."""
     try:
-        topology, name = _job_topology(options, env, verify, job, load_chain)
+        topology, name = _job_topology(options, env, verify, job)
     finally:
         if job.client is not None:
             job.client.close()
@@ -197,13 +197,12 @@ def _job_topology(
     env: Mapping[str, str],
     verify: Verify,
     job: LoadedJob,
-    load_chain: Callable[..., Tuple[Optional[Topology], str]],
 ) -> Tuple[Optional[Topology], str]:
     from .kube.topology import KubeContext, topology_from_objects
 
     names = job_names(job.table, job.nodes)
     if options.topology:
-        return load_chain(options, job.location, env, verify, names=names)
+        return load_topology(options, job.location, env, verify, names=names)
     extra = read_nodes(options.nodes, verify)
     context = KubeContext(objects=extra, names=names, label_keys=options.topology_labels)
     if job.client is None and (job.objects.hypernodes or job.objects.nodes):
@@ -225,7 +224,7 @@ def _job_topology(
             for note in found.notes:  # why the cluster's objects placed nothing
                 log.info("topology: note: %s", note)
         options = options._replace(k8s_topology=False)  # asked already
-    return load_chain(options, job.location, env, verify, names=names)
+    return load_topology(options, job.location, env, verify, names=names)
 
 
 def _log_found(topology: Topology, name: str, notes: Tuple[str, ...]) -> None:
