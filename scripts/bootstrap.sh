@@ -14,7 +14,9 @@
 python=${NPU_JOB_PYTHON:-python3}
 strict=
 case " $* " in *" --strict "*) strict=1 ;; esac
-case "$(printf '%s' "${NPU_JOB_STRICT:-}" | tr '[:upper:]' '[:lower:]' | tr -d '[:space:]')" in
+strict_env=${NPU_JOB_STRICT:-}
+strict_env=${strict_env//[[:space:]]/}
+case "${strict_env,,}" in # lower case, no blanks: as npu_job.parsing.is_true reads it
     1 | true | yes | on) strict=1 ;;
 esac
 fail() { # the job keeps the scheduler order, unless --strict
@@ -39,7 +41,8 @@ fi
 # No bundle: the installed package, in one interpreter start, with a clear message instead of a
 # traceback when npu_job is not installed in this image.
 exec "${python}" -c '
-import os, sys
+import gc, sys
+gc.disable()  # as pod_main does, but before the imports: no collector passes over what they create
 try:
     from npu_job.bootstrap.command import pod_main
 except ImportError as error:

@@ -203,6 +203,17 @@ def test_bootstrap_sh_without_npu_job_says_so_and_keeps_the_job_alive(tmp_path, 
     assert strict.returncode == 3
 
 
+@pytest.mark.parametrize(
+    "value, code", [(" TRUE ", 3), ("On", 3), ("1", 3), ("0", 0), ("off", 0), ("", 0)]
+)
+def test_bootstrap_sh_reads_npu_job_strict_as_the_bootstrap_does(tmp_path, value, code):
+    """Before any Python runs (here: none is found), bootstrap.sh decides --strict from
+    NPU_JOB_STRICT itself: any case, blanks ignored, as npu_job.parsing.is_true."""
+    env = _clean_env(NPU_JOB_PYTHON="no-such-python3", NPU_JOB_STRICT=value)
+    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True)
+    assert done.returncode == code, done.stderr
+
+
 def test_installed_script_and_packaged_one_are_this_script():
     from importlib import resources
 
