@@ -17,7 +17,7 @@ from tests.launcher.torch_features import needs
 # torch's registry loads torchrun.handlers entry points only after 2.4; npu-run needs none
 pytestmark = needs("torchrun.handlers")
 
-WORKER = Path(__file__).parent / "workers" / "record_env.py"
+WORKER = Path(__file__).parent.parent / "workers" / "record_env.py"
 
 
 def torchrun(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:

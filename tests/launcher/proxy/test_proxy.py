@@ -37,7 +37,7 @@ from tests.launcher.proxy_support import (
 from tests.launcher.torch_features import needs, store_errors
 
 torch_dist = pytest.importorskip("torch.distributed")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DIALECT = torchcompat.store_dialect()  # the installed torch's, as npu-run's proxies speak it
 TIMEOUT = "(?i)timeout"  # torch's wording of a timed-out wait varies between releases
 

@@ -31,8 +31,8 @@ from npu_job.launcher.protocol import (
     encode_request,
 )
 
-from tests.launcher import linearizability
-from tests.launcher.linearizability import Call, Inconsistent
+from tests.launcher.proxy import linearizability
+from tests.launcher.proxy.linearizability import Call, Inconsistent
 from tests.launcher.proxy_support import LOOPBACK, LOOPS, ProxyProcess, tcp_store
 
 pytest.importorskip("torch.distributed")

@@ -32,8 +32,8 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 from npu_job.errors import LaunchError
 from tests.machine_stalls import rerun_after_machine_stall
 
-from .cluster import free_port, port_is_free
-from .torch_features import Joined, joined
+from ..cluster import free_port, port_is_free
+from ..torch_features import Joined, joined
 
 # A liveness window of 5 s (a heartbeat every 0.2 s, 25 missed before a node counts as gone), for
 # tests in which a node's own word, not its missing heartbeat, must stop the others. A machine

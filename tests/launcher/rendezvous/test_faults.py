@@ -27,7 +27,7 @@ from npu_job.launcher import torchcompat
 
 from tests.machine_stalls import rerun_after_machine_stall
 
-from .cluster import (
+from ..cluster import (
     LocalCluster,
     alive,
     port_is_free,

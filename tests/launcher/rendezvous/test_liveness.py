@@ -24,7 +24,7 @@ from npu_job.launcher.rendezvous.liveness import DEPARTED, BeatTracker, Pending,
 from npu_job.launcher.rendezvous.rootclient import RootClient, RootGone, RootReplaced, RootSilent
 from npu_job.launcher.rendezvous.verdict import FailureReport, Identity
 
-from .cluster import alive, free_port, wait_for
+from ..cluster import alive, free_port, wait_for
 
 
 def test_a_node_whose_counter_stops_is_silent_after_the_window_and_a_departed_one_never():
