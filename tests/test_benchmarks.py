@@ -49,6 +49,25 @@ CASES = [
         id="bench_bootstrap_api.py-callgrind",
     ),
     pytest.param(
+        "bench_bootstrap_revisions.py",
+        ["--nodes", "8", "--baseline", "e6638b1"],
+        [
+            "bash bootstrap.sh at 8 nodes, instructions (callgrind), e6638b1 against this",
+            "| rank table | stdlib | ",
+            "| API | stdlib | ",
+        ],
+        marks=[
+            pytest.mark.skipif(not shutil.which("valgrind"), reason="needs valgrind"),
+            pytest.mark.skipif(
+                subprocess.run(
+                    ["git", "-C", str(REPO), "cat-file", "-e", "e6638b1^{commit}"]
+                ).returncode,
+                reason="needs the history that holds e6638b1 (a clone without --depth)",
+            ),
+        ],
+        id="bench_bootstrap_revisions.py",
+    ),
+    pytest.param(
         "bench_bundle.py",
         ["--nodes", "16", "--repeat", "1", "--callgrind"],
         [
