@@ -78,9 +78,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--topology",
         metavar="PATH|URL",
         help="switch topology file or URL (ranktable_tor.json, basic-tor-node-cm tor_info, "
-        "a Kubernetes NodeList or HyperNodeList, or a plain YAML/JSON topology; default: "
-        "ranktable_tor.json beside the rank table if it exists, or the HyperNodes or Nodes "
-        "in the --pods file)",
+        "a Kubernetes NodeList or HyperNodeList, or a plain YAML/JSON topology; default: as a pod "
+        "finds it, without the environment and the cluster: the HyperNodes or Nodes in the --pods "
+        "file, else ranktable_tor.json beside the rank table, else /etc/npu-job/topology.yaml)",
     )
     parser.add_argument(
         "--topology-format",
@@ -188,22 +188,24 @@ def run(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace):
     """Read the servers and topology with the bootstrap's loader (errors: one line, exit 3)."""
     from npu_job.bootstrap import inputs
-    from npu_job.bootstrap.kube.jobpods import JobSelector
     from npu_job.bootstrap.kube.labels import label_keys_from_text
+    from npu_job.bootstrap.options import BootstrapOptions
 
-    nodes = inputs.read_nodes(args.nodes)
     keys = None
     if args.topology_labels is not None:
         keys = label_keys_from_text(args.topology_labels, "--topology-labels")
-    return inputs.read_inputs(
+    options = BootstrapOptions(
         rank_table=args.rank_table,
         pods=args.pods,
-        selector=JobSelector(job=args.job, task=args.task, namespace=args.namespace),
+        job=args.job,
+        task=args.task,
+        namespace=args.namespace,
         topology=args.topology,
         topology_format=args.topology_format,
-        nodes=nodes,
-        label_keys=keys,
+        nodes=args.nodes,
+        topology_labels=keys,
     )
+    return inputs.read_inputs(options)
 
 
 def _score_fields(score) -> Dict[str, Any]:

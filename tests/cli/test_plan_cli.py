@@ -115,8 +115,36 @@ def test_json_matches_the_planner_and_reaches_the_ring_bound(cluster_dir, capsys
 
 def test_ranktable_tor_beside_the_rank_table_is_used_by_default(cluster_dir, capsys):
     report = run_json(capsys, "--rank-table", str(cluster_dir / "jobstart_hccl.json"))
-    assert report["topology"] == str(cluster_dir / "ranktable_tor.json")
+    assert report["topology"] == f"{cluster_dir / 'ranktable_tor.json'} (cce-ranktable-tor)"
     assert report["status"] == "success"
+
+
+@pytest.mark.parametrize("beside", [True, False], ids=["ranktable_tor.json beside", "no topology"])
+def test_plan_reads_the_files_a_pod_reads_and_plans_as_it_does(cluster_dir, capsys, beside):
+    """npu-job plan and a pod's bootstrap share one loader: on the same files (and a cluster that
+    offers nothing else), the same topology source and the same order."""
+    from npu_job.bootstrap.ranktable import parse_rank_table
+    from npu_job.bootstrap.run import bootstrap
+
+    if not beside:
+        (cluster_dir / "ranktable_tor.json").unlink()
+    report = run_json(capsys, "--rank-table", str(cluster_dir))
+    table = parse_rank_table((cluster_dir / "jobstart_hccl.json").read_bytes(), "t")
+    me = table.servers[0]
+    env = {
+        "RANK_TABLE_FILE": str(cluster_dir),
+        "MA_CURRENT_HOST_IP": me.server_id,
+        "VC_TASK_INDEX": str(me.pod_index),
+        "NPU_JOB_OUTPUT_DIR": str(cluster_dir / "out"),
+        "NPU_JOB_K8S_TOPOLOGY": "0",
+    }
+    pod = bootstrap({}, env).route_plan
+    assert pod["topology"] == (report["topology"] or "none")
+    if beside:
+        assert (pod["status"], report["status"]) == ("success", "success")
+        assert pod["mapping_digest"] == report["mapping_digest"]
+    else:
+        assert pod["status"] == report["status"] == "failed"
 
 
 def test_collective_comes_from_hccl_algo_unless_given(cluster_dir, capsys, monkeypatch):

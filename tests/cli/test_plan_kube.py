@@ -84,7 +84,7 @@ def test_node_labels_by_named_keys_from_the_cluster_file(capsys):
         "--topology-labels",
         "topology.kubernetes.io/zone,example.com/rack",
     )
-    assert report["topology"] == str(NODES) and report["status"] == "success"
+    assert report["topology"] == f"{NODES} (k8s-node-labels)" and report["status"] == "success"
     racks = {
         n["metadata"]["name"]: n["metadata"]["labels"].get("example.com/rack")
         for n in cluster["items"]
