@@ -109,13 +109,14 @@ def _api_topology(
     from .kube.api import HYPERNODES_PATH, NODES_PATH, KubeClient, topology_objects
     from .kube.topology import topology_from_objects
 
-    api = KubernetesAPI.from_env(env)
-    if api is None:
-        if candidate.required:
-            raise KubernetesAPI.absent(env, "")
-        return None
     try:
-        # in the automatic chain the API is optional: do not hold the pod up for it
+        # in the automatic chain the API is optional: neither a misconfigured address nor a slow
+        # or refusing server holds the pod up
+        api = KubernetesAPI.from_env(env)
+        if api is None:
+            if candidate.required:
+                raise KubernetesAPI.absent(env, "")
+            return None
         with KubeClient(api, quick=not candidate.required) as client:
             objects = topology_objects(client)
     except InputError as error:

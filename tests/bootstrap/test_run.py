@@ -327,6 +327,30 @@ def test_refused_kubernetes_api_is_skipped_in_the_chain_but_fatal_when_asked_for
     assert "HTTP status: expected 200 OK, got 401 Unauthorized" in asked.route_plan["reason"]
 
 
+def test_a_misconfigured_api_address_is_skipped_in_the_chain_but_fatal_when_asked_for(
+    job, tmp_path, tls_files, logs
+):
+    """A KUBERNETES_SERVICE_PORT that is no port number: the automatic chain goes on without the
+    API (as for a refusing one), --topology k8s names the variable."""
+    _, _, _, env = job
+    os.unlink(os.path.join(env["RANK_TABLE_FILE"], "ranktable_tor.json"))
+
+    class NoServer:
+        port = 0
+
+    env = dict(env, **_in_cluster(tmp_path, tls_files, NoServer, "tok"))
+    env["KUBERNETES_SERVICE_PORT"] = "https"
+    env.pop("NPU_JOB_K8S_TOPOLOGY")
+    chained = bootstrap({}, env)
+    asked = bootstrap({"topology": "k8s"}, env)
+    assert chained.route_plan["reason"] == "no switch topology available"
+    assert any(
+        "skipping Kubernetes node labels" in line and "KUBERNETES_SERVICE_PORT" in line
+        for line in logs()
+    )
+    assert "environment: KUBERNETES_SERVICE_PORT: " in asked.route_plan["reason"]
+
+
 def test_unreachable_kubernetes_api_does_not_hold_the_pod_up(job, tmp_path, tls_files, logs):
     _, _, _, env = job
     os.unlink(os.path.join(env["RANK_TABLE_FILE"], "ranktable_tor.json"))
