@@ -1,6 +1,6 @@
 """``python -m npu_job.launcher``: the same as the ``npu-run`` console script."""
 
-from npu_job.launcher.run import console_main
+from .run import console_main
 
 if __name__ == "__main__":
     console_main()

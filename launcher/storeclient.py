@@ -16,7 +16,9 @@ import random
 import socket
 from typing import List, Optional, Tuple
 
-from npu_job.launcher.protocol import (
+from npu_job.polling import Backoff
+
+from .protocol import (
     NEWEST,
     NO_REPLY_OPS,
     VALIDATION_MAGIC,
@@ -28,8 +30,6 @@ from npu_job.launcher.protocol import (
     decode_reply,
     encode_request,
 )
-
-from npu_job.polling import Backoff
 
 # connect() to a store that is not listening yet: pauses from 10 ms doubling to 1 s, each 50-100 %
 CONNECT_RETRY = Backoff(0.01, factor=2.0, cap=1.0, jitter=(0.5, 1.0))

@@ -14,7 +14,7 @@ __all__ = ["int_at_least", "picture_file", "seconds", "write_picture"]
 
 def picture_file(text: str) -> str:
     """An argparse ``type`` for ``--picture FILE``: a name ending in .png or .svg."""
-    from npu_job.cli.picture import picture_format
+    from .picture import picture_format
 
     if picture_format(text) is None:
         raise argparse.ArgumentTypeError(
@@ -28,8 +28,9 @@ def write_picture(path: str, table: object, topology: object, plan: object, titl
     exit 3."""
     import logging
 
-    from npu_job.cli.picture import draw, layout
     from npu_job.errors import InputError
+
+    from .picture import draw, layout
 
     try:
         written = draw(layout(table, topology, plan, title=title), path)

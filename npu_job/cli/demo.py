@@ -8,7 +8,7 @@ import logging
 import shutil
 import sys
 
-from npu_job.cli._args import int_at_least, picture_file, seconds
+from ._args import int_at_least, picture_file, seconds
 
 HELP = "run the whole pipeline on a simulated cluster on this machine"
 
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             f"nodes; use --tors {args.nodes} or fewer",
         )
     if args.picture:
-        from npu_job.cli.picture import require_matplotlib
+        from .picture import require_matplotlib
 
         require_matplotlib()  # before any work: a missing extra is one line, exit 9
     if args.write_inputs is not None:
@@ -205,7 +205,8 @@ def _write_inputs(args: argparse.Namespace) -> int:
 def _write_picture(args: argparse.Namespace) -> None:
     """The picture of the plan every pod will compute (the same cluster and plan as the run)."""
     from npu_job import demo
-    from npu_job.cli._args import write_picture
+
+    from ._args import write_picture
 
     options = demo.DemoOptions(
         nodes=args.nodes,

@@ -19,7 +19,7 @@ import random
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from npu_job.cli._args import int_at_least, picture_file
+from ._args import int_at_least, picture_file
 
 HELP = "show the routing-affine order for a rank table or a job's pods, and how it scores"
 JSON_VERSION = 1
@@ -147,14 +147,14 @@ def run(args: argparse.Namespace) -> int:
     from npu_job.bootstrap.run import choose_collective
 
     if args.picture:
-        from npu_job.cli.picture import require_matplotlib
+        from .picture import require_matplotlib
 
         require_matplotlib()  # before any work: a missing extra is one line, exit 9
     table, table_source, topology, topology_source, nodes = _load(args)
     collective = choose_collective(args.collective, os.environ)
     plan = planner.plan(table, topology, collective)
     if args.picture:
-        from npu_job.cli._args import write_picture
+        from ._args import write_picture
 
         write_picture(
             args.picture,
