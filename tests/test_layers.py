@@ -135,3 +135,34 @@ def test_the_checker_sees_imports_inside_functions_and_relative_ones(tmp_path):
     source.write_text("from . import torchcompat\n\ndef f():\n    from npu_job.cli import main\n")
     names = {name for name, _ in imported("npu_job.launcher.sample", source)}
     assert {"npu_job.launcher.torchcompat", "npu_job.cli.main"} <= names
+
+
+# the folders whose modules import their siblings relatively (one part, or the CLI)
+RELATIVE_INSIDE = (
+    "npu_job.bootstrap",
+    "npu_job.render",
+    "npu_job.launcher",
+    "npu_job.demo",
+    "npu_job.cli",
+)
+
+
+def absolute_sibling_imports() -> Iterator[str]:
+    """``from npu_job.<part>... import`` inside that part: the path exists only after setup.cfg's
+    package_dir mapping, where ``from .x import`` names the folder a reader sees."""
+    for module, path in modules():
+        part = next((p for p in RELATIVE_INSIDE if module == p or module.startswith(p + ".")), None)
+        if part is None:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                if node.module == part or node.module.startswith(part + "."):
+                    yield f"{path.relative_to(REPO)}:{node.lineno}: from {node.module} import"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith(part + "."):
+                        yield f"{path.relative_to(REPO)}:{node.lineno}: import {alias.name}"
+
+
+def test_inside_a_part_siblings_are_imported_relatively():
+    assert list(absolute_sibling_imports()) == []
