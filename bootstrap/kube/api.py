@@ -28,7 +28,6 @@ never in the URL).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from itertools import islice
@@ -39,6 +38,7 @@ from npu_job.errors import InputError, shown
 from npu_job.parsing import count_from_text
 from npu_job.polling import Backoff
 
+from ..canonical import sha256
 from ..payload import (
     MAX_INPUT_BYTES,
     check_size,
@@ -343,7 +343,7 @@ def _check_continue(token: str, pages: int, seen: Set[bytes], page_size: int, na
             f"expected a continue token of at most {MAX_CONTINUE_CHARS} characters, got "
             f"{len(token)} (page {pages})",
         )
-    digest = hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+    digest = sha256(token.encode("utf-8", "surrogatepass")).digest()
     if digest in seen:
         raise InputError(
             name,
@@ -382,7 +382,7 @@ def _read_token(path: str) -> str:
                 kind = "characters that are not ASCII"
             else:
                 kind = "a space or control character inside"
-        digest = hashlib.sha256(raw).hexdigest()[:TOKEN_DIGEST_CHARS]
+        digest = sha256(raw).hexdigest()[:TOKEN_DIGEST_CHARS]
         found = f"{len(raw)} bytes with {kind} (sha256 {digest}...; the token is not shown)"
     raise InputError(path, "token", f"expected a service account token on one line; got {found}")
 
