@@ -40,6 +40,7 @@ from npu_job.bundle import (
 )
 from npu_job.errors import BundleError
 from tests.bootstrap.documents import write_cce_job
+from tests.test_layers import import_statements
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOTSTRAP_SH = ROOT / "scripts" / "bootstrap.sh"
@@ -179,17 +180,9 @@ def test_every_npu_job_module_a_bundled_module_imports_is_bundled(bundle: Bundle
         package = name.rsplit("/", 1)[0].replace("/", ".")
         if name.endswith("__init__.py"):
             package = name[: -len("/__init__.py")].replace("/", ".")
-        for node in ast.walk(ast.parse(archive.read(name))):
-            targets: List[str] = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                    base = f"{parent}.{base}" if base else parent
-                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
-                targets = [t for t in targets if t in modules] or [base]
+        for names_brought, _ in import_statements(ast.parse(archive.read(name)), package):
+            # ``from X import a``: X.a where it is a module, else X itself
+            targets = [t for t in names_brought[1:] if t in modules] or names_brought[:1]
             for target in targets:
                 if target.split(".")[0] == "npu_job" and target not in modules:
                     missing.append(f"{name} imports {target}")

@@ -72,23 +72,30 @@ def modules() -> Iterator[Tuple[str, Path]]:
             yield (package if path.stem == "__init__" else f"{package}.{path.stem}"), path
 
 
-def imported(module: str, path: Path) -> Iterator[Tuple[str, int]]:
-    """The npu_job modules ``module`` imports anywhere in its file, with line numbers."""
-    package = module if path.stem == "__init__" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+def import_statements(tree: ast.AST, package: str) -> Iterator[Tuple[List[str], int]]:
+    """Each import statement anywhere in ``tree`` (a module of ``package``): the absolute names
+    it may bring, and its line. ``import X, Y`` brings the modules ``X`` and ``Y``; ``from X
+    import a`` brings ``X`` first, then ``X.a`` (a module, or a name defined in ``X``). Relative
+    imports are resolved against ``package``."""
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            for alias in node.names:
+                yield [alias.name], node.lineno
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{parent}.{base}" if base else parent
-            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
-        else:
-            continue
+            yield [base] + [f"{base}.{alias.name}" for alias in node.names], node.lineno
+
+
+def imported(module: str, path: Path) -> Iterator[Tuple[str, int]]:
+    """The npu_job modules ``module`` imports anywhere in its file, with line numbers."""
+    package = module if path.stem == "__init__" else module.rpartition(".")[0]
+    for names, line in import_statements(ast.parse(path.read_text(), str(path)), package):
         for name in names:
             if name == "npu_job" or name.startswith("npu_job."):
-                yield name, node.lineno
+                yield name, line
 
 
 def layer_of(module: str) -> Optional[Tuple[int, str]]:
