@@ -611,3 +611,50 @@ def test_a_write_lost_with_a_broken_connection_fails_its_client_as_at_the_root(l
     expected, actual = results
     assert expected == {"failed": True, "root has it": False}
     assert actual == expected
+
+
+def _popper_times_out_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
+    """Two workers with a 3 s timeout block in queue_pop on a new queue; one item is pushed. The
+    one left waiting must give up at its timeout, and an item pushed after that must stay in
+    the queue for the next popper."""
+    poppers = [tcp_store(port, timeout=3), tcp_store(port, timeout=3)]
+    got: dict[int, object] = {}
+    took: dict[int, float] = {}
+    start = time.monotonic()
+
+    def pop(i: int) -> None:
+        got[i] = outcome(lambda: poppers[i].queue_pop("q"))
+        took[i] = time.monotonic() - start
+
+    threads = [threading.Thread(target=pop, args=(i,), daemon=True) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    pusher = tcp_store(port)
+    pusher.queue_push("q", "first")
+    for thread in threads:
+        thread.join(5)  # the loser's timeout is 3 s
+    pusher.queue_push("q", "second")
+    later = outcome(lambda: tcp_store(port, timeout=3).queue_pop("q"))
+    for thread in threads:
+        thread.join(15)
+    loser = next((i for i in got if got[i] != b"first"), None)
+    return {
+        "popped": sorted(map(repr, got.values())),
+        "loser gave up within 4 s": loser is not None and took[loser] < 4.0,
+        "the next popper": later,
+    }
+
+
+@needs_queues
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.xfail(
+    strict=True,
+    reason="the proxy retries a blocked queue_pop past its client's timeout (the store proxy's "
+    "issue 29, case 1): the loser never times out and takes the next item",
+)
+def test_a_blocked_popper_gives_up_at_its_timeout_and_leaves_later_items(loop):
+    expected, actual = _both_worlds(loop, _popper_times_out_scenario)
+    assert "b'first'" in expected["popped"] and expected["loser gave up within 4 s"]
+    assert expected["the next popper"] == b"second"
+    assert actual == expected
