@@ -69,7 +69,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         alias = underscore_alias(option.flag)
         names = [option.flag] + ([alias] if alias else [])
         settings: Dict[str, Any] = {"dest": option.name, "help": help_text(option)}
-        if option.kind in ("on", "unless off"):
+        if option.is_switch:
             settings.update(action="store_true", default=None)
         else:
             settings.update(metavar=option.metavar)

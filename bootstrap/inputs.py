@@ -79,11 +79,10 @@ def _read_job(source: str, options: BootstrapOptions, verify: Verify) -> Any:
     from .kube import jobpods
     from .kube.facts import read_pods
     from .kube.objects import decode_objects
-    from .podrun import LoadedJob
+    from .podrun import LoadedJob, job_selector
 
     objects = decode_objects(read_bytes(source, verify=verify), source)
-    selector = jobpods.JobSelector(job=options.job, task=options.task, namespace=options.namespace)
-    roster = jobpods.job_roster(read_pods(objects.pods, source), selector, source)
+    roster = jobpods.job_roster(read_pods(objects.pods, source), job_selector(options, {}), source)
     if not roster.ready:
         raise jobpods.not_ready_error(roster, source)
     table = jobpods.roster_table(roster, source)

@@ -73,6 +73,11 @@ class Option(NamedTuple):
     metavar: Optional[str] = None
     choices: Tuple[str, ...] = ()
 
+    @property
+    def is_switch(self) -> bool:
+        """A switch: a flag without a value (its variable turns it on, or off)."""
+        return self.kind in ("on", "unless off")
+
 
 OPTIONS: Tuple[Option, ...] = (
     Option(
@@ -312,7 +317,7 @@ def underscore_alias(flag: str) -> Optional[str]:
 
 def help_text(option: Option) -> str:
     """The flag's help line: its meaning, then where its default comes from."""
-    if option.kind in ("on", "unless off"):
+    if option.is_switch:
         return f"{option.meaning} (also {option.env}=1)" if option.env else option.meaning
     sources = [f"${option.env}"] if option.env else []
     if option.default:

@@ -64,7 +64,7 @@ def load_job(
     sleep: Callable[[float], None],
 ) -> LoadedJob:
     """Wait for the job's pods (see the module docstring) and make them the servers."""
-    selector = _selector(options, env)
+    selector = job_selector(options, env)
     fetch, location, client = _source(options, env, selector, verify)
     log.info(
         "no rank table: the servers are the pods of job %s from %s", _job_text(selector), location
@@ -118,7 +118,8 @@ def _attempt(
     return roster, objects, roster.progress()
 
 
-def _selector(options: BootstrapOptions, env: Mapping[str, str]) -> jobpods.JobSelector:
+def job_selector(options: BootstrapOptions, env: Mapping[str, str]) -> jobpods.JobSelector:
+    """Which pods are the job's: the options' job, task and namespace, and ``MA_NUM_HOSTS``."""
     size = env.get(JOB_SIZE_ENV, "").strip()
     expected = count_from_text(size) if size else None
     if size and not expected:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 from npu_job.errors import EXIT_OK, InputError, NpuJobError, shown
 
 from .model import Collective, Plan, PlanStatus, RankTable, Topology
-from .options import HCCL_ALGO_ENV, BootstrapOptions, resolve, resolve_one
+from .options import BootstrapOptions, resolve, resolve_one
 from .payload import verbatim_or_shown
 from .sources import (
     Verify,
@@ -170,7 +170,7 @@ def _run(
                 options, location, env, verify, names=server_addresses(table)
             )
         outcome = outcome._replace(topology=topology_source)
-        collective = choose_collective(options.collective, env)
+        collective = choose_collective(options.collective)
         plan = _plan(table, topology, collective, options.full_node_devices)
         outcome = outcome._replace(plan=plan)
         log.info("input sha256 %s, mapping sha256 %s", plan.input_digest, plan.mapping_digest)
@@ -262,24 +262,18 @@ def _plan(
     return planner.plan(table, topology, collective, full_node_devices=full_node_devices)
 
 
-def choose_collective(flag: Optional[str], env: Mapping[str, str]) -> Collective:
-    """``--collective``, else what ``HCCL_ALGO`` implies, else ring."""
-    if flag:
-        try:
-            return Collective(flag.strip().lower())
-        except ValueError:
-            choices = ", ".join(c.value for c in Collective)
-            raise InputError(
-                "--collective", "", f"expected one of {choices}, got {shown(flag)}"
-            ) from None
-    from . import planner
-
-    algo = env.get(HCCL_ALGO_ENV)
-    chosen = planner.collective_from_hccl_algo(algo)
-    if chosen is not None:
-        log.debug("collective %s from HCCL_ALGO=%s", chosen, algo)
-        return chosen
-    return Collective.RING
+def choose_collective(name: Optional[str]) -> Collective:
+    """The collective the options name (``--collective``, else what ``HCCL_ALGO`` implies: see
+    :mod:`.options`), else ring."""
+    if not name:
+        return Collective.RING
+    try:
+        return Collective(name.strip().lower())
+    except ValueError:
+        choices = ", ".join(c.value for c in Collective)
+        raise InputError(
+            "--collective", "", f"expected one of {choices}, got {shown(name)}"
+        ) from None
 
 
 def _fall_back(output_dir: str, reason: str, outcome: RunOutcome) -> Dict[str, Any]:

@@ -144,6 +144,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from npu_job.bootstrap import planner, scorer
+    from npu_job.bootstrap.options import resolve_one
     from npu_job.bootstrap.run import choose_collective
 
     if args.picture:
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
 
         require_matplotlib()  # before any work: a missing extra is one line, exit 9
     table, table_source, topology, topology_source, nodes = _load(args)
-    collective = choose_collective(args.collective, os.environ)
+    collective = choose_collective(resolve_one("collective", vars(args), os.environ))
     plan = planner.plan(table, topology, collective)
     if args.picture:
         from ._args import write_picture
@@ -185,27 +186,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(args: argparse.Namespace):
-    """Read the servers and topology with the bootstrap's loader (errors: one line, exit 3)."""
-    from npu_job.bootstrap import inputs
-    from npu_job.bootstrap.kube.labels import label_keys_from_text
-    from npu_job.bootstrap.options import BootstrapOptions
+# the flags that name plan's inputs, as the bootstrap's options of those names read them
+INPUT_FLAGS = (
+    "rank_table",
+    "pods",
+    "job",
+    "task",
+    "namespace",
+    "topology",
+    "topology_format",
+    "nodes",
+    "topology_labels",
+)
 
-    keys = None
-    if args.topology_labels is not None:
-        keys = label_keys_from_text(args.topology_labels, "--topology-labels")
-    options = BootstrapOptions(
-        rank_table=args.rank_table,
-        pods=args.pods,
-        job=args.job,
-        task=args.task,
-        namespace=args.namespace,
-        topology=args.topology,
-        topology_format=args.topology_format,
-        nodes=args.nodes,
-        topology_labels=keys,
-    )
-    return inputs.read_inputs(options)
+
+def _load(args: argparse.Namespace):
+    """Read the servers and topology with the bootstrap's loader (errors: one line, exit 3).
+    Only the flags name the inputs: a pod's variables mean nothing where plan runs."""
+    from npu_job.bootstrap import inputs
+    from npu_job.bootstrap.options import resolve
+
+    return inputs.read_inputs(resolve({name: getattr(args, name) for name in INPUT_FLAGS}, {}))
 
 
 def _score_fields(score) -> Dict[str, Any]:

@@ -42,7 +42,7 @@ def test_every_named_row_is_an_options_field_and_every_field_a_row():
 
 @pytest.mark.parametrize("option", FLAGGED, ids=lambda option: option.flag)
 def test_the_parser_takes_each_flag_in_both_spellings(option):
-    switch = option.kind in ("on", "unless off")
+    switch = option.is_switch
     value = option.choices[-1] if option.choices else SAMPLE.get(option.kind, "x")
     for spelling in filter(None, (option.flag, underscore_alias(option.flag))):
         argv = [spelling] if switch else [spelling, value]
