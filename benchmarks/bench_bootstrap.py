@@ -106,19 +106,24 @@ BARE = "python3 -c pass"
 Counted = Dict[str, int]  # instructions of one run, by case (and the bare start)
 
 
-def instructions(command: Sequence[str], env: Dict[str, str]) -> int:
-    """Instructions the command's last process image ran (callgrind's ``I refs``)."""
+def instructions(
+    command: Sequence[str], env: Dict[str, str], *, every_process: bool = False, cwd: str = "."
+) -> int:
+    """Instructions (callgrind's ``I refs``) of the command's last process image, or summed over
+    every process it ran (``every_process``: bash, the python it execs, any tool it starts)."""
     done = subprocess.run(
         ["valgrind", "--tool=callgrind", "--trace-children=yes", "--callgrind-out-file=/dev/null"]
         + list(command),
         env=env,
+        cwd=cwd,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         check=True,
     )
-    counts = [line.split()[-1] for line in done.stderr.splitlines() if "I   refs:" in line]
-    return int(counts[-1].replace(",", ""))
+    counts = [int(line.split()[-1].replace(",", "")) for line in done.stderr.splitlines()
+              if "I   refs:" in line]  # fmt: skip
+    return sum(counts) if every_process else counts[-1]
 
 
 def run(sizes: Sequence[int], repeat: int, callgrind: bool = False) -> Tuple[List[Row], Counted]:

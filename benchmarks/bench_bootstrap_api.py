@@ -112,6 +112,36 @@ def checked(measure: Callable[[], T], env: Dict[str, str]) -> T:
 Row = Tuple[str, int, float, float, float, float, float]
 
 
+def serve_job(
+    stack: ExitStack, directory: Path, size: int, tls: Tuple[Path, Path], *, whole: bool = True
+) -> Tuple[HTTPSServer, Dict[str, str]]:
+    """A ``size``-pod job (:func:`big_job`) served by the fake API on a new HTTPS server (closed
+    with ``stack``; ``whole``: the first list in one answer), and the environment its middle pod
+    adds: the API's address and service account, the job, this pod, its output folder."""
+    nodes, hypernodes, pods = big_job(size, leaves=max(2, size // 16))
+    server = stack.enter_context(HTTPSServer(*tls, keep_alive=True))
+    FakeKubernetesAPI(
+        server,
+        "bench-token",
+        nodes,
+        pods=pods,
+        hypernodes=hypernodes,
+        namespaces=(NAMESPACE,),
+        cached_lists_whole=whole,
+    )
+    me = pods[size // 2]
+    account = service_account(directory / f"sa{size}", "bench-token", tls[0])
+    return server, {
+        **in_cluster(server, account),
+        "NPU_JOB_PODS": "k8s",
+        "MA_VJ_NAME": "llama",
+        "MA_NUM_HOSTS": str(size),
+        "MA_CURRENT_HOST_IP": me["status"]["hostIP"],
+        "VC_TASK_INDEX": me["metadata"]["labels"]["volcano.sh/task-index"],
+        "NPU_JOB_OUTPUT_DIR": str(directory / f"out{size}"),
+    }
+
+
 def run(
     sizes: Sequence[int], repeat: int, callgrind: bool = False, whole: bool = True
 ) -> Tuple[List[Row], Counted]:
@@ -128,32 +158,8 @@ def run(
         base["NPU_JOB_PYTHON"] = sys.executable  # bootstrap.sh runs this interpreter's npu_job
         cases: Dict[int, Tuple[HTTPSServer, Dict[str, str]]] = {}
         for size in sizes:
-            nodes, hypernodes, pods = big_job(size, leaves=max(2, size // 16))
-            server = stack.enter_context(HTTPSServer(cert, key, keep_alive=True))
-            FakeKubernetesAPI(
-                server,
-                "bench-token",
-                nodes,
-                pods=pods,
-                hypernodes=hypernodes,
-                namespaces=(NAMESPACE,),
-                cached_lists_whole=whole,
-            )
-            me = pods[size // 2]
-            account = service_account(Path(tmp) / f"sa{size}", "bench-token", cert)
-            cases[size] = (
-                server,
-                {
-                    **base,
-                    **in_cluster(server, account),
-                    "NPU_JOB_PODS": "k8s",
-                    "MA_VJ_NAME": "llama",
-                    "MA_NUM_HOSTS": str(size),
-                    "MA_CURRENT_HOST_IP": me["status"]["hostIP"],
-                    "VC_TASK_INDEX": me["metadata"]["labels"]["volcano.sh/task-index"],
-                    "NPU_JOB_OUTPUT_DIR": str(Path(tmp) / f"out{size}"),
-                },
-            )
+            server, env = serve_job(stack, Path(tmp), size, (cert, key), whole=whole)
+            cases[size] = (server, {**base, **env})
 
         envs = {
             (case, size): env if case == WITH_MSGSPEC else hidden("msgspec", Path(tmp) / "nm", env)

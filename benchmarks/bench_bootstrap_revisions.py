@@ -38,19 +38,10 @@ from typing import Dict, List, Tuple
 
 from _hidden import hidden
 from _report import publish
-from bench_bootstrap import write_job
+from bench_bootstrap import instructions, write_job
+from bench_bootstrap_api import make_self_signed, serve_job
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # the fake API and the job generator live with the tests
-
-from tests.bootstrap.fake_kube_api import (  # noqa: E402
-    FakeKubernetesAPI,
-    in_cluster,
-    service_account,
-)
-from tests.bootstrap.https_server import HTTPSServer, make_self_signed  # noqa: E402
-from tests.bootstrap.kubejob import big_job  # noqa: E402
-
 PATHS = ("rank table", "API")
 READERS = ("msgspec", "stdlib")
 
@@ -74,49 +65,8 @@ def pod_environments(tmp: Path, nodes: int, stack: ExitStack) -> Dict[str, Dict[
     keep["PYTHONHASHSEED"] = "0"
     rank_table = write_job(tmp / "rank-table", nodes)
     rank_table = {**keep, **{k: v for k, v in rank_table.items() if k not in os.environ}}
-    cert, key = make_self_signed(tmp)
-    node_list, hypernodes, pods = big_job(nodes, leaves=max(2, nodes // 16))
-    server = stack.enter_context(HTTPSServer(cert, key, keep_alive=True))
-    FakeKubernetesAPI(
-        server,
-        "t",
-        node_list,
-        pods=pods,
-        hypernodes=hypernodes,
-        namespaces=("team-a",),  # big_job's
-        cached_lists_whole=True,  # the lists as bytes once: the server's time is not ours
-    )
-    me = pods[nodes // 2]
-    api = {
-        **keep,
-        **in_cluster(server, service_account(tmp / "sa", "t", cert)),
-        "NPU_JOB_PODS": "k8s",
-        "MA_VJ_NAME": "llama",
-        "MA_NUM_HOSTS": str(nodes),
-        "MA_CURRENT_HOST_IP": me["status"]["hostIP"],
-        "VC_TASK_INDEX": me["metadata"]["labels"]["volcano.sh/task-index"],
-        "NPU_JOB_OUTPUT_DIR": str(tmp / "api-out"),
-    }
-    return {"rank table": rank_table, "API": api}
-
-
-def instructions(command: List[str], env: Dict[str, str]) -> int:
-    """Instructions of every process the command ran (callgrind's ``I refs``, summed over bash,
-    the python it execs and any other child: a tool the script starts counts too). The working
-    directory is ``/``: ``python -c`` puts it first on sys.path, where a checkout would shadow the
-    link tree."""
-    done = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--trace-children=yes", "--callgrind-out-file=/dev/null"]
-        + command,
-        env=env,
-        cwd="/",
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        check=True,
-    )
-    counts = [line.split()[-1] for line in done.stderr.splitlines() if "I   refs:" in line]
-    return sum(int(count.replace(",", "")) for count in counts)
+    _, api = serve_job(stack, tmp, nodes, make_self_signed(tmp))
+    return {"rank table": rank_table, "API": {**keep, **api}}
 
 
 def run_case(script: Path, env: Dict[str, str]) -> int:
@@ -129,7 +79,9 @@ def run_case(script: Path, env: Dict[str, str]) -> int:
         if attempt == "warm-up":
             subprocess.run(command, env=env, cwd="/", capture_output=True, check=True)
         else:
-            counted = instructions(command, env)
+            # every process: a tool the script starts counts too. From "/": python -c puts the
+            # working directory first on sys.path, where a checkout would shadow the link tree
+            counted = instructions(command, env, every_process=True, cwd="/")
         plan = json.loads(out.read_text())
         if plan["status"] != "success":
             raise SystemExit(f"{script}: did not plan: {plan.get('reason')}")
@@ -171,7 +123,7 @@ def measure(nodes: int, baseline: str) -> Tuple[List[Tuple[str, str, int, int]],
                             env = hidden(package, tmp / "hidden", env)
                     counts.append(run_case(script, env))
                 rows.append((path, reader, counts[0], counts[1]))
-        bare = instructions([python, "-c", "pass"], envs["rank table"])
+        bare = instructions([python, "-c", "pass"], envs["rank table"], cwd="/")
     return rows, bare
 
 
