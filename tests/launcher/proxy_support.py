@@ -20,7 +20,7 @@ from typing import Mapping, Optional, Sequence
 
 import pytest
 
-from .rootsocket import established_connections, root_listen_socket  # noqa: F401
+from .rootsocket import connections_held, root_listen_socket  # noqa: F401
 
 LOOPBACK = "127.0.0.1"
 

@@ -31,7 +31,7 @@ from tests.launcher.proxy_support import (
     LOOPS,
     CuttableRelay,
     ProxyProcess,
-    established_connections,
+    connections_held,
     tcp_store,
 )
 from tests.launcher.torch_features import needs, store_errors
@@ -238,8 +238,8 @@ def test_root_connections_stay_bounded_whatever_the_number_of_clients(root, prox
     for thread in threads:
         thread.start()
     assert wait_until(lambda: proxy.stats()["received_by_op"].get("WAIT", 0) == clients)
-    # the root's own client + the proxy's main and two wait connections
-    assert established_connections(root.port) <= 1 + 3
+    # the proxy's main and two wait connections
+    assert connections_held(proxy.proc.pid, root.port) <= 3
     for i in range(clients):
         root.set(f"key{i}", "1")
     for thread in threads:
@@ -389,7 +389,8 @@ def test_in_process_store_proxy_starts_stops_idempotently_and_leaks_nothing(root
     assert set(threading.enumerate()) <= threads_before
     with socket.socket() as probe:
         assert probe.connect_ex((LOOPBACK, port)) != 0
-    assert wait_until(lambda: established_connections(root.port) == 1)  # only the root's own client
+    # only the root's own client is left
+    assert wait_until(lambda: connections_held(os.getpid(), root.port) == 1)
 
 
 def test_a_stopping_proxy_gives_up_reaching_its_root_at_the_next_refusal():
@@ -424,7 +425,7 @@ def test_a_stopping_proxy_keeps_no_connection_it_opened_as_it_stopped(root):
         with pytest.raises(UpstreamLost, match="proxy stopping"):
             loop.run_until_complete(Upstream(proxy, "main").open(loop.time() + 30))
         assert proxy.upstream_open == set() and proxy.counters.upstream_connections == 0
-        assert wait_until(lambda: established_connections(root.port) == 1)  # the root's own
+        assert wait_until(lambda: connections_held(os.getpid(), root.port) == 1)  # root's own
     finally:
         loop.close()
 
