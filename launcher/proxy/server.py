@@ -429,9 +429,37 @@ class AsyncStoreProxy(Waits):
             waiting = self._add_next.pop(key, [])
             self._add_busy.discard(key)
             if waiting:
-                self._send_adds(main, key, waiting)
+                self._send_adds_on_main(key, waiting)
 
         upstream.add_done_callback(done)
+
+    def _send_adds_on_main(self, key: bytes, batch: List[Tuple[int, asyncio.Future]]) -> None:
+        """Send ADDs that waited for the one in flight on the main connection open now: that one
+        may have been answered on a new connection (sent again after the root dropped the old one
+        for another client's request), and these were never sent, so they must not fail with it."""
+        main = self._main
+        if main is not None and not main.closed:
+            self._send_adds(main, key, batch)
+            return
+        self._add_busy.add(key)  # later ADDs keep accumulating behind these
+        self._add_next[key] = batch + self._add_next.get(key, [])
+
+        async def when_open() -> None:
+            try:
+                main = await self._get_main()
+            except UpstreamLost as exc:
+                main = None
+                error = exc
+            waiting = self._add_next.pop(key, [])
+            self._add_busy.discard(key)
+            if main is None:
+                for _, future in waiting:
+                    if not future.done():
+                        future.set_exception(error)
+            elif waiting:
+                self._send_adds(main, key, waiting)
+
+        self.spawn(when_open())
 
 
 def format_address(host: str, port: int) -> str:
