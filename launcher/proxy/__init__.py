@@ -10,14 +10,18 @@ local workers:
   request order, so futures are matched FIFO, and a worker's own SET-then-GET is ordered by the
   single stream (read-your-writes);
 * a pool of ``wait_connections`` (default 2) **wait** connections each carries one blocking WAIT
-  (the root holds a connection while it waits, so WAITs cannot share the main stream). Distinct
-  waits beyond the pool are queued, polled with CHECK on the main connection (backoff) so a full
-  pool never deadlocks, and promoted when a wait connection frees up.
+  (the root holds a connection while it waits, so WAITs cannot share the main stream). A distinct
+  wait beyond the pool gets an extra connection of its own, closed once answered: only a WAIT
+  registered at the root sees a key that is set and deleted at once (a CHECK poll between the two
+  misses it), so distinct waits are not merged, and not polled.
 
 So the root sees 1 + ``wait_connections`` connections per node (3 by default; 4 with the agent's
-own). BARRIER, which no torch code path uses and which cannot be merged (every arrival must count
-once at the root), takes an idle wait connection or, if none is idle, a short-lived extra one
-(closed after its answer; an extra that comes up after the pool did is still the one taken).
+own), and for as long as more distinct waits than that are in flight (gloo's ranks wait on keys
+of their own in ``init_process_group``), one more per such wait: never more than one per worker,
+as without a proxy. BARRIER, which no torch code
+path uses and which cannot be merged (every arrival must count once at the root), takes an idle wait
+connection or, if none is idle, a short-lived extra one (closed after its answer; an extra that
+comes up after the pool did is still the one taken).
 
 Coalescing (what a one-for-one forwarder cannot do; its rules are pure code in
 :mod:`.coalescing`, the server that applies them on an event loop is :mod:`.server` with its
@@ -30,20 +34,19 @@ to the root :mod:`.upstream`; :mod:`.storeproxy` runs the server on a thread, an
   request that the proxy sent after that client request arrived**. So the root computed the answer
   at an instant between the client's request and its reply, the answer is one the root could have
   given that client, and the proxy is linearizable with respect to the root, key by key and across
-  keys. Concretely: a GET or CHECK joins only a request still in the proxy's outgoing batch of
-  the main connection (its ``Batch`` is not yet ``sent``; the tables of
-  joinable requests are emptied when the batch is written, ``on_sent``), and not one that a local
-  write to any of its keys was queued after (DELETE_KEY/QUEUE_POP for WAITs): the client that
-  wrote must read its write. A WAIT may join a group whose upstream WAIT (or, while queued, CHECK)
-  has already been sent, but then only as a *late* waiter: when that answer is "ready", the late
-  waiters form a new group whose own upstream WAIT is sent after they arrived (a key deleted at the
-  root in between keeps them waiting, as it would at the root). Bursts that arrive in one loop
-  turn (every worker asking for the same key at once) still share one request. Per client, order
-  is the root's: its requests go upstream in arrival order on the main connection, and a WAIT
-  answer (served on a wait connection) is held until the main connection has answered a request
-  sent after the client's latest no-reply write (``waits``' ``_answer_wait``). Before
-  issue 15 a GET could join one sent long before, still queued behind large replies on the main
-  connection, and return a value older than a write another node had completed;
+  keys. Concretely: a GET or CHECK joins only a request still in the proxy's outgoing batch of the
+  main connection (its ``Batch`` is not yet ``sent``; the tables of joinable requests are emptied
+  when the batch is written, ``on_sent``), and not one that a local write to any of its keys was
+  queued after (DELETE_KEY/QUEUE_POP for WAITs): the client that wrote must read its write. A WAIT
+  may join a group whose upstream WAIT has already been sent, but then only as a *late* waiter: when
+  that answer is "ready", the late waiters form a new group whose own upstream WAIT is sent after
+  they arrived (a key deleted at the root in between keeps them waiting, as it would at the root).
+  Bursts that arrive in one loop turn (every worker asking for the same key at once) still share one
+  request. Per client, order is the root's: its requests go upstream in arrival order on the main
+  connection, and a WAIT answer (served on a wait connection) is held until the main connection has
+  answered a request sent after the client's latest no-reply write (``waits``' ``_answer_wait``).
+  Before issue 15 a GET could join one sent long before, still queued behind large replies on the
+  main connection, and return a value older than a write another node had completed;
 * concurrent ADDs to one key are summed into one upstream ADD (group commit: while one ADD to a
   key is in flight, later ones accumulate); with root reply ``total`` for a batch of deltas
   ``d1..dn`` the i-th caller gets ``total - sum(d) + d1 + ... + di`` - distinct values, as if the

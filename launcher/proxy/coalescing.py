@@ -55,13 +55,13 @@ W = TypeVar("W", bound=Waiter)
 
 
 class WaitGroup(Generic[W]):
-    """Local waiters of one key list, served by one upstream WAIT (or CHECK polls while queued)."""
+    """Local waiters of one key list, served by one upstream WAIT."""
 
     __slots__ = ("asked", "conn", "joinable", "keys", "late", "shared", "state", "waiters")
 
     def __init__(self, keys: Keys) -> None:
         self.keys = keys
-        # by client id. ``waiters`` arrived before the group's latest upstream WAIT or CHECK was
+        # by client id. ``waiters`` arrived before the group's latest upstream WAIT was
         # sent, so its answer is theirs; ``late`` ones arrived after, and are asked again (a new
         # group) when that answer is "ready".
         self.waiters: Dict[int, W] = {}

@@ -71,7 +71,7 @@ class ProxyStats:
     upstream_open: int
     coalesced: int  # client requests answered by joining another request or batch
     waits_active: int  # upstream WAITs in flight (at most wait_connections)
-    waits_queued: int  # distinct waits queued behind a full pool (polled with CHECK)
+    waits_queued: int  # distinct waits whose wait connection is still opening
     received_by_op: Mapping[str, int] = field(default_factory=dict)
     upstream_by_op: Mapping[str, int] = field(default_factory=dict)
 
@@ -104,6 +104,7 @@ class AsyncStoreProxy(Waits):
         self._idle_wait: List[Upstream] = []
         self._wait_pool: Set[Upstream] = set()
         self._wait_opening = 0
+        self._extra_opening = 0
         self._queued: collections.deque[WaitGroup[Client]] = collections.deque()
         self._joins: Joins[asyncio.Future] = Joins()
         self._add_busy: Set[bytes] = set()
@@ -154,7 +155,7 @@ class AsyncStoreProxy(Waits):
         c = self.counters
         return ProxyStats(
             client_connections=c.client_connections,
-            clients_open=len(self._clients),
+            clients_open=self.clients_open,
             requests_received=c.requests_received,
             requests_upstream=c.requests_upstream,
             upstream_connections=c.upstream_connections,
@@ -294,6 +295,10 @@ class AsyncStoreProxy(Waits):
             return
         self._clients[client.id] = client
         self.counters.client_connections += 1
+
+    @property
+    def clients_open(self) -> int:
+        return len(self._clients)
 
     def drop_client(self, client: Client) -> None:
         self._clients.pop(client.id, None)

@@ -1,12 +1,11 @@
 """The proxy's blocking requests: the WAIT pool and queue, BARRIER, and pops after a shared wake-up.
 
 :class:`Waits` is the half of :class:`~.server.AsyncStoreProxy` that serves them (the server
-inherits it; the state is the server's, set in its ``__init__``): the pool of
-``wait_connections`` wait connections to the root and the extra ones a BARRIER opens, one
-upstream WAIT per group of local waiters on the same keys (:class:`~.coalescing.WaitGroup`),
-groups queued behind a full pool and polled with CHECK on the main connection, late waiters asked
-again, the STOP_WAITING held until the client's earlier writes are applied, and cancellation when
-a client leaves. The contract these keep is told in :mod:`npu_job.launcher.proxy`.
+inherits it; the state is the server's, set in its ``__init__``): the pool of ``wait_connections``
+wait connections to the root and the extra ones a wait beyond the pool or a BARRIER opens, one
+upstream WAIT per group of local waiters on the same keys (:class:`~.coalescing.WaitGroup`), late
+waiters asked again, the STOP_WAITING held until the client's earlier writes are applied, and
+cancellation when a client leaves. The contract these keep is told in :mod:`npu_job.launcher.proxy`.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, List, Optional, Set, Tuple
 
 from npu_job.polling import Backoff
 
-from ..protocol import CheckReply, Op, QueuePopReply, Request, WaitReply, encode_reply
+from ..protocol import Op, QueuePopReply, Request, WaitReply, encode_reply
 from .coalescing import Joins, WaitGroup
 from .upstream import Counters, Upstream, UpstreamLost
 
@@ -43,30 +42,45 @@ class Waits:
     _idle_wait: List[Upstream]
     _wait_pool: Set[Upstream]
     _wait_opening: int
+    _extra_opening: int
     _queued: collections.deque[WaitGroup[Client]]
     _spare_barrier_conns: List[Upstream]
 
-    async def _open_wait_conn(self) -> None:
+    async def _open_wait_conn(self, extra: bool = False) -> None:
+        """Open a wait connection: one of the pool, or (``extra``) one for a queued group beyond
+        it (see ``_release_wait_conn`` for what becomes of it then)."""
         try:
             conn = Upstream(self, "wait")
             await conn.open(asyncio.get_running_loop().time() + self.timeout)
         except UpstreamLost as exc:
             logger.warning("store proxy: %s", exc)
+            if extra:
+                self._extra_opening -= 1
+            else:
+                self._wait_opening -= 1
             self._fail_queued(exc)
             return
-        finally:
+        if extra:
+            self._extra_opening -= 1
+        else:
             self._wait_opening -= 1
-        self._wait_pool.add(conn)
+            self._wait_pool.add(conn)
         self._release_wait_conn(conn)
 
     def _release_wait_conn(self, conn: Upstream) -> None:
+        """``conn`` is free: it serves the oldest queued group, else idles (pool) or closes (an
+        extra one: a wait's beyond the pool or a BARRIER's), so the root's connections from this
+        node come back to the pool's once the distinct waits are answered."""
         if conn.closed:
             return
-        if conn not in self._wait_pool:  # an extra connection a BARRIER borrowed
+        group = self._next_queued()
+        if group is not None:
+            self._activate(group, conn)
+            return
+        if conn not in self._wait_pool:
             conn.close()
             return
         self._idle_wait.append(conn)
-        self._pump_waits()
 
     async def _pop_as_waiter(self, client: Client, request: Request) -> object:
         """A blocking ``queue_pop`` (WAIT, then QUEUE_POP) on a key the proxy did not know was a
@@ -99,27 +113,41 @@ class Waits:
             group = self._joins.new_wait_group(keys)
             self._queued.append(group)
             self._pump_waits()
-            if group.state == "queued":
-                self.spawn(self._poll_group(group))
         group.add(client)
         client.wait = group
 
-    def _pump_waits(self) -> None:
-        """Give idle (or newly opened) wait connections to queued groups, oldest first."""
+    def _next_queued(self) -> Optional[WaitGroup[Client]]:
+        """The oldest group still waiting for a connection, taken off the queue."""
         while self._queued:
-            group = self._queued[0]
-            if group.state != "queued":
-                self._queued.popleft()
-                continue
+            group = self._queued.popleft()
+            if group.state == "queued":
+                return group
+        return None
+
+    def _pump_waits(self) -> None:
+        """Give idle wait connections to queued groups, oldest first, and open what the rest need.
+
+        A group beyond the pool gets an extra connection of its own rather than polling: only a
+        WAIT registered at the root sees a key that is set and deleted at once (a CHECK between
+        the two misses it), so distinct waits are forwarded unmerged, one connection each.
+        """
+        while self._queued:
             conn = _pop_open(self._idle_wait)
-            if conn is not None:
-                self._queued.popleft()
-                self._activate(group, conn)
-                continue
+            if conn is None:
+                break
+            group = self._next_queued()
+            if group is None:
+                self._idle_wait.append(conn)
+                break
+            self._activate(group, conn)
+        needed = sum(1 for group in self._queued if group.state == "queued")
+        while needed > self._wait_opening + self._extra_opening:
             if len(self._wait_pool) + self._wait_opening < self.wait_connections:
                 self._wait_opening += 1
                 self.spawn(self._open_wait_conn())
-            break
+            else:
+                self._extra_opening += 1
+                self.spawn(self._open_wait_conn(extra=True))
 
     def _activate(self, group: WaitGroup[Client], conn: Upstream) -> None:
         group.state = "active"
@@ -143,26 +171,6 @@ class Waits:
 
         upstream.add_done_callback(done)
 
-    async def _poll_group(self, group: WaitGroup[Client]) -> None:
-        """A queued group asks CHECK (coalesced, on the main stream) until ready or promoted."""
-        pauses = _POLL.pauses()
-        try:
-            while group.state == "queued":
-                main = await self._get_main()
-                group.asking(main.batch)
-                ready = await asyncio.shield(
-                    self._join_or_send(main, Request(Op.CHECK, keys=group.keys))
-                )
-                if group.state != "queued":
-                    return
-                if ready == CheckReply.READY:
-                    self._finish_group(group, None)
-                    return
-                await asyncio.sleep(next(pauses))
-        except UpstreamLost as exc:
-            if group.state == "queued":
-                self._finish_group(group, exc)
-
     def _finish_group(self, group: WaitGroup[Client], error: Optional[BaseException]) -> None:
         self._joins.forget_wait(group)
         waiters, late = group.finish(error is not None)
@@ -173,8 +181,6 @@ class Waits:
                 client.wait = again
             self._queued.append(again)
             self._pump_waits()
-            if again.state == "queued":
-                self.spawn(self._poll_group(again))
         shared = group.shared
         for client in waiters.values():  # a client that left (CANCEL_WAIT, gone) is no longer here
             if client.wait is group:
@@ -209,7 +215,7 @@ class Waits:
         conn.when_applied(mark, release)
 
     def _fail_queued(self, error: BaseException) -> None:
-        if self._wait_pool or self._wait_opening:
+        if self._wait_pool or self._wait_opening or self._extra_opening:
             return  # another connection will serve the queue
         while self._queued:
             self._finish_group(self._queued.popleft(), error)

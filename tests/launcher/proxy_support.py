@@ -20,7 +20,7 @@ from typing import Mapping, Optional, Sequence
 
 import pytest
 
-from .rootsocket import connections_held, root_listen_socket  # noqa: F401
+from .rootsocket import root_listen_socket
 
 LOOPBACK = "127.0.0.1"
 

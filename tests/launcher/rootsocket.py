@@ -1,13 +1,12 @@
 """A root store's listening socket and a count of its connections, for tests and benchmarks.
 
 The tests and the benchmarks host stock ``TCPStore`` roots on a socket of their own (an IPv4
-listener below the ephemeral port range, handed over by fd) and count connections to the root
-from ``/proc/net/tcp``; npu-run needs neither.
+listener below the ephemeral port range, handed over by fd) and count the connections the root
+holds from ``/proc/net/tcp``; npu-run needs neither.
 """
 
 from __future__ import annotations
 
-import os
 import random
 import socket
 from typing import Tuple
@@ -51,37 +50,6 @@ def established_connections(port: int) -> int:
                 for line in handle:
                     fields = line.split()
                     if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
-                        count += 1
-        except FileNotFoundError:
-            continue
-    return count
-
-
-def connections_held(pid: int, port: int) -> int:
-    """ESTABLISHED connections that process ``pid`` holds to a local listener on ``port``.
-
-    Unlike :func:`established_connections` this ignores strangers: a client of an earlier test
-    still retrying a root that once had this port (ports are drawn at random from a range of
-    ~12000) connects to whatever root listens there now, which once counted 10 connections
-    where the proxy under test held 3.
-    """
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:  # closed since listed
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:[") : -1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as handle:
-                next(handle)
-                for line in handle:
-                    fields = line.split()
-                    remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-                    if remote_port == port and fields[3] == "01" and fields[9] in inodes:
                         count += 1
         except FileNotFoundError:
             continue

@@ -108,7 +108,7 @@ def test_a_new_request_covers_the_late_waiters_and_a_failure_answers_everyone():
     group.asking(sent)
     group.add(Client(1))
     assert list(group.late) == [1]
-    group.asking(Batch())  # e.g. the next CHECK poll of a queued group
+    group.asking(Batch())  # e.g. its late waiters asked again
     assert list(group.waiters) == [1] and not group.late
     sent_again = Batch()
     sent_again.sent = True

@@ -531,6 +531,48 @@ def test_a_wait_after_a_siblings_delete_waits_as_at_the_root(loop, root):
     assert actual == expected
 
 
+def _set_then_delete_beyond_the_pool_scenario(
+    port: int, root, proxy: ProxyProcess | None = None
+) -> object:
+    """Issue 29, case 3: two workers wait on keys of their own (through a proxy: both wait
+    connections of its pool are busy), a third waits on k (timeout 4 s), and after 1 s another
+    worker sets k and deletes it at once. The root wakes the third wait at the set."""
+    busy = [tcp_store(port, timeout=10) for _ in range(2)]
+    waiter, writer = tcp_store(port, timeout=4), tcp_store(port)
+    fates: dict[str, object] = {}
+    threads = [
+        threading.Thread(target=lambda s=s, i=i: s.wait([f"never{i}"]), daemon=True)
+        for i, s in enumerate(busy)
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+
+    def wait() -> None:
+        fates["wait"] = outcome(lambda: waiter.wait(["k"]))
+        fates["woken within 2 s"] = time.monotonic() - start < 2.0
+
+    third = threading.Thread(target=wait)
+    third.start()
+    time.sleep(1.0)
+    writer.set("k", "v")
+    fates["delete"] = writer.delete_key("k")
+    third.join(10)
+    writer.set("never0", "x")
+    writer.set("never1", "x")
+    for thread in threads:
+        thread.join(10)
+    return fates
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_wait_beyond_the_wait_pool_sees_a_key_set_and_deleted_at_once(loop):
+    expected, actual = _both_worlds(loop, _set_then_delete_beyond_the_pool_scenario)
+    assert expected == {"wait": None, "woken within 2 s": True, "delete": True}
+    assert actual == expected
+
+
 def _timeout_error() -> BaseException:
     """What this torch raises for a timed-out wait."""
     root = tcp_store(0, master=True)
