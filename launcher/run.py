@@ -139,7 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="true|false",
         help="Give each node a store proxy on 127.0.0.1 that its workers use as MASTER_ADDR/"
         "MASTER_PORT; the root store sees a few connections per node instead of one per worker. "
-        "Implies --rdzv_backend=parallel.",
+        "Implies --rdzv_backend=parallel. false (flat mode) on torch before 2.4, or with "
+        "USE_LIBUV=0 before 2.10: the workers' store is torch's classic store server, on which "
+        "one worker that stops reading a large reply (frozen in the middle of a GET of a few MiB) "
+        "stalls every other worker's store calls past their timeout until it reads or its "
+        "connection closes. true leaves that to node rank 0's own workers, the only ones that "
+        "use that store directly there: each other node's proxy reads every reply for its "
+        "workers.",
     )
     return parser
 

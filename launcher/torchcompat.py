@@ -217,8 +217,11 @@ def host_tcpstore(host: str, port: int, timeout: float, listen_fd: Optional[int]
     """A stock ``TCPStore`` server (multi-tenant, no worker barrier) on ``port`` or ``listen_fd``.
 
     The libuv server of torch 2.4-2.7 refuses a listen fd ("does not support initialization with
-    an listen fd"); there the classic server takes it. ``listen_fd`` is closed when hosting
-    fails, so a retry never meets our own socket.
+    an listen fd"); there the classic server takes it. That is safe for the root: before 2.10
+    only the agents use it (workers use global rank 0's store), and they read every reply,
+    whereas the classic server stalls all its clients behind one that stops reading. Passing
+    the port instead would bring back the reverse lookup of every peer the fd avoids.
+    ``listen_fd`` is closed when hosting fails, so a retry never meets our own socket.
     """
     delta = datetime.timedelta(seconds=timeout)
     common = dict(wait_for_workers=False, multi_tenant=True)

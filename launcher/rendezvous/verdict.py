@@ -114,13 +114,19 @@ def clock(wall: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(wall)) + f".{int(wall % 1 * 1000):03d}"
 
 
-def dead_node(node_rank: int, who: Identity, silent_for: float, last_seen: float) -> Verdict:
+def dead_node(
+    node_rank: int, who: Identity, silent_for: float, last_seen: float, poll_interval: float
+) -> Verdict:
+    """A node silent for ``silent_for`` s. ``last_seen`` is node rank 0's wall clock when its
+    poll (every ``poll_interval`` s) found the node's counter moved, not when the node beat:
+    that was up to one poll earlier, on a clock of its own."""
     return Verdict(
         node_rank,
         DEAD,
         (
             f"{who.describe(node_rank)} stopped: no heartbeat for {silent_for:.1f}s "
-            f"(last seen at {clock(last_seen)} by node rank 0)"
+            f"(its heartbeat counter last seen moving at {clock(last_seen)} by node rank 0's "
+            f"poll, every {poll_interval:g}s)"
         ),
     )
 

@@ -262,5 +262,11 @@ class Watch:
 
     def _dead(self, rank: int, seen: liveness.Seen, now: float) -> None:
         self.publish(
-            verdict.dead_node(rank, self.identity(rank), now - seen.moved_at, seen.moved_at_wall)
+            verdict.dead_node(
+                rank,
+                self.identity(rank),
+                now - seen.moved_at,
+                seen.moved_at_wall,
+                self._settings.interval,  # node rank 0 reads the counters once a round
+            )
         )

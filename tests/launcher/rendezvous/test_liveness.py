@@ -85,10 +85,11 @@ def test_verdict_lines_name_the_node_its_pod_host_and_cause():
         "the job stopped: node rank 1 (pod job-worker-1, host 10.0.0.2): worker rank 2 "
         "(local rank 0, pid 101) failed with exit code 1: ValueError: bad lr"
     )
-    dead = verdict.dead_node(1, who, 15.24, last_seen=0.0)
-    assert dead.text.startswith(
-        "node rank 1 (pod job-worker-1, host 10.0.0.2) stopped: no heartbeat "
-        "for 15.2s (last seen at "
+    dead = verdict.dead_node(1, who, 15.24, last_seen=0.0, poll_interval=5.0)
+    assert dead.text == (
+        "node rank 1 (pod job-worker-1, host 10.0.0.2) stopped: no heartbeat for 15.2s (its "
+        f"heartbeat counter last seen moving at {verdict.clock(0.0)} by node rank 0's poll, "
+        "every 5s)"
     )
     assert verdict.Verdict.from_json(dead.to_json()) == dead
     assert len(verdict.short("x" * 1000)) == verdict.MESSAGE_LIMIT
