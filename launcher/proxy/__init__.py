@@ -55,10 +55,14 @@ to the root :mod:`.upstream`; :mod:`.storeproxy` runs the server on a thread, an
 
 Keys used with QUEUE_* ops are never coalesced for WAIT (a queue push wakes one waiter only).
 A key first used as a queue by several workers' simultaneous blocking ``queue_pop`` (WAIT is the
-first thing the proxy sees of it) can still be merged once; a pop that follows such a shared
-wake-up and finds the queue empty is not answered but tried again until it gets an item (the root
-would have kept that worker waiting), see ``waits``' ``_pop_as_waiter``. If the worker
-gives up (its wait timeout) while such a retry is on its way, that one item is popped for nobody.
+first thing the proxy sees of it) can still be merged once. So a wake-up that several local
+waiters share answers one of them (the lead) and holds the rest until it is known whether a
+write (all wake) or a push (one wakes) woke them: the lead's next request (a pop of the key, or
+anything else), else a QUEUE_LEN of the key sent after the wake-up. Woken by a push, the rest wait
+on with an upstream WAIT sent after the lead's pop, so they time out, or take the next item, as
+at the root (``waits``' ``_finish_group``). One race is left: an item taken by another node's
+pop between the push and that QUEUE_LEN reads as a write, and every held popper wakes to an empty
+queue (``QueueEmptyError``), where at the root one would.
 
 Threading: ``StoreProxy`` runs the asyncio loop on a background thread. Some torch client calls
 (``list_keys``, ``queue_len``, ``queue_pop``) hold the GIL while blocked on their socket: made in
@@ -68,23 +72,24 @@ uvloop when it is importable (``new_event_loop``): the proxy's CPU per relayed r
 price of tiering when many proxies share a machine (about 18 us on uvloop, 35 us on asyncio in
 ``benchmarks/bench_rendezvous.py`` at 128x16).
 
-Faults: a request that makes the root drop the connection it came on fails only its own client,
-as straight to the root. A well-formed client can send three such requests (malformed ones are
-refused by the proxy itself, per client): an ADD to a key that holds no number (either server),
-and a GET or MULTI_GET of a missing key (torch's classic server, the only one on 2.1 and the one
-a listen fd gets on 2.4-2.7, looks the key up with ``at`` and drops the connection; the libuv one
-answers). When the main connection ends with one of them as its first unanswered request, its
-callers fail (each, straight to the root, would have lost its own connection: coalesced callers
-all arrived before it was sent) and the requests queued behind it, which the root never read,
-are sent again first on a new main connection (``upstream.Upstream._replayable``). Partial
-requests behave as at the root: the complete pairs of a MULTI_SET whose client died mid-request
-are stored. Any other upstream connection that breaks fails the requests in flight on it (their
-clients' connections are closed, so torch raises naming the proxy's address), and a main one also
-closes the clients whose no-reply writes (SET, APPEND, ...) went on it unconfirmed: the root may
-never have read them, and straight to the root such a client's own connection broke (kept open,
-its next read would miss its own write on the new connection); if the root cannot
-be reached again at once, every client connection is closed. New requests reconnect with backoff
-and jitter until ``timeout``. A client that disconnects has its waits dropped (and cancelled
-upstream with CANCEL_WAIT when no other local worker shares them), so the proxy survives worker
-restarts.
+Faults: a request that makes the root drop the connection it came on fails only its own client, as
+straight to the root. A well-formed client can send five such requests (malformed ones are refused
+by the proxy itself, per client): an ADD to a key that holds no number (either server), a GET or
+MULTI_GET of a missing key (torch's classic server, the only one on 2.1 and the one a listen fd
+gets on 2.4-2.7, looks the key up with ``at`` and drops the connection; the libuv one answers), and
+a QUEUE_LEN or QUEUE_POP (the classic server has no queues; the proxy's own QUEUE_LEN after a
+shared wake-up, see ``waits``, learns that way that its root has none). When the main connection
+ends with one of them as its first unanswered request, its callers fail (each, straight to the
+root, would have lost its own connection: coalesced callers all arrived before it was sent) and the
+requests queued behind it, which the root never read, are sent again first on a new main connection
+(``upstream.Upstream._replayable``). Partial requests behave as at the root: the complete pairs of
+a MULTI_SET whose client died mid-request are stored. Any other upstream connection that breaks
+fails the requests in flight on it (their clients' connections are closed, so torch raises naming
+the proxy's address), and a main one also closes the clients whose no-reply writes (SET, APPEND,
+...) went on it unconfirmed: the root may never have read them, and straight to the root such a
+client's own connection broke (kept open, its next read would miss its own write on the new
+connection); if the root cannot be reached again at once, every client connection is closed. New
+requests reconnect with backoff and jitter until ``timeout``. A client that disconnects has its
+waits dropped (and cancelled upstream with CANCEL_WAIT when no other local worker shares them), so
+the proxy survives worker restarts.
 """

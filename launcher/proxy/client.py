@@ -54,8 +54,9 @@ class Client(asyncio.BufferedProtocol):
         self.transport: Optional[asyncio.Transport] = None
         self.wait: Optional[WaitGroup[Client]] = None
         self.barrier: Optional[Tuple[Upstream, asyncio.Future]] = None
-        # keys of the WAIT just answered, when one upstream answer woke several local waiters
-        self.woken_with_others: Optional[Tuple[bytes, ...]] = None
+        # the rest of a shared wake-up this client was answered first of, held until its next
+        # request tells whether a push or a write woke them (waits' _finish_group)
+        self.lead_of: Optional[WaitGroup[Client]] = None
         # its latest no-reply write on the main connection: (connection, applied mark)
         self.unconfirmed: Optional[Tuple[Upstream, int]] = None
         self.stop_held: Optional[object] = None  # a WAIT answer held until that write is applied

@@ -30,8 +30,8 @@ Keys = Tuple[bytes, ...]
 
 # Requests a stock root may drop their connection for: an ADD to a key that holds no number
 # (either server), a GET or MULTI_GET of a missing key (torch's classic server looks it up with
-# ``at``; the libuv one answers).
-CULPRIT_OPS = frozenset({Op.ADD, Op.GET, Op.MULTI_GET})
+# ``at``; the libuv one answers), a QUEUE_LEN or QUEUE_POP (the classic server has no queues).
+CULPRIT_OPS = frozenset({Op.ADD, Op.GET, Op.MULTI_GET, Op.QUEUE_LEN, Op.QUEUE_POP})
 _I64_MIN, _I64_END = -(1 << 63), 1 << 63
 
 
@@ -66,7 +66,9 @@ class WaitGroup(Generic[W]):
         # group) when that answer is "ready".
         self.waiters: Dict[int, W] = {}
         self.late: Dict[int, W] = {}
-        self.state = "queued"  # queued -> active -> done | cancelling
+        # queued -> active -> done | cancelling; held: the rest of a shared wake-up (waits'
+        # _finish_group), then done or queued again
+        self.state = "queued"
         self.conn: object = None  # the wait connection serving it, once active
         self.asked: Optional[Batch] = None  # the batch holding its latest upstream request
         self.joinable = True
@@ -167,7 +169,7 @@ class Joins(Generic[T]):
     def wait_group(self, keys: Keys) -> Optional[WaitGroup]:
         """The group a new WAIT on ``keys`` may join, if any."""
         group = self.waits.get(keys)
-        if group is not None and group.joinable and group.state in ("queued", "active"):
+        if group is not None and group.joinable and group.state in ("queued", "active", "held"):
             return group
         return None
 

@@ -105,6 +105,7 @@ class AsyncStoreProxy(Waits):
         self._wait_pool: Set[Upstream] = set()
         self._wait_opening = 0
         self._extra_opening = 0
+        self.root_queues: Optional[bool] = None  # learnt from a QUEUE_LEN (waits)
         self._queued: collections.deque[WaitGroup[Client]] = collections.deque()
         self._joins: Joins[asyncio.Future] = Joins()
         self._add_busy: Set[bytes] = set()
@@ -302,6 +303,9 @@ class AsyncStoreProxy(Waits):
 
     def drop_client(self, client: Client) -> None:
         self._clients.pop(client.id, None)
+        if client.lead_of is not None:
+            held, client.lead_of = client.lead_of, None
+            self._ask_held_again(held)
         self._leave_wait(client)
         self._leave_barrier(client)
         client.abort()
@@ -329,20 +333,17 @@ class AsyncStoreProxy(Waits):
     def handle(self, client: Client, request: Request) -> Optional[asyncio.Future[object]]:
         """Act on one client request; returns an awaitable to retry after if it cannot go yet."""
         op = request.op
-        woken_with_others, client.woken_with_others = client.woken_with_others, None
         if op not in _LOCAL_OPS:
             main = self._main
             if main is None or main.closed:
-                client.woken_with_others = woken_with_others  # the retry still follows that WAIT
                 return self.spawn(self._get_main())
             if op in NO_REPLY_OPS:
                 client.unconfirmed = (main, main.applied_mark())
             try:
-                if op == Op.QUEUE_POP and woken_with_others == request.keys:
-                    future: Optional[asyncio.Future] = self.spawn(
-                        self._pop_as_waiter(client, request)
-                    )
-                else:
+                future = None
+                if client.lead_of is not None:
+                    future = self.lead_decides(client, request)
+                if future is None:
                     future = self._submit(main, request)
             except UpstreamLost as exc:
                 logger.warning("store proxy: closing client %d: %s", client.id, exc)
@@ -350,7 +351,10 @@ class AsyncStoreProxy(Waits):
                 return None
             if future is not None:
                 client.reply(op, future)
-        elif op == Op.WAIT:
+            return None
+        if client.lead_of is not None:
+            self.lead_decides(client, request)
+        if op == Op.WAIT:
             self._client_wait(client, request.keys)
         elif op == Op.PING:
             client.reply(op, encode_reply(op, request.number))

@@ -308,7 +308,8 @@ class Upstream:
         The root serves a connection's requests one at a time, in order, and drops the connection
         when one fails; the only requests a well-formed client can make fail are an ADD to a key
         that does not hold a number and, on the classic server, a GET or MULTI_GET of a missing
-        key (the proxy refuses malformed requests itself). So when the first unanswered request
+        key and the queue requests with a reply (``coalescing.CULPRIT_OPS``; the proxy refuses
+        malformed requests itself). So when the first unanswered request
         is one of those and the peer hung up, it failed, everything before it was applied and
         answered, and nothing after it was read: those are sent again on a new connection (taken
         out of ``_pending``) and only its callers fail, as at the root. None (fail everything in

@@ -15,10 +15,8 @@ import collections
 import logging
 from typing import TYPE_CHECKING, List, Optional, Set, Tuple
 
-from npu_job.polling import Backoff
-
-from ..protocol import Op, QueuePopReply, Request, WaitReply, encode_reply
-from .coalescing import Joins, WaitGroup
+from ..protocol import Dialect, Op, Request, WaitReply, encode_reply
+from .coalescing import Batch, Joins, WaitGroup
 from .upstream import Counters, Upstream, UpstreamLost
 
 if TYPE_CHECKING:
@@ -26,7 +24,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_POLL = Backoff(0.005, 2.0, 0.25)  # a queued wait's CHECKs and a shared pop's retries
+# The rest of a shared wake-up wait this long for their lead's next request (a blocking
+# queue_pop sends its QUEUE_POP right after the wake-up) before the proxy asks the root whether
+# the key is a queue with items (QUEUE_LEN); they only save that request, the answer does not
+# depend on them.
+LEAD_GRACE = 0.005
+# The rest of a wake-up by a queue push ask again this long after it if their lead neither pops
+# nor speaks (a plain WAIT on a queue's key).
+HELD_AT_MOST = 1.0
+_SENT = Batch()
+_SENT.sent = True  # what a held group was answered by: whoever joins it now is late
 STOP_WAITING_REPLY = encode_reply(Op.WAIT, WaitReply.STOP_WAITING)
 
 
@@ -34,7 +41,7 @@ class Waits:
     """WAIT, BARRIER and the pops a shared wake-up woke, for :class:`~.server.AsyncStoreProxy`."""
 
     # the server's state these methods share (AsyncStoreProxy.__init__ sets it); of its methods
-    # they call spawn, _get_main, _submit and _join_or_send
+    # they call spawn, _get_main and _submit
     timeout: float
     wait_connections: int
     counters: Counters
@@ -45,6 +52,9 @@ class Waits:
     _extra_opening: int
     _queued: collections.deque[WaitGroup[Client]]
     _spare_barrier_conns: List[Upstream]
+    _main: Optional[Upstream]
+    dialect: Dialect
+    root_queues: Optional[bool]  # whether the root has queues (torch's classic server has none)
 
     async def _open_wait_conn(self, extra: bool = False) -> None:
         """Open a wait connection: one of the pool, or (``extra``) one for a queued group beyond
@@ -81,26 +91,6 @@ class Waits:
             conn.close()
             return
         self._idle_wait.append(conn)
-
-    async def _pop_as_waiter(self, client: Client, request: Request) -> object:
-        """A blocking ``queue_pop`` (WAIT, then QUEUE_POP) on a key the proxy did not know was a
-        queue, whose WAIT was answered together with other local waiters' WAITs.
-
-        At the root a push wakes one waiter of a queue; the merged WAIT woke them all. So a pop
-        that finds the queue empty is not answered: it is tried again (backoff, as queued waits
-        poll) until it gets an item, which is what the root's waiter would have got after its
-        wake-up, or until the client leaves (its own wait timeout closes it).
-        """
-        pauses = _POLL.pauses()
-        while True:
-            main = await self._get_main()
-            reply = await self._submit(main, request)  # type: ignore[misc]
-            if not isinstance(reply, QueuePopReply) or reply.length > 0:
-                return reply
-            transport = client.transport
-            if transport is None or transport.is_closing():
-                return reply
-            await asyncio.sleep(next(pauses))
 
     # ------------------------------------------------------------ WAIT
 
@@ -171,9 +161,51 @@ class Waits:
 
         upstream.add_done_callback(done)
 
-    def _finish_group(self, group: WaitGroup[Client], error: Optional[BaseException]) -> None:
+    def _finish_group(
+        self, group: WaitGroup[Client], error: Optional[BaseException], plain: bool = False
+    ) -> None:
+        """Answer a group: its upstream WAIT failed (``error``) or said "ready".
+
+        A "ready" that several local waiters share (or that one shares with late ones, whose own
+        WAITs the root would hold too) may have been one queue push, which wakes one waiter at
+        the root, not a write, which wakes them all; a torch client's blocking
+        ``queue_pop`` is a WAIT on the queue's key, so the proxy cannot tell them apart by the
+        request. So, unless the answer is known to be a write (``plain``) or the root has no
+        queues, one waiter (the lead, the first to arrive) is answered and the rest are held
+        until the lead's next request tells: a pop of that key means a push woke it, and the
+        rest wait on with a new upstream WAIT sent once that pop is answered, as they would at
+        the root; anything else means a write, and they are answered then. Lead silent for
+        ``LEAD_GRACE`` seconds: a QUEUE_LEN of the key, sent now (so before the lead's pop, if it
+        comes), tells (0: a write; a root without queues drops the main connection for it, which
+        the proxy then knows). Lead gone: they are asked again, which a write answers at once.
+        """
         self._joins.forget_wait(group)
         waiters, late = group.finish(error is not None)
+        if (
+            error is None
+            and not plain
+            and waiters
+            and (len(waiters) > 1 or late)
+            and len(group.keys) == 1
+            and Op.QUEUE_POP in self.dialect
+        ):
+            lead_id = next(iter(waiters))
+            lead = waiters.pop(lead_id)
+            held: WaitGroup[Client] = self._joins.new_wait_group(group.keys, follows=group)
+            held.state = "held"
+            held.asked = _SENT
+            held.waiters.update(waiters)
+            held.late.update(late)
+            for client in held.waiters.values():
+                client.wait = held
+            for client in held.late.values():
+                client.wait = held
+            if lead.wait is group:
+                lead.wait = None
+            lead.lead_of = held
+            asyncio.get_running_loop().call_later(LEAD_GRACE, self._ask_queue_len, held)
+            self._answer_wait(lead)
+            return
         if late:  # their answer must come from a request sent after they arrived: ask again
             again: WaitGroup[Client] = self._joins.new_wait_group(group.keys, follows=group)
             for client in late.values():
@@ -181,15 +213,66 @@ class Waits:
                 client.wait = again
             self._queued.append(again)
             self._pump_waits()
-        shared = group.shared
         for client in waiters.values():  # a client that left (CANCEL_WAIT, gone) is no longer here
             if client.wait is group:
                 client.wait = None
             if error is None:
-                client.woken_with_others = group.keys if shared else None
                 self._answer_wait(client)
             else:
                 client.abort()
+
+    def lead_decides(self, lead: Client, request: Request) -> Optional[asyncio.Future]:
+        """The lead of a held wake-up sent ``request``: a pop of that key (returned: the pop's
+        reply, for the client to answer) or anything else. See :meth:`_finish_group`."""
+        held, lead.lead_of = lead.lead_of, None
+        assert held is not None
+        if request.op != Op.QUEUE_POP or request.keys != held.keys:
+            if held.state == "held":
+                self._finish_group(held, None, plain=True)
+            return None
+        main = self._main
+        assert main is not None  # the caller checked it is open
+        future = self._submit(main, request)
+        assert future is not None
+        future.add_done_callback(lambda _: self._ask_held_again(held))
+        return future
+
+    def _ask_queue_len(self, held: WaitGroup[Client]) -> None:
+        if held.state != "held":
+            return
+        if self.root_queues is False or Op.QUEUE_LEN not in self.dialect:
+            self._finish_group(held, None, plain=True)
+            return
+        self.spawn(self._decide_by_queue_len(held))
+
+    async def _decide_by_queue_len(self, held: WaitGroup[Client]) -> None:
+        main: Optional[Upstream] = None
+        try:
+            main = await self._get_main()
+            reply = main.send(Request(Op.QUEUE_LEN, keys=held.keys))
+            assert reply is not None
+            length = await asyncio.shield(reply)
+        except UpstreamLost:
+            if main is not None and main.writes_kept:  # dropped for this one request
+                self.root_queues = False
+            length = 0
+        else:
+            self.root_queues = True
+        if held.state != "held":
+            return
+        if length == 0:
+            self._finish_group(held, None, plain=True)
+        else:
+            asyncio.get_running_loop().call_later(HELD_AT_MOST, self._ask_held_again, held)
+
+    def _ask_held_again(self, held: WaitGroup[Client]) -> None:
+        """The held rest of a wake-up wait on with an upstream WAIT of their own, sent now."""
+        if held.state != "held":
+            return
+        held.state = "queued"
+        held.asked = None
+        self._queued.append(held)
+        self._pump_waits()
 
     def _answer_wait(self, client: Client) -> None:
         """STOP_WAITING, once the client's earlier writes are applied at the root.
@@ -226,10 +309,10 @@ class Waits:
         group = client.wait
         client.wait = None
         group.remove(client)
-        if not group.empty or group.state not in ("queued", "active"):
+        if not group.empty or group.state not in ("queued", "active", "held"):
             return
         self._joins.forget_wait(group)
-        if group.state == "queued":
+        if group.state in ("queued", "held"):
             group.state = "done"
             return
         group.state = "cancelling"

@@ -128,6 +128,7 @@ def test_the_root_dropped_the_connection_for_the_first_request_still_owed_a_repl
     assert dropped_for(pending) == 1  # a GET of a missing key (the classic server)
     assert dropped_for(_pending((Op.ADD, True), (Op.GET, True))) == 0
     assert dropped_for(_pending((Op.MULTI_GET, True))) == 0
+    assert dropped_for(_pending((Op.QUEUE_LEN, True), (Op.GET, True))) == 0  # classic: no queues
 
 
 def test_no_request_is_blamed_when_the_first_owed_one_cannot_fail_at_the_root():

@@ -712,11 +712,6 @@ def _popper_times_out_scenario(port: int, root, proxy: ProxyProcess | None = Non
 
 @needs_queues
 @pytest.mark.parametrize("loop", LOOPS)
-@pytest.mark.xfail(
-    strict=True,
-    reason="the proxy retries a blocked queue_pop past its client's timeout (the store proxy's "
-    "issue 29, case 1): the loser never times out and takes the next item",
-)
 def test_a_blocked_popper_gives_up_at_its_timeout_and_leaves_later_items(loop):
     expected, actual = _both_worlds(loop, _popper_times_out_scenario)
     assert "b'first'" in expected["popped"] and expected["loser gave up within 4 s"]
