@@ -20,6 +20,12 @@ it missing (its "lying" branch), so straight to the root such a WAIT returns "re
 does not exist. The model keeps, per key, the latest time such a compare-and-set may have happened
 (its return), and a WAIT sent before it may count it as its wake-up.
 
+Queues (torch's libuv root) live in the same state, each under a prefix, as their items joined by
+NUL bytes. A pop answers the head or "empty"; a blocking pop (torch's WAIT, then QUEUE_POP) that
+timed out constrains nothing, and one that woke answers the head, or "empty" when another client
+took the item first; a push has no reply (its ``returned`` is its client's next answer, as a
+SET's).
+
 The search is Wing and Gong's, with Lowe's memo of (calls done, state) pairs already explored and
 one shortcut: a call that may come next and leaves the state as it is (a read, a failed
 compare-and-set) is taken at once without trying the others first, since moving it earlier can
@@ -37,6 +43,7 @@ State = Tuple[Tuple[bytes, bytes], ...]  # sorted (key, value) pairs
 # In the state dict, beside each key's value: the latest return time of a compare-and-set that
 # found the key missing and woke its waiters (the libuv root's), under this prefix.
 _TOUCHED = b"\x00touched:"
+_QUEUE = b"\x00queue:"
 
 
 @dataclass(frozen=True)
@@ -44,12 +51,13 @@ class Call:
     """One completed (or abandoned) operation of one client."""
 
     client: int
-    op: str  # set get multi_get check delete add compare_set append wait
+    op: str  # set get multi_get check delete add compare_set append wait queue_push queue_pop
+    #          blocking_pop queue_len
     keys: Tuple[bytes, ...]
     args: Tuple[
         object, ...
     ]  # set/append: (value,); add: (delta,); compare_set: (expected, desired)
-    result: object  # None for set/append; "timeout" or "ready" for wait
+    result: object  # None for set/append/queue_push; "timeout"/"ready" (wait); "empty" (pops)
     invoked: float
     returned: float = math.inf
 
@@ -108,7 +116,30 @@ def apply(state: Dict[bytes, bytes], call: Call) -> Tuple[bool, Dict[bytes, byte
         if current == expected:
             return call.result == desired, {**state, keys[0]: desired}  # type: ignore[dict-item]
         return call.result == current, state
+    if op in ("queue_push", "queue_pop", "blocking_pop", "queue_len"):
+        return _apply_queue(state, call)
     raise ValueError(f"no model for {op}")
+
+
+def _apply_queue(state: Dict[bytes, bytes], call: Call) -> Tuple[bool, Dict[bytes, bytes]]:
+    name = _QUEUE + call.keys[0]
+    items = state[name].split(b"\x00") if name in state else []
+    if call.op == "queue_len":
+        return call.result == len(items), state
+    if call.op == "queue_push":
+        return True, {**state, name: b"\x00".join(items + [call.args[0]])}  # type: ignore[list-item]
+    if call.result == "timeout":  # a blocking pop that gave up took nothing
+        return True, state
+    if not items:
+        return call.result == "empty", state
+    if call.result != items[0]:
+        return False, state
+    after = dict(state)
+    if len(items) == 1:
+        del after[name]
+    else:
+        after[name] = b"\x00".join(items[1:])
+    return True, after
 
 
 def _woken(state: Dict[bytes, bytes], key: bytes, invoked: float) -> bool:

@@ -3,7 +3,8 @@
 One stock torch ``TCPStore`` root, two proxies in front of it (child processes, as npu-run runs
 them), several raw-protocol clients per proxy issuing random operations over a few keys: sets,
 gets, appends, compare-and-sets, deletes, checks, counters, waits that time out (CANCEL_WAIT),
-and MiB-scale values whose replies fill the first proxy's shared upstream connection. Every call is recorded
+and MiB-scale values whose replies fill the first proxy's shared upstream connection; and, on a
+root with queues, pushes, pops, blocking pops that time out and queue lengths. Every call is recorded
 with the time its request was sent and its reply read; :func:`linearizability.check` must find an
 order of the calls that a single store, answering one request at a time, would have produced.
 
@@ -25,6 +26,7 @@ from npu_job.launcher.protocol import (
     NO_REPLY_OPS,
     VALIDATION_MAGIC,
     Op,
+    QueuePopReply,
     Request,
     WaitReply,
     decode_reply,
@@ -126,6 +128,25 @@ def test_the_checker_models_counters_compare_set_delete_and_waits():
         linearizability.check(wrong)
 
 
+def test_the_checker_models_queues_first_in_first_out_each_item_once():
+    history = [
+        _call(0, "queue_push", [b"q"], [b"1"], None, 0.0, 0.2),
+        _call(0, "queue_push", [b"q"], [b"2"], None, 0.1, 0.2),
+        _call(0, "queue_len", [b"q"], [], 2, 0.15, 0.2),
+        _call(1, "blocking_pop", [b"q"], [0.1], "timeout", 0.0, 0.5),  # constrains nothing
+        _call(1, "blocking_pop", [b"q"], [1.0], b"1", 0.6, 0.7),
+        _call(2, "queue_pop", [b"q"], [], b"2", 0.8, 0.9),
+        _call(2, "blocking_pop", [b"q"], [1.0], "empty", 1.0, 1.1),  # woken, another took it
+    ]
+    assert len(linearizability.check(history)) == len(history)
+    out_of_order = history[:4] + [_call(1, "blocking_pop", [b"q"], [1.0], b"2", 0.6, 0.7)]
+    with pytest.raises(Inconsistent):
+        linearizability.check(out_of_order)
+    twice = history[:5] + [_call(2, "queue_pop", [b"q"], [], b"1", 0.8, 0.9)]
+    with pytest.raises(Inconsistent):
+        linearizability.check(twice)
+
+
 # ---------------------------------------------------------------- recording real histories
 
 
@@ -173,7 +194,7 @@ class _Client:
         # them (a WAIT waits on a connection of its own: see the proxy's docstring).
         if returned == math.inf:
             self.unfenced.append(len(self.history))
-        elif op != "wait":
+        elif op != "wait" and result != "timeout":  # a WAIT, or a pop's, waits on its own
             for pos in self.unfenced:
                 self.history[pos] = _replace_returned(self.history[pos], returned)
             self.unfenced.clear()
@@ -197,23 +218,40 @@ class _Client:
             value = value == 0
         self._record(op, request.keys, args, value, invoked, returned)
 
-    async def wait(self, key: bytes, timeout: float) -> None:
+    async def _timed_wait(self, key: bytes, timeout: float) -> str:
         """torch's timed wait: WAIT, and after ``timeout`` CANCEL_WAIT (the wake-up may race it)."""
         request = Request(Op.WAIT, keys=(key,))
-        invoked = time.monotonic()
         self._send(request)
         try:
             await self._reply(request, timeout)
-            result = "ready"
+            return "ready"
         except asyncio.TimeoutError:
             self._send(Request(Op.CANCEL_WAIT))
             first = await self._reply(request)
             if first == WaitReply.STOP_WAITING:  # woken before the cancel: then the cancel's byte
                 await self._reply(request)
-                result = "ready"
-            else:
-                result = "timeout"
+                return "ready"
+            return "timeout"
+
+    async def wait(self, key: bytes, timeout: float) -> None:
+        invoked = time.monotonic()
+        result = await self._timed_wait(key, timeout)
         self._record("wait", (key,), (), result, invoked, time.monotonic())
+
+    async def pop(self, key: bytes, timeout: float | None = None) -> None:
+        """QUEUE_POP; with a ``timeout``, torch's blocking pop: a timed WAIT, then QUEUE_POP."""
+        invoked = time.monotonic()
+        args = () if timeout is None else (timeout,)
+        if timeout is not None and await self._timed_wait(key, timeout) == "timeout":
+            self._record("blocking_pop", (key,), args, "timeout", invoked, time.monotonic())
+            return
+        request = Request(Op.QUEUE_POP, keys=(key,))
+        self._send(request)
+        reply = await self._reply(request)
+        assert isinstance(reply, QueuePopReply)
+        result = reply.value if reply.length > 0 else "empty"
+        op = "queue_pop" if timeout is None else "blocking_pop"
+        self._record(op, (key,), args, result, invoked, time.monotonic())
 
     async def pipeline(self, requests: list[Request]) -> None:
         """Several reads in one write, each recorded with its own reply time."""
@@ -333,6 +371,82 @@ async def _record_history(
         for client in clients + loaders:
             client.close()
     return history
+
+
+QUEUES = (b"/q0", b"/q1")
+
+
+async def _run_queue_client(client: _Client, rng: random.Random, until: float) -> None:
+    seq = 0
+    while time.monotonic() < until:
+        seq += 1
+        await asyncio.sleep(rng.uniform(0, 0.02))
+        queue = rng.choice(QUEUES)
+        kind = rng.choices(("push", "pop", "blocking_pop", "len"), weights=(4, 2, 4, 1))[0]
+        if kind == "push":
+            item = b"c%d-%d" % (client.index, seq)
+            await client.call("queue_push", Request(Op.QUEUE_PUSH, (queue,), (item,)), (item,))
+        elif kind == "pop":
+            await client.pop(queue)
+        elif kind == "blocking_pop":
+            await client.pop(queue, rng.choice([0.05, 0.3]))
+        else:
+            await client.call("queue_len", Request(Op.QUEUE_LEN, keys=(queue,)))
+    await client.call("queue_len", Request(Op.QUEUE_LEN, keys=(QUEUES[0],)))  # fences its pushes
+
+
+async def _record_queue_history(proxy_ports: list[int], seed: int) -> list[Call]:
+    history: list[Call] = []
+    ports = [port for port, n in zip(proxy_ports, CLIENTS) for _ in range(n)]
+    clients = [_Client(i, history) for i in range(len(ports) + 1)]
+    await asyncio.gather(*(c.connect(port) for c, port in zip(clients, ports + [proxy_ports[0]])))
+    try:
+        rng = random.Random(seed)
+        until = time.monotonic() + DURATION
+        await asyncio.gather(
+            *(_run_queue_client(c, random.Random(rng.random()), until) for c in clients[:-1])
+        )
+        last = clients[-1]  # what is left: every item pushed is popped once, or still here
+        for queue in QUEUES:
+            await last.call("queue_len", Request(Op.QUEUE_LEN, keys=(queue,)))
+            while True:
+                await last.pop(queue)
+                if last.history[-1].result == "empty":
+                    break
+    finally:
+        for client in clients:
+            client.close()
+    return history
+
+
+@pytest.mark.skipif(not torchcompat.HAS_QUEUES, reason="this torch's store has no queues")
+@pytest.mark.parametrize("loop", LOOPS)
+def test_concurrent_queue_histories_through_two_proxies_are_linearizable(loop):
+    """Blocking pops of one queue from several workers of one proxy share a WAIT at first (the
+    proxy cannot know the key is a queue before its first QUEUE_* request): the items still go
+    each to one popper, in order, and none is lost."""
+    root = tcp_store(0, master=True)
+    if not getattr(root, "libuvBackend", False):
+        pytest.skip("torch's classic store server has no queues")
+    proxies = [ProxyProcess(root.port, loop=loop) for _ in CLIENTS]
+    try:
+        ports = [p.port for p in proxies]
+        for seed in range(2):
+            history = asyncio.run(_record_queue_history(ports, seed))
+            assert sum(c.op == "blocking_pop" and c.result not in ("timeout", "empty")
+                       for c in history) > 0  # fmt: skip
+            try:
+                linearizability.check(history)
+            except Inconsistent as exc:
+                raise Inconsistent(f"seed {seed} on {loop} ({len(history)} calls): {exc}") from None
+            # and in time: at the root a blocking pop's WAIT ends by its timeout, then one round
+            # trip pops (a history check lets a pop wait for ever; the root does not)
+            overdue = [str(c) for c in history
+                       if c.op == "blocking_pop" and c.returned - c.invoked > c.args[0] + 1.0]  # type: ignore[operator]  # fmt: skip
+            assert not overdue, overdue
+    finally:
+        for proxy in proxies:
+            proxy.stop()
 
 
 @pytest.mark.parametrize("loop", LOOPS)
