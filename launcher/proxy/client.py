@@ -54,8 +54,8 @@ class Client(asyncio.BufferedProtocol):
         self.transport: Optional[asyncio.Transport] = None
         self.wait: Optional[WaitGroup[Client]] = None
         self.barrier: Optional[Tuple[Upstream, asyncio.Future]] = None
-        # the rest of a shared wake-up this client was answered first of, held until its next
-        # request tells whether a push or a write woke them (waits' _finish_group)
+        # the rest of a shared wake-up by a queue push, which answered this client alone: they
+        # wait on once its next request (its pop) is answered (waits' lead_decides)
         self.lead_of: Optional[WaitGroup[Client]] = None
         # its latest no-reply write on the main connection: (connection, applied mark)
         self.unconfirmed: Optional[Tuple[Upstream, int]] = None

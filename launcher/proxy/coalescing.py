@@ -110,15 +110,33 @@ class WaitGroup(Generic[W]):
         return waiters, late
 
 
+# The keys known to be plain a proxy remembers (the oldest are forgotten first).
+PLAIN_KEYS_KEPT = 1 << 16
+_PLAIN_WRITES = frozenset({Op.SET, Op.ADD, Op.APPEND, Op.COMPARE_SET, Op.MULTI_SET})
+
+
 class Joins(Generic[T]):
     """What a new request may share: GETs by key, CHECKs by key list (the upstream request's reply
-    future, ``T``, as an opaque value) and wait groups by key list."""
+    future, ``T``, as an opaque value) and wait groups by key list; and which keys are queues, or
+    known to be plain keys (written by a local client, or found no queue after a wake-up), which
+    a wake-up of several waiters need not ask about (waits' ``_finish_group``)."""
 
     def __init__(self) -> None:
         self.gets: Dict[bytes, T] = {}
         self.checks: Dict[Keys, T] = {}
         self.waits: Dict[Keys, WaitGroup] = {}
         self.queue_keys: Set[bytes] = set()
+        self._plain_keys: Dict[bytes, None] = {}  # insertion-ordered: the oldest go first
+
+    def known_plain(self, key: bytes) -> bool:
+        return key in self._plain_keys
+
+    def mark_plain(self, key: bytes) -> None:
+        if key in self.queue_keys or key in self._plain_keys:
+            return
+        if len(self._plain_keys) >= PLAIN_KEYS_KEPT:
+            del self._plain_keys[next(iter(self._plain_keys))]
+        self._plain_keys[key] = None
 
     # GET and CHECK
     def _table(self, op: Op) -> Dict:
@@ -154,6 +172,11 @@ class Joins(Generic[T]):
         also ends the sharing of waits on its keys; queue keys are never waited on together."""
         if request.op in QUEUE_OPS:
             self.queue_keys.update(request.keys)
+            for key in request.keys:
+                self._plain_keys.pop(key, None)
+        elif request.op in _PLAIN_WRITES:
+            for key in request.keys:
+                self.mark_plain(key)
         if request.op not in WRITE_OPS:
             return
         keys = set(request.keys)

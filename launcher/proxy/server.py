@@ -106,6 +106,7 @@ class AsyncStoreProxy(Waits):
         self._wait_opening = 0
         self._extra_opening = 0
         self.root_queues: Optional[bool] = None  # learnt from a QUEUE_LEN (waits)
+        self._queue_probe: Optional[Upstream] = None
         self._queued: collections.deque[WaitGroup[Client]] = collections.deque()
         self._joins: Joins[asyncio.Future] = Joins()
         self._add_busy: Set[bytes] = set()
@@ -231,8 +232,13 @@ class AsyncStoreProxy(Waits):
     def on_upstream_lost(self, conn: Upstream) -> None:
         if self._closing:
             return
-        logger.warning(
-            "store proxy: lost %s connection to the root store %s", conn.kind, self.upstream_text
+        # dropped for the QUEUE_LEN the proxy asked (a root without queues): expected, once
+        expected = conn is self._queue_probe and conn.writes_kept
+        logger.log(
+            logging.DEBUG if expected else logging.WARNING,
+            "store proxy: lost %s connection to the root store %s",
+            conn.kind,
+            self.upstream_text,
         )
         if conn is self._main:
             self._main = None

@@ -24,11 +24,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# The rest of a shared wake-up wait this long for their lead's next request (a blocking
-# queue_pop sends its QUEUE_POP right after the wake-up) before the proxy asks the root whether
-# the key is a queue with items (QUEUE_LEN); they only save that request, the answer does not
-# depend on them.
-LEAD_GRACE = 0.005
 # The rest of a wake-up by a queue push ask again this long after it if their lead neither pops
 # nor speaks (a plain WAIT on a queue's key).
 HELD_AT_MOST = 1.0
@@ -55,6 +50,7 @@ class Waits:
     _main: Optional[Upstream]
     dialect: Dialect
     root_queues: Optional[bool]  # whether the root has queues (torch's classic server has none)
+    _queue_probe: Optional[Upstream]  # the main connection a QUEUE_LEN of ours is on
 
     async def _open_wait_conn(self, extra: bool = False) -> None:
         """Open a wait connection: one of the pool, or (``extra``) one for a queued group beyond
@@ -168,16 +164,13 @@ class Waits:
 
         A "ready" that several local waiters share (or that one shares with late ones, whose own
         WAITs the root would hold too) may have been one queue push, which wakes one waiter at
-        the root, not a write, which wakes them all; a torch client's blocking
-        ``queue_pop`` is a WAIT on the queue's key, so the proxy cannot tell them apart by the
-        request. So, unless the answer is known to be a write (``plain``) or the root has no
-        queues, one waiter (the lead, the first to arrive) is answered and the rest are held
-        until the lead's next request tells: a pop of that key means a push woke it, and the
-        rest wait on with a new upstream WAIT sent once that pop is answered, as they would at
-        the root; anything else means a write, and they are answered then. Lead silent for
-        ``LEAD_GRACE`` seconds: a QUEUE_LEN of the key, sent now (so before the lead's pop, if it
-        comes), tells (0: a write; a root without queues drops the main connection for it, which
-        the proxy then knows). Lead gone: they are asked again, which a write answers at once.
+        the root, and not a write, which wakes them all: a torch client's blocking ``queue_pop``
+        is a WAIT on the queue's key, so the proxy cannot tell them apart by the request. Unless
+        the answer is known to be a write (``plain``), the key is known to be no queue, or the
+        root has none, they are all held while a QUEUE_LEN of the key, sent after the wake-up,
+        tells (:meth:`_held_by`).
+        Answering them together keeps workers that move in step in step, so their next requests
+        still share one upstream request.
         """
         self._joins.forget_wait(group)
         waiters, late = group.finish(error is not None)
@@ -187,24 +180,18 @@ class Waits:
             and waiters
             and (len(waiters) > 1 or late)
             and len(group.keys) == 1
-            and Op.QUEUE_POP in self.dialect
+            and Op.QUEUE_LEN in self.dialect
+            and self.root_queues is not False
+            and not self._joins.known_plain(group.keys[0])
         ):
-            lead_id = next(iter(waiters))
-            lead = waiters.pop(lead_id)
             held: WaitGroup[Client] = self._joins.new_wait_group(group.keys, follows=group)
             held.state = "held"
             held.asked = _SENT
             held.waiters.update(waiters)
             held.late.update(late)
-            for client in held.waiters.values():
+            for client in (*held.waiters.values(), *held.late.values()):
                 client.wait = held
-            for client in held.late.values():
-                client.wait = held
-            if lead.wait is group:
-                lead.wait = None
-            lead.lead_of = held
-            asyncio.get_running_loop().call_later(LEAD_GRACE, self._ask_queue_len, held)
-            self._answer_wait(lead)
+            self.spawn(self._held_by(held))
             return
         if late:  # their answer must come from a request sent after they arrived: ask again
             again: WaitGroup[Client] = self._joins.new_wait_group(group.keys, follows=group)
@@ -221,34 +208,15 @@ class Waits:
             else:
                 client.abort()
 
-    def lead_decides(self, lead: Client, request: Request) -> Optional[asyncio.Future]:
-        """The lead of a held wake-up sent ``request``: a pop of that key (returned: the pop's
-        reply, for the client to answer) or anything else. See :meth:`_finish_group`."""
-        held, lead.lead_of = lead.lead_of, None
-        assert held is not None
-        if request.op != Op.QUEUE_POP or request.keys != held.keys:
-            if held.state == "held":
-                self._finish_group(held, None, plain=True)
-            return None
-        main = self._main
-        assert main is not None  # the caller checked it is open
-        future = self._submit(main, request)
-        assert future is not None
-        future.add_done_callback(lambda _: self._ask_held_again(held))
-        return future
-
-    def _ask_queue_len(self, held: WaitGroup[Client]) -> None:
-        if held.state != "held":
-            return
-        if self.root_queues is False or Op.QUEUE_LEN not in self.dialect:
-            self._finish_group(held, None, plain=True)
-            return
-        self.spawn(self._decide_by_queue_len(held))
-
-    async def _decide_by_queue_len(self, held: WaitGroup[Client]) -> None:
+    async def _held_by(self, held: WaitGroup[Client]) -> None:
+        """What woke a held group: QUEUE_LEN of its key is 0 after a write (all wake), at least 1
+        after a push (one wakes: the lead, the first to arrive; the rest wait on, see
+        :meth:`lead_decides`). A root without queues (torch's classic server) drops the main
+        connection for it, and the proxy remembers not to ask again."""
         main: Optional[Upstream] = None
         try:
             main = await self._get_main()
+            self._queue_probe = main
             reply = main.send(Request(Op.QUEUE_LEN, keys=held.keys))
             assert reply is not None
             length = await asyncio.shield(reply)
@@ -258,12 +226,36 @@ class Waits:
             length = 0
         else:
             self.root_queues = True
+        finally:
+            self._queue_probe = None
+        if length == 0:
+            self._joins.mark_plain(held.keys[0])
         if held.state != "held":
             return
-        if length == 0:
+        if length == 0 or not held.waiters:
             self._finish_group(held, None, plain=True)
-        else:
-            asyncio.get_running_loop().call_later(HELD_AT_MOST, self._ask_held_again, held)
+            return
+        lead = held.waiters.pop(next(iter(held.waiters)))
+        lead.wait = None
+        lead.lead_of = held
+        asyncio.get_running_loop().call_later(HELD_AT_MOST, self._ask_held_again, held)
+        self._answer_wait(lead)
+
+    def lead_decides(self, lead: Client, request: Request) -> Optional[asyncio.Future]:
+        """The lead of a wake-up by a push sent ``request``. The rest wait on, as at the root,
+        with an upstream WAIT sent after the lead's pop of that key (returned: the pop's reply,
+        for the client to answer), or at once if the request is anything else."""
+        held, lead.lead_of = lead.lead_of, None
+        assert held is not None
+        if request.op != Op.QUEUE_POP or request.keys != held.keys:
+            self._ask_held_again(held)
+            return None
+        main = self._main
+        assert main is not None  # the caller checked it is open
+        future = self._submit(main, request)
+        assert future is not None
+        future.add_done_callback(lambda _: self._ask_held_again(held))
+        return future
 
     def _ask_held_again(self, held: WaitGroup[Client]) -> None:
         """The held rest of a wake-up wait on with an upstream WAIT of their own, sent now."""
