@@ -253,7 +253,7 @@ def test_distinct_waits_beyond_the_pool_get_a_connection_each_and_give_it_back(r
     distinct keys are not merged or polled: each beyond the pool of two gets an extra
     connection, closed once answered."""
     clients = 6
-    workers = [RawStoreClient(LOOPBACK, proxy.port) for _ in range(clients)]
+    workers = [raw_client(proxy.port) for _ in range(clients)]
 
     def wait_each(prefix: str) -> None:
         waits = [Request(Op.WAIT, (f"/{prefix}{i}".encode(),)) for i in range(clients)]
