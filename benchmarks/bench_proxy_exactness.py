@@ -1,0 +1,74 @@
+"""The store proxy's exactness cases, straight to a root and through a proxy, on the installed torch.
+
+Runs the scenarios of issue 29's cases 1-3 from the differential tests
+(``tests/launcher/proxy/test_proxy_differential.py``), each once straight to a fresh stock torch
+``TCPStore`` root and once through ``python -m npu_job.launcher.proxy`` in front of another, and
+prints what every worker saw in both worlds and whether they agree. The tests assert the same;
+this prints the outcomes per torch release (run it with each release's interpreter, e.g. the nox
+matrix's venvs), which the tests' pass/fail does not show.
+
+    python benchmarks/bench_proxy_exactness.py
+    ~/.cache/npu-job/nox/launcher-torch-2-1-0/bin/python benchmarks/bench_proxy_exactness.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Callable, List, Tuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the tests' scenarios
+from _report import publish  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="uvloop")
+    parser.add_argument("--output")
+    args = parser.parse_args()
+
+    import torch
+    from npu_job.launcher import torchcompat
+
+    from tests.launcher.proxy import test_proxy_differential as scenarios
+
+    cases: List[Tuple[str, Callable[..., object], bool]] = [
+        (
+            "1: two blocked poppers, one push",
+            scenarios._popper_times_out_scenario,
+            torchcompat.HAS_QUEUES and scenarios._root_serves_others_while_a_client_lags(),
+        ),
+        ("2: six ADDs behind a bad ADD", scenarios._bad_add_among_adds_scenario, True),
+        (
+            "3: set-then-delete, pool busy",
+            scenarios._set_then_delete_beyond_the_pool_scenario,
+            True,
+        ),
+    ]
+    lines = [
+        f"torch {torch.__version__}, proxy loop {args.loop}, {time.strftime('%Y-%m-%d')}\n\n",
+        "| case | straight to the root | through the proxy | same |\n",
+        "|---|---|---|---|\n",
+    ]
+    for name, scenario, runs in cases:
+        if not runs:
+            lines.append(f"| {name} | n/a (no queues on this root) | | |\n")
+            continue
+        expected, actual = scenarios._both_worlds(args.loop, scenario)
+        lines.append(
+            f"| {name} | {_cell(expected)} | {_cell(actual)} | "
+            f"{'yes' if expected == actual else 'NO'} |\n"
+        )
+    publish("".join(lines), args.output)
+    return 0
+
+
+def _cell(outcome: object) -> str:
+    return str(outcome).replace("|", "/")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
