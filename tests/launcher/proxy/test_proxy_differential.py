@@ -573,6 +573,45 @@ def test_a_wait_beyond_the_wait_pool_sees_a_key_set_and_deleted_at_once(loop):
     assert actual == expected
 
 
+def _shared_wake_ups_scenario(port: int, root, proxy: ProxyProcess | None = None) -> object:
+    """Four workers wait on one key, twice (a second key), that another node sets, while a fifth
+    worker adds: every wait wakes at the write, and the fifth worker's requests are answered.
+    Through a proxy each wake-up is shared, and on a root without queues (torch's classic server)
+    the proxy's QUEUE_LEN after the first one makes the root drop its main connection once."""
+    waiters, busy = [tcp_store(port) for _ in range(4)], tcp_store(port)
+    other_node = tcp_store(root.port)  # its writes are none the proxy sees
+    fates: dict[str, object] = {}
+    for key in ("first", "second"):
+        threads = [
+            threading.Thread(target=lambda w=w, i=i, k=key: fates.update({f"{k}{i}": w.get(k)}))
+            for i, w in enumerate(waiters)
+        ]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)
+        other_node.set(key, key)
+        fates[f"busy after {key}"] = [busy.add("n", 1) for _ in range(3)]
+        for thread in threads:
+            thread.join(10)
+    # through a proxy: a QUEUE_LEN per shared wake-up at most, and on a root without queues one
+    # in all (it dropped the main connection for it, and the proxy does not ask again)
+    asked = proxy.stats()["upstream_by_op"].get("QUEUE_LEN", 0) if proxy is not None else 0
+    fates["asked about queues as it should"] = asked <= (2 if _has_queues(root) else 1)
+    return fates
+
+
+def _has_queues(root) -> bool:  # type: ignore[no-untyped-def]
+    return bool(getattr(root, "libuvBackend", False)) and torchcompat.HAS_QUEUES
+
+
+@pytest.mark.parametrize("root", ROOTS)
+@pytest.mark.parametrize("loop", LOOPS)
+def test_shared_wake_ups_answer_every_waiter_on_either_root(loop, root):
+    expected, actual = _both_worlds(loop, _shared_wake_ups_scenario, root)
+    assert expected["first0"] == b"first" and expected["busy after second"] == [4, 5, 6]
+    assert actual == expected
+
+
 def _timeout_error() -> BaseException:
     """What this torch raises for a timed-out wait."""
     root = tcp_store(0, master=True)
