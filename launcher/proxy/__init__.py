@@ -72,6 +72,16 @@ uvloop when it is importable (``new_event_loop``): the proxy's CPU per relayed r
 price of tiering when many proxies share a machine (about 18 us on uvloop, 35 us on asyncio in
 ``benchmarks/bench_rendezvous.py`` at 128x16).
 
+Memory per client is bounded (back-pressure, :mod:`.client`): the proxy takes a client's next
+request only while it owes that client fewer than 4 replies (``MAX_REPLIES_OWED``; torch's own
+clients never have more than one request in flight) and less than 64 KiB (``WRITE_HIGH_WATER``)
+waits unsent in that client's transport. Otherwise it stops reading that connection, and the
+client's further requests wait in the kernel's socket buffers, as at a root that stops reading a
+client that does not read. So a client that never reads its replies costs the proxy at most
+64 KiB plus four replies (32 MiB with the largest value a root takes in one SET, 8 MiB) plus one
+read (64 KiB) of requests not yet taken, however many requests it pipelines; only its own
+connection slows down, the connections to the root and every other client go on at full speed.
+
 Faults: a request that makes the root drop the connection it came on fails only its own client, as
 straight to the root. A well-formed client can send five such requests (malformed ones are refused
 by the proxy itself, per client): an ADD to a key that holds no number (either server), a GET or

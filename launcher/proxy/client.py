@@ -5,6 +5,11 @@ place, VALIDATE first, handing each request to the server (:meth:`.server.AsyncS
 and pausing the connection while a request waits for an upstream connection, writing replies in
 request order, and refusing a client that sent what its root would not take. What a request turns
 into is the server's (:mod:`.server`) and, for the blocking ones, :mod:`.waits`'.
+
+It also owns the bound on what one client costs in replies (back-pressure): it takes the client's
+next request only while fewer than ``MAX_REPLIES_OWED`` of its replies are owed and what the
+proxy has not yet sent it is under ``WRITE_HIGH_WATER``; otherwise it stops reading that
+connection, and the client's further requests wait in the kernel's socket buffers.
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _REFUSED_LINGER = 10.0  # seconds a refused client may keep its connection open after our FIN
+# Back-pressure per client: replies to its non-blocking requests not yet handed to its socket
+# (torch's client has one in flight, the pipelining benchmarks three), and bytes handed to the
+# transport that its socket did not take yet (asyncio's pause_writing/resume_writing).
+MAX_REPLIES_OWED = 4
+WRITE_HIGH_WATER = 1 << 16
 
 
 class Client(asyncio.BufferedProtocol):
@@ -44,6 +54,13 @@ class Client(asyncio.BufferedProtocol):
     Requests are handled in arrival order; replies to non-blocking requests are written in the
     same order (a joined GET may finish before an earlier request of the same client). WAIT and
     BARRIER replies are written when they happen, as the root does.
+
+    Memory per client is bounded: the next request is decoded only while fewer than
+    ``MAX_REPLIES_OWED`` (4) replies are owed to the client and less than ``WRITE_HIGH_WATER``
+    (64 KiB) waits in its transport; otherwise reading pauses until replies are written and the
+    client has read enough. A client that does not read its replies thus holds at most 64 KiB
+    plus four replies (plus one read, 64 KiB, of requests not yet decoded), and only its own
+    connection slows down: the root connections and every other client go on.
     """
 
     _ids = itertools.count()
@@ -64,6 +81,9 @@ class Client(asyncio.BufferedProtocol):
         self._validated = not proxy.dialect.validates  # torch 2.1 clients send no VALIDATE
         self._blocked = False
         self._refused = False
+        self._write_paused = False  # its transport holds WRITE_HIGH_WATER or more (asyncio's)
+        self._reading_paused = False
+        self._consuming = False
         self._replies: collections.deque[Tuple[Op, object]] = collections.deque()
 
     # asyncio.Protocol
@@ -72,6 +92,7 @@ class Client(asyncio.BufferedProtocol):
         # check
         self.transport = transport  # type: ignore[assignment]
         set_nodelay(transport.get_extra_info("socket"))
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         self.proxy.add_client(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -90,6 +111,14 @@ class Client(asyncio.BufferedProtocol):
         if pos < nbytes:
             self._buf += data[pos:]
 
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._reading_paused:
+            self._serve_more()
+
     def connection_lost(self, exc: Optional[Exception]) -> None:
         if self._buf and self._validated and not self._refused and not self._blocked:
             # as the root does: the complete pairs of a MULTI_SET cut short are stored
@@ -105,11 +134,19 @@ class Client(asyncio.BufferedProtocol):
             del self._buf[:pos]
 
     def _consume(self, buf: Union[bytearray, memoryview]) -> int:
-        """Handle the whole requests at the start of ``buf``; returns where the rest begins."""
+        """Handle the whole requests at the start of ``buf``; returns where the rest begins.
+
+        Stops early, leaving the rest for :meth:`_serve_more`, while the client owes
+        ``MAX_REPLIES_OWED`` replies or its transport is above ``WRITE_HIGH_WATER``.
+        """
         pos = 0
         proxy = self.proxy
+        replies = self._replies
+        self._consuming = True
         try:
             while not self._blocked:
+                if self._write_paused or len(replies) >= MAX_REPLIES_OWED:
+                    break
                 decoded = decode_request(buf, pos, proxy.dialect)
                 if decoded is None:
                     break
@@ -131,12 +168,42 @@ class Client(asyncio.BufferedProtocol):
         except ProtocolError as exc:
             self.refuse(str(exc))
             return len(buf)
+        finally:
+            self._consuming = False
+        self._pause_or_resume_reading()
         return pos
+
+    def _held_back(self) -> bool:
+        return self._blocked or self._write_paused or len(self._replies) >= MAX_REPLIES_OWED
+
+    def _pause_or_resume_reading(self) -> None:
+        """Read from the socket only when the next request could be taken (or to drop bytes)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        paused = not self._refused and self._held_back()
+        if paused != self._reading_paused:
+            self._reading_paused = paused
+            if paused:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
+    def _serve_more(self) -> None:
+        """Take the requests held back, now that what held them back may have cleared."""
+        if self._consuming or self._refused or self._held_back():
+            return
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self._buf:
+            self._process()  # resumes reading unless held back again
+        else:
+            self._pause_or_resume_reading()
 
     def _block(self, awaitable: asyncio.Future[object]) -> None:
         self._blocked = True
-        assert self.transport is not None
-        self.transport.pause_reading()
+        self._pause_or_resume_reading()
 
         async def resume() -> None:
             try:
@@ -146,9 +213,7 @@ class Client(asyncio.BufferedProtocol):
                 self.abort()
                 return
             self._blocked = False
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.resume_reading()
-                self._process()
+            self._serve_more()
 
         self.proxy.spawn(resume())
 
@@ -182,6 +247,8 @@ class Client(asyncio.BufferedProtocol):
             self.write(data)
         if self._refused:
             self._end_after_replies()
+        elif self._reading_paused:
+            self._serve_more()
 
     def refuse(self, reason: str) -> None:
         """Stop serving a client that sent what its root would not take, as the root would.
@@ -194,8 +261,7 @@ class Client(asyncio.BufferedProtocol):
         logger.warning("store proxy: closing client %d: %s", self.id, reason)
         self._refused = True
         self._buf.clear()
-        if self._blocked and self.transport is not None:
-            self.transport.resume_reading()
+        self._pause_or_resume_reading()
         self._flush_replies()
 
     def _end_after_replies(self) -> None:
