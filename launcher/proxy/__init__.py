@@ -53,6 +53,12 @@ to the root :mod:`.upstream`; :mod:`.storeproxy` runs the server on a thread, an
   ADDs ran alone in arrival order;
 * PING is answered locally. Nothing is cached across time.
 
+Replies reach clients as the root's own bytes (:mod:`.upstream` frames them without decoding the
+values; the proxy speaks its root's dialect on both sides), so a large value costs about what a
+plain relay costs: it is read from the root's socket straight into the buffer it is written from,
+and the callers of a coalesced GET all get that one reply's bytes. The proxy decodes only what it
+acts on: ADD totals, WAIT and CHECK answers, PING echoes, a QUEUE_POP's queue length.
+
 Keys used with QUEUE_* ops are never coalesced for WAIT (a queue push wakes one waiter only).
 A key first used as a queue by several workers' simultaneous blocking ``queue_pop`` (WAIT is the
 first thing the proxy sees of it) can still be merged once. So a wake-up that several local

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Optional, Tuple, Union
 from ..protocol import (
     Op,
     ProtocolError,
+    RawReply,
     complete_multi_set_prefix,
     decode_request,
     encode_reply,
@@ -240,11 +241,16 @@ class Client(asyncio.BufferedProtocol):
                     replies.clear()
                     self.abort()
                     return
-                data = encode_reply(op, item.result())
-            else:
-                data = item  # type: ignore[assignment]
+                result = item.result()
+                replies.popleft()
+                if isinstance(result, RawReply):  # the root's bytes, as the root sent them
+                    for part in result.parts:
+                        self.write(part)
+                else:
+                    self.write(encode_reply(op, result))
+                continue
             replies.popleft()
-            self.write(data)
+            self.write(item)  # type: ignore[arg-type]
         if self._refused:
             self._end_after_replies()
         elif self._reading_paused:
@@ -275,7 +281,7 @@ class Client(asyncio.BufferedProtocol):
         else:
             transport.close()
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: Union[bytes, memoryview]) -> None:
         transport = self.transport
         if data and transport is not None and not transport.is_closing():
             transport.write(data)
