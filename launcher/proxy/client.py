@@ -42,6 +42,10 @@ _REFUSED_LINGER = 10.0  # seconds a refused client may keep its connection open 
 # transport that its socket did not take yet (asyncio's pause_writing/resume_writing).
 MAX_REPLIES_OWED = 4
 WRITE_HIGH_WATER = 1 << 16
+# On asyncio's own transports, longer writes go a piece at a time as the transport drains: they
+# copy what the socket does not take at once into one buffer, which costs a copy of each large
+# reply and more as it shrinks (measured: 2x the CPU per GiB). uvloop's keep a reference.
+_WRITE_PIECE = 1 << 20
 
 
 class Client(asyncio.BufferedProtocol):
@@ -86,6 +90,9 @@ class Client(asyncio.BufferedProtocol):
         self._reading_paused = False
         self._consuming = False
         self._replies: collections.deque[Tuple[Op, object]] = collections.deque()
+        # reply bytes written but not yet handed to the transport (a large value, in pieces)
+        self._unsent: collections.deque[memoryview] = collections.deque()
+        self._piece = 0  # the most handed to the transport at once (0: everything)
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -94,6 +101,8 @@ class Client(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
         set_nodelay(transport.get_extra_info("socket"))
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
+        if type(transport).__module__.startswith("asyncio."):
+            self._piece = _WRITE_PIECE
         self.proxy.add_client(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -117,10 +126,13 @@ class Client(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if self._unsent:
+            self._hand_over()
         if self._reading_paused:
             self._serve_more()
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._unsent.clear()
         if self._buf and self._validated and not self._refused and not self._blocked:
             # as the root does: the complete pairs of a MULTI_SET cut short are stored
             partial = complete_multi_set_prefix(self._buf, self.proxy.dialect)
@@ -272,7 +284,7 @@ class Client(asyncio.BufferedProtocol):
 
     def _end_after_replies(self) -> None:
         transport = self.transport
-        if transport is None or transport.is_closing() or self._replies:
+        if transport is None or transport.is_closing() or self._replies or self._unsent:
             return
         if transport.can_write_eof():
             transport.write_eof()
@@ -282,9 +294,34 @@ class Client(asyncio.BufferedProtocol):
             transport.close()
 
     def write(self, data: Union[bytes, memoryview]) -> None:
+        """Send ``data`` after everything written before it."""
         transport = self.transport
-        if data and transport is not None and not transport.is_closing():
+        if not data or transport is None or transport.is_closing():
+            return
+        if not self._unsent and (not self._piece or len(data) <= self._piece):
             transport.write(data)
+            return
+        self._unsent.append(memoryview(data))
+        if not self._write_paused:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Give the transport the unsent bytes a piece at a time until it has enough."""
+        transport = self.transport
+        unsent = self._unsent
+        while unsent and not self._write_paused:
+            if transport is None or transport.is_closing():
+                unsent.clear()
+                return
+            data, piece = unsent[0], self._piece
+            if len(data) > piece:
+                unsent[0] = data[piece:]
+                data = data[:piece]
+            else:
+                unsent.popleft()
+            transport.write(data)  # calls pause_writing once it holds WRITE_HIGH_WATER
+        if not unsent and self._refused:
+            self._end_after_replies()
 
     def abort(self) -> None:
         transport = self.transport
