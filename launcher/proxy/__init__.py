@@ -82,11 +82,12 @@ Memory per client is bounded (back-pressure, :mod:`.client`): the proxy takes a 
 request only while it owes that client fewer than 4 replies (``MAX_REPLIES_OWED``; torch's own
 clients never have more than one request in flight) and less than 64 KiB (``WRITE_HIGH_WATER``)
 waits unsent in that client's transport. Otherwise it stops reading that connection, and the
-client's further requests wait in the kernel's socket buffers, as at a root that stops reading a
-client that does not read. So a client that never reads its replies costs the proxy at most
-64 KiB plus four replies (32 MiB with the largest value a root takes in one SET, 8 MiB) plus one
-read (64 KiB) of requests not yet taken, however many requests it pipelines; only its own
-connection slows down, the connections to the root and every other client go on at full speed.
+client's further requests wait in the kernel's socket buffers (TCP flow control slows that client
+alone; torch's libuv root instead keeps every unread reply in memory, its classic one stalls every
+client). So a client that never reads its replies costs the proxy at most 64 KiB plus four replies
+(32 MiB with the largest value a root takes in one SET, 8 MiB) plus one read (64 KiB) of requests
+not yet taken, however many requests it pipelines; only its own connection slows down, the
+connections to the root and every other client go on at full speed.
 
 Faults: a request that makes the root drop the connection it came on fails only its own client, as
 straight to the root. A well-formed client can send five such requests (malformed ones are refused
