@@ -1,11 +1,14 @@
-"""Large values through the store proxy: one MULTI_GET of 8-96 MiB, straight to the root and via a proxy.
+"""Large values through the store proxy: one MULTI_GET of 8-96 MiB, straight to the root, via a
+plain relay and via a proxy.
 
 A stock torch ``TCPStore`` root (in this process, on an IPv4 loopback listener below the
 ephemeral range, so the per-accept reverse lookup reads /etc/hosts), holding ``size / 8 MiB`` keys
-of 8 MiB each (the libuv server's largest value). One unmodified torch client reads them all with
-one ``multi_get``, straight to the root and through ``python -m npu_job.launcher.proxy`` (a child
-process, as npu-run runs it), interleaved, ``--repeat`` times. Reported: median seconds, MB/s, the
-proxy/direct ratio, and the proxy's CPU seconds per relayed GiB (the steady figure).
+of 8 MiB each (the libuv server's largest value). One unmodified torch client per path reads them
+all with one ``multi_get``: straight to the root, through a minimal byte-copying relay
+(``_relay.py``: what relaying alone costs) and through ``python -m npu_job.launcher.proxy``, both
+child processes on the same event loop kind (``--loop``), interleaved, ``--repeat`` times.
+Reported: median seconds, the proxy/direct and relay/direct ratios, and the proxy's and the
+relay's CPU seconds per relayed GiB over all runs (the steady figure).
 
     python benchmarks/bench_large_values.py
     python benchmarks/bench_large_values.py --sizes 8,32 --repeat 3 --output results.md
@@ -40,6 +43,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="8,32,64,96", help="MiB per MULTI_GET, comma-separated")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto")
     parser.add_argument("--output")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -54,15 +58,25 @@ def main() -> int:
     keys = [f"v{i}" for i in range(max(sizes) * (1 << 20) // VALUE)]
     for i, key in enumerate(keys):
         root.set(key, bytes([65 + i % 26]) * VALUE)
-    proxy = subprocess.Popen(
-        [sys.executable, "-m", "npu_job.launcher.proxy", f"127.0.0.1:{port}", "--dialect", "torch"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    env = {**os.environ, "NPU_JOB_PROXY_LOOP": args.loop}
+    children = {
+        name: subprocess.Popen(
+            [sys.executable, *command, f"127.0.0.1:{port}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for name, command in (
+            ("relay", [str(Path(__file__).resolve().parent / "_relay.py")]),
+            ("proxy", ["-m", "npu_job.launcher.proxy", "--dialect", "torch"]),
+        )
+    }
     try:
-        assert proxy.stdout is not None
-        proxy_port = json.loads(proxy.stdout.readline())["port"]
+        ports = {}
+        for name, child in children.items():
+            assert child.stdout is not None
+            ports[name] = json.loads(child.stdout.readline())["port"]
 
         def client(to: int):  # type: ignore[no-untyped-def]
             return dist.TCPStore(
@@ -73,38 +87,42 @@ def main() -> int:
                 timeout=datetime.timedelta(seconds=300),
             )
 
-        direct, proxied = client(port), client(proxy_port)
+        stores = {"direct": client(port), **{name: client(ports[name]) for name in children}}
         rows = []
         for size in sizes:
             wanted = keys[: size * (1 << 20) // VALUE]
-            times: dict[str, list[float]] = {"direct": [], "proxy": []}
-            cpu = []
+            times: dict[str, list[float]] = {name: [] for name in stores}
+            cpu: dict[str, list[float]] = {name: [] for name in children}
             for _ in range(args.repeat):
-                for name, store in (("direct", direct), ("proxy", proxied)):
-                    before = _cpu_seconds(proxy.pid)
+                for name, store in stores.items():
+                    pid = children[name].pid if name in children else None
+                    before = _cpu_seconds(pid) if pid else 0.0
                     start = time.perf_counter()
                     values = store.multi_get(wanted)
                     times[name].append(time.perf_counter() - start)
                     assert sum(len(v) for v in values) == len(wanted) * VALUE
-                    if name == "proxy":
-                        cpu.append(_cpu_seconds(proxy.pid) - before)
-            d, p = statistics.median(times["direct"]), statistics.median(times["proxy"])
-            gib = size / 1024
+                    if pid:
+                        cpu[name].append(_cpu_seconds(pid) - before)
+            d, r, p = (statistics.median(times[name]) for name in ("direct", "relay", "proxy"))
+            gib = size / 1024 * args.repeat  # CPU over every run: the clock ticks are 10 ms
             rows.append(
-                f"| {size} | {d:.3f} | {size * 1.048576 / d:.0f} | {p:.3f} "
-                f"| {size * 1.048576 / p:.0f} | {p / d:.1f} | {statistics.median(cpu) / gib:.2f} |"
+                f"| {size} | {d:.3f} | {r:.3f} | {p:.3f} | {p / d:.2f} | {r / d:.2f} "
+                f"| {sum(cpu['proxy']) / gib:.2f} | {sum(cpu['relay']) / gib:.2f} |"
             )
     finally:
-        if proxy.poll() is None:
-            assert proxy.stdin is not None
-            proxy.stdin.write("stop\n")
-            proxy.stdin.close()
-            proxy.wait(30)
+        for child in children.values():
+            if child.poll() is None:
+                assert child.stdin is not None
+                child.stdin.write("stop\n")
+                child.stdin.close()
+                child.wait(30)
+    loop = args.loop if args.loop != "auto" else "uvloop if installed"
     text = (
-        f"## One MULTI_GET of 8 MiB values, straight to the root vs via the proxy "
-        f"(median of {args.repeat})\n\n"
-        "| MiB | direct s | direct MB/s | proxy s | proxy MB/s | proxy/direct | proxy CPU s/GiB |\n"
-        "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+        f"## One MULTI_GET of 8 MiB values: straight to the root, via a plain relay, via the proxy "
+        f"(median of {args.repeat}, loop {loop}, load {os.getloadavg()[0]:.1f})\n\n"
+        "| MiB | direct s | relay s | proxy s | proxy/direct | relay/direct "
+        "| proxy CPU s/GiB | relay CPU s/GiB |\n"
+        "|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
     publish(text, args.output)
     return 0

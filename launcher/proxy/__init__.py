@@ -53,6 +53,12 @@ to the root :mod:`.upstream`; :mod:`.storeproxy` runs the server on a thread, an
   ADDs ran alone in arrival order;
 * PING is answered locally. Nothing is cached across time.
 
+Replies reach clients as the root's own bytes (:mod:`.upstream` frames them without decoding the
+values; the proxy speaks its root's dialect on both sides), so a large value costs about what a
+plain relay costs: it is read from the root's socket straight into the buffer it is written from,
+and the callers of a coalesced GET all get that one reply's bytes. The proxy decodes only what it
+acts on: ADD totals, WAIT and CHECK answers, PING echoes, a QUEUE_POP's queue length.
+
 Keys used with QUEUE_* ops are never coalesced for WAIT (a queue push wakes one waiter only).
 A key first used as a queue by several workers' simultaneous blocking ``queue_pop`` (WAIT is the
 first thing the proxy sees of it) can still be merged once. So a wake-up that several local
@@ -71,6 +77,17 @@ that round trip. Clients are ``asyncio.BufferedProtocol`` callbacks, not tasks, 
 uvloop when it is importable (``new_event_loop``): the proxy's CPU per relayed request is the
 price of tiering when many proxies share a machine (about 18 us on uvloop, 35 us on asyncio in
 ``benchmarks/bench_rendezvous.py`` at 128x16).
+
+Memory per client is bounded (back-pressure, :mod:`.client`): the proxy takes a client's next
+request only while it owes that client fewer than 4 replies (``MAX_REPLIES_OWED``; torch's own
+clients never have more than one request in flight) and less than 64 KiB (``WRITE_HIGH_WATER``)
+waits unsent in that client's transport. Otherwise it stops reading that connection, and the
+client's further requests wait in the kernel's socket buffers (TCP flow control slows that client
+alone; torch's libuv root instead keeps every unread reply in memory, its classic one stalls every
+client). So a client that never reads its replies costs the proxy at most 64 KiB plus four replies
+(32 MiB with the largest value a root takes in one SET, 8 MiB) plus one read (64 KiB) of requests
+not yet taken, however many requests it pipelines; only its own connection slows down, the
+connections to the root and every other client go on at full speed.
 
 Faults: a request that makes the root drop the connection it came on fails only its own client, as
 straight to the root. A well-formed client can send five such requests (malformed ones are refused

@@ -5,6 +5,11 @@ place, VALIDATE first, handing each request to the server (:meth:`.server.AsyncS
 and pausing the connection while a request waits for an upstream connection, writing replies in
 request order, and refusing a client that sent what its root would not take. What a request turns
 into is the server's (:mod:`.server`) and, for the blocking ones, :mod:`.waits`'.
+
+It also owns the bound on what one client costs in replies (back-pressure): it takes the client's
+next request only while fewer than ``MAX_REPLIES_OWED`` of its replies are owed and what the
+proxy has not yet sent it is under ``WRITE_HIGH_WATER``; otherwise it stops reading that
+connection, and the client's further requests wait in the kernel's socket buffers.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import TYPE_CHECKING, Optional, Tuple, Union
 from ..protocol import (
     Op,
     ProtocolError,
+    RawReply,
     complete_multi_set_prefix,
     decode_request,
     encode_reply,
@@ -31,6 +37,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _REFUSED_LINGER = 10.0  # seconds a refused client may keep its connection open after our FIN
+# Back-pressure per client: replies to its non-blocking requests not yet handed to its socket
+# (torch's client has one in flight, the pipelining benchmarks three), and bytes handed to the
+# transport that its socket did not take yet (asyncio's pause_writing/resume_writing).
+MAX_REPLIES_OWED = 4
+WRITE_HIGH_WATER = 1 << 16
+# On asyncio's own transports, longer writes go a piece at a time as the transport drains: they
+# copy what the socket does not take at once into one buffer, which costs a copy of each large
+# reply and more as it shrinks (measured: 2x the CPU per GiB). uvloop's keep a reference.
+_WRITE_PIECE = 1 << 20
 
 
 class Client(asyncio.BufferedProtocol):
@@ -44,6 +59,13 @@ class Client(asyncio.BufferedProtocol):
     Requests are handled in arrival order; replies to non-blocking requests are written in the
     same order (a joined GET may finish before an earlier request of the same client). WAIT and
     BARRIER replies are written when they happen, as the root does.
+
+    Memory per client is bounded: the next request is decoded only while fewer than
+    ``MAX_REPLIES_OWED`` (4) replies are owed to the client and less than ``WRITE_HIGH_WATER``
+    (64 KiB) waits in its transport; otherwise reading pauses until replies are written and the
+    client has read enough. A client that does not read its replies thus holds at most 64 KiB
+    plus four replies (plus one read, 64 KiB, of requests not yet decoded), and only its own
+    connection slows down: the root connections and every other client go on.
     """
 
     _ids = itertools.count()
@@ -64,7 +86,13 @@ class Client(asyncio.BufferedProtocol):
         self._validated = not proxy.dialect.validates  # torch 2.1 clients send no VALIDATE
         self._blocked = False
         self._refused = False
+        self._write_paused = False  # its transport holds WRITE_HIGH_WATER or more (asyncio's)
+        self._reading_paused = False
+        self._consuming = False
         self._replies: collections.deque[Tuple[Op, object]] = collections.deque()
+        # reply bytes written but not yet handed to the transport (a large value, in pieces)
+        self._unsent: collections.deque[memoryview] = collections.deque()
+        self._piece = 0  # the most handed to the transport at once (0: everything)
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -72,6 +100,9 @@ class Client(asyncio.BufferedProtocol):
         # check
         self.transport = transport  # type: ignore[assignment]
         set_nodelay(transport.get_extra_info("socket"))
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
+        if type(transport).__module__.startswith("asyncio."):
+            self._piece = _WRITE_PIECE
         self.proxy.add_client(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -90,7 +121,18 @@ class Client(asyncio.BufferedProtocol):
         if pos < nbytes:
             self._buf += data[pos:]
 
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._unsent:
+            self._hand_over()
+        if self._reading_paused:
+            self._serve_more()
+
     def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._unsent.clear()
         if self._buf and self._validated and not self._refused and not self._blocked:
             # as the root does: the complete pairs of a MULTI_SET cut short are stored
             partial = complete_multi_set_prefix(self._buf, self.proxy.dialect)
@@ -105,11 +147,19 @@ class Client(asyncio.BufferedProtocol):
             del self._buf[:pos]
 
     def _consume(self, buf: Union[bytearray, memoryview]) -> int:
-        """Handle the whole requests at the start of ``buf``; returns where the rest begins."""
+        """Handle the whole requests at the start of ``buf``; returns where the rest begins.
+
+        Stops early, leaving the rest for :meth:`_serve_more`, while the client owes
+        ``MAX_REPLIES_OWED`` replies or its transport is above ``WRITE_HIGH_WATER``.
+        """
         pos = 0
         proxy = self.proxy
+        replies = self._replies
+        self._consuming = True
         try:
             while not self._blocked:
+                if self._write_paused or len(replies) >= MAX_REPLIES_OWED:
+                    break
                 decoded = decode_request(buf, pos, proxy.dialect)
                 if decoded is None:
                     break
@@ -131,12 +181,42 @@ class Client(asyncio.BufferedProtocol):
         except ProtocolError as exc:
             self.refuse(str(exc))
             return len(buf)
+        finally:
+            self._consuming = False
+        self._pause_or_resume_reading()
         return pos
+
+    def _held_back(self) -> bool:
+        return self._blocked or self._write_paused or len(self._replies) >= MAX_REPLIES_OWED
+
+    def _pause_or_resume_reading(self) -> None:
+        """Read from the socket only when the next request could be taken (or to drop bytes)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        paused = not self._refused and self._held_back()
+        if paused != self._reading_paused:
+            self._reading_paused = paused
+            if paused:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
+    def _serve_more(self) -> None:
+        """Take the requests held back, now that what held them back may have cleared."""
+        if self._consuming or self._refused or self._held_back():
+            return
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self._buf:
+            self._process()  # resumes reading unless held back again
+        else:
+            self._pause_or_resume_reading()
 
     def _block(self, awaitable: asyncio.Future[object]) -> None:
         self._blocked = True
-        assert self.transport is not None
-        self.transport.pause_reading()
+        self._pause_or_resume_reading()
 
         async def resume() -> None:
             try:
@@ -146,9 +226,7 @@ class Client(asyncio.BufferedProtocol):
                 self.abort()
                 return
             self._blocked = False
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.resume_reading()
-                self._process()
+            self._serve_more()
 
         self.proxy.spawn(resume())
 
@@ -175,13 +253,20 @@ class Client(asyncio.BufferedProtocol):
                     replies.clear()
                     self.abort()
                     return
-                data = encode_reply(op, item.result())
-            else:
-                data = item  # type: ignore[assignment]
+                result = item.result()
+                replies.popleft()
+                if isinstance(result, RawReply):  # the root's bytes, as the root sent them
+                    for part in result.parts:
+                        self.write(part)
+                else:
+                    self.write(encode_reply(op, result))
+                continue
             replies.popleft()
-            self.write(data)
+            self.write(item)  # type: ignore[arg-type]
         if self._refused:
             self._end_after_replies()
+        elif self._reading_paused:
+            self._serve_more()
 
     def refuse(self, reason: str) -> None:
         """Stop serving a client that sent what its root would not take, as the root would.
@@ -194,13 +279,12 @@ class Client(asyncio.BufferedProtocol):
         logger.warning("store proxy: closing client %d: %s", self.id, reason)
         self._refused = True
         self._buf.clear()
-        if self._blocked and self.transport is not None:
-            self.transport.resume_reading()
+        self._pause_or_resume_reading()
         self._flush_replies()
 
     def _end_after_replies(self) -> None:
         transport = self.transport
-        if transport is None or transport.is_closing() or self._replies:
+        if transport is None or transport.is_closing() or self._replies or self._unsent:
             return
         if transport.can_write_eof():
             transport.write_eof()
@@ -209,10 +293,35 @@ class Client(asyncio.BufferedProtocol):
         else:
             transport.close()
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: Union[bytes, memoryview]) -> None:
+        """Send ``data`` after everything written before it."""
         transport = self.transport
-        if data and transport is not None and not transport.is_closing():
+        if not data or transport is None or transport.is_closing():
+            return
+        if not self._unsent and (not self._piece or len(data) <= self._piece):
             transport.write(data)
+            return
+        self._unsent.append(memoryview(data))
+        if not self._write_paused:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Give the transport the unsent bytes a piece at a time until it has enough."""
+        transport = self.transport
+        unsent = self._unsent
+        while unsent and not self._write_paused:
+            if transport is None or transport.is_closing():
+                unsent.clear()
+                return
+            data, piece = unsent[0], self._piece
+            if len(data) > piece:
+                unsent[0] = data[piece:]
+                data = data[:piece]
+            else:
+                unsent.popleft()
+            transport.write(data)  # calls pause_writing once it holds WRITE_HIGH_WATER
+        if not unsent and self._refused:
+            self._end_after_replies()
 
     def abort(self) -> None:
         transport = self.transport

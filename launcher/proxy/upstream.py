@@ -8,6 +8,12 @@ requests queued so far are applied (``applied_mark``, ``when_applied``), and whe
 it for one request (:func:`~.coalescing.dropped_for`) hands the requests the root
 never read back to its owner to send again. Its owner (the proxy) is reached through
 :class:`UpstreamOwner`.
+
+Replies are framed, not decoded (:class:`~npu_job.launcher.protocol.ReplyFramer`): a reply that
+carries strings resolves its future to a :class:`~npu_job.launcher.protocol.RawReply`, the root's
+own bytes, which the client is sent unchanged (both sides speak one dialect), large values read
+from the socket straight into the buffers they are written from; fixed-size replies (ADD totals,
+WAIT and CHECK answers, PING echoes) resolve to their numbers, which the proxy uses.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import asyncio
 import collections
 import random
 import socket
-from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Set, Tuple, Union
 
 from ..protocol import (
     BLOCKING_OPS,
@@ -25,15 +31,17 @@ from ..protocol import (
     Dialect,
     Op,
     ProtocolError,
-    ReplyValue,
+    RawReply,
+    ReplyFramer,
     Request,
     WaitReply,
-    decode_reply,
     encode_request,
 )
 from .coalescing import AppliedMarks, Batch, dropped_for
 
 READ_CHUNK = 1 << 16
+#: What a reply future resolves to: a fixed-size reply's number, or a reply's own bytes.
+Reply = Union[int, RawReply]
 
 
 class UpstreamLost(ConnectionError):
@@ -88,13 +96,43 @@ def set_nodelay(sock: Optional[socket.socket]) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+class _RootSide(asyncio.BufferedProtocol):
+    """The socket of one :class:`Upstream`: reads land in its framer's buffers.
+
+    One per connection attempt; events reach the Upstream only once the attempt is its
+    connection (an attempt given up after connecting is closed by asyncio and stays silent).
+    """
+
+    def __init__(self, conn: Upstream) -> None:
+        self.conn = conn
+        self.attached = False
+        self.ended: Optional[Tuple[Optional[BaseException]]] = None  # lost before attached
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.conn.framer.buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.attached:
+            self.conn._received(nbytes)
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes itself; connection_lost follows
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        if self.attached:
+            self.conn._ended(exc)
+        else:
+            self.ended = (exc,)
+
+
 class Upstream:
     """One connection to the root: writes batched per loop iteration, replies matched FIFO."""
 
     def __init__(self, proxy: UpstreamOwner, kind: str) -> None:
         self._proxy = proxy
         self.kind = kind
-        self._writer: Optional[asyncio.StreamWriter] = None
+        self._transport: Optional[asyncio.Transport] = None
+        self.framer = ReplyFramer()
         # Requests sent and not yet known to be applied, in order: those with a reply (a future)
         # and, behind the first of those, the no-reply ones (None): if the root drops the
         # connection, what follows the request it failed on was never applied (see replayable).
@@ -105,8 +143,8 @@ class Upstream:
         self.marks: AppliedMarks[Callable[[], None]] = AppliedMarks()
         self._out: List[bytes] = []
         self._flush_scheduled = False
-        self._reader_task: Optional[asyncio.Task] = None
         self.closed = False
+        self._finished = False  # what was in flight has been failed or handed back
         # lost after the root dropped it for one request, the rest sent again (_replayable): every
         # no-reply write sent on it is applied or on its way again
         self.writes_kept = False
@@ -118,8 +156,8 @@ class Upstream:
         delay = 0.05
         while True:
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port),
+                transport, side = await asyncio.wait_for(
+                    loop.create_connection(lambda: _RootSide(self), host, port),
                     timeout=max(0.1, min(10.0, deadline - loop.time())),
                 )
                 break
@@ -138,13 +176,15 @@ class Upstream:
                 )  # full jitter keeps nodes apart
                 delay = min(delay * 2, 2.0)
         if self._proxy.closing:  # connected as the proxy stopped (a cancellation lost, as above)
-            writer.close()
+            transport.close()
             raise UpstreamLost("proxy stopping")
-        set_nodelay(writer.get_extra_info("socket"))
-        self._writer = writer
+        set_nodelay(transport.get_extra_info("socket"))
+        self._transport = transport
         self._proxy.counters.upstream_connections += 1
         self._proxy.upstream_open.add(self)
-        self._reader_task = asyncio.ensure_future(self._read_replies(reader))
+        side.attached = True
+        if side.ended is not None:  # it broke before it was ours
+            self._ended(side.ended[0])
         dialect = self._proxy.dialect
         if dialect.validates:
             self.send(Request(Op.VALIDATE, number=VALIDATION_MAGIC))
@@ -223,82 +263,78 @@ class Upstream:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        if self._out and self._writer is not None and not self.closed:
+        if self._out and self._transport is not None and not self.closed:
             data = b"".join(self._out)
             self._out.clear()
             self.batch.sent = True
             self.batch = Batch()
             self._proxy.on_sent(self)
-            self._writer.write(data)
+            self._transport.write(data)
 
-    async def _read_replies(self, reader: asyncio.StreamReader) -> None:
-        buf = bytearray()
-        error: Optional[BaseException] = None
+    def _received(self, nbytes: int) -> None:
+        """Bytes from the root landed in the framer: answer the requests they complete."""
+        framer = self.framer
+        framer.received(nbytes)
+        pending = self._pending
         try:
-            while True:
-                chunk = await reader.read(READ_CHUNK)
-                if not chunk:
+            while pending:
+                request, future = pending[0]
+                if future is None:  # applied: a request with a reply went before it
+                    pending.popleft()
+                    continue
+                value = framer.next(request)
+                if value is None:
                     break
-                buf += chunk
-                pos = 0
-                while self._pending:
-                    request, future = self._pending[0]
-                    if future is None:  # applied: a request with a reply went before it
-                        self._pending.popleft()
-                        continue
-                    decoded = decode_reply(request, buf, pos)
-                    if decoded is None:
-                        break
-                    value, pos = decoded
-                    self._pending.popleft()
+                pending.popleft()
+                self._awaiting -= 1
+                self._answered_one()
+                # A wait the root cancelled without waking it: its single byte is the
+                # reply to the CANCEL_WAIT queued right behind it.
+                if (
+                    request.op in BLOCKING_OPS
+                    and value == WaitReply.WAIT_CANCELED
+                    and pending
+                    and pending[0][0].op == Op.CANCEL_WAIT
+                ):
+                    cancel = pending.popleft()[1]
                     self._awaiting -= 1
                     self._answered_one()
-                    # A wait the root cancelled without waking it: its single byte is the
-                    # reply to the CANCEL_WAIT queued right behind it.
-                    if (
-                        request.op in BLOCKING_OPS
-                        and value == WaitReply.WAIT_CANCELED
-                        and self._pending
-                        and self._pending[0][0].op == Op.CANCEL_WAIT
-                    ):
-                        cancel = self._pending.popleft()[1]
-                        self._awaiting -= 1
-                        self._answered_one()
-                        assert cancel is not None
-                        resolve(cancel, value)
-                    resolve(future, value)
-                if pos:
-                    del buf[:pos]
-                if buf and not self._awaiting:
-                    error = ProtocolError(
-                        f"unexpected bytes from the root store: {bytes(buf[:16]).hex()}"
-                    )
-                    break
-        except (OSError, asyncio.IncompleteReadError) as exc:
-            error = exc
-        except asyncio.CancelledError:
-            error = UpstreamLost("proxy stopping")
-        finally:
-            was_open = not self.closed
-            self.close()
-            lost = UpstreamLost(
-                f"lost the connection to the root store {self._proxy.upstream_text}"
-                + (f": {error}" if error else "")
-            )
-            replay = self._replayable(error)
-            if replay is not None:
-                self.writes_kept = True
-                self._proxy.replay_later(replay)
-            while self._pending:
-                _, future = self._pending.popleft()
-                if future is not None and not future.done():
-                    future.set_exception(lost)
-                    future.exception()  # mark retrieved; joiners still see it
-            self._awaiting = 0
-            if was_open:  # before the held WAIT answers go: it closes clients whose writes it lost
-                self._proxy.on_upstream_lost(self)
-            for callback in self.marks.drain():
-                callback()
+                    assert cancel is not None
+                    resolve(cancel, value)
+                resolve(future, value)
+            if framer.pending and not self._awaiting:
+                raise ProtocolError(
+                    f"unexpected bytes from the root store: {framer.peek(16).hex()}"
+                )
+        except ProtocolError as exc:
+            self._ended(exc)
+
+    def _ended(self, error: Optional[BaseException]) -> None:
+        """The connection ended (the root hung up, a socket error, bytes no store sends) or was
+        closed: fail what was in flight, or hand back what the root never read (once)."""
+        if self._finished:
+            return
+        self._finished = True
+        was_open = not self.closed
+        self.close()
+        lost = UpstreamLost(
+            f"lost the connection to the root store {self._proxy.upstream_text}"
+            + (f": {error}" if error else "")
+        )
+        replay = self._replayable(error)
+        if replay is not None:
+            self.writes_kept = True
+            self._proxy.replay_later(replay)
+        while self._pending:
+            _, future = self._pending.popleft()
+            if future is not None and not future.done():
+                future.set_exception(lost)
+                future.exception()  # mark retrieved; joiners still see it
+        self._awaiting = 0
+        if was_open:  # before the held WAIT answers go: it closes clients whose writes it lost
+            self._proxy.on_upstream_lost(self)
+        for callback in self.marks.drain():
+            callback()
 
     def _replayable(
         self, error: Optional[BaseException]
@@ -317,7 +353,7 @@ class Upstream:
         """
         if self.kind != "main" or self._proxy.closing or isinstance(error, ProtocolError):
             return None
-        if isinstance(error, asyncio.CancelledError) or isinstance(error, UpstreamLost):
+        if isinstance(error, UpstreamLost):  # closed by the proxy
             return None
         index = dropped_for(self._pending)
         if index is None:
@@ -332,13 +368,13 @@ class Upstream:
             return
         self.closed = True
         self._proxy.upstream_open.discard(self)
-        if self._writer is not None:
-            self._writer.close()
-        if self._reader_task is not None and self._reader_task is not asyncio.current_task():
-            self._reader_task.cancel()
+        if self._transport is not None:
+            self._transport.close()
+            if not self._finished:  # closed by the proxy: what is in flight fails next turn
+                asyncio.get_running_loop().call_soon(self._ended, UpstreamLost("proxy stopping"))
 
 
-def resolve(future: asyncio.Future, value: ReplyValue) -> None:
+def resolve(future: asyncio.Future, value: Reply) -> None:
     if not future.done():
         future.set_result(value)
 

@@ -11,10 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from npu_job.launcher.protocol import (
     MAX_KEY_LEN,
+    NO_REPLY_OPS,
     VALIDATION_MAGIC,
     Op,
     ProtocolError,
     QueuePopReply,
+    RawReply,
+    ReplyFramer,
     Request,
     complete_multi_set_prefix,
     decode_reply,
@@ -225,3 +228,131 @@ def test_the_complete_pairs_of_a_multi_set_cut_short_are_recovered():
     )
     assert complete_multi_set_prefix(full) == Request(Op.MULTI_SET, (b"/a", b"/b"), (b"1", b"22"))
     assert complete_multi_set_prefix(encode_request(Request(Op.SET, (b"/a",), (b"1",)))) is None
+
+
+# ---------------------------------------------------------------- framing replies for a relay
+
+
+def frame(requests_, chunks, direct):
+    """The replies a ReplyFramer cuts from ``chunks`` as a socket would deliver them."""
+    framer = ReplyFramer(direct)
+    waiting = [r for r in requests_ if r.op not in NO_REPLY_OPS]
+    replies = []
+
+    def take() -> None:
+        while waiting:
+            reply = framer.next(waiting[0])
+            if reply is None:
+                break
+            replies.append(reply)
+            waiting.pop(0)
+
+    for chunk in chunks:
+        data = memoryview(chunk)
+        while data:
+            target = framer.buffer()
+            assert len(target) > 0
+            size = min(len(target), len(data))
+            target[:size] = data[:size]
+            framer.received(size)
+            data = data[size:]
+            take()
+    take()  # replies of no bytes at all (a MULTI_GET of no keys)
+    assert not waiting and not framer.pending
+    return replies
+
+
+def _reply_for(request_, draw_value):
+    op = request_.op
+    if op in (Op.GET, Op.COMPARE_SET):
+        return draw_value()
+    if op == Op.MULTI_GET:
+        return tuple(draw_value() for _ in request_.keys)
+    if op == Op.LIST_KEYS:
+        return tuple(draw_value() for _ in range(len(draw_value()) % 4))
+    if op == Op.QUEUE_POP:
+        value = draw_value()
+        return QueuePopReply(len(value) % 3, value if len(value) % 3 else None)
+    if op == Op.PING:
+        return request_.number
+    if op in (Op.CHECK, Op.WAIT, Op.BARRIER, Op.CANCEL_WAIT):
+        return len(request_.keys) % 2
+    return len(request_.keys) * 7 - 3  # ADD, GETNUMKEYS, DELETE_KEY, QUEUE_LEN: an i64
+
+
+@given(
+    st.lists(requests, max_size=8),
+    st.data(),
+    st.sampled_from([1, 3, 16, 1 << 16]),
+)
+def test_framed_replies_are_the_wire_bytes_and_decode_to_the_values(requests_, data, direct):
+    """Pipelined replies cut at random points: each string reply comes back as exactly its wire
+    bytes (long strings, in buffers of their own), each fixed-size one as its value."""
+    values = [
+        None if r.op in NO_REPLY_OPS else _reply_for(r, lambda: data.draw(values_st))
+        for r in requests_
+    ]
+    wire = b"".join(encode_reply(r.op, v) for r, v in zip(requests_, values))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=6)))
+    chunks = [wire[a:b] for a, b in zip([0, *cuts], [*cuts, len(wire)])]
+    replies = frame(requests_, chunks, direct)
+    answered = [(r, v) for r, v in zip(requests_, values) if r.op not in NO_REPLY_OPS]
+    assert len(replies) == len(answered)
+    for (request_, value), reply in zip(answered, replies):
+        if isinstance(reply, RawReply):
+            assert b"".join(reply.parts) == encode_reply(request_.op, value)
+            assert reply.value(request_) == value
+            views = [part for part in reply.parts if isinstance(part, memoryview)]
+            assert [bytes(view) for view in views] == _long_strings(value, direct)
+        else:
+            assert reply == value
+
+
+values_st = st.binary(max_size=40)
+
+
+def _long_strings(value, direct):
+    strings = value.value if isinstance(value, QueuePopReply) else value
+    strings = [strings] if isinstance(strings, bytes) else list(strings or ())
+    return [string for string in strings if len(string) >= direct]
+
+
+def test_a_large_value_is_read_into_a_buffer_of_its_own():
+    value = bytes(range(256)) * 1024  # 256 KiB
+    wire = encode_reply(Op.MULTI_GET, (b"a", value, b"b"))
+    framer = ReplyFramer()
+    request_ = Request(Op.MULTI_GET, (b"/x", b"/y", b"/z"))
+    framer.buffer()[:20] = wire[:20]  # the first string and the large one's length, 3 bytes
+    framer.received(20)
+    assert framer.next(request_) is None
+    target = framer.buffer()
+    assert len(target) == len(value) - 3  # the rest of the value, straight into its buffer
+    target[:] = wire[20 : 20 + len(target)]
+    framer.received(len(target))
+    framer.buffer()[:9] = wire[-9:]
+    framer.received(9)
+    reply = framer.next(request_)
+    assert isinstance(reply, RawReply)
+    assert [bytes(part) for part in reply.parts] == [wire[:17], value, wire[-9:]]
+    assert isinstance(reply.parts[1], memoryview) and reply.parts[1].readonly
+    assert reply.count == 0 and reply.size == len(wire)
+
+
+def test_queue_pop_and_list_keys_replies_carry_their_count():
+    pop = Request(Op.QUEUE_POP, (b"/q",))
+    listing = Request(Op.LIST_KEYS)
+    wire = encode_reply(Op.QUEUE_POP, QueuePopReply(2, b"item")) + encode_reply(
+        Op.QUEUE_POP, QueuePopReply(0)
+    )
+    wire += encode_reply(Op.LIST_KEYS, (b"/a", b"/b"))
+    first, empty, keys_ = frame([pop, pop, listing], [wire], 1 << 16)
+    assert (first.count, empty.count, keys_.count) == (2, 0, 2)
+    assert empty.value(pop) == QueuePopReply(0)
+
+
+def test_a_string_length_no_store_could_hold_is_refused():
+    framer = ReplyFramer()
+    framer.buffer()[:8] = (1 << 62).to_bytes(8, "little")
+    framer.received(8)
+    with pytest.raises(ProtocolError, match="not a store"):
+        framer.next(Request(Op.GET, (b"/k",)))
