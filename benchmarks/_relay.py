@@ -39,25 +39,41 @@ class Pipe(asyncio.Protocol):
             self.peer.transport.close()
 
 
+class Near(Pipe):
+    """A client's side: what it sends before its root side is up waits here."""
+
+    early: Optional[bytearray] = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is None:  # uvloop may deliver a read already under way when paused
+            self.early = (self.early or bytearray()) + data
+        else:
+            super().data_received(data)
+
+
 class Far(Pipe):
     """The root side: the client's side reads once it is up."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self.peer.peer = self  # type: ignore[union-attr]
-        self.peer.transport.resume_reading()  # type: ignore[union-attr]
+        near = self.peer
+        assert isinstance(near, Near)
+        near.peer = self
+        if near.early:
+            transport.write(near.early)  # type: ignore[attr-defined]
+        near.transport.resume_reading()  # type: ignore[union-attr]
 
 
 async def relay(host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
 
-    class Near(Pipe):
+    class Accepted(Near):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
             transport.pause_reading()  # type: ignore[attr-defined]
             loop.create_task(loop.create_connection(lambda: Far(self), host, port))
 
-    server = await loop.create_server(Near, "127.0.0.1", 0)
+    server = await loop.create_server(Accepted, "127.0.0.1", 0)
     print(json.dumps({"port": server.sockets[0].getsockname()[1]}), flush=True)
     await loop.run_in_executor(None, sys.stdin.readline)
     server.close()
