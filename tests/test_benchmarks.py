@@ -107,7 +107,13 @@ CASES = [
     pytest.param(
         "bench_large_values.py",
         ["--sizes", "8", "--repeat", "1"],
-        ["| MiB | direct s | direct MB/s | proxy s |", "| 8 | "],
+        ["| MiB | direct s | relay s | proxy s |", "| 8 | "],
+        marks=pytest.mark.torch,
+    ),
+    pytest.param(
+        "bench_proxy_exactness.py",
+        [],
+        ["| case | straight to the root | through the proxy | same |", "| 3: set-then-delete"],
         marks=pytest.mark.torch,
     ),
     pytest.param(
