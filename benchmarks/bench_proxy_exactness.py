@@ -31,7 +31,6 @@ def main() -> int:
     args = parser.parse_args()
 
     import torch
-    from npu_job.launcher import torchcompat
 
     from tests.launcher.proxy import test_proxy_differential as scenarios
 
@@ -39,7 +38,7 @@ def main() -> int:
         (
             "1: two blocked poppers, one push",
             scenarios._popper_times_out_scenario,
-            torchcompat.HAS_QUEUES and scenarios._root_serves_others_while_a_client_lags(),
+            scenarios._has_queues(scenarios._root("default")),
         ),
         ("2: six ADDs behind a bad ADD", scenarios._bad_add_among_adds_scenario, True),
         (

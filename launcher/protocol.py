@@ -535,12 +535,6 @@ class RawReply:
     def size(self) -> int:
         return sum(len(part) for part in self.parts)
 
-    def value(self, request: Request) -> ReplyValue:
-        """The decoded reply (for callers that need the values, not the bytes)."""
-        decoded = decode_reply(request, b"".join(self.parts))
-        assert decoded is not None, "a framed reply is complete"
-        return decoded[0]
-
 
 class ReplyFramer:
     """Cuts one connection's byte stream into replies, in request order, without decoding values.

@@ -41,7 +41,6 @@ from .coalescing import (
     add_results,
 )
 from .upstream import (
-    READ_CHUNK,
     Counters,
     Upstream,
     UpstreamLost,
@@ -53,6 +52,7 @@ from .waits import STOP_WAITING_REPLY, Waits
 logger = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 65535  # the kernel caps it at net.core.somaxconn
+READ_CHUNK = 1 << 16  # the most one read from a client takes
 DEFAULT_WAIT_CONNECTIONS = 2
 _PROBE_TIMEOUT = 2.0
 # Answered by the proxy itself or served by wait connections; everything else goes on the main one.
@@ -157,7 +157,7 @@ class AsyncStoreProxy(Waits):
         c = self.counters
         return ProxyStats(
             client_connections=c.client_connections,
-            clients_open=self.clients_open,
+            clients_open=len(self._clients),
             requests_received=c.requests_received,
             requests_upstream=c.requests_upstream,
             upstream_connections=c.upstream_connections,
@@ -302,10 +302,6 @@ class AsyncStoreProxy(Waits):
             return
         self._clients[client.id] = client
         self.counters.client_connections += 1
-
-    @property
-    def clients_open(self) -> int:
-        return len(self._clients)
 
     def drop_client(self, client: Client) -> None:
         self._clients.pop(client.id, None)

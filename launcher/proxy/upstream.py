@@ -39,7 +39,6 @@ from ..protocol import (
 )
 from .coalescing import AppliedMarks, Batch, dropped_for
 
-READ_CHUNK = 1 << 16
 #: What a reply future resolves to: a fixed-size reply's number, or a reply's own bytes.
 Reply = Union[int, RawReply]
 

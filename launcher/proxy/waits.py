@@ -55,21 +55,21 @@ class Waits:
     async def _open_wait_conn(self, extra: bool = False) -> None:
         """Open a wait connection: one of the pool, or (``extra``) one for a queued group beyond
         it (see ``_release_wait_conn`` for what becomes of it then)."""
+        conn = Upstream(self, "wait")
+        error: Optional[UpstreamLost] = None
         try:
-            conn = Upstream(self, "wait")
             await conn.open(asyncio.get_running_loop().time() + self.timeout)
         except UpstreamLost as exc:
             logger.warning("store proxy: %s", exc)
-            if extra:
-                self._extra_opening -= 1
-            else:
-                self._wait_opening -= 1
-            self._fail_queued(exc)
-            return
-        if extra:
+            error = exc
+        if extra:  # counted down before _fail_queued, which asks what is still opening
             self._extra_opening -= 1
         else:
             self._wait_opening -= 1
+        if error is not None:
+            self._fail_queued(error)
+            return
+        if not extra:
             self._wait_pool.add(conn)
         self._release_wait_conn(conn)
 

@@ -601,6 +601,7 @@ def _shared_wake_ups_scenario(port: int, root, proxy: ProxyProcess | None = None
 
 
 def _has_queues(root) -> bool:  # type: ignore[no-untyped-def]
+    """Whether ``root`` serves queues (the libuv server of a torch that has them)."""
     return bool(getattr(root, "libuvBackend", False)) and torchcompat.HAS_QUEUES
 
 
