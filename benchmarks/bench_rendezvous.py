@@ -104,6 +104,8 @@ class Result:
     coalesced: int
     loop: str
     host_cpu: float  # CPU seconds of the client host processes (clients, plus proxies when tiered)
+    upstream_by_op: dict[str, int]  # tiered: the proxies' requests to the root, by op
+    upstream_opened: int  # tiered: connections the proxies opened to the root over the run
 
 
 def k(text: str) -> bytes:
@@ -195,13 +197,20 @@ def host_main(
         )
         end = time.monotonic()
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        coalesced = sum(p.snapshot().coalesced for p in keep if isinstance(p, AsyncStoreProxy))
+        proxies = [p.snapshot() for p in keep if isinstance(p, AsyncStoreProxy)]
+        coalesced = sum(p.coalesced for p in proxies)
+        by_op: dict[str, int] = {}
+        for p in proxies:
+            for op, n in p.upstream_by_op.items():
+                by_op[op] = by_op.get(op, 0) + n
         conn.send(
             (
                 end,
                 [sum(r[i] for r in results) for i in range(3)],
                 coalesced,
                 usage.ru_utime + usage.ru_stime - cpu_start,
+                by_op,
+                sum(p.upstream_connections for p in proxies),
             )
         )
         await asyncio.get_running_loop().run_in_executor(
@@ -278,6 +287,11 @@ def run_case(case: Case, tiered: bool, peers: int, loop_kind: str = "asyncio") -
             sum(r[2] for r in reports),
             loop_kind,
             sum(r[3] for r in reports),
+            {
+                op: sum(r[4].get(op, 0) for r in reports)
+                for op in sorted({o for r in reports for o in r[4]})
+            },
+            sum(r[5] for r in reports),
         )
     finally:
         root.kill()
@@ -356,6 +370,23 @@ def format_table(results: list[Result], peers: int, dns: tuple[float, float]) ->
                 f"| {t.root_requests / f.root_requests:.3f} | {_ratio(t.root_cpu, f.root_cpu)} "
                 f"| {t.wall / f.wall:.2f} | {_ratio(t.host_cpu + t.root_cpu, f.host_cpu + f.root_cpu)} "
                 f"| {proxy_us:.1f} |"
+            )
+    tiered_rows = [r for r, _ in rows if r.mode == "tiered"]
+    ops = sorted({op for r in tiered_rows for op in r.upstream_by_op})
+    if tiered_rows:
+        lines += [
+            "",
+            "What the proxies sent the root (tiered rows; handshakes included), per node:",
+            "",
+            "| case | loop | connections opened | " + " | ".join(ops) + " |",
+            "|---|---|---:|" + "---:|" * len(ops),
+        ]
+        for r in tiered_rows:
+            per_node = [r.upstream_by_op.get(op, 0) / r.case.nodes for op in ops]
+            lines.append(
+                f"| {r.case} | {r.loop} | {r.upstream_opened / r.case.nodes:.1f} | "
+                + " | ".join(f"{n:.1f}" for n in per_node)
+                + " |"
             )
     largest = max(by_case.values(), key=lambda modes: next(iter(modes.values())).case.ranks)
     if "flat" in largest and "tiered" in largest:

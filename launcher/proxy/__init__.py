@@ -61,14 +61,17 @@ acts on: ADD totals, WAIT and CHECK answers, PING echoes, a QUEUE_POP's queue le
 
 Keys used with QUEUE_* ops are never coalesced for WAIT (a queue push wakes one waiter only).
 A key first used as a queue by several workers' simultaneous blocking ``queue_pop`` (WAIT is the
-first thing the proxy sees of it) can still be merged once. So a wake-up that several local
-waiters share answers one of them (the lead) and holds the rest until it is known whether a
-write (all wake) or a push (one wakes) woke them: the lead's next request (a pop of the key, or
-anything else), else a QUEUE_LEN of the key sent after the wake-up. Woken by a push, the rest wait
-on with an upstream WAIT sent after the lead's pop, so they time out, or take the next item, as
-at the root (``waits``' ``_finish_group``). One race is left: an item taken by another node's
-pop between the push and that QUEUE_LEN reads as a write, and every held popper wakes to an empty
-queue (``QueueEmptyError``), where at the root one would.
+first thing the proxy sees of it) can still be merged once. So a WAIT on a key that may be a
+queue's is first a CHECK: "ready" (a value, or items) answers every waiter that arrived before it
+went, as the root answers WAITs on a key that is there; only "not ready" sends an upstream WAIT.
+A wake-up of that WAIT shared by several waiters may be a write (all wake) or a push (one wakes):
+all are held while a QUEUE_LEN of the key, sent after the wake-up, tells. 0, and all are answered;
+more, and one (the lead) is answered and the rest wait on, with an upstream WAIT sent after the
+lead's pop, so they time out, or take the next item, as at the root (``waits``' ``_finish_group``).
+One race is left: an item taken by another node's pop between the push and that QUEUE_LEN reads
+as a write, and every held popper wakes to an empty queue (``QueueEmptyError``), where at the
+root one would. Waiters that arrive while a CHECK is out are asked for once more with the rest
+held, so workers a moment apart are answered together and keep sharing requests.
 
 Threading: ``StoreProxy`` runs the asyncio loop on a background thread. Some torch client calls
 (``list_keys``, ``queue_len``, ``queue_pop``) hold the GIL while blocked on their socket: made in

@@ -66,7 +66,8 @@ class WaitGroup(Generic[W]):
         # group) when that answer is "ready".
         self.waiters: Dict[int, W] = {}
         self.late: Dict[int, W] = {}
-        # queued -> active -> done | cancelling; held: the rest of a shared wake-up (waits'
+        # (checking ->) queued -> active -> done | cancelling; checking: a CHECK asks whether the
+        # key is there (waits' _check_first); held: the rest of a shared wake-up (waits'
         # _finish_group), then done or queued again
         self.state = "queued"
         self.conn: object = None  # the wait connection serving it, once active
@@ -109,6 +110,9 @@ class WaitGroup(Generic[W]):
             late = {}
         return waiters, late
 
+
+# The states of a wait group still waiting for its upstream answer (see WaitGroup.state).
+_OPEN_STATES = frozenset({"queued", "checking", "active", "held"})
 
 # The keys known to be plain a proxy remembers (the oldest are forgotten first).
 PLAIN_KEYS_KEPT = 1 << 16
@@ -192,7 +196,7 @@ class Joins(Generic[T]):
     def wait_group(self, keys: Keys) -> Optional[WaitGroup]:
         """The group a new WAIT on ``keys`` may join, if any."""
         group = self.waits.get(keys)
-        if group is not None and group.joinable and group.state in ("queued", "active", "held"):
+        if group is not None and group.joinable and group.state in _OPEN_STATES:
             return group
         return None
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import TYPE_CHECKING, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Set, Tuple
 
-from ..protocol import Dialect, Op, Request, WaitReply, encode_reply
+from ..protocol import CheckReply, Dialect, Op, Request, WaitReply, encode_reply
 from .coalescing import Batch, Joins, WaitGroup
 from .upstream import Counters, Upstream, UpstreamLost
 
@@ -38,6 +38,7 @@ class Waits:
     # the server's state these methods share (AsyncStoreProxy.__init__ sets it); of its methods
     # they call spawn, _get_main and _submit
     timeout: float
+    _clients: Dict[int, Client]
     wait_connections: int
     counters: Counters
     _joins: Joins[asyncio.Future]
@@ -97,10 +98,73 @@ class Waits:
             self.counters.coalesced += 1
         else:
             group = self._joins.new_wait_group(keys)
-            self._queued.append(group)
-            self._pump_waits()
+            self._ask(group)
         group.add(client)
         client.wait = group
+
+    def _ask(self, group: WaitGroup[Client]) -> None:
+        """Send a new group's question upstream: a WAIT, or first a CHECK when the key may be a
+        queue's and other local clients could share the wake-up (:meth:`_check_first`)."""
+        if self._may_wake_by_push(group.keys) and len(self._clients) > 1:
+            main = self._main
+            if main is not None and not main.closed and self._check_first(group, main):
+                return
+        self._queued.append(group)
+        self._pump_waits()
+
+    def _may_wake_by_push(self, keys: Tuple[bytes, ...]) -> bool:
+        """Whether a wake-up of a WAIT on ``keys`` may have been a queue push, which wakes one
+        waiter: a single key, not known plain, on a root that may have queues."""
+        return (
+            len(keys) == 1
+            and Op.QUEUE_LEN in self.dialect
+            and self.root_queues is not False
+            and not self._joins.known_plain(keys[0])
+        )
+
+    def _check_first(
+        self, group: WaitGroup[Client], main: Upstream, late_asked: bool = False
+    ) -> bool:
+        """Ask the root with a CHECK on the main connection whether the key is there now.
+
+        A WAIT on a key that is there (a value, or a queue with items) is answered at once at the
+        root, so a CHECK that says "ready" answers every waiter that arrived before it was sent,
+        however many: each one's own WAIT would have returned then. Only "not ready" leads to
+        an upstream WAIT, whose wake-up several waiters share, and which then needs the QUEUE_LEN
+        that tells a push from a write (:meth:`_held_by`). Keys mostly set before they are read
+        (gloo's address exchange) so cost CHECK + GET per node where WAIT + QUEUE_LEN + GET was.
+
+        Waiters that arrived after the CHECK went (late) are asked once more, with the others
+        held, and then all answered together (unless ``late_asked``: then they ask on their
+        own): workers a moment behind the rest come back in step, and their next requests share
+        the others' again, where answering the early ones first would keep the two apart.
+        """
+        try:
+            reply = self._submit(main, Request(Op.CHECK, keys=group.keys))
+        except UpstreamLost:
+            return False
+        assert reply is not None
+        group.state = "checking"
+        group.asking(main.batch)
+
+        def checked(answer: asyncio.Future) -> None:
+            if group.state != "checking":
+                return  # every waiter left
+            if not answer.cancelled() and answer.exception() is None:
+                if answer.result() == CheckReply.READY:
+                    current = self._main
+                    if not (group.late and not late_asked and current is not None):
+                        self._finish_group(group, None, wakes_all=True)
+                    elif not self._check_first(group, current, late_asked=True):
+                        self._finish_group(group, None, wakes_all=True)
+                    return
+            group.state = "queued"  # not there (or the main connection broke: a WAIT tells)
+            group.asked = None
+            self._queued.append(group)
+            self._pump_waits()
+
+        reply.add_done_callback(checked)
+        return True
 
     def _next_queued(self) -> Optional[WaitGroup[Client]]:
         """The oldest group still waiting for a connection, taken off the queue."""
@@ -158,7 +222,7 @@ class Waits:
         upstream.add_done_callback(done)
 
     def _finish_group(
-        self, group: WaitGroup[Client], error: Optional[BaseException], plain: bool = False
+        self, group: WaitGroup[Client], error: Optional[BaseException], wakes_all: bool = False
     ) -> None:
         """Answer a group: its upstream WAIT failed (``error``) or said "ready".
 
@@ -166,9 +230,9 @@ class Waits:
         WAITs the root would hold too) may have been one queue push, which wakes one waiter at
         the root, and not a write, which wakes them all: a torch client's blocking ``queue_pop``
         is a WAIT on the queue's key, so the proxy cannot tell them apart by the request. Unless
-        the answer is known to be a write (``plain``), the key is known to be no queue, or the
-        root has none, they are all held while a QUEUE_LEN of the key, sent after the wake-up,
-        tells (:meth:`_held_by`).
+        the answer is known to wake them all (``wakes_all``: a write, or the key there when a
+        CHECK asked), the key is known to be no queue, or the root has none, they are all held
+        while a QUEUE_LEN of the key, sent after the wake-up, tells (:meth:`_held_by`).
         Answering them together keeps workers that move in step in step, so their next requests
         still share one upstream request.
         """
@@ -176,13 +240,10 @@ class Waits:
         waiters, late = group.finish(error is not None)
         if (
             error is None
-            and not plain
+            and not wakes_all
             and waiters
             and (len(waiters) > 1 or late)
-            and len(group.keys) == 1
-            and Op.QUEUE_LEN in self.dialect
-            and self.root_queues is not False
-            and not self._joins.known_plain(group.keys[0])
+            and self._may_wake_by_push(group.keys)
         ):
             held: WaitGroup[Client] = self._joins.new_wait_group(group.keys, follows=group)
             held.state = "held"
@@ -198,15 +259,14 @@ class Waits:
             for client in late.values():
                 again.waiters[client.id] = client
                 client.wait = again
-            self._queued.append(again)
-            self._pump_waits()
+            self._ask(again)
         for client in waiters.values():  # a client that left (CANCEL_WAIT, gone) is no longer here
             if client.wait is group:
                 client.wait = None
-            if error is None:
-                self._answer_wait(client)
-            else:
+            if error is not None:
                 client.abort()
+        if error is None:
+            self._answer_waits(list(waiters.values()))
 
     async def _held_by(self, held: WaitGroup[Client]) -> None:
         """What woke a held group: QUEUE_LEN of its key is 0 after a write (all wake), at least 1
@@ -233,13 +293,13 @@ class Waits:
         if held.state != "held":
             return
         if length == 0 or not held.waiters:
-            self._finish_group(held, None, plain=True)
+            self._finish_group(held, None, wakes_all=True)
             return
         lead = held.waiters.pop(next(iter(held.waiters)))
         lead.wait = None
         lead.lead_of = held
         asyncio.get_running_loop().call_later(HELD_AT_MOST, self._ask_held_again, held)
-        self._answer_wait(lead)
+        self._answer_waits([lead])
 
     def lead_decides(self, lead: Client, request: Request) -> Optional[asyncio.Future]:
         """The lead of a wake-up by a push sent ``request``. The rest wait on, as at the root,
@@ -266,28 +326,47 @@ class Waits:
         self._queued.append(held)
         self._pump_waits()
 
-    def _answer_wait(self, client: Client) -> None:
-        """STOP_WAITING, once the client's earlier writes are applied at the root.
+    def _answer_waits(self, clients: List[Client]) -> None:
+        """STOP_WAITING to ``clients``, one upstream answer's waiters, once their earlier writes
+        are applied at the root, and to all of them together.
 
         Straight to the root, a WAIT's answer proves that the writes the client sent before it
-        were applied (one connection, served in order). Through the proxy the WAIT waits on a
-        connection of its own, so its answer is held until the main connection has answered a
-        request sent after the client's latest no-reply write (a PING if none follows).
+        were applied (one connection, served in order). Through the proxy the WAIT is answered on
+        a connection of its own, or by a CHECK that may have gone before a waiter's last write, so
+        its answer is held until the main connection has answered a request sent after the
+        client's latest no-reply write (a PING if none follows). Holding the rest of the group
+        for that too keeps workers that move in step in step: one of eight answered a round trip
+        after the others stays that far behind, and its requests share nothing any more.
         """
-        unconfirmed = client.unconfirmed
-        if unconfirmed is None or unconfirmed[0].marks.applied(unconfirmed[1]):
-            client.unconfirmed = None
-            client.write(STOP_WAITING_REPLY)
+        unapplied: Dict[Upstream, int] = {}
+        for client in clients:
+            unconfirmed = client.unconfirmed
+            if unconfirmed is None or unconfirmed[0].marks.applied(unconfirmed[1]):
+                client.unconfirmed = None
+                continue
+            conn, mark = unconfirmed
+            unapplied[conn] = max(unapplied.get(conn, 0), mark)
+        if not unapplied:
+            for client in clients:
+                client.write(STOP_WAITING_REPLY)
             return
-        held = client.stop_held = object()
+        held = object()
+        for client in clients:
+            client.stop_held = held
+        remaining = len(unapplied)
 
         def release() -> None:
-            if client.stop_held is held:  # not answered by a CANCEL_WAIT since, nor a later WAIT
-                client.stop_held = None
-                client.write(STOP_WAITING_REPLY)
+            nonlocal remaining
+            remaining -= 1
+            if remaining:
+                return
+            for client in clients:
+                if client.stop_held is held:  # not answered by a CANCEL_WAIT since
+                    client.stop_held = None
+                    client.write(STOP_WAITING_REPLY)
 
-        conn, mark = unconfirmed
-        conn.when_applied(mark, release)
+        for conn, mark in unapplied.items():
+            conn.when_applied(mark, release)
 
     def _fail_queued(self, error: BaseException) -> None:
         if self._wait_pool or self._wait_opening or self._extra_opening:
@@ -301,10 +380,10 @@ class Waits:
         group = client.wait
         client.wait = None
         group.remove(client)
-        if not group.empty or group.state not in ("queued", "active", "held"):
+        if not group.empty or group.state not in ("queued", "checking", "active", "held"):
             return
         self._joins.forget_wait(group)
-        if group.state in ("queued", "held"):
+        if group.state in ("queued", "checking", "held"):
             group.state = "done"
             return
         group.state = "cancelling"

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from importlib.util import find_spec
 from typing import Mapping, Optional, Sequence
 
@@ -177,7 +178,9 @@ class CuttableRelay:
 
     ``gates``: the ``k``-th connection accepted (0-based) is relayed only once ``gates[k]`` is
     set (None, or beyond the list: at once), so a test can order when the proxy's connections
-    to the root come up; ``accepted`` counts the connections accepted so far."""
+    to the root come up; ``accepted`` counts the connections accepted so far. ``reply_delay``
+    (seconds, settable at any time) holds each chunk the root sends back that long: a slow
+    path, along which a request's answer comes late."""
 
     def __init__(self, upstream_port: int, gates: Sequence[Optional[threading.Event]] = ()) -> None:
         self._upstream_port = upstream_port
@@ -188,6 +191,7 @@ class CuttableRelay:
         self._pairs: list = []  # [client side, root side], the connections open now
         self._held: set = set()  # client sides whose bytes go nowhere
         self.accepted = 0
+        self.reply_delay = 0.0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -210,11 +214,14 @@ class CuttableRelay:
             threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
 
     def _pump(self, source, sink) -> None:  # type: ignore[no-untyped-def]
+        from_root = source.getpeername()[1] == self._upstream_port
         while True:
             try:
                 data = source.recv(1 << 16)
                 if not data:
                     break
+                if from_root and self.reply_delay:
+                    time.sleep(self.reply_delay)
                 if source not in self._held:
                     sink.sendall(data)
             except OSError:

@@ -163,6 +163,89 @@ def test_a_timed_out_waiter_leaves_the_others_waiting(root, proxy):
     assert result == ["woken"]
 
 
+def _grown(before: dict, after: dict, *ops: str) -> dict:
+    return {op: after.get(op, 0) - before.get(op, 0) for op in ops}
+
+
+@needs("queues")
+def test_waiters_on_a_key_already_there_share_one_check_and_no_wait(root, proxy):
+    """A WAIT on a key that is there returns at once at the root, whoever sends it, so waiters
+    that find it there are answered by one CHECK: no upstream WAIT, and no QUEUE_LEN to tell a
+    queue push from a write (gloo's address exchange reads keys set before they are read)."""
+    root.set("addr", "10.0.0.1:29500")
+    root.get("addr")
+    clients = [raw_client(proxy.port) for _ in range(8)]
+    before = proxy.stats()["upstream_by_op"]
+    replies = _frozen_burst(proxy, clients, [Request(Op.WAIT, (b"/addr",))] * 8)
+    assert replies == [WaitReply.STOP_WAITING] * 8
+    grown = _grown(before, proxy.stats()["upstream_by_op"], "CHECK", "WAIT", "QUEUE_LEN")
+    assert grown["WAIT"] == 0 and grown["QUEUE_LEN"] == 0
+    assert 1 <= grown["CHECK"] <= 3  # a few when reads land in later loop turns (see GETs)
+
+
+@needs("queues")
+def test_waiters_on_a_missing_key_wait_upstream_after_the_check(root, proxy):
+    clients = [raw_client(proxy.port) for _ in range(4)]
+    before = proxy.stats()["upstream_by_op"]
+    wait = Request(Op.WAIT, (b"/later",))
+    for client in clients:
+        client.send(wait)
+    assert wait_until(
+        lambda: proxy.stats()["upstream_by_op"].get("WAIT", 0) > before.get("WAIT", 0)
+    )
+    root.set("later", "1")
+    assert [client.receive(wait) for client in clients] == [WaitReply.STOP_WAITING] * 4
+    grown = _grown(before, proxy.stats()["upstream_by_op"], "CHECK", "WAIT", "QUEUE_LEN")
+    assert grown["CHECK"] >= 1 and grown["WAIT"] >= 1
+    assert grown["QUEUE_LEN"] == 1  # the shared wake-up may have been a push: asked once
+
+
+@needs("queues")
+def test_a_waiter_a_moment_behind_the_others_is_answered_with_them():
+    """Workers a moment apart come back in step: a waiter that arrives while the CHECK answering
+    the first one is out (here: a slow path to the root, 0.4 s each way back) is asked for once
+    more, and the first waits for that answer too, so all are answered together and their next
+    requests share one upstream request again."""
+    root = tcp_store(0, master=True)
+    root.set("addr", "10.0.0.1:29500")
+    root.get("addr")
+    relay = CuttableRelay(root.port)
+    with ProxyProcess(relay.port) as proxy:
+        assert wait_until(lambda: proxy.stats()["upstream_open"] == 1 + DEFAULT_WAIT_CONNECTIONS)
+        first, *behind = [raw_client(proxy.port) for _ in range(3)]
+        for client in (first, *behind):
+            client.call(Request(Op.GETNUMKEYS))
+        relay.reply_delay = 0.4
+        wait = Request(Op.WAIT, (b"/addr",))
+        first.send(wait)
+        assert wait_until(lambda: proxy.stats()["upstream_by_op"].get("CHECK", 0) == 1)
+        for client in behind:
+            client.send(wait)
+        answered = {}
+
+        def receive(name: str, client: RawStoreClient) -> None:
+            assert client.receive(wait) == WaitReply.STOP_WAITING
+            answered[name] = time.monotonic()
+
+        threads = [
+            threading.Thread(target=receive, args=(name, client))
+            for name, client in [
+                ("first", first),
+                *((f"behind{i}", c) for i, c in enumerate(behind)),
+            ]
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        relay.reply_delay = 0.0
+        assert sorted(answered) == ["behind0", "behind1", "first"]
+        spread = max(answered.values()) - min(answered.values())
+        assert spread < 0.2, answered  # one slow answer apart (0.4 s) if the first went alone
+        assert proxy.stats()["upstream_by_op"]["CHECK"] == 2
+    relay.close()
+
+
 def _frozen_burst(proxy, clients, requests):
     """Send one request per client while the proxy is stopped, so all arrive together.
 

@@ -422,9 +422,9 @@ async def _record_queue_history(proxy_ports: list[int], seed: int) -> list[Call]
 @pytest.mark.skipif(not torchcompat.HAS_QUEUES, reason="this torch's store has no queues")
 @pytest.mark.parametrize("loop", LOOPS)
 def test_concurrent_queue_histories_through_two_proxies_are_linearizable(loop):
-    """Blocking pops of one queue from several workers of one proxy share a WAIT at first (the
-    proxy cannot know the key is a queue before its first QUEUE_* request): the items still go
-    each to one popper, in order, and none is lost."""
+    """Blocking pops of one queue from several workers of one proxy share a CHECK or a WAIT at
+    first (the proxy cannot know the key is a queue before its first QUEUE_* request): the items
+    still go each to one popper, in order, and none is lost."""
     root = tcp_store(0, master=True)
     if not getattr(root, "libuvBackend", False):
         pytest.skip("torch's classic store server has no queues")
