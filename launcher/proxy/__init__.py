@@ -70,8 +70,9 @@ more, and one (the lead) is answered and the rest wait on, with an upstream WAIT
 lead's pop, so they time out, or take the next item, as at the root (``waits``' ``_finish_group``).
 One race is left: an item taken by another node's pop between the push and that QUEUE_LEN reads
 as a write, and every held popper wakes to an empty queue (``QueueEmptyError``), where at the
-root one would. Waiters that arrive while a CHECK is out are asked for once more with the rest
-held, so workers a moment apart are answered together and keep sharing requests.
+root one would. Waiters that arrive while a CHECK is out are asked for with another CHECK (up to
+three rounds) with the rest held, so workers a moment apart are answered together and keep
+sharing requests.
 
 Threading: ``StoreProxy`` runs the asyncio loop on a background thread. Some torch client calls
 (``list_keys``, ``queue_len``, ``queue_pop``) hold the GIL while blocked on their socket: made in

@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 # The rest of a wake-up by a queue push ask again this long after it if their lead neither pops
 # nor speaks (a plain WAIT on a queue's key).
 HELD_AT_MOST = 1.0
+# How many times a CHECK's waiters are held while the ones that came after it are asked for
+# (workers one or two loop turns behind the rest come back in step; beyond, they go on their own).
+LATE_ROUNDS_AT_MOST = 3
 _SENT = Batch()
 _SENT.sent = True  # what a held group was answered by: whoever joins it now is late
 STOP_WAITING_REPLY = encode_reply(Op.WAIT, WaitReply.STOP_WAITING)
@@ -122,9 +125,7 @@ class Waits:
             and not self._joins.known_plain(keys[0])
         )
 
-    def _check_first(
-        self, group: WaitGroup[Client], main: Upstream, late_asked: bool = False
-    ) -> bool:
+    def _check_first(self, group: WaitGroup[Client], main: Upstream, late_rounds: int = 0) -> bool:
         """Ask the root with a CHECK on the main connection whether the key is there now.
 
         A WAIT on a key that is there (a value, or a queue with items) is answered at once at the
@@ -134,10 +135,11 @@ class Waits:
         that tells a push from a write (:meth:`_held_by`). Keys mostly set before they are read
         (gloo's address exchange) so cost CHECK + GET per node where WAIT + QUEUE_LEN + GET was.
 
-        Waiters that arrived after the CHECK went (late) are asked once more, with the others
-        held, and then all answered together (unless ``late_asked``: then they ask on their
-        own): workers a moment behind the rest come back in step, and their next requests share
-        the others' again, where answering the early ones first would keep the two apart.
+        Waiters that arrived after the CHECK went (late) are asked for with another CHECK, the
+        others held, and then all answered together (up to ``LATE_ROUNDS_AT_MOST`` rounds,
+        ``late_rounds`` so far; then the late ones ask on their own): workers a moment behind the
+        rest come back in step, and their next requests share the others' again, where answering
+        the early ones first would keep the two apart for every key after.
         """
         try:
             reply = self._submit(main, Request(Op.CHECK, keys=group.keys))
@@ -153,9 +155,11 @@ class Waits:
             if not answer.cancelled() and answer.exception() is None:
                 if answer.result() == CheckReply.READY:
                     current = self._main
-                    if not (group.late and not late_asked and current is not None):
+                    if not (
+                        group.late and late_rounds < LATE_ROUNDS_AT_MOST and current is not None
+                    ):
                         self._finish_group(group, None, wakes_all=True)
-                    elif not self._check_first(group, current, late_asked=True):
+                    elif not self._check_first(group, current, late_rounds + 1):
                         self._finish_group(group, None, wakes_all=True)
                     return
             group.state = "queued"  # not there (or the main connection broke: a WAIT tells)
