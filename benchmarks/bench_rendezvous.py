@@ -21,7 +21,10 @@ proxy (``AsyncStoreProxy``, the same code ``StoreProxy`` runs) lives on its host
 Measured per case: wall time (first connect to last reply), connections the root holds (counted
 in /proc/net/tcp while every client is still connected), requests reaching the root (flat: every
 client request; tiered: agents' requests + proxies' upstream requests, counted by the senders),
-and the root process's CPU seconds (utime+stime from /proc/<pid>/stat). Reverse DNS: the stock
+the root process's CPU seconds (utime+stime from /proc/<pid>/stat) and its wake-ups (voluntary
+context switches of its threads, /proc/<pid>/task/*/status: a busy root serves many requests per
+wake-up, an idle one few, and each wake-up costs a context switch and a poll), and what the
+proxies sent the root, by op. Reverse DNS: the stock
 server formats each peer address on accept; every client here connects from 127.0.0.1, which
 ``/etc/hosts`` maps to localhost (``files`` before ``dns`` in nsswitch.conf), so no resolver is
 consulted - the script measures ``getnameinfo(127.0.0.1)`` and prints it.
@@ -106,6 +109,7 @@ class Result:
     host_cpu: float  # CPU seconds of the client host processes (clients, plus proxies when tiered)
     upstream_by_op: dict[str, int]  # tiered: the proxies' requests to the root, by op
     upstream_opened: int  # tiered: connections the proxies opened to the root over the run
+    root_wakeups: int  # the root's voluntary context switches: each a wait for more to read
 
 
 def k(text: str) -> bytes:
@@ -242,6 +246,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def wakeups(pid: int) -> int:
+    """The voluntary context switches of every thread of ``pid``: a server thread blocks in its
+    poll each time it has served everything that came, so this counts its wake-ups."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/status") as handle:
+            for line in handle:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+    return total
+
+
 def run_case(case: Case, tiered: bool, peers: int, loop_kind: str = "asyncio") -> Result:
     root = subprocess.Popen([sys.executable, "-c", ROOT_CODE], stdout=subprocess.PIPE, text=True)
     try:
@@ -263,9 +279,9 @@ def run_case(case: Case, tiered: bool, peers: int, loop_kind: str = "asyncio") -
             procs.append(proc)
         while time.monotonic() < start_at - 0.05:
             time.sleep(0.01)
-        cpu_before = cpu_seconds(root.pid)
+        cpu_before, wakeups_before = cpu_seconds(root.pid), wakeups(root.pid)
         reports = [pipe.recv() for pipe in pipes]
-        cpu_after = cpu_seconds(root.pid)
+        cpu_after, wakeups_after = cpu_seconds(root.pid), wakeups(root.pid)
         connections = established_connections(root_port) - baseline_connections
         for pipe in pipes:
             pipe.send("close")
@@ -292,6 +308,7 @@ def run_case(case: Case, tiered: bool, peers: int, loop_kind: str = "asyncio") -
                 for op in sorted({o for r in reports for o in r[4]})
             },
             sum(r[5] for r in reports),
+            wakeups_after - wakeups_before,
         )
     finally:
         root.kill()
@@ -336,15 +353,16 @@ def format_table(results: list[Result], peers: int, dns: tuple[float, float]) ->
         "host processes (simulated clients, plus every node's proxy when tiered), on the loop named.",
         "",
         (
-            "| case | ranks | mode | loop | wall s | walls | root conns | root requests | root CPU s | host CPU s "
-            "| client requests | coalesced |"
+            "| case | ranks | mode | loop | wall s | walls | root conns | root requests | root CPU s "
+            "| root wake-ups | requests per wake-up | host CPU s | client requests | coalesced |"
         ),
-        "|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r, walls in rows:
         lines.append(
             f"| {r.case} | {r.case.ranks} | {r.mode} | {r.loop} | {r.wall:.2f} | {' '.join(f'{w:.2f}' for w in walls)} "
-            f"| {r.root_connections} | {r.root_requests} | {r.root_cpu:.2f} | {r.host_cpu:.2f} "
+            f"| {r.root_connections} | {r.root_requests} | {r.root_cpu:.2f} | {r.root_wakeups} "
+            f"| {r.root_requests / max(r.root_wakeups, 1):.1f} | {r.host_cpu:.2f} "
             f"| {r.client_requests} | {r.coalesced} |"
         )
     lines += [
@@ -356,10 +374,10 @@ def format_table(results: list[Result], peers: int, dns: tuple[float, float]) ->
         ),
         "",
         (
-            "| case | loop | conns tiered/nodes | requests tiered/flat | root CPU tiered/flat | wall tiered/flat "
-            "| all CPU tiered/flat | proxy CPU us/request |"
+            "| case | loop | conns tiered/nodes | requests tiered/flat | root CPU tiered/flat "
+            "| root wake-ups tiered/flat | wall tiered/flat | all CPU tiered/flat | proxy CPU us/request |"
         ),
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for (name, loop), modes in by_case.items():
         if "flat" in modes and "tiered" in modes:
@@ -368,7 +386,7 @@ def format_table(results: list[Result], peers: int, dns: tuple[float, float]) ->
             lines.append(
                 f"| {name} | {loop} | {t.root_connections / t.case.nodes:.2f} "
                 f"| {t.root_requests / f.root_requests:.3f} | {_ratio(t.root_cpu, f.root_cpu)} "
-                f"| {t.wall / f.wall:.2f} | {_ratio(t.host_cpu + t.root_cpu, f.host_cpu + f.root_cpu)} "
+                f"| {_ratio(t.root_wakeups, f.root_wakeups)} | {t.wall / f.wall:.2f} | {_ratio(t.host_cpu + t.root_cpu, f.host_cpu + f.root_cpu)} "
                 f"| {proxy_us:.1f} |"
             )
     tiered_rows = [r for r, _ in rows if r.mode == "tiered"]
