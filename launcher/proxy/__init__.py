@@ -91,7 +91,10 @@ alone; torch's libuv root instead keeps every unread reply in memory, its classi
 client). So a client that never reads its replies costs the proxy at most 64 KiB plus four replies
 (32 MiB with the largest value a root takes in one SET, 8 MiB) plus one read (64 KiB) of requests
 not yet taken, however many requests it pipelines; only its own connection slows down, the
-connections to the root and every other client go on at full speed.
+connections to the root and every other client go on at full speed. Across clients, the proxy keeps
+up to 64 MiB of the buffers large reply strings were read into (``LARGE_BUFFERS_KEPT``) to read
+the next ones into, rather than allocating (and page-faulting) fresh ones: a quarter less CPU per
+GiB relayed on asyncio.
 
 Faults: a request that makes the root drop the connection it came on fails only its own client, as
 straight to the root. A well-formed client can send five such requests (malformed ones are refused

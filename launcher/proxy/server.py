@@ -28,6 +28,7 @@ from ..protocol import (
     NEWEST,
     NO_REPLY_OPS,
     Dialect,
+    LargeBuffers,
     Op,
     Request,
     WaitReply,
@@ -53,6 +54,9 @@ logger = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 65535  # the kernel caps it at net.core.somaxconn
 READ_CHUNK = 1 << 16  # the most one read from a client takes
+# Buffers of large reply strings kept for reuse once relayed (protocol.LargeBuffers): what the
+# proxy's memory may stay above its idle size after relaying large values.
+LARGE_BUFFERS_KEPT = 64 << 20
 DEFAULT_WAIT_CONNECTIONS = 2
 _PROBE_TIMEOUT = 2.0
 # Answered by the proxy itself or served by wait connections; everything else goes on the main one.
@@ -115,6 +119,7 @@ class AsyncStoreProxy(Waits):
         self._spare_barrier_conns: List[Upstream] = []
         self._replay: List[Tuple[Request, Optional[asyncio.Future]]] = []
         self.scratch = memoryview(bytearray(READ_CHUNK))  # every client's reads (see Client)
+        self.large_buffers = LargeBuffers(LARGE_BUFFERS_KEPT)
         self._closing = False
 
     # ------------------------------------------------------------ lifecycle

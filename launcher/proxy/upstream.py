@@ -29,6 +29,7 @@ from ..protocol import (
     NO_REPLY_OPS,
     VALIDATION_MAGIC,
     Dialect,
+    LargeBuffers,
     Op,
     ProtocolError,
     RawReply,
@@ -79,6 +80,7 @@ class UpstreamOwner(Protocol):
     dialect: Dialect
     counters: Counters
     upstream_open: Set[Upstream]
+    large_buffers: LargeBuffers  # shared by its connections' framers
 
     @property
     def closing(self) -> bool: ...
@@ -131,7 +133,7 @@ class Upstream:
         self._proxy = proxy
         self.kind = kind
         self._transport: Optional[asyncio.Transport] = None
-        self.framer = ReplyFramer()
+        self.framer = ReplyFramer(buffers=proxy.large_buffers)
         # Requests sent and not yet known to be applied, in order: those with a reply (a future)
         # and, behind the first of those, the no-reply ones (None): if the root drops the
         # connection, what follows the request it failed on was never applied (see replayable).

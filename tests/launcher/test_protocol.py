@@ -13,6 +13,7 @@ from npu_job.launcher.protocol import (
     MAX_KEY_LEN,
     NO_REPLY_OPS,
     VALIDATION_MAGIC,
+    LargeBuffers,
     Op,
     ProtocolError,
     QueuePopReply,
@@ -233,9 +234,9 @@ def test_the_complete_pairs_of_a_multi_set_cut_short_are_recovered():
 # ---------------------------------------------------------------- framing replies for a relay
 
 
-def frame(requests_, chunks, direct):
+def frame(requests_, chunks, direct, buffers=None):
     """The replies a ReplyFramer cuts from ``chunks`` as a socket would deliver them."""
-    framer = ReplyFramer(direct)
+    framer = ReplyFramer(direct, buffers)
     waiting = [r for r in requests_ if r.op not in NO_REPLY_OPS]
     replies = []
 
@@ -336,6 +337,45 @@ def test_a_large_value_is_read_into_a_buffer_of_its_own():
     assert [bytes(part) for part in reply.parts] == [wire[:17], value, wire[-9:]]
     assert isinstance(reply.parts[1], memoryview) and reply.parts[1].readonly
     assert reply.count == 0 and reply.size == len(wire)
+
+
+def test_a_large_buffer_is_reused_only_once_no_view_of_it_lives():
+    buffers = LargeBuffers(keep=1 << 20)
+    first = buffers.take(1000)
+    owner = id(first.obj)  # not the object: a reference would keep it from being reused
+    first[:] = b"a" * 1000
+    held = first[10:20].toreadonly()  # what a reply, or a transport writing it, keeps
+    del first
+    assert id(buffers.take(1000).obj) != owner  # a view of it lives: a fresh buffer
+    del held
+    again = buffers.take(900)
+    assert id(again.obj) == owner and len(again) == 900  # nothing refers to it: reused, cut
+    del again
+    assert id(buffers.take(400).obj) != owner  # not for a string under half its size
+
+
+def test_buffers_kept_for_reuse_stay_within_their_bound():
+    buffers = LargeBuffers(keep=10_000)
+    live = [buffers.take(3000) for _ in range(5)]  # all in use: only three are kept
+    assert buffers.kept == 9000
+    del live[:]
+    bigger = buffers.take(6000)  # room is made by dropping free ones
+    assert buffers.kept <= 10_000 and bigger.obj is not None
+
+
+@given(st.lists(st.tuples(st.binary(min_size=16, max_size=48), st.booleans()), max_size=12))
+def test_reused_buffers_never_change_a_reply_still_held(values_kept):
+    """Large strings framed one after another through one shared pool of buffers, some replies
+    dropped at once and some held: every reply held has its own bytes at the end."""
+    buffers = LargeBuffers(keep=256)
+    get = Request(Op.GET, (b"/k",))
+    held = []
+    for value, keep in values_kept:
+        (reply,) = frame([get], [encode_reply(Op.GET, value)], 16, buffers)
+        if keep:
+            held.append((value, reply))
+    for value, reply in held:
+        assert b"".join(reply.parts) == encode_reply(Op.GET, value)
 
 
 def _decoded(reply: RawReply, request: Request) -> object:
