@@ -79,8 +79,8 @@ Threading: ``StoreProxy`` runs the asyncio loop on a background thread. Some tor
 the same process against this proxy they deadlock it, and against any store they pause it for
 that round trip. Clients are ``asyncio.BufferedProtocol`` callbacks, not tasks, and the loop is
 uvloop when it is importable (``new_event_loop``): the proxy's CPU per relayed request is the
-price of tiering when many proxies share a machine (about 18 us on uvloop, 35 us on asyncio in
-``benchmarks/bench_rendezvous.py`` at 128x16).
+price of tiering when many proxies share a machine (``benchmarks/bench_rendezvous.py`` measures
+it; docs/benchmarks.md has the figures).
 
 Memory per client is bounded (back-pressure, :mod:`.client`): the proxy takes a client's next
 request only while it owes that client fewer than 4 replies (``MAX_REPLIES_OWED``; torch's own
