@@ -129,7 +129,7 @@ class Client(asyncio.BufferedProtocol):
         if self._unsent:
             self._hand_over()
         if self._reading_paused:
-            self._serve_more()
+            self.serve_more()
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         self._unsent.clear()
@@ -149,8 +149,9 @@ class Client(asyncio.BufferedProtocol):
     def _consume(self, buf: Union[bytearray, memoryview]) -> int:
         """Handle the whole requests at the start of ``buf``; returns where the rest begins.
 
-        Stops early, leaving the rest for :meth:`_serve_more`, while the client owes
-        ``MAX_REPLIES_OWED`` replies or its transport is above ``WRITE_HIGH_WATER``.
+        Stops early, leaving the rest for :meth:`serve_more`, while the client owes
+        ``MAX_REPLIES_OWED`` replies, its transport is above ``WRITE_HIGH_WATER``, or the main
+        connection's is above its own (the root reads slower than the clients write).
         """
         pos = 0
         proxy = self.proxy
@@ -158,7 +159,7 @@ class Client(asyncio.BufferedProtocol):
         self._consuming = True
         try:
             while not self._blocked:
-                if self._write_paused or len(replies) >= MAX_REPLIES_OWED:
+                if self._write_paused or len(replies) >= MAX_REPLIES_OWED or proxy.main_full:
                     break
                 decoded = decode_request(buf, pos, proxy.dialect)
                 if decoded is None:
@@ -187,7 +188,12 @@ class Client(asyncio.BufferedProtocol):
         return pos
 
     def _held_back(self) -> bool:
-        return self._blocked or self._write_paused or len(self._replies) >= MAX_REPLIES_OWED
+        return (
+            self._blocked
+            or self._write_paused
+            or len(self._replies) >= MAX_REPLIES_OWED
+            or self.proxy.main_full
+        )
 
     def _pause_or_resume_reading(self) -> None:
         """Read from the socket only when the next request could be taken (or to drop bytes)."""
@@ -202,7 +208,7 @@ class Client(asyncio.BufferedProtocol):
             else:
                 transport.resume_reading()
 
-    def _serve_more(self) -> None:
+    def serve_more(self) -> None:
         """Take the requests held back, now that what held them back may have cleared."""
         if self._consuming or self._refused or self._held_back():
             return
@@ -226,7 +232,7 @@ class Client(asyncio.BufferedProtocol):
                 self.abort()
                 return
             self._blocked = False
-            self._serve_more()
+            self.serve_more()
 
         self.proxy.spawn(resume())
 
@@ -266,7 +272,7 @@ class Client(asyncio.BufferedProtocol):
         if self._refused:
             self._end_after_replies()
         elif self._reading_paused:
-            self._serve_more()
+            self.serve_more()
 
     def refuse(self, reason: str) -> None:
         """Stop serving a client that sent what its root would not take, as the root would.

@@ -120,6 +120,7 @@ class AsyncStoreProxy(Waits):
         self._replay: List[Tuple[Request, Optional[asyncio.Future]]] = []
         self.scratch = memoryview(bytearray(READ_CHUNK))  # every client's reads (see Client)
         self.large_buffers = LargeBuffers(LARGE_BUFFERS_KEPT)
+        self.main_full = False  # the main connection's transport holds its high-water mark
         self._closing = False
 
     # ------------------------------------------------------------ lifecycle
@@ -234,7 +235,20 @@ class AsyncStoreProxy(Waits):
         if conn is self._main:
             self._joins.sent()
 
+    def upstream_full(self, conn: Upstream, full: bool) -> None:
+        """The main connection's transport went above its high-water mark (the root reads
+        slower than the clients write): no client request is taken until it drains, so what
+        waits for a slow root waits in the clients' socket buffers, not in the proxy."""
+        if conn is not self._main or full == self.main_full:
+            return
+        self.main_full = full
+        if not full:
+            for client in list(self._clients.values()):
+                client.serve_more()
+
     def on_upstream_lost(self, conn: Upstream) -> None:
+        if conn is self._main and self.main_full:
+            self.upstream_full(conn, False)
         if self._closing:
             return
         # dropped for the QUEUE_LEN the proxy asked (a root without queues): expected, once

@@ -91,6 +91,8 @@ class UpstreamOwner(Protocol):
 
     def on_upstream_lost(self, conn: Upstream) -> None: ...
 
+    def upstream_full(self, conn: Upstream, full: bool) -> None: ...
+
 
 def set_nodelay(sock: Optional[socket.socket]) -> None:
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -118,6 +120,14 @@ class _RootSide(asyncio.BufferedProtocol):
 
     def eof_received(self) -> bool:
         return False  # the transport closes itself; connection_lost follows
+
+    def pause_writing(self) -> None:
+        if self.attached:
+            self.conn._proxy.upstream_full(self.conn, True)
+
+    def resume_writing(self) -> None:
+        if self.attached:
+            self.conn._proxy.upstream_full(self.conn, False)
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         if self.attached:

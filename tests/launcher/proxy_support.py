@@ -180,7 +180,8 @@ class CuttableRelay:
     set (None, or beyond the list: at once), so a test can order when the proxy's connections
     to the root come up; ``accepted`` counts the connections accepted so far. ``reply_delay``
     (seconds, settable at any time) holds each chunk the root sends back that long: a slow
-    path, along which a request's answer comes late."""
+    path, along which a request's answer comes late. ``stalled`` (settable at any time) stops
+    reading what clients send, as a root that reads nothing: their writes back up."""
 
     def __init__(self, upstream_port: int, gates: Sequence[Optional[threading.Event]] = ()) -> None:
         self._upstream_port = upstream_port
@@ -192,6 +193,7 @@ class CuttableRelay:
         self._held: set = set()  # client sides whose bytes go nowhere
         self.accepted = 0
         self.reply_delay = 0.0
+        self.stalled = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -216,6 +218,8 @@ class CuttableRelay:
     def _pump(self, source, sink) -> None:  # type: ignore[no-untyped-def]
         from_root = source.getpeername()[1] == self._upstream_port
         while True:
+            while self.stalled and not from_root:
+                time.sleep(0.01)
             try:
                 data = source.recv(1 << 16)
                 if not data:

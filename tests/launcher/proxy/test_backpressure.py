@@ -16,7 +16,7 @@ from npu_job.launcher.protocol import Op, Request
 from npu_job.launcher.proxy.client import MAX_REPLIES_OWED, WRITE_HIGH_WATER
 from npu_job.launcher.storeclient import RawStoreClient
 
-from tests.launcher.proxy_support import LOOPBACK, LOOPS, ProxyProcess, tcp_store
+from tests.launcher.proxy_support import LOOPBACK, LOOPS, CuttableRelay, ProxyProcess, tcp_store
 
 pytest.importorskip("torch.distributed")
 DIALECT = torchcompat.store_dialect()
@@ -87,3 +87,38 @@ def test_a_client_that_does_not_read_holds_bounded_memory_and_slows_only_itself(
         assert other.call(Request(Op.GET, (b"/n",))) == str(len(latencies)).encode()
         slow.close()
         other.close()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_writes_to_a_root_that_reads_nothing_wait_in_the_clients_sockets_not_in_the_proxy(loop):
+    """A client pipelines 128 SETs of 1 MiB while the path to the root reads nothing: the proxy
+    stops taking requests once its connection to the root holds its high-water mark, so they
+    wait in the client's socket buffers (as straight to a stalled root) and the proxy's memory
+    stays flat; once the root reads again, every SET arrives and other clients go on."""
+    root = tcp_store(0, master=True)
+    relay = CuttableRelay(root.port)
+    value = b"v" * MIB
+    with ProxyProcess(relay.port, loop=loop) as proxy:
+        writer = RawStoreClient(LOOPBACK, proxy.port, dialect=DIALECT)
+        writer.call(Request(Op.SET, (b"/warm",), (value,)))  # the allocator's first large blocks
+        assert writer.call(Request(Op.GET, (b"/warm",))) == value
+        baseline = rss_bytes(proxy.proc.pid)
+        relay.stalled = True
+        sets = [Request(Op.SET, (b"/s%d" % i,), (value,)) for i in range(128)]
+        sender = threading.Thread(target=writer.send, args=sets)
+        sender.start()
+        peak = baseline
+        stop = time.monotonic() + 3.0
+        while time.monotonic() < stop:
+            peak = max(peak, rss_bytes(proxy.proc.pid))
+            time.sleep(0.02)
+        relay.stalled = False
+        sender.join(60)
+        assert not sender.is_alive()
+        # without the pause: 124-129 MiB (the SETs the proxy read, queued for the root)
+        assert peak - baseline < 32 * MIB, f"proxy RSS grew {(peak - baseline) / MIB:.0f} MiB"
+        assert writer.call(Request(Op.GET, (b"/s127",))) == value  # after its SETs, in order
+        assert root.num_keys() >= 129  # every one of them arrived
+        other = RawStoreClient(LOOPBACK, proxy.port, dialect=DIALECT)
+        assert other.call(Request(Op.GET, (b"/s0",))) == value
+    relay.close()
