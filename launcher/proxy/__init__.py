@@ -94,7 +94,10 @@ not yet taken, however many requests it pipelines; only its own connection slows
 connections to the root and every other client go on at full speed. Across clients, the proxy keeps
 up to 64 MiB of the buffers large reply strings were read into (``LARGE_BUFFERS_KEPT``) to read
 the next ones into, rather than allocating (and page-faulting) fresh ones: a quarter less CPU per
-GiB relayed on asyncio.
+GiB relayed on asyncio. Requests bound for a root that reads slower than they come (no-reply
+writes owe no reply, so the per-client caps do not stop them) are not queued without end either:
+while the main connection's transport holds its high-water mark, the proxy takes no client's
+requests, and they wait in the clients' socket buffers, as straight to a stalled root.
 
 Faults: a request that makes the root drop the connection it came on fails only its own client, as
 straight to the root. A well-formed client can send five such requests (malformed ones are refused
