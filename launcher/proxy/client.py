@@ -155,12 +155,9 @@ class Client(asyncio.BufferedProtocol):
         """
         pos = 0
         proxy = self.proxy
-        replies = self._replies
         self._consuming = True
         try:
-            while not self._blocked:
-                if self._write_paused or len(replies) >= MAX_REPLIES_OWED or proxy.main_full:
-                    break
+            while not self._held_back():
                 decoded = decode_request(buf, pos, proxy.dialect)
                 if decoded is None:
                     break

@@ -247,8 +247,7 @@ class AsyncStoreProxy(Waits):
                 client.serve_more()
 
     def on_upstream_lost(self, conn: Upstream) -> None:
-        if conn is self._main and self.main_full:
-            self.upstream_full(conn, False)
+        self.upstream_full(conn, False)  # a lost main connection holds nobody back
         if self._closing:
             return
         # dropped for the QUEUE_LEN the proxy asked (a root without queues): expected, once

@@ -155,11 +155,13 @@ class Waits:
             if not answer.cancelled() and answer.exception() is None:
                 if answer.result() == CheckReply.READY:
                     current = self._main
-                    if not (
-                        group.late and late_rounds < LATE_ROUNDS_AT_MOST and current is not None
-                    ):
-                        self._finish_group(group, None, wakes_all=True)
-                    elif not self._check_first(group, current, late_rounds + 1):
+                    asked_again = (
+                        group.late
+                        and late_rounds < LATE_ROUNDS_AT_MOST
+                        and current is not None
+                        and self._check_first(group, current, late_rounds + 1)
+                    )
+                    if not asked_again:
                         self._finish_group(group, None, wakes_all=True)
                     return
             group.state = "queued"  # not there (or the main connection broke: a WAIT tells)
