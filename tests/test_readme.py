@@ -127,3 +127,10 @@ def test_every_npu_job_flag_a_page_shows_is_one_its_command_takes(capsys):
                 assert "usage:" in helps[sub], f"{page.name}: npu-job {sub}: no such command"
             for flag in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", rest.split("|", 1)[0]):
                 assert flag in helps[sub], f"{page.name}: npu-job {sub} has no {flag}: {line}"
+
+
+def test_the_cpu_build_step_comes_before_the_install_it_must_precede():
+    """On plain PyPI the pinned install alone pulls torch's CUDA build, so the README shows the
+    CPU wheel step first, in the order a newcomer runs the commands."""
+    cpu = README.index("pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
+    assert cpu < README.index("pip install torch==2.13.0 -e '.[launcher,test]'")

@@ -44,3 +44,19 @@ def test_the_plan_example_runs_verbatim_from_the_inputs_the_demo_writes(
         remaining = iter(printed)  # the page's lines, in order, each one of the printed lines
         missing = [line for line in wanted if not any(line == seen for seen in remaining)]
         assert missing == [], f"{command!r} printed:\n" + "\n".join(printed)
+
+
+def test_the_readme_plan_commands_run_in_order_in_an_empty_directory(tmp_path, monkeypatch, capsys):
+    """The README shows where a rank table to plan comes from before it plans one, so a
+    newcomer's copy of its two lines works on a machine with no cluster."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    lines = [
+        line.split("  #", 1)[0].strip()
+        for line in readme.splitlines()
+        if line.startswith(("npu-job demo --write-inputs", "npu-job plan"))
+    ]
+    assert [line.split()[:2] for line in lines] == [["npu-job", "demo"], ["npu-job", "plan"]]
+    monkeypatch.chdir(tmp_path)
+    for command in lines:
+        assert main(shlex.split(command)[1:]) == 0, command
+    assert "plan: success" in capsys.readouterr().out
