@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import time
-from typing import AbstractSet, Any, Callable, Iterator, Sequence, Set
+from typing import AbstractSet, Any, Callable, Iterator, Optional, Sequence, Set
 
 logger = logging.getLogger(__name__)
 
@@ -208,16 +208,33 @@ def _failed_when(failure: Any, seen_at: float, monitor_interval: float) -> float
         return seen_at - monitor_interval
 
 
+NO_RECORD = "<NONE>"  # the message torch fills in for a worker that left no error file
+
+
 def failure_message(failure: Any) -> str:
     """The worker's own error (``@record``), else how it ended."""
-    if failure.error_file_data:
-        message = failure.message  # newer torch keeps the error file's {"message": ...} record
-        if isinstance(message, dict):
-            message = message.get("message", message)
-        return str(message)
+    recorded = recorded_error(failure.error_file_data)
+    if recorded is not None:
+        return recorded
     if failure.exitcode < 0:
         return f"killed by {failure.signal_name()}"
     return f"exited with code {failure.exitcode} (no @record error file; see its output)"
+
+
+def recorded_error(error_file_data: Any) -> Optional[str]:
+    """The error a worker's ``@record`` file holds, or None when it left none.
+
+    ``@record`` writes ``{"message": {"message": "RuntimeError: ...", "extraInfo": ...}}`` (a bare
+    string in place of the inner record is read alike, as torch does). Without a file, torch's
+    ``ProcessFailure`` holds ``{"message": "<NONE>"}`` and makes up a message of its own (a link
+    to its docs, from torch 2.x on), which says nothing about the worker.
+    """
+    message = error_file_data.get("message") if isinstance(error_file_data, dict) else None
+    if isinstance(message, dict):
+        message = message.get("message")
+    if not isinstance(message, str) or not message.strip() or message == NO_RECORD:
+        return None
+    return message
 
 
 def recorded_launch() -> Callable[..., Any]:

@@ -49,14 +49,14 @@ from npu_job.errors import (
     report_error,
 )
 from npu_job.logs import setup_logging
+from npu_job.parsing import is_false, is_true
 
 from . import noderank
 
 PROG = "npu-run"
 DEFAULT_MASTER_PORT = 29500  # torchrun's
 EXIT_WORKERS_FAILED = 1  # what torchrun exits with when a worker fails
-TRUE_WORDS = ("true", "1", "yes", "on")
-FALSE_WORDS = ("false", "0", "no", "off", "")
+DEFAULT_JOIN_TIMEOUT = 600  # seconds: torch's dynamic rendezvous's, and the parallel backend's
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
         "else VC_TASK_INDEX, else 0."
     )
     options["--nproc-per-node"].help = (
-        "Workers per node: N, or auto (NPUs if torch_npu sees any, else GPUs, else CPUs), npu, "
+        "Workers per node: N, or auto (NPUs if torch_npu sees any, else the devices of torch's "
+        "accelerator: GPUs, XPUs, ..., else CPUs), npu, "
         "gpu, cpu (or torch's xpu / custom device names). CPUs are those this process may use: "
         "its affinity, capped by its cgroup's CPU quota (a pod's CPU limit)."
     )
@@ -144,10 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_bool(value: Any, flag: str) -> bool:
-    text = str(value).strip().lower()
-    if text in TRUE_WORDS:
+    """A true/false flag in the words every npu-job switch takes; empty (a ``PET_*`` variable
+    set to nothing) is the default, false."""
+    text = str(value)
+    if is_true(text):
         return True
-    if text in FALSE_WORDS:
+    if is_false(text) or not text.strip():
         return False
     raise UsageError(f"{flag}: expected true or false, got {value!r}")
 
@@ -327,6 +330,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     config, cmd, cmd_args = launch_config(args)
     cmd, cmd_args = pdeath.wrap(cmd, cmd_args, os.getpid())
     backend.register()
+    backend.forget_verdicts()  # an earlier launch of this process had its own cause
     previous_handler = _install_early_signal_handler()
     try:
         agent.recorded_launch()(config, cmd, cmd_args)
@@ -346,7 +350,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             logger.info("rendezvous failed: %s", error)
             print_error(verdict.line(found), PROG)
             return LaunchError.exit_code
-        raise LaunchError(f"rendezvous failed: {error}") from None
+        raise LaunchError(f"rendezvous failed: {rendezvous_failure(error, config)}") from None
     except SignalException as caught:
         backend.stop_all_for_signal(caught.sigval.name)
         logger.warning("received %s: stopped the workers and the store", caught.sigval.name)
@@ -355,6 +359,31 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         backend.close_all()
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
+
+
+def rendezvous_failure(error: BaseException, config: Any) -> str:
+    """What failed, for a rendezvous error: its text, or where torch gives none (its c10d backend
+    raises a bare ``RendezvousTimeoutError`` when the nodes do not all come), its type, the
+    rendezvous that failed and what that type means."""
+    name = type(error).__name__
+    text = str(error).strip()
+    if text:
+        return text
+    nodes = str(config.min_nodes)
+    if config.max_nodes != config.min_nodes:
+        nodes += f":{config.max_nodes}"
+    where = f"the {config.rdzv_backend} rendezvous {config.run_id!r} at {config.rdzv_endpoint}"
+    if name == "RendezvousTimeoutError":
+        timeout = config.rdzv_configs.get("join_timeout", DEFAULT_JOIN_TIMEOUT)
+        why = (
+            f"fewer than the {config.min_nodes} node(s) of --nnodes={nodes} joined it within "
+            f"join_timeout ({timeout}s)"
+        )
+    elif name == "RendezvousClosedError":
+        why = "it was closed (another node finished or gave up)"
+    else:
+        why = "torch gave no reason"
+    return f"{name}: {where}: {why}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
