@@ -8,10 +8,10 @@ through the files they write. One launch checks what several torch tests check w
 settings allow it: a launch costs seconds. Where npu-run answers differently on purpose (its exit
 codes, docs/launcher.md), the test holds that choice.
 
-torch's tests that only check torch's internals through mocks (test_launch_elastic_agent_raise_
-exception, test_launch_shutdown, the ``events.record`` calls) have no behaviour of npu-run to
-compare, test_is_not_torchelastic_launched runs no launcher, and test_virtual_local_rank needs two
-GPUs. For ``--nproc-per-node=auto`` on CPUs npu-run counts the CPUs this process may use, where
+torch's tests that only check torch's internals through mocks
+(test_launch_elastic_agent_raise_exception, test_launch_shutdown, the ``events.record`` calls)
+have no behaviour of npu-run to compare, test_is_not_torchelastic_launched runs no launcher, and
+test_virtual_local_rank needs two GPUs. For ``--nproc-per-node=auto`` on CPUs npu-run counts the CPUs this process may use, where
 torchrun counts the host's (docs/launcher.md): the choice is tested in test_cpus.py.
 """
 
