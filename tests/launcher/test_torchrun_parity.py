@@ -314,7 +314,7 @@ def test_a_failing_rendezvous_keeps_its_own_text_or_names_its_type():
 # -- a worker's failure, twice in one process -----------------------------------------------
 
 
-def test_each_launch_names_its_own_failure_with_or_without_record(tmp_path, capsys):
+def test_each_launch_names_its_own_failure_with_or_without_record(tmp_path, capfd):
     """torch's test_launch_elastic_worker_raise_exception (a failing worker ends the launch with
     torch's ChildFailedError summary; npu-run exits 1 and adds the cause line). The first worker
     has no @record: torch's placeholder (a link to its docs) is no cause, npu-run says how it
@@ -334,7 +334,7 @@ def test_each_launch_names_its_own_failure_with_or_without_record(tmp_path, caps
             *worker_args,
         ]
         assert run.main(argv) == run.EXIT_WORKERS_FAILED
-        err = capsys.readouterr().err
+        err = capfd.readouterr().err
         assert "npu-run: error: ChildFailedError:" in err
         return err.strip().splitlines()[-1]
 
