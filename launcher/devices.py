@@ -4,9 +4,13 @@ N).
 torchrun's ``auto`` only knows the accelerator torch has loaded; Ascend's ``torch_npu`` registers
 itself only once imported, so a plain torchrun on an NPU node counts CPUs. ``npu-run`` imports
 ``torch_npu`` lazily (only for ``auto``/``npu``) and guarded (a broken or absent ``torch_npu`` is
-"no NPUs", not a crash), then picks NPUs, else GPUs, else CPUs.
+"no NPUs", not a crash), then picks NPUs, else torchrun's own choice: the devices of
+``torch.accelerator`` when it has one available (CUDA, XPU, MPS, a custom backend: torch 2.6+),
+else, on a torch without ``torch.accelerator``, CUDA GPUs; else CPUs (those this process may
+use, where torchrun counts the host's).
 
-The choice itself is pure (:func:`resolve_nproc_per_node` takes a :class:`DeviceCounts`);
+The choice itself is pure (:func:`resolve_nproc_per_node` takes a :class:`DeviceCounts`, which
+holds what torch answered, so every case is tested with values: no test machine has an XPU);
 :func:`probe_devices` is the edge that asks torch.
 """
 
@@ -28,11 +32,17 @@ DEVICE_KINDS = ("auto", "npu", "gpu", "cpu")
 
 @dataclass(frozen=True)
 class DeviceCounts:
-    """Devices visible on this node (0 when the kind is absent or its runtime is missing)."""
+    """Devices visible on this node (0 when the kind is absent or its runtime is missing).
+
+    ``accelerator`` is ``torch.accelerator``'s answer: the type of the accelerator available
+    (``"cuda"``, ``"xpu"``, ...) and its device count, or ``("", 0)`` when none is available or
+    torch has no ``torch.accelerator`` (before 2.6).
+    """
 
     npu: int
     gpu: int
     cpu: int
+    accelerator: Tuple[str, int] = ("", 0)
 
 
 def resolve_nproc_per_node(value: str, counts: Callable[[], DeviceCounts]) -> Tuple[int, str]:
@@ -54,9 +64,13 @@ def resolve_nproc_per_node(value: str, counts: Callable[[], DeviceCounts]) -> Tu
         )
     found = counts()
     if kind == "auto":
-        for name in ("npu", "gpu"):
-            if getattr(found, name) > 0:
-                return getattr(found, name), name
+        accelerator, devices = found.accelerator
+        if found.npu > 0:
+            return found.npu, "npu"
+        if devices > 0:  # torchrun's auto: whatever accelerator torch has
+            return devices, "gpu" if accelerator == "cuda" else accelerator
+        if found.gpu > 0:
+            return found.gpu, "gpu"
         return max(found.cpu, 1), "cpu"
     number = getattr(found, kind)
     if number < 1:
@@ -93,6 +107,11 @@ def _count_gpus() -> int:
 
 
 def probe_devices() -> DeviceCounts:
-    """Count this node's NPUs, GPUs and usable CPUs (its quota counted: :mod:`.cpus`; imports
-    torch, and torch_npu if present)."""
-    return DeviceCounts(npu=_count_npus(), gpu=_count_gpus(), cpu=usable_cpus())
+    """Count this node's NPUs, GPUs, usable CPUs (its quota counted: :mod:`.cpus`) and the
+    accelerator torch reports (imports torch, and torch_npu if present)."""
+    from .torchcompat import accelerator_devices
+
+    npus = _count_npus()  # first: torch_npu registers its accelerator with torch on import
+    return DeviceCounts(
+        npu=npus, gpu=_count_gpus(), cpu=usable_cpus(), accelerator=accelerator_devices()
+    )

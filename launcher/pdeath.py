@@ -14,6 +14,13 @@ standard library): that start costs a fraction of a full one, which the worker p
 Every argument before the worker's own starts with ``-`` (the ``-c`` code too), so that torch
 still names the script (it reports the first argument that does not) in its failure summary.
 Off Linux the wrapper only ``exec``s.
+
+``--run-path`` is no command: torchrun then hands its agent a function (torch's
+``run_script_path``, ``runpy.run_path`` of the script), which torch's agent runs in a process
+its ``--start-method`` makes (spawn by default), under ``@record``. torch gives that process
+SIGINT as its parent-death signal, which a worker stuck in C code (a collective whose peer is
+gone) never acts on. npu-run keeps torch's way and puts :func:`run_script_path` in front of
+torch's function: it sets SIGKILL instead, checks that the agent still lives, and calls it.
 """
 
 from __future__ import annotations
@@ -52,8 +59,14 @@ PR_SET_PDEATHSIG = 1
 EXIT_ORPHANED = 137  # as if the signal had come: 128 + SIGKILL
 
 
-def wrap(entrypoint: str, args: "Sequence[str]", parent_pid: int) -> "tuple[str, list[str]]":
-    """torch's worker command ``entrypoint args`` behind the wrapper, for agent ``parent_pid``."""
+def wrap(entrypoint: "str | Callable", args: "Sequence[str]", parent_pid: int) -> "tuple":
+    """torch's worker command ``entrypoint args`` behind the wrapper, for agent ``parent_pid``.
+
+    A function (``--run-path``: torch's ``run_script_path``) is put behind :func:`run_script_path`
+    instead: ``(run_script_path, [parent_pid, torch's function, *args])``.
+    """
+    if callable(entrypoint):
+        return run_script_path, [str(parent_pid), entrypoint, *args]
     head = [*launch(), f"{PARENT_FLAG}{parent_pid}"]
     if entrypoint != sys.executable:  # --no_python: a program of its own
         head.append(f"{EXEC_FLAG}{entrypoint}")
@@ -66,6 +79,35 @@ def set_parent_death_signal(signum: int = signal.SIGKILL) -> bool:
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     return libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+
+
+def _orphaned(parent: int) -> bool:
+    """The agent ``parent`` died before the signal was armed (its child is now another's).
+
+    Under ``--start-method=forkserver`` the worker's parent is torch's fork server, not the agent:
+    the signal then ties it to the server, which ends with the agent; the agent is looked up by
+    its pid instead.
+    """
+    if os.getppid() == parent:
+        return False
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's: not the agent, whose child we are
+        return True
+    return False
+
+
+def run_script_path(parent: str, function: "Callable", *args: str) -> object:
+    """``--run-path``'s worker: the parent-death signal, then torch's ``function(*args)``.
+
+    Its name is torch's, which torch's failure summary shows, as under torchrun.
+    """
+    set_parent_death_signal()
+    if _orphaned(int(parent)):
+        os._exit(EXIT_ORPHANED)
+    return function(*args)
 
 
 def parse(argv: "Sequence[str]") -> "tuple[int, str | None, list[str]]":

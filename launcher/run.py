@@ -14,35 +14,28 @@ config is built by torch's ``config_from_args``, and ``elastic_launch`` runs tor
   tracebacks, and a clean exit on SIGTERM/SIGINT;
 * faults named the same way on every node (the ``parallel`` backend's watch, see
   :mod:`.rendezvous.watch`): torch's agent is subclassed only to report its workers' final
-  failure to that watch before it stops, and every worker starts behind :mod:`.pdeath`, so it
-  dies with a SIGKILLed agent;
+  failure to that watch before it stops (:mod:`.agent`), and every worker starts behind
+  :mod:`.pdeath`, so it dies with a SIGKILLed agent;
 * a worker killed while ``@record`` wrote its error file is reported by its signal, where torch's
-  agent would fail parsing the half-written file.
+  agent would fail parsing the half-written file (:mod:`.agent`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import json
 import logging
 import os
 import signal
 import sys
 import textwrap
-import time
 import uuid
 from typing import (
-    AbstractSet,
     Any,
-    Callable,
-    Iterator,
     List,
     Mapping,
     Optional,
     Sequence,
-    Set,
     Tuple,
 )
 
@@ -56,14 +49,14 @@ from npu_job.errors import (
     report_error,
 )
 from npu_job.logs import setup_logging
+from npu_job.parsing import is_false, is_true
 
 from . import noderank
 
 PROG = "npu-run"
 DEFAULT_MASTER_PORT = 29500  # torchrun's
 EXIT_WORKERS_FAILED = 1  # what torchrun exits with when a worker fails
-TRUE_WORDS = ("true", "1", "yes", "on")
-FALSE_WORDS = ("false", "0", "no", "off", "")
+DEFAULT_JOIN_TIMEOUT = 600  # seconds: torch's dynamic rendezvous's, and the parallel backend's
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
         "else VC_TASK_INDEX, else 0."
     )
     options["--nproc-per-node"].help = (
-        "Workers per node: N, or auto (NPUs if torch_npu sees any, else GPUs, else CPUs), npu, "
+        "Workers per node: N, or auto (NPUs if torch_npu sees any, else the devices of torch's "
+        "accelerator: GPUs, XPUs, ..., else CPUs), npu, "
         "gpu, cpu (or torch's xpu / custom device names). CPUs are those this process may use: "
         "its affinity, capped by its cgroup's CPU quota (a pod's CPU limit)."
     )
@@ -151,10 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_bool(value: Any, flag: str) -> bool:
-    text = str(value).strip().lower()
-    if text in TRUE_WORDS:
+    """A true/false flag in the words every npu-job switch takes; empty (a ``PET_*`` variable
+    set to nothing) is the default, false."""
+    text = str(value)
+    if is_true(text):
         return True
-    if text in FALSE_WORDS:
+    if is_false(text) or not text.strip():
         return False
     raise UsageError(f"{flag}: expected true or false, got {value!r}")
 
@@ -299,209 +295,6 @@ def launch_config(args: argparse.Namespace) -> Tuple[Any, Any, List[str]]:
     return config, cmd, cmd_args
 
 
-def _launch(config: Any, entrypoint: Any, cmd_args: Sequence[str]) -> Any:
-    from torch.distributed.elastic.multiprocessing import api as processes
-    from torch.distributed.launcher import api
-
-    with contextlib.ExitStack() as replaced:
-        # the names launch_agent builds its agent from, and the process contexts their failures
-        replaced.enter_context(_replaced(api, "LocalElasticAgent", _watched_agent_class()))
-        replaced.enter_context(_replaced(processes, "ProcessFailure", _readable_failure_class()))
-        return api.elastic_launch(config=config, entrypoint=entrypoint)(*cmd_args)
-
-
-@contextlib.contextmanager
-def _replaced(module: Any, name: str, value: Any) -> Iterator[None]:
-    original = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
-
-
-def _readable_failure_class() -> type:
-    """torch's ``ProcessFailure``, taking an unreadable error file for a missing one.
-
-    ``@record`` writes a worker's error file in place: it opens it for writing, then dumps the
-    JSON. A worker killed between the two (by the OOM killer, or by its agent stopping the group
-    while it was failing too, as the peers of a failed worker do) leaves an empty file, and
-    torch's ``ProcessFailure`` raises parsing it: the agent ends with a ``JSONDecodeError``
-    instead of the failure. A failure whose file cannot be read is reported as one without a
-    file: by its exit code or signal.
-    """
-    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-
-    class ReadableFailure(ProcessFailure):  # type: ignore[misc, valid-type]
-        def __post_init__(self) -> None:
-            if not _error_file_readable(self.error_file):
-                logger.info(
-                    "worker pid %s left an unreadable error file %s (stopped while writing it?)",
-                    self.pid,
-                    self.error_file,
-                )
-                self.error_file = ""  # no such file: torch takes the no-reply path
-            super().__post_init__()
-
-    return ReadableFailure
-
-
-def _error_file_readable(path: str) -> bool:
-    """False when ``path`` exists but holds no JSON (missing is torch's own, handled case)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            json.load(handle)
-    except FileNotFoundError:
-        return True
-    except (OSError, ValueError):
-        return False
-    return True
-
-
-def _watched_agent_class() -> type:
-    """torch's ``LocalElasticAgent``, reporting a final worker failure to the rendezvous first.
-
-    When the workers failed for good, the ``parallel`` rendezvous learns which node caused the
-    end before this agent goes on (it may be another node: then
-    :class:`~.rendezvous.watch.JobStopped` unwinds this one, and only the culprit prints torch's
-    failure summary). The report is made where torch stops the failed group, before it does:
-    torch 2.4–2.6 shut the rendezvous down inside ``_stop_workers``, so after it there would be
-    nobody left to report to.
-    """
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
-    class WatchedAgent(LocalElasticAgent):  # type: ignore[misc, valid-type]
-        _npu_final: Any = None  # the failed result no restart is left for
-        _npu_failed_at = 0.0
-        _npu_stopped: AbstractSet[int] = frozenset()  # pids torch itself stopped, this attempt
-
-        def _start_workers(self, *args: Any, **kwargs: Any) -> Any:
-            assigned = super()._start_workers(*args, **kwargs)
-            self._npu_stopped = _pids_running_at_close(self._pcontext)
-            return assigned
-
-        def _monitor_workers(self, *args: Any, **kwargs: Any) -> Any:
-            result = super()._monitor_workers(*args, **kwargs)
-            if result.is_failed():
-                self._npu_failed_at = time.time()  # when this agent saw it (the last attempt's)
-                if self._remaining_restarts <= 0:
-                    self._npu_final = result
-            return result
-
-        def _stop_workers(self, *args: Any, **kwargs: Any) -> Any:
-            final, self._npu_final = self._npu_final, None
-            if final is not None:  # torch stops the group for good next: may raise JobStopped
-                _settle_failure(
-                    self._worker_group.spec.rdzv_handler,  # torch 2.1's agent: no _rdzv_handler
-                    final,
-                    self._npu_failed_at or time.time(),
-                    float(self._worker_group.spec.monitor_interval),
-                    self._npu_stopped,
-                )
-            return super()._stop_workers(*args, **kwargs)
-
-        def _invoke_run(self, *args: Any, **kwargs: Any) -> Any:
-            handler = self._worker_group.spec.rdzv_handler
-            outcome = getattr(handler, "report_outcome", lambda outcome: None)
-            outcome("running")
-            result = super()._invoke_run(*args, **kwargs)
-            if not result.is_failed():
-                outcome("succeeded")
-            return result
-
-    return WatchedAgent
-
-
-def _pids_running_at_close(pcontext: Any) -> Set[int]:
-    """The pids of the workers still running when torch stops them, filled in as it does.
-
-    Once one worker fails, torch's process context SIGTERMs the others, and torch 2.13+ counts
-    them among the group's failures too. Without an error file they are dated like any worker a
-    signal ended (the start of the monitor interval), so one of them could be named the cause;
-    they are its consequence. Collected where the context closes, before it signals anyone.
-    """
-    running: Set[int] = set()
-    close = pcontext.close
-
-    def close_noting_the_running(*args: Any, **kwargs: Any) -> Any:
-        running.update(pid for pid in pcontext.pids().values() if _running_child(pid))
-        return close(*args, **kwargs)
-
-    pcontext.close = close_noting_the_running
-    return running
-
-
-def _running_child(pid: int) -> bool:
-    """Whether child ``pid`` has not ended (without reaping it: torch's ``Popen`` does that)."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
-    except ChildProcessError:  # reaped already: it ended
-        return False
-
-
-def _settle_failure(
-    handler: Any, result: Any, failed_at: float, interval: float, stopped: AbstractSet[int]
-) -> None:
-    """Report this node's cause of the end: its earliest failure not stopped by torch itself."""
-    from .rendezvous import handler as backend
-    from .rendezvous.verdict import FailureReport
-
-    if not isinstance(handler, backend.ParallelRendezvousHandler) or not result.failures:
-        return
-    failures = {
-        rank: failure for rank, failure in result.failures.items() if failure.pid not in stopped
-    } or result.failures
-    when = {rank: _failed_when(failure, failed_at, interval) for rank, failure in failures.items()}
-    rank = min(when, key=lambda worker: (when[worker], worker))
-    failure = failures[rank]
-    handler.settle_failure(
-        FailureReport(
-            node_rank=handler.settings.node_rank,
-            seen_at=when[rank],
-            worker_rank=int(rank),
-            local_rank=int(failure.local_rank),
-            pid=int(failure.pid),
-            exit_code=int(failure.exitcode),
-            message=_failure_message(failure),
-        )
-    )
-
-
-def _failed_when(failure: Any, seen_at: float, monitor_interval: float) -> float:
-    """When the worker failed, as precisely as this node knows.
-
-    The error file ``@record`` writes at the exception is stamped to the nanosecond (its
-    modification time); a worker that failed because a peer died writes its own after the
-    peer's process has ended, so the root cause of a cascade is the earliest file. A worker
-    without one (a signal, ``os._exit``) died at some time within the agent's last monitor
-    interval: taken at its start.
-    """
-    try:
-        return os.stat(failure.error_file).st_mtime
-    except (OSError, TypeError, ValueError):
-        return seen_at - monitor_interval
-
-
-def _failure_message(failure: Any) -> str:
-    """The worker's own error (``@record``), else how it ended."""
-    if failure.error_file_data:
-        message = failure.message  # newer torch keeps the error file's {"message": ...} record
-        if isinstance(message, dict):
-            message = message.get("message", message)
-        return str(message)
-    if failure.exitcode < 0:
-        return f"killed by {failure.signal_name()}"
-    return f"exited with code {failure.exitcode} (no @record error file; see its output)"
-
-
-def _recorded_launch() -> Callable[..., Any]:
-    # @record, as on torchrun's main: with TORCHELASTIC_ERROR_FILE set (by a scheduler), the
-    # first failed worker's error file becomes the launcher's.
-    from torch.distributed.elastic.multiprocessing.errors import record
-
-    return record(_launch)
-
-
 def _terminate_on(signum: int, frame: Any) -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -528,7 +321,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousError
 
-    from . import pdeath
+    from . import agent, pdeath
     from .rendezvous import handler as backend
     from .rendezvous import verdict
     from .rendezvous.watch import JobStopped
@@ -537,9 +330,10 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     config, cmd, cmd_args = launch_config(args)
     cmd, cmd_args = pdeath.wrap(cmd, cmd_args, os.getpid())
     backend.register()
+    backend.forget_verdicts()  # an earlier launch of this process had its own cause
     previous_handler = _install_early_signal_handler()
     try:
-        _recorded_launch()(config, cmd, cmd_args)
+        agent.recorded_launch()(config, cmd, cmd_args)
         return 0
     except ChildFailedError as failed:
         print_error(f"{type(failed).__name__}:{failed}", PROG)
@@ -556,7 +350,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             logger.info("rendezvous failed: %s", error)
             print_error(verdict.line(found), PROG)
             return LaunchError.exit_code
-        raise LaunchError(f"rendezvous failed: {error}") from None
+        raise LaunchError(f"rendezvous failed: {rendezvous_failure(error, config)}") from None
     except SignalException as caught:
         backend.stop_all_for_signal(caught.sigval.name)
         logger.warning("received %s: stopped the workers and the store", caught.sigval.name)
@@ -565,6 +359,31 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         backend.close_all()
         if previous_handler is not None:
             signal.signal(signal.SIGTERM, previous_handler)
+
+
+def rendezvous_failure(error: BaseException, config: Any) -> str:
+    """What failed, for a rendezvous error: its text, or where torch gives none (its c10d backend
+    raises a bare ``RendezvousTimeoutError`` when the nodes do not all come), its type, the
+    rendezvous that failed and what that type means."""
+    name = type(error).__name__
+    text = str(error).strip()
+    if text:
+        return text
+    nodes = str(config.min_nodes)
+    if config.max_nodes != config.min_nodes:
+        nodes += f":{config.max_nodes}"
+    where = f"the {config.rdzv_backend} rendezvous {config.run_id!r} at {config.rdzv_endpoint}"
+    if name == "RendezvousTimeoutError":
+        timeout = config.rdzv_configs.get("join_timeout", DEFAULT_JOIN_TIMEOUT)
+        why = (
+            f"fewer than the {config.min_nodes} node(s) of --nnodes={nodes} joined it within "
+            f"join_timeout ({timeout}s)"
+        )
+    elif name == "RendezvousClosedError":
+        why = "it was closed (another node finished or gave up)"
+    else:
+        why = "torch gave no reason"
+    return f"{name}: {where}: {why}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -26,6 +26,8 @@ QUEUE_* opcodes                 2.8      the proxy refuses them like the root wo
 BARRIER opcode                  2.12     as QUEUE_*
 ``torchrun.handlers`` entry     after    plain ``torchrun --rdzv_backend=parallel`` needs it;
 points                          2.4      npu-run registers the backend itself
+``torch.accelerator``           2.6      ``--nproc_per_node=auto`` counts CUDA GPUs (then CPUs),
+                                         as torchrun did (:func:`accelerator_devices`)
 ==============================  =======  ===================================================
 
 The store dialect is learned by watching the installed client talk to a socket of ours
@@ -72,6 +74,24 @@ HAS_RENDEZVOUS_INFO = hasattr(elastic_rendezvous, "RendezvousInfo")
 HAS_LIST_KEYS = hasattr(TCPStore, "list_keys")
 HAS_QUEUES = hasattr(dist.Store, "queue_push")
 HAS_BARRIER = hasattr(dist.Store, "barrier")
+
+
+def accelerator_devices() -> Tuple[str, int]:
+    """``(type, device count)`` of the accelerator ``torch.accelerator`` has available, as
+    torchrun's ``--nproc_per_node=auto`` reads it; ``("", 0)`` without one, or before 2.6."""
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None or not hasattr(accelerator, "current_accelerator"):
+        return "", 0
+    try:
+        if not accelerator.is_available():
+            return "", 0
+        device = accelerator.current_accelerator()
+        return (str(device.type) if device is not None else ""), int(accelerator.device_count())
+    except Exception as error:  # a driver that fails: as torch_npu's, no devices
+        logger.warning("torch.accelerator cannot count its devices: %s", error)
+        return "", 0
 
 
 def has_entry_point_handlers() -> bool:

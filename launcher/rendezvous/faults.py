@@ -98,13 +98,20 @@ def proxy_problem(proxy: NodeStoreProxy, port: int) -> Optional[str]:
     return None
 
 
-# Verdicts this process's handlers reached, oldest first (npu-run prints the first).
+# Verdicts this process's handlers reached since the launch began, oldest first (npu-run prints
+# the first). A process may launch more than once (a library caller, the tests): each launch
+# starts with none (forget_verdicts), so a second launch never reports the first one's cause.
 _VERDICTS: List[Verdict] = []
 
 
 def last_verdict() -> Optional[Verdict]:
-    """The verdict this process's rendezvous reached, if any (npu-run's last line)."""
+    """The verdict this launch's rendezvous reached, if any (npu-run's last line)."""
     return _VERDICTS[0] if _VERDICTS else None
+
+
+def forget_verdicts() -> None:
+    """A new launch begins: the verdicts of earlier launches in this process are not its own."""
+    del _VERDICTS[:]
 
 
 class NodeFaults:

@@ -76,6 +76,7 @@ from .faults import (
     NodeFaults,
     NodeStoreProxy,
     ProxyFactory,
+    forget_verdicts,
     last_verdict,
     start_store_proxy,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "ParallelSettings",
     "close_all",
     "create_handler",
+    "forget_verdicts",
     "last_verdict",
     "register",
     "settings_from_params",

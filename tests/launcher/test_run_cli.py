@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from npu_job.launcher import devices, noderank, run
 
+from npu_job import parsing
 from npu_job.errors import LaunchError
 
 from .cluster import WORKERS, free_port
@@ -24,15 +25,7 @@ from .cluster import WORKERS, free_port
 SCRIPT = str(WORKERS / "record_env.py")
 
 
-@pytest.fixture(autouse=True)
-def clean_launcher_env(monkeypatch, tmp_path):
-    """No PET_* or bootstrap variables from the surrounding shell; no real /tmp/RANK_AFTER_ACC."""
-    import os
-
-    for name in list(os.environ):
-        if name.startswith("PET_") or name in ("RANK_AFTER_ACC", "VC_TASK_INDEX"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("NPU_JOB_OUTPUT_DIR", str(tmp_path / "bootstrap-out"))
+pytestmark = pytest.mark.usefixtures("clean_launcher_env")
 
 
 def parse(argv):
@@ -103,6 +96,17 @@ def test_flags_win_over_pet_variables(monkeypatch):
     monkeypatch.setenv("PET_ENABLE_TIERED_PARALLEL_TCPSTORE", "true")
     args = parse(["--enable_tiered_parallel_tcpstore=false", "train.py"])
     assert run.prepare(args, {}).enable_tiered_parallel_tcpstore is False
+
+
+def test_the_tiered_switch_takes_the_words_of_every_npu_job_switch():
+    """One declaration of true and false (npu_job.parsing) for npu-run and the rest; an empty
+    PET_* variable is the default, false."""
+    for word in parsing.TRUE_WORDS:
+        assert run.parse_bool(f" {word.upper()} ", "--x") is True
+    for word in (*parsing.FALSE_WORDS, "", " "):
+        assert run.parse_bool(word.title(), "--x") is False
+    with pytest.raises(run.UsageError, match="--x: expected true or false, got 'maybe'"):
+        run.parse_bool("maybe", "--x")
 
 
 def test_parallel_launch_config_carries_node_rank_and_tiering():
