@@ -55,7 +55,7 @@ try:
     import _fabric_net as net
     from _report import publish
     from npu_job.bootstrap import planner, scorer
-    from npu_job.bootstrap.model import Collective, Plan, Topology
+    from npu_job.bootstrap.base.model import Collective, Plan, Topology
 except ImportError:
     # An unprivileged user may not even be able to read a root-owned install; the fabric needs
     # root anyway, so say that (and exit as unavailable) rather than show the import's traceback.

@@ -28,7 +28,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from _report import publish
 from npu_job.bootstrap import planner, scorer
-from npu_job.bootstrap.model import Collective, PlanStatus
+from npu_job.bootstrap.base.model import Collective, PlanStatus
 from npu_job.demo.synthetic import synthetic_cluster
 
 

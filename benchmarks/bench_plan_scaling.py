@@ -24,7 +24,7 @@ from typing import List, Sequence, Tuple
 
 from _report import publish
 from npu_job.bootstrap import planner
-from npu_job.bootstrap.model import Collective, PlanStatus
+from npu_job.bootstrap.base.model import Collective, PlanStatus
 from npu_job.demo.synthetic import synthetic_cluster
 
 TOLERANCE = 1.5  # allowed growth of time / (n log2 n) from the smallest to the largest size

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple, Optional, Tuple
 
-from .model import RankTable, Topology
+from .base.model import RankTable, Topology
 from .options import BootstrapOptions
 from .sources import Verify, locate_rank_table, read_bytes
 

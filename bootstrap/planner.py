@@ -53,7 +53,7 @@ from npu_job.errors import shown
 from npu_job.podfacts import MIN_NODES
 
 from . import canonical
-from .model import (
+from .base.model import (
     Collective,
     Plan,
     PlanStatus,

@@ -21,9 +21,9 @@ from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 
 from npu_job.errors import EXIT_OK, InputError, NpuJobError, shown
 
-from .model import Collective, Plan, PlanStatus, RankTable, Topology
+from .base.model import Collective, Plan, PlanStatus, RankTable, Topology
+from .base.payload import verbatim_or_shown
 from .options import BootstrapOptions, resolve, resolve_one
-from .payload import verbatim_or_shown
 from .sources import (
     Verify,
     is_url,

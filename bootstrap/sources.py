@@ -32,12 +32,12 @@ from npu_job.podfacts import (
     RANKTABLE_TOR_NAME,
 )
 
-from .options import SERVICE_ACCOUNT_DIR, SERVICE_ACCOUNT_ENV
-from .payload import (
+from .base.payload import (
     MAX_INPUT_BYTES,
     check_size,
     verbatim_or_shown,
 )
+from .options import SERVICE_ACCOUNT_DIR, SERVICE_ACCOUNT_ENV
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +116,11 @@ def http_session(retries: int = HTTP_RETRIES, backoff: float = HTTP_BACKOFF) -> 
 
 def _bounded_adapter(base: Any) -> Any:
     """``requests``' adapter whose connections end every answer by the adapter's ``deadline``
-    (:func:`~npu_job.bootstrap.deadline.bounded_connection`), proxied ones too."""
+    (:func:`~npu_job.bootstrap.base.deadline.bounded_connection`), proxied ones too."""
     from urllib3 import HTTPConnectionPool, HTTPSConnectionPool
     from urllib3.connection import HTTPConnection, HTTPSConnection
 
-    from .deadline import bounded_connection
+    from .base.deadline import bounded_connection
 
     plain, secure = bounded_connection(HTTPConnection), bounded_connection(HTTPSConnection)
     pools = {
@@ -162,7 +162,7 @@ def fetch_url(
 
     import requests
 
-    from .deadline import DeadlinePassed
+    from .base.deadline import DeadlinePassed
 
     label = name or url
     http = session or http_session()

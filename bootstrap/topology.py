@@ -46,7 +46,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from npu_job.errors import shown
 
-from .fields import (
+from .base.fields import (
     expect_count,
     expect_list,
     expect_object,
@@ -58,9 +58,9 @@ from .fields import (
     require_str,
     require_unique_id,
 )
-from .jsondecode import decode_typed, parse_json
-from .model import Placement, RankTable, Topology
-from .payload import decode_document, encode_b64_gzip, json_text
+from .base.jsondecode import decode_typed, parse_json
+from .base.model import Placement, RankTable, Topology
+from .base.payload import decode_document, encode_b64_gzip, json_text
 
 logger = logging.getLogger(__name__)
 

@@ -46,8 +46,8 @@ from typing import Any, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from npu_job.errors import InputError, shown
 
-from ..fields import expect_str
-from ..model import Placement
+from ..base.fields import expect_str
+from ..base.model import Placement
 
 CABINET_LABEL = "cce.kubectl.kubernetes.io/cabinet"
 VOLCANO_TOR_LABEL = "volcano.sh/tor"

@@ -265,7 +265,7 @@ def _report(
 
 
 def _path_text(entry: Dict[str, Any]) -> str:
-    from npu_job.bootstrap.payload import verbatim_or_shown
+    from npu_job.bootstrap.base.payload import verbatim_or_shown
 
     parts = list(map(verbatim_or_shown, entry["tiers"]))
     if entry["tors"]:
@@ -288,8 +288,8 @@ def _fraction(value: Optional[float]) -> str:
 
 def _text(report: Dict[str, Any]) -> List[str]:
     """The report as lines for a terminal; ids that are not short printable text are quoted
-    (:func:`~npu_job.bootstrap.payload.verbatim_or_shown`), ``--json`` has them as written."""
-    from npu_job.bootstrap.payload import verbatim_or_shown
+    (:func:`~npu_job.bootstrap.base.payload.verbatim_or_shown`), ``--json`` has them as written."""
+    from npu_job.bootstrap.base.payload import verbatim_or_shown
 
     ours = report["scores"]["ours"]
     lines = [

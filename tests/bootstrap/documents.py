@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
+from npu_job.bootstrap.base.model import RankTable, Topology
 from npu_job.bootstrap.kube.objects import decode_objects
 from npu_job.bootstrap.kube.topology import KubeContext
-from npu_job.bootstrap.model import RankTable, Topology
 from npu_job.bootstrap.ranktable import rank_table_document
 from npu_job.bootstrap.topology import encode_ranktable_tor, parse_topology
 from npu_job.demo.synthetic import synthetic_cluster

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import canonical, scorer
-from npu_job.bootstrap.model import (
+from npu_job.bootstrap.base.model import (
     Collective,
     Device,
     Placement,
@@ -419,7 +419,7 @@ def test_planning_an_ipv4_cluster_loads_no_heavy_module():
     code = (
         "import sys\n"
         "from npu_job.bootstrap import run, planner, writers, wait, identity, topology, ranktable\n"
-        "from npu_job.bootstrap.model import Collective, Device, Placement, RankTable, Server, Topology\n"
+        "from npu_job.bootstrap.base.model import Collective, Device, Placement, RankTable, Server, Topology\n"
         "servers = tuple(Server(f'10.0.0.{i}', i, (Device('0', rank_id=i),)) for i in range(4))\n"
         "tors = Topology({f'10.0.0.{i}': Placement(tors=(f'172.16.0.{i % 2}',)) for i in range(4)})\n"
         "result = planner.plan(RankTable('1.0', 'completed', servers), tors, Collective.RHD)\n"
@@ -439,7 +439,7 @@ def test_every_process_computes_the_same_plan_whatever_its_hash_seed():
 
     code = (
         "from npu_job.demo.synthetic import synthetic_cluster\n"
-        "from npu_job.bootstrap.model import Collective, Placement, Topology\n"
+        "from npu_job.bootstrap.base.model import Collective, Placement, Topology\n"
         "from npu_job.bootstrap.planner import plan\n"
         "table, topology = synthetic_cluster(\n"
         "    60, 7, seed=11, occupancy='uneven', missing_topology=3, multi_tor=4)\n"

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from npu_job.bootstrap import planner
-from npu_job.bootstrap.model import Collective
+from npu_job.bootstrap.base.model import Collective
 from npu_job.bootstrap.ranktable import parse_rank_table
 from npu_job.bootstrap.run import bootstrap
 

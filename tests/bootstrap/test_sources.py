@@ -5,7 +5,7 @@ import os
 import time
 
 import pytest
-from npu_job.bootstrap import payload
+from npu_job.bootstrap.base import payload
 from npu_job.bootstrap.kube.api import NODES_PATH, KubeClient
 from npu_job.bootstrap.kube.topology import topology_from_objects
 from npu_job.bootstrap.options import resolve

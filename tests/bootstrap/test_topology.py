@@ -9,8 +9,8 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from npu_job.bootstrap import payload
-from npu_job.bootstrap.model import Placement, Topology
+from npu_job.bootstrap.base import payload
+from npu_job.bootstrap.base.model import Placement, Topology
 from npu_job.bootstrap.topology import (
     BASIC_TOR_NODE_CM,
     CCE_RANKTABLE_TOR,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from npu_job.bootstrap import planner
-from npu_job.bootstrap.model import Collective
+from npu_job.bootstrap.base.model import Collective
 from npu_job.bootstrap.ranktable import rank_table_document
 from npu_job.bootstrap.topology import encode_ranktable_tor
 from npu_job.demo.synthetic import synthetic_cluster

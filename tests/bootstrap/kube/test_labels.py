@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from npu_job.bootstrap.base.model import Placement
 from npu_job.bootstrap.kube.labels import SCHEMES, label_keys_from_text, placement_from_labels
 from npu_job.bootstrap.kube.objects import read_objects
 from npu_job.bootstrap.kube.topology import KubeContext, topology_from_document
-from npu_job.bootstrap.model import Placement
 from npu_job.bootstrap.run import bootstrap, resolve
 from npu_job.bootstrap.topology import K8S_NODE_LABELS, parse_topology
 
