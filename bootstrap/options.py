@@ -34,6 +34,8 @@ from npu_job.podfacts import (
     TASK_INDEX_ENV,
 )
 
+from .base.model import TOPOLOGY_FORMATS, Collective
+
 PODS_ENV = "NPU_JOB_PODS"
 TOPOLOGY_ENV = "NPU_JOB_TOPOLOGY"
 TOR_INFO_ENV = "NPU_JOB_TOR_INFO"
@@ -46,14 +48,7 @@ HCCL_ALGO_ENV = "HCCL_ALGO"
 
 WAIT_TIMEOUT = 300.0
 POLL_INTERVAL = 5.0
-TOPOLOGY_FORMATS = (
-    "cce-ranktable-tor",
-    "basic-tor-node-cm",
-    "k8s-node-labels",
-    "volcano-hypernodes",
-    "file",
-)
-COLLECTIVES = ("ring", "nhr", "rhd")
+COLLECTIVES = tuple(collective.value for collective in Collective)
 
 INPUTS, THIS_POD, PLANNING = "inputs", "this pod", "planning and output"
 
@@ -250,15 +245,71 @@ def _unless_off(text: str, where: str) -> bool:
     return not is_false(text)
 
 
-def _labels(text: str, where: str) -> Optional[Tuple[str, ...]]:
-    from .kube.labels import label_keys_from_text
+def label_keys_from_text(text: str, name: str) -> Tuple[str, ...]:
+    """``"k1,k2,k3"`` (outermost first) as keys; ``name`` (a flag or variable) for the error."""
+    keys = tuple(part.strip() for part in text.split(","))
+    if not keys or any(not key or any(c.isspace() for c in key) for key in keys):
+        raise InputError(
+            "environment" if name.isupper() else "command line",
+            name,
+            "expected label keys separated by commas, outermost first "
+            f"(e.g. example.com/spine,example.com/rack), got {shown(text)}",
+        )
+    return keys
 
-    return label_keys_from_text(text, where)
+
+# HCCL_ALGO level1 (inter-server) algorithm -> the collective whose traffic pattern it follows.
+# NB (nonuniform Bruck) exchanges at distances 2^s like NHR. pipeline runs a ring between servers
+# (one per NPU rail) while using intra-server links concurrently. pairwise (all-to-all only) and
+# AHC (hierarchy-aware by itself) have no order preference: None, so the caller's default applies.
+_HCCL_LEVEL1: Dict[str, Collective] = {
+    "ring": Collective.RING,
+    "pipeline": Collective.RING,
+    "h-d_r": Collective.RHD,
+    "hd_r": Collective.RHD,
+    "rhd": Collective.RHD,
+    "nhr": Collective.NHR,
+    "nhr_v1": Collective.NHR,
+    "nb": Collective.NHR,
+}
+# With per-operator HCCL_ALGO ("allreduce=level0:NA;level1:ring/allgather=..."), the operator that
+# dominates training traffic decides.
+_OPERATOR_PREFERENCE = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
+
+
+def collective_from_hccl_algo(value: Optional[str]) -> Optional[Collective]:
+    """Map HCCL's ``HCCL_ALGO`` environment value to a :class:`Collective`, or None.
+
+    Accepts the global form ``level0:NA;level1:H-D_R``, the per-operator form
+    ``allreduce=level0:NA;level1:ring/allgather=level0:NA;level1:NHR`` (allreduce's choice wins,
+    then reducescatter, allgather, ...) and a bare algorithm name. Returns None when ``value`` is
+    unset, empty, names no inter-server (level1) algorithm, or one without an order preference.
+    """
+    if not value or not value.strip():
+        return None
+    per_operator: Dict[str, str] = {}
+    for chunk in value.split("/"):
+        operator, sep, levels = chunk.partition("=")
+        if sep:
+            per_operator[operator.strip().lower()] = levels
+        else:
+            per_operator.setdefault("", chunk)
+    chosen = next((per_operator[op] for op in _OPERATOR_PREFERENCE if op in per_operator), None)
+    if chosen is None:
+        chosen = per_operator.get("", next(iter(per_operator.values()), ""))
+    algorithm: Optional[str] = None
+    for level in chosen.split(";"):
+        name, sep, algo = level.partition(":")
+        if sep and name.strip().lower() == "level1":
+            algorithm = algo
+        elif not sep and ";" not in chosen:
+            algorithm = name  # a bare algorithm name
+    if algorithm is None:
+        return None
+    return _HCCL_LEVEL1.get(algorithm.strip().lower())
 
 
 def _collective(text: str, where: str) -> Optional[str]:
-    from .planner import collective_from_hccl_algo
-
     implied = collective_from_hccl_algo(text)
     return None if implied is None else implied.value
 
@@ -271,7 +322,7 @@ READERS: Dict[str, Callable[[str, str], Any]] = {
     "count": _count,
     "on": _on,  # a switch, off unless the variable says 1, true, yes or on
     "unless off": _unless_off,  # a switch, on unless the variable says 0, false, no or off
-    "labels": _labels,
+    "labels": label_keys_from_text,
     "collective": _collective,
 }
 
@@ -281,7 +332,7 @@ def _given(option: Option, flags: Mapping[str, Any], env: Mapping[str, str]) -> 
     value = flags.get(option.name)
     if value is not None and value is not False:
         if option.kind == "labels":
-            return _labels(str(value), option.flag or option.name)
+            return label_keys_from_text(str(value), option.flag or option.name)
         return value
     text = env.get(option.env, "") if option.env else ""
     if not text.strip():

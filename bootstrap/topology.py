@@ -59,30 +59,35 @@ from .base.fields import (
     require_unique_id,
 )
 from .base.jsondecode import decode_typed, parse_json
-from .base.model import Placement, RankTable, Topology
+from .base.model import (
+    BASIC_TOR_NODE_CM,
+    CCE_RANKTABLE_TOR,
+    K8S_NODE_LABELS,
+    PLAIN_FILE,
+    TOPOLOGY_FORMATS,
+    VOLCANO_HYPERNODES,
+    Placement,
+    RankTable,
+    Topology,
+)
 from .base.payload import decode_document, encode_b64_gzip, json_text
 
 logger = logging.getLogger(__name__)
 
-CCE_RANKTABLE_TOR = "cce-ranktable-tor"
-BASIC_TOR_NODE_CM = "basic-tor-node-cm"
-K8S_NODE_LABELS = "k8s-node-labels"
-VOLCANO_HYPERNODES = "volcano-hypernodes"
 KUBE_FORMATS = (K8S_NODE_LABELS, VOLCANO_HYPERNODES)  # read by npu_job.bootstrap.kube.topology
-PLAIN_FILE = "file"
-FORMATS = (CCE_RANKTABLE_TOR, BASIC_TOR_NODE_CM, K8S_NODE_LABELS, VOLCANO_HYPERNODES, PLAIN_FILE)
 
 
 def parse_topology(
     data: bytes, source: str, fmt: Optional[str] = None, *, context: Any = None
 ) -> Topology:
-    """Decode ``data`` and read it as ``fmt`` (one of :data:`FORMATS`), detected when None.
+    """Decode ``data`` and read it as ``fmt``, a name of :data:`~.base.model.TOPOLOGY_FORMATS`
+    (None: detected by content).
 
     ``context`` (a :class:`~npu_job.bootstrap.kube.topology.KubeContext`, or a function that makes
     one when asked) serves the Kubernetes formats: more Nodes, the servers that matter, the label
     keys to read.
     """
-    if fmt is not None and fmt not in FORMATS:
+    if fmt is not None and fmt not in TOPOLOGY_FORMATS:
         raise ValueError(f"unknown topology format {fmt!r}")
     if fmt == CCE_RANKTABLE_TOR:
         text = json_text(data, source)

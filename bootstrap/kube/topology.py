@@ -26,8 +26,7 @@ from typing import (
 from npu_job.errors import shown
 
 from ..base.fields import fail
-from ..base.model import Placement, Topology
-from ..topology import K8S_NODE_LABELS, VOLCANO_HYPERNODES
+from ..base.model import K8S_NODE_LABELS, VOLCANO_HYPERNODES, Placement, Topology
 from .facts import NodeFacts, read_nodes
 from .hypernode import read_hypernodes
 from .hypernodetree import exact_tree_placements, resolve

@@ -20,7 +20,7 @@ from npu_job.bootstrap.base.model import (
     Server,
     Topology,
 )
-from npu_job.bootstrap.planner import bit_reversed, collective_from_hccl_algo, interleave, plan
+from npu_job.bootstrap.planner import bit_reversed, interleave, plan
 from npu_job.demo.synthetic import synthetic_cluster
 
 PROPERTY_SETTINGS = settings(
@@ -373,37 +373,6 @@ def test_pod_indices_out_of_order_are_refused():
 def test_every_reason_is_reported_at_once():
     result = plan(make_table(FOUR[:2], devices=[8, 4], status="initializing"), None)
     assert len(result.reasons) == 4
-
-
-# --- HCCL_ALGO ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        ("level0:NA;level1:H-D_R", Collective.RHD),
-        ("level0:NA;level1:ring", Collective.RING),
-        ("level0:NA;level1:NHR", Collective.NHR),
-        ("level0:NA;level1:NHR_V1", Collective.NHR),
-        ("level0:NA;level1:NB", Collective.NHR),
-        ("level0:NA;level1:pipeline", Collective.RING),
-        (" level0:NA ; level1:h-d_r ", Collective.RHD),
-        ("level0:NA;level1:ring;level2:NHR", Collective.RING),
-        ("allgather=level0:NA;level1:ring/allreduce=level0:NA;level1:H-D_R", Collective.RHD),
-        ("alltoall=level0:NA;level1:pairwise/reducescatter=level0:NA;level1:NHR", Collective.NHR),
-        ("H-D_R", Collective.RHD),
-        ("level0:NA;level1:pairwise", None),
-        ("level0:NA;level1:AHC", None),
-        ("level0:NA", None),
-        ("level0:NA;level1:fullmesh", None),
-        ("", None),
-        (None, None),
-        ("nonsense", None),
-    ],
-    ids=lambda value: repr(value),
-)
-def test_hccl_algo_maps_the_inter_server_algorithm(value, expected):
-    assert collective_from_hccl_algo(value) is expected
 
 
 # --- every pod plans alone: start-up cost and the hash seed ---------------------------------------
