@@ -114,7 +114,7 @@ class PodOutcome:
 
 def bundle_identity(bundle: Any) -> str:
     """How the first line of a pod whose bootstrap runs ``bundle`` (a
-    :class:`~npu_job.bundle.Bundle`) starts: the identity line :mod:`npu_job.bundled` logs."""
+    :class:`~npu_job.bundle.Bundle`) starts: the identity line :mod:`npu_job.pod.bundled` logs."""
     return f"{PROG}: running {bundle.version} from bundle {bundle.short_digest} ("
 
 

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import pytest
 from npu_job.demo.images import find_interpreter
 
-from npu_job import __version__, bundled
+from npu_job import __version__
 from npu_job.bundle import (
     BUNDLE_NAME,
     FIXED_DATE,
@@ -39,6 +39,7 @@ from npu_job.bundle import (
     strip_prose,
 )
 from npu_job.errors import BundleError
+from npu_job.pod import bundled
 from tests.bootstrap.documents import write_cce_job
 from tests.test_layers import import_statements
 

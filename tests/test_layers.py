@@ -35,7 +35,7 @@ LAYERS: Dict[str, Tuple[int, str]] = {
     "npu_job.demo": (2, "demo"),
     "npu_job.cli": (3, "entry points"),
     "npu_job.__main__": (3, "entry points"),
-    "npu_job.bundled": (3, "entry points"),  # `python3 npu-job.pyz COMMAND`, the bundle's own
+    "npu_job.pod": (3, "entry points"),  # `python3 npu-job.pyz COMMAND`, the bundle's own
     # `python -m npu_job.bootstrap` / `python -m npu_job.launcher` are commands, like the CLI's
     "npu_job.bootstrap.__main__": (3, "entry points"),
     "npu_job.launcher.__main__": (3, "entry points"),
@@ -263,3 +263,17 @@ def test_the_option_table_stands_on_the_floor_alone():
     targets = import_graph("npu_job.bootstrap")["npu_job.bootstrap.options"]
     above = {t for t in targets if not (t == FLOOR or t.startswith(FLOOR + "."))}
     assert above <= {"npu_job.bootstrap"}
+
+
+def test_the_core_folder_imports_neither_the_bootstrap_nor_the_launcher():
+    """``npu_job/*.py`` is the small core both parts stand on (and ``python -m npu_job``, which
+    goes through the CLI); a module that runs a part is an entry point and lives elsewhere."""
+    parts = ("npu_job.bootstrap", "npu_job.launcher")
+    found = [
+        f"{path.relative_to(REPO)}:{line}: imports {name}"
+        for module, path in modules()
+        if path.parent == REPO / "npu_job"
+        for name, line in imported(module, path)
+        if any(name == part or name.startswith(part + ".") for part in parts)
+    ]
+    assert found == []
