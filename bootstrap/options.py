@@ -10,7 +10,9 @@ That table drives
   :class:`BootstrapOptions`; a bad value is an :class:`~npu_job.errors.InputError` naming the flag
   or the variable);
 * the help's list of variables (:func:`environment_names`) and the option table of
-  docs/bootstrap.md (:func:`options_markdown`; a test keeps the page equal to it).
+  docs/bootstrap.md (:func:`options_markdown`; a test keeps the page equal to it);
+* ``npu-job plan``'s flags for the settings it shares with a pod (a row's :class:`PlanFlag`: the
+  same flag, told as plan reads it, from files alone).
 
 A few rows are read where they are used, not by :func:`resolve`: how many pods the job has
 (``MA_NUM_HOSTS``, with the pods), the service account's folder (with the API's address), and the
@@ -53,6 +55,14 @@ COLLECTIVES = tuple(collective.value for collective in Collective)
 INPUTS, THIS_POD, PLANNING = "inputs", "this pod", "planning and output"
 
 
+class PlanFlag(NamedTuple):
+    """How ``npu-job plan`` tells a setting it takes too: it reads the inputs from the files named
+    on its command line, never from a pod's environment or the cluster, so its help says that."""
+
+    help: str
+    metavar: Optional[str] = None  # None: the option's own
+
+
 class Option(NamedTuple):
     """One setting of the bootstrap."""
 
@@ -67,6 +77,7 @@ class Option(NamedTuple):
     default: str  # what applies when neither is given, as help and docs tell it ("": nothing)
     metavar: Optional[str] = None
     choices: Tuple[str, ...] = ()
+    plan: Optional[PlanFlag] = None  # npu-job plan takes the flag too, told as this
 
     @property
     def is_switch(self) -> bool:
@@ -79,6 +90,10 @@ OPTIONS: Tuple[Option, ...] = (
         "rank_table", "--rank-table", RANK_TABLE_ENV, "text", INPUTS,
         "rank table file, directory holding jobstart_hccl.json (or hccl.json), or http(s) URL",
         ", then ".join(DEFAULT_RANK_TABLES), "PATH|URL",
+        plan=PlanFlag(
+            "rank table: a file, a directory holding jobstart_hccl.json, or an http(s) URL (any"
+            " format the bootstrap reads; plain JSON or base64+gzip)",
+        ),
     ),
     Option(
         "pods", "--pods", PODS_ENV, "text", INPUTS,
@@ -86,18 +101,30 @@ OPTIONS: Tuple[Option, ...] = (
         " read from kubectl get pods -o json; waits until every pod is scheduled (a rank table"
         " named by --rank-table or $RANK_TABLE_FILE wins)",
         "", "k8s|PATH|URL",
+        plan=PlanFlag(
+            "instead of a rank table, a Volcano job's pods: kubectl get pods -o json (or -o yaml),"
+            " or one kubectl get hypernodes,nodes,pods -o json whose HyperNodes or node labels are"
+            " then the topology",
+            "PATH|URL",
+        ),
     ),
     Option(
         "job", "--job", "MA_VJ_NAME", "text", INPUTS,
         "with --pods: the Volcano job (label volcano.sh/job-name)", "", "NAME",
+        plan=PlanFlag(
+            "with --pods: the job (label volcano.sh/job-name; default: the one job the pods"
+            " belong to)",
+        ),
     ),
     Option(
         "task", "--task", "MA_TASK_NAME", "text", INPUTS,
         "with --pods: its task (label volcano.sh/task-spec)", "", "NAME",
+        plan=PlanFlag("with --pods: only this task's pods (label volcano.sh/task-spec)"),
     ),
     Option(
         "namespace", "--namespace", "NPU_JOB_NAMESPACE", "text", INPUTS,
         "with --pods k8s: the job's namespace", "the service account's", "NAME",
+        plan=PlanFlag("with --pods: only this namespace"),
     ),
     Option(
         "", None, JOB_SIZE_ENV, "", INPUTS,
@@ -110,22 +137,39 @@ OPTIONS: Tuple[Option, ...] = (
         "the first found of ranktable_tor.json beside the rank table, $NPU_JOB_TOR_INFO, the"
         " Kubernetes API, /etc/npu-job/topology.yaml",
         "PATH|URL|k8s",
+        plan=PlanFlag(
+            "switch topology file or URL (ranktable_tor.json, basic-tor-node-cm tor_info, a"
+            " Kubernetes NodeList or HyperNodeList, or a plain YAML/JSON topology; default: as a"
+            " pod finds it, without the environment and the cluster: the HyperNodes or Nodes in"
+            " the --pods file, else ranktable_tor.json beside the rank table, else"
+            " /etc/npu-job/topology.yaml)",
+            "PATH|URL",
+        ),
     ),
     Option(
         "topology_format", "--topology-format", "NPU_JOB_TOPOLOGY_FORMAT", "text", INPUTS,
         "read the topology as this format", "detect by content", None, TOPOLOGY_FORMATS,
+        plan=PlanFlag("read --topology as this format (default: detect by content)"),
     ),
     Option(
         "topology_labels", "--topology-labels", TOPOLOGY_LABELS_ENV, "labels", INPUTS,
         "read the switch path from these node labels, outermost first, instead of the known"
         " Volcano, CCE, EKS, GKE and topograph labels",
         "", "KEY,KEY,...",
+        plan=PlanFlag(
+            "read switch paths from these node labels, outermost first, instead of the known"
+            " Volcano, CCE, EKS, GKE and topograph labels",
+        ),
     ),
     Option(
         "nodes", "--nodes", "NPU_JOB_NODES", "text", INPUTS,
         "the cluster's Nodes (kubectl get nodes -o json) for a HyperNode topology file: their"
         " labels serve labelMatch members, their InternalIPs key the result",
         "", "PATH|URL",
+        plan=PlanFlag(
+            "the cluster's Nodes (kubectl get nodes -o json) beside a HyperNode topology: their"
+            " labels serve labelMatch members, their InternalIPs match rank-table server ids",
+        ),
     ),
     Option(
         "tor_info", None, TOR_INFO_ENV, "text", INPUTS,
@@ -158,6 +202,7 @@ OPTIONS: Tuple[Option, ...] = (
         "collective to optimise the order for; the variable counts for what HCCL's algorithm"
         " implies",
         "ring", None, COLLECTIVES,
+        plan=PlanFlag("collective to optimise and score for (default: from $HCCL_ALGO, else ring)"),
     ),
     Option(
         "full_node_devices", "--full-node-devices", FULL_NODE_ENV, "count", PLANNING,
