@@ -145,7 +145,7 @@ def _run(
             table, location = job.table, job.location
             outcome = outcome._replace(pods=location)
         else:
-            location = locate_rank_table(options.rank_table, env)
+            location = locate_rank_table(options.rank_table)
             outcome = outcome._replace(rank_table=location)
             table, reorder = _load_rank_table(options, location, verify, clock, sleep)
         outcome = outcome._replace(node_count=table.node_count)

@@ -27,7 +27,6 @@ from npu_job.parsing import count_from_text
 from npu_job.podfacts import (
     DEFAULT_RANK_TABLES,
     MINDX_RANK_TABLE_NAME,
-    RANK_TABLE_ENV,
     RANK_TABLE_NAME,
     RANKTABLE_TOR_NAME,
 )
@@ -275,10 +274,11 @@ class KubernetesAPI(NamedTuple):
 
 
 def locate_rank_table(
-    explicit: Optional[str], env: Mapping[str, str], exists: Callable[[str], bool] = os.path.exists
+    given: Optional[str], *, exists: Callable[[str], bool] = os.path.exists
 ) -> str:
-    """The rank table's path or URL; an :class:`InputError` listing where we looked if none."""
-    given = explicit or env.get(RANK_TABLE_ENV)
+    """The rank table's path or URL from ``given`` (``--rank-table``, else ``$RANK_TABLE_FILE``,
+    as :func:`~.options.resolve` reads them), else the first default location that exists; an
+    :class:`InputError` listing where we looked if none."""
     if given:
         if is_url(given):
             return given
