@@ -188,7 +188,7 @@ def _cce_servers_fast(text: bytes) -> Optional[List[Tuple[str, FrozenSet[str]]]]
     into only those two fields: the other four fields of each device are checked but never built,
     5x faster than a full decode. None: read it in full.
 
-    Kept with msgspec optional (issue 28): msgspec's plain decode into builtins instead costs the
+    Kept with msgspec optional: msgspec's plain decode into builtins instead costs the
     whole rank-table bootstrap 8.6% more instructions at 4096 nodes (1,023.6 M against 942.4 M,
     callgrind side by side), 11% past what it took before, more than the 10% the rule allows."""
     document = decode_typed(text, _cce_decoder)

@@ -8,7 +8,7 @@ page of another shape, a pod that does not fit the types) is left, having decide
 general readers (:mod:`npu_job.bootstrap.kube.objects`, :mod:`npu_job.bootstrap.kube.facts`), which
 read the same facts or name what is wrong.
 
-Why it stays now that msgspec is optional (issue 28): msgspec's plain decode into builtins, then
+Why it stays with msgspec optional: msgspec's plain decode into builtins, then
 the general readers, takes twice the instructions at 4096 pods (callgrind, side by side:
 1,791 M against 897 M for the whole bootstrap), which would give up most of what msgspec buys on
 the API path. The standard library's path never enters it.

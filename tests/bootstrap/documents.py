@@ -1,4 +1,4 @@
-"""Small input documents in the shapes the platform produces (authored here from DESIGN §3–4).
+"""Small input documents in the shapes the platform produces (the formats of docs/bootstrap.md).
 
 Each builder returns a fresh dict, so a test may mutate it into a bad input. Values are invented;
 the shapes follow the CCE / MindCluster / HCCL formats (every number a string in rank tables).
