@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from _fabric_model import Schedule, schedule  # noqa: E402
-from npu_job.bootstrap.model import Collective  # noqa: E402
+from npu_job.bootstrap.base.model import Collective  # noqa: E402
 
 PATTERN = 7  # inputs are (pod + 1) * (1 + i % 7): a misplaced block changes the sum
 

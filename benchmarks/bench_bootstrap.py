@@ -14,8 +14,8 @@ the child from ``os.wait4``, which a busy machine inflates far less), and each m
 over the bare interpreter start in the same run.
 
 Each size also runs with msgspec hidden (``import msgspec`` fails, as in an image without it) in the
-same interleaved loop: the standard-library path, side by side. The pod-side target (issue 28) is
-that the bootstrap gets no slower than that path was; ``--callgrind`` counts the instructions of a
+same interleaved loop: the standard-library path, side by side. The pod-side target is that the
+bootstrap gets no slower than that path was; ``--callgrind`` counts the instructions of a
 bare start and of one run of each case at the biggest size (``valgrind --tool=callgrind``,
 following bash's exec into python): a steady figure where a busy machine makes CPU times wander.
 

@@ -20,7 +20,7 @@ Timing, interleaved with a bare ``python3 -c pass`` as in ``bench_bootstrap.py``
   (decoding that page, the topology, the plan, the files).
 
 Each size also runs with msgspec hidden (the standard library's path), side by side: the pod-side
-target (issue 28) is that the bootstrap gets no slower than that path was. ``--callgrind``: also
+target is that the bootstrap gets no slower than that path was. ``--callgrind``: also
 count the instructions of one bare start and one run of each case at the biggest size under
 ``valgrind --tool=callgrind`` (following bash's exec into python).
 

@@ -1,6 +1,6 @@
 """Instructions of ``bash bootstrap.sh`` at one size, this checkout against an earlier revision.
 
-The pod-side target (issue 28): the bootstrap is no slower than the standard-library path was at
+The pod-side target: the bootstrap is no slower than the standard-library path was at
 ``--baseline`` (default e6638b1, the last commit before the speed layer was retired), counted side
 by side with ``valgrind --tool=callgrind`` (following bash into python and every child it starts):
 instructions, not seconds, so a busy machine does not move them.

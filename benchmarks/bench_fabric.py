@@ -21,7 +21,7 @@ against the link model's prediction, and the measured ratio to the scheduler ord
 predicted one (the scorer's, and the link model of ``_fabric_model`` that also knows the spines).
 Machine load (load average, CPU busy) is reported beside the numbers.
 
-Targets (issue 11): planned reaches the ring lower bound and its measured busbw ratio to the
+Targets: planned reaches the ring lower bound and its measured busbw ratio to the
 scheduler order is within 15% of the prediction on every shape; on 12x4 and 16:6,4,4,2 planned
 is at least 2.5x the scheduler order; for rhd and nhr the planner's order is never slower than the
 scheduler's; the default shapes run in under 5 minutes on 2 cores.
@@ -55,7 +55,7 @@ try:
     import _fabric_net as net
     from _report import publish
     from npu_job.bootstrap import planner, scorer
-    from npu_job.bootstrap.model import Collective, Plan, Topology
+    from npu_job.bootstrap.base.model import Collective, Plan, Topology
 except ImportError:
     # An unprivileged user may not even be able to read a root-owned install; the fabric needs
     # root anyway, so say that (and exit as unavailable) rather than show the import's traceback.

@@ -10,7 +10,7 @@ draws with the same seed for all three, so they face the same hash luck):
 * max flows out of one ToR, expected colliding flow pairs under uniform ECMP hashing,
 * predicted bus-bandwidth fraction (Monte-Carlo; 1.0 = no contention).
 
-Targets (issue 2): ours reaches the lower bound on cross-ToR ring edges in 100% of ring cases, and
+Targets: ours reaches the lower bound on cross-ToR ring edges in 100% of ring cases, and
 ours never scores worse than the scheduler order on any metric of its collective. Violations are
 counted and listed, not hidden. ``--output FILE`` writes the same table to a file.
 
@@ -28,7 +28,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from _report import publish
 from npu_job.bootstrap import planner, scorer
-from npu_job.bootstrap.model import Collective, PlanStatus
+from npu_job.bootstrap.base.model import Collective, PlanStatus
 from npu_job.demo.synthetic import synthetic_cluster
 
 

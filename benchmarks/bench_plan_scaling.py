@@ -8,7 +8,7 @@ scored over the log2(n) halving-doubling steps). Input reading is the other benc
 
 The table shows the time, the time per ``n·log2(n)`` (constant for an O(n log n) planner) and the
 growth exponent between neighbouring sizes (``log(t2/t1) / log(n2/n1)``; 1.0 is linear, n log n
-gives ~1.1 at these sizes, a quadratic step would show 2.0). Target (issue 2): planning O(n log n),
+gives ~1.1 at these sizes, a quadratic step would show 2.0). Target: planning O(n log n),
 judged as the time per ``n·log2(n)`` at the largest size within 1.5x of the smallest.
 
     python benchmarks/bench_plan_scaling.py [--sizes 1024,4096,16384,65536] [--repeat 5] [--output FILE]
@@ -24,7 +24,7 @@ from typing import List, Sequence, Tuple
 
 from _report import publish
 from npu_job.bootstrap import planner
-from npu_job.bootstrap.model import Collective, PlanStatus
+from npu_job.bootstrap.base.model import Collective, PlanStatus
 from npu_job.demo.synthetic import synthetic_cluster
 
 TOLERANCE = 1.5  # allowed growth of time / (n log2 n) from the smallest to the largest size

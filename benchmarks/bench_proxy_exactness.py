@@ -1,6 +1,6 @@
 """The store proxy's exactness cases, straight to a root and through a proxy, on the installed torch.
 
-Runs the scenarios of issue 29's cases 1-3 from the differential tests
+Runs the exactness scenarios of the differential tests
 (``tests/launcher/proxy/test_proxy_differential.py``), each once straight to a fresh stock torch
 ``TCPStore`` root and once through ``python -m npu_job.launcher.proxy`` in front of another, and
 prints what every worker saw in both worlds and whether they agree. The tests assert the same;

@@ -21,8 +21,8 @@ import re
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union, cast
 
-from .jsondecode import encode_compact
-from .model import Collective, Placement, RankTable, Server, Topology
+from .base.jsondecode import encode_compact
+from .base.model import Collective, Placement, RankTable, Server, Topology
 
 # Start-up matters on the pod (the bootstrap runs before training): take sha256 and
 # inet_aton/inet_ntoa from the C modules themselves. ``hashlib`` would load OpenSSL's libcrypto

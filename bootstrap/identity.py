@@ -17,7 +17,7 @@ from npu_job.errors import InconsistentError, InputError, shown
 from npu_job.parsing import count_from_text
 from npu_job.podfacts import TASK_INDEX_ENV
 
-from .model import RankTable
+from .base.model import RankTable
 
 log = logging.getLogger(__name__)
 

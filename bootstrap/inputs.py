@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple, Optional, Tuple
 
-from .model import RankTable, Topology
+from .base.model import RankTable, Topology
 from .options import BootstrapOptions
 from .sources import Verify, locate_rank_table, read_bytes
 
@@ -64,7 +64,7 @@ def read_inputs(options: BootstrapOptions, verify: Verify = True) -> Inputs:
         return Inputs(job.table, job.location, topology, _named(name), job.nodes)
     from .ranktable import parse_rank_table
 
-    table_source = locate_rank_table(options.rank_table, {})
+    table_source = locate_rank_table(options.rank_table)
     table = parse_rank_table(read_bytes(table_source, verify=verify), table_source)
     topology, name = load_topology(offline, table_source, {}, verify, names=server_addresses(table))
     return Inputs(table, table_source, topology, _named(name), None)

@@ -10,7 +10,9 @@ That table drives
   :class:`BootstrapOptions`; a bad value is an :class:`~npu_job.errors.InputError` naming the flag
   or the variable);
 * the help's list of variables (:func:`environment_names`) and the option table of
-  docs/bootstrap.md (:func:`options_markdown`; a test keeps the page equal to it).
+  docs/bootstrap.md (:func:`options_markdown`; a test keeps the page equal to it);
+* ``npu-job plan``'s flags for the settings it shares with a pod (a row's :class:`PlanFlag`: the
+  same flag, told as plan reads it, from files alone).
 
 A few rows are read where they are used, not by :func:`resolve`: how many pods the job has
 (``MA_NUM_HOSTS``, with the pods), the service account's folder (with the API's address), and the
@@ -34,6 +36,8 @@ from npu_job.podfacts import (
     TASK_INDEX_ENV,
 )
 
+from .base.model import TOPOLOGY_FORMATS, Collective
+
 PODS_ENV = "NPU_JOB_PODS"
 TOPOLOGY_ENV = "NPU_JOB_TOPOLOGY"
 TOR_INFO_ENV = "NPU_JOB_TOR_INFO"
@@ -46,16 +50,17 @@ HCCL_ALGO_ENV = "HCCL_ALGO"
 
 WAIT_TIMEOUT = 300.0
 POLL_INTERVAL = 5.0
-TOPOLOGY_FORMATS = (
-    "cce-ranktable-tor",
-    "basic-tor-node-cm",
-    "k8s-node-labels",
-    "volcano-hypernodes",
-    "file",
-)
-COLLECTIVES = ("ring", "nhr", "rhd")
+COLLECTIVES = tuple(collective.value for collective in Collective)
 
 INPUTS, THIS_POD, PLANNING = "inputs", "this pod", "planning and output"
+
+
+class PlanFlag(NamedTuple):
+    """How ``npu-job plan`` tells a setting it takes too: it reads the inputs from the files named
+    on its command line, never from a pod's environment or the cluster, so its help says that."""
+
+    help: str
+    metavar: Optional[str] = None  # None: the option's own
 
 
 class Option(NamedTuple):
@@ -72,6 +77,7 @@ class Option(NamedTuple):
     default: str  # what applies when neither is given, as help and docs tell it ("": nothing)
     metavar: Optional[str] = None
     choices: Tuple[str, ...] = ()
+    plan: Optional[PlanFlag] = None  # npu-job plan takes the flag too, told as this
 
     @property
     def is_switch(self) -> bool:
@@ -84,6 +90,10 @@ OPTIONS: Tuple[Option, ...] = (
         "rank_table", "--rank-table", RANK_TABLE_ENV, "text", INPUTS,
         "rank table file, directory holding jobstart_hccl.json (or hccl.json), or http(s) URL",
         ", then ".join(DEFAULT_RANK_TABLES), "PATH|URL",
+        plan=PlanFlag(
+            "rank table: a file, a directory holding jobstart_hccl.json, or an http(s) URL (any"
+            " format the bootstrap reads; plain JSON or base64+gzip)",
+        ),
     ),
     Option(
         "pods", "--pods", PODS_ENV, "text", INPUTS,
@@ -91,18 +101,30 @@ OPTIONS: Tuple[Option, ...] = (
         " read from kubectl get pods -o json; waits until every pod is scheduled (a rank table"
         " named by --rank-table or $RANK_TABLE_FILE wins)",
         "", "k8s|PATH|URL",
+        plan=PlanFlag(
+            "instead of a rank table, a Volcano job's pods: kubectl get pods -o json (or -o yaml),"
+            " or one kubectl get hypernodes,nodes,pods -o json whose HyperNodes or node labels are"
+            " then the topology",
+            "PATH|URL",
+        ),
     ),
     Option(
         "job", "--job", "MA_VJ_NAME", "text", INPUTS,
         "with --pods: the Volcano job (label volcano.sh/job-name)", "", "NAME",
+        plan=PlanFlag(
+            "with --pods: the job (label volcano.sh/job-name; default: the one job the pods"
+            " belong to)",
+        ),
     ),
     Option(
         "task", "--task", "MA_TASK_NAME", "text", INPUTS,
         "with --pods: its task (label volcano.sh/task-spec)", "", "NAME",
+        plan=PlanFlag("with --pods: only this task's pods (label volcano.sh/task-spec)"),
     ),
     Option(
         "namespace", "--namespace", "NPU_JOB_NAMESPACE", "text", INPUTS,
         "with --pods k8s: the job's namespace", "the service account's", "NAME",
+        plan=PlanFlag("with --pods: only this namespace"),
     ),
     Option(
         "", None, JOB_SIZE_ENV, "", INPUTS,
@@ -115,22 +137,39 @@ OPTIONS: Tuple[Option, ...] = (
         "the first found of ranktable_tor.json beside the rank table, $NPU_JOB_TOR_INFO, the"
         " Kubernetes API, /etc/npu-job/topology.yaml",
         "PATH|URL|k8s",
+        plan=PlanFlag(
+            "switch topology file or URL (ranktable_tor.json, basic-tor-node-cm tor_info, a"
+            " Kubernetes NodeList or HyperNodeList, or a plain YAML/JSON topology; default: as a"
+            " pod finds it, without the environment and the cluster: the HyperNodes or Nodes in"
+            " the --pods file, else ranktable_tor.json beside the rank table, else"
+            " /etc/npu-job/topology.yaml)",
+            "PATH|URL",
+        ),
     ),
     Option(
         "topology_format", "--topology-format", "NPU_JOB_TOPOLOGY_FORMAT", "text", INPUTS,
         "read the topology as this format", "detect by content", None, TOPOLOGY_FORMATS,
+        plan=PlanFlag("read --topology as this format (default: detect by content)"),
     ),
     Option(
         "topology_labels", "--topology-labels", TOPOLOGY_LABELS_ENV, "labels", INPUTS,
         "read the switch path from these node labels, outermost first, instead of the known"
         " Volcano, CCE, EKS, GKE and topograph labels",
         "", "KEY,KEY,...",
+        plan=PlanFlag(
+            "read switch paths from these node labels, outermost first, instead of the known"
+            " Volcano, CCE, EKS, GKE and topograph labels",
+        ),
     ),
     Option(
         "nodes", "--nodes", "NPU_JOB_NODES", "text", INPUTS,
         "the cluster's Nodes (kubectl get nodes -o json) for a HyperNode topology file: their"
         " labels serve labelMatch members, their InternalIPs key the result",
         "", "PATH|URL",
+        plan=PlanFlag(
+            "the cluster's Nodes (kubectl get nodes -o json) beside a HyperNode topology: their"
+            " labels serve labelMatch members, their InternalIPs match rank-table server ids",
+        ),
     ),
     Option(
         "tor_info", None, TOR_INFO_ENV, "text", INPUTS,
@@ -163,6 +202,7 @@ OPTIONS: Tuple[Option, ...] = (
         "collective to optimise the order for; the variable counts for what HCCL's algorithm"
         " implies",
         "ring", None, COLLECTIVES,
+        plan=PlanFlag("collective to optimise and score for (default: from $HCCL_ALGO, else ring)"),
     ),
     Option(
         "full_node_devices", "--full-node-devices", FULL_NODE_ENV, "count", PLANNING,
@@ -250,15 +290,71 @@ def _unless_off(text: str, where: str) -> bool:
     return not is_false(text)
 
 
-def _labels(text: str, where: str) -> Optional[Tuple[str, ...]]:
-    from .kube.labels import label_keys_from_text
+def label_keys_from_text(text: str, name: str) -> Tuple[str, ...]:
+    """``"k1,k2,k3"`` (outermost first) as keys; ``name`` (a flag or variable) for the error."""
+    keys = tuple(part.strip() for part in text.split(","))
+    if not keys or any(not key or any(c.isspace() for c in key) for key in keys):
+        raise InputError(
+            "environment" if name.isupper() else "command line",
+            name,
+            "expected label keys separated by commas, outermost first "
+            f"(e.g. example.com/spine,example.com/rack), got {shown(text)}",
+        )
+    return keys
 
-    return label_keys_from_text(text, where)
+
+# HCCL_ALGO level1 (inter-server) algorithm -> the collective whose traffic pattern it follows.
+# NB (nonuniform Bruck) exchanges at distances 2^s like NHR. pipeline runs a ring between servers
+# (one per NPU rail) while using intra-server links concurrently. pairwise (all-to-all only) and
+# AHC (hierarchy-aware by itself) have no order preference: None, so the caller's default applies.
+_HCCL_LEVEL1: Dict[str, Collective] = {
+    "ring": Collective.RING,
+    "pipeline": Collective.RING,
+    "h-d_r": Collective.RHD,
+    "hd_r": Collective.RHD,
+    "rhd": Collective.RHD,
+    "nhr": Collective.NHR,
+    "nhr_v1": Collective.NHR,
+    "nb": Collective.NHR,
+}
+# With per-operator HCCL_ALGO ("allreduce=level0:NA;level1:ring/allgather=..."), the operator that
+# dominates training traffic decides.
+_OPERATOR_PREFERENCE = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
+
+
+def collective_from_hccl_algo(value: Optional[str]) -> Optional[Collective]:
+    """Map HCCL's ``HCCL_ALGO`` environment value to a :class:`Collective`, or None.
+
+    Accepts the global form ``level0:NA;level1:H-D_R``, the per-operator form
+    ``allreduce=level0:NA;level1:ring/allgather=level0:NA;level1:NHR`` (allreduce's choice wins,
+    then reducescatter, allgather, ...) and a bare algorithm name. Returns None when ``value`` is
+    unset, empty, names no inter-server (level1) algorithm, or one without an order preference.
+    """
+    if not value or not value.strip():
+        return None
+    per_operator: Dict[str, str] = {}
+    for chunk in value.split("/"):
+        operator, sep, levels = chunk.partition("=")
+        if sep:
+            per_operator[operator.strip().lower()] = levels
+        else:
+            per_operator.setdefault("", chunk)
+    chosen = next((per_operator[op] for op in _OPERATOR_PREFERENCE if op in per_operator), None)
+    if chosen is None:
+        chosen = per_operator.get("", next(iter(per_operator.values()), ""))
+    algorithm: Optional[str] = None
+    for level in chosen.split(";"):
+        name, sep, algo = level.partition(":")
+        if sep and name.strip().lower() == "level1":
+            algorithm = algo
+        elif not sep and ";" not in chosen:
+            algorithm = name  # a bare algorithm name
+    if algorithm is None:
+        return None
+    return _HCCL_LEVEL1.get(algorithm.strip().lower())
 
 
 def _collective(text: str, where: str) -> Optional[str]:
-    from .planner import collective_from_hccl_algo
-
     implied = collective_from_hccl_algo(text)
     return None if implied is None else implied.value
 
@@ -271,7 +367,7 @@ READERS: Dict[str, Callable[[str, str], Any]] = {
     "count": _count,
     "on": _on,  # a switch, off unless the variable says 1, true, yes or on
     "unless off": _unless_off,  # a switch, on unless the variable says 0, false, no or off
-    "labels": _labels,
+    "labels": label_keys_from_text,
     "collective": _collective,
 }
 
@@ -281,7 +377,7 @@ def _given(option: Option, flags: Mapping[str, Any], env: Mapping[str, str]) -> 
     value = flags.get(option.name)
     if value is not None and value is not False:
         if option.kind == "labels":
-            return _labels(str(value), option.flag or option.name)
+            return label_keys_from_text(str(value), option.flag or option.name)
         return value
     text = env.get(option.env, "") if option.env else ""
     if not text.strip():

@@ -53,7 +53,7 @@ from npu_job.errors import shown
 from npu_job.podfacts import MIN_NODES
 
 from . import canonical
-from .model import (
+from .base.model import (
     Collective,
     Plan,
     PlanStatus,
@@ -63,57 +63,6 @@ from .model import (
 )
 
 log = logging.getLogger(__name__)
-
-
-# HCCL_ALGO level1 (inter-server) algorithm -> the collective whose traffic pattern it follows.
-# NB (nonuniform Bruck) exchanges at distances 2^s like NHR. pipeline runs a ring between servers
-# (one per NPU rail) while using intra-server links concurrently. pairwise (all-to-all only) and
-# AHC (hierarchy-aware by itself) have no order preference: None, so the caller's default applies.
-_HCCL_LEVEL1: Dict[str, Collective] = {
-    "ring": Collective.RING,
-    "pipeline": Collective.RING,
-    "h-d_r": Collective.RHD,
-    "hd_r": Collective.RHD,
-    "rhd": Collective.RHD,
-    "nhr": Collective.NHR,
-    "nhr_v1": Collective.NHR,
-    "nb": Collective.NHR,
-}
-# With per-operator HCCL_ALGO ("allreduce=level0:NA;level1:ring/allgather=..."), the operator that
-# dominates training traffic decides.
-_OPERATOR_PREFERENCE = ("allreduce", "reducescatter", "allgather", "broadcast", "reduce")
-
-
-def collective_from_hccl_algo(value: Optional[str]) -> Optional[Collective]:
-    """Map HCCL's ``HCCL_ALGO`` environment value to a :class:`Collective`, or None.
-
-    Accepts the global form ``level0:NA;level1:H-D_R``, the per-operator form
-    ``allreduce=level0:NA;level1:ring/allgather=level0:NA;level1:NHR`` (allreduce's choice wins,
-    then reducescatter, allgather, ...) and a bare algorithm name. Returns None when ``value`` is
-    unset, empty, names no inter-server (level1) algorithm, or one without an order preference.
-    """
-    if not value or not value.strip():
-        return None
-    per_operator: Dict[str, str] = {}
-    for chunk in value.split("/"):
-        operator, sep, levels = chunk.partition("=")
-        if sep:
-            per_operator[operator.strip().lower()] = levels
-        else:
-            per_operator.setdefault("", chunk)
-    chosen = next((per_operator[op] for op in _OPERATOR_PREFERENCE if op in per_operator), None)
-    if chosen is None:
-        chosen = per_operator.get("", next(iter(per_operator.values()), ""))
-    algorithm: Optional[str] = None
-    for level in chosen.split(";"):
-        name, sep, algo = level.partition(":")
-        if sep and name.strip().lower() == "level1":
-            algorithm = algo
-        elif not sep and ";" not in chosen:
-            algorithm = name  # a bare algorithm name
-    if algorithm is None:
-        return None
-    return _HCCL_LEVEL1.get(algorithm.strip().lower())
 
 
 def precondition_failures(

@@ -23,11 +23,11 @@ from npu_job.errors import InputError, NotReadyError
 from npu_job.parsing import count_from_text
 from npu_job.polling import Backoff, poll
 
+from .base.model import RankTable, Topology
 from .inputs import job_names, read_nodes
 from .kube import jobpods
 from .kube.facts import PodFacts, read_pods
 from .kube.objects import KubeObjects, decode_objects
-from .model import RankTable, Topology
 from .options import JOB_SIZE_ENV, PODS_ENV, BootstrapOptions
 from .sources import (
     K8S_TOPOLOGY,

@@ -31,8 +31,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from npu_job.errors import shown
 from npu_job.parsing import COUNT_LIMIT, MAX_COUNT_DIGITS, count_from_text
 
-from .columns import DeviceColumns, servers_from_device_columns
-from .fields import (
+from .base.columns import DeviceColumns, servers_from_device_columns
+from .base.fields import (
     expect_count,
     expect_list,
     expect_object,
@@ -43,8 +43,8 @@ from .fields import (
     require_str,
     require_unique_id,
 )
-from .model import Device, Plan, RankTable, Server
-from .payload import decode_document
+from .base.model import Device, Plan, RankTable, Server
+from .base.payload import decode_document
 
 LEGACY_VERSION = "0"
 # Volcano names pods <job>-<task>-<index>: the index is the last hyphen-separated part (a name

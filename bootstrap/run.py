@@ -21,9 +21,9 @@ from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 
 from npu_job.errors import EXIT_OK, InputError, NpuJobError, shown
 
-from .model import Collective, Plan, PlanStatus, RankTable, Topology
+from .base.model import Collective, Plan, PlanStatus, RankTable, Topology
+from .base.payload import verbatim_or_shown
 from .options import BootstrapOptions, resolve, resolve_one
-from .payload import verbatim_or_shown
 from .sources import (
     Verify,
     is_url,
@@ -145,7 +145,7 @@ def _run(
             table, location = job.table, job.location
             outcome = outcome._replace(pods=location)
         else:
-            location = locate_rank_table(options.rank_table, env)
+            location = locate_rank_table(options.rank_table)
             outcome = outcome._replace(rank_table=location)
             table, reorder = _load_rank_table(options, location, verify, clock, sleep)
         outcome = outcome._replace(node_count=table.node_count)

@@ -45,7 +45,7 @@ from itertools import compress
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import canonical
-from .model import Collective, RankTable, Topology
+from .base.model import Collective, RankTable, Topology
 
 SwitchKey = Tuple[str, ...]  # outer tiers outermost first, then the ToR group label (unique)
 

@@ -27,17 +27,16 @@ from npu_job.parsing import count_from_text
 from npu_job.podfacts import (
     DEFAULT_RANK_TABLES,
     MINDX_RANK_TABLE_NAME,
-    RANK_TABLE_ENV,
     RANK_TABLE_NAME,
     RANKTABLE_TOR_NAME,
 )
 
-from .options import SERVICE_ACCOUNT_DIR, SERVICE_ACCOUNT_ENV
-from .payload import (
+from .base.payload import (
     MAX_INPUT_BYTES,
     check_size,
     verbatim_or_shown,
 )
+from .options import SERVICE_ACCOUNT_DIR, SERVICE_ACCOUNT_ENV
 
 log = logging.getLogger(__name__)
 
@@ -116,11 +115,11 @@ def http_session(retries: int = HTTP_RETRIES, backoff: float = HTTP_BACKOFF) -> 
 
 def _bounded_adapter(base: Any) -> Any:
     """``requests``' adapter whose connections end every answer by the adapter's ``deadline``
-    (:func:`~npu_job.bootstrap.deadline.bounded_connection`), proxied ones too."""
+    (:func:`~npu_job.bootstrap.base.deadline.bounded_connection`), proxied ones too."""
     from urllib3 import HTTPConnectionPool, HTTPSConnectionPool
     from urllib3.connection import HTTPConnection, HTTPSConnection
 
-    from .deadline import bounded_connection
+    from .base.deadline import bounded_connection
 
     plain, secure = bounded_connection(HTTPConnection), bounded_connection(HTTPSConnection)
     pools = {
@@ -162,7 +161,7 @@ def fetch_url(
 
     import requests
 
-    from .deadline import DeadlinePassed
+    from .base.deadline import DeadlinePassed
 
     label = name or url
     http = session or http_session()
@@ -275,10 +274,11 @@ class KubernetesAPI(NamedTuple):
 
 
 def locate_rank_table(
-    explicit: Optional[str], env: Mapping[str, str], exists: Callable[[str], bool] = os.path.exists
+    given: Optional[str], *, exists: Callable[[str], bool] = os.path.exists
 ) -> str:
-    """The rank table's path or URL; an :class:`InputError` listing where we looked if none."""
-    given = explicit or env.get(RANK_TABLE_ENV)
+    """The rank table's path or URL from ``given`` (``--rank-table``, else ``$RANK_TABLE_FILE``,
+    as :func:`~.options.resolve` reads them), else the first default location that exists; an
+    :class:`InputError` listing where we looked if none."""
     if given:
         if is_url(given):
             return given

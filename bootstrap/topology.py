@@ -46,7 +46,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
 from npu_job.errors import shown
 
-from .fields import (
+from .base.fields import (
     expect_count,
     expect_list,
     expect_object,
@@ -58,31 +58,36 @@ from .fields import (
     require_str,
     require_unique_id,
 )
-from .jsondecode import decode_typed, parse_json
-from .model import Placement, RankTable, Topology
-from .payload import decode_document, encode_b64_gzip, json_text
+from .base.jsondecode import decode_typed, parse_json
+from .base.model import (
+    BASIC_TOR_NODE_CM,
+    CCE_RANKTABLE_TOR,
+    K8S_NODE_LABELS,
+    PLAIN_FILE,
+    TOPOLOGY_FORMATS,
+    VOLCANO_HYPERNODES,
+    Placement,
+    RankTable,
+    Topology,
+)
+from .base.payload import decode_document, encode_b64_gzip, json_text
 
 logger = logging.getLogger(__name__)
 
-CCE_RANKTABLE_TOR = "cce-ranktable-tor"
-BASIC_TOR_NODE_CM = "basic-tor-node-cm"
-K8S_NODE_LABELS = "k8s-node-labels"
-VOLCANO_HYPERNODES = "volcano-hypernodes"
 KUBE_FORMATS = (K8S_NODE_LABELS, VOLCANO_HYPERNODES)  # read by npu_job.bootstrap.kube.topology
-PLAIN_FILE = "file"
-FORMATS = (CCE_RANKTABLE_TOR, BASIC_TOR_NODE_CM, K8S_NODE_LABELS, VOLCANO_HYPERNODES, PLAIN_FILE)
 
 
 def parse_topology(
     data: bytes, source: str, fmt: Optional[str] = None, *, context: Any = None
 ) -> Topology:
-    """Decode ``data`` and read it as ``fmt`` (one of :data:`FORMATS`), detected when None.
+    """Decode ``data`` and read it as ``fmt``, a name of :data:`~.base.model.TOPOLOGY_FORMATS`
+    (None: detected by content).
 
     ``context`` (a :class:`~npu_job.bootstrap.kube.topology.KubeContext`, or a function that makes
     one when asked) serves the Kubernetes formats: more Nodes, the servers that matter, the label
     keys to read.
     """
-    if fmt is not None and fmt not in FORMATS:
+    if fmt is not None and fmt not in TOPOLOGY_FORMATS:
         raise ValueError(f"unknown topology format {fmt!r}")
     if fmt == CCE_RANKTABLE_TOR:
         text = json_text(data, source)
@@ -183,7 +188,7 @@ def _cce_servers_fast(text: bytes) -> Optional[List[Tuple[str, FrozenSet[str]]]]
     into only those two fields: the other four fields of each device are checked but never built,
     5x faster than a full decode. None: read it in full.
 
-    Kept with msgspec optional (issue 28): msgspec's plain decode into builtins instead costs the
+    Kept with msgspec optional: msgspec's plain decode into builtins instead costs the
     whole rank-table bootstrap 8.6% more instructions at 4096 nodes (1,023.6 M against 942.4 M,
     callgrind side by side), 11% past what it took before, more than the 10% the rule allows."""
     document = decode_typed(text, _cce_decoder)

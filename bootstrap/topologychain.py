@@ -16,7 +16,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 
 from npu_job.errors import InputError
 
-from .model import RankTable, Topology
+from .base.model import RankTable, Topology
 from .options import BootstrapOptions
 from .sources import (
     K8S_TOPOLOGY,

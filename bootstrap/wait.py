@@ -23,8 +23,8 @@ from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 from npu_job.errors import InputError, NotReadyError, shown
 from npu_job.polling import Backoff, poll
 
-from .model import RankTable
-from .payload import decode_document
+from .base.model import RankTable
+from .base.payload import decode_document
 from .ranktable import rank_table_from_document
 from .sources import SourceUnavailable
 

@@ -35,8 +35,8 @@ from npu_job.podfacts import (
     ROUTE_PLAN_FILE,
 )
 
-from .jsondecode import encode_compact
-from .model import Plan
+from .base.jsondecode import encode_compact
+from .base.model import Plan
 
 ROUTE_PLAN_VERSION = 1
 PLAN_FILES = (RANK_TABLE_COPY, ENV_FILE, MASTER_FILE, RANK_FILE)

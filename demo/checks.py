@@ -27,11 +27,11 @@ from .scenario import JOB_NAME, SUMMARY_VERSION, DemoOptions, SimulatedCluster
 def api_plan(objects: Mapping[str, List[Dict[str, Any]]]) -> Any:
     """The plan the bootstrap makes of ``objects`` (:func:`.scenario.cluster_objects`), read with
     its own readers."""
+    from npu_job.bootstrap.base.model import Collective
     from npu_job.bootstrap.kube import jobpods
     from npu_job.bootstrap.kube.facts import read_pods
     from npu_job.bootstrap.kube.objects import read_objects
     from npu_job.bootstrap.kube.topology import KubeContext, topology_from_objects
-    from npu_job.bootstrap.model import Collective
     from npu_job.bootstrap.planner import plan
 
     kinds = (("Pod", "pods"), ("Node", "nodes"), ("HyperNode", "hypernodes"))
@@ -57,7 +57,7 @@ def expected_plan(
 ) -> Any:
     """The plan every pod's bootstrap must arrive at (identity when it must fall back);
     ``objects``: what the API serves, for ``routing_source="api"``."""
-    from npu_job.bootstrap.model import Collective, Plan, PlanStatus
+    from npu_job.bootstrap.base.model import Collective, Plan, PlanStatus
     from npu_job.bootstrap.planner import plan
 
     if options.routing and options.routing_source == "api" and objects is not None:
@@ -114,7 +114,7 @@ class PodOutcome:
 
 def bundle_identity(bundle: Any) -> str:
     """How the first line of a pod whose bootstrap runs ``bundle`` (a
-    :class:`~npu_job.bundle.Bundle`) starts: the identity line :mod:`npu_job.bundled` logs."""
+    :class:`~npu_job.bundle.Bundle`) starts: the identity line :mod:`npu_job.pod.bundled` logs."""
     return f"{PROG}: running {bundle.version} from bundle {bundle.short_digest} ("
 
 

@@ -116,10 +116,9 @@ class ClusterAPI:
 class SimulatedCluster:
     """The cluster the scheduler gave the job: rank table, topology, and what CCE mounts."""
 
-    table: Any  # npu_job.bootstrap.model.RankTable, as the pods will read it
-    topology: (
-        Any  # npu_job.bootstrap.model.Topology, as the pods will read it (no slots in CCE's format)
-    )
+    table: Any  # npu_job.bootstrap.base.model.RankTable, as the pods will read it
+    # npu_job.bootstrap.base.model.Topology, as the pods will read it (no slots in CCE's format)
+    topology: Any
     rank_table_json: str
     ranktable_tor_b64: str
 
@@ -153,7 +152,7 @@ def cce_cluster(table: Any, topology: Any, host_ips: Sequence[str]) -> Simulated
     """A generated ``(table, topology)`` as CCE delivers it to pods at ``host_ips`` (pure): every
     ``server_id`` becomes its pod's address, then the rank table and ``ranktable_tor.json`` are
     encoded and read back with the bootstrap's own readers."""
-    from npu_job.bootstrap.model import Placement, Topology
+    from npu_job.bootstrap.base.model import Placement, Topology
     from npu_job.bootstrap.ranktable import parse_rank_table, rank_table_document
     from npu_job.bootstrap.topology import encode_ranktable_tor, parse_topology
 

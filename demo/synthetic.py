@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from npu_job.bootstrap.model import Device, Placement, RankTable, Server, Topology
+from npu_job.bootstrap.base.model import Device, Placement, RankTable, Server, Topology
 
 OCCUPANCIES = ("even", "uneven")
 

@@ -10,7 +10,7 @@ zipapp: Python finds the archive at the end of the file whatever precedes it):
 
 The preamble starts ``$NPU_JOB_PYTHON`` (default ``python3``) on a loader that first checks that
 the archive is readable, so that a truncated file is one ``npu-job: error:`` line (exit 10), not
-Python's own message; then :mod:`npu_job.bundled` checks the running copy and the digest.
+Python's own message; then :mod:`npu_job.pod.bundled` checks the running copy and the digest.
 
 What it holds: the bootstrap and launcher packages and the shared core modules they import, as
 sources (``.pyc`` files are tied to one interpreter version; the bundle serves 3.7 through 3.14),
@@ -62,11 +62,10 @@ def short_digest(digest: str) -> str:
 
 #: The packages the bundle holds whole, and the shared core's modules they import (a test checks
 #: that every ``npu_job`` import of a bundled module is bundled too).
-BUNDLED_PACKAGES = ("npu_job.bootstrap", "npu_job.launcher")
+BUNDLED_PACKAGES = ("npu_job.bootstrap", "npu_job.launcher", "npu_job.pod")
 CORE_MODULES = (
     "__init__",
     "bundle",
-    "bundled",
     "errors",
     "fileio",
     "logs",
@@ -109,7 +108,7 @@ _MAIN = """\
 import os
 import sys
 
-from npu_job.bundled import main
+from npu_job.pod.bundled import main
 
 sys.exit(main(os.path.dirname(__file__), {digest!r}))
 """

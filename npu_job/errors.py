@@ -157,7 +157,7 @@ class MissingExtraError(NpuJobError):
 
 class BundleError(NpuJobError):
     """The job's bundle of the pod side (``npu-job.pyz``) is missing, unreadable, or holds other
-    entries than its digest records (:mod:`npu_job.bundled`)."""
+    entries than its digest records (:mod:`npu_job.pod.bundled`)."""
 
     exit_code = 10
 

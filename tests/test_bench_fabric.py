@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from npu_job.bootstrap import planner, scorer
-from npu_job.bootstrap.model import Collective
+from npu_job.bootstrap.base.model import Collective
 from npu_job.demo.synthetic import synthetic_cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -295,7 +295,7 @@ def test_median():
 import argparse  # noqa: E402
 
 import bench_fabric  # noqa: E402
-from npu_job.bootstrap.model import PlanStatus  # noqa: E402
+from npu_job.bootstrap.base.model import PlanStatus  # noqa: E402
 
 
 @pytest.mark.parametrize("text", ["12x4", "16:6,4,4,2", "16x4/2@2"])

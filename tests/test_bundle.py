@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import pytest
 from npu_job.demo.images import find_interpreter
 
-from npu_job import __version__, bundled
+from npu_job import __version__
 from npu_job.bundle import (
     BUNDLE_NAME,
     FIXED_DATE,
@@ -39,12 +39,13 @@ from npu_job.bundle import (
     strip_prose,
 )
 from npu_job.errors import BundleError
+from npu_job.pod import bundled
 from tests.bootstrap.documents import write_cce_job
 from tests.test_layers import import_statements
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOTSTRAP_SH = ROOT / "scripts" / "bootstrap.sh"
-#: the Pythons CI runs the bootstrap from the bundle on (issue: 3.7, 3.8, 3.9, 3.12 and 3.13)
+#: the Pythons CI runs the bootstrap from the bundle on: the floor, 3.7, and four after it
 FLOOR_PYTHONS = [(3, 7), (3, 8), (3, 9), (3, 12), (3, 13)]
 #: kubectl apply (client side) keeps the whole object as JSON in an annotation, and the API server
 #: refuses annotations over 256 KiB: the ConfigMap must fit, with room for the scripts to grow

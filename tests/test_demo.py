@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from npu_job.bootstrap.model import Collective, Plan, PlanStatus
+from npu_job.bootstrap.base.model import Collective, Plan, PlanStatus
 from npu_job.demo import podsim, podspec
 
 from npu_job import demo

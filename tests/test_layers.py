@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import configparser
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ LAYERS: Dict[str, Tuple[int, str]] = {
     "npu_job.demo": (2, "demo"),
     "npu_job.cli": (3, "entry points"),
     "npu_job.__main__": (3, "entry points"),
-    "npu_job.bundled": (3, "entry points"),  # `python3 npu-job.pyz COMMAND`, the bundle's own
+    "npu_job.pod": (3, "entry points"),  # `python3 npu-job.pyz COMMAND`, the bundle's own
     # `python -m npu_job.bootstrap` / `python -m npu_job.launcher` are commands, like the CLI's
     "npu_job.bootstrap.__main__": (3, "entry points"),
     "npu_job.launcher.__main__": (3, "entry points"),
@@ -173,3 +173,107 @@ def absolute_sibling_imports() -> Iterator[str]:
 
 def test_inside_a_part_siblings_are_imported_relatively():
     assert list(absolute_sibling_imports()) == []
+
+
+def import_graph(prefix: str) -> Dict[str, Set[str]]:
+    """Each module under ``prefix`` and the modules under it that it imports, anywhere in its
+    file (``from . import x`` imports the package and ``x``; ``from .x import name``, ``x``)."""
+    found = dict(modules())
+    inside = {name for name in found if name == prefix or name.startswith(prefix + ".")}
+    graph: Dict[str, Set[str]] = {}
+    for module in sorted(inside):
+        targets = set()
+        for name, _ in imported(module, found[module]):
+            target = name if name in inside else name.rpartition(".")[0]
+            if target in inside and target != module:
+                targets.add(target)
+        graph[module] = targets
+    return graph
+
+
+def cycles(graph: Mapping[str, Set[str]]) -> List[FrozenSet[str]]:
+    """The import cycles of ``graph``: each set of modules that reach one another (its strongly
+    connected components of more than one module, by Tarjan's algorithm)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    found: List[FrozenSet[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = {stack.pop()}
+            while module not in component:
+                component.add(stack.pop())
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found, key=sorted)
+
+
+# The input loader's three modules still call into one another's halves (the pods' and the
+# topology chain's loaders use inputs' readers, and inputs runs them): the one cycle allowed, and
+# only while it is there, so that the allowance goes when the cycle does.
+ALLOWED_CYCLES = [
+    frozenset(f"npu_job.bootstrap.{name}" for name in ("inputs", "podrun", "topologychain")),
+]
+
+
+def test_no_import_cycle_runs_among_the_bootstrap_modules():
+    found = cycles(import_graph("npu_job.bootstrap"))
+    assert [sorted(cycle) for cycle in found if cycle not in ALLOWED_CYCLES] == []
+    gone = [sorted(cycle) for cycle in ALLOWED_CYCLES if cycle not in found]
+    assert gone == [], "no longer a cycle: drop it from ALLOWED_CYCLES"
+
+
+def test_the_cycle_finder_sees_a_cycle_through_three_modules_and_none_in_a_chain():
+    ring = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(ring) == [frozenset("abc")]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+FLOOR = "npu_job.bootstrap.base"
+
+
+def test_the_bootstrap_floor_imports_nothing_of_the_bootstrap_above_it():
+    """``bootstrap/base/`` is what the readers, the cluster's objects and the run stand on."""
+    found = dict(modules())
+    above = [
+        f"{found[module].relative_to(REPO)}: imports {target}"
+        for module, targets in import_graph("npu_job.bootstrap").items()
+        if module == FLOOR or module.startswith(FLOOR + ".")
+        for target in sorted(targets)
+        if not (target == FLOOR or target.startswith(FLOOR + ".")) and target != "npu_job.bootstrap"
+    ]
+    assert above == []
+
+
+def test_the_option_table_stands_on_the_floor_alone():
+    """Every reader and the run read the options, so the options read nothing of them."""
+    targets = import_graph("npu_job.bootstrap")["npu_job.bootstrap.options"]
+    above = {t for t in targets if not (t == FLOOR or t.startswith(FLOOR + "."))}
+    assert above <= {"npu_job.bootstrap"}
+
+
+def test_the_core_folder_imports_neither_the_bootstrap_nor_the_launcher():
+    """``npu_job/*.py`` is the small core both parts stand on (and ``python -m npu_job``, which
+    goes through the CLI); a module that runs a part is an entry point and lives elsewhere."""
+    parts = ("npu_job.bootstrap", "npu_job.launcher")
+    found = [
+        f"{path.relative_to(REPO)}:{line}: imports {name}"
+        for module, path in modules()
+        if path.parent == REPO / "npu_job"
+        for name, line in imported(module, path)
+        if any(name == part or name.startswith(part + ".") for part in parts)
+    ]
+    assert found == []

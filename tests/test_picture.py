@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from npu_job.bootstrap import planner, scorer
-from npu_job.bootstrap.model import Collective, PlanStatus
+from npu_job.bootstrap.base.model import Collective, PlanStatus
 from npu_job.demo.synthetic import synthetic_cluster
 
 from npu_job.cli import main

@@ -91,13 +91,82 @@ def test_a_page_with_several_sections_opens_with_a_list_of_them_in_order():
 
 def test_no_page_cites_what_a_reader_cannot_follow():
     unfollowable = re.compile(
-        r"DESIGN §|\bissue \d+|\b(this|the last|the next|the) session\b|\bsession (before|after)\b"
+        HISTORY + r"|\b(this|the last|the next|the) session\b|\bsession (before|after)\b"
         r"|\blast note\b",
         re.I,
     )
     for page, text in PAGES.items():
         found = unfollowable.findall(text)
         assert not found, f"{page.name}: {found}"
+
+
+# A section of a document the repository does not have, or the number of an issue: the reader of
+# the code, a template or a test can follow neither.
+HISTORY = r"\bDESIGN\b.{0,3}\u00a7|\u00a7\s*\d|\bissues? #?\d+|\(issue:"
+SOURCES = ("npu_job", "bootstrap", "render", "templates", "launcher", "demo", "scripts", "examples")
+SOURCES += ("benchmarks", "tests", ".ci")
+
+
+def test_no_source_cites_what_a_reader_cannot_follow():
+    """Code, templates, scripts and tests say why, not which issue or design note asked."""
+    history = re.compile(HISTORY, re.I)
+    found = [
+        f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, match.start()) + 1}: {match.group(0)}"
+        for folder in SOURCES
+        for path in sorted((ROOT / folder).rglob("*"))
+        if path.is_file()
+        and path.suffix in (".py", ".j2", ".sh", ".cfg", ".toml", "")
+        and "__pycache__" not in path.parts
+        and path != Path(__file__).resolve()  # its own check names what it looks for
+        for text in [path.read_text(encoding="utf-8", errors="replace")]
+        for match in history.finditer(text)
+    ]
+    assert found == []
+
+
+def test_the_history_check_sees_a_design_section_and_an_issue_number():
+    history = re.compile(HISTORY, re.I)
+    for cited in ("DESIGN \u00a77", "(issue 28)", "Issue 29, case 2", "(issue: 3.7, 3.8)"):
+        assert history.search(cited), cited
+    assert not history.search("a known issue with the API, see the section 3 table")
+
+
+def _repository_paths(text: str):
+    """The names in backticks that are paths in this repository: they start with one of its
+    top-level folders and name no other repository's file (``owner/repo `path```)."""
+    tops = {path.name for path in ROOT.iterdir() if path.is_dir() and not path.name.startswith(".")}
+    tops |= {".ci"}
+    for match in re.finditer(r"`([^`\s]+)`", text):
+        name = match.group(1).split("::")[0]
+        if any(mark in name for mark in "<>*{}$") or "/" not in name:
+            continue
+        if name.split("/")[0] not in tops:
+            continue
+        before, shorter = text[max(0, match.start() - 300) : match.start()].rstrip(), ""
+        while shorter != before:  # past the paths listed before it: `a`, `b` and `c`
+            shorter, before = before, re.sub(r"`[^`\s]+`(?:,|\s+and)?$", "", before).rstrip()
+        if re.search(r"[\w.-]+/[\w.-]+$", before):  # another repository's paths
+            continue
+        yield name
+
+
+def test_every_repository_path_a_page_names_exists():
+    missing = [
+        f"{page.name}: {name}"
+        for page, text in PAGES.items()
+        for name in _repository_paths(text)
+        if not (ROOT / name).exists()
+    ]
+    assert missing == []
+
+
+def test_the_path_check_reads_ours_and_leaves_other_repositories_paths():
+    text = (
+        "see `launcher/cpus.py` and `npu_job/launcher/torchcompat.py`, not volcano-sh/volcano"
+        " `docs/user-guide/x.md`, NVIDIA/topograph `docs/a.md`, `docs/b/c.md` and `pkg/d.go`,"
+        " nor `train.sh` or `tests/<area>`"
+    )
+    assert list(_repository_paths(text)) == ["launcher/cpus.py", "npu_job/launcher/torchcompat.py"]
 
 
 def _command_lines(text: str):

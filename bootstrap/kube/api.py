@@ -13,14 +13,14 @@ expired token (``410 Gone``) counts as a passing failure: the next poll starts o
 Standard library only (``http.client`` and ``ssl``): importing ``requests`` costs about 0.1 s of
 CPU, as much as a 4096-pod job's whole plan once the API answers. One keep-alive HTTPS
 connection serves every page; responses may come gzipped (``Accept-Encoding: gzip``; the API
-server compresses big ones) and are capped at :data:`~npu_job.bootstrap.payload.MAX_INPUT_BYTES`
+server compresses big ones) and are capped at :data:`~..base.payload.MAX_INPUT_BYTES`
 per page. Connection errors, 429 and 5xx are retried with exponential backoff; a 4xx or a
 certificate error is an :class:`InputError` at once (401: the token, 403: the RBAC rule the job
 needs).
 
 Every list is bounded, whatever the server answers: a read waits at most :data:`TIMEOUT`, an
 answer (connecting, headers, body) ends within :data:`ANSWER_DEADLINE` however slowly it comes
-(:mod:`..deadline`), a list of every page and retry within :data:`LIST_DEADLINE`, in at most
+(:mod:`..base.deadline`), a list of every page and retry within :data:`LIST_DEADLINE`, in at most
 :data:`MAX_PAGES` pages and :data:`MAX_ITEMS` items; a continue token that comes back (a server
 paging in a cycle) is an error at once. Each names the list's URL (the token goes in a header,
 never in the URL).
@@ -38,14 +38,14 @@ from npu_job.errors import InputError, shown
 from npu_job.parsing import count_from_text
 from npu_job.polling import Backoff
 
-from ..canonical import sha256
-from ..payload import (
+from ..base.payload import (
     MAX_INPUT_BYTES,
     check_size,
     decode_document,
     json_text,
     verbatim_or_shown,
 )
+from ..canonical import sha256
 from ..sources import SERVICE_ACCOUNT_DIR, KubernetesAPI, SourceUnavailable
 from .facts import PodFacts, read_pods
 from .objects import KubeObjects, list_continue, read_objects
@@ -253,7 +253,7 @@ class KubeClient:
         )
 
     def _request(self, target: str, name: str) -> Tuple[int, str, Any, bytes]:
-        from ..deadline import DeadlinePassed
+        from ..base.deadline import DeadlinePassed
 
         now = time.monotonic()
         if now >= self._list_ends:
@@ -311,11 +311,11 @@ class KubeClient:
 
 
 def _connection_class() -> Any:
-    """``http.client.HTTPSConnection`` with answers bounded in time (:mod:`..deadline`)."""
+    """``http.client.HTTPSConnection`` with answers bounded in time (:mod:`..base.deadline`)."""
     if not _CONNECTION:
         import http.client
 
-        from ..deadline import bounded_connection
+        from ..base.deadline import bounded_connection
 
         _CONNECTION.append(bounded_connection(http.client.HTTPSConnection))
     return _CONNECTION[0]

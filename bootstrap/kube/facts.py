@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Seq
 
 from npu_job.parsing import count_from_text
 
-from ..fields import expect_list, expect_object, expect_str, fail, join_key
+from ..base.fields import expect_list, expect_object, expect_str, fail, join_key
 from .objects import (
     KubeObject,
     field_path,

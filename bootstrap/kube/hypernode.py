@@ -38,7 +38,7 @@ from typing import (
 
 from npu_job.errors import shown
 
-from ..fields import expect_list, expect_object, expect_str, fail
+from ..base.fields import expect_list, expect_object, expect_str, fail
 from .objects import (
     KubeObject,
     field_path,

@@ -37,9 +37,9 @@ from typing import (
 from npu_job.errors import shown
 
 from .. import goregexp
+from ..base.fields import fail
+from ..base.model import Placement
 from ..canonical import id_sort_key
-from ..fields import fail
-from ..model import Placement
 from .facts import NodeFacts
 from .hypernode import HyperNode, Requirement
 from .objects import KubeObject

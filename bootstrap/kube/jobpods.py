@@ -29,8 +29,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
 from npu_job.errors import InputError, NotReadyError, shown
 from npu_job.parsing import MAX_COUNT_DIGITS, count_from_text
 
-from ..fields import fail
-from ..model import Device, Placement, RankTable, Server, Topology
+from ..base.fields import fail
+from ..base.model import Device, Placement, RankTable, Server, Topology
 from ..ranktable import POD_INDEX_EXPECTED, pod_index_from_name
 from .facts import PodFacts
 from .objects import POD, object_field

@@ -44,10 +44,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from npu_job.errors import InputError, shown
-
-from ..fields import expect_str
-from ..model import Placement
+from ..base.fields import expect_str
+from ..base.model import Placement
 
 CABINET_LABEL = "cce.kubectl.kubernetes.io/cabinet"
 VOLCANO_TOR_LABEL = "volcano.sh/tor"
@@ -127,19 +125,6 @@ def _numbered_tiers(labels: Mapping[str, Any], prefix: str) -> Tuple[Tuple[str, 
 def user_scheme(keys: Sequence[str]) -> LabelScheme:
     """The scheme of label keys a user names, outermost first."""
     return LabelScheme(USER_SCHEME, "the named labels", tuple((key,) for key in keys))
-
-
-def label_keys_from_text(text: str, name: str) -> Tuple[str, ...]:
-    """``"k1,k2,k3"`` (outermost first) as keys; ``name`` (a flag or variable) for the error."""
-    keys = tuple(part.strip() for part in text.split(","))
-    if not keys or any(not key or any(c.isspace() for c in key) for key in keys):
-        raise InputError(
-            "environment" if name.isupper() else "command line",
-            name,
-            "expected label keys separated by commas, outermost first "
-            f"(e.g. example.com/spine,example.com/rack), got {shown(text)}",
-        )
-    return keys
 
 
 def placement_from_labels(

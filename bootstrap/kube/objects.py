@@ -36,8 +36,8 @@ from typing import (
 
 from npu_job.errors import shown
 
-from ..fields import expect_list, expect_object, expect_str, fail, join_key
-from ..payload import decode_document
+from ..base.fields import expect_list, expect_object, expect_str, fail, join_key
+from ..base.payload import decode_document
 
 NODE = "Node"
 POD = "Pod"

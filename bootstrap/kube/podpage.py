@@ -8,7 +8,7 @@ page of another shape, a pod that does not fit the types) is left, having decide
 general readers (:mod:`npu_job.bootstrap.kube.objects`, :mod:`npu_job.bootstrap.kube.facts`), which
 read the same facts or name what is wrong.
 
-Why it stays now that msgspec is optional (issue 28): msgspec's plain decode into builtins, then
+Why it stays with msgspec optional: msgspec's plain decode into builtins, then
 the general readers, takes twice the instructions at 4096 pods (callgrind, side by side:
 1,791 M against 897 M for the whole bootstrap), which would give up most of what msgspec buys on
 the API path. The standard library's path never enters it.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..jsondecode import decode_typed
+from ..base.jsondecode import decode_typed
 from .facts import PodFacts, devices_of
 from .podtypes import POD_PAGE_BUILDS_AT_MOST, pod_page_decoder, resources_decoder
 
@@ -28,7 +28,7 @@ def read_pod_page(text: bytes) -> Optional[Tuple[Tuple[PodFacts, ...], Optional[
     decoded by msgspec into the fields :func:`~.facts.read_pods` reads, typed, so that
     checking them costs next to nothing; None, having decided nothing, unless msgspec is loaded
     and the page is a ``PodList`` of well-formed pods without a ``kind`` (as the API answers): the
-    caller then reads it the general way (:func:`~..payload.decode_document`,
+    caller then reads it the general way (:func:`~..base.payload.decode_document`,
     :func:`~.objects.read_objects`, :func:`~.facts.read_pods`), which reads the same facts
     or names what is wrong.
     """

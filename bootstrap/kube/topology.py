@@ -4,7 +4,7 @@ The documents are what the API lists or kubectl prints (:mod:`npu_job.bootstrap.
 ``kubectl get hypernodes -o json`` with ``kubectl get nodes -o json`` beside it, or both in one
 ``kubectl get hypernodes,nodes,pods -o json``. With HyperNodes, each node's placement is its path
 in their tree (:mod:`.hypernodetree`); without, its topology labels
-(:mod:`npu_job.bootstrap.kube.labels`). Either way the :class:`~npu_job.bootstrap.model.Topology` is
+(:mod:`npu_job.bootstrap.kube.labels`). Either way the :class:`~..base.model.Topology` is
 keyed by node name and by each ``InternalIP`` of the node (a rank table's ``server_id``), and an
 address two nodes claim with different placements is an error.
 """
@@ -25,9 +25,8 @@ from typing import (
 
 from npu_job.errors import shown
 
-from ..fields import fail
-from ..model import Placement, Topology
-from ..topology import K8S_NODE_LABELS, VOLCANO_HYPERNODES
+from ..base.fields import fail
+from ..base.model import K8S_NODE_LABELS, VOLCANO_HYPERNODES, Placement, Topology
 from .facts import NodeFacts, read_nodes
 from .hypernode import read_hypernodes
 from .hypernodetree import exact_tree_placements, resolve

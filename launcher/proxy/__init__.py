@@ -45,8 +45,8 @@ to the root :mod:`.upstream`; :mod:`.storeproxy` runs the server on a thread, an
   request. Per client, order is the root's: its requests go upstream in arrival order on the main
   connection, and a WAIT answer (served on a wait connection) is held until the main connection has
   answered a request sent after the client's latest no-reply write (``waits``' ``_answer_wait``).
-  Before issue 15 a GET could join one sent long before, still queued behind large replies on the
-  main connection, and return a value older than a write another node had completed;
+  A GET that joined any one in flight could join one sent long before, still queued behind large
+  replies on the main connection, and return a value older than a write another node had completed;
 * concurrent ADDs to one key are summed into one upstream ADD (group commit: while one ADD to a
   key is in flight, later ones accumulate); with root reply ``total`` for a batch of deltas
   ``d1..dn`` the i-th caller gets ``total - sum(d) + d1 + ... + di`` - distinct values, as if the

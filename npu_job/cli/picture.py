@@ -104,7 +104,7 @@ def layout(table: Any, topology: Any, plan: Any, *, title: str = "") -> Picture:
     ring's ``r -> r+1`` whose nodes sit on different switch groups (the scorer's rule).
     """
     from npu_job.bootstrap import canonical, planner, scorer
-    from npu_job.bootstrap.model import PlanStatus
+    from npu_job.bootstrap.base.model import PlanStatus
 
     count = len(table.servers)
     groups, _placed = planner.switch_groups(table, topology)
@@ -188,7 +188,7 @@ def _switch_size(members: int) -> Tuple[float, float]:
 
 
 def _group_label(canonical: Any, table: Any, topology: Any, group: Sequence[int]) -> str:
-    from npu_job.bootstrap.payload import verbatim_or_shown
+    from npu_job.bootstrap.base.payload import verbatim_or_shown
 
     tiers, tors, _slot = canonical.switch_path(table.servers[group[0]], topology)
     parts = [verbatim_or_shown(tier) for tier in tiers]

@@ -24,6 +24,7 @@ from ._args import int_at_least, picture_file
 HELP = "show the routing-affine order for a rank table or a job's pods, and how it scores"
 JSON_VERSION = 1
 ORDER_NAMES = ("scheduler", "random", "ours")
+SERVER_FLAGS = ("rank_table", "pods")  # exactly one of them names the servers
 
 _EPILOG = """\
 The fabric model (see npu_job.bootstrap.scorer): each ToR has U uplinks, each as fast as one
@@ -41,73 +42,18 @@ Examples:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from npu_job.bootstrap.options import COLLECTIVES, TOPOLOGY_FORMATS
+    from npu_job.bootstrap.command import add_flag
+    from npu_job.bootstrap.options import OPTIONS
     from npu_job.bootstrap.scorer import DEFAULT_SAMPLES, DEFAULT_UPLINKS
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
+    # the settings a pod has too, from the bootstrap's option table
     servers = parser.add_mutually_exclusive_group(required=True)
-    servers.add_argument(
-        "--rank-table",
-        "--rank_table",
-        dest="rank_table",
-        metavar="PATH|URL",
-        help="rank table: a file, a directory holding jobstart_hccl.json, or an http(s) URL "
-        "(any format the bootstrap reads; plain JSON or base64+gzip)",
-    )
-    servers.add_argument(
-        "--pods",
-        metavar="PATH|URL",
-        help="instead of a rank table, a Volcano job's pods: kubectl get pods -o json (or -o "
-        "yaml), or one kubectl get hypernodes,nodes,pods -o json whose HyperNodes or node "
-        "labels are then the topology",
-    )
-    parser.add_argument(
-        "--job",
-        metavar="NAME",
-        help="with --pods: the job (label volcano.sh/job-name; default: the one "
-        "job the pods belong to)",
-    )
-    parser.add_argument(
-        "--task",
-        metavar="NAME",
-        help="with --pods: only this task's pods (label volcano.sh/task-spec)",
-    )
-    parser.add_argument("--namespace", metavar="NAME", help="with --pods: only this namespace")
-    parser.add_argument(
-        "--topology",
-        metavar="PATH|URL",
-        help="switch topology file or URL (ranktable_tor.json, basic-tor-node-cm tor_info, "
-        "a Kubernetes NodeList or HyperNodeList, or a plain YAML/JSON topology; default: as a pod "
-        "finds it, without the environment and the cluster: the HyperNodes or Nodes in the --pods "
-        "file, else ranktable_tor.json beside the rank table, else /etc/npu-job/topology.yaml)",
-    )
-    parser.add_argument(
-        "--topology-format",
-        "--topology_format",
-        dest="topology_format",
-        choices=TOPOLOGY_FORMATS,
-        help="read --topology as this format (default: detect by content)",
-    )
-    parser.add_argument(
-        "--nodes",
-        metavar="PATH|URL",
-        help="the cluster's Nodes (kubectl get nodes -o json) beside a HyperNode topology: their "
-        "labels serve labelMatch members, their InternalIPs match rank-table server ids",
-    )
-    parser.add_argument(
-        "--topology-labels",
-        "--topology_labels",
-        dest="topology_labels",
-        metavar="KEY,KEY,...",
-        help="read switch paths from these node labels, outermost first, instead of the known "
-        "Volcano, CCE, EKS, GKE and topograph labels",
-    )
-    parser.add_argument(
-        "--collective",
-        choices=COLLECTIVES,
-        help="collective to optimise and score for (default: from $HCCL_ALGO, else ring)",
-    )
+    for option in OPTIONS:
+        if option.plan is not None:
+            container = servers if option.name in SERVER_FLAGS else parser
+            add_flag(container, option, option.plan.help, option.plan.metavar)
     parser.add_argument(
         "--uplinks",
         type=int_at_least(1),
@@ -186,27 +132,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-# the flags that name plan's inputs, as the bootstrap's options of those names read them
-INPUT_FLAGS = (
-    "rank_table",
-    "pods",
-    "job",
-    "task",
-    "namespace",
-    "topology",
-    "topology_format",
-    "nodes",
-    "topology_labels",
-)
-
-
 def _load(args: argparse.Namespace):
     """Read the servers and topology with the bootstrap's loader (errors: one line, exit 3).
     Only the flags name the inputs: a pod's variables mean nothing where plan runs."""
     from npu_job.bootstrap import inputs
-    from npu_job.bootstrap.options import resolve
+    from npu_job.bootstrap.options import INPUTS, OPTIONS, resolve
 
-    return inputs.read_inputs(resolve({name: getattr(args, name) for name in INPUT_FLAGS}, {}))
+    flags = {o.name: getattr(args, o.name) for o in OPTIONS if o.plan and o.group == INPUTS}
+    return inputs.read_inputs(resolve(flags, {}))
 
 
 def _score_fields(score) -> Dict[str, Any]:
@@ -265,7 +198,7 @@ def _report(
 
 
 def _path_text(entry: Dict[str, Any]) -> str:
-    from npu_job.bootstrap.payload import verbatim_or_shown
+    from npu_job.bootstrap.base.payload import verbatim_or_shown
 
     parts = list(map(verbatim_or_shown, entry["tiers"]))
     if entry["tors"]:
@@ -288,8 +221,8 @@ def _fraction(value: Optional[float]) -> str:
 
 def _text(report: Dict[str, Any]) -> List[str]:
     """The report as lines for a terminal; ids that are not short printable text are quoted
-    (:func:`~npu_job.bootstrap.payload.verbatim_or_shown`), ``--json`` has them as written."""
-    from npu_job.bootstrap.payload import verbatim_or_shown
+    (:func:`~npu_job.bootstrap.base.payload.verbatim_or_shown`), ``--json`` has them as written."""
+    from npu_job.bootstrap.base.payload import verbatim_or_shown
 
     ours = report["scores"]["ours"]
     lines = [

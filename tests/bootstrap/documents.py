@@ -1,4 +1,4 @@
-"""Small input documents in the shapes the platform produces (authored here from DESIGN §3–4).
+"""Small input documents in the shapes the platform produces (the formats of docs/bootstrap.md).
 
 Each builder returns a fresh dict, so a test may mutate it into a bad input. Values are invented;
 the shapes follow the CCE / MindCluster / HCCL formats (every number a string in rank tables).
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
+from npu_job.bootstrap.base.model import RankTable, Topology
 from npu_job.bootstrap.kube.objects import decode_objects
 from npu_job.bootstrap.kube.topology import KubeContext
-from npu_job.bootstrap.model import RankTable, Topology
 from npu_job.bootstrap.ranktable import rank_table_document
 from npu_job.bootstrap.topology import encode_ranktable_tor, parse_topology
 from npu_job.demo.synthetic import synthetic_cluster

@@ -1,4 +1,4 @@
-"""Running a test under each JSON engine of ``npu_job.bootstrap.payload``.
+"""Running a test under each JSON engine of ``npu_job.bootstrap.base.payload``.
 
 The bootstrap decodes with msgspec when it is installed and the input is big, and with the
 standard library otherwise; both must mean the same. :func:`json_engine` switches between the two
@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import ContextManager, Iterator
 
-from npu_job.bootstrap.accelerator import MSGSPEC, Accelerator
+from npu_job.bootstrap.base.accelerator import MSGSPEC, Accelerator
 
 ENGINES = ("msgspec", "stdlib")
 

@@ -10,7 +10,7 @@ import json
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import canonical
-from npu_job.bootstrap.model import Collective
+from npu_job.bootstrap.base.model import Collective
 from npu_job.demo.synthetic import synthetic_cluster
 
 from .engines import ENGINES, json_engine

@@ -5,10 +5,13 @@ import argparse
 from pathlib import Path
 
 import pytest
+from npu_job.bootstrap.base.model import Collective
 from npu_job.bootstrap.command import configure, epilog
 from npu_job.bootstrap.options import (
     OPTIONS,
     BootstrapOptions,
+    collective_from_hccl_algo,
+    label_keys_from_text,
     options_markdown,
     resolve,
     resolve_one,
@@ -130,3 +133,43 @@ def test_strict_and_the_output_dir_read_alone_despite_another_bad_value():
     assert resolve_one("strict", {}, env) is True
     assert resolve_one("output_dir", {}, env) == "/o"
     assert resolve_one("output_dir", {}, {}) == "/tmp"
+
+
+@pytest.mark.parametrize("text", ["", "a,,b", "a, b c", ","])
+def test_bad_label_key_lists_are_one_line(text):
+    with pytest.raises(InputError) as caught:
+        label_keys_from_text(text, "NPU_JOB_TOPOLOGY_LABELS")
+    assert caught.value.message.startswith(
+        "environment: NPU_JOB_TOPOLOGY_LABELS: expected label keys separated by commas, outermost first"
+    )
+
+
+# --- HCCL_ALGO ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("level0:NA;level1:H-D_R", Collective.RHD),
+        ("level0:NA;level1:ring", Collective.RING),
+        ("level0:NA;level1:NHR", Collective.NHR),
+        ("level0:NA;level1:NHR_V1", Collective.NHR),
+        ("level0:NA;level1:NB", Collective.NHR),
+        ("level0:NA;level1:pipeline", Collective.RING),
+        (" level0:NA ; level1:h-d_r ", Collective.RHD),
+        ("level0:NA;level1:ring;level2:NHR", Collective.RING),
+        ("allgather=level0:NA;level1:ring/allreduce=level0:NA;level1:H-D_R", Collective.RHD),
+        ("alltoall=level0:NA;level1:pairwise/reducescatter=level0:NA;level1:NHR", Collective.NHR),
+        ("H-D_R", Collective.RHD),
+        ("level0:NA;level1:pairwise", None),
+        ("level0:NA;level1:AHC", None),
+        ("level0:NA", None),
+        ("level0:NA;level1:fullmesh", None),
+        ("", None),
+        (None, None),
+        ("nonsense", None),
+    ],
+    ids=lambda value: repr(value),
+)
+def test_hccl_algo_maps_the_inter_server_algorithm(value, expected):
+    assert collective_from_hccl_algo(value) is expected

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import canonical, scorer
-from npu_job.bootstrap.model import (
+from npu_job.bootstrap.base.model import (
     Collective,
     Device,
     Placement,
@@ -20,7 +20,7 @@ from npu_job.bootstrap.model import (
     Server,
     Topology,
 )
-from npu_job.bootstrap.planner import bit_reversed, collective_from_hccl_algo, interleave, plan
+from npu_job.bootstrap.planner import bit_reversed, interleave, plan
 from npu_job.demo.synthetic import synthetic_cluster
 
 PROPERTY_SETTINGS = settings(
@@ -375,37 +375,6 @@ def test_every_reason_is_reported_at_once():
     assert len(result.reasons) == 4
 
 
-# --- HCCL_ALGO ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        ("level0:NA;level1:H-D_R", Collective.RHD),
-        ("level0:NA;level1:ring", Collective.RING),
-        ("level0:NA;level1:NHR", Collective.NHR),
-        ("level0:NA;level1:NHR_V1", Collective.NHR),
-        ("level0:NA;level1:NB", Collective.NHR),
-        ("level0:NA;level1:pipeline", Collective.RING),
-        (" level0:NA ; level1:h-d_r ", Collective.RHD),
-        ("level0:NA;level1:ring;level2:NHR", Collective.RING),
-        ("allgather=level0:NA;level1:ring/allreduce=level0:NA;level1:H-D_R", Collective.RHD),
-        ("alltoall=level0:NA;level1:pairwise/reducescatter=level0:NA;level1:NHR", Collective.NHR),
-        ("H-D_R", Collective.RHD),
-        ("level0:NA;level1:pairwise", None),
-        ("level0:NA;level1:AHC", None),
-        ("level0:NA", None),
-        ("level0:NA;level1:fullmesh", None),
-        ("", None),
-        (None, None),
-        ("nonsense", None),
-    ],
-    ids=lambda value: repr(value),
-)
-def test_hccl_algo_maps_the_inter_server_algorithm(value, expected):
-    assert collective_from_hccl_algo(value) is expected
-
-
 # --- every pod plans alone: start-up cost and the hash seed ---------------------------------------
 
 
@@ -419,7 +388,7 @@ def test_planning_an_ipv4_cluster_loads_no_heavy_module():
     code = (
         "import sys\n"
         "from npu_job.bootstrap import run, planner, writers, wait, identity, topology, ranktable\n"
-        "from npu_job.bootstrap.model import Collective, Device, Placement, RankTable, Server, Topology\n"
+        "from npu_job.bootstrap.base.model import Collective, Device, Placement, RankTable, Server, Topology\n"
         "servers = tuple(Server(f'10.0.0.{i}', i, (Device('0', rank_id=i),)) for i in range(4))\n"
         "tors = Topology({f'10.0.0.{i}': Placement(tors=(f'172.16.0.{i % 2}',)) for i in range(4)})\n"
         "result = planner.plan(RankTable('1.0', 'completed', servers), tors, Collective.RHD)\n"
@@ -439,7 +408,7 @@ def test_every_process_computes_the_same_plan_whatever_its_hash_seed():
 
     code = (
         "from npu_job.demo.synthetic import synthetic_cluster\n"
-        "from npu_job.bootstrap.model import Collective, Placement, Topology\n"
+        "from npu_job.bootstrap.base.model import Collective, Placement, Topology\n"
         "from npu_job.bootstrap.planner import plan\n"
         "table, topology = synthetic_cluster(\n"
         "    60, 7, seed=11, occupancy='uneven', missing_topology=3, multi_tor=4)\n"

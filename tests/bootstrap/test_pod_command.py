@@ -1,4 +1,4 @@
-"""Pod level: the exact seed pod command of DESIGN §1 runs ``bash bootstrap.sh`` (found on PATH, as
+"""Pod level: the platform's documented pod command, exactly, runs ``bash bootstrap.sh`` (found on PATH, as
 in an image with npu-job installed) for every pod of a generated 6-node job, each pod with the
 environment the platform gives it and its own /tmp, and the command ends with the node rank and
 master index the planner decided — or, when anything is wrong, with the scheduler's order.

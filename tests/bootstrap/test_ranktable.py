@@ -8,7 +8,7 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from npu_job.bootstrap.model import Collective, Plan, PlanStatus, RankTable
+from npu_job.bootstrap.base.model import Collective, Plan, PlanStatus, RankTable
 from npu_job.bootstrap.ranktable import (
     parse_rank_table,
     rank_table_document,

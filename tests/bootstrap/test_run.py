@@ -8,7 +8,7 @@ import time
 
 import pytest
 from npu_job.bootstrap import planner
-from npu_job.bootstrap.model import Collective
+from npu_job.bootstrap.base.model import Collective
 from npu_job.bootstrap.ranktable import parse_rank_table
 from npu_job.bootstrap.run import bootstrap
 
@@ -120,6 +120,11 @@ def _no_rank_table(tmp, env):
     env.pop("RANK_TABLE_FILE")
 
 
+def _blank_rank_table_file(tmp, env):
+    env["RANK_TABLE_FILE"] = "  "  # blank means unset, as for every variable
+    env["NPU_JOB_WAIT_TIMEOUT"] = "0"
+
+
 def _truncated_json(tmp, env):
     path = os.path.join(env["RANK_TABLE_FILE"], "jobstart_hccl.json")
     data = open(path, "rb").read()
@@ -174,6 +179,12 @@ FALLBACKS = [
     (
         "no-rank-table",
         _no_rank_table,
+        "rank table: location: expected $RANK_TABLE_FILE or one of",
+        InputError,
+    ),
+    (
+        "blank-rank-table-file",
+        _blank_rank_table_file,
         "rank table: location: expected $RANK_TABLE_FILE or one of",
         InputError,
     ),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from npu_job.bootstrap import scorer
-from npu_job.bootstrap.model import Collective, Device, Placement, RankTable, Server, Topology
+from npu_job.bootstrap.base.model import Collective, Device, Placement, RankTable, Server, Topology
 
 
 def keys_of(*labels: str):

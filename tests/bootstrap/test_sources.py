@@ -5,7 +5,7 @@ import os
 import time
 
 import pytest
-from npu_job.bootstrap import payload
+from npu_job.bootstrap.base import payload
 from npu_job.bootstrap.kube.api import NODES_PATH, KubeClient
 from npu_job.bootstrap.kube.topology import topology_from_objects
 from npu_job.bootstrap.options import resolve
@@ -50,23 +50,20 @@ def ca(tls_files):
 # --- where ------------------------------------------------------------------------------------
 
 
+def located(flags, env):
+    """Where the bootstrap looks for the rank table, given these flags and this environment."""
+    return locate_rank_table(resolve(flags, env).rank_table)
+
+
 def test_rank_table_file_may_be_a_file_a_directory_or_a_url(tmp_path):
-    assert locate_rank_table(None, {"RANK_TABLE_FILE": str(tmp_path / "x.json")}) == str(
-        tmp_path / "x.json"
-    )
-    assert locate_rank_table(None, {"RANK_TABLE_FILE": str(tmp_path)}) == str(
-        tmp_path / "jobstart_hccl.json"
-    )
-    assert locate_rank_table(None, {"RANK_TABLE_FILE": "https://h/t.json"}) == "https://h/t.json"
-    assert locate_rank_table("/flag.json", {"RANK_TABLE_FILE": "/env.json"}) == "/flag.json"
+    assert located({}, {"RANK_TABLE_FILE": str(tmp_path / "x.json")}) == str(tmp_path / "x.json")
+    assert located({}, {"RANK_TABLE_FILE": str(tmp_path)}) == str(tmp_path / "jobstart_hccl.json")
+    assert located({}, {"RANK_TABLE_FILE": "https://h/t.json"}) == "https://h/t.json"
+    assert located({"rank_table": "/flag.json"}, {"RANK_TABLE_FILE": "/env.json"}) == "/flag.json"
     (tmp_path / "hccl.json").write_text("{}")  # a MindX rings-config mount holds hccl.json
-    assert locate_rank_table(None, {"RANK_TABLE_FILE": str(tmp_path)}) == str(
-        tmp_path / "hccl.json"
-    )
+    assert located({}, {"RANK_TABLE_FILE": str(tmp_path)}) == str(tmp_path / "hccl.json")
     (tmp_path / "jobstart_hccl.json").write_text("{}")
-    assert locate_rank_table(None, {"RANK_TABLE_FILE": str(tmp_path)}) == str(
-        tmp_path / "jobstart_hccl.json"
-    )
+    assert located({}, {"RANK_TABLE_FILE": str(tmp_path)}) == str(tmp_path / "jobstart_hccl.json")
 
 
 @pytest.mark.parametrize(
@@ -81,12 +78,12 @@ def test_rank_table_file_may_be_a_file_a_directory_or_a_url(tmp_path):
     ids=["cce-first", "mindx-second"],
 )
 def test_platform_default_locations_in_order(existing, expected):
-    assert locate_rank_table(None, {}, exists=existing.__contains__) == expected
+    assert locate_rank_table(None, exists=existing.__contains__) == expected
 
 
 def test_no_rank_table_anywhere_says_where_it_looked():
     with pytest.raises(InputError) as caught:
-        locate_rank_table(None, {}, exists=lambda path: False)
+        locate_rank_table(None, exists=lambda path: False)
     assert caught.value.message == (
         "rank table: location: expected $RANK_TABLE_FILE or one of /user/config/jobstart_hccl.json, "
         "/user/serverid/devindex/config/hccl.json (none is set or exists)"

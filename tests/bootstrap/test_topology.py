@@ -9,14 +9,17 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from npu_job.bootstrap import payload
-from npu_job.bootstrap.model import Placement, Topology
-from npu_job.bootstrap.topology import (
+from npu_job.bootstrap.base import payload
+from npu_job.bootstrap.base.model import (
     BASIC_TOR_NODE_CM,
     CCE_RANKTABLE_TOR,
-    FORMATS,
     K8S_NODE_LABELS,
     PLAIN_FILE,
+    TOPOLOGY_FORMATS,
+    Placement,
+    Topology,
+)
+from npu_job.bootstrap.topology import (
     encode_ranktable_tor,
     parse_topology,
 )
@@ -418,7 +421,7 @@ def _broken_b64_gzip_payloads():
     }
 
 
-@pytest.mark.parametrize("fmt", [None, *FORMATS])
+@pytest.mark.parametrize("fmt", [None, *TOPOLOGY_FORMATS])
 @pytest.mark.parametrize("name", list(_broken_b64_gzip_payloads()))
 def test_a_broken_base64_gzip_topology_fails_as_a_rank_table_would(monkeypatch, name, fmt):
     """Formats that may be YAML fall back to YAML only for what is not base64(gzip): a bomb, a

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from npu_job.bootstrap.model import Collective, PlanStatus
+from npu_job.bootstrap.base.model import Collective, PlanStatus
 from npu_job.bootstrap.planner import plan
 from npu_job.bootstrap.ranktable import parse_rank_table
 from npu_job.bootstrap.topology import parse_topology

@@ -5,7 +5,7 @@ import os
 import subprocess
 
 import pytest
-from npu_job.bootstrap.model import Collective, Plan, PlanStatus
+from npu_job.bootstrap.base.model import Collective, Plan, PlanStatus
 from npu_job.bootstrap.writers import (
     ENV_FILE,
     MASTER_FILE,

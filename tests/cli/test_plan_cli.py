@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from npu_job.bootstrap import planner
-from npu_job.bootstrap.model import Collective
+from npu_job.bootstrap.base.model import Collective
 from npu_job.bootstrap.ranktable import rank_table_document
 from npu_job.bootstrap.topology import encode_ranktable_tor
 from npu_job.demo.synthetic import synthetic_cluster
@@ -43,6 +43,39 @@ def plan_subprocess(*argv: str) -> subprocess.CompletedProcess:
 def run_json(capsys, *argv: str) -> dict:
     assert main(["plan", *argv, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
+
+
+def _actions(configure) -> dict:
+    """The flags ``configure`` adds to a parser, by destination."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    return {action.dest: action for action in parser._actions if action.option_strings}
+
+
+def test_plan_takes_a_pods_settings_from_the_bootstraps_option_table():
+    """A setting plan shares with a pod is a row of the one option table, spelled, checked and
+    parsed as the bootstrap's flag; plan's help for it is the row's too."""
+    from npu_job.bootstrap.command import configure as bootstrap_flags
+    from npu_job.bootstrap.options import OPTIONS, BootstrapOptions
+
+    from npu_job.cli.plan import configure as plan_flags
+
+    plan, pod = _actions(plan_flags), _actions(bootstrap_flags)
+    shared = sorted(set(plan) & set(BootstrapOptions._fields) - {"json"})  # plan's --json: its own
+    rows = {option.name: option for option in OPTIONS}
+    assert shared == sorted(name for name, row in rows.items() if row.plan is not None)
+    assert len(shared) == 10
+    for name in shared:
+        mine, theirs, row = plan[name], pod[name], rows[name]
+        assert (mine.option_strings, mine.choices, mine.type, mine.default) == (
+            theirs.option_strings,
+            theirs.choices,
+            theirs.type,
+            theirs.default,
+        ), name
+        assert mine.help == row.plan.help and mine.metavar == (row.plan.metavar or theirs.metavar)
 
 
 def test_text_output_lists_the_new_order_and_compares_three_orders(cluster_dir, capsys):

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from npu_job.bootstrap.model import Device, RankTable, Server
+from npu_job.bootstrap.base.model import Device, RankTable, Server
 from npu_job.bootstrap.ranktable import rank_table_document
 
 from npu_job.cli import main

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Tuple
 
 import pytest
-from npu_job.bootstrap import jsondecode
-from npu_job.bootstrap.payload import MAX_INPUT_BYTES
+from npu_job.bootstrap.base import jsondecode
+from npu_job.bootstrap.base.payload import MAX_INPUT_BYTES
 
 from tests.bootstrap.documents import ranktable_tor, tor_info, v1_0
 from tests.bootstrap.engines import ENGINES

@@ -36,7 +36,7 @@ HOSTS = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
 
 
 def rank_table(hosts: List[str]) -> Dict[str, Any]:
-    """A completed CCE rank table v1.0 (DESIGN §3): server_list in pod-index order, 8 devices each."""
+    """A completed CCE rank table v1.0: server_list in pod-index order, 8 devices each."""
     return {
         "status": "completed",
         "version": "1.0",

@@ -28,7 +28,7 @@ from .conftest import (
     with_keys,
 )
 
-DESIGN_POD_COMMAND = (
+PLATFORM_POD_COMMAND = (
     "bash bootstrap.sh; export RANK_AFTER_ACC=${VC_TASK_INDEX}; "
     'rank_acc=$(cat /tmp/RANK_AFTER_ACC 2>/dev/null); [ -n "${rank_acc}" ] && export RANK_AFTER_ACC=${rank_acc}; '
     "export MA_MASTER_INDEX=$(cat /tmp/MASTER_INDEX 2>/dev/null || echo 0); bash train.sh"
@@ -117,7 +117,7 @@ def test_routed_npu_job_has_every_element_of_the_platform_example(routed):
 def test_pod_command_is_the_platform_pattern_run_in_the_scripts_mount(routed):
     command = container(job_of(routed))["command"]
     assert command[:2] == ["/bin/bash", "-c"]
-    assert command[2] == "cd /opt/npu-job || exit 1; " + DESIGN_POD_COMMAND
+    assert command[2] == "cd /opt/npu-job || exit 1; " + PLATFORM_POD_COMMAND
     assert routed.pod_command == command[2]
     scripts = next(v for v in pod_spec(job_of(routed))["volumes"] if v["name"] == "npu-job-scripts")
     assert scripts["configMap"]["name"] == "llm-scripts"
@@ -185,7 +185,7 @@ def test_routed_gpu_and_cpu_jobs_run_the_bootstrap_without_the_cce_pieces(device
         )
     )
     job = job_of(rendered)
-    assert rendered.pod_command == "cd /opt/npu-job || exit 1; " + DESIGN_POD_COMMAND
+    assert rendered.pod_command == "cd /opt/npu-job || exit 1; " + PLATFORM_POD_COMMAND
     assert [name for name, _ in rendered.scripts] == ["train.sh", "bootstrap.sh"]
     assert "configmap1980" not in job["spec"]["plugins"]
     assert "ring-controller.cce" not in job["metadata"]["labels"]

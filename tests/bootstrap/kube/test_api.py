@@ -219,7 +219,7 @@ def test_an_untrusted_certificate_is_an_input_error_at_once(server, api, tmp_pat
 
 def test_an_answer_over_the_cap_is_refused(server, api, monkeypatch):
     monkeypatch.setattr(kubeapi, "MAX_INPUT_BYTES", 1000)
-    monkeypatch.setattr("npu_job.bootstrap.payload.MAX_INPUT_BYTES", 1000)
+    monkeypatch.setattr("npu_job.bootstrap.base.payload.MAX_INPUT_BYTES", 1000)
     server.routes[NODES_PATH] = lambda handler: (200, {}, b"{" + b" " * 5000 + b"}")
     with pytest.raises(InputError, match="size: expected at most 1000 bytes, got 5002 bytes"):
         KubeClient(api).list(NODES_PATH)
@@ -233,7 +233,7 @@ def test_the_namespace_comes_from_the_environment_or_the_service_account(tmp_pat
 
 
 def test_gzip_bodies_are_what_the_reader_unwraps():
-    from npu_job.bootstrap.payload import decode_document
+    from npu_job.bootstrap.base.payload import decode_document
 
     document = {"kind": "NodeList", "items": []}
     assert decode_document(gzip.compress(json.dumps(document).encode()), "x") == document

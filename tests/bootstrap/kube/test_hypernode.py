@@ -11,13 +11,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import planner
+from npu_job.bootstrap.base.model import (
+    VOLCANO_HYPERNODES,
+    Collective,
+    Device,
+    Placement,
+    RankTable,
+    Server,
+)
 from npu_job.bootstrap.kube.facts import read_nodes
 from npu_job.bootstrap.kube.hypernode import read_hypernodes
 from npu_job.bootstrap.kube.hypernodetree import MAX_DEPTH, exact_tree_placements, resolve
 from npu_job.bootstrap.kube.objects import read_objects
 from npu_job.bootstrap.kube.topology import HYPERNODES, KubeContext, topology_from_document
-from npu_job.bootstrap.model import Collective, Device, Placement, RankTable, Server
-from npu_job.bootstrap.topology import VOLCANO_HYPERNODES, parse_topology
+from npu_job.bootstrap.topology import parse_topology
 
 from npu_job.errors import InputError
 

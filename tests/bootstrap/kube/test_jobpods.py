@@ -10,12 +10,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from npu_job.bootstrap import canonical, planner
+from npu_job.bootstrap.base.model import Collective, RankTable
 from npu_job.bootstrap.kube import jobpods
 from npu_job.bootstrap.kube.facts import read_pods
 from npu_job.bootstrap.kube.jobpods import JobSelector, job_roster, roster_table
 from npu_job.bootstrap.kube.objects import read_objects
 from npu_job.bootstrap.kube.topology import KubeContext, topology_from_objects
-from npu_job.bootstrap.model import Collective, RankTable
 
 from npu_job.errors import InputError, NotReadyError
 
@@ -56,7 +56,7 @@ def test_the_jobs_pods_in_index_order_become_servers_named_by_node():
 
 
 def test_a_topology_of_node_names_is_keyed_by_the_servers():
-    from npu_job.bootstrap.model import Placement, Topology
+    from npu_job.bootstrap.base.model import Placement, Topology
 
     document, _ = _pods()
     roster = _roster(document)
@@ -74,7 +74,7 @@ def test_a_topology_of_node_names_is_keyed_by_the_servers():
 
 def test_a_topology_of_every_node_is_keyed_by_node_name_alone():
     """Placed by node name, never by address, when both would place a server."""
-    from npu_job.bootstrap.model import Placement, Topology
+    from npu_job.bootstrap.base.model import Placement, Topology
 
     document, _ = _pods()
     roster = _roster(document)

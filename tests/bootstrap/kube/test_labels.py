@@ -6,14 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from npu_job.bootstrap.kube.labels import SCHEMES, label_keys_from_text, placement_from_labels
+from npu_job.bootstrap.base.model import K8S_NODE_LABELS, Placement
+from npu_job.bootstrap.kube.labels import SCHEMES, placement_from_labels
 from npu_job.bootstrap.kube.objects import read_objects
 from npu_job.bootstrap.kube.topology import KubeContext, topology_from_document
-from npu_job.bootstrap.model import Placement
 from npu_job.bootstrap.run import bootstrap, resolve
-from npu_job.bootstrap.topology import K8S_NODE_LABELS, parse_topology
-
-from npu_job.errors import InputError
+from npu_job.bootstrap.topology import parse_topology
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "kube"
 
@@ -200,15 +198,6 @@ def test_user_named_keys_replace_the_schemes():
     assert found.notes == ("node labels placed 12 of 12 node(s): 12 by the named labels",)
     eks = topology_from_document(_load("nodes-eks.json"), "x", context=context).topology
     assert eks.placement_of("10.0.21.17") == Placement((), ("us-west-2a",))  # EKS layers unread
-
-
-@pytest.mark.parametrize("text", ["", "a,,b", "a, b c", ","])
-def test_bad_label_key_lists_are_one_line(text):
-    with pytest.raises(InputError) as caught:
-        label_keys_from_text(text, "NPU_JOB_TOPOLOGY_LABELS")
-    assert caught.value.message.startswith(
-        "environment: NPU_JOB_TOPOLOGY_LABELS: expected label keys separated by commas, outermost first"
-    )
 
 
 def test_flag_and_environment_name_the_keys():

@@ -104,7 +104,7 @@ def test_a_whole_job_in_one_page_is_read_without_counting_its_values(monkeypatch
     """The API answers the first page (resourceVersion=0) from its watch cache, which ignores
     ``limit`` before Kubernetes 1.34: a job's pods come in one page of ~5 KB a pod. The typed
     reader decodes it without the whole-document count (a second pass over the text)."""
-    from npu_job.bootstrap import jsondecode
+    from npu_job.bootstrap.base import jsondecode
 
     pod = {k: v for k, v in POD.items() if k not in ("kind", "apiVersion")}
     text = _page([pod] * (2 * jsondecode._FITS_UNCOUNTED // len(_page([pod]))))

@@ -1,4 +1,4 @@
-"""The store proxy under a client that does not read its replies (issue 29, case 4).
+"""The store proxy under a client that does not read its replies.
 
 Real parts only: a stock torch ``TCPStore`` root, the proxy in its own process, raw sockets for
 the client that pipelines (torch's own client never has more than one request in flight). The

@@ -274,7 +274,7 @@ def test_proxy_answers_exactly_like_the_root(seed):
         assert stats["upstream_connections"] <= 3
 
 
-# ---------------------------------------------------------------- issue 15: one case at a time
+# ----------------------------------------------------------------- exactness: one case at a time
 #
 # Each case runs the same scripted calls straight to a stock root and through a proxy (on each
 # event loop) and compares what the clients see.
@@ -442,7 +442,7 @@ def _bad_add_among_adds_scenario(port: int, root, proxy: ProxyProcess | None = N
 
 @pytest.mark.parametrize("loop", LOOPS)
 def test_an_innocent_add_is_not_failed_for_another_workers_bad_add(loop):
-    """Issue 29, case 2: the bystanders' ADDs to one counter arrive behind the bad ADD; through
+    """The bystanders' ADDs to one counter arrive behind the bad ADD; through
     the proxy the first is in flight when the root drops the connection and the others wait for
     it (group commit). All of them must be answered, as at the root, not only the one in flight."""
     expected, actual = _both_worlds(loop, _bad_add_among_adds_scenario)
@@ -514,8 +514,8 @@ def _wait_after_delete_scenario(port: int, root, proxy: ProxyProcess | None = No
 @pytest.mark.parametrize("root", ROOTS)
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_wait_after_a_siblings_delete_waits_as_at_the_root(loop, root):
-    """The divergence issue 15 left open ("ready" for a key a sibling deleted first) was the
-    libuv root's own: its compare_set wakes a key's waiters also when the key is missing and
+    """A WAIT answered "ready" for a key a sibling deleted first is the libuv root's own doing:
+    its compare_set wakes a key's waiters also when the key is missing and
     stays so. Through the proxy the WAIT answers as straight to each kind of root."""
     expected, actual = _both_worlds(loop, _wait_after_delete_scenario, root)
     timed_out = ("raised", type(_timeout_error()).__name__)
@@ -534,7 +534,7 @@ def test_a_wait_after_a_siblings_delete_waits_as_at_the_root(loop, root):
 def _set_then_delete_beyond_the_pool_scenario(
     port: int, root, proxy: ProxyProcess | None = None
 ) -> object:
-    """Issue 29, case 3: two workers wait on keys of their own (through a proxy: both wait
+    """Two workers wait on keys of their own (through a proxy: both wait
     connections of its pool are busy), a third waits on k (timeout 4 s), and after 1 s another
     worker sets k and deletes it at once. The root wakes the third wait at the set."""
     busy = [tcp_store(port, timeout=10) for _ in range(2)]

@@ -72,7 +72,7 @@ def test_the_checker_accepts_concurrent_calls_in_either_order():
 
 
 def test_the_checker_rejects_a_read_older_than_a_completed_write():
-    """Case 1 of issue 15 in miniature: the set was answered (fenced) before the get began."""
+    """A stale read in miniature: the set was answered (fenced) before the get began."""
     history = [
         _call(0, "set", [b"k"], [b"new"], None, 0.0, 1.0),
         _call(0, "check", [b"k"], [], True, 0.5, 1.0),

@@ -1,4 +1,4 @@
-"""Faults in a running job, one test per row of issue 14's table, on real npu-run nodes.
+"""Faults in a running job, those of docs/launcher.md's Faults table, on real npu-run nodes.
 
 Each test starts ``npu-run`` processes on loopback (one per simulated node, real gloo workers from
 ``workers/faulty.py``), injects one fault from outside (a signal, a squatter on the master port,

@@ -150,12 +150,28 @@ class Placement:
         object.__setattr__(self, "tors", tuple(sorted(set(self.tors))))
 
 
+# The switch topology formats (docs/bootstrap.md), by the names a Topology's source gives them:
+# npu_job.bootstrap.topology reads them, the two Kubernetes ones through kube/topology.py.
+CCE_RANKTABLE_TOR = "cce-ranktable-tor"
+BASIC_TOR_NODE_CM = "basic-tor-node-cm"
+K8S_NODE_LABELS = "k8s-node-labels"
+VOLCANO_HYPERNODES = "volcano-hypernodes"
+PLAIN_FILE = "file"
+TOPOLOGY_FORMATS = (
+    CCE_RANKTABLE_TOR,
+    BASIC_TOR_NODE_CM,
+    K8S_NODE_LABELS,
+    VOLCANO_HYPERNODES,
+    PLAIN_FILE,
+)
+
+
 @dataclass(frozen=True)
 class Topology:
     """Switch placement of servers, keyed by ``server_id``; read-only.
 
-    ``source`` names the format it came from (``"cce-ranktable-tor"``, ``"basic-tor-node-cm"``,
-    ``"k8s-node-labels"``, ``"file"``). Servers without an entry have no known placement.
+    ``source`` names the format it came from (one of :data:`TOPOLOGY_FORMATS`). Servers without an
+    entry have no known placement.
     """
 
     placements: Mapping[str, Placement] = field(default_factory=dict)

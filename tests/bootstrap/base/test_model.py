@@ -1,8 +1,8 @@
 """The domain model: plans are permutations and say where rank 0 went."""
 
 import pytest
-from npu_job.bootstrap.columns import DeviceColumns, servers_from_device_columns
-from npu_job.bootstrap.model import (
+from npu_job.bootstrap.base.columns import DeviceColumns, servers_from_device_columns
+from npu_job.bootstrap.base.model import (
     Collective,
     Placement,
     Plan,

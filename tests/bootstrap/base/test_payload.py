@@ -11,12 +11,12 @@ import tracemalloc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from npu_job.bootstrap import payload
-from npu_job.bootstrap.payload import decode_document, encode_b64_gzip, json_text
+from npu_job.bootstrap.base import payload
+from npu_job.bootstrap.base.payload import decode_document, encode_b64_gzip, json_text
 
 from npu_job.errors import InputError
 
-from .documents import b64_gzip, v1_0
+from ..documents import b64_gzip, v1_0
 
 DOC = v1_0()
 _GZIPPED_DOC = gzip.compress(json.dumps(DOC).encode(), mtime=0)
@@ -292,7 +292,7 @@ def test_yaml_aliases_of_single_values_are_still_read():
 def test_yaml_nested_past_what_the_c_parser_survives_is_an_error_not_a_crash():
     """libyaml's composer recurses in C: 100000 levels (200 KB) killed the process (SIGSEGV)."""
     code = (
-        "from npu_job.bootstrap.payload import decode_document\n"
+        "from npu_job.bootstrap.base.payload import decode_document\n"
         "try:\n    decode_document(b'- ' * 100000 + b'x', 't.yaml', allow_yaml=True)\n"
         "except Exception as error:\n    print(error)\n"
     )

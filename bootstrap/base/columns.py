@@ -1,4 +1,4 @@
-"""Building many :class:`~npu_job.bootstrap.model.Server` and ``Device`` objects fast, from columns.
+"""Building many :class:`~.model.Server` and ``Device`` objects fast, from columns.
 
 A rank table of 4096 nodes has 32k devices, and a frozen dataclass's ``__init__`` stores every
 field through ``object.__setattr__`` (its frozen guard), which is most of the cost of building

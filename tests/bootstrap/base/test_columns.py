@@ -7,13 +7,13 @@ import inspect
 import pickle
 
 import pytest
-from npu_job.bootstrap.columns import (
+from npu_job.bootstrap.base.columns import (
     DeviceColumns,
     devices_from_columns,
     servers_from_columns,
     servers_from_device_columns,
 )
-from npu_job.bootstrap.model import Device, Server
+from npu_job.bootstrap.base.model import Device, Server
 
 
 def test_column_builders_make_the_same_frozen_objects_as_the_constructors():

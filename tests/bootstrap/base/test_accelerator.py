@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from npu_job.bootstrap.accelerator import MSGSPEC, Accelerator
+from npu_job.bootstrap.base.accelerator import MSGSPEC, Accelerator
 
 BOTH = pytest.mark.parametrize("accelerator", [MSGSPEC], ids=["msgspec"])
 

@@ -9,12 +9,12 @@ import sys
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from npu_job.bootstrap import jsondecode
-from npu_job.bootstrap.accelerator import MSGSPEC
+from npu_job.bootstrap.base import jsondecode
+from npu_job.bootstrap.base.accelerator import MSGSPEC
 
 from npu_job.errors import InputError
 
-from .engines import ENGINES, json_engine
+from ..engines import ENGINES, json_engine
 
 # --- msgspec is a shortcut: whatever it accepts means what json.loads makes of it ---------------
 

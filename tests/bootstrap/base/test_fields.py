@@ -2,7 +2,7 @@
 JSON's terms (a string, a number, null, an array, an object, a boolean)."""
 
 import pytest
-from npu_job.bootstrap.fields import describe
+from npu_job.bootstrap.base.fields import describe
 
 from npu_job.errors import shown
 
