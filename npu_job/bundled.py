@@ -2,14 +2,12 @@
 
 ``npu-job render`` ships the bootstrap, npu-run and the shared core in the job's scripts ConfigMap
 as one zipapp (built by :mod:`npu_job.bundle`), so that a stock image with ``python3`` (and torch,
-for training) needs nothing installed. This module is the part of that file that runs first in a
-pod, on the image's own interpreter (CPython 3.7 and later, standard library only):
-
-* :func:`content_digest` names a bundle by what it holds (every entry but ``__main__.py``, whose
-  text records the digest), so the same sources give the same name whatever zlib compressed them;
-* :func:`main` checks that the running copy of ``npu_job`` is the bundle's and that the archive
-  still holds what its digest says, logs the identity line (version, digest, path, Python) and
-  runs ``bootstrap``, ``run`` (npu-run) or ``version``.
+for training) needs nothing installed. The bundle's ``__main__.py`` has checked the interpreter
+against the floor and every byte of the file against its digest (:mod:`npu_job.bundle`); this
+module is what runs next, the first of the bundle's modules a pod imports, on the image's own
+interpreter (CPython 3.7 and later, standard library only): :func:`main` checks that the running
+copy of ``npu_job`` is the bundle's, logs the identity line (version, the file's digest, path,
+Python) and runs ``bootstrap``, ``run`` (npu-run) or ``version``.
 
 Which copy runs is one rule, the same in every pod: a bundle given to a pod always wins over any
 npu-job the image may hold, because every pod of a job must run the same planner. The pod's
@@ -26,7 +24,7 @@ import sys
 from typing import Optional, Sequence
 
 from npu_job import __version__
-from npu_job.bundle import content_digest, short_digest
+from npu_job.bundle import short_digest
 from npu_job.errors import EXIT_USAGE, BundleError, exit_code_of
 from npu_job.logs import PROG, setup_logging
 
@@ -36,22 +34,8 @@ COMMANDS = ("bootstrap", "run", "version")
 USAGE = "usage: python3 npu-job.pyz {bootstrap|run|version} [ARGS...]"
 
 
-def archive_digest(path: str) -> str:
-    """:func:`content_digest` of the zip archive at ``path`` (BundleError when it is unreadable)."""
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return content_digest(
-                (info.filename, archive.read(info)) for info in archive.infolist()
-            )
-    except Exception as error:  # OSError, BadZipFile, zlib.error (a damaged entry), EOFError...
-        raise BundleError(f"{path}: not a readable npu-job bundle ({error})") from None
-
-
-def check(path: str, expected_digest: str) -> None:
-    """Raise BundleError unless ``npu_job`` was imported from the archive at ``path`` and the
-    archive still holds the entries whose digest is ``expected_digest``."""
+def check(path: str) -> None:
+    """Raise BundleError unless ``npu_job`` was imported from the bundle at ``path``."""
     import npu_job
 
     package_file = os.path.abspath(getattr(npu_job, "__file__", None) or "?")
@@ -59,13 +43,6 @@ def check(path: str, expected_digest: str) -> None:
         raise BundleError(
             f"{path}: npu_job was imported from {package_file}, not from the bundle "
             "(the bundle must be first on sys.path: run it as python3 npu-job.pyz COMMAND)"
-        )
-    found = archive_digest(path)
-    if found != expected_digest:
-        raise BundleError(
-            f"{path}: altered: its entries have digest {short_digest(found)}, "
-            f"the bundle records {short_digest(expected_digest)}",
-            tip="render the job again (npu-job render) or write the bundle again (npu-job bundle)",
         )
 
 
@@ -78,7 +55,7 @@ def identity(path: str, digest: str) -> str:
 
 
 def main(path: str, digest: str, argv: Optional[Sequence[str]] = None) -> int:
-    """Run the bundle at ``path`` (recorded digest ``digest``): ``argv`` is COMMAND ARGS...."""
+    """Run the bundle at ``path``, whose bytes have ``digest``: ``argv`` is COMMAND ARGS...."""
     args = list(sys.argv[1:] if argv is None else argv)
     setup_logging(0)
     if not args or args[0] not in COMMANDS:
@@ -86,7 +63,7 @@ def main(path: str, digest: str, argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_USAGE
 
     def checked() -> int:
-        check(path, digest)
+        check(path)
         return 0
 
     command, rest = args[0], args[1:]

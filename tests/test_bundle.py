@@ -25,20 +25,26 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
 from npu_job.demo.images import find_interpreter
+from npu_job.render.render import render
+from npu_job.render.spec import JobSpec
 
 from npu_job import __version__, bundled
 from npu_job.bundle import (
     BUNDLE_NAME,
+    DIGEST_PREFIX,
     FIXED_DATE,
+    FLOOR_EXIT,
+    FLOORS,
     MAIN_ENTRY,
+    UNREADABLE,
     Bundle,
     build,
-    content_digest,
+    file_digest,
     installed_bundle,
     pod_side_files,
     strip_prose,
 )
-from npu_job.errors import BundleError
+from npu_job.errors import BundleError, MissingExtraError
 from tests.bootstrap.documents import write_cce_job
 from tests.test_layers import import_statements
 
@@ -85,21 +91,17 @@ def test_the_same_sources_give_the_same_bytes_in_any_order(bundle: Bundle) -> No
     assert not [name for name in names if not name.endswith(".py")], "sources only, no .pyc"
 
 
-def test_the_digest_names_what_the_bundle_holds_not_how_it_was_compressed(
-    tmp_path: Path, bundle: Bundle
-) -> None:
-    archive = _archive(bundle.data)
-    entries = [(info.filename, archive.read(info)) for info in archive.infolist()]
-    stored = tmp_path / "stored.zip"
-    with zipfile.ZipFile(stored, "w", zipfile.ZIP_STORED) as copy:
-        for name, data in reversed(entries):
-            copy.writestr(name, data)
-    assert bundled.archive_digest(str(stored)) == bundle.digest
-    changed = [
-        (name, data + b"\n" if name.endswith("planner.py") else data) for name, data in entries
-    ]
-    assert content_digest(changed) != bundle.digest
-    assert bundle.digest in archive.read(MAIN_ENTRY).decode()
+def test_the_digest_is_of_every_byte_of_the_file_but_its_own_field(bundle: Bundle) -> None:
+    recorded, computed = file_digest(bundle.data)
+    assert recorded == computed == bundle.digest
+    assert bundle.data.splitlines()[1].startswith(f"# npu-job {__version__}, bundle ".encode())
+    assert bundle.digest.encode() in bundle.data.splitlines()[1]
+    field = bundle.data.index(bundle.digest[len(DIGEST_PREFIX) :].encode())
+    for position in (0, field - 1, field, field + 63, field + 64, len(bundle.data) - 1):
+        changed = bytearray(bundle.data)
+        changed[position] ^= 0x01
+        recorded, computed = file_digest(bytes(changed))
+        assert recorded != computed, position
 
 
 def test_the_bundle_and_its_configmap_fit_what_kubernetes_and_kubectl_take(bundle: Bundle) -> None:
@@ -322,7 +324,15 @@ def test_the_bundle_wins_over_the_npu_job_this_python_has_installed(
     assert f"from bundle {bundle.short_digest} ({bundle_file})" in bootstrap.stderr
     # a copy of npu_job from elsewhere is refused, whatever put it first on sys.path
     with pytest.raises(BundleError, match=r"npu_job was imported from .*, not from the bundle"):
-        bundled.check(str(bundle_file), bundle.digest)
+        bundled.check(str(bundle_file))
+
+
+def _three_node_spec() -> JobSpec:
+    from npu_job.render.spec import validate
+    from npu_job.render.values import SpecInput, merge_values
+
+    values = {"name": "demo", "image": "x", "script": "train.py", "nodes": 3}
+    return validate(merge_values([SpecInput("job.yaml", values=values)]))
 
 
 def _truncated(bundle_file: Path) -> Path:
@@ -353,7 +363,7 @@ def _missing(bundle_file: Path) -> Path:
 DAMAGE = {
     "missing": (_missing, "no readable npu-job bundle"),
     "truncated": (_truncated, "not a readable npu-job bundle"),
-    "altered": (_altered, "altered: its entries have digest sha256:"),
+    "altered": (_altered, "altered: its bytes have digest sha256:"),
 }
 
 
@@ -384,22 +394,8 @@ def test_a_bad_bundle_is_one_line_and_the_scheduler_order(
 def test_train_sh_stops_with_one_line_on_a_bad_bundle(
     tmp_path: Path, bundle_file: Path, damage: str
 ) -> None:
-    from npu_job.render.render import render
-    from npu_job.render.spec import validate
-    from npu_job.render.values import SpecInput, merge_values
-
-    spec = validate(
-        merge_values(
-            [
-                SpecInput(
-                    "job.yaml",
-                    values={"name": "demo", "image": "x", "script": "train.py", "nodes": 3},
-                )
-            ]
-        )
-    )
     train_sh = tmp_path / "train.sh"
-    train_sh.write_text(dict(render(spec).scripts)["train.sh"])
+    train_sh.write_text(dict(render(_three_node_spec()).scripts)["train.sh"])
     spoil, message = DAMAGE[damage]
     spoil(bundle_file)
     done = subprocess.run(
@@ -419,6 +415,209 @@ def test_train_sh_stops_with_one_line_on_a_bad_bundle(
     errors = [line for line in done.stderr.splitlines() if line.startswith("npu-job: error: ")]
     assert done.returncode == BundleError.exit_code, done.stderr
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in done.stderr
+
+
+def _regions(data: bytes) -> Dict[str, Tuple[int, int]]:
+    """Where each part of a bundle lies: (start, end) of the prologue's comment, its loader, each
+    entry's stored bytes and the archive's directory."""
+    loader = data.index(b"-c '") + len(b"-c '")
+    regions = {
+        "prologue comment": (data.index(b"# npu-job"), data.index(b"\n", 12)),
+        "prologue loader": (loader, data.index(b"'", loader)),
+    }
+    archive = _archive(data)
+    for info in archive.infolist():
+        start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+        regions[info.filename] = (start, start + info.compress_size)
+    end_of_entries = max(end for _, end in regions.values())
+    regions["directory"] = (end_of_entries, len(data))
+    return regions
+
+
+def _flipped(data: bytes, region: Tuple[int, int], within: str = "") -> bytes:
+    """``data`` with one bit flipped in the middle of ``region`` (in a letter of it: ``within``)."""
+    start, end = region
+    position = (start + end) // 2
+    if within:  # a letter of a message, so that the code around it still runs
+        position = data.index(within.encode(), start, end) + 1
+    changed = bytearray(data)
+    changed[position] ^= 0x01
+    return bytes(changed)
+
+
+def _one_error_line(stderr: str) -> str:
+    errors = [line for line in stderr.splitlines() if not line.startswith("TIP: ")]
+    assert len(errors) == 1 and errors[0].startswith("npu-job: error: "), stderr
+    assert "Traceback" not in stderr
+    return errors[0]
+
+
+REGIONS = list(_regions(installed_bundle().data))
+
+
+@pytest.mark.parametrize("region", REGIONS)
+def test_a_byte_flipped_anywhere_in_the_bundle_is_one_line_and_exit_10(
+    tmp_path: Path, bundle: Bundle, bundle_file: Path, region: str
+) -> None:
+    """The digest covers every byte that runs: the prologue (its shell and its loader), the
+    entry point, every entry and the archive's directory. Run as the pod runs it (sh) and, but for
+    the entry point (Python itself then decompresses what it runs), as python3 FILE."""
+    where = _regions(bundle.data)[region]
+    within = {"prologue comment": "the pod side", "prologue loader": "altered"}.get(region, "")
+    bundle_file.write_bytes(_flipped(bundle.data, where, within))
+    out = tmp_path / "out"
+    ways = [["sh", str(bundle_file)]]
+    if region != MAIN_ENTRY:
+        ways.append([sys.executable, str(bundle_file), "bootstrap"])
+    for way in ways:
+        done = subprocess.run(
+            [*way, *_job(tmp_path), "--output-dir", str(out)],
+            env=_pod_env(tmp_path, NPU_JOB_PYTHON=sys.executable),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        line = _one_error_line(done.stderr)
+        assert done.returncode == BundleError.exit_code, (way, done.stderr)
+        assert "altered" in line or UNREADABLE in line, line
+        assert not out.exists()
+
+
+def test_a_bundle_cut_short_is_the_same_line_from_sh_and_in_pythons_error(
+    tmp_path: Path, bundle_file: Path
+) -> None:
+    """sh: one line, exit 10. python3 FILE finds no archive and compiles the whole file as a
+    script, so no code of it can run: its error shows the same line's text (exit 1)."""
+    _truncated(bundle_file)
+    from_sh = subprocess.run(
+        ["sh", str(bundle_file), "version"],
+        env=_pod_env(tmp_path, NPU_JOB_PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert from_sh.returncode == BundleError.exit_code
+    line = _one_error_line(from_sh.stderr)
+    assert line == f"npu-job: error: {bundle_file}: {UNREADABLE}"
+    from_python = subprocess.run(
+        [sys.executable, str(bundle_file), "version"], capture_output=True, text=True, timeout=60
+    )
+    assert from_python.returncode == 1 and "Traceback" not in from_python.stderr
+    assert f'"npu-job: error: {UNREADABLE}' in from_python.stderr.splitlines()[1]
+
+
+# --- an interpreter below the floor -------------------------------------------------------------
+
+#: Interpreters older than every floor, which must get the one line: 3.6 parses most of the pod
+#: side but not its ``from __future__ import annotations``; 2.7 parses none of it.
+OLD_PYTHONS = [(3, 6), (2, 7)]
+
+
+def _old_python(version: Tuple[int, int], tmp_path: Path) -> Path:
+    """A directory whose ``python3`` is CPython ``version`` (skips where there is none)."""
+    found = find_interpreter(version)
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI lacks CPython {version}, which the bundle must refuse in one line")
+        pytest.skip(f"no CPython {version} on this machine")
+    directory = tmp_path / "image-bin"
+    directory.mkdir(exist_ok=True)
+    (directory / "python3").symlink_to(found)
+    return directory
+
+
+def _image_env(tmp_path: Path, bin_dir: Path, **extra: str) -> Dict[str, str]:
+    """A pod whose image's python3 is the old one."""
+    return _pod_env(tmp_path, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **extra)
+
+
+@pytest.mark.parametrize("version", OLD_PYTHONS, ids=["py36", "py27"])
+@pytest.mark.parametrize(
+    "way", ["bash npu-job.pyz", "python3 npu-job.pyz bootstrap", "bash bootstrap.sh"]
+)
+@pytest.mark.parametrize("strict", ["", "--strict", "NPU_JOB_STRICT=yes"])
+def test_the_bootstrap_on_a_python_below_its_floor_is_one_line_a_failed_plan_and_exit_0(
+    tmp_path: Path, bundle_file: Path, version: Tuple[int, int], way: str, strict: str
+) -> None:
+    from npu_job.bootstrap.writers import route_plan_document
+
+    bin_dir = _old_python(version, tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "RANK_AFTER_ACC").write_text("5")  # a previous run's, which must not survive
+    (out / "MASTER_INDEX").write_text("1")
+    command = {
+        "bash npu-job.pyz": ["bash", str(bundle_file)],
+        "python3 npu-job.pyz bootstrap": ["python3", str(bundle_file), "bootstrap"],
+        "bash bootstrap.sh": ["bash", str(BOOTSTRAP_SH)],
+    }[way]
+    extra = {"NPU_JOB_BUNDLE": str(bundle_file)} if way == "bash bootstrap.sh" else {}
+    if strict.startswith("NPU_JOB_STRICT="):
+        extra["NPU_JOB_STRICT"] = strict.split("=", 1)[1]
+    done = subprocess.run(
+        [*command, *_job(tmp_path), "--output-dir", str(out)]
+        + (["--strict"] if strict == "--strict" else []),
+        env=_image_env(tmp_path, bin_dir, **extra),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    line = _one_error_line(done.stderr)
+    found = ".".join(map(str, version))
+    assert f"Python {found}." in line and "is older than 3.7, the bootstrap's oldest" in line
+    assert line.endswith("; keeping the scheduler order"), line
+    assert done.returncode == (FLOOR_EXIT if strict else 0), done.stderr
+    assert sorted(path.name for path in out.iterdir()) == ["route_plan.json"]
+    plan = json.loads((out / "route_plan.json").read_text())
+    reason = line[len("npu-job: error: ") : -len("; keeping the scheduler order")]
+    assert plan == json.loads(json.dumps(route_plan_document(None, error=reason)))
+
+
+@pytest.mark.parametrize("version", OLD_PYTHONS, ids=["py36", "py27"])
+def test_npu_run_and_version_on_a_python_below_their_floor_are_one_line_and_exit_9(
+    tmp_path: Path, bundle_file: Path, version: Tuple[int, int]
+) -> None:
+    bin_dir = _old_python(version, tmp_path)
+    for argv in (["run", "--nnodes=1", "train.py"], ["version"]):
+        floor = FLOORS[argv[0]]
+        for way in (["bash", str(bundle_file)], ["python3", str(bundle_file)]):
+            done = subprocess.run(
+                [*way, *argv],
+                env=_image_env(tmp_path, bin_dir),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            line = _one_error_line(done.stderr)
+            assert f"is older than {floor[0]}.{floor[1]}" in line, line
+            assert done.returncode == MissingExtraError.exit_code == FLOOR_EXIT, done.stderr
+
+
+@pytest.mark.parametrize("version", OLD_PYTHONS, ids=["py36", "py27"])
+def test_train_sh_on_a_python_below_npu_runs_floor_stops_with_one_line_and_exit_9(
+    tmp_path: Path, bundle_file: Path, version: Tuple[int, int]
+) -> None:
+    bin_dir = _old_python(version, tmp_path)
+    train_sh = tmp_path / "train.sh"
+    train_sh.write_text(dict(render(_three_node_spec()).scripts)["train.sh"])
+    done = subprocess.run(
+        ["bash", str(train_sh)],
+        env=_image_env(
+            tmp_path,
+            bin_dir,
+            NPU_JOB_BUNDLE=str(bundle_file),
+            VC_TASK_INDEX="0",
+            MA_VJ_NAME="demo",
+            MA_TASK_NAME="worker",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    errors = [line for line in done.stderr.splitlines() if line.startswith("npu-job: error: ")]
+    assert done.returncode == FLOOR_EXIT, done.stderr
+    assert len(errors) == 1 and "is older than 3.8, npu-run's oldest" in errors[0], done.stderr
+    assert "NPU_JOB_LAUNCHER_PYTHON" in errors[0] and "Traceback" not in done.stderr
 
 
 # --- npu-job bundle ---------------------------------------------------------------------------------
