@@ -5,7 +5,10 @@ self-contained (every ``npu_job`` module a bundled module imports is in it), wri
 oldest Pythons the pod side promises (3.7 for the bootstrap and the core, 3.8 for npu-run, checked
 statically by vermin and by running it), and a pod runs it as it is: from ``bootstrap.sh`` or
 directly, on CPython 3.7, 3.8, 3.9, 3.12 and 3.13 where pyenv has them, with the same outputs
-byte for byte as this interpreter's. A missing, truncated or altered bundle is one line.
+byte for byte as this interpreter's. A missing, truncated or altered bundle is one line: its
+digest covers every byte of the file, and a bit flipped in any part of it is caught. On an
+interpreter below the floor (CPython 3.6 and 2.7 from pyenv, as an image's python3) the bootstrap
+is one line, a failed route plan and the scheduler order; npu-run and train.sh exit 9.
 """
 
 from __future__ import annotations
@@ -335,6 +338,19 @@ def _three_node_spec() -> JobSpec:
     return validate(merge_values([SpecInput("job.yaml", values=values)]))
 
 
+def _run_train_sh(
+    tmp_path: Path, env: Dict[str, str], bundle_file: Path
+) -> subprocess.CompletedProcess:
+    """A 3-node job's train.sh, run as pod 0 runs it with the bundle at ``bundle_file``."""
+    train_sh = tmp_path / "train.sh"
+    train_sh.write_text(dict(render(_three_node_spec()).scripts)["train.sh"])
+    pod = {"NPU_JOB_BUNDLE": str(bundle_file), "VC_TASK_INDEX": "0"}
+    pod.update(MA_VJ_NAME="demo", MA_TASK_NAME="worker")
+    return subprocess.run(
+        ["bash", str(train_sh)], env={**env, **pod}, capture_output=True, text=True, timeout=60
+    )
+
+
 def _truncated(bundle_file: Path) -> Path:
     bundle_file.write_bytes(bundle_file.read_bytes()[: len(bundle_file.read_bytes()) // 2])
     return bundle_file
@@ -394,24 +410,9 @@ def test_a_bad_bundle_is_one_line_and_the_scheduler_order(
 def test_train_sh_stops_with_one_line_on_a_bad_bundle(
     tmp_path: Path, bundle_file: Path, damage: str
 ) -> None:
-    train_sh = tmp_path / "train.sh"
-    train_sh.write_text(dict(render(_three_node_spec()).scripts)["train.sh"])
     spoil, message = DAMAGE[damage]
     spoil(bundle_file)
-    done = subprocess.run(
-        ["bash", str(train_sh)],
-        env=_pod_env(
-            tmp_path,
-            NPU_JOB_PYTHON=sys.executable,
-            NPU_JOB_BUNDLE=str(bundle_file),
-            VC_TASK_INDEX="0",
-            MA_VJ_NAME="demo",
-            MA_TASK_NAME="worker",
-        ),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _run_train_sh(tmp_path, _pod_env(tmp_path, NPU_JOB_PYTHON=sys.executable), bundle_file)
     errors = [line for line in done.stderr.splitlines() if line.startswith("npu-job: error: ")]
     assert done.returncode == BundleError.exit_code, done.stderr
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in done.stderr
@@ -598,22 +599,7 @@ def test_train_sh_on_a_python_below_npu_runs_floor_stops_with_one_line_and_exit_
     tmp_path: Path, bundle_file: Path, version: Tuple[int, int]
 ) -> None:
     bin_dir = _old_python(version, tmp_path)
-    train_sh = tmp_path / "train.sh"
-    train_sh.write_text(dict(render(_three_node_spec()).scripts)["train.sh"])
-    done = subprocess.run(
-        ["bash", str(train_sh)],
-        env=_image_env(
-            tmp_path,
-            bin_dir,
-            NPU_JOB_BUNDLE=str(bundle_file),
-            VC_TASK_INDEX="0",
-            MA_VJ_NAME="demo",
-            MA_TASK_NAME="worker",
-        ),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _run_train_sh(tmp_path, _image_env(tmp_path, bin_dir), bundle_file)
     errors = [line for line in done.stderr.splitlines() if line.startswith("npu-job: error: ")]
     assert done.returncode == FLOOR_EXIT, done.stderr
     assert len(errors) == 1 and "is older than 3.8, npu-run's oldest" in errors[0], done.stderr
