@@ -115,15 +115,15 @@ file_digest: Callable[[bytes], Tuple[Optional[str], str]] = _rule["file_digest"]
 
 def short_digest(digest: str) -> str:
     """The digest as the identity line shows it: the algorithm and 12 hex digits."""
-    return digest[: len(DIGEST_PREFIX) + 12]
+    return digest[: podfacts.SHOWN_DIGEST]
 
 
 #: The packages the bundle holds whole, and the shared core's modules they import (a test checks
-#: that every ``npu_job`` import of a bundled module is bundled too).
+#: that every ``npu_job`` import of a bundled module is bundled too). This module, the builder,
+#: is not among them: what a pod needs of it is in ``__main__.py``.
 BUNDLED_PACKAGES = ("npu_job.bootstrap", "npu_job.launcher")
 CORE_MODULES = (
     "__init__",
-    "bundle",
     "bundled",
     "errors",
     "fileio",
@@ -303,7 +303,7 @@ def _main_entry(version: str) -> str:
         route_plan_file=ROUTE_PLAN_FILE,
         # RANK_AFTER_ACC first: never a rank without its master (as the bootstrap's fallback)
         plan_files=(RANK_FILE, MASTER_FILE, ENV_FILE, RANK_TABLE_COPY),
-        short=len(DIGEST_PREFIX) + 12,
+        short=podfacts.SHOWN_DIGEST,
         digest_rule=_DIGEST_RULE,
         tip=ALTERED_TIP,
     )

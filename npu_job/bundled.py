@@ -24,9 +24,9 @@ import sys
 from typing import Optional, Sequence
 
 from npu_job import __version__
-from npu_job.bundle import short_digest
 from npu_job.errors import EXIT_USAGE, BundleError, exit_code_of
 from npu_job.logs import PROG, setup_logging
+from npu_job.podfacts import SHOWN_DIGEST
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def check(path: str) -> None:
 def identity(path: str, digest: str) -> str:
     """The pod's first log line: which npu-job runs, from where, on which Python."""
     return (
-        f"running {__version__} from bundle {short_digest(digest)} ({path}) "
+        f"running {__version__} from bundle {digest[:SHOWN_DIGEST]} ({path}) "
         f"on Python {sys.version.split()[0]} ({sys.executable})"
     )
 
