@@ -18,6 +18,7 @@ import base64
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from npu_job.render.render import (
     render,
 )
 from npu_job.render.spec import JobSpec, validate
+from npu_job.render.values import SpecInput, load_yaml_values, merge_values
 
 from npu_job import __version__, bundled
 from npu_job.bundle import (
@@ -117,8 +119,6 @@ def test_every_example_jobs_objects_leave_kubectl_apply_a_margin_under_the_annot
     bundle in base64, is the big one. The margin is the share render warns at (10% of the limit),
     so this fails before a user of an example job sees that warning. The size is kubectl's own
     (tests/render/test_apply_size.py checks it against kubectl where kubectl is installed)."""
-    from npu_job.render.values import SpecInput, load_yaml_values, merge_values
-
     sizes = {}
     for example in sorted((ROOT / "examples").glob("job-*.yaml")):
         values = load_yaml_values(example.read_text(), example.name)
@@ -130,6 +130,30 @@ def test_every_example_jobs_objects_leave_kubectl_apply_a_margin_under_the_annot
     largest = max(sizes, key=sizes.__getitem__)
     assert "ConfigMap" in largest, sizes
     assert sizes[largest] <= ANNOTATIONS_LIMIT * APPLY_WARN_SHARE, (largest, sizes[largest])
+
+
+def _stated(page: str, pattern: str) -> int:
+    found = re.search(pattern, (ROOT / "docs" / page).read_text(encoding="utf-8"))
+    assert found, f"docs/{page} no longer states it as {pattern!r}"
+    return int(found.group(1).replace(",", ""))
+
+
+def test_the_docs_state_the_bundles_size_and_its_configmaps_annotations_as_built(
+    bundle: Bundle,
+) -> None:
+    """Within 2%: a change of the pod side moves both; past that, measure again (the commands
+    are beside the figures)."""
+    stated = _stated("bootstrap.md", r"\(([\d,]+) bytes, `npu-job bundle\s+-o npu-job.pyz`")
+    kib = _stated("bootstrap.md", r"([\d]+)\.\d KiB \([\d,]+ bytes, `npu-job bundle")
+    assert kib == int(stated / 1024 * 10 + 0.5) // 10, "the KiB beside the bytes"
+    assert abs(stated - len(bundle.data)) <= 0.02 * len(bundle.data), (stated, len(bundle.data))
+    source = "examples/job-npu-6node.yaml"
+    values = load_yaml_values((ROOT / source).read_text(), source)
+    rendered = render(validate(merge_values([SpecInput(source, values=values)])))
+    configmap = next(yaml.safe_load_all(rendered.stream()))
+    size = annotations_after_apply(configmap)
+    stated = _stated("render.md", r"comes close: ([\d,]+) bytes of annotations for\s+`" + source)
+    assert abs(stated - size) <= 0.02 * size, (stated, size)
 
 
 # --- the sources as shipped ---------------------------------------------------------------------------
