@@ -11,14 +11,16 @@ Python finds the archive at the end of the file whatever precedes it):
 What runs, in order, and what each part answers for:
 
 1. **The prologue**, which sh reads as a shell script. It picks the command and starts
-   ``$NPU_JOB_PYTHON`` (default ``python3``) on a loader (``-c``) that opens the archive and
-   reads its ``__main__.py`` (zipfile checks the CRC), so that a file cut short or a damaged
-   entry is one ``npu-job: error:`` line (exit 10); then it runs ``__main__.py``. Python reads
-   the prologue only when ``python3 npu-job.pyz`` finds no archive at the end of the file (it was
-   cut short): it then compiles the whole file as a script, and no code of a file runs before all
-   of it compiles, so that way can never be our line and exit 10. The prologue makes the first
-   syntax error Python shows (exit 1) the loader's line; ``bash npu-job.pyz`` gives the line and
-   exit 10, and it is what the pod runs (bootstrap.sh, train.sh).
+   ``$NPU_JOB_PYTHON`` (default ``python3``) on a loader (``-c``) that checks that the archive
+   ends where the file does, opens it and reads its ``__main__.py`` (zipfile checks the CRC), so
+   that a file cut short or a damaged entry point is one ``npu-job: error:`` line (exit 10); then
+   it runs ``__main__.py``. That is what the pod runs (bootstrap.sh, train.sh).
+   ``python3 npu-job.pyz`` on a file cut short finds no archive at its end. CPython 3.8 and later
+   then look back up to 64 KiB for one, and find a *sentinel* (:func:`zip_archive`): a small
+   archive, copies of which lie between the entries, whose ``__main__.py`` prints the loader's
+   line and exits 10. CPython 3.7 compiles the whole file as a script instead, and no code of a
+   file runs before all of it compiles; the prologue, which Python reads as a string and then an
+   unterminated one, makes the error it shows (exit 1) hold the loader's line.
 2. **__main__.py**, the first Python of the archive to run either way, in Python that every
    interpreter parses (2.7 included), on the standard library alone. It checks the interpreter
    against the command's floor (:data:`FLOORS`) before any module with newer syntax is compiled:
@@ -43,7 +45,9 @@ sources (``.pyc`` files are tied to one interpreter version; the bundle serves 3
 with docstrings and comments blanked and every line kept where it was, so a traceback's line
 numbers are those of the repository at the same version, in half the size (the ConfigMap must
 stay small enough for ``kubectl apply``'s last-applied annotation: :mod:`npu_job.render.render`).
-The same sources give a byte-identical file: entries in name order, fixed timestamps and modes.
+The same sources give a byte-identical file: entries in name order, fixed timestamps and modes,
+and between them a few copies of a small archive of its own that ``python3 npu-job.pyz`` finds in
+a file cut short (:func:`zip_archive`).
 
 :func:`build` is pure (files in, bytes out); :func:`pod_side_files` reads them from the installed
 package (the edge).
@@ -137,11 +141,17 @@ FIXED_DATE = (1980, 1, 1, 0, 0, 0)
 ENTRY_MODE = 0o644
 
 # The loader runs as ``python -c`` inside single quotes: no single quote may appear in it. Any
-# Python parses it (2.7 included): __main__.py then says when the interpreter is too old.
+# Python parses it (2.7 included): __main__.py then says when the interpreter is too old. The
+# archive must end where the file does (the bundle's archive has no comment): zipfile, like
+# zipimport from 3.8 on, would take a sentinel (see zip_archive) of a file cut short for it.
 _LOADER = """\
 import sys, zipfile
 bundle = sys.argv[1]
 try:
+    with open(bundle, "rb") as handle:
+        handle.seek(-22, 2)
+        if handle.read(4) != b"PK\\x05\\x06":
+            raise ValueError("the archive does not end where the file does")
     archive = zipfile.ZipFile(bundle)
 except Exception:
     sys.stderr.write("npu-job: error: %s: {unreadable}\\n" % bundle)
@@ -389,24 +399,82 @@ def _column(lines: Sequence[str], line: int, utf8_offset: int) -> int:
 
 def build(files: Iterable[Tuple[str, str]], version: str = __version__) -> Bundle:
     """The bundle of ``files`` (archive name, Python source): prologue, then a zip archive."""
-    import io
-    import zipfile
-
     stripped = sorted((name, strip_prose(text).encode("utf-8")) for name, text in files)
     source_bytes = sum(len(text.encode("utf-8")) for _, text in files)
     entries = sorted([*stripped, (MAIN_ENTRY, _main_entry(version).encode("utf-8"))])
-    archive = io.BytesIO()
-    with zipfile.ZipFile(archive, "w") as zipped:
-        for name, data in entries:
-            info = zipfile.ZipInfo(name, FIXED_DATE)
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = ENTRY_MODE << 16
-            info.create_system = 3  # Unix, whatever the building machine is
-            zipped.writestr(info, data, compresslevel=9)
-    unsigned = _prologue(version, "0" * DIGEST_HEX) + archive.getvalue()
+    sentinel = zip_archive([(MAIN_ENTRY, _CUT_SHORT.format(unreadable=UNREADABLE).encode())])
+    archive = zip_archive(entries, sentinel=sentinel)
+    unsigned = _prologue(version, "0" * DIGEST_HEX) + archive
     _, digest = file_digest(unsigned)
-    data = _prologue(version, digest[len(DIGEST_PREFIX) :]) + archive.getvalue()
+    data = _prologue(version, digest[len(DIGEST_PREFIX) :]) + archive
     return Bundle(data, digest, version, len(entries), source_bytes)
+
+
+#: The most bytes a sentinel's end of archive may be from the next one, or from the archive's end:
+#: zipimport (CPython 3.8 and later) looks for an archive's end in a file's last 64 KiB.
+SENTINEL_SPACING = 60 * 1024
+
+# A sentinel's __main__.py: what Python runs of a bundle cut short, when it finds the sentinel.
+_CUT_SHORT = """\
+import sys
+sys.stderr.write("npu-job: error: %s: {unreadable}\\n" % sys.argv[0])
+sys.exit(10)
+"""
+
+
+def zip_archive(entries: Sequence[Tuple[str, bytes]], *, sentinel: bytes = b"") -> bytes:
+    """A zip archive of ``entries`` (name, data), deflated, in their order, every field fixed.
+
+    With ``sentinel`` (an archive itself), copies of it lie between the entries, unreferenced: one
+    first, then one wherever the next entry or the archive's directory would end more than
+    :data:`SENTINEL_SPACING` after the last copy. A file cut anywhere after the first copy then
+    ends within 64 KiB of a whole sentinel, which ``python3 FILE`` runs (Python finds no archive
+    at the file's end and looks back for one), so that way too a bundle cut short is the loader's
+    one line and exit 10. Python 3.7 looks at the file's last 22 bytes only; it shows its own
+    error (the prologue's).
+    """
+    import struct
+    import zlib
+
+    body = bytearray()
+    directory = bytearray()
+    last_sentinel = -SENTINEL_SPACING  # none yet: the first comes before the first entry
+    dos_time = 0
+    dos_date = (FIXED_DATE[0] - 1980) << 9 | FIXED_DATE[1] << 5 | FIXED_DATE[2]
+
+    def keep_within_reach(size: int) -> None:
+        nonlocal last_sentinel
+        if sentinel and len(body) + size - last_sentinel > SENTINEL_SPACING:
+            body.extend(sentinel)
+            last_sentinel = len(body)
+
+    for name, data in entries:
+        encoded = name.encode("utf-8")
+        compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+        packed = compressor.compress(data) + compressor.flush()
+        crc = zlib.crc32(data) & 0xFFFFFFFF
+        keep_within_reach(30 + len(encoded) + len(packed))
+        offset = len(body)
+        fields = (20, 0, 8, dos_time, dos_date, crc, len(packed), len(data), len(encoded), 0)
+        body += struct.pack("<4s5H3L2H", b"PK\x03\x04", *fields) + encoded + packed
+        directory += struct.pack(
+            "<4s6H3L5H2L",
+            b"PK\x01\x02",
+            3 << 8 | 20,  # made on Unix, whatever the building machine is; zip 2.0
+            *fields[:-1],
+            0,  # no extra field
+            0,  # no comment
+            0,  # disk
+            0,  # internal attributes
+            ENTRY_MODE << 16,
+            offset,
+        )
+        directory += encoded
+    keep_within_reach(len(directory) + 22)
+    end = struct.pack(
+        "<4s4H2LH", b"PK\x05\x06", 0, 0, len(entries), len(entries), len(directory), len(body), 0
+    )
+    return bytes(body + directory + end)
 
 
 def pod_side_files() -> List[Tuple[str, str]]:

@@ -450,6 +450,22 @@ def test_train_sh_stops_with_one_line_on_a_bad_bundle(
     assert len(errors) == 1 and message in errors[0] and "Traceback" not in done.stderr
 
 
+END_OF_ARCHIVE = b"PK\x05\x06"
+#: zipimport's reach back from a file's end for an archive's end (its longest comment and the end
+#: record itself), CPython 3.8 to 3.12; 3.13 reaches 76 bytes further
+ZIPIMPORT_REACH = 65535 + 22
+
+
+def _sentinel_ends(data: bytes) -> List[int]:
+    """Where each sentinel's end-of-archive record starts (the bundle's own is the last)."""
+    found, at = [], data.find(END_OF_ARCHIVE)
+    while at >= 0:
+        found.append(at)
+        at = data.find(END_OF_ARCHIVE, at + 1)
+    assert found[-1] == len(data) - 22
+    return found[:-1]
+
+
 def _regions(data: bytes) -> Dict[str, Tuple[int, int]]:
     """Where each part of a bundle lies: (start, end) of the prologue's comment, its loader, each
     entry's stored bytes and the archive's directory."""
@@ -464,6 +480,8 @@ def _regions(data: bytes) -> Dict[str, Tuple[int, int]]:
         regions[info.filename] = (start, start + info.compress_size)
     end_of_entries = max(end for _, end in regions.values())
     regions["directory"] = (end_of_entries, len(data))
+    for number, at in enumerate(_sentinel_ends(data), 1):
+        regions[f"sentinel {number}"] = (at - 100, at)
     return regions
 
 
@@ -516,27 +534,63 @@ def test_a_byte_flipped_anywhere_in_the_bundle_is_one_line_and_exit_10(
         assert not out.exists()
 
 
-def test_a_bundle_cut_short_is_the_same_line_from_sh_and_in_pythons_error(
-    tmp_path: Path, bundle_file: Path
+def test_a_bundle_cut_anywhere_past_its_first_sentinel_ends_within_reach_of_a_whole_one(
+    bundle: Bundle,
 ) -> None:
-    """sh: one line, exit 10. python3 FILE finds no archive and compiles the whole file as a
-    script, so no code of it can run: its error shows the same line's text (exit 1)."""
-    _truncated(bundle_file)
-    from_sh = subprocess.run(
-        ["sh", str(bundle_file), "version"],
-        env=_pod_env(tmp_path, NPU_JOB_PYTHON=sys.executable),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    ends = _sentinel_ends(bundle.data)
+    assert len(ends) >= 2 and ends[0] < bundle.data.index(b"PK\x03\x04", ends[0]) < 2048
+    for at in ends:
+        sentinel = _archive(bundle.data[: at + 22])
+        assert sentinel.namelist() == [MAIN_ENTRY] and b"exit(10)" in sentinel.read(MAIN_ENTRY)
+    # the worst cut: just before the next sentinel's record is whole, or the archive's own
+    for previous, following in zip(ends, [*ends[1:], len(bundle.data) - 22]):
+        assert following + 21 - previous <= ZIPIMPORT_REACH
+
+
+def _cuts(data: bytes) -> List[int]:
+    """Lengths to cut a bundle to: past its first sentinel, at and next to every end-of-archive
+    record, none inside one."""
+    ends = _sentinel_ends(data) + [len(data) - 22]
+    cuts = list(range(data.index(b"PK\x03\x04") + 2048, len(data), 20_000))
+    cuts += [end + 22 for end in ends[:-1]] + [end - 1 for end in ends]
+    cuts = sorted(
+        cut for cut in cuts if cut >= ends[0] + 22 and not any(end < cut < end + 22 for end in ends)
     )
-    assert from_sh.returncode == BundleError.exit_code
-    line = _one_error_line(from_sh.stderr)
-    assert line == f"npu-job: error: {bundle_file}: {UNREADABLE}"
-    from_python = subprocess.run(
-        [sys.executable, str(bundle_file), "version"], capture_output=True, text=True, timeout=60
-    )
-    assert from_python.returncode == 1 and "Traceback" not in from_python.stderr
-    assert f'"npu-job: error: {UNREADABLE}' in from_python.stderr.splitlines()[1]
+    assert len(cuts) >= 10, cuts
+    return cuts
+
+
+def test_a_bundle_cut_short_is_one_line_and_exit_10_from_sh_and_from_python3_since_3_8(
+    tmp_path: Path, bundle: Bundle, bundle_file: Path
+) -> None:
+    """python3 FILE finds no archive at the end of a file cut short; CPython 3.8 and later then
+    look back for one and run the sentinel they find. CPython 3.7 looks no further and compiles
+    the whole file as a script, so no code of it can run: its error shows the line's text."""
+    pythons = {version: find_interpreter(version) for version in [(3, 7), (3, 8)]}
+    pythons[sys.version_info[:2]] = sys.executable
+    ends = _sentinel_ends(bundle.data)
+    for cut in _cuts(bundle.data):
+        bundle_file.write_bytes(bundle.data[:cut])
+        for version, python in sorted(item for item in pythons.items() if item[1]):
+            from_sh = subprocess.run(
+                ["sh", str(bundle_file), "version"],
+                env=_pod_env(tmp_path, NPU_JOB_PYTHON=python),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert from_sh.returncode == BundleError.exit_code, (cut, python, from_sh.stderr)
+            line = _one_error_line(from_sh.stderr)
+            assert line == f"npu-job: error: {bundle_file}: {UNREADABLE}", (cut, python)
+            from_python = subprocess.run(
+                [python, str(bundle_file), "version"], capture_output=True, text=True, timeout=60
+            )
+            if version >= (3, 8) or cut - 22 in ends:  # 3.7: the file's last 22 bytes
+                assert from_python.returncode == BundleError.exit_code, (cut, python)
+                assert _one_error_line(from_python.stderr) == line, (cut, python)
+            else:
+                assert from_python.returncode == 1 and "Traceback" not in from_python.stderr
+                assert f'"npu-job: error: {UNREADABLE}' in from_python.stderr.splitlines()[1]
 
 
 # --- an interpreter below the floor -------------------------------------------------------------
