@@ -12,8 +12,9 @@ Python) and runs ``bootstrap``, ``run`` (npu-run) or ``version``.
 Which copy runs is one rule, the same in every pod: a bundle given to a pod always wins over any
 npu-job the image may hold, because every pod of a job must run the same planner. The pod's
 scripts put the bundle first on ``sys.path``; :func:`main` refuses to go on if ``npu_job`` came from
-elsewhere all the same. A bundle that is missing, truncated or altered is a
-:class:`~npu_job.errors.BundleError`: the bootstrap then keeps the scheduler order, train.sh stops.
+elsewhere all the same (a :class:`~npu_job.errors.BundleError`). A bundle that is missing, cut
+short or altered is one line and BundleError's exit code, 10, from the loader or ``__main__.py``:
+the bootstrap then keeps the scheduler order, train.sh stops.
 """
 
 from __future__ import annotations
