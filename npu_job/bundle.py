@@ -80,7 +80,8 @@ FLOOR_ADVICE = {
 #: The exit code of an interpreter below the floor (the bootstrap's with ``--strict`` only): the
 #: README's "needs what is not installed", as npu-run's on a Python without torch.
 FLOOR_EXIT = MissingExtraError.exit_code
-#: What the loader and the prologue's Python say of a file with no readable archive at its end.
+#: What the loader, the sentinels and the prologue read as Python say of a file with no archive at
+#: its end.
 UNREADABLE = "not a readable npu-job bundle (no zip archive at its end: cut short?)"
 ALTERED_TIP = "render the job again (npu-job render) or write the bundle again (npu-job bundle)"
 #: Where the prologue records the digest: the first occurrence of this text, then 64 hex digits,
