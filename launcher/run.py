@@ -50,6 +50,7 @@ from npu_job.errors import (
 )
 from npu_job.logs import setup_logging
 from npu_job.parsing import is_false, is_true
+from npu_job.podfacts import LAUNCHER_PYTHON_ENV
 
 from . import noderank
 
@@ -77,7 +78,7 @@ def require_torch() -> None:
         raise MissingExtraError(
             f"npu-run needs torch, which Python {sys.version.split()[0]} ({sys.executable}) "
             f"cannot import ({error}): install it there (pip install 'npu-job[launcher]' brings "
-            "it), or run the bundle on a Python that has it (NPU_JOB_PYTHON)"
+            f"it), or run npu-run on a Python that has it (train.sh: {LAUNCHER_PYTHON_ENV})"
         ) from None
 
 

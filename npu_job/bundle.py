@@ -1,23 +1,53 @@
 """Building the job's bundle: the pod side of npu-job as one self-contained, reproducible file.
 
 ``npu-job render`` puts it in the job's scripts ConfigMap and ``npu-job bundle -o FILE`` writes it
-for users who host it themselves. The file is a shell preamble followed by a zip archive (a
-zipapp: Python finds the archive at the end of the file whatever precedes it):
+for users who host it themselves. The file is a prologue followed by a zip archive (a zipapp:
+Python finds the archive at the end of the file whatever precedes it):
 
 * ``bash npu-job.pyz [OPTIONS]`` runs the bootstrap (what the platform's routing guide runs as
   its fetched ``bootstrap.sh``); ``bash npu-job.pyz run ...`` runs npu-run;
-* ``python3 npu-job.pyz {bootstrap|run|version} ...`` does the same without the preamble.
+* ``python3 npu-job.pyz {bootstrap|run|version} ...`` does the same without the shell.
 
-The preamble starts ``$NPU_JOB_PYTHON`` (default ``python3``) on a loader that first checks that
-the archive is readable, so that a truncated file is one ``npu-job: error:`` line (exit 10), not
-Python's own message; then :mod:`npu_job.pod.bundled` checks the running copy and the digest.
+What runs, in order, and what each part answers for:
+
+1. **The prologue**, which sh reads as a shell script. It picks the command and starts
+   ``$NPU_JOB_PYTHON`` (default ``python3``) on a loader (``-c``) that checks that the archive
+   ends where the file does, opens it and reads its ``__main__.py`` (zipfile checks the CRC), so
+   that a file cut short or a damaged entry point is one ``npu-job: error:`` line (exit 10); then
+   it runs ``__main__.py``. That is what the pod runs (bootstrap.sh, train.sh).
+   ``python3 npu-job.pyz`` on a file cut short finds no archive at its end. CPython 3.8 and later
+   then look back up to 64 KiB for one, and find a *sentinel* (:func:`zip_archive`): a small
+   archive, copies of which lie between the entries, whose ``__main__.py`` prints the loader's
+   line and exits 10. CPython 3.7 compiles the whole file as a script instead, and no code of a
+   file runs before all of it compiles; the prologue, which Python reads as a string and then an
+   unterminated one, makes the error it shows (exit 1) hold the loader's line.
+2. **__main__.py**, the first Python of the archive to run either way, in Python that every
+   interpreter parses (2.7 included), on the standard library alone. It checks the interpreter
+   against the command's floor (:data:`FLOORS`) before any module with newer syntax is compiled:
+   below it, one line names the version found and the floor; the bootstrap then writes its
+   ``route_plan.json`` (status ``failed``) and keeps the scheduler order (exit 0; ``--strict``:
+   :data:`FLOOR_EXIT`, the code of npu-run on a Python without torch). Then it checks the whole
+   file against its digest, and only then imports :mod:`npu_job.pod.bundled`.
+
+**The digest** (``sha256:<hex>``: the prologue's second line, ``version`` and the pod's identity
+line) is the SHA-256 of the whole file with its own 64 hex digits read as ``0``. It lives in the
+file it names, so its own field is the one thing it cannot hash, and that field is covered all the
+same: a change in it makes the recorded digest differ from the computed one. So one rule covers
+every byte that runs (shell, loader, ``__main__.py``, every entry, the archive's directory), and
+it is checked before any module of the archive is imported. That is simpler than the other sound
+design, a digest of the prologue beside one of the entries: two rules, and the archive's
+directory still outside both. The digest names the file, not the sources: another zlib would
+compress the same sources into other bytes, with another digest; every pod of a job gets the same
+file.
 
 What it holds: the bootstrap and launcher packages and the shared core modules they import, as
 sources (``.pyc`` files are tied to one interpreter version; the bundle serves 3.7 through 3.14),
 with docstrings and comments blanked and every line kept where it was, so a traceback's line
 numbers are those of the repository at the same version, in half the size (the ConfigMap must
-stay small enough for ``kubectl apply``'s last-applied annotation, 256 KiB). The same sources
-give a byte-identical file: entries in name order, fixed timestamps and modes.
+stay small enough for ``kubectl apply``'s last-applied annotation: :mod:`npu_job.render.render`).
+The same sources give a byte-identical file: entries in name order, fixed timestamps and modes,
+and between them a few copies of a small archive of its own that ``python3 npu-job.pyz`` finds in
+a file cut short (:func:`zip_archive`).
 
 :func:`build` is pure (files in, bytes out); :func:`pod_side_files` reads them from the installed
 package (the edge).
@@ -26,46 +56,79 @@ package (the edge).
 from __future__ import annotations
 
 import functools
-import hashlib
 from dataclasses import dataclass
-from typing import Iterable, List, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from npu_job import __version__
+from npu_job import __version__, podfacts
+from npu_job.errors import BundleError, MissingExtraError
+from npu_job.parsing import TRUE_WORDS
 
 #: The file name of the bundle in the job's scripts ConfigMap (beside bootstrap.sh and train.sh).
 BUNDLE_NAME = "npu-job.pyz"
-#: The entry Python runs for ``python3 npu-job.pyz``; it carries the digest, so it is not hashed.
+#: The entry Python runs for ``python3 npu-job.pyz`` (the loader runs it for ``bash``).
 MAIN_ENTRY = "__main__.py"
 DIGEST_PREFIX = "sha256:"
+#: The oldest Python each command runs on: the bootstrap and the shared core, npu-run.
+FLOORS: Dict[str, Tuple[int, int]] = {"bootstrap": (3, 7), "version": (3, 7), "run": (3, 8)}
+#: What a command adds to its floor's line: whose floor it is, and what names another Python.
+FLOOR_ADVICE = {
+    "bootstrap": f"the bootstrap's oldest ({podfacts.PYTHON_ENV} names another interpreter)",
+    "version": f"the bundle's oldest ({podfacts.PYTHON_ENV} names another interpreter)",
+    "run": f"npu-run's oldest (train.sh runs it on ${podfacts.LAUNCHER_PYTHON_ENV}, else "
+    f"${podfacts.PYTHON_ENV})",
+}
+#: The exit code of an interpreter below the floor (the bootstrap's with ``--strict`` only): the
+#: README's "needs what is not installed", as npu-run's on a Python without torch.
+FLOOR_EXIT = MissingExtraError.exit_code
+#: What the loader, the sentinels and the prologue read as Python say of a file with no archive at
+#: its end.
+UNREADABLE = "not a readable npu-job bundle (no zip archive at its end: cut short?)"
+ALTERED_TIP = "render the job again (npu-job render) or write the bundle again (npu-job bundle)"
+#: Where the prologue records the digest: the first occurrence of this text, then 64 hex digits,
+#: within the file's first DIGEST_FIELD_WITHIN bytes.
+DIGEST_FIELD = "bundle " + DIGEST_PREFIX
+DIGEST_HEX = 64
+DIGEST_FIELD_WITHIN = 512
+
+# The digest rule in Python that every interpreter parses: __main__.py carries this text and the
+# builder runs the same text (below), so that the pod and the builder cannot disagree.
+_DIGEST_RULE = f"""\
+DIGEST_PREFIX = {DIGEST_PREFIX!r}
+DIGEST_FIELD = {DIGEST_FIELD!r}
+DIGEST_HEX = {DIGEST_HEX!r}
+DIGEST_FIELD_WITHIN = {DIGEST_FIELD_WITHIN!r}
 
 
-def content_digest(entries: Iterable[Tuple[str, bytes]]) -> str:
-    """``sha256:<hex>`` of a bundle's entries (name, bytes), ``__main__.py`` left out.
-
-    Names and contents are length-prefixed, so no two different sets of entries give the same
-    stream; entries are taken in name order, so the order of an archive does not matter.
-    """
-    digest = hashlib.sha256()
-    for name, data in sorted(entries):
-        if name == MAIN_ENTRY:
-            continue
-        encoded = name.encode("utf-8")
-        digest.update(b"%d:%s%d:" % (len(encoded), encoded, len(data)))
-        digest.update(data)
-    return DIGEST_PREFIX + digest.hexdigest()
+def file_digest(data):
+    '''(recorded, computed): the digest a bundle's bytes record (None: no field) and have.'''
+    import hashlib
+    start = data.find(DIGEST_FIELD.encode("ascii"), 0, DIGEST_FIELD_WITHIN)
+    if start < 0:
+        return None, DIGEST_PREFIX + hashlib.sha256(data).hexdigest()
+    start += len(DIGEST_FIELD)
+    end = start + DIGEST_HEX
+    recorded = data[start:end].decode("ascii", "replace")
+    masked = data[:start] + b"0" * DIGEST_HEX + data[end:]
+    return DIGEST_PREFIX + recorded, DIGEST_PREFIX + hashlib.sha256(masked).hexdigest()
+"""
+_rule: Dict[str, object] = {}
+exec(_DIGEST_RULE, _rule)
+#: ``file_digest(data) -> (recorded, computed)``: the digest field of a bundle's bytes (None when
+#: it has none) and the digest those bytes have.
+file_digest: Callable[[bytes], Tuple[Optional[str], str]] = _rule["file_digest"]  # type: ignore[assignment]
 
 
 def short_digest(digest: str) -> str:
     """The digest as the identity line shows it: the algorithm and 12 hex digits."""
-    return digest[: len(DIGEST_PREFIX) + 12]
+    return digest[: podfacts.SHOWN_DIGEST]
 
 
 #: The packages the bundle holds whole, and the shared core's modules they import (a test checks
-#: that every ``npu_job`` import of a bundled module is bundled too).
+#: that every ``npu_job`` import of a bundled module is bundled too). This module, the builder,
+#: is not among them: what a pod needs of it is in ``__main__.py``.
 BUNDLED_PACKAGES = ("npu_job.bootstrap", "npu_job.launcher", "npu_job.pod")
 CORE_MODULES = (
     "__init__",
-    "bundle",
     "errors",
     "fileio",
     "logs",
@@ -77,41 +140,201 @@ CORE_MODULES = (
 FIXED_DATE = (1980, 1, 1, 0, 0, 0)
 ENTRY_MODE = 0o644
 
-# The loader runs as ``python -c`` inside single quotes: no single quote may appear in it. It is
-# Python 3.7 code using the standard library only.
+# The loader runs as ``python -c`` inside single quotes: no single quote may appear in it. Any
+# Python parses it (2.7 included): __main__.py then says when the interpreter is too old. The
+# archive must end where the file does (the bundle's archive has no comment): zipfile, like
+# zipimport from 3.8 on, would take a sentinel (see zip_archive) of a file cut short for it.
 _LOADER = """\
-import sys, zipimport
+import sys, zipfile
 bundle = sys.argv[1]
 try:
-    zipimport.zipimporter(bundle)
+    with open(bundle, "rb") as handle:
+        handle.seek(-22, 2)
+        if handle.read(4) != b"PK\\x05\\x06":
+            raise ValueError("the archive does not end where the file does")
+    archive = zipfile.ZipFile(bundle)
+except Exception:
+    sys.stderr.write("npu-job: error: %s: {unreadable}\\n" % bundle)
+    sys.exit({bundle_exit})
+try:
+    archive.read("{main_entry}")
 except Exception as error:
-    sys.stderr.write("npu-job: error: %s: not a readable npu-job bundle (%s)\\n" % (bundle, error))
-    sys.exit(10)
+    sys.stderr.write("npu-job: error: %s: altered: {main_entry}: %s\\n" % (bundle, error))
+    sys.stderr.write("TIP: {tip}\\n")
+    sys.exit({bundle_exit})
 del sys.argv[0]
 import runpy
-runpy.run_path(bundle, run_name="__main__")
-"""
+runpy.run_path(bundle, run_name="__main__")"""
 
-_PREAMBLE = """\
+# sh reads ''':' as the command ":" and never gets past exec. Python reads a string from ''' to
+# ''', then the loader's line in a string left open: when Python finds no archive at the end of
+# the file it compiles the whole file as a script, and the tokenizer's error on that line, shown
+# with the line, stops it before the archive's bytes (no code of a file runs before all of it
+# compiles: exit 1).
+_PROLOGUE = """\
 #!/bin/sh
-# npu-job {version}, bundle {digest}: the pod side of npu-job (bootstrap, npu-run) in one file.
+# npu-job {version}, {digest_field}{digest}: the pod side of npu-job (bootstrap, npu-run).
 #   bash {name} [OPTIONS]         the bootstrap (the same as: bash {name} bootstrap [OPTIONS])
 #   bash {name} run [ARGS]        npu-run, torchrun-compatible
-#   python3 {name} version        the version and the digest of what the bundle holds
+#   python3 {name} version        the version and the digest of this file
 # $NPU_JOB_PYTHON picks the interpreter (default python3). Written by npu-job bundle / render.
+# The digest is the sha256 of this whole file with its 64 hex digits read as 0.
+''':'
 case "${{1:-}}" in bootstrap|run|version) ;; *) set -- bootstrap "$@" ;; esac
 exec "${{NPU_JOB_PYTHON:-python3}}" -c '{loader}' "$0" "$@"
+'''
+"npu-job: error: {unreadable}
 """
 
+# __main__.py: Python that every interpreter parses, on the standard library alone. It is filled
+# in with str.format, so it holds no brace of its own.
 _MAIN = """\
-# npu-job {version}, bundle {digest} (the digest of every entry but this one)
+# npu-job {version}: the bundle's entry, the first of its Python to run. Any Python parses it, so
+# that an interpreter below the floor gets one line rather than a newer module's SyntaxError.
 import os
 import sys
 
-from npu_job.pod.bundled import main
+FLOORS = {floors!r}
+ADVICE = {advice!r}
+FLOOR_EXIT = {floor_exit!r}
+BUNDLE_EXIT = {bundle_exit!r}
+OUTPUT_DIR = {output_dir!r}
+OUTPUT_DIR_ENV = {output_dir_env!r}
+STRICT_ENV = {strict_env!r}
+TRUE_WORDS = {true_words!r}
+ROUTE_PLAN_FILE = {route_plan_file!r}
+PLAN_FILES = {plan_files!r}
+SHORT = {short!r}
 
-sys.exit(main(os.path.dirname(__file__), {digest!r}))
+{digest_rule}
+
+def error(message):
+    sys.stderr.write("npu-job: error: " + message + "\\n")
+
+
+def flag_value(args, flag):
+    '''The value of --flag VALUE or --flag=VALUE (its underscore spelling too), else None.'''
+    names = (flag, "--" + flag[2:].replace("-", "_"))
+    found = None
+    for index, arg in enumerate(args):
+        if arg in names and index + 1 < len(args):
+            found = args[index + 1]
+        for name in names:
+            if arg.startswith(name + "="):
+                found = arg[len(name) + 1:]
+    return found
+
+
+def fall_back(args, reason):
+    '''The bootstrap's fallback without it: stale rank files removed, route_plan.json failed.'''
+    import json
+    out = flag_value(args, "--output-dir") or os.environ.get(OUTPUT_DIR_ENV) or OUTPUT_DIR
+    plan = dict(
+        version=1, npu_job_version={version!r}, status="failed", rank_mapping=None,
+        reason=reason, reasons=[reason], collective=None, node_count=None, pod_index=None,
+        node_rank=None, master_index=None, input_digest=None, mapping_digest=None,
+        rank_table=None, topology=None,
+    )
+    text = json.dumps(plan, indent=2, sort_keys=True, separators=(",", ": ")) + "\\n"
+    try:
+        if not os.path.isdir(out):
+            os.makedirs(out)
+        for name in PLAN_FILES:
+            if os.path.lexists(os.path.join(out, name)):
+                os.remove(os.path.join(out, name))
+        target = os.path.join(out, ROUTE_PLAN_FILE)
+        partial = "%s.%d.tmp" % (target, os.getpid())
+        with open(partial, "wb") as handle:
+            handle.write(text.encode("utf-8"))
+        os.rename(partial, target)
+    except (IOError, OSError) as failure:
+        sys.stderr.write("npu-job: warning: could not write %s: %s\\n" % (out, failure))
+
+
+def main():
+    bundle = os.path.dirname(__file__)
+    args = sys.argv[1:]
+    command = args[0] if args and args[0] in FLOORS else "version"
+    floor = FLOORS[command]
+    if sys.version_info[:2] < floor:
+        reason = "%s: Python %s (%s) is older than %d.%d, %s" % (
+            bundle, sys.version.split()[0], sys.executable, floor[0], floor[1], ADVICE[command])
+        if command != "bootstrap":
+            error(reason)
+            return FLOOR_EXIT
+        error(reason + "; keeping the scheduler order")
+        fall_back(args[1:], reason)
+        strict = "--strict" in args[1:]
+        strict = strict or os.environ.get(STRICT_ENV, "").strip().lower() in TRUE_WORDS
+        return FLOOR_EXIT if strict else 0
+    try:
+        with open(bundle, "rb") as handle:
+            data = handle.read()
+    except (IOError, OSError) as failure:
+        error("%s: not a readable npu-job bundle (%s)" % (bundle, failure))
+        return BUNDLE_EXIT
+    recorded, computed = file_digest(data)
+    if recorded != computed:
+        error("%s: altered: its bytes have digest %s, the bundle records %s" % (
+            bundle, computed[:SHORT], (recorded or "none")[:SHORT]))
+        sys.stderr.write("TIP: {tip}\\n")
+        return BUNDLE_EXIT
+    from npu_job.pod.bundled import main as run
+    return run(bundle, recorded)
+
+
+sys.exit(main())
 """
+
+
+def _main_entry(version: str) -> str:
+    """``__main__.py`` of a bundle of ``version``."""
+    from npu_job.podfacts import (
+        ENV_FILE,
+        MASTER_FILE,
+        OUTPUT_DIR,
+        OUTPUT_DIR_ENV,
+        RANK_FILE,
+        RANK_TABLE_COPY,
+        ROUTE_PLAN_FILE,
+        STRICT_ENV,
+    )
+
+    return _MAIN.format(
+        version=version,
+        floors=FLOORS,
+        advice=FLOOR_ADVICE,
+        floor_exit=FLOOR_EXIT,
+        bundle_exit=BundleError.exit_code,
+        output_dir=OUTPUT_DIR,
+        output_dir_env=OUTPUT_DIR_ENV,
+        strict_env=STRICT_ENV,
+        true_words=tuple(TRUE_WORDS),
+        route_plan_file=ROUTE_PLAN_FILE,
+        # RANK_AFTER_ACC first: never a rank without its master (as the bootstrap's fallback)
+        plan_files=(RANK_FILE, MASTER_FILE, ENV_FILE, RANK_TABLE_COPY),
+        short=podfacts.SHOWN_DIGEST,
+        digest_rule=_DIGEST_RULE,
+        tip=ALTERED_TIP,
+    )
+
+
+def _prologue(version: str, digest: str) -> bytes:
+    loader = _LOADER.format(
+        unreadable=UNREADABLE,
+        bundle_exit=BundleError.exit_code,
+        main_entry=MAIN_ENTRY,
+        tip=ALTERED_TIP,
+    )
+    return _PROLOGUE.format(
+        version=version,
+        digest_field=DIGEST_FIELD,
+        digest=digest,
+        name=BUNDLE_NAME,
+        loader=loader,
+        unreadable=UNREADABLE,
+        bundle_exit=BundleError.exit_code,
+    ).encode("ascii")
 
 
 @dataclass(frozen=True)
@@ -119,7 +342,7 @@ class Bundle:
     """A built bundle: its bytes and what identifies it."""
 
     data: bytes
-    digest: str  # content_digest of the entries (what the pod's first log line shows)
+    digest: str  # file_digest: every byte of the file (what the pod's first log line shows)
     version: str
     entries: int
     source_bytes: int  # the sources before blanking, for the size report
@@ -175,27 +398,83 @@ def _column(lines: Sequence[str], line: int, utf8_offset: int) -> int:
 
 
 def build(files: Iterable[Tuple[str, str]], version: str = __version__) -> Bundle:
-    """The bundle of ``files`` (archive name, Python source): preamble, then a zip archive."""
-    import io
-    import zipfile
-
+    """The bundle of ``files`` (archive name, Python source): prologue, then a zip archive."""
     stripped = sorted((name, strip_prose(text).encode("utf-8")) for name, text in files)
     source_bytes = sum(len(text.encode("utf-8")) for _, text in files)
-    digest = content_digest(stripped)
-    main_entry = _MAIN.format(version=version, digest=digest).encode("utf-8")
-    entries = sorted([*stripped, (MAIN_ENTRY, main_entry)])
-    archive = io.BytesIO()
-    with zipfile.ZipFile(archive, "w") as zipped:
-        for name, data in entries:
-            info = zipfile.ZipInfo(name, FIXED_DATE)
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = ENTRY_MODE << 16
-            info.create_system = 3  # Unix, whatever the building machine is
-            zipped.writestr(info, data, compresslevel=9)
-    preamble = _PREAMBLE.format(
-        version=version, digest=digest, name=BUNDLE_NAME, loader=_LOADER.rstrip("\n")
-    ).encode("utf-8")
-    return Bundle(preamble + archive.getvalue(), digest, version, len(entries), source_bytes)
+    entries = sorted([*stripped, (MAIN_ENTRY, _main_entry(version).encode("utf-8"))])
+    sentinel = zip_archive([(MAIN_ENTRY, _CUT_SHORT.format(unreadable=UNREADABLE).encode())])
+    archive = zip_archive(entries, sentinel=sentinel)
+    unsigned = _prologue(version, "0" * DIGEST_HEX) + archive
+    _, digest = file_digest(unsigned)
+    data = _prologue(version, digest[len(DIGEST_PREFIX) :]) + archive
+    return Bundle(data, digest, version, len(entries), source_bytes)
+
+
+#: The most bytes a sentinel's end of archive may be from the next one, or from the archive's end:
+#: zipimport (CPython 3.8 and later) looks for an archive's end in a file's last 64 KiB.
+SENTINEL_SPACING = 60 * 1024
+
+# A sentinel's __main__.py: what Python runs of a bundle cut short, when it finds the sentinel.
+_CUT_SHORT = """\
+import sys
+sys.stderr.write("npu-job: error: %s: {unreadable}\\n" % sys.argv[0])
+sys.exit(10)
+"""
+
+
+def zip_archive(entries: Sequence[Tuple[str, bytes]], *, sentinel: bytes = b"") -> bytes:
+    """A zip archive of ``entries`` (name, data), deflated, in their order, every field fixed.
+
+    With ``sentinel`` (an archive itself), copies of it lie between the entries, unreferenced: one
+    first, then one wherever the next entry or the archive's directory would end more than
+    :data:`SENTINEL_SPACING` after the last copy. A file cut anywhere after the first copy then
+    ends within 64 KiB of a whole sentinel, which ``python3 FILE`` runs (Python finds no archive
+    at the file's end and looks back for one), so that way too a bundle cut short is the loader's
+    one line and exit 10. Python 3.7 looks at the file's last 22 bytes only; it shows its own
+    error (the prologue's).
+    """
+    import struct
+    import zlib
+
+    body = bytearray()
+    directory = bytearray()
+    last_sentinel = -SENTINEL_SPACING  # none yet: the first comes before the first entry
+    dos_time = 0
+    dos_date = (FIXED_DATE[0] - 1980) << 9 | FIXED_DATE[1] << 5 | FIXED_DATE[2]
+
+    def keep_within_reach(size: int) -> None:
+        nonlocal last_sentinel
+        if sentinel and len(body) + size - last_sentinel > SENTINEL_SPACING:
+            body.extend(sentinel)
+            last_sentinel = len(body)
+
+    for name, data in entries:
+        encoded = name.encode("utf-8")
+        compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+        packed = compressor.compress(data) + compressor.flush()
+        crc = zlib.crc32(data) & 0xFFFFFFFF
+        keep_within_reach(30 + len(encoded) + len(packed))
+        offset = len(body)
+        fields = (20, 0, 8, dos_time, dos_date, crc, len(packed), len(data), len(encoded), 0)
+        body += struct.pack("<4s5H3L2H", b"PK\x03\x04", *fields) + encoded + packed
+        directory += struct.pack(
+            "<4s6H3L5H2L",
+            b"PK\x01\x02",
+            3 << 8 | 20,  # made on Unix, whatever the building machine is; zip 2.0
+            *fields[:-1],
+            0,  # no extra field
+            0,  # no comment
+            0,  # disk
+            0,  # internal attributes
+            ENTRY_MODE << 16,
+            offset,
+        )
+        directory += encoded
+    keep_within_reach(len(directory) + 22)
+    end = struct.pack(
+        "<4s4H2LH", b"PK\x05\x06", 0, 0, len(entries), len(entries), len(directory), len(body), 0
+    )
+    return bytes(body + directory + end)
 
 
 def pod_side_files() -> List[Tuple[str, str]]:

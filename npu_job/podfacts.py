@@ -35,6 +35,9 @@ STRICT_ENV = "NPU_JOB_STRICT"
 #: there); bootstrap.sh and train.sh read it.
 BUNDLE_ENV = "NPU_JOB_BUNDLE"
 FETCHED_BUNDLE = "/tmp/npu-job.pyz"
+#: How much of the bundle's digest (``sha256:<hex>``) the pod's identity line shows: the algorithm
+#: and 12 hex digits.
+SHOWN_DIGEST = len("sha256:") + 12
 #: The interpreter train.sh runs npu-run on, where it is not $NPU_JOB_PYTHON (an image whose
 #: python3 lacks torch).
 LAUNCHER_PYTHON_ENV = "NPU_JOB_LAUNCHER_PYTHON"

@@ -19,6 +19,13 @@ Escaping, the one thing that must never go wrong:
 
 Jinja runs with ``StrictUndefined``; a template error becomes a :class:`RenderError` naming the
 template and line. Each rendered document is parsed back before it is returned.
+
+``kubectl apply`` (client-side) stores each object it applies as JSON in the object's
+``last-applied-configuration`` annotation, and the API server refuses an object whose annotations
+total more than 256 KiB: the scripts ConfigMap, which carries the job's bundle, is the one that
+can come close. :func:`annotations_after_apply` computes that size as kubectl does, and render
+warns (:func:`apply_size_warning`) past :data:`APPLY_WARN_SHARE` of the limit, naming the ways
+without it: ``kubectl apply --server-side`` and ``kubectl create``.
 """
 
 from __future__ import annotations
@@ -54,6 +61,15 @@ LAUNCHER_COMMANDS: Mapping[str, Tuple[str, ...]] = {
     "torchrun": ("torchrun",),
     "torch.distributed.launch": ("python3", "-m", "torch.distributed.launch"),
 }
+
+
+#: The annotation in which ``kubectl apply`` (client-side) keeps the object it applied.
+LAST_APPLIED_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
+#: The API server's limit on the total size of an object's annotations, keys and values, in bytes
+#: (Kubernetes' ``TotalAnnotationSizeLimitB``).
+ANNOTATIONS_LIMIT = 256 * 1024
+#: Render warns when an object's annotations after ``kubectl apply`` pass this share of the limit.
+APPLY_WARN_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -102,6 +118,59 @@ class RenderedJob:
 
         job = yaml.safe_load(self.job.text)
         return job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["command"][-1]
+
+
+# --- kubectl apply's annotation ------------------------------------------------------------
+
+
+def last_applied_configuration(document: Mapping[str, Any]) -> str:
+    """The annotation ``kubectl apply`` (client-side) gives ``document``, as kubectl computes it.
+
+    kubectl (``GetModifiedConfiguration``) takes the object as applied, sets its annotations
+    without this one (an empty map when none is left) and encodes it with Go's ``encoding/json``:
+    keys sorted, no spaces, ``<``, ``>`` and ``&`` escaped as ``\\u003c`` and the like, as are
+    U+2028 and U+2029, other text as UTF-8, and a closing newline.
+    """
+    metadata = dict(document.get("metadata") or {})
+    annotations = dict(metadata.get("annotations") or {})
+    annotations.pop(LAST_APPLIED_ANNOTATION, None)
+    metadata["annotations"] = annotations
+    text = json.dumps(
+        {**document, "metadata": metadata},
+        ensure_ascii=False,
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return _GO_ESCAPED.sub(lambda match: f"\\u{ord(match.group()):04x}", text) + "\n"
+
+
+_GO_ESCAPED = re.compile("[<>&\u2028\u2029]")
+
+
+def annotations_after_apply(document: Mapping[str, Any]) -> int:
+    """Bytes of ``document``'s annotations (keys and values) once ``kubectl apply`` has added its
+    own: what the API server holds against :data:`ANNOTATIONS_LIMIT`."""
+    annotations = dict((document.get("metadata") or {}).get("annotations") or {})
+    annotations[LAST_APPLIED_ANNOTATION] = last_applied_configuration(document)
+    return sum(
+        len(key.encode("utf-8")) + len(value.encode("utf-8")) for key, value in annotations.items()
+    )
+
+
+def apply_size_warning(document: Mapping[str, Any]) -> Optional[str]:
+    """A warning when ``kubectl apply`` (client-side) would take ``document`` near or past the
+    annotation limit, else None."""
+    size = annotations_after_apply(document)
+    if size <= ANNOTATIONS_LIMIT * APPLY_WARN_SHARE:
+        return None
+    kind, name = document.get("kind"), (document.get("metadata") or {}).get("name")
+    verdict = "past" if size > ANNOTATIONS_LIMIT else f"{size / ANNOTATIONS_LIMIT:.0%} of"
+    return (
+        f"{kind} {name}: kubectl apply (client-side) would give it {size} bytes of annotations "
+        f"(its {LAST_APPLIED_ANNOTATION}), {verdict} the {ANNOTATIONS_LIMIT} the API server "
+        "takes, which refuses the object past that; kubectl apply --server-side (or kubectl "
+        "create) stores no such annotation"
+    )
 
 
 # --- filters --------------------------------------------------------------------------------
@@ -333,6 +402,7 @@ def render(
     if spec.routes_by_api and spec.service_account is None:  # before the Job whose pods use it
         templates.insert(1, "rbac.yaml.j2")
     documents = []
+    warnings = list(spec.warnings)
     for template in templates:
         rendered = _render_template(env, template, context)
         for text in rendered.split("\n---\n"):  # a template may hold several documents
@@ -347,4 +417,8 @@ def render(
             documents.append(
                 Document(SOURCE_PREFIX + template, parsed["kind"], parsed["metadata"]["name"], text)
             )
-    return RenderedJob(spec, tuple(documents), tuple(scripts), spec.warnings, shipped)
+            too_big = apply_size_warning(parsed)
+            if too_big is not None:
+                log.warning("%s", too_big)
+                warnings.append(too_big)
+    return RenderedJob(spec, tuple(documents), tuple(scripts), tuple(warnings), shipped)

@@ -2,20 +2,19 @@
 
 ``npu-job render`` ships the bootstrap, npu-run and the shared core in the job's scripts ConfigMap
 as one zipapp (built by :mod:`npu_job.bundle`), so that a stock image with ``python3`` (and torch,
-for training) needs nothing installed. This module is the part of that file that runs first in a
-pod, on the image's own interpreter (CPython 3.7 and later, standard library only):
-
-* :func:`content_digest` names a bundle by what it holds (every entry but ``__main__.py``, whose
-  text records the digest), so the same sources give the same name whatever zlib compressed them;
-* :func:`main` checks that the running copy of ``npu_job`` is the bundle's and that the archive
-  still holds what its digest says, logs the identity line (version, digest, path, Python) and
-  runs ``bootstrap``, ``run`` (npu-run) or ``version``.
+for training) needs nothing installed. The bundle's ``__main__.py`` has checked the interpreter
+against the floor and every byte of the file against its digest (:mod:`npu_job.bundle`); this
+module is what runs next, the first of the bundle's modules a pod imports, on the image's own
+interpreter (CPython 3.7 and later, standard library only): :func:`main` checks that the running
+copy of ``npu_job`` is the bundle's, logs the identity line (version, the file's digest, path,
+Python) and runs ``bootstrap``, ``run`` (npu-run) or ``version``.
 
 Which copy runs is one rule, the same in every pod: a bundle given to a pod always wins over any
 npu-job the image may hold, because every pod of a job must run the same planner. The pod's
 scripts put the bundle first on ``sys.path``; :func:`main` refuses to go on if ``npu_job`` came from
-elsewhere all the same. A bundle that is missing, truncated or altered is a
-:class:`~npu_job.errors.BundleError`: the bootstrap then keeps the scheduler order, train.sh stops.
+elsewhere all the same (a :class:`~npu_job.errors.BundleError`). A bundle that is missing, cut
+short or altered is one line and BundleError's exit code, 10, from the loader or ``__main__.py``:
+the bootstrap then keeps the scheduler order, train.sh stops.
 """
 
 from __future__ import annotations
@@ -26,9 +25,9 @@ import sys
 from typing import Optional, Sequence
 
 from npu_job import __version__
-from npu_job.bundle import content_digest, short_digest
 from npu_job.errors import EXIT_USAGE, BundleError, exit_code_of
 from npu_job.logs import PROG, setup_logging
+from npu_job.podfacts import SHOWN_DIGEST
 
 log = logging.getLogger(__name__)
 
@@ -36,22 +35,8 @@ COMMANDS = ("bootstrap", "run", "version")
 USAGE = "usage: python3 npu-job.pyz {bootstrap|run|version} [ARGS...]"
 
 
-def archive_digest(path: str) -> str:
-    """:func:`content_digest` of the zip archive at ``path`` (BundleError when it is unreadable)."""
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return content_digest(
-                (info.filename, archive.read(info)) for info in archive.infolist()
-            )
-    except Exception as error:  # OSError, BadZipFile, zlib.error (a damaged entry), EOFError...
-        raise BundleError(f"{path}: not a readable npu-job bundle ({error})") from None
-
-
-def check(path: str, expected_digest: str) -> None:
-    """Raise BundleError unless ``npu_job`` was imported from the archive at ``path`` and the
-    archive still holds the entries whose digest is ``expected_digest``."""
+def check(path: str) -> None:
+    """Raise BundleError unless ``npu_job`` was imported from the bundle at ``path``."""
     import npu_job
 
     package_file = os.path.abspath(getattr(npu_job, "__file__", None) or "?")
@@ -60,25 +45,18 @@ def check(path: str, expected_digest: str) -> None:
             f"{path}: npu_job was imported from {package_file}, not from the bundle "
             "(the bundle must be first on sys.path: run it as python3 npu-job.pyz COMMAND)"
         )
-    found = archive_digest(path)
-    if found != expected_digest:
-        raise BundleError(
-            f"{path}: altered: its entries have digest {short_digest(found)}, "
-            f"the bundle records {short_digest(expected_digest)}",
-            tip="render the job again (npu-job render) or write the bundle again (npu-job bundle)",
-        )
 
 
 def identity(path: str, digest: str) -> str:
     """The pod's first log line: which npu-job runs, from where, on which Python."""
     return (
-        f"running {__version__} from bundle {short_digest(digest)} ({path}) "
+        f"running {__version__} from bundle {digest[:SHOWN_DIGEST]} ({path}) "
         f"on Python {sys.version.split()[0]} ({sys.executable})"
     )
 
 
 def main(path: str, digest: str, argv: Optional[Sequence[str]] = None) -> int:
-    """Run the bundle at ``path`` (recorded digest ``digest``): ``argv`` is COMMAND ARGS...."""
+    """Run the bundle at ``path``, whose bytes have ``digest``: ``argv`` is COMMAND ARGS...."""
     args = list(sys.argv[1:] if argv is None else argv)
     setup_logging(0)
     if not args or args[0] not in COMMANDS:
@@ -86,7 +64,7 @@ def main(path: str, digest: str, argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_USAGE
 
     def checked() -> int:
-        check(path, digest)
+        check(path)
         return 0
 
     command, rest = args[0], args[1:]

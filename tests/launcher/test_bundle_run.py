@@ -187,4 +187,4 @@ def test_without_torch_npu_run_is_one_line_exit_9_and_version_still_works(tmp_pa
         assert identity.startswith(f"npu-job: running {bundle.version} from bundle")
         assert error.startswith("npu-run: error: npu-run needs torch, which Python "), error
         assert f"({python}) cannot import (No module named 'torch')" in error
-        assert "NPU_JOB_PYTHON" in error
+        assert "(train.sh: NPU_JOB_LAUNCHER_PYTHON)" in error
