@@ -1,6 +1,8 @@
 """The fault tests' rerun rule (:mod:`tests.machine_stalls`): a failed attempt runs again only if
 the machine stalled for at least the marked time while it ran. Stalls are real: a process is
 stopped with SIGSTOP and woken with SIGCONT, as a stop of the whole virtual machine would stop it.
+And the caps of waits, the suite's hang catcher among them, counted at the machine's pace: a slow
+machine is set by ``NPU_JOB_TEST_SLOWNESS`` (the load average moves with whatever else runs).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import textwrap
 import time
 from pathlib import Path
 from types import ModuleType
+
+from tests.machine_stalls import SLOWEST, SLOWNESS_VARIABLE, pace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -126,3 +130,66 @@ def test_a_failure_with_a_shorter_stall_fails_at_once_and_reports_the_stall(tmp_
 def test_a_stall_alone_does_not_fail_a_test(tmp_path):
     code, out, attempts = run_sample(tmp_path, stall=2.5, passes_first=True)
     assert (code, attempts) == (0, 1), out
+
+
+def test_the_pace_is_the_load_per_cpu_from_one_to_the_slowest_allowed():
+    assert pace(0.3, 2) == 1.0  # an idle machine is no faster than alone
+    assert pace(7.0, 2) == 3.5
+    assert pace(53.0, 2) == SLOWEST
+
+
+CAPPED = """
+import json, time
+from tests.machine_stalls import wait_until
+began = time.monotonic()
+try:
+    wait_until(lambda: False, 0.5, "nothing")
+except AssertionError as error:
+    print(json.dumps([time.monotonic() - began, str(error)]))
+"""
+
+
+def test_a_cap_gives_a_machine_four_times_slower_four_times_the_wall_time():
+    done = subprocess.run(
+        [sys.executable, "-c", CAPPED],
+        cwd=REPO,
+        env={**os.environ, SLOWNESS_VARIABLE: "4"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    waited, message = json.loads(done.stdout)
+    assert waited >= 4 * 0.5, waited
+    assert message.startswith("timed out after 0.5 s at an idle machine's pace (2 s of wall "), (
+        message
+    )
+
+
+HANGS = """
+import time
+
+def test_slower_than_its_timeout_on_an_idle_machine():
+    time.sleep(2.5)
+
+def test_hangs():
+    time.sleep(60)
+"""
+
+
+def test_the_hang_catcher_gives_a_slower_machine_more_time_and_still_ends_a_hung_test(tmp_path):
+    """pytest-timeout's ``timeout`` of 1 s on a machine 4 times slower: a test of 2.5 s passes,
+    one that hangs fails after about 4 s, and the run goes on to its summary."""
+    (tmp_path / "test_sample.py").write_text(HANGS)
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.machine_stalls", "-p", "no:cacheprovider"]
+        + ["-p", "no:xdist", "--timeout=1", "test_sample.py"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO), SLOWNESS_VARIABLE: "4"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "1 failed, 1 passed" in done.stdout, done.stdout
+    assert "FAILED test_sample.py::test_hangs - Failed: Timeout" in done.stdout, done.stdout
+    assert time.monotonic() - began < 50  # the hung test was ended, not left to its 60 s
