@@ -19,7 +19,10 @@ import time
 from pathlib import Path
 from types import ModuleType
 
-from tests.machine_stalls import SLOWEST, SLOWNESS_VARIABLE, pace
+import pytest
+
+from tests.launcher.cluster import alive
+from tests.machine_stalls import SLOWEST, SLOWNESS_VARIABLE, communicate, pace
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -193,3 +196,21 @@ def test_the_hang_catcher_gives_a_slower_machine_more_time_and_still_ends_a_hung
     assert "1 failed, 1 passed" in done.stdout, done.stdout
     assert "FAILED test_sample.py::test_hangs - Failed: Timeout" in done.stdout, done.stdout
     assert time.monotonic() - began < 50  # the hung test was ended, not left to its 60 s
+
+
+def test_a_process_that_reaches_its_cap_is_killed_with_every_process_of_its_session(tmp_path):
+    """A grandchild that holds the output pipes open would keep ``communicate`` waiting for it
+    (here for 120 s) if only the child were killed."""
+    pid_file = tmp_path / "grandchild"
+    process = subprocess.Popen(
+        ["sh", "-c", f"sleep 120 & echo $! > {pid_file}; wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    began = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        communicate(process, 0.5)
+    assert time.monotonic() - began < 60  # at most 0.5 s * SLOWEST, and the kill
+    assert process.poll() is not None and not alive(int(pid_file.read_text()))
