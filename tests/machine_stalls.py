@@ -44,15 +44,15 @@ NOTED = 0.5  # an overrun of a step longer than this is a stall worth keeping
 KEPT = 1000  # the most recent stalls kept
 MARKER_STALL = "longer_than"  # the flaky marker's keyword this module adds, read back by the hooks
 SECTION = "machine stalls"  # the failed attempt's report section
-# The slowest pace a cap allows for: a cap is at most this many times its seconds of wall time (a
-# second suite beside this one took the 1-minute load of 2 cores to 10-26)
+# The slowest pace a cap allows for: a cap is at most this many times its seconds of wall time, so
+# that a hung test still ends (pytest-timeout's 300 s: within 50 minutes on the busiest machine)
 SLOWEST = 10.0
 SLOWNESS_VARIABLE = "NPU_JOB_TEST_SLOWNESS"
 
 
 class StallWatch:
     """Every stop of this process longer than ``noted`` seconds since :meth:`start`, by when it
-    began (monotonic) and how long it lasted."""
+    began (monotonic) and how long it lasted; and the :func:`machine_seconds` since then."""
 
     def __init__(self, step: float = STEP, noted: float = NOTED) -> None:
         self._step = step
