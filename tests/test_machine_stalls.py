@@ -142,30 +142,43 @@ def test_the_pace_is_the_load_per_cpu_from_one_to_the_slowest_allowed():
 
 
 CAPPED = """
-import json, time
-from tests.machine_stalls import wait_until
+import json, sys, time
+from tests.machine_stalls import Cap, wait_until
 began = time.monotonic()
 try:
-    wait_until(lambda: False, 0.5, "nothing")
+    wait_until(lambda: False, Cap(0.5, fixed=float(sys.argv[1])), "nothing")
 except AssertionError as error:
     print(json.dumps([time.monotonic() - began, str(error)]))
 """
 
 
-def test_a_cap_gives_a_machine_four_times_slower_four_times_the_wall_time():
+def capped_wait(fixed: float) -> tuple:
+    """(wall seconds, the error) of a wait that never sees its event, on a machine 4 times slower,
+    with a cap of 0.5 s after ``fixed`` wall seconds."""
     done = subprocess.run(
-        [sys.executable, "-c", CAPPED],
+        [sys.executable, "-c", CAPPED, str(fixed)],
         cwd=REPO,
         env={**os.environ, SLOWNESS_VARIABLE: "4"},
         capture_output=True,
         text=True,
         timeout=120,
     )
-    waited, message = json.loads(done.stdout)
+    return tuple(json.loads(done.stdout))
+
+
+def test_a_cap_gives_a_machine_four_times_slower_four_times_the_wall_time():
+    waited, message = capped_wait(0)
     assert waited >= 4 * 0.5, waited
     assert message.startswith("timed out after 0.5 s at an idle machine's pace (2 s of wall "), (
         message
     )
+
+
+def test_the_fixed_part_of_a_cap_is_wall_time_on_any_machine():
+    """A timeout of the code under test (3 s here) is not stretched: 3 + 4 * 0.5 s, not 14."""
+    waited, message = capped_wait(3)
+    assert 3 + 4 * 0.5 <= waited < 4 * (3 + 0.5), waited
+    assert message.startswith("timed out after 3 s + 0.5 s at an idle machine's pace"), message
 
 
 HANGS = """
