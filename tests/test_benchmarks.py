@@ -22,7 +22,7 @@ from tests.machine_stalls import communicate
 REPO = Path(__file__).resolve().parent.parent
 FABRIC_REASON = fabric_unavailable_reason()
 # seconds at an idle machine's pace (tests.machine_stalls.Cap) for one benchmark; the slowest,
-# bench_bootstrap_revisions.py, takes about 40 alone
+# bench_bundle.py's callgrind case, takes under 40 on the idle 2-core machine
 CAP = 240
 
 CASES = [
