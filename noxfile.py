@@ -5,10 +5,17 @@ session builds its venv once with one torch release from PyPI (CUDA builds, abou
 their nvidia-* packages; they import and run on a CPU-only machine) and keeps it under
 ``~/.cache/npu-job/nox`` (``NPU_JOB_NOX_ENVDIR`` overrides), outside the clone, so later runs
 reuse it. A session runs the launcher tests and records which torch features it found; ``nox -s
-supported`` turns those records into docs/launcher.md's "Supported torch" table. The launcher tests
-include npu-run from the job's bundle on a torch-only interpreter (``test_bundle_run.py``: a venv
-that sees the release's torch but nothing of npu-job), so every release runs the tiered store,
-restarts and the ``parallel`` backend the way a pod with nothing installed does.
+supported`` turns those records into docs/launcher.md's "Supported torch" table.
+
+The oldest and the newest release run every launcher test (:data:`EVERY_TEST`); the releases
+between them run :data:`RELEASE_DEPENDENT`, the tests of what changes from one release to the
+next (launcher/torchcompat.py's table: the store's opcodes, the rendezvous result, the libuv
+server, list_keys, entry points, torch's own parser and agent), among them npu-run from the job's
+bundle on a torch-only interpreter (``test_bundle_run.py``: a venv that sees the release's torch
+but nothing of npu-job), so every release runs the tiered store, restarts and the ``parallel``
+backend the way a pod with nothing installed does. The rest (the wire protocol's and the
+coalescing rules' values, the proxy's own behaviour under load and its linearizability, the CPU
+count) is npu-job's own code over whatever torch, and runs on the two ends and in the main suite.
 
 Two sessions run at a time (nox's ``--parallel``; ``-j 1`` runs them one by one), each printing
 its output when it ends. A launcher session keeps about 0.7 of a core busy on average (its tests
@@ -18,6 +25,7 @@ each, no more done per minute than two.
 
     nox                        # the whole matrix
     nox -s "launcher(torch='2.1.0')"
+    nox -s "launcher(torch='2.6.0')" -- --every-test   # a middle release, every launcher test
     nox -s supported           # the table, from the last matrix run
     nox -s lint                # mypy over the pure core, ruff (pinned tools, no torch)
 """
@@ -51,7 +59,37 @@ MATRIX = {
     "2.9.1": [],
     "2.14.1": [],
 }
+EVERY_TEST = ("2.1.0", "2.14.1")  # the oldest and the newest: every launcher test
 LAUNCHER_TESTS = "tests/launcher"
+# What the releases between run: the tests of each difference torchcompat owns, and the whole
+# launcher on that release's agent, parser and store (docs/development.md, "The torch matrix")
+RELEASE_DEPENDENT = [
+    # the feature probes themselves: Store.check or npu-run's side channel, the store dialect
+    # (VALIDATE, SET's number, PING, QUEUE_*, BARRIER) learned from the release's own client
+    "tests/launcher/test_torchcompat.py",
+    # the proxy against the release's own TCPStore root: every opcode its client sends
+    "tests/launcher/proxy/test_proxy_differential.py",
+    # which store server stalls whom: the classic one, libuv's (2.4) and a listen fd (2.8)
+    "tests/launcher/proxy/test_unread_replies.py",
+    # the deadline-bound root client against the release's root and its timeout errors
+    "tests/launcher/rendezvous/test_liveness.py",
+    # RendezvousInfo (2.4) or the tuple, list_keys (2.10) or a workers' store per round
+    "tests/launcher/rendezvous/test_rendezvous.py",
+    # torchrun.handlers entry points (after 2.4)
+    "tests/launcher/rendezvous/test_torchrun_plugin.py",
+    # torch's own torchrun parser, which gains flags from release to release
+    "tests/launcher/test_run_cli.py",
+    # real agents: node rank order, connections to the root, restarts, SIGTERM and SIGINT
+    "tests/launcher/test_multinode.py",
+    # npu-run from the bundle on the release's torch alone
+    "tests/launcher/test_bundle_run.py",
+    # 2.4 to 2.6 shut the rendezvous down while they stop a failed worker group: the failure
+    # must still reach the other nodes first, named right
+    "tests/launcher/rendezvous/test_faults.py::"
+    "test_a_worker_failing_every_attempt_is_named_by_every_node_with_one_summary",
+    "tests/launcher/rendezvous/test_faults.py::"
+    "test_a_worker_failing_mid_training_is_named_although_its_peers_fail_too",
+]
 # The lint session's tools, pinned so that a new release never fails CI by itself; the stubs are
 # those of the pure core's third-party imports.
 LINT_TOOLS = ["ruff==0.17.6", "mypy==2.4.1", "types-PyYAML", "types-requests"]
@@ -68,7 +106,8 @@ def supported(session: nox.Session) -> None:
     print("|---" * (len(names) + 2) + "|")
     for row in sorted(rows, key=lambda r: [int(p) for p in r["torch"].split("+")[0].split(".")]):
         marks = ["yes" if present else "—" for _, present in row["features"]]
-        print(f"| {row['torch']} | {row['summary']} | " + " | ".join(marks) + " |")
+        tests = row["summary"] + ("" if row.get("every_test", True) else " (release-dependent)")
+        print(f"| {row['torch']} | {tests} | " + " | ".join(marks) + " |")
 
 
 @nox.session
@@ -110,7 +149,9 @@ def oldest_accelerators(session: nox.Session) -> None:
 @nox.session
 @nox.parametrize("torch", list(MATRIX))
 def launcher(session: nox.Session, torch: str) -> None:
-    """npu-run's tests (tiered and flat, restarts, proxy vs root, torchrun) on one torch.
+    """npu-run's tests (tiered and flat, restarts, proxy vs root, torchrun) on one torch: every
+    one on the oldest and newest release, :data:`RELEASE_DEPENDENT` on those between (``--
+    --every-test`` runs every one there too; other arguments after ``--`` go to pytest).
 
     The store proxy's cases run on uvloop, the loop it runs on wherever the launcher extra is
     installed; those on the standard library's loop (marked ``standard_loop``) are left to the
@@ -128,23 +169,28 @@ def launcher(session: nox.Session, torch: str) -> None:
     if features is None:  # nox --install-only
         return
     report.unlink(missing_ok=True)
+    posargs = list(session.posargs)
+    every_test = torch in EVERY_TEST or "--every-test" in posargs
+    posargs = [arg for arg in posargs if arg != "--every-test"]
     session.run(
         "python",
         "-m",
         "pytest",
-        LAUNCHER_TESTS,
+        *([LAUNCHER_TESTS] if every_test else RELEASE_DEPENDENT),
         "-m",
         "not standard_loop",
         "-q",
         "-p",
         "no:cacheprovider",
         f"--junitxml={report}",
-        *session.posargs,
+        *posargs,
         success_codes=[0, 1],
     )
     summary, failed = _junit_summary(report)
     (RESULTS / f"{torch}.json").write_text(
-        json.dumps({"torch": torch, "summary": summary, **json.loads(features)})
+        json.dumps(
+            {"torch": torch, "summary": summary, "every_test": every_test, **json.loads(features)}
+        )
     )
     session.log(f"torch {torch}: {summary}")
     if failed:

@@ -10,7 +10,8 @@ Both revisions run the same generated job (the rank table path: a CCE ``jobstart
 Kubernetes API of ``tests/bootstrap/fake_kube_api.py`` on a real HTTPS server) as one pod (the
 middle index), each from a link tree of its own checkout (``git worktree``; the folders laid out
 as they install, .ci/typecheck.py's ``build_link_tree``), on a fresh interpreter that sees the
-tree and this environment's site-packages but no installed npu-job. Readers:
+tree and this environment's site-packages but no installed npu-job. Readers (``--readers``, both
+by default):
 
 * ``msgspec``: as installed here (the row is left out where msgspec is not installed);
 * ``stdlib``: msgspec and zlib-ng hidden (the standard library only: the path the target names;
@@ -19,7 +20,7 @@ tree and this environment's site-packages but no installed npu-job. Readers:
 Every run is checked to have planned (``status: success``).
 
     python benchmarks/bench_bootstrap_revisions.py [--nodes 4096] [--baseline e6638b1]
-        [--output FILE]
+        [--readers msgspec,stdlib] [--output FILE]
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import sysconfig
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from _hidden import hidden
 from _report import publish
@@ -88,7 +89,9 @@ def run_case(script: Path, env: Dict[str, str]) -> int:
     return counted
 
 
-def measure(nodes: int, baseline: str) -> Tuple[List[Tuple[str, str, int, int]], int]:
+def measure(
+    nodes: int, baseline: str, readers: Sequence[str] = READERS
+) -> Tuple[List[Tuple[str, str, int, int]], int]:
     """(path, reader, baseline instructions, this checkout's) per case, and a bare start's."""
     with tempfile.TemporaryDirectory(prefix="bench-revisions-") as name, ExitStack() as stack:
         tmp = Path(name)
@@ -111,7 +114,8 @@ def measure(nodes: int, baseline: str) -> Tuple[List[Tuple[str, str, int, int]],
         site = sysconfig.get_paths()["purelib"]
         envs = pod_environments(tmp, nodes, stack)
         rows = []
-        readers = READERS if importlib.util.find_spec("msgspec") else ("stdlib",)
+        if not importlib.util.find_spec("msgspec"):
+            readers = [reader for reader in readers if reader != "msgspec"]
         for path in PATHS:
             for reader in readers:
                 counts = []
@@ -149,9 +153,17 @@ def main() -> None:
     )
     parser.add_argument("--nodes", type=int, default=4096, help="the job's size (default 4096)")
     parser.add_argument("--baseline", default="e6638b1", help="the revision to compare with")
+    parser.add_argument(
+        "--readers",
+        default=",".join(READERS),
+        help="comma-separated, of msgspec and stdlib (default both)",
+    )
     parser.add_argument("--output", help="also write the table to this file")
     args = parser.parse_args()
-    rows, bare = measure(args.nodes, args.baseline)
+    readers = args.readers.split(",")
+    if not set(readers) <= set(READERS):
+        parser.error(f"--readers: expected some of {','.join(READERS)}, got {args.readers}")
+    rows, bare = measure(args.nodes, args.baseline, readers)
     publish(table(rows, bare, args.nodes, args.baseline), args.output)
 
 

@@ -7,7 +7,7 @@ prints what every worker saw in both worlds and whether they agree. The tests as
 this prints the outcomes per torch release (run it with each release's interpreter, e.g. the nox
 matrix's venvs), which the tests' pass/fail does not show.
 
-    python benchmarks/bench_proxy_exactness.py
+    python benchmarks/bench_proxy_exactness.py [--cases 1,2,3] [--loop uvloop|asyncio]
     ~/.cache/npu-job/nox/launcher-torch-2-1-0/bin/python benchmarks/bench_proxy_exactness.py
 """
 
@@ -27,6 +27,7 @@ from _report import publish  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="uvloop")
+    parser.add_argument("--cases", default="1,2,3", help="comma-separated case numbers")
     parser.add_argument("--output")
     args = parser.parse_args()
 
@@ -47,6 +48,10 @@ def main() -> int:
             True,
         ),
     ]
+    chosen = args.cases.split(",")
+    if not set(chosen) <= {name.split(":")[0] for name, _, _ in cases}:
+        parser.error(f"--cases: expected some of 1,2,3, got {args.cases}")
+    cases = [case for case in cases if case[0].split(":")[0] in chosen]
     lines = [
         f"torch {torch.__version__}, proxy loop {args.loop}, {time.strftime('%Y-%m-%d')}\n\n",
         "| case | straight to the root | through the proxy | same |\n",

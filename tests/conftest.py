@@ -1,7 +1,8 @@
 """What every test gets: the ``npu_job`` logger as it was before the test; how many workers
 ``-n auto`` starts (as many as the CPUs npu-run's ``--nproc_per_node=cpu`` counts:
-:mod:`npu_job.launcher.cpus`); and, for timing tests marked so, a rerun after the
-machine itself stalled (:mod:`tests.machine_stalls`, whose hooks these are).
+:mod:`npu_job.launcher.cpus`); for timing tests marked so, a rerun after the machine itself
+stalled; and pytest-timeout's hang catcher counted at the machine's pace (both
+:mod:`tests.machine_stalls`, whose hooks these are).
 
 A command run in-process (``npu_job.cli.main``, npu-run's ``main``) sends that logger to its own
 stderr handler and stops it propagating, as a command should; left so, pytest's ``caplog`` of a
@@ -21,6 +22,7 @@ from tests.machine_stalls import (  # noqa: F401  (the hooks of the plugin)
     pytest_runtest_makereport,
     pytest_runtest_setup,
     pytest_terminal_summary,
+    pytest_timeout_set_timer,
 )
 
 

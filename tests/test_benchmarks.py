@@ -7,17 +7,23 @@ finished, printed its table and its verdict, and wrote the same table to ``--out
 no speed: timing belongs to the benchmarks themselves, not to tests on a shared machine.
 """
 
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import List
 
 import pytest
 
 from tests.e2e.netns import fabric_unavailable_reason
+from tests.machine_stalls import communicate
 
 REPO = Path(__file__).resolve().parent.parent
 FABRIC_REASON = fabric_unavailable_reason()
+# seconds at an idle machine's pace (tests.machine_stalls.Cap) for one benchmark; the slowest,
+# bench_bundle.py's callgrind case, takes under 40 on the idle 2-core machine
+CAP = 240
 
 CASES = [
     (
@@ -50,7 +56,8 @@ CASES = [
     ),
     pytest.param(
         "bench_bootstrap_revisions.py",
-        ["--nodes", "8", "--baseline", "e6638b1"],
+        # one reader: each case is two bootstraps under callgrind, a minute on a loaded machine
+        ["--nodes", "8", "--baseline", "e6638b1", "--readers", "stdlib"],
         [
             "bash bootstrap.sh at 8 nodes, instructions (callgrind), e6638b1 against this",
             "| rank table | stdlib | ",
@@ -112,8 +119,8 @@ CASES = [
     ),
     pytest.param(
         "bench_proxy_exactness.py",
-        [],
-        ["| case | straight to the root | through the proxy | same |", "| 3: set-then-delete"],
+        ["--cases", "2"],  # the one without sleeps of its own (5 s where all three take 30)
+        ["| case | straight to the root | through the proxy | same |", "| 2: six ADDs behind"],
         marks=pytest.mark.torch,
     ),
     pytest.param(
@@ -167,19 +174,25 @@ CASES = [
 )
 def test_benchmark_runs_and_writes_its_table(tmp_path, script, arguments, expected):
     output = tmp_path / "table.txt"
+    temporary = tmp_path / "tmp"  # the benchmark's temporary files, git worktrees among them
+    temporary.mkdir()
     process = subprocess.Popen(
         [sys.executable, str(REPO / "benchmarks" / script), *arguments, "--output", str(output)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(temporary)},
+        start_new_session=True,  # a cap reached kills its children too (valgrind, servers)
     )
     try:
-        stdout, stderr = process.communicate(timeout=240)
+        stdout, stderr = communicate(process, CAP)
     finally:
-        process.kill()
-        process.wait()
+        left = worktrees_under(temporary)
+        for worktree in left:  # a benchmark killed before its own cleanup
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", worktree])
     assert process.returncode == 0, stderr[-2000:]
+    assert left == [], "the benchmark left git worktrees behind"
     for text in expected:
         assert text in stdout, f"{text!r} missing from:\n{stdout}"
     assert output.read_text() == stdout
@@ -187,3 +200,17 @@ def test_benchmark_runs_and_writes_its_table(tmp_path, script, arguments, expect
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert f"npjfab{process.pid}-" not in listed
         assert "| yes |" in stdout and "| NO |" not in stdout  # the allreduce results were exact
+
+
+def worktrees_under(directory: Path) -> List[str]:
+    """The repository's git worktrees inside ``directory``."""
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "list", "--porcelain"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    paths = [
+        line[len("worktree ") :] for line in listed.splitlines() if line.startswith("worktree ")
+    ]
+    return [path for path in paths if Path(path).resolve().is_relative_to(directory.resolve())]

@@ -15,11 +15,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Union
+
+from tests.machine_stalls import Cap, capped, wait_process
+from tests.machine_stalls import wait_until as wait_for  # noqa: F401  (the launcher tests' name)
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 TAG_VARIABLE = "NPU_RUN_TEST_TAG"
@@ -128,17 +130,6 @@ def listening_ports(pid: int) -> Set[int]:
     }
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 @dataclass
 class Node:
     node_rank_label: str
@@ -148,12 +139,15 @@ class Node:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait(self, timeout: float) -> int:
+    def wait(self, timeout: Union[float, Cap]) -> int:
+        """The exit code, within ``timeout`` (a :class:`~tests.machine_stalls.Cap`'s seconds, or
+        the cap itself)."""
+        cap = capped(timeout)
         try:
-            return self.process.wait(timeout=timeout)
+            return wait_process(self.process, cap)
         except subprocess.TimeoutExpired as still_running:
             raise AssertionError(
-                f"node {self.node_rank_label} still running after {timeout}s:\n{self.log()}"
+                f"node {self.node_rank_label} still running after {cap}:\n{self.log()}"
             ) from still_running
 
 
@@ -217,9 +211,9 @@ class LocalCluster:
         self.nodes.append(node)
         return node
 
-    def wait_all(self, timeout: float) -> List[int]:
-        deadline = time.monotonic() + timeout
-        return [node.wait(max(0.1, deadline - time.monotonic())) for node in self.nodes]
+    def wait_all(self, timeout: Union[float, Cap]) -> List[int]:
+        """Every node's exit code, within one :class:`~tests.machine_stalls.Cap` for them all."""
+        return wait_exits(self.nodes, timeout)
 
     def logs(self) -> str:
         return "\n".join(f"--- node {n.node_rank_label} ---\n{n.log()}" for n in self.nodes)
@@ -236,6 +230,12 @@ class LocalCluster:
                 node.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+
+
+def wait_exits(nodes: Iterable[Node], timeout: Union[float, Cap]) -> List[int]:
+    """The exit codes of ``nodes``, within one :class:`~tests.machine_stalls.Cap` for them all."""
+    cap = capped(timeout)
+    return [node.wait(cap) for node in nodes]
 
 
 def _kill(pid: int) -> None:

@@ -26,6 +26,7 @@ import pytest
 
 from npu_job.bundle import BUNDLE_NAME, Bundle, installed_bundle
 from npu_job.errors import MissingExtraError
+from tests.machine_stalls import run
 
 from .cluster import LocalCluster
 from .stock_python import clean_env, make_bare_python, make_stock_python
@@ -33,7 +34,9 @@ from .stock_python import clean_env, make_bare_python, make_stock_python
 NNODES = 2
 NPROC = 2
 WORLD = NNODES * NPROC
-TIMEOUT = 60  # seconds for a whole job; each takes under 10 on an idle 2-core machine
+# seconds for a whole job at an idle machine's pace (tests.machine_stalls.Cap); each takes under 10
+# on an idle 2-core machine
+TIMEOUT = 60
 
 
 @pytest.fixture(scope="module")
@@ -151,13 +154,8 @@ print(type(handler).__module__, handler.get_backend(), backend.__file__)
 
 
 def test_npu_run_registers_the_parallel_backend_without_entry_points(pod):
-    done = subprocess.run(
-        [str(pod.python), "-c", _REGISTRY, str(pod.bundle)],
-        capture_output=True,
-        text=True,
-        cwd=pod.dir,
-        env=clean_env(),
-        timeout=TIMEOUT,
+    done = run(
+        [str(pod.python), "-c", _REGISTRY, str(pod.bundle)], TIMEOUT, cwd=pod.dir, env=clean_env()
     )
     assert done.returncode == 0, done.stderr
     module, backend, source = done.stdout.split()
@@ -170,14 +168,7 @@ def test_without_torch_npu_run_is_one_line_exit_9_and_version_still_works(tmp_pa
     env = {**clean_env(), "NPU_JOB_PYTHON": str(python)}
 
     def bundle_run(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            ["sh", str(pod.bundle), *argv],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            env=env,
-            timeout=TIMEOUT,
-        )
+        return run(["sh", str(pod.bundle), *argv], TIMEOUT, cwd=tmp_path, env=env)
 
     assert bundle_run("version").stdout == f"npu-job {bundle.version} {bundle.digest}\n"
     for argv in (["run", "--help"], ["run", "--nnodes=1", "train.py"]):

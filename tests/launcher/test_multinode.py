@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 from npu_job.launcher import torchcompat
+
+from tests.machine_stalls import Cap
 
 from .cluster import LocalCluster, connections_to, descendants, port_is_free, wait_for
 
@@ -248,19 +249,20 @@ def test_worker_crash_restarts_the_whole_group_with_the_same_ranks(cluster_facto
 
 
 def test_missing_node_fails_every_node_naming_it(cluster_factory):
-    """Node rank 1 of 3 never starts: both others fail within join_timeout and name rank 1."""
+    """Node rank 1 of 3 never starts: both others fail within join_timeout (and the start-up of
+    npu-run before it) and name rank 1."""
     cluster = cluster_factory()
+    join_timeout = 3
     try:
+        within = Cap(27, fixed=join_timeout)
         for node_rank in (2, 0):
             cluster.start(
                 str(node_rank),
                 "record_env.py",
                 ["/nonexistent"],
-                launcher_args=["--rdzv_conf=join_timeout=3"],
+                launcher_args=[f"--rdzv_conf=join_timeout={join_timeout}"],
             )
-        started = time.monotonic()
-        codes = cluster.wait_all(45)
-        elapsed = time.monotonic() - started
+        codes = cluster.wait_all(within)
     finally:
         cluster.kill_all()
     assert codes == [8, 8], cluster.logs()
@@ -269,7 +271,6 @@ def test_missing_node_fails_every_node_naming_it(cluster_factory):
         assert "missing node ranks [1] of --nnodes=3" in log, log
         assert f"127.0.0.1:{cluster.master_port}" in log
         assert "Traceback" not in log, log
-    assert elapsed < 30
 
 
 def test_sigterm_stops_workers_and_proxy_and_peers_fail_naming_the_root(cluster_factory, tmp_path):
@@ -306,8 +307,8 @@ def test_sigterm_stops_workers_and_proxy_and_peers_fail_naming_the_root(cluster_
         # torch's agent gives its workers 30 s after SIGTERM before it SIGKILLs them, so a node
         # may take that long and still stop right; waiting exactly 30 s failed once in CI (torch
         # 2.9.1, loaded machine), the node still waiting on its workers when the test gave up
-        assert root.wait(TORCH_WORKER_GRACE + 15) == 128 + signal.SIGTERM, root.log()
-        other_code = other.wait(TORCH_WORKER_GRACE + 15)
+        assert root.wait(Cap(15, fixed=TORCH_WORKER_GRACE)) == 128 + signal.SIGTERM, root.log()
+        other_code = other.wait(Cap(15, fixed=TORCH_WORKER_GRACE))
         survivors = [pid for pid in root_tree + other_tree if _alive(pid)]
     finally:
         cluster.kill_all()

@@ -4,11 +4,13 @@ Each test starts ``npu-run`` processes on loopback (one per simulated node, real
 ``workers/faulty.py``), injects one fault from outside (a signal, a squatter on the master port,
 a broken proxy socket, a failing worker), and asserts what an operator would check: how long
 until every node stopped (only as "before the timeout that applies, plus a margin": a shared
-2-core machine is slow; the times themselves are in ``benchmarks/bench_faults.py``), the last line
-of every node's log, the exit codes, and that no process of the job and none of its ports is left.
-Liveness knobs are short here (1 s heartbeats, 3 missed = dead), as ``--rdzv_conf`` allows; so
-a stop of the whole machine longer than two beats looks like a frozen node, and a test that failed
-while the machine stalled that long runs again (:mod:`tests.machine_stalls`).
+2-core machine is slow, so the margin is a :class:`~tests.machine_stalls.Cap` that grows with its
+slowness while the timeout does not; the times themselves are in ``benchmarks/bench_faults.py``),
+the last line of every node's log, the exit codes, and that no process of the job and none of its
+ports is left. Liveness knobs are short here (1 s heartbeats, 3 missed = dead), as
+``--rdzv_conf`` allows; so a stop of the whole machine longer than two beats looks like a frozen
+node, and a test that failed while the machine stalled that long runs again
+(:mod:`tests.machine_stalls`).
 """
 
 from __future__ import annotations
@@ -19,14 +21,13 @@ import re
 import signal
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 from npu_job.launcher import torchcompat
 
-from tests.machine_stalls import rerun_after_machine_stall
+from tests.machine_stalls import Cap, rerun_after_machine_stall
 
 from ..cluster import (
     LocalCluster,
@@ -34,6 +35,7 @@ from ..cluster import (
     port_is_free,
     shut_down_sockets,
     tagged_processes,
+    wait_exits,
     wait_for,
 )
 
@@ -114,11 +116,6 @@ def last_line(node) -> str:
     return lines[-1] if lines else ""
 
 
-def wait_exits(nodes, timeout: float) -> List[int]:
-    deadline = time.monotonic() + timeout
-    return [node.wait(max(0.1, deadline - time.monotonic())) for node in nodes]
-
-
 def assert_nothing_left(cluster: LocalCluster, ports=()) -> None:
     """No process of the job (agents, workers) and no listener on its ports."""
     wait_for(lambda: not tagged_processes(cluster.tag), 15, "every process of the job to end")
@@ -136,13 +133,11 @@ def test_a_sigkilled_agent_is_named_by_every_other_node_and_its_workers_die(
     nodes = start_job(cluster, out, "--hold-until", str(tmp_path / "never"))
     found = await_training(cluster, out)
     victims = [found[rank]["pid"] for rank in (2, 3)]
-    killed = time.monotonic()
+    within = Cap(MARGIN, fixed=WINDOW + INTERVAL)  # from the kill: the window, then a margin
     os.kill(nodes[1].process.pid, signal.SIGKILL)
     wait_for(lambda: not any(alive(pid) for pid in victims), 5, "node 1's workers to die with it")
-    codes = wait_exits([nodes[0], nodes[2]], WINDOW + INTERVAL + MARGIN)
-    elapsed = time.monotonic() - killed
+    codes = wait_exits([nodes[0], nodes[2]], within)
     assert codes == [8, 8], cluster.logs()
-    assert elapsed < WINDOW + INTERVAL + MARGIN
     for node in (nodes[0], nodes[2]):
         line = last_line(node)
         assert line.startswith("npu-run: error: the job stopped: node rank 1 (pod "), cluster.logs()
@@ -161,11 +156,10 @@ def test_a_sigkilled_root_host_is_named_at_once(cluster_factory, tmp_path):
     out = tmp_path / "out"
     nodes = start_job(cluster, out, "--hold-until", str(tmp_path / "never"))
     found = await_training(cluster, out)
-    killed = time.monotonic()
+    within = Cap(MARGIN, fixed=INTERVAL)
     os.kill(nodes[0].process.pid, signal.SIGKILL)
     wait_for(lambda: not any(alive(found[rank]["pid"]) for rank in (0, 1)), 5, "node 0's workers")
-    codes = wait_exits(nodes[1:], INTERVAL + MARGIN)
-    assert time.monotonic() - killed < INTERVAL + MARGIN
+    codes = wait_exits(nodes[1:], within)
     assert codes == [8, 8], cluster.logs()
     for node in nodes[1:]:
         line = last_line(node)
@@ -186,11 +180,10 @@ def test_a_frozen_root_is_reported_within_the_call_deadline_and_the_root_ends_af
     out = tmp_path / "out"
     nodes = start_job(cluster, out, "--hold-until", str(tmp_path / "never"))
     await_training(cluster, out)
-    frozen = time.monotonic()
+    within = Cap(MARGIN, fixed=WINDOW + INTERVAL)
     os.kill(nodes[0].process.pid, signal.SIGSTOP)
     try:
-        codes = wait_exits(nodes[1:], WINDOW + INTERVAL + MARGIN)
-        assert time.monotonic() - frozen < WINDOW + INTERVAL + MARGIN
+        codes = wait_exits(nodes[1:], within)
     finally:
         os.kill(nodes[0].process.pid, signal.SIGCONT)
     assert codes == [8, 8], cluster.logs()
@@ -235,15 +228,12 @@ def test_a_squatter_on_the_master_port_is_refused_by_every_node(cluster_factory,
     cluster = cluster_factory()
     squatter = Squatter(cluster.master_port)
     try:
-        started = time.monotonic()
+        within = Cap(STARTUP + MARGIN, fixed=max(WINDOW, CLOSE_TIMEOUT + BIND_GRACE))
         nodes = start_job(cluster, tmp_path / "out")
-        bound = STARTUP + max(WINDOW, CLOSE_TIMEOUT + BIND_GRACE) + MARGIN
-        codes = wait_exits(nodes, bound)
-        elapsed = time.monotonic() - started
+        codes = wait_exits(nodes, within)
     finally:
         squatter.close()
     assert codes == [8, 8, 8], cluster.logs()
-    assert elapsed < bound
     assert f"cannot host the root store on port {cluster.master_port}" in nodes[0].log()
     for node in nodes[1:]:
         line = last_line(node)
@@ -260,7 +250,7 @@ def test_a_store_of_another_job_is_not_taken_for_the_root(cluster_factory, tmp_p
     other = torchcompat.host_tcpstore("127.0.0.1", cluster.master_port, 30, None)
     try:
         node = cluster.start("1", "faulty.py", [str(tmp_path)], launcher_args=[CONF])
-        assert node.wait(STARTUP + WINDOW + MARGIN) == 8, node.log()
+        assert node.wait(Cap(STARTUP + MARGIN, fixed=WINDOW)) == 8, node.log()
     finally:
         del other
     line = last_line(node)
@@ -278,13 +268,11 @@ def test_a_worker_failing_every_attempt_is_named_by_every_node_with_one_summary(
     prints torch's failure summary (with the @record traceback) and exits 1; the others exit 8;
     every node's last line names node rank 1, worker rank 3 and its error."""
     cluster = cluster_factory()
-    started = time.monotonic()
     nodes = start_job(
         cluster, tmp_path / "out", "--fail-rank", "3", "--always", extra=("--max_restarts=2",)
     )
     codes = wait_exits(nodes, 120)
     assert codes == [8, 1, 8], cluster.logs()
-    assert time.monotonic() - started < 120
     for node in nodes:
         line = last_line(node)
         assert line.startswith("npu-run: error: the job stopped: node rank 1 (pod "), cluster.logs()
@@ -310,7 +298,7 @@ def test_a_worker_failing_mid_training_is_named_although_its_peers_fail_too(
     nodes = start_job(cluster, out, "--fail-rank", "3", "--fail-when", str(trigger))
     await_training(cluster, out)
     trigger.write_text("go")
-    codes = wait_exits(nodes, 2 * WINDOW + MARGIN)
+    codes = wait_exits(nodes, Cap(MARGIN, fixed=2 * WINDOW))
     assert codes == [8, 1, 8], cluster.logs()
     for node in nodes:
         assert "node rank 1 (pod " in last_line(node) and "worker rank 3 " in last_line(node), (
@@ -346,7 +334,7 @@ def test_a_dead_proxy_is_restarted_on_its_port_before_the_workers_restart(
     proxy_port = int(found[2]["MASTER_PORT"])
     assert shut_down_sockets(nodes[1].process.pid, proxy_port) >= 1
     restarted = f"node rank 1: restarted the store proxy on 127.0.0.1:{proxy_port}"
-    wait_for(lambda: restarted in nodes[1].log(), INTERVAL + MARGIN, "the proxy restart")
+    wait_for(lambda: restarted in nodes[1].log(), Cap(MARGIN, fixed=INTERVAL), "the proxy restart")
     for path in out.iterdir():
         path.unlink()
     trigger.write_text("go")
