@@ -23,7 +23,6 @@ from npu_job.errors import InputError, NotReadyError
 from npu_job.parsing import count_from_text
 from npu_job.polling import Backoff, poll
 
-from .inputs import job_names, read_nodes
 from .kube import jobpods
 from .kube.facts import PodFacts, read_pods
 from .kube.objects import KubeObjects, decode_objects
@@ -36,7 +35,7 @@ from .sources import (
     Verify,
     read_bytes,
 )
-from .topologychain import load_topology
+from .topologychain import load_topology, read_nodes
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +104,23 @@ def load_job(
         f"{location}: pods: expected the job's pods within "
         f"{options.wait_timeout:.0f} s, last seen {seen}"
     )
+
+
+def read_job(options: BootstrapOptions, verify: Verify) -> LoadedJob:
+    """The job's pods of one read of ``options.pods`` (a file or URL), all scheduled (a pod would
+    wait for that; ``npu-job plan`` reads once)."""
+    source = options.pods or ""
+    objects = decode_objects(read_bytes(source, verify=verify), source)
+    roster = jobpods.job_roster(read_pods(objects.pods, source), job_selector(options, {}), source)
+    if not roster.ready:
+        raise jobpods.not_ready_error(roster, source)
+    table = jobpods.roster_table(roster, source)
+    return LoadedJob(table, jobpods.node_names(roster), source, objects, roster)
+
+
+def _job_names(table: RankTable, nodes: Tuple[str, ...]) -> Tuple[str, ...]:
+    """What a job's servers may be known by in a Kubernetes topology: node names, then ids."""
+    return nodes + tuple(server.server_id for server in table.servers)
 
 
 def _attempt(
@@ -201,7 +217,7 @@ def _job_topology(
 ) -> Tuple[Optional[Topology], str]:
     from .kube.topology import KubeContext, topology_from_objects
 
-    names = job_names(job.table, job.nodes)
+    names = _job_names(job.table, job.nodes)
     if options.topology:
         return load_topology(options, job.location, env, verify, names=names)
     extra = read_nodes(options.nodes, verify)

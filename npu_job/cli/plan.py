@@ -206,7 +206,9 @@ def _load(args: argparse.Namespace):
     from npu_job.bootstrap import inputs
     from npu_job.bootstrap.options import resolve
 
-    return inputs.read_inputs(resolve({name: getattr(args, name) for name in INPUT_FLAGS}, {}))
+    read = inputs.load_inputs(resolve({name: getattr(args, name) for name in INPUT_FLAGS}, {}))
+    topology_source = None if read.topology_source == "none" else read.topology_source
+    return read.table, read.table_source, read.topology, topology_source, read.node_names
 
 
 def _score_fields(score) -> Dict[str, Any]:
