@@ -19,7 +19,7 @@ from npu_job.errors import EXIT_USAGE, exit_code_of
 from npu_job.logs import PROG, add_log_options, setup_logging, verbosity
 from npu_job.parsing import int_at_least, seconds
 
-from .options import OPTIONS, environment_names, help_text, underscore_alias
+from .options import OPTIONS, Option, environment_names, help_text, underscore_alias
 
 if TYPE_CHECKING:
     import argparse  # imported where a parser is built: the pod command passes no flag
@@ -60,24 +60,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = epilog()
     groups: Dict[str, Any] = {}
-    types = {"seconds": SECONDS, "count": int_at_least(1)}
     for option in OPTIONS:
         if option.flag is None:
             continue
         if option.group not in groups:
             groups[option.group] = parser.add_argument_group(option.group)
-        alias = underscore_alias(option.flag)
-        names = [option.flag] + ([alias] if alias else [])
-        settings: Dict[str, Any] = {"dest": option.name, "help": help_text(option)}
-        if option.is_switch:
-            settings.update(action="store_true", default=None)
-        else:
-            settings.update(metavar=option.metavar)
-            if option.choices:
-                settings.update(choices=option.choices, metavar=None)
-            if option.kind in types:
-                settings["type"] = types[option.kind]
-        groups[option.group].add_argument(*names, **settings)
+        add_option(groups[option.group], option)
+
+
+def add_option(parser: Any, option: Option) -> None:
+    """One row's flag (with its underscore alias), as the bootstrap's command line has it."""
+    assert option.flag is not None
+    types = {"seconds": SECONDS, "count": int_at_least(1)}
+    alias = underscore_alias(option.flag)
+    names = [option.flag] + ([alias] if alias else [])
+    settings: Dict[str, Any] = {"dest": option.name, "help": help_text(option)}
+    if option.is_switch:
+        settings.update(action="store_true", default=None)
+    else:
+        settings.update(metavar=option.metavar)
+        if option.choices:
+            settings.update(choices=option.choices, metavar=None)
+        if option.kind in types:
+            settings["type"] = types[option.kind]
+    parser.add_argument(*names, **settings)
 
 
 def run(args: argparse.Namespace) -> int:

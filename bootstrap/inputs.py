@@ -5,8 +5,11 @@
 1. **the servers**: a rank table (a path, a directory or a URL, located as ``--rank-table`` says,
    then the default locations) or, with ``--pods`` and no rank table, the job's pods
    (:mod:`.podrun`);
-2. **this pod** among them (a pod only: :mod:`.identity`);
-3. **their topology**, first found in the pod's chain (:mod:`.topologychain`; for pods, the
+2. **the job's node count** (``--nnodes``, ``$MA_NUM_HOSTS``) against a rank table's servers:
+   another count is refused (:func:`~.identity.check_job_nodes`), and every pod, given the same
+   count, refuses it alike;
+3. **this pod** among them (a pod only: :mod:`.identity`);
+4. **their topology**, first found in the pod's chain (:mod:`.topologychain`; for pods, the
    HyperNodes or Nodes that came with them first).
 
 What only a pod in a cluster has comes with :class:`InPod`: the environment, the in-cluster API,
@@ -94,6 +97,10 @@ def load_inputs(
         else:
             table, reorder = _wait_for_rank_table(options, source, verify, pod)
     noted(node_count=table.node_count)
+    if job is None:  # the pods path waited for that many pods
+        from .identity import check_job_nodes
+
+        check_job_nodes(table, options.nnodes, source, _named_count(options, env))
     pod_index = None
     if pod is not None:
         pod_index = _this_pod(options, table, source, from_pods=job is not None)
@@ -133,6 +140,16 @@ def _wait_for_rank_table(
         loaded.table,
         lambda plan: reordered_document(loaded.document, loaded.table, plan, in_place=True),
     )
+
+
+def _named_count(options: BootstrapOptions, env: Mapping[str, str]) -> str:
+    """Where the job's node count came from: the variable every pod is given, else the flag."""
+    from npu_job.parsing import count_from_text
+
+    from .options import JOB_SIZE_ENV
+
+    given = count_from_text(env.get(JOB_SIZE_ENV, "").strip())
+    return JOB_SIZE_ENV if given is not None and given == options.nnodes else "--nnodes"
 
 
 def _this_pod(options: BootstrapOptions, table: RankTable, source: str, *, from_pods: bool) -> int:

@@ -41,7 +41,8 @@ Examples:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from npu_job.bootstrap.options import COLLECTIVES, TOPOLOGY_FORMATS
+    from npu_job.bootstrap.command import add_option
+    from npu_job.bootstrap.options import COLLECTIVES, TOPOLOGY_FORMATS, option_named
     from npu_job.bootstrap.scorer import DEFAULT_SAMPLES, DEFAULT_UPLINKS
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -74,6 +75,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="with --pods: only this task's pods (label volcano.sh/task-spec)",
     )
     parser.add_argument("--namespace", metavar="NAME", help="with --pods: only this namespace")
+    add_option(parser, option_named("nnodes"))
     parser.add_argument(
         "--topology",
         metavar="PATH|URL",
@@ -186,6 +188,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+MISSING_FILE_TIP = (
+    "no cluster's files at hand? npu-job demo --write-inputs DIR writes a simulated cluster's "
+    "jobstart_hccl.json and ranktable_tor.json to plan for"
+)
+
 # the flags that name plan's inputs, as the bootstrap's options of those names read them
 INPUT_FLAGS = (
     "rank_table",
@@ -197,6 +204,7 @@ INPUT_FLAGS = (
     "topology_format",
     "nodes",
     "topology_labels",
+    "nnodes",
 )
 
 
@@ -205,8 +213,14 @@ def _load(args: argparse.Namespace):
     Only the flags name the inputs: a pod's variables mean nothing where plan runs."""
     from npu_job.bootstrap import inputs
     from npu_job.bootstrap.options import resolve
+    from npu_job.errors import InputError
 
-    read = inputs.load_inputs(resolve({name: getattr(args, name) for name in INPUT_FLAGS}, {}))
+    try:
+        read = inputs.load_inputs(resolve({name: getattr(args, name) for name in INPUT_FLAGS}, {}))
+    except InputError as error:
+        if error.field == "file" and error.tip is None and not os.path.exists(error.source):
+            error.tip = MISSING_FILE_TIP
+        raise
     topology_source = None if read.topology_source == "none" else read.topology_source
     return read.table, read.table_source, read.topology, topology_source, read.node_names
 
