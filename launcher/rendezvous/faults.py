@@ -29,7 +29,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Callable, List, Optional, Protocol, Tuple
+from typing import Callable, List, NoReturn, Optional, Protocol, Tuple
 
 from torch.distributed.elastic.rendezvous import (
     RendezvousConnectionError,
@@ -187,6 +187,17 @@ class NodeFaults:
             found = watch.conclude(found)
         self.note_verdict(found)
         return found
+
+    def refuse_order(self, theirs: str) -> NoReturn:
+        """This node follows another node order than the nodes before it (their pods'
+        bootstraps decided differently): that is the job's verdict, so that every node at this
+        root stops at its next look, rather than wait out its join timeout for this one."""
+        settings = self._settings
+        mine = settings.node_order or ""
+        found = self._publish_or_keep(
+            verdict.orders_differ(settings.node_rank, self.me, mine, theirs)
+        )
+        raise JobStopped(found)
 
     def root_errors(self, doing: str) -> RootErrors:
         return RootErrors(self, doing)

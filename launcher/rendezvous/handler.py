@@ -161,7 +161,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 number = rounds.first_open_round(store, self._keys, settings.node_rank)
                 faults.start_watch(store)
             self._round_entered = number
-            rounds.check_node_order(store, self._keys, settings)
+            theirs = rounds.other_node_order(store, self._keys, settings)
+            if theirs is not None:
+                faults.refuse_order(theirs)
             rounds.join(store, self._keys, settings, number)
             rounds.await_round(
                 store,

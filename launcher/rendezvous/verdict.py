@@ -24,6 +24,7 @@ PROXY = "proxy"
 ROOT_LOST = "root_lost"
 STALLED = "stalled"
 LEFT = "left"
+ORDERS = "orders"
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,20 @@ def stalled(node_rank: int, who: Identity, stalled_for: float, window: float) ->
 
 def left(node_rank: int, who: Identity, reason: str) -> Verdict:
     return Verdict(node_rank, LEFT, f"{who.describe(node_rank)} left the job: {short(reason)}")
+
+
+def orders_differ(node_rank: int, who: Identity, mine: str, theirs: str) -> Verdict:
+    return Verdict(
+        node_rank,
+        ORDERS,
+        (
+            f"{who.describe(node_rank)} follows the {mine}, but the nodes that joined before it "
+            f"follow the {theirs}: the pods' bootstraps decided different node orders, so their "
+            "ranks would clash. Compare the 'input sha256' lines of the pods' bootstrap logs "
+            "(their rank tables or topologies differed, or one bootstrap fell back), then restart "
+            "the job"
+        ),
+    )
 
 
 def line(verdict: Verdict) -> str:

@@ -287,22 +287,30 @@ def test_nodes_that_follow_one_node_order_join(closing):
     assert all(joined(info).world_size == 3 for info in join_all(list(handlers.values())))
 
 
-def test_a_node_that_follows_another_node_order_is_refused_naming_both(closing):
+def test_a_node_that_follows_another_node_order_stops_every_node_naming_both(closing):
     """Pods whose bootstraps disagreed (here: one fell back to the scheduler order) would clash on
-    ranks; the rendezvous says so instead, naming both orders."""
-    planned = make_handlers(2, [0], node_order="planned order ab12", join_timeout=2.0)[0]
+    ranks; the rendezvous says so instead, naming both orders, and on every node at once: the node
+    that follows the other order never joins, so the others must not wait for it till their join
+    timeout."""
+    planned = make_handlers(2, [0], node_order="planned order ab12", join_timeout=120.0)[0]
     fallen_back = ParallelRendezvousHandler(
         dataclasses.replace(planned.settings, node_rank=1, node_order="scheduler order")
     )
     closing([planned, fallen_back])
-    outcomes = join_all([planned, fallen_back])
-    refused = [o for o in outcomes if isinstance(o, RendezvousStateError)]
-    assert len(refused) == 1, outcomes
-    message = str(refused[0])
-    assert "planned order ab12" in message and "scheduler order" in message
-    assert "bootstraps decided different node orders" in message
-    other = outcomes[1 - outcomes.index(refused[0])]
-    assert isinstance(other, RendezvousTimeoutError)  # it waits for the refused node in vain
+
+    def attempt(handler):
+        try:
+            return handler.next_rendezvous()
+        except BaseException as error:  # JobStopped unwinds an agent as a BaseException
+            return error
+
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(attempt, [planned, fallen_back]))
+    assert all(isinstance(outcome, JobStopped) for outcome in outcomes), outcomes
+    first, second = (outcome.verdict for outcome in outcomes)
+    assert first == second and first.kind == "orders"
+    assert "planned order ab12" in first.text and "scheduler order" in first.text
+    assert "bootstraps decided different node orders" in first.text
 
 
 def params(**overrides) -> RendezvousParameters:
