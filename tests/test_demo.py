@@ -40,6 +40,20 @@ def test_simulated_cluster_is_what_the_pods_will_read():
     assert score.cross_after == score.lower_bound == 3 < score.cross_before  # scattered, then fixed
 
 
+def test_a_rank_table_that_lacks_a_pod_is_one_server_short_and_every_pod_keeps_its_order():
+    options = demo.DemoOptions(nodes=6, tors=3, unlisted_pod=3)
+    ips = demo.loopback_ips(6)
+    cluster = demo.simulated_cluster(options, ips)
+    listed = [server["server_id"] for server in json.loads(cluster.rank_table_json)["server_list"]]
+    assert listed == [ip for index, ip in enumerate(ips) if index != 3]
+    assert [server.server_id for server in cluster.table.servers] == list(ips)  # the pods' hosts
+    plan = demo.expected_plan(cluster, options)
+    assert str(plan.status) == "failed" and plan.pod_of_node_rank == tuple(range(6))
+    assert not demo.expect_routing(options)
+    with pytest.raises(ValueError, match="unlisted_pod must be a pod index below 6"):
+        demo.DemoOptions(nodes=6, unlisted_pod=6)
+
+
 def test_the_demo_renders_a_routed_cpu_job_that_brings_its_own_rank_table():
     """CCE delivers rank tables to NPU jobs only: the CPU job mounts its own where RANK_TABLE_FILE says."""
     options = demo.DemoOptions()

@@ -254,3 +254,30 @@ def test_the_master_pod_killed_mid_training_restarts_and_the_job_resumes(tmp_pat
     )
     assert_trained_by_plan(result, result.prepared.plan.node_rank_of_pod, 1)
     assert time.monotonic() - started < options.timeout
+
+
+def test_a_rank_table_one_host_short_is_refused_alike_by_every_pod_and_the_job_trains(tmp_path):
+    """Six pods, a rank table of five servers (pod 3's host missing). Left to its own host's
+    match, pods 0-2 would plan for five nodes while 3-5 fall back, and npu-run would refuse the
+    mix. Every pod compares the table with the job's node count instead (MA_NUM_HOSTS, which the
+    rendered Job gives every pod), refuses it with the same line, and the job trains in scheduler
+    order."""
+    options = demo.DemoOptions(
+        nodes=6, nproc_per_node=1, tors=3, seed=0, steps=4, unlisted_pod=3, timeout=150
+    )
+    result = run_on_hosts(options, tmp_path, "pu")
+    assert result.ok, explain(result)
+    line = (
+        f"{demo.RANK_TABLE_DIR}/jobstart_hccl.json: server_count: 5 servers, but the job has "
+        "6 nodes (MA_NUM_HOSTS)"
+    )
+    for pod, spec_file in zip(result.pods, result.prepared.spec_files):
+        assert pod.route_plan["status"] == "failed" and pod.route_plan["reason"] == line
+        assert pod.rank_after_acc is None and pod.master_index is None and pod.restarts == 0
+        errors = [
+            text
+            for text in (spec_file.parent / "pod.log").read_text().splitlines()
+            if text.startswith("npu-job: error:")
+        ]
+        assert errors == [f"npu-job: error: {line}"]
+    assert_trained_by_plan(result, list(range(6)), 1)
