@@ -32,7 +32,7 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 from npu_job.errors import LaunchError
 from tests.machine_stalls import rerun_after_machine_stall
 
-from ..cluster import free_port, port_is_free
+from ..cluster import free_port, port_is_free, wait_for
 from ..torch_features import Joined, joined
 
 # A liveness window of 5 s (a heartbeat every 0.2 s, 25 missed before a node counts as gone), for
@@ -311,6 +311,50 @@ def test_a_node_that_follows_another_node_order_stops_every_node_naming_both(clo
     assert first == second and first.kind == "orders"
     assert "planned order ab12" in first.text and "scheduler order" in first.text
     assert "bootstraps decided different node orders" in first.text
+
+
+def next_or_stopped(handler: ParallelRendezvousHandler):
+    try:
+        return handler.next_rendezvous()
+    except BaseException as error:  # JobStopped unwinds an agent as a BaseException
+        return error
+
+
+def test_a_late_node_of_the_refused_order_stops_with_the_verdict_instead_of_awaiting_a_new_root(
+    closing,
+):
+    """A node of the refused order that comes after the run closed (its bootstrap, too, decided
+    before the others restarted) stops with the run's verdict: waiting for the next root, it would
+    refuse the restarted nodes there and cost them one restart more. And the root stays up for
+    every node that joined, whoever else signed off."""
+    planned = make_handlers(3, [0, 1], node_order="planned order ab12", join_timeout=120.0)
+    late = [
+        ParallelRendezvousHandler(
+            dataclasses.replace(planned[0].settings, node_rank=rank, node_order="scheduler order")
+        )
+        for rank in (2, 1)
+    ]
+    closing([*planned.values(), *late])
+    with ThreadPoolExecutor(3) as pool:
+        waiting = [pool.submit(next_or_stopped, planned[rank]) for rank in (0, 1)]
+        settings = planned[0].settings
+        root = TCPStore(settings.master_addr, settings.master_port, None, False)
+        keys = backend.RunKeys(settings.run_id)
+        # the planned nodes are in the round: theirs is the order
+        wait_for(lambda: int(root.add(keys.joined(0), 0)) == 2, 60, "the planned nodes to join")
+        refused_node = late[0]
+        refused = next_or_stopped(refused_node)
+        assert isinstance(refused, JobStopped), refused
+        assert all(isinstance(f.result(), JobStopped) for f in waiting)
+        # the refused node never joined: node rank 0 does not count its sign-off among the
+        # joined nodes', and keeps the root up until node rank 1 signed off
+        assert refused_node.shutdown() is True
+        lingering = pool.submit(planned[0].shutdown)
+        root.wait([keys.closed])
+        outcome = next_or_stopped(late[1])
+        assert planned[1].shutdown() is True and lingering.result() is True
+    assert isinstance(outcome, JobStopped), outcome
+    assert outcome.verdict == refused.verdict
 
 
 def params(**overrides) -> RendezvousParameters:
