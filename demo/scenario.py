@@ -66,6 +66,10 @@ class DemoOptions:
     # a pod whose host the delivered rank table leaves out (a table one server short of the job:
     # every pod must refuse it alike and keep the scheduler's order); None: every pod is listed
     unlisted_pod: Optional[int] = None
+    # pods whose mounted rank table still says "initializing" until the caller syncs their volumes
+    # (Supervisor.sync_volumes, as the kubelet would, up to a minute late): at their deadline they
+    # fall back while the others plan
+    initializing_on: Tuple[int, ...] = ()
     device: str = "cpu"  # "npu": render the NPU job (CCE's configmap1980 delivers the rank table)
     checkpoint_every: int = 0  # >0: train_ddp checkpoints to the shared volume (resume after kill)
     step_delay: float = 0.0
@@ -90,6 +94,11 @@ class DemoOptions:
             raise ValueError(f"image must be one of {', '.join(IMAGES)}, got {self.image!r}")
         if self.routing and self.deliver_rank_table and not 1 <= self.tors <= self.nodes:
             raise ValueError(f"tors must be within 1..nodes ({self.nodes}), got {self.tors}")
+        if any(not 0 <= index < self.nodes for index in self.initializing_on):
+            raise ValueError(
+                f"initializing_on must hold pod indices below {self.nodes}, "
+                f"got {self.initializing_on}"
+            )
         if self.unlisted_pod is not None and not 0 <= self.unlisted_pod < self.nodes:
             raise ValueError(
                 f"unlisted_pod must be a pod index below {self.nodes}, got {self.unlisted_pod}"
@@ -132,6 +141,8 @@ class SimulatedCluster:
 
 
 INPUT_FILES = (RANK_TABLE_NAME, RANKTABLE_TOR_NAME)  # what CCE mounts at /user/config
+#: what a rank table says before the platform fills it in
+INITIALIZING_RANK_TABLE = '{"status": "initializing"}\n'
 
 
 def loopback_ips(count: int) -> Tuple[str, ...]:

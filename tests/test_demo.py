@@ -659,6 +659,27 @@ def test_a_routed_cpu_job_without_a_rank_table_renders_to_the_api_and_stages_its
     assert {item["kind"] for item in listed["items"]} == {"HyperNode", "Node", "Pod"}
 
 
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+def test_a_held_back_rank_table_is_initializing_until_the_kubelets_sync(tmp_path, device):
+    """The CPU job mounts its ConfigMap as a directory, CCE's plugin gives one file each: either
+    way the lagging pod sees an initializing table, and the completed one once synced."""
+    options = demo.DemoOptions(
+        nodes=3, tors=3, nproc_per_node=1, device=device, initializing_on=(1,)
+    )
+    prepared = demo.prepare(options, tmp_path / "w", demo.loopback_ips(3))
+    path = f"{demo.RANK_TABLE_DIR}/jobstart_hccl.json"
+    staged = [
+        podsim.staged_file(spec, spec_file.parent, path)
+        for spec, spec_file in zip(prepared.specs, prepared.spec_files)
+    ]
+    statuses = [json.loads(file.read_text())["status"] for file in staged]
+    assert statuses == ["completed", "initializing", "completed"]
+    demo.Supervisor(prepared).sync_volumes(1)
+    assert staged[1].read_text() == prepared.cluster.rank_table_json
+    with pytest.raises(ValueError, match="initializing_on must hold pod indices below 3"):
+        demo.DemoOptions(nodes=3, initializing_on=(3,))
+
+
 @pytest.mark.torch
 @pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
 def test_a_cpu_job_routes_with_no_rank_table_by_the_api_on_loopback(tmp_path):
