@@ -75,7 +75,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="with --pods: only this task's pods (label volcano.sh/task-spec)",
     )
     parser.add_argument("--namespace", metavar="NAME", help="with --pods: only this namespace")
-    add_option(parser, option_named("nnodes"))
+    add_option(parser, option_named("nnodes")._replace(env=None))  # plan reads no pod's variables
     parser.add_argument(
         "--topology",
         metavar="PATH|URL",
