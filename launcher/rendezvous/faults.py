@@ -198,10 +198,13 @@ class NodeFaults:
         settings = self._settings
         mine = settings.node_order or ""
         store.set(self._keys.refused_order, mine)
-        found = self._publish_or_keep(
-            verdict.orders_differ(settings.node_rank, self.me, mine, theirs)
-        )
-        raise JobStopped(found)
+        self.stop_job(verdict.orders_differ(settings.node_rank, self.me, mine, theirs))
+
+    def stop_job(self, found: Verdict) -> NoReturn:
+        """This node cannot take part (it was refused before it joined): make ``found`` the job's
+        verdict, unless one came first, and unwind this agent with it; the nodes waiting at the
+        root stop at their next look instead of at their join timeout."""
+        raise JobStopped(self._publish_or_keep(found))
 
     def refused_before(self, store: RootClient) -> Optional[Verdict]:
         """The verdict of a finished run at this root that refused this node's order, if it did:

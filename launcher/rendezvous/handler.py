@@ -165,7 +165,10 @@ class ParallelRendezvousHandler(RendezvousHandler):
             theirs = rounds.other_node_order(store, self._keys, settings)
             if theirs is not None:
                 faults.refuse_order(store, theirs)
-            rounds.join(store, self._keys, settings, number)
+            if not rounds.join(store, self._keys, settings, number):
+                faults.stop_job(
+                    verdict.rank_taken(settings.node_rank, faults.me, number, settings.run_id)
+                )
             faults.joined_round = number
             rounds.await_round(
                 store,

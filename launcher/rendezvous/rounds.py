@@ -23,7 +23,7 @@ import logging
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from torch.distributed import Store
-from torch.distributed.elastic.rendezvous import RendezvousStateError, RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
 
 from npu_job.polling import Backoff, Every, poll_until
 
@@ -69,13 +69,11 @@ def other_node_order(store: Store, keys: RunKeys, settings: ParallelSettings) ->
     return None if theirs == mine else theirs
 
 
-def join(store: Store, keys: RunKeys, settings: ParallelSettings, number: int) -> None:
-    """Count this node into round ``number``; the last node to join marks the round complete."""
+def join(store: Store, keys: RunKeys, settings: ParallelSettings, number: int) -> bool:
+    """Count this node into round ``number``; the last node to join marks the round complete.
+    False: another node holds this node rank in the round already (this one is not counted)."""
     if store.add(keys.node(number, settings.node_rank), 1) > 1:
-        raise RendezvousStateError(
-            f"node rank {settings.node_rank} joined round {number} of {settings.run_id!r} "
-            f"twice: two nodes were started with --node_rank={settings.node_rank}"
-        )
+        return False
     if store.add(keys.joined(number), 1) == settings.nnodes:
         store.set(keys.complete(number), str(settings.node_rank))
     logger.info(
@@ -86,6 +84,7 @@ def join(store: Store, keys: RunKeys, settings: ParallelSettings, number: int) -
         settings.nnodes,
         settings.root,
     )
+    return True
 
 
 def await_round(

@@ -25,6 +25,7 @@ ROOT_LOST = "root_lost"
 STALLED = "stalled"
 LEFT = "left"
 ORDERS = "orders"
+RANK_TAKEN = "rank_taken"
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,18 @@ def orders_differ(node_rank: int, who: Identity, mine: str, theirs: str) -> Verd
             "ranks would clash. Compare the 'input sha256' lines of the pods' bootstrap logs "
             "(their rank tables or topologies differed, or one bootstrap fell back), then restart "
             "the job"
+        ),
+    )
+
+
+def rank_taken(node_rank: int, who: Identity, number: int, run_id: str) -> Verdict:
+    return Verdict(
+        node_rank,
+        RANK_TAKEN,
+        (
+            f"{who.describe(node_rank)} came to round {number} of {run_id!r} as node rank "
+            f"{node_rank}, which another node holds: two nodes were started with "
+            f"--node_rank={node_rank}"
         ),
     )
 
