@@ -43,6 +43,7 @@ Without a rank table (NPU_JOB_PODS=k8s, what npu-job render sets on a routed GPU
 job's pods are the servers: the same files are written but the reordered rank table.
 """
 SECONDS = seconds(zero_ok=True)
+COUNT = int_at_least(1)
 
 
 def epilog() -> str:
@@ -84,7 +85,7 @@ def add_flag(
         settings.update(metavar=metavar or option.metavar)
         if option.choices:
             settings.update(choices=option.choices, metavar=None)
-        types = {"seconds": SECONDS, "count": int_at_least(1)}
+        types = {"seconds": SECONDS, "count": COUNT}
         if option.kind in types:
             settings["type"] = types[option.kind]
     container.add_argument(*names, **settings)

@@ -6,6 +6,11 @@ scheduler's pod index and must agree: on CCE ``server_list`` is in pod-index ord
 legacy ``group_list`` table the ``pod_name`` suffix gives the index. Any disagreement is an
 :class:`InconsistentError`; nothing is guessed silently. Without a host IP the task index alone is
 used (and said so in the log).
+
+Before that, :func:`check_job_nodes` holds the table to the job's node count, which every pod of
+the job is given alike (``MA_NUM_HOSTS``): a table listing another number of servers is refused on
+every pod the same way, where this host's own match could only refuse it on the pods it leaves
+out.
 """
 
 from __future__ import annotations
@@ -32,6 +37,21 @@ def parse_task_index(value: Optional[str], name: str = TASK_INDEX_ENV) -> Option
             "environment", name, f"expected a non-negative integer pod index, got {shown(value)}"
         )
     return index
+
+
+def check_job_nodes(
+    table: RankTable, nnodes: Optional[int], source: str, named: str = "MA_NUM_HOSTS"
+) -> None:
+    """Refuse a rank table that lists other than ``nnodes`` servers (None: not known, no check);
+    ``named`` says where the count came from."""
+    if nnodes is None or table.node_count == nnodes:
+        return
+    raise InconsistentError(
+        f"{source}: server_count: {table.node_count} servers, but the job has {nnodes} nodes "
+        f"({named})",
+        tip="the rank table must be this job's, with every pod in it; the job runs in scheduler "
+        "order until it is",
+    )
 
 
 def find_pod_index(

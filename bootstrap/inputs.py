@@ -1,89 +1,168 @@
-"""The bootstrap's inputs read once from named sources: the servers, their topology, their nodes.
+"""The bootstrap's inputs, read in one sequence by every pod and by ``npu-job plan`` (the edge).
 
-:func:`read_inputs` is what ``npu-job plan`` plans for: a rank table (a path, a directory or a URL,
-located as a pod locates ``--rank-table``) or a job's pods (``kubectl get pods -o json``, or a
-``List`` with the HyperNodes and Nodes too), and their topology found by the pod's own loaders,
-in the pod's order: the one named, else the HyperNodes or Nodes that came with the pods, else
-``ranktable_tor.json`` beside the servers' file, else ``/etc/npu-job/topology.yaml``. What only a
-pod in a cluster has is left out: the environment, the in-cluster API and waiting.
+:func:`load_inputs` reads, in this order:
+
+1. **the servers**: a rank table (a path, a directory or a URL, located as ``--rank-table`` says,
+   then the default locations) or, with ``--pods`` and no rank table, the job's pods
+   (:mod:`.podrun`);
+2. **the job's node count** (``--nnodes``, ``$MA_NUM_HOSTS``) against a rank table's servers:
+   another count is refused (:func:`~.identity.check_job_nodes`), and every pod, given the same
+   count, refuses it alike;
+3. **this pod** among them (a pod only: :mod:`.identity`);
+4. **their topology**, first found in the pod's chain (:mod:`.topologychain`; for pods, the
+   HyperNodes or Nodes that came with them first).
+
+What only a pod in a cluster has comes with :class:`InPod`: the environment, the in-cluster API,
+``$NPU_JOB_TOR_INFO`` and waiting (for ``status: completed``, or for every pod to be scheduled).
+Without it (``npu-job plan``) every source is read once, as it is.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 
-from .base.model import RankTable, Topology
+from .base.model import Plan, RankTable, Topology
 from .options import BootstrapOptions
 from .sources import Verify, locate_rank_table, read_bytes
 
 log = logging.getLogger(__name__)
 
 
+class InPod(NamedTuple):
+    """What a pod has that ``npu-job plan`` has not: its environment, and time to wait."""
+
+    env: Mapping[str, str]
+    clock: Callable[[], float]
+    sleep: Callable[[float], None]
+
+
 class Inputs(NamedTuple):
-    """The servers to order, where they came from, and their topology (None: none found)."""
+    """The servers to order, where they came from, this pod among them, and their topology."""
 
     table: RankTable
     table_source: str  # the rank table's path or URL, or the pods' source
     topology: Optional[Topology]
-    topology_source: Optional[str]
+    topology_source: str  # "none" when none was found
     node_names: Optional[Tuple[str, ...]]  # each server's node (pods only)
+    pod_index: Optional[int] = None  # this pod's index (in a pod)
+    # the rank table's document in a plan's order (a pod's rank table only)
+    reorder: Optional[Callable[[Plan], Dict[str, Any]]] = None
+
+    @property
+    def from_pods(self) -> bool:
+        """The servers are the job's pods (no rank table)."""
+        return self.node_names is not None
 
 
-def read_nodes(location: Optional[str], verify: Verify = True) -> Any:
-    """The KubeObjects of ``--nodes`` (``kubectl get nodes -o json``); none when not given."""
-    from .kube.objects import KubeObjects, decode_objects
-
-    if not location:
-        return KubeObjects()
-    return decode_objects(read_bytes(location, verify=verify), location)
+def _ignore(**fields: Any) -> None:
+    pass
 
 
-def job_names(table: RankTable, nodes: Tuple[str, ...]) -> Tuple[str, ...]:
-    """What a job's servers may be known by in a Kubernetes topology: node names, then ids."""
-    return nodes + tuple(server.server_id for server in table.servers)
+def load_inputs(
+    options: BootstrapOptions,
+    verify: Verify = True,
+    pod: Optional[InPod] = None,
+    noted: Callable[..., None] = _ignore,
+) -> Inputs:
+    """Read the inputs in the module docstring's order; ``pod`` None: as ``npu-job plan`` does.
 
-
-def read_inputs(options: BootstrapOptions, verify: Verify = True) -> Inputs:
-    """Read the servers (``options.pods`` when given, else ``options.rank_table``) and their
-    topology, as a pod would in a cluster that offers nothing but these files.
-
-    A pod's own loaders do the reading (:func:`~.topologychain.load_topology`,
-    :func:`~.podrun.job_topology`), with what only a pod in a cluster has taken away: the
-    environment, the in-cluster API, ``$NPU_JOB_TOR_INFO`` and waiting. The sources are each read
-    once; pods not all scheduled are an :class:`~npu_job.errors.NpuJobError`, like any other.
+    ``noted(field=value)`` hears each of ``rank_table``, ``pods``, ``node_count``, ``pod_index``
+    and ``topology`` as soon as it is known, so that a run stopped by a later step can say how
+    far it got. Errors are :class:`~npu_job.errors.NpuJobError` s.
     """
     from .topologychain import load_topology, server_addresses
 
-    offline = options._replace(k8s_topology=False, tor_info=None)
-    if options.pods:
-        from .podrun import job_topology
+    env: Mapping[str, str] = pod.env if pod is not None else {}
+    if pod is None:  # nothing but the named files: not the API, not a mounted tor_info
+        options = options._replace(k8s_topology=False, tor_info=None)
+    job: Any = None
+    reorder: Optional[Callable[[Plan], Dict[str, Any]]] = None
+    if options.pods and not options.rank_table:
+        from . import podrun  # no rank table: the job's pods are the servers
 
-        job = _read_job(options.pods, options, verify)
-        topology, name = job_topology(offline, {}, verify, job)
-        return Inputs(job.table, job.location, topology, _named(name), job.nodes)
-    from .ranktable import parse_rank_table
+        if pod is None:
+            job = podrun.read_job(options, verify)
+        else:
+            job = podrun.load_job(options, env, verify, pod.clock, pod.sleep)
+        table, source = job.table, job.location
+        noted(pods=source)
+    else:
+        source = locate_rank_table(options.rank_table)
+        noted(rank_table=source)
+        if pod is None:
+            from .ranktable import parse_rank_table
 
-    table_source = locate_rank_table(options.rank_table)
-    table = parse_rank_table(read_bytes(table_source, verify=verify), table_source)
-    topology, name = load_topology(offline, table_source, {}, verify, names=server_addresses(table))
-    return Inputs(table, table_source, topology, _named(name), None)
+            table = parse_rank_table(read_bytes(source, verify=verify), source)
+        else:
+            table, reorder = _wait_for_rank_table(options, source, verify, pod)
+    noted(node_count=table.node_count)
+    if job is None:  # the pods path waited for that many pods
+        from .identity import check_job_nodes
+
+        check_job_nodes(table, options.nnodes, source, _named_count(options, env))
+    pod_index = None
+    if pod is not None:
+        pod_index = _this_pod(options, table, source, from_pods=job is not None)
+        noted(pod_index=pod_index)
+    if job is not None:
+        from . import podrun
+
+        topology, topology_source = podrun.job_topology(options, env, verify, job)
+    else:
+        topology, topology_source = load_topology(
+            options, source, env, verify, names=server_addresses(table)
+        )
+    noted(topology=topology_source)
+    nodes = job.nodes if job is not None else None
+    return Inputs(table, source, topology, topology_source, nodes, pod_index, reorder)
 
 
-def _named(name: str) -> Optional[str]:
-    return None if name == "none" else name
+def _wait_for_rank_table(
+    options: BootstrapOptions, location: str, verify: Verify, pod: InPod
+) -> Tuple[RankTable, Callable[[Plan], Dict[str, Any]]]:
+    """The completed rank table at ``location``, and how to write it in a plan's order."""
+    # imported once there is a rank table: a pod without one (the fallback) never reads one
+    from . import wait
+    from .ranktable import reordered_document
+
+    log.debug("rank table: %s", location)
+    loaded = wait.wait_for_rank_table(
+        lambda: read_bytes(location, verify=verify),
+        location,
+        timeout=options.wait_timeout,
+        interval=options.poll_interval,
+        clock=pod.clock,
+        sleep=pod.sleep,
+    )
+    # the run owns this freshly decoded document and only serialises the result
+    return (
+        loaded.table,
+        lambda plan: reordered_document(loaded.document, loaded.table, plan, in_place=True),
+    )
 
 
-def _read_job(source: str, options: BootstrapOptions, verify: Verify) -> Any:
-    """The job's pods of one read of ``source``, all scheduled (a pod would wait for that)."""
-    from .kube import jobpods
-    from .kube.facts import read_pods
-    from .kube.objects import decode_objects
-    from .podrun import LoadedJob, job_selector
+def _named_count(options: BootstrapOptions, env: Mapping[str, str]) -> str:
+    """Where the job's node count came from: the variable every pod is given, else the flag."""
+    from npu_job.parsing import count_from_text
 
-    objects = decode_objects(read_bytes(source, verify=verify), source)
-    roster = jobpods.job_roster(read_pods(objects.pods, source), job_selector(options, {}), source)
-    if not roster.ready:
-        raise jobpods.not_ready_error(roster, source)
-    table = jobpods.roster_table(roster, source)
-    return LoadedJob(table, jobpods.node_names(roster), source, objects, roster)
+    from .options import JOB_SIZE_ENV
+
+    given = count_from_text(env.get(JOB_SIZE_ENV, "").strip())
+    return JOB_SIZE_ENV if given is not None and given == options.nnodes else "--nnodes"
+
+
+def _this_pod(options: BootstrapOptions, table: RankTable, source: str, *, from_pods: bool) -> int:
+    from . import identity
+
+    return identity.find_pod_index(
+        table,
+        options.host_ip,
+        identity.parse_task_index(options.pod_index),
+        source,
+        **(
+            {"entries": "pods", "what": "the job's pods", "ids": "pods' host IPs"}
+            if from_pods
+            else {}
+        ),
+    )

@@ -14,9 +14,8 @@ That table drives
 * ``npu-job plan``'s flags for the settings it shares with a pod (a row's :class:`PlanFlag`: the
   same flag, told as plan reads it, from files alone).
 
-A few rows are read where they are used, not by :func:`resolve`: how many pods the job has
-(``MA_NUM_HOSTS``, with the pods), the service account's folder (with the API's address), and the
-interpreter ``bootstrap.sh`` starts.
+A few rows are read where they are used, not by :func:`resolve`: the service account's folder
+(with the API's address), and the interpreter ``bootstrap.sh`` starts.
 """
 
 from __future__ import annotations
@@ -127,8 +126,14 @@ OPTIONS: Tuple[Option, ...] = (
         plan=PlanFlag("with --pods: only this namespace"),
     ),
     Option(
-        "", None, JOB_SIZE_ENV, "", INPUTS,
-        "with --pods: how many pods the job has", "up to the highest pod index",
+        "nnodes", "--nnodes", JOB_SIZE_ENV, "count", INPUTS,
+        "how many nodes (pods) the job has: a rank table listing another number of servers is"
+        " refused alike on every pod; with --pods, how many pods to wait for",
+        "unchecked; with --pods, up to the highest pod index", "N",
+        plan=PlanFlag(
+            "how many nodes the job has: a rank table listing another number of servers is"
+            " refused, as every pod of the job refuses it (default: unchecked)"
+        ),
     ),
     Option(
         "topology", "--topology", TOPOLOGY_ENV, "text", INPUTS,
@@ -244,6 +249,7 @@ class BootstrapOptions(NamedTuple):
     job: Optional[str] = None
     task: Optional[str] = None
     namespace: Optional[str] = None  # None: the service account's
+    nnodes: Optional[int] = None  # the job's node count; None: unknown
     topology: Optional[str] = None  # path, URL or "k8s"; None: the chain
     topology_format: Optional[str] = None  # None: detect by content
     topology_labels: Optional[Tuple[str, ...]] = None  # node label keys, outermost first
@@ -400,9 +406,15 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOption
 def resolve_one(name: str, flags: Mapping[str, Any], env: Mapping[str, str]) -> Any:
     """One option as :func:`resolve` reads it (the run's fallback reads ``strict`` and
     ``output_dir`` this way, so that another option's bad value cannot stop it)."""
-    (option,) = [option for option in OPTIONS if option.name == name]
+    option = option_named(name)
     value = _given(option, flags, env)
     return getattr(BootstrapOptions(), name) if value is None else value
+
+
+def option_named(name: str) -> Option:
+    """The row of the setting ``name`` (a :class:`BootstrapOptions` field)."""
+    (option,) = [option for option in OPTIONS if option.name == name]
+    return option
 
 
 def underscore_alias(flag: str) -> Optional[str]:

@@ -20,15 +20,13 @@ import logging
 from typing import Any, Callable, List, Mapping, NamedTuple, Optional, Tuple
 
 from npu_job.errors import InputError, NotReadyError
-from npu_job.parsing import count_from_text
 from npu_job.polling import Backoff, poll
 
 from .base.model import RankTable, Topology
-from .inputs import job_names, read_nodes
 from .kube import jobpods
 from .kube.facts import PodFacts, read_pods
 from .kube.objects import KubeObjects, decode_objects
-from .options import JOB_SIZE_ENV, PODS_ENV, BootstrapOptions
+from .options import PODS_ENV, BootstrapOptions
 from .sources import (
     K8S_TOPOLOGY,
     KubernetesAPI,
@@ -36,7 +34,7 @@ from .sources import (
     Verify,
     read_bytes,
 )
-from .topologychain import load_topology
+from .topologychain import load_topology, read_nodes
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +62,7 @@ def load_job(
     sleep: Callable[[float], None],
 ) -> LoadedJob:
     """Wait for the job's pods (see the module docstring) and make them the servers."""
-    selector = job_selector(options, env)
+    selector = job_selector(options)
     fetch, location, client = _source(options, env, selector, verify)
     log.info(
         "no rank table: the servers are the pods of job %s from %s", _job_text(selector), location
@@ -107,6 +105,23 @@ def load_job(
     )
 
 
+def read_job(options: BootstrapOptions, verify: Verify) -> LoadedJob:
+    """The job's pods of one read of ``options.pods`` (a file or URL), all scheduled (a pod would
+    wait for that; ``npu-job plan`` reads once)."""
+    source = options.pods or ""
+    objects = decode_objects(read_bytes(source, verify=verify), source)
+    roster = jobpods.job_roster(read_pods(objects.pods, source), job_selector(options), source)
+    if not roster.ready:
+        raise jobpods.not_ready_error(roster, source)
+    table = jobpods.roster_table(roster, source)
+    return LoadedJob(table, jobpods.node_names(roster), source, objects, roster)
+
+
+def _job_names(table: RankTable, nodes: Tuple[str, ...]) -> Tuple[str, ...]:
+    """What a job's servers may be known by in a Kubernetes topology: node names, then ids."""
+    return nodes + tuple(server.server_id for server in table.servers)
+
+
 def _attempt(
     fetch: Callable[[], Listed], location: str, selector: jobpods.JobSelector
 ) -> Tuple[Optional[jobpods.Roster], KubeObjects, str]:
@@ -118,18 +133,10 @@ def _attempt(
     return roster, objects, roster.progress()
 
 
-def job_selector(options: BootstrapOptions, env: Mapping[str, str]) -> jobpods.JobSelector:
-    """Which pods are the job's: the options' job, task and namespace, and ``MA_NUM_HOSTS``."""
-    size = env.get(JOB_SIZE_ENV, "").strip()
-    expected = count_from_text(size) if size else None
-    if size and not expected:
-        raise InputError(
-            "environment",
-            JOB_SIZE_ENV,
-            f"expected the job's number of pods (a whole number >= 1), got {size!r}",
-        )
+def job_selector(options: BootstrapOptions) -> jobpods.JobSelector:
+    """Which pods are the job's: the options' job, task and namespace, and its node count."""
     return jobpods.JobSelector(
-        job=options.job, task=options.task, namespace=options.namespace, expected=expected
+        job=options.job, task=options.task, namespace=options.namespace, expected=options.nnodes
     )
 
 
@@ -201,7 +208,7 @@ def _job_topology(
 ) -> Tuple[Optional[Topology], str]:
     from .kube.topology import KubeContext, topology_from_objects
 
-    names = job_names(job.table, job.nodes)
+    names = _job_names(job.table, job.nodes)
     if options.topology:
         return load_topology(options, job.location, env, verify, names=names)
     extra = read_nodes(options.nodes, verify)

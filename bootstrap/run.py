@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional
 
 from npu_job.errors import EXIT_OK, InputError, NpuJobError, shown
 
@@ -27,8 +27,6 @@ from .options import BootstrapOptions, resolve, resolve_one
 from .sources import (
     Verify,
     is_url,
-    locate_rank_table,
-    read_bytes,
 )
 
 log = logging.getLogger(__name__)
@@ -131,45 +129,21 @@ def _run(
 ) -> RunOutcome:
     """Plan and write this pod's files. Raises no ``Exception``: the outcome holds it, with
     what was known by then (a plan that gives no order is :func:`_not_planned`)."""
-    from . import identity, writers
+    from . import writers
+    from .inputs import InPod, load_inputs
 
     outcome = RunOutcome()
+
+    def noted(**fields: Any) -> None:
+        nonlocal outcome
+        outcome = outcome._replace(**fields)
+
     try:
         verify: Verify = options.ca_bundle or True
-        job: Any = None
-        reorder: Optional[Callable[[Plan], Dict[str, Any]]] = None
-        if options.pods and not options.rank_table:
-            from . import podrun  # no rank table: the job's pods are the servers
-
-            job = podrun.load_job(options, env, verify, clock, sleep)
-            table, location = job.table, job.location
-            outcome = outcome._replace(pods=location)
-        else:
-            location = locate_rank_table(options.rank_table)
-            outcome = outcome._replace(rank_table=location)
-            table, reorder = _load_rank_table(options, location, verify, clock, sleep)
-        outcome = outcome._replace(node_count=table.node_count)
-        pod_index = identity.find_pod_index(
-            table,
-            options.host_ip,
-            identity.parse_task_index(options.pod_index),
-            location,
-            **(
-                {"entries": "pods", "what": "the job's pods", "ids": "pods' host IPs"}
-                if job is not None
-                else {}
-            ),
-        )
-        outcome = outcome._replace(pod_index=pod_index)
-        if job is not None:
-            topology, topology_source = podrun.job_topology(options, env, verify, job)
-        else:
-            from .topologychain import load_topology, server_addresses
-
-            topology, topology_source = load_topology(
-                options, location, env, verify, names=server_addresses(table)
-            )
-        outcome = outcome._replace(topology=topology_source)
+        inputs = load_inputs(options, verify, InPod(env, clock, sleep), noted)
+        table, location, topology = inputs.table, inputs.table_source, inputs.topology
+        topology_source, pod_index = inputs.topology_source, inputs.pod_index
+        assert pod_index is not None  # a pod's inputs name the pod
         collective = choose_collective(options.collective)
         plan = _plan(table, topology, collective, options.full_node_devices)
         outcome = outcome._replace(plan=plan)
@@ -181,18 +155,18 @@ def _run(
             plan,
             node_count=table.node_count,
             pod_index=pod_index,
-            rank_table=None if job is not None else location,
+            rank_table=None if inputs.from_pods else location,
             topology=topology_source,
-            pods=location if job is not None else None,
+            pods=location if inputs.from_pods else None,
         )
         try:
             written = writers.write_plan_outputs(
                 options.output_dir,
                 node_rank=node_rank,
                 master_index=plan.master_index,
-                reordered_table=reorder(plan) if reorder is not None else None,
+                reordered_table=inputs.reorder(plan) if inputs.reorder is not None else None,
                 route_plan=route_plan,
-                original_rank_table=None if job is not None or is_url(location) else location,
+                original_rank_table=None if inputs.from_pods or is_url(location) else location,
             )
         except OSError as error:
             raise InputError(
@@ -215,34 +189,6 @@ def _run(
         return outcome._replace(route_plan=route_plan)
     except Exception as error:  # a bug of ours too: the caller falls back with what we knew
         return outcome._replace(error=error)
-
-
-def _load_rank_table(
-    options: BootstrapOptions,
-    location: str,
-    verify: Verify,
-    clock: Callable[[], float],
-    sleep: Callable[[float], None],
-) -> Tuple[RankTable, Callable[[Plan], Dict[str, Any]]]:
-    """The completed rank table at ``location``, and how to write it in a plan's order."""
-    # imported once there is a rank table: a pod without one (the fallback) never reads one
-    from . import wait
-    from .ranktable import reordered_document
-
-    log.debug("rank table: %s", location)
-    loaded = wait.wait_for_rank_table(
-        lambda: read_bytes(location, verify=verify),
-        location,
-        timeout=options.wait_timeout,
-        interval=options.poll_interval,
-        clock=clock,
-        sleep=sleep,
-    )
-    # the run owns this freshly decoded document and only serialises the result
-    return (
-        loaded.table,
-        lambda plan: reordered_document(loaded.document, loaded.table, plan, in_place=True),
-    )
 
 
 def _not_planned(plan: Plan, servers: str) -> NpuJobError:

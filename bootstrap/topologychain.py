@@ -31,6 +31,15 @@ from .sources import (
 log = logging.getLogger(__name__)
 
 
+def read_nodes(location: Optional[str], verify: Verify = True) -> Any:
+    """The KubeObjects of ``--nodes`` (``kubectl get nodes -o json``); none when not given."""
+    from .kube.objects import KubeObjects, decode_objects
+
+    if not location:
+        return KubeObjects()
+    return decode_objects(read_bytes(location, verify=verify), location)
+
+
 def server_addresses(table: RankTable) -> Tuple[str, ...]:
     """Every address a server of ``table`` may be known by in a topology (canonical's order)."""
     return tuple(
@@ -64,7 +73,6 @@ def load_topology(
         """The KubeContext of a Kubernetes topology, made (and --nodes read) only for one: the
         rank-table path imports none of it."""
         if not made:
-            from .inputs import read_nodes
             from .kube.topology import KubeContext
 
             nodes = read_nodes(options.nodes, verify)

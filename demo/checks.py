@@ -62,14 +62,23 @@ def expected_plan(
 
     if options.routing and options.routing_source == "api" and objects is not None:
         return api_plan(objects)
-    if options.routing and options.deliver_rank_table:
+    if options.routing and options.deliver_rank_table and options.unlisted_pod is None:
         return plan(cluster.table, cluster.topology, Collective.RING)
     return Plan(
         PlanStatus.FAILED,
         tuple(range(options.nodes)),
         Collective.RING,
-        ("routing off" if not options.routing else "no rank table delivered",),
+        (_not_routed(options),),
     )
+
+
+def _not_routed(options: DemoOptions) -> str:
+    """Why every pod must keep the scheduler's order."""
+    if not options.routing:
+        return "routing off"
+    if not (options.deliver_rank_table or options.routing_source == "api"):
+        return "no rank table delivered"
+    return f"the rank table lacks pod {options.unlisted_pod}: every pod refuses it"
 
 
 @dataclass(frozen=True)
@@ -342,8 +351,10 @@ class DemoResult:
 
 def expect_routing(options: DemoOptions) -> bool:
     """Whether every pod's bootstrap must plan (else each must keep the scheduler's order)."""
-    delivered = options.deliver_rank_table or options.routing_source == "api"
-    return options.routing and delivered and options.nodes >= MIN_NODES
+    if options.routing_source == "api":
+        return options.routing and options.nodes >= MIN_NODES
+    listed = options.deliver_rank_table and options.unlisted_pod is None
+    return options.routing and listed and options.nodes >= MIN_NODES
 
 
 def describe_plan(prepared: Prepared, progress: Callable[[str], None]) -> None:
@@ -353,6 +364,12 @@ def describe_plan(prepared: Prepared, progress: Callable[[str], None]) -> None:
         why = "off (routing disabled)" if not options.routing else "none (no rank table delivered)"
         progress(
             f"route plan: {why}: every pod keeps the scheduler's order (node rank = VC_TASK_INDEX)"
+        )
+        return
+    if options.unlisted_pod is not None and options.routing_source != "api":
+        progress(
+            f"route plan: none ({_not_routed(options)}): every pod keeps the scheduler's order "
+            "(node rank = VC_TASK_INDEX)"
         )
         return
     tors = tor_of_pod(prepared.cluster)

@@ -101,16 +101,35 @@ def stage_pod(spec: PodSpec, directory: Path) -> Path:
     (directory / "tmp").chmod(0o1777)
     (directory / "root").mkdir(exist_ok=True)
     write_atomic(directory / "hosts", hosts_file_text(spec))
+    stage_volumes(spec, directory)
+    for number, mount in enumerate(spec.host_mounts):
+        if not mount.host_path:
+            (directory / "emptydir" / str(number)).mkdir(parents=True, exist_ok=True)
+    return write_atomic(directory / "pod.json", spec.to_json())
+
+
+def stage_volumes(spec: PodSpec, directory: Path) -> None:
+    """Write the files of the pod's volumes (ConfigMaps, what cluster plugins mount) as its spec
+    holds them; each file is replaced whole, as the kubelet swaps a ConfigMap volume's files, so a
+    running pod sees the new ones in a directory mount (a single-file mount from its next start)."""
+    from npu_job.fileio import write_atomic
+
     for number, mount in enumerate(spec.file_mounts):
         target = directory / "volumes" / str(number)
         for relative, text in mount.files:
             # binaryData (the bundle) comes decoded with surrogateescape: back to its bytes
             data = text.encode("utf-8", "surrogateescape")
             write_atomic(target / relative, data, mode=mount.mode)
-    for number, mount in enumerate(spec.host_mounts):
-        if not mount.host_path:
-            (directory / "emptydir" / str(number)).mkdir(parents=True, exist_ok=True)
-    return write_atomic(directory / "pod.json", spec.to_json())
+
+
+def staged_file(spec: PodSpec, directory: Path, path: str) -> Optional[Path]:
+    """Where the file the pod sees at ``path`` is staged (None: no volume holds it)."""
+    for number, mount in enumerate(spec.file_mounts):
+        for relative, _ in mount.files:
+            seen = mount.mount_path if mount.single_file else f"{mount.mount_path}/{relative}"
+            if seen == path:
+                return directory / "volumes" / str(number) / relative
+    return None
 
 
 def reset_pod_tmp(directory: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from npu_job.errors import InconsistentError, LaunchError, shown
-from npu_job.podfacts import MASTER_FILE, RANK_FILE, ROUTE_PLAN_FILE
+from npu_job.podfacts import MASTER_FILE, RANK_FILE, RANK_TABLE_NAME, ROUTE_PLAN_FILE
 from npu_job.polling import Backoff, poll
 
 from . import podspec
@@ -38,8 +38,10 @@ from .checks import (
 from .podlog import first_line, read_pod_line
 from .scenario import (
     EXAMPLE_SCRIPT,
+    INITIALIZING_RANK_TABLE,
     INPUT_FILES,
     RANK_TABLE_CONFIGMAP,
+    RANK_TABLE_DIR,
     ClusterAPI,
     DemoOptions,
     SimulatedCluster,
@@ -172,6 +174,13 @@ def prepare(
         cluster_env=cluster_env,
     )
     spec_files = tuple(podsim.stage_pod(spec, workspace / "pods" / spec.name) for spec in specs)
+    for index in options.initializing_on:  # their node has not had the filled-in table yet
+        staged = podsim.staged_file(
+            specs[index], spec_files[index].parent, f"{RANK_TABLE_DIR}/{RANK_TABLE_NAME}"
+        )
+        if staged is None:
+            raise ValueError(f"initializing_on: pod {index} is given no rank table to hold back")
+        write_atomic(staged, INITIALIZING_RANK_TABLE, durable=False)
     return Prepared(
         options,
         workspace,
@@ -280,6 +289,14 @@ class Supervisor:
         """SIGKILL one pod (a node failure); the restart policy then brings it back."""
         self.say(f"fault: killing pod {index} ({self.prepared.specs[index].name})")
         self.pods[index].kill()
+
+    def sync_volumes(self, index: int) -> None:
+        """The kubelet's sync of one pod's ConfigMap volumes: they take the ConfigMaps' content
+        (a held-back rank table of ``initializing_on`` becomes the filled-in one)."""
+        from . import podsim
+
+        self.say(f"pod {index}: the kubelet syncs its ConfigMap volumes")
+        podsim.stage_volumes(self.prepared.specs[index], self.prepared.spec_files[index].parent)
 
     def _restart(self, index: int) -> None:
         from . import podsim

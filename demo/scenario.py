@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from npu_job.podfacts import RANK_TABLE_ENV, RANK_TABLE_NAME, RANKTABLE_TOR_NAME
 
@@ -63,6 +63,13 @@ class DemoOptions:
     steps: int = 20
     routing: bool = True
     deliver_rank_table: bool = True  # False: the job gets no rank table (bootstrap falls back)
+    # a pod whose host the delivered rank table leaves out (a table one server short of the job:
+    # every pod must refuse it alike and keep the scheduler's order); None: every pod is listed
+    unlisted_pod: Optional[int] = None
+    # pods whose mounted rank table still says "initializing" until the caller syncs their volumes
+    # (Supervisor.sync_volumes, as the kubelet would, up to a minute late): at their deadline they
+    # fall back while the others plan
+    initializing_on: Tuple[int, ...] = ()
     device: str = "cpu"  # "npu": render the NPU job (CCE's configmap1980 delivers the rank table)
     checkpoint_every: int = 0  # >0: train_ddp checkpoints to the shared volume (resume after kill)
     step_delay: float = 0.0
@@ -87,6 +94,15 @@ class DemoOptions:
             raise ValueError(f"image must be one of {', '.join(IMAGES)}, got {self.image!r}")
         if self.routing and self.deliver_rank_table and not 1 <= self.tors <= self.nodes:
             raise ValueError(f"tors must be within 1..nodes ({self.nodes}), got {self.tors}")
+        if any(not 0 <= index < self.nodes for index in self.initializing_on):
+            raise ValueError(
+                f"initializing_on must hold pod indices below {self.nodes}, "
+                f"got {self.initializing_on}"
+            )
+        if self.unlisted_pod is not None and not 0 <= self.unlisted_pod < self.nodes:
+            raise ValueError(
+                f"unlisted_pod must be a pod index below {self.nodes}, got {self.unlisted_pod}"
+            )
 
 
 @dataclass(frozen=True)
@@ -116,7 +132,8 @@ class ClusterAPI:
 class SimulatedCluster:
     """The cluster the scheduler gave the job: rank table, topology, and what CCE mounts."""
 
-    table: Any  # npu_job.bootstrap.base.model.RankTable, as the pods will read it
+    # npu_job.bootstrap.base.model.RankTable, as the pods will read it (every pod's server)
+    table: Any
     # npu_job.bootstrap.base.model.Topology, as the pods will read it (no slots in CCE's format)
     topology: Any
     rank_table_json: str
@@ -124,6 +141,8 @@ class SimulatedCluster:
 
 
 INPUT_FILES = (RANK_TABLE_NAME, RANKTABLE_TOR_NAME)  # what CCE mounts at /user/config
+#: what a rank table says before the platform fills it in
+INITIALIZING_RANK_TABLE = '{"status": "initializing"}\n'
 
 
 def loopback_ips(count: int) -> Tuple[str, ...]:
@@ -145,7 +164,18 @@ def simulated_cluster(options: DemoOptions, host_ips: Sequence[str]) -> Simulate
         job_name=JOB_NAME,
         scatter=True,
     )
-    return cce_cluster(table, topology, host_ips)
+    cluster = cce_cluster(table, topology, host_ips)
+    if options.unlisted_pod is None:
+        return cluster
+    return replace(cluster, rank_table_json=_without_server(cluster.table, options.unlisted_pod))
+
+
+def _without_server(table: Any, pod_index: int) -> str:
+    """The rank table's text without pod ``pod_index``'s server (one server short of the job)."""
+    from npu_job.bootstrap.ranktable import rank_table_document
+
+    listed = tuple(server for server in table.servers if server.pod_index != pod_index)
+    return json.dumps(rank_table_document(replace(table, servers=listed)), indent=1) + "\n"
 
 
 def cce_cluster(table: Any, topology: Any, host_ips: Sequence[str]) -> SimulatedCluster:

@@ -1,7 +1,8 @@
 """The exceptions npu-job raises for problems a user can fix, and their exit codes.
 
 Every user-facing failure is one of these; the commands' edges (``npu-job``, ``npu-run``) turn
-them into one ``<prog>: error: ...`` line (plus an optional ``TIP:`` line) and the exit code
+them into one ``<prog>: error: ...`` line (plus an optional ``<prog>: TIP: ...`` line, as the
+bootstrap's fallback logs it) and the exit code
 below, never a traceback, through :func:`report_error`. Library code raises them with a message that
 names the file, the field and what was
 expected; it never prints.
@@ -168,10 +169,10 @@ def print_error(message: str, prog: str) -> None:
 
 
 def report_error(error: NpuJobError, prog: str) -> int:
-    """Print ``error`` as one line (plus ``TIP:``) on stderr and return its exit code."""
+    """Print ``error`` as one line (plus ``PROG: TIP: ...``) on stderr and return its exit code."""
     print_error(error.message, prog)
     if error.tip:
-        print(f"TIP: {error.tip}", file=sys.stderr)
+        print(f"{prog}: TIP: {error.tip}", file=sys.stderr)
     return error.exit_code
 
 

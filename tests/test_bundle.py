@@ -432,7 +432,7 @@ def test_a_bad_bundle_is_one_line_and_the_scheduler_order(
         text=True,
         timeout=60,
     )
-    errors = [line for line in done.stderr.splitlines() if not line.startswith("TIP: ")]
+    errors = [line for line in done.stderr.splitlines() if not line.startswith("npu-job: TIP: ")]
     assert len(errors) == 1 and errors[0].startswith("npu-job: error: "), done.stderr
     assert message in errors[0] and "Traceback" not in done.stderr
     assert done.returncode == (BundleError.exit_code if strict else 0)

@@ -40,6 +40,20 @@ def test_simulated_cluster_is_what_the_pods_will_read():
     assert score.cross_after == score.lower_bound == 3 < score.cross_before  # scattered, then fixed
 
 
+def test_a_rank_table_that_lacks_a_pod_is_one_server_short_and_every_pod_keeps_its_order():
+    options = demo.DemoOptions(nodes=6, tors=3, unlisted_pod=3)
+    ips = demo.loopback_ips(6)
+    cluster = demo.simulated_cluster(options, ips)
+    listed = [server["server_id"] for server in json.loads(cluster.rank_table_json)["server_list"]]
+    assert listed == [ip for index, ip in enumerate(ips) if index != 3]
+    assert [server.server_id for server in cluster.table.servers] == list(ips)  # the pods' hosts
+    plan = demo.expected_plan(cluster, options)
+    assert str(plan.status) == "failed" and plan.pod_of_node_rank == tuple(range(6))
+    assert not demo.expect_routing(options)
+    with pytest.raises(ValueError, match="unlisted_pod must be a pod index below 6"):
+        demo.DemoOptions(nodes=6, unlisted_pod=6)
+
+
 def test_the_demo_renders_a_routed_cpu_job_that_brings_its_own_rank_table():
     """CCE delivers rank tables to NPU jobs only: the CPU job mounts its own where RANK_TABLE_FILE says."""
     options = demo.DemoOptions()
@@ -643,6 +657,27 @@ def test_a_routed_cpu_job_without_a_rank_table_renders_to_the_api_and_stages_its
     assert prepared.plan.rank_mapping == by_rank_table.rank_mapping
     listed = json.loads((tmp_path / "w" / "cluster" / "cluster.json").read_text())
     assert {item["kind"] for item in listed["items"]} == {"HyperNode", "Node", "Pod"}
+
+
+@pytest.mark.parametrize("device", ["cpu", "npu"])
+def test_a_held_back_rank_table_is_initializing_until_the_kubelets_sync(tmp_path, device):
+    """The CPU job mounts its ConfigMap as a directory, CCE's plugin gives one file each: either
+    way the lagging pod sees an initializing table, and the completed one once synced."""
+    options = demo.DemoOptions(
+        nodes=3, tors=3, nproc_per_node=1, device=device, initializing_on=(1,)
+    )
+    prepared = demo.prepare(options, tmp_path / "w", demo.loopback_ips(3))
+    path = f"{demo.RANK_TABLE_DIR}/jobstart_hccl.json"
+    staged = [
+        podsim.staged_file(spec, spec_file.parent, path)
+        for spec, spec_file in zip(prepared.specs, prepared.spec_files)
+    ]
+    statuses = [json.loads(file.read_text())["status"] for file in staged]
+    assert statuses == ["completed", "initializing", "completed"]
+    demo.Supervisor(prepared).sync_volumes(1)
+    assert staged[1].read_text() == prepared.cluster.rank_table_json
+    with pytest.raises(ValueError, match="initializing_on must hold pod indices below 3"):
+        demo.DemoOptions(nodes=3, initializing_on=(3,))
 
 
 @pytest.mark.torch

@@ -35,7 +35,8 @@ def test_an_error_is_reported_as_one_line_and_a_tip_with_its_exit_code(capsys) -
     )
     assert errors.report_error(error, "npu-run") == 3
     assert capsys.readouterr().err == (
-        "npu-run: error: ranktable.json: server_count: expected an integer, got 'x'\nTIP: fix the file\n"
+        "npu-run: error: ranktable.json: server_count: expected an integer, got 'x'\n"
+        "npu-run: TIP: fix the file\n"
     )
 
 

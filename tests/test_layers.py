@@ -221,19 +221,9 @@ def cycles(graph: Mapping[str, Set[str]]) -> List[FrozenSet[str]]:
     return sorted(found, key=sorted)
 
 
-# The input loader's three modules still call into one another's halves (the pods' and the
-# topology chain's loaders use inputs' readers, and inputs runs them): the one cycle allowed, and
-# only while it is there, so that the allowance goes when the cycle does.
-ALLOWED_CYCLES = [
-    frozenset(f"npu_job.bootstrap.{name}" for name in ("inputs", "podrun", "topologychain")),
-]
-
-
 def test_no_import_cycle_runs_among_the_bootstrap_modules():
     found = cycles(import_graph("npu_job.bootstrap"))
-    assert [sorted(cycle) for cycle in found if cycle not in ALLOWED_CYCLES] == []
-    gone = [sorted(cycle) for cycle in ALLOWED_CYCLES if cycle not in found]
-    assert gone == [], "no longer a cycle: drop it from ALLOWED_CYCLES"
+    assert [sorted(cycle) for cycle in found] == []
 
 
 def test_the_cycle_finder_sees_a_cycle_through_three_modules_and_none_in_a_chain():

@@ -174,6 +174,10 @@ class RunKeys:
     def node_order_claims(self) -> str:
         return f"{self.base}/node_order_claims"
 
+    @property
+    def refused_order(self) -> str:
+        return f"{self.base}/refused_order"
+
     def round(self, number: int) -> str:
         return f"{self.base}/round{number}"
 

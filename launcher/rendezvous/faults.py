@@ -29,7 +29,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Callable, List, Optional, Protocol, Tuple
+from typing import Callable, List, NoReturn, Optional, Protocol, Tuple
 
 from torch.distributed.elastic.rendezvous import (
     RendezvousConnectionError,
@@ -132,6 +132,7 @@ class NodeFaults:
         self.root_lost = False
         self.outcome: Optional[str] = None  # npu-run's agent says how its run went
         self.verdict: Optional[Verdict] = None  # the verdict this node reached
+        self.joined_round: Optional[int] = None  # the last round this node joined (the handler's)
         self._proxy_lock = threading.RLock()
         self.proxy: Optional[NodeStoreProxy] = None  # this node's store proxy (tiered mode)
         self._proxy_port = 0
@@ -192,6 +193,40 @@ class NodeFaults:
         except StoreError as error:
             logger.warning("could not publish the verdict: %s", error)
             found = watch.conclude(found)
+        self.note_verdict(found)
+        return found
+
+    def refuse_order(self, store: RootClient, theirs: str) -> NoReturn:
+        """This node follows another node order than the nodes before it (their pods'
+        bootstraps decided differently): that is the job's verdict, so that every node at this
+        root stops at its next look, rather than wait out its join timeout for this one. The
+        refused order is kept beside it for the nodes of that order still to come
+        (:meth:`refused_before`)."""
+        settings = self._settings
+        mine = settings.node_order or ""
+        store.set(self._keys.refused_order, mine)
+        self.stop_job(verdict.orders_differ(settings.node_rank, self.me, mine, theirs))
+
+    def stop_job(self, found: Verdict) -> NoReturn:
+        """This node cannot take part (it was refused before it joined): make ``found`` the job's
+        verdict, unless one came first, and unwind this agent with it; the nodes waiting at the
+        root stop at their next look instead of at their join timeout."""
+        raise JobStopped(self._publish_or_keep(found))
+
+    def refused_before(self, store: RootClient) -> Optional[Verdict]:
+        """The verdict of a finished run at this root that refused this node's order, if it did:
+        a node of that order arriving late (its bootstrap decided before the others restarted)
+        stops with it, so that its pod bootstraps again too, rather than wait for the next run's
+        root and refuse the restarted nodes there."""
+        mine = self._settings.node_order
+        keys = self._keys
+        if not mine or not torchcompat.key_exists(store, keys.refused_order):
+            return None
+        if store.get(keys.refused_order).decode("utf-8", "replace") != mine:
+            return None
+        if not torchcompat.key_exists(store, keys.verdict):
+            return None
+        found = Verdict.from_json(store.get(keys.verdict).decode("utf-8", "replace"))
         self.note_verdict(found)
         return found
 
@@ -282,7 +317,10 @@ class NodeFaults:
 
     def sign_off(self, store: RootClient, round_entered: Optional[int]) -> None:
         settings = self._settings
-        store.add(self._keys.departed, 1)
+        # node rank 0 awaits the nodes that joined; one refused before it joined (another node
+        # order) is not among them, and counting it would close the root under the last of them
+        if round_entered is not None and round_entered == self.joined_round:
+            store.add(self._keys.departed, 1)
         if settings.node_rank != 0:
             store.add(self._keys.alive(settings.node_rank), liveness.DEPARTED)
         elif round_entered is not None:

@@ -82,6 +82,7 @@ from .faults import (
 )
 from .rootclient import RootClient
 from .verdict import FailureReport, Verdict
+from .watch import JobStopped
 
 # what npu-run, torch's entry point and the tests use of the backend, wherever it lives
 __all__ = [
@@ -116,7 +117,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
         self._server: Optional[TCPStore] = None  # node rank 0: the root store itself
         self._rounds_done = 0
         self._next_watch = 0.0
-        self._round_entered: Optional[int] = None  # the last round this node joined
+        self._round_entered: Optional[int] = None  # the last round this node entered
 
     # -- RendezvousHandler -------------------------------------------------------------------
 
@@ -163,8 +164,14 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 number = rounds.first_open_round(store, self._keys, settings.node_rank)
                 faults.start_watch(store)
             self._round_entered = number
-            rounds.check_node_order(store, self._keys, settings)
-            rounds.join(store, self._keys, settings, number)
+            theirs = rounds.other_node_order(store, self._keys, settings)
+            if theirs is not None:
+                faults.refuse_order(store, theirs)
+            if not rounds.join(store, self._keys, settings, number):
+                faults.stop_job(
+                    verdict.rank_taken(settings.node_rank, faults.me, number, settings.run_id)
+                )
+            faults.joined_round = number
             rounds.await_round(
                 store,
                 self._keys,
@@ -343,6 +350,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 closed = True  # that root went away while we connected: also not ours
             if not closed:
                 return store
+            refused = self._faults.refused_before(store)
+            if refused is not None:
+                raise JobStopped(refused)
             self._store = None
             store.close()
             if not announced:

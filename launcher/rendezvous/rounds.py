@@ -5,7 +5,7 @@ Membership is static: a round completes when all ``--nnodes`` node ranks have jo
 A node that restarts its workers joins the next round, and the other agents, seeing it waiting,
 restart theirs. A freshly started agent (a replaced pod) joins the first round that is not yet
 complete (:func:`first_open_round`). Every node of a job must follow the same node order
-(:func:`check_node_order`).
+(:func:`other_node_order`; the handler refuses a node that follows another).
 
 Before the workers of a new round start, their store must hold nothing of the previous workers'
 (a gloo rank would read a dead peer's address): with ``list_keys`` node rank 0 deletes those keys
@@ -20,10 +20,10 @@ Each function takes the root store, the run's keys and settings: the handler
 from __future__ import annotations
 
 import logging
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from torch.distributed import Store
-from torch.distributed.elastic.rendezvous import RendezvousStateError, RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
 
 from npu_job.polling import Backoff, Every, poll_until
 
@@ -52,36 +52,28 @@ def first_open_round(store: Store, keys: RunKeys, node_rank: int) -> int:
     return number
 
 
-def check_node_order(store: Store, keys: RunKeys, settings: ParallelSettings) -> None:
-    """Refuse to join when the nodes before this one follow another node order."""
+def other_node_order(store: Store, keys: RunKeys, settings: ParallelSettings) -> Optional[str]:
+    """The node order the nodes that joined before this one follow, when it is not this node's
+    (None: the same one, or this node has no order to hold it to)."""
     mine = settings.node_order
     if not mine:
-        return
+        return None
     # The first node to get here records its order; every other node (and every later round)
     # compares with it. ADD picks the first: COMPARE_SET would take one call, but torch 2.1
     # and 2.2 build its Python result without the GIL, which crashes a process whose other
     # threads run (this agent's proxy loop). GET waits the moment until the first has set it.
     if int(store.add(keys.node_order_claims, 1)) == 1:
         store.set(keys.node_order, mine)
-        return
+        return None
     theirs = store.get(keys.node_order).decode("utf-8", "replace")
-    if theirs != mine:
-        raise RendezvousStateError(
-            f"node rank {settings.node_rank} follows the {mine}, but the nodes that "
-            f"joined before it follow the {theirs}: the pods' bootstraps decided different "
-            "node orders, so their ranks would clash. Compare the 'input sha256' lines of "
-            "the pods' bootstrap logs (their rank tables or topologies differed, or one "
-            "bootstrap fell back), then restart the job"
-        )
+    return None if theirs == mine else theirs
 
 
-def join(store: Store, keys: RunKeys, settings: ParallelSettings, number: int) -> None:
-    """Count this node into round ``number``; the last node to join marks the round complete."""
+def join(store: Store, keys: RunKeys, settings: ParallelSettings, number: int) -> bool:
+    """Count this node into round ``number``; the last node to join marks the round complete.
+    False: another node holds this node rank in the round already (this one is not counted)."""
     if store.add(keys.node(number, settings.node_rank), 1) > 1:
-        raise RendezvousStateError(
-            f"node rank {settings.node_rank} joined round {number} of {settings.run_id!r} "
-            f"twice: two nodes were started with --node_rank={settings.node_rank}"
-        )
+        return False
     if store.add(keys.joined(number), 1) == settings.nnodes:
         store.set(keys.complete(number), str(settings.node_rank))
     logger.info(
@@ -92,6 +84,7 @@ def join(store: Store, keys: RunKeys, settings: ParallelSettings, number: int) -
         settings.nnodes,
         settings.root,
     )
+    return True
 
 
 def await_round(

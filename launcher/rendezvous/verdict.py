@@ -24,6 +24,8 @@ PROXY = "proxy"
 ROOT_LOST = "root_lost"
 STALLED = "stalled"
 LEFT = "left"
+ORDERS = "orders"
+RANK_TAKEN = "rank_taken"
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,32 @@ def stalled(node_rank: int, who: Identity, stalled_for: float, window: float) ->
 
 def left(node_rank: int, who: Identity, reason: str) -> Verdict:
     return Verdict(node_rank, LEFT, f"{who.describe(node_rank)} left the job: {short(reason)}")
+
+
+def orders_differ(node_rank: int, who: Identity, mine: str, theirs: str) -> Verdict:
+    return Verdict(
+        node_rank,
+        ORDERS,
+        (
+            f"{who.describe(node_rank)} follows the {mine}, but the nodes that joined before it "
+            f"follow the {theirs}: the pods' bootstraps decided different node orders, so their "
+            "ranks would clash. Compare the 'input sha256' lines of the pods' bootstrap logs "
+            "(their rank tables or topologies differed, or one bootstrap fell back), then restart "
+            "the job"
+        ),
+    )
+
+
+def rank_taken(node_rank: int, who: Identity, number: int, run_id: str) -> Verdict:
+    return Verdict(
+        node_rank,
+        RANK_TAKEN,
+        (
+            f"{who.describe(node_rank)} came to round {number} of {run_id!r} as node rank "
+            f"{node_rank}, which another node holds: two nodes were started with "
+            f"--node_rank={node_rank}"
+        ),
+    )
 
 
 def line(verdict: Verdict) -> str:

@@ -132,14 +132,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+MISSING_FILE_TIP = (
+    "no cluster's files at hand? npu-job demo --write-inputs DIR writes a simulated cluster's "
+    "jobstart_hccl.json and ranktable_tor.json to plan for"
+)
+
+
 def _load(args: argparse.Namespace):
     """Read the servers and topology with the bootstrap's loader (errors: one line, exit 3).
     Only the flags name the inputs: a pod's variables mean nothing where plan runs."""
     from npu_job.bootstrap import inputs
     from npu_job.bootstrap.options import INPUTS, OPTIONS, resolve
+    from npu_job.errors import InputError
 
     flags = {o.name: getattr(args, o.name) for o in OPTIONS if o.plan and o.group == INPUTS}
-    return inputs.read_inputs(resolve(flags, {}))
+    try:
+        read = inputs.load_inputs(resolve(flags, {}))
+    except InputError as error:
+        if error.field == "file" and error.tip is None and not os.path.exists(error.source):
+            error.tip = MISSING_FILE_TIP
+        raise
+    topology_source = None if read.topology_source == "none" else read.topology_source
+    return read.table, read.table_source, read.topology, topology_source, read.node_names
 
 
 def _score_fields(score) -> Dict[str, Any]:

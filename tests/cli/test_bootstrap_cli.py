@@ -111,6 +111,31 @@ def test_fallback_exits_0_and_strict_exits_with_the_error_code(tmp_path, capsys,
     )
 
 
+def test_the_tip_reads_the_same_whether_the_bootstrap_falls_back_or_not(job, capsys):
+    flags, _ = job
+    refused = [*flags, "--host-ip", "10.99.99.99"]  # not in the table: an error with a TIP
+    assert main(["bootstrap", *refused]) == 0
+    tips = [line for line in capsys.readouterr().err.splitlines() if "TIP:" in line]
+    assert main(["bootstrap", *refused, "--strict"]) == 7
+    strict_tips = [line for line in capsys.readouterr().err.splitlines() if "TIP:" in line]
+    assert len(tips) == 1 and tips[0].startswith("npu-job: TIP: ") and strict_tips == tips
+
+
+def test_a_rank_table_of_another_size_than_the_job_is_exit_7_with_strict(job, tmp_path, capsys):
+    flags, out = job
+    flags = [*flags, "--nnodes", "6"]
+    line = (
+        f"npu-job: error: {tmp_path / 'config' / 'jobstart_hccl.json'}: server_count: 5 servers,"
+        " but the job has 6 nodes (--nnodes)"
+    )
+    assert main(["bootstrap", *flags]) == 0
+    assert [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln] == [line]
+    route_plan = json.loads((out / "route_plan.json").read_text())
+    assert route_plan["status"] == "failed" and route_plan["reason"] == line[16:]
+    assert main(["bootstrap", *flags, "--strict"]) == 7
+    assert capsys.readouterr().err.splitlines()[0] == line
+
+
 def test_python_dash_m_takes_the_same_options_and_verbosity(job):
     flags, out = job
     done = subprocess.run(

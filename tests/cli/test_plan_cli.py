@@ -19,6 +19,7 @@ from npu_job.bootstrap.topology import encode_ranktable_tor
 from npu_job.demo.synthetic import synthetic_cluster
 
 from npu_job.cli import main
+from npu_job.cli.plan import MISSING_FILE_TIP
 from tests.bootstrap.documents import plain_topology_document
 
 
@@ -66,7 +67,7 @@ def test_plan_takes_a_pods_settings_from_the_bootstraps_option_table():
     shared = sorted(set(plan) & set(BootstrapOptions._fields) - {"json"})  # plan's --json: its own
     rows = {option.name: option for option in OPTIONS}
     assert shared == sorted(name for name, row in rows.items() if row.plan is not None)
-    assert len(shared) == 10
+    assert len(shared) == 11
     for name in shared:
         mine, theirs, row = plan[name], pod[name], rows[name]
         assert (mine.option_strings, mine.choices, mine.type, mine.default) == (
@@ -236,8 +237,35 @@ def test_bad_input_is_one_line_exit_3_without_traceback(
     assert result.returncode == 3, result.stderr
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"npu-job: error: {expected.format(**fill)}")
+    assert lines[0].startswith(f"npu-job: error: {expected.format(**fill)}")
+    missing = not files  # a file a newcomer does not have: the TIP says where to get some
+    assert lines[1:] == ([f"npu-job: TIP: {MISSING_FILE_TIP}"] if missing else [])
     assert "Traceback" not in result.stderr
+
+
+def test_a_missing_file_names_the_demo_option_that_writes_inputs(tmp_path, capsys):
+    """The TIP's command exists and writes what plan then reads."""
+    assert main(["plan", "--rank-table", "jobstart_hccl.json"]) == 3
+    assert "npu-job demo --write-inputs DIR" in capsys.readouterr().err
+    assert main(["demo", "--write-inputs", str(tmp_path / "inputs")]) == 0
+    capsys.readouterr()
+    assert main(["plan", "--rank-table", str(tmp_path / "inputs" / "jobstart_hccl.json")]) == 0
+
+
+def test_plan_holds_the_rank_table_to_the_jobs_node_count(cluster_dir, capsys):
+    """The pod's check, in plan: --nnodes is the job's node count (plan reads no MA_NUM_HOSTS)."""
+    table = str(cluster_dir / "jobstart_hccl.json")
+    assert main(["plan", "--rank-table", table, "--nnodes", "25"]) == 7
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"npu-job: error: {table}: server_count: 24 servers, but the job has 25 nodes (--nnodes)"
+    )
+    assert main(["plan", "--rank-table", table, "--nnodes", "24", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "success"
+
+
+def test_plan_reads_no_node_count_from_the_environment(cluster_dir, capsys, monkeypatch):
+    monkeypatch.setenv("MA_NUM_HOSTS", "25")
+    assert main(["plan", "--rank-table", str(cluster_dir), "--json"]) == 0
 
 
 def test_subprocess_json_and_usage_errors(cluster_dir):

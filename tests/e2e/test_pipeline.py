@@ -19,7 +19,9 @@ line must say so); one NPU case runs a CANN-like image whose python3 is CPython 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import time
 from contextlib import contextmanager
@@ -28,6 +30,7 @@ from typing import Iterator, List
 
 import pytest
 from npu_job.demo import podsim
+from npu_job.demo.podlog import attempt_header
 
 from npu_job import demo
 from tests.e2e.netns import NetnsCluster, leftovers, netns_unavailable_reason
@@ -254,3 +257,73 @@ def test_the_master_pod_killed_mid_training_restarts_and_the_job_resumes(tmp_pat
     )
     assert_trained_by_plan(result, result.prepared.plan.node_rank_of_pod, 1)
     assert time.monotonic() - started < options.timeout
+
+
+def test_a_rank_table_one_host_short_is_refused_alike_by_every_pod_and_the_job_trains(tmp_path):
+    """Six pods, a rank table of five servers (pod 3's host missing). Left to its own host's
+    match, pods 0-2 would plan for five nodes while 3-5 fall back, and npu-run would refuse the
+    mix. Every pod compares the table with the job's node count instead (MA_NUM_HOSTS, which the
+    rendered Job gives every pod), refuses it with the same line, and the job trains in scheduler
+    order."""
+    options = demo.DemoOptions(
+        nodes=6, nproc_per_node=1, tors=3, seed=0, steps=4, unlisted_pod=3, timeout=150
+    )
+    result = run_on_hosts(options, tmp_path, "pu")
+    assert result.ok, explain(result)
+    line = (
+        f"{demo.RANK_TABLE_DIR}/jobstart_hccl.json: server_count: 5 servers, but the job has "
+        "6 nodes (MA_NUM_HOSTS)"
+    )
+    for pod, spec_file in zip(result.pods, result.prepared.spec_files):
+        assert pod.route_plan["status"] == "failed" and pod.route_plan["reason"] == line
+        assert pod.rank_after_acc is None and pod.master_index is None and pod.restarts == 0
+        errors = [
+            text
+            for text in (spec_file.parent / "pod.log").read_text().splitlines()
+            if text.startswith("npu-job: error:")
+        ]
+        assert errors == [f"npu-job: error: {line}"]
+    assert_trained_by_plan(result, list(range(6)), 1)
+
+
+def test_a_rank_table_still_initializing_on_two_pods_stops_every_node_at_once_then_trains(
+    tmp_path,
+):
+    """Pods 4 and 5 still see the rank table ``initializing`` at their deadline (the kubelet had
+    not synced the ConfigMap to their nodes) while pods 0-3 saw it completed: 0-3 plan, 4 and 5
+    keep the scheduler order. The plan keeps rank 0 on pod 0 (seed 2), so every node meets at one
+    root, and the first node of the other order stops every node with the same line (npu-run,
+    exit 8) rather than leaving the others to their join timeout. ``restartPolicy: OnFailure``
+    brings every pod back to the synced table (a pod of the old order that comes after the run
+    closed stops with its verdict too), and the job trains in the plan's order."""
+    lagging = (4, 5)
+    options = demo.DemoOptions(
+        nodes=6, nproc_per_node=1, tors=3, seed=2, steps=4, initializing_on=lagging, timeout=150
+    )
+
+    def sync_once_they_gave_up(supervisor: demo.Supervisor) -> None:
+        def gave_up(index: int) -> bool:
+            plan = supervisor.prepared.spec_files[index].parent / "tmp" / "route_plan.json"
+            return plan.exists() and json.loads(plan.read_text())["status"] == "failed"
+
+        assert supervisor.wait(until=lambda: all(map(gave_up, lagging))), "they did not fall back"
+        for index in lagging:
+            supervisor.sync_volumes(index)
+
+    result = run_on_hosts(options, tmp_path, "pi", fault=sync_once_they_gave_up)
+    assert result.ok, explain(result)
+    plan = result.prepared.plan
+    assert plan.master_index == 0 and str(plan.status) == "success"
+    refused = (
+        r"npu-run: error: the job stopped: node rank [45] \(pod demo-worker-[45], host [0-9.]+\) "
+        r"follows the scheduler order, but the nodes that joined before it follow the planned "
+        f"order {plan.mapping_digest}: the pods' bootstraps decided different node orders"
+    )
+    for pod, spec_file in zip(result.pods, result.prepared.spec_files):
+        assert pod.restarts >= 1, explain(result)
+        log = (spec_file.parent / "pod.log").read_text()
+        name = result.prepared.specs[pod.index].name
+        first_attempt = log.split(attempt_header(name, 0))[1].split(attempt_header(name, 1))[0]
+        last = first_attempt.strip().splitlines()[-1]
+        assert re.match(refused, last), (pod.index, last)
+    assert_trained_by_plan(result, plan.node_rank_of_pod, 1)

@@ -24,7 +24,6 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousParameters,
-    RendezvousStateError,
     RendezvousTimeoutError,
 )
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
@@ -32,7 +31,7 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 from npu_job.errors import LaunchError
 from tests.machine_stalls import rerun_after_machine_stall
 
-from ..cluster import free_port, port_is_free
+from ..cluster import free_port, port_is_free, wait_for
 from ..torch_features import Joined, joined
 
 # A liveness window of 5 s (a heartbeat every 0.2 s, 25 missed before a node counts as gone), for
@@ -152,15 +151,6 @@ def test_absent_root_times_out_naming_node_rank_0_and_its_address(closing):
         RendezvousTimeoutError, match=r"root store 127\.0\.0\.1:\d+ \(missing node ranks: \[0\]"
     ):
         handlers[1].next_rendezvous()
-
-
-def test_two_nodes_with_the_same_rank_are_refused(closing):
-    first = make_handlers(3, [0, 1], join_timeout=1.0)  # node rank 2 never comes: one open round
-    twin = ParallelRendezvousHandler(first[1].settings)
-    closing([*first.values(), twin])
-    outcomes = join_all([first[0], first[1], twin])
-    duplicate = [o for o in outcomes if isinstance(o, RendezvousStateError)]
-    assert len(duplicate) == 1 and "two nodes were started with --node_rank=1" in str(duplicate[0])
 
 
 def test_restarting_node_pulls_the_others_into_a_clean_round_with_the_same_ranks(closing):
@@ -287,22 +277,94 @@ def test_nodes_that_follow_one_node_order_join(closing):
     assert all(joined(info).world_size == 3 for info in join_all(list(handlers.values())))
 
 
-def test_a_node_that_follows_another_node_order_is_refused_naming_both(closing):
+def test_a_node_that_follows_another_node_order_stops_every_node_naming_both(closing):
     """Pods whose bootstraps disagreed (here: one fell back to the scheduler order) would clash on
-    ranks; the rendezvous says so instead, naming both orders."""
-    planned = make_handlers(2, [0], node_order="planned order ab12", join_timeout=2.0)[0]
+    ranks; the rendezvous says so instead, naming both orders, and on every node at once: the node
+    that follows the other order never joins, so the others must not wait for it till their join
+    timeout."""
+    planned = make_handlers(2, [0], node_order="planned order ab12", join_timeout=120.0)[0]
     fallen_back = ParallelRendezvousHandler(
         dataclasses.replace(planned.settings, node_rank=1, node_order="scheduler order")
     )
     closing([planned, fallen_back])
-    outcomes = join_all([planned, fallen_back])
-    refused = [o for o in outcomes if isinstance(o, RendezvousStateError)]
-    assert len(refused) == 1, outcomes
-    message = str(refused[0])
-    assert "planned order ab12" in message and "scheduler order" in message
-    assert "bootstraps decided different node orders" in message
-    other = outcomes[1 - outcomes.index(refused[0])]
-    assert isinstance(other, RendezvousTimeoutError)  # it waits for the refused node in vain
+
+    def attempt(handler):
+        try:
+            return handler.next_rendezvous()
+        except BaseException as error:  # JobStopped unwinds an agent as a BaseException
+            return error
+
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(attempt, [planned, fallen_back]))
+    assert all(isinstance(outcome, JobStopped) for outcome in outcomes), outcomes
+    first, second = (outcome.verdict for outcome in outcomes)
+    assert first == second and first.kind == "orders"
+    assert "planned order ab12" in first.text and "scheduler order" in first.text
+    assert "bootstraps decided different node orders" in first.text
+
+
+def next_or_stopped(handler: ParallelRendezvousHandler):
+    try:
+        return handler.next_rendezvous()
+    except BaseException as error:  # JobStopped unwinds an agent as a BaseException
+        return error
+
+
+def test_two_nodes_of_one_rank_stop_every_node_naming_it(closing):
+    """Without a route plan to compare (a bootstrap that could not write one, a rank passed by
+    hand), two nodes may come as one node rank: the second is not counted and ends the job with
+    one line, rather than leave the others to their join timeout."""
+    handlers = make_handlers(3, [0, 1], join_timeout=120.0)
+    second = ParallelRendezvousHandler(handlers[1].settings)
+    closing([*handlers.values(), second])
+    settings = handlers[0].settings
+    with ThreadPoolExecutor(3) as pool:
+        waiting = [pool.submit(next_or_stopped, handlers[rank]) for rank in (0, 1)]
+        root = TCPStore(settings.master_addr, settings.master_port, None, False)
+        keys = backend.RunKeys(settings.run_id)
+        wait_for(lambda: int(root.add(keys.joined(0), 0)) == 2, 60, "nodes 0 and 1 to join")
+        taken = next_or_stopped(second)
+        outcomes = [future.result() for future in waiting]
+    assert isinstance(taken, JobStopped), taken
+    assert all(isinstance(o, JobStopped) and o.verdict == taken.verdict for o in outcomes)
+    assert taken.verdict.kind == "rank_taken" and "--node_rank=1" in taken.verdict.text
+
+
+def test_a_late_node_of_the_refused_order_stops_with_the_verdict_instead_of_awaiting_a_new_root(
+    closing,
+):
+    """A node of the refused order that comes after the run closed (its bootstrap, too, decided
+    before the others restarted) stops with the run's verdict: waiting for the next root, it would
+    refuse the restarted nodes there and cost them one restart more. And the root stays up for
+    every node that joined, whoever else signed off."""
+    planned = make_handlers(3, [0, 1], node_order="planned order ab12", join_timeout=120.0)
+    late = [
+        ParallelRendezvousHandler(
+            dataclasses.replace(planned[0].settings, node_rank=rank, node_order="scheduler order")
+        )
+        for rank in (2, 1)
+    ]
+    closing([*planned.values(), *late])
+    with ThreadPoolExecutor(3) as pool:
+        waiting = [pool.submit(next_or_stopped, planned[rank]) for rank in (0, 1)]
+        settings = planned[0].settings
+        root = TCPStore(settings.master_addr, settings.master_port, None, False)
+        keys = backend.RunKeys(settings.run_id)
+        # the planned nodes are in the round: theirs is the order
+        wait_for(lambda: int(root.add(keys.joined(0), 0)) == 2, 60, "the planned nodes to join")
+        refused_node = late[0]
+        refused = next_or_stopped(refused_node)
+        assert isinstance(refused, JobStopped), refused
+        assert all(isinstance(f.result(), JobStopped) for f in waiting)
+        # the refused node never joined: node rank 0 does not count its sign-off among the
+        # joined nodes', and keeps the root up until node rank 1 signed off
+        assert refused_node.shutdown() is True
+        lingering = pool.submit(planned[0].shutdown)
+        root.wait([keys.closed])
+        outcome = next_or_stopped(late[1])
+        assert planned[1].shutdown() is True and lingering.result() is True
+    assert isinstance(outcome, JobStopped), outcome
+    assert outcome.verdict == refused.verdict
 
 
 def params(**overrides) -> RendezvousParameters:
