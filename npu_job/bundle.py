@@ -160,7 +160,7 @@ try:
     archive.read("{main_entry}")
 except Exception as error:
     sys.stderr.write("npu-job: error: %s: altered: {main_entry}: %s\\n" % (bundle, error))
-    sys.stderr.write("TIP: {tip}\\n")
+    sys.stderr.write("npu-job: TIP: {tip}\\n")
     sys.exit({bundle_exit})
 del sys.argv[0]
 import runpy
@@ -277,7 +277,7 @@ def main():
     if recorded != computed:
         error("%s: altered: its bytes have digest %s, the bundle records %s" % (
             bundle, computed[:SHORT], (recorded or "none")[:SHORT]))
-        sys.stderr.write("TIP: {tip}\\n")
+        sys.stderr.write("npu-job: TIP: {tip}\\n")
         return BUNDLE_EXIT
     from npu_job.pod.bundled import main as run
     return run(bundle, recorded)

@@ -498,7 +498,7 @@ def _flipped(data: bytes, region: Tuple[int, int], within: str = "") -> bytes:
 
 
 def _one_error_line(stderr: str) -> str:
-    errors = [line for line in stderr.splitlines() if not line.startswith("TIP: ")]
+    errors = [line for line in stderr.splitlines() if not line.startswith("npu-job: TIP: ")]
     assert len(errors) == 1 and errors[0].startswith("npu-job: error: "), stderr
     assert "Traceback" not in stderr
     return errors[0]
