@@ -97,7 +97,11 @@ def test_the_example_needs_torch_alone_not_numpy(tmp_path):
         text=True,
         timeout=120,
     )
-    assert run.returncode == 0, run.stderr[-3000:]
+    # every rank warns about the missing numpy at each import: leave those out, so that a failure
+    # shows what happened
+    noise = ("Failed to initialize NumPy", "_conversion_method_template")
+    told = [line for line in run.stderr.splitlines() if not any(word in line for word in noise)]
+    assert run.returncode == 0, "\n".join(told)[-5000:]
     ranks = [json.loads((reports / f"rank-{r}.json").read_text()) for r in range(2)]
     assert all(report["ok"] and report["digests_agree"] for report in ranks)
     assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
