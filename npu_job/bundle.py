@@ -126,7 +126,7 @@ def short_digest(digest: str) -> str:
 #: The packages the bundle holds whole, and the shared core's modules they import (a test checks
 #: that every ``npu_job`` import of a bundled module is bundled too). This module, the builder,
 #: is not among them: what a pod needs of it is in ``__main__.py``.
-BUNDLED_PACKAGES = ("npu_job.bootstrap", "npu_job.launcher", "npu_job.pod")
+BUNDLED_PACKAGES = ("npu_job.bootstrap", "npu_job.kinds", "npu_job.launcher", "npu_job.pod")
 CORE_MODULES = (
     "__init__",
     "errors",
