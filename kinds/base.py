@@ -197,3 +197,13 @@ def merged(*groups: Tuple[Tuple[str, str], ...]) -> Tuple[Tuple[str, str], ...]:
     for group in groups:
         table.update(group)
     return tuple(sorted(table.items()))
+
+
+def subdomain_names(hostname: str, subdomain: str, namespace: str) -> Tuple[str, ...]:
+    """The names cluster DNS gives a pod with ``hostname`` under a headless Service
+    ``subdomain`` (``<hostname>.<subdomain>``, with the namespace, and with ``.svc``; the
+    cluster's domain comes after that); none without a subdomain."""
+    if not subdomain:
+        return ()
+    name = f"{hostname}.{subdomain}"
+    return (name, f"{name}.{namespace}", f"{name}.{namespace}.svc")
