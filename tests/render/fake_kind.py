@@ -32,7 +32,7 @@ metadata:
 spec:
   replicas: {{ spec.nodes|tojson }}
   template:
-    {{ pod_template|indented(4) }}
+    {{ pod_template|indent(4) }}
 ---
 apiVersion: "v1"
 kind: "Service"
