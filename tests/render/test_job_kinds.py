@@ -101,6 +101,10 @@ def test_the_env_may_not_set_what_the_kinds_controller_sets(registered):
         "remove it",
     )
     assert spec_from(with_keys(env={INDEX_ENV: "1"})).env == ((INDEX_ENV, "1"),)
+    assert problems_of(with_keys(env={"VC_TASK_INDEX": "1"})) == (
+        "env.VC_TASK_INDEX: set in every pod by the Volcano Job's controller (kind volcano); "
+        "remove it",
+    )
 
 
 # --- the stream, the pod template, the RBAC ---------------------------------------------------
