@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 import pytest
 import yaml
+from npu_job.kinds import KINDS
+from npu_job.kinds.base import JobKind
 from npu_job.render.keys import SPEC_KEYS
 from npu_job.render.render import RenderedJob, render
 from npu_job.render.spec import JobSpec, validate
-from npu_job.render.values import SpecInput, merge_values, parse_set
+from npu_job.render.values import SpecInput, load_yaml_values, merge_values, parse_set
 
 from npu_job.bundle import Bundle
 
@@ -79,3 +82,32 @@ def with_keys(**extra: Any) -> Dict[str, Any]:
 
 def names(items: Sequence[Dict[str, Any]]) -> List[str]:
     return [item["name"] for item in items]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the example job specs' file names (examples/job-*.yaml)
+EXAMPLES = sorted(path.name for path in (ROOT / "examples").glob("job-*.yaml"))
+
+
+def example(name: str) -> Dict[str, Any]:
+    """The values of example ``name`` (a file name of :data:`EXAMPLES`)."""
+    source = f"examples/{name}"
+    return load_yaml_values((ROOT / source).read_text(), source)
+
+
+def refused_in(values: Dict[str, Any], kind: JobKind) -> List[str]:
+    """The keys of ``values`` that ``kind`` refuses."""
+    return sorted(key for key, _ in kind.refused_keys if key in values)
+
+
+def as_kind(name: str, kind: str) -> RenderedJob:
+    """Example ``name`` rendered as ``kind``, less the keys it refuses (``--set key=null``, as a
+    user would run it)."""
+    values = example(name)
+    unset = [f"{key}=null" for key in refused_in(values, KINDS[kind])]
+    return render_values(values, f"kind={kind}", *unset)
+
+
+def kind_object(rendered: RenderedJob) -> Dict[str, Any]:
+    """The rendered stream's job object, found as its kind's record finds it."""
+    return dict(rendered.spec.job_kind.job_object(parsed(rendered), "stream"))
