@@ -201,6 +201,16 @@ class JobKind:
         gives pods none)."""
         raise NotImplementedError
 
+    #: whether the names the controller makes of the job's must begin with a letter (DNS-1035
+    #: labels, as JobSet's webhook demands), not only be DNS-1123 labels as the job's name is
+    names_begin_with_letter: bool = False
+
+    def longest_name(self, job: str, group: str, nodes: int) -> Tuple[str, str]:
+        """The longest name the controller makes of a job of ``nodes`` pods that must be a DNS
+        label of at most 63 characters, and what it is, for messages (by default the Volcano
+        Job's: the hostname of its last pod)."""
+        return f"{job}-{group}-{nodes - 1}", "a pod's hostname '<name>-<task_name>-<index>'"
+
     def controller_pods(
         self, job_object: Mapping[str, Any], source: str
     ) -> Tuple[ControllerPod, ...]:

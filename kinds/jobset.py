@@ -179,6 +179,7 @@ class JobSet(JobKind):
     # JobSet's default: a failed container restarts in place, on its node, under its index
     restart_policy = "OnFailure"
     attempt_label = RESTART_ATTEMPT_LABEL
+    names_begin_with_letter = True
     replicas_field = "spec.replicatedJobs[0].template.spec.completions"
     refused_keys = (
         (
@@ -202,6 +203,13 @@ class JobSet(JobKind):
     def dns_name(self, job: str, group: str, index: int) -> str:
         # the template sets no network.subdomain: the Service is the JobSet's name
         return f"{job_name(job, group, 0)}-{index}.{job}"
+
+    def longest_name(self, job: str, group: str, nodes: int) -> Tuple[str, str]:
+        # the webhook's own check: the last pod's name with five characters for the random part
+        return (
+            f"{job_name(job, group, 0)}-{nodes - 1}-abcde",
+            "a pod's name '<name>-<task_name>-0-<index>-<5 random characters>'",
+        )
 
     def master_address_bash(self) -> str:
         return 'MASTER_ADDR="${MA_VJ_NAME}-${MA_TASK_NAME}-0-${MA_MASTER_INDEX}.${MA_VJ_NAME}"'

@@ -210,3 +210,9 @@ def test_pods_left_over_from_an_earlier_attempt_are_not_the_jobs():
 def test_a_kind_that_counts_no_attempts_keeps_every_pod():
     pods = [{RESTART_ATTEMPT_LABEL: "1"}, {RESTART_ATTEMPT_LABEL: "0"}]
     assert KINDS["volcano"].of_latest_attempt(pods) == (True, True)
+
+
+def test_the_longest_name_the_record_says_is_as_long_as_the_last_pods_name():
+    for nodes in (1, 10, 128):
+        last = KIND.controller_pods(jobset_object(nodes), "job.yaml")[-1]
+        assert len(last.name) == len(KIND.longest_name("llama", "worker", nodes)[0])

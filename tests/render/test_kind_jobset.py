@@ -181,3 +181,28 @@ def test_a_key_the_jobset_cannot_honour_is_refused_naming_key_and_kind(key, valu
     (problem,) = error.value.problems
     assert problem.startswith(key) and "(kind jobset) cannot honour it" in problem, problem
     spec_from(with_keys(kind="volcano", **{key: value}))  # the Volcano Job honours it
+
+
+def test_a_name_too_long_for_the_jobsets_pod_names_is_refused_as_its_webhook_would():
+    # 'a' * 50: the Volcano Job's hostnames a...-worker-7 fit; the JobSet's pod names
+    # a...-worker-0-7-<5 random characters> do not, and its webhook refuses the JobSet
+    values = with_keys(name="a" * 50, nodes=8)
+    spec_from(values)
+    with pytest.raises(SpecError) as error:
+        spec_from(values, "kind=jobset")
+    assert error.value.problems == (
+        f"name (from job.yaml): too long for the pod names: '{'a' * 50}-worker-0-7-abcde' has 67 "
+        "characters; a pod's name '<name>-<task_name>-0-<index>-<5 random characters>' must "
+        "have at most 63",
+    )
+    longest = JOBSET.longest_name("a" * 46, "worker", 8)[0]
+    assert len(longest) == 63
+    spec_from(with_keys(name="a" * 46, nodes=8), "kind=jobset")
+
+
+def test_a_name_that_begins_with_a_digit_is_refused_as_the_jobsets_webhook_would():
+    spec_from(with_keys(name="7b-train"))  # a DNS-1123 label: the Volcano Job takes it
+    with pytest.raises(SpecError) as error:
+        spec_from(with_keys(name="7b-train"), "kind=jobset")
+    (problem,) = error.value.problems
+    assert problem.startswith("name (from job.yaml): the JobSet's controller names its objects")
