@@ -105,3 +105,48 @@ def test_the_example_needs_torch_alone_not_numpy(tmp_path):
     ranks = [json.loads((reports / f"rank-{r}.json").read_text()) for r in range(2)]
     assert all(report["ok"] and report["digests_agree"] for report in ranks)
     assert ranks[0]["param_digest"] == ranks[1]["param_digest"]
+
+
+@pytest.mark.torch
+def test_the_example_ends_without_the_interpreters_shutdown(tmp_path):
+    """DDP keeps gloo's worker threads alive to the end of the process, and one of them letting go
+    of the last collective's tensors during the interpreter's shutdown aborts a run that trained
+    (SIGABRT after the report): the example leaves once its report is written, and no exit
+    handler of the interpreter runs after that (one that a sitecustomize registers in the worker, here)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    marker = tmp_path / "interpreter-shut-down"
+    (site / "sitecustomize.py").write_text(
+        "import atexit, os, pathlib\n"
+        "if 'RANK' in os.environ:  # the worker (torchrun's agent, which exits as usual, has none)\n"
+        f"    atexit.register(pathlib.Path({str(marker)!r}).write_text, 'atexit ran')\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+        "NPU_JOB_OUTPUT_DIR": str(tmp_path),
+    }
+    reports = tmp_path / "reports"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            str(EXAMPLE),
+            "--steps",
+            "2",
+            "--report-dir",
+            str(reports),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads((reports / "rank-0.json").read_text())["ok"] is True
+    assert "train_ddp: done:" in run.stdout
+    assert not marker.exists(), "the worker ran the interpreter's shutdown (its exit handlers)"
