@@ -116,6 +116,9 @@ class JobKind:
     refused_keys: Tuple[Tuple[str, str], ...] = ()
     #: Role rules the pods need besides listing pods
     role_rules: Tuple[RoleRule, ...] = ()
+    #: a Service is named after the job (the headless Service of the pods' DNS names), so the
+    #: job's name must also be a Service's: a DNS-1035 label, starting with a letter
+    service_named_after_job: bool = False
     #: the pod metadata that carries :attr:`job_label` and :attr:`group_label` for the identity
     #: variables (:meth:`identity_env`): ``"labels"``, or ``"annotations"`` where the controller
     #: annotates its pods with the same keys
@@ -181,6 +184,12 @@ class JobKind:
         """The name that resolves to pod ``index`` of the job in the cluster ("" when the kind
         gives pods none)."""
         raise NotImplementedError
+
+    def pod_subdomain(self, job: str) -> str:
+        """The pod template's ``subdomain``: the headless Service the kind's own template renders
+        for the pods of job ``job`` ("" where the controller gives pods their subdomain, or
+        none)."""
+        return ""
 
     def controller_pods(
         self, job_object: Mapping[str, Any], source: str

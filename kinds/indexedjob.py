@@ -116,6 +116,7 @@ class IndexedJob(JobKind):
     # with a new pod, anywhere, beside the failed one)
     restart_policy = "OnFailure"
     replicas_field = "spec.completions"
+    service_named_after_job = True
     refused_keys = (
         (
             "task_name",
@@ -137,6 +138,9 @@ class IndexedJob(JobKind):
 
     def dns_name(self, job: str, group: str, index: int) -> str:
         return f"{job}-{index}.{job}"
+
+    def pod_subdomain(self, job: str) -> str:
+        return job  # the Service the template renders before the Job
 
     def master_address_bash(self) -> str:
         # the template names the headless Service after the job

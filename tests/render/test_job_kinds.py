@@ -38,6 +38,11 @@ def registered(monkeypatch):
     yield from fake_kind.register(monkeypatch)
 
 
+def known_kinds():
+    """The registered kinds as an unknown kind's problem lists them (the fake one among them)."""
+    return ", ".join(sorted(KINDS))
+
+
 def problems_of(values, *sets):
     with pytest.raises(SpecError) as error:
         spec_from(values, *sets)
@@ -60,10 +65,10 @@ def job_object(rendered):
 def test_the_default_kind_is_volcano_and_an_unknown_kind_lists_the_known(registered):
     assert spec_from(with_keys()).kind == "volcano" == KEYS["kind"].default
     assert problems_of(with_keys(kind="pytorch")) == (
-        f"kind: expected one of {NAME}, volcano; got 'pytorch'",
+        f"kind: expected one of {known_kinds()}; got 'pytorch'",
     )
     assert problems_of(with_keys(kind="trainthin")) == (
-        f"kind: expected one of {NAME}, volcano; got 'trainthin' (did you mean '{NAME}'?)",
+        f"kind: expected one of {known_kinds()}; got 'trainthin' (did you mean '{NAME}'?)",
     )
 
 
@@ -89,7 +94,7 @@ def test_an_unknown_kind_is_its_only_problem_not_a_refusal_of_the_default_kinds(
     monkeypatch.setattr(type(KINDS["volcano"]), "refused_keys", (("queue", "say it refuses"),))
     assert problems_of(with_keys(queue="q"))[0].startswith("queue: the Volcano Job")
     assert problems_of(with_keys(kind="slurm", queue="q")) == (
-        f"kind: expected one of {NAME}, volcano; got 'slurm'",
+        f"kind: expected one of {known_kinds()}; got 'slurm'",
     )
 
 
