@@ -11,17 +11,14 @@ select every pod the Job controller makes (``npu_job.kinds.indexedjob``).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import kubernetes_validate
 import pytest
 import yaml
 from npu_job.kinds import KINDS
-from npu_job.render.values import load_yaml_values
 
 from npu_job.errors import SpecError
 
-from .conftest import render_values, with_keys
+from .conftest import EXAMPLES, example, refused_given, render_values, with_keys
 from .strict_schema import (
     OBJECT_META,
     POD_TEMPLATE,
@@ -33,12 +30,9 @@ from .strict_schema import (
     string_map,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted(path.name for path in (ROOT / "examples").glob("job-*.yaml"))
 KIND = KINDS["indexedjob"]
 SET_KIND = "kind=indexedjob"
 
-_DNS_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 INDEXED_JOB = obj(
     required=("apiVersion", "kind", "metadata", "spec"),
     apiVersion=string(enum=("batch/v1",)),
@@ -71,17 +65,6 @@ def documents(rendered):
     return list(yaml.safe_load_all(rendered.stream()))
 
 
-def example(name):
-    source = f"examples/{name}"
-    return load_yaml_values((ROOT / source).read_text(), source)
-
-
-def refused_given(values):
-    """The keys of ``values`` the kind refuses (an example written for Volcano may give some)."""
-    refused = {key for key, _ in KIND.refused_keys}
-    return sorted(key for key in values if key in refused)
-
-
 def service_and_job(values, *sets):
     docs = documents(render_values(values, SET_KIND, *sets))
     kinds = [(doc["apiVersion"], doc["kind"]) for doc in docs]
@@ -94,7 +77,9 @@ def service_and_job(values, *sets):
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_every_example_renders_objects_kubernetes_takes_strictly(name):
     values = example(name)
-    nulls = [f"{key}=null" for key in refused_given(values)]  # the keys back to their defaults
+    nulls = [
+        f"{key}=null" for key in refused_given(values, KIND)
+    ]  # the keys back to their defaults
     service, job, docs = service_and_job(values, *nulls)
     version = kubernetes_validate.latest_version()
     for document in docs:
@@ -103,13 +88,13 @@ def test_every_example_renders_objects_kubernetes_takes_strictly(name):
     assert_strict(service, HEADLESS_SERVICE, f"{name}'s Service")
 
 
-@pytest.mark.parametrize("name", [name for name in EXAMPLES if refused_given(example(name))])
+@pytest.mark.parametrize("name", [name for name in EXAMPLES if refused_given(example(name), KIND)])
 def test_an_example_that_gives_a_key_the_job_cannot_honour_is_refused_naming_it(name):
     values = example(name)
     with pytest.raises(SpecError) as raised:
         render_values(values, SET_KIND)
     message = str(raised.value)
-    for key in refused_given(values):
+    for key in refused_given(values, KIND):
         assert key in message
     assert "indexedjob" in message
 
