@@ -121,6 +121,9 @@ def test_the_job_runs_one_pod_per_node_that_resolves_under_the_service(values):
     assert pod_spec["restartPolicy"] == KIND.restart_policy
     assert pod_spec["subdomain"] == service["metadata"]["name"] == job["metadata"]["name"]
     assert service["metadata"]["namespace"] == job["metadata"]["namespace"]
+    # npu-job's and the spec's labels, not the job's scheduler labels (CCE's ring-controller...)
+    managed = {"app.kubernetes.io/managed-by": "npu-job", **values.get("labels", {})}
+    assert service["metadata"]["labels"] == managed
     selector = service["spec"]["selector"]
     pods = KIND.controller_pods(job, "config.yaml")
     assert len(pods) == nodes
