@@ -116,9 +116,6 @@ class JobKind:
     refused_keys: Tuple[Tuple[str, str], ...] = ()
     #: Role rules the pods need besides listing pods
     role_rules: Tuple[RoleRule, ...] = ()
-    #: a Service is named after the job (the headless Service of the pods' DNS names), so the
-    #: job's name must also be a Service's: a DNS-1035 label, starting with a letter
-    service_named_after_job: bool = False
     #: the pod metadata that carries :attr:`job_label` and :attr:`group_label` for the identity
     #: variables (:meth:`identity_env`): ``"labels"``, or ``"annotations"`` where the controller
     #: annotates its pods with the same keys
@@ -185,6 +182,12 @@ class JobKind:
         gives pods none)."""
         raise NotImplementedError
 
+    def name_problem(self, job: str) -> str:
+        """Why the kind cannot take ``job`` as the job's name, which render has already found a
+        DNS-1123 label ("" when it can: the default), for a rule of the objects its controller
+        names after it."""
+        return ""
+
     def pod_subdomain(self, job: str) -> str:
         """The pod template's ``subdomain``: the headless Service the kind's own template renders
         for the pods of job ``job`` ("" where the controller gives pods their subdomain, or
@@ -223,6 +226,17 @@ def merged(*groups: Tuple[Tuple[str, str], ...]) -> Tuple[Tuple[str, str], ...]:
     for group in groups:
         table.update(group)
     return tuple(sorted(table.items()))
+
+
+def service_name_problem(job: str) -> str:
+    """Why a Service cannot be named ``job`` (a DNS-1123 label): a Service's name is a DNS-1035
+    label, which starts with a letter; "" when it can."""
+    if job[:1].isalpha():
+        return ""
+    return (
+        "it also names the headless Service of the pods' DNS names, and a Service's name must "
+        "start with a letter"
+    )
 
 
 def subdomain_names(hostname: str, subdomain: str, namespace: str) -> Tuple[str, ...]:

@@ -35,7 +35,14 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from npu_job.errors import InputError
 from npu_job.parsing import count_from_text
 
-from .base import ControllerPod, JobKind, merged, string_pairs, subdomain_names
+from .base import (
+    ControllerPod,
+    JobKind,
+    merged,
+    service_name_problem,
+    string_pairs,
+    subdomain_names,
+)
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 LEGACY_JOB_NAME_LABEL = "job-name"
@@ -116,7 +123,6 @@ class IndexedJob(JobKind):
     # with a new pod, anywhere, beside the failed one)
     restart_policy = "OnFailure"
     replicas_field = "spec.completions"
-    service_named_after_job = True
     refused_keys = (
         (
             "task_name",
@@ -138,6 +144,9 @@ class IndexedJob(JobKind):
 
     def dns_name(self, job: str, group: str, index: int) -> str:
         return f"{job}-{index}.{job}"
+
+    def name_problem(self, job: str) -> str:
+        return service_name_problem(job)
 
     def pod_subdomain(self, job: str) -> str:
         return job  # the Service the template renders before the Job

@@ -283,12 +283,10 @@ def _check_across_keys(check: Checker, spec: JobSpec) -> None:
                 ("env", name),
                 f"set in every pod by the {kind.title}'s controller (kind {kind.name}); remove it",
             )
-    if kind.service_named_after_job and not spec.name[:1].isalpha():
+    not_a_name = kind.name_problem(spec.name)
+    if not_a_name:
         check.problem(
-            ("name",),
-            f"must start with a letter for the {kind.title} (kind {kind.name}): it also names "
-            "the headless Service of the pods' DNS names, and a Service's name is a DNS-1035 "
-            "label",
+            ("name",), f"the {kind.title} (kind {kind.name}) cannot take it: {not_a_name}"
         )
     longest = f"{spec.name}-{spec.task_name}-{spec.nodes - 1}"
     if len(longest) > 63:
