@@ -201,9 +201,17 @@ class JobKind:
         gives pods none)."""
         raise NotImplementedError
 
-    #: whether the names the controller makes of the job's must begin with a letter (DNS-1035
-    #: labels, as JobSet's webhook demands), not only be DNS-1123 labels as the job's name is
-    names_begin_with_letter: bool = False
+    def name_problem(self, job: str) -> str:
+        """Why the kind cannot take ``job`` as the job's name, which render has already found a
+        DNS-1123 label ("" when it can: the default), for a rule of the objects its controller
+        names after it."""
+        return ""
+
+    def pod_subdomain(self, job: str) -> str:
+        """The pod template's ``subdomain``: the headless Service the kind's own template renders
+        for the pods of job ``job`` ("" where the controller gives pods their subdomain, or
+        none)."""
+        return ""
 
     def longest_name(self, job: str, group: str, nodes: int) -> Tuple[str, str]:
         """The longest name the controller makes of a job of ``nodes`` pods that must be a DNS
@@ -264,6 +272,17 @@ def merged(*groups: Tuple[Tuple[str, str], ...]) -> Tuple[Tuple[str, str], ...]:
     for group in groups:
         table.update(group)
     return tuple(sorted(table.items()))
+
+
+def service_name_problem(job: str) -> str:
+    """Why a Service cannot be named ``job`` (a DNS-1123 label): a Service's name is a DNS-1035
+    label, which starts with a letter; "" when it can."""
+    if job[:1].isalpha():
+        return ""
+    return (
+        "it also names the headless Service of the pods' DNS names, and a Service's name must "
+        "start with a letter"
+    )
 
 
 def subdomain_names(hostname: str, subdomain: str, namespace: str) -> Tuple[str, ...]:

@@ -35,7 +35,14 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from npu_job.errors import InputError
 from npu_job.parsing import count_from_text
 
-from .base import ControllerPod, JobKind, merged, string_pairs, subdomain_names
+from .base import (
+    ControllerPod,
+    JobKind,
+    merged,
+    service_name_problem,
+    string_pairs,
+    subdomain_names,
+)
 
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 LEGACY_JOB_NAME_LABEL = "job-name"
@@ -137,6 +144,12 @@ class IndexedJob(JobKind):
 
     def dns_name(self, job: str, group: str, index: int) -> str:
         return f"{job}-{index}.{job}"
+
+    def name_problem(self, job: str) -> str:
+        return service_name_problem(job)
+
+    def pod_subdomain(self, job: str) -> str:
+        return job  # the Service the template renders before the Job
 
     def master_address_bash(self) -> str:
         # the template names the headless Service after the job

@@ -41,7 +41,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from npu_job.errors import InputError
 
 from . import indexedjob
-from .base import ControllerPod, JobKind, string_pairs
+from .base import ControllerPod, JobKind, service_name_problem, string_pairs
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
@@ -179,7 +179,6 @@ class JobSet(JobKind):
     # JobSet's default: a failed container restarts in place, on its node, under its index
     restart_policy = "OnFailure"
     attempt_label = RESTART_ATTEMPT_LABEL
-    names_begin_with_letter = True
     replicas_field = "spec.replicatedJobs[0].template.spec.completions"
     refused_keys = (
         (
@@ -203,6 +202,9 @@ class JobSet(JobKind):
     def dns_name(self, job: str, group: str, index: int) -> str:
         # the template sets no network.subdomain: the Service is the JobSet's name
         return f"{job_name(job, group, 0)}-{index}.{job}"
+
+    def name_problem(self, job: str) -> str:
+        return service_name_problem(job)  # the headless Service is the JobSet's name
 
     def longest_name(self, job: str, group: str, nodes: int) -> Tuple[str, str]:
         # the webhook's own check: the last pod's name with five characters for the random part

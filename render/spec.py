@@ -283,18 +283,17 @@ def _check_across_keys(check: Checker, spec: JobSpec) -> None:
                 ("env", name),
                 f"set in every pod by the {kind.title}'s controller (kind {kind.name}); remove it",
             )
+    not_a_name = kind.name_problem(spec.name)
+    if not_a_name:
+        check.problem(
+            ("name",), f"the {kind.title} (kind {kind.name}) cannot take it: {not_a_name}"
+        )
     longest, what = kind.longest_name(spec.name, spec.task_name, spec.nodes)
     if len(longest) > 63:
         check.problem(
             ("name",),
             f"too long for the pod names: {longest!r} has {len(longest)} characters; {what} "
             "must have at most 63",
-        )
-    if kind.names_begin_with_letter and not "a" <= spec.name[:1] <= "z":
-        check.problem(
-            ("name",),
-            f"the {kind.title}'s controller names its objects after it (kind {kind.name}): "
-            "expected a name that begins with a letter",
         )
     if spec.full_node_npus is not None and spec.npus_per_node > spec.full_node_npus:
         check.problem(

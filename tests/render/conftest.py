@@ -85,26 +85,28 @@ def names(items: Sequence[Dict[str, Any]]) -> List[str]:
 
 
 ROOT = Path(__file__).resolve().parents[2]
-#: the example job specs' file names (examples/job-*.yaml)
-EXAMPLES = sorted(path.name for path in (ROOT / "examples").glob("job-*.yaml"))
+#: the example specs users copy (``examples/job-*.yaml``), by file name
+EXAMPLES = tuple(sorted(path.name for path in (ROOT / "examples").glob("job-*.yaml")))
 
 
 def example(name: str) -> Dict[str, Any]:
-    """The values of example ``name`` (a file name of :data:`EXAMPLES`)."""
+    """The values of ``examples/<name>``, as render reads the file."""
     source = f"examples/{name}"
     return load_yaml_values((ROOT / source).read_text(), source)
 
 
-def refused_in(values: Dict[str, Any], kind: JobKind) -> List[str]:
-    """The keys of ``values`` that ``kind`` refuses."""
-    return sorted(key for key, _ in kind.refused_keys if key in values)
+def refused_given(values: Dict[str, Any], kind: JobKind) -> List[str]:
+    """The keys of ``values`` that ``kind`` refuses (an example written for another kind may give
+    some), sorted."""
+    refused = {key for key, _ in kind.refused_keys}
+    return sorted(key for key in values if key in refused)
 
 
 def as_kind(name: str, kind: str) -> RenderedJob:
     """Example ``name`` rendered as ``kind``, less the keys it refuses (``--set key=null``, as a
     user would run it)."""
     values = example(name)
-    unset = [f"{key}=null" for key in refused_in(values, KINDS[kind])]
+    unset = [f"{key}=null" for key in refused_given(values, KINDS[kind])]
     return render_values(values, f"kind={kind}", *unset)
 
 

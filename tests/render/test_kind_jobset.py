@@ -19,7 +19,7 @@ from .conftest import (
     as_kind,
     example,
     kind_object,
-    refused_in,
+    refused_given,
     render_values,
     spec_from,
     with_keys,
@@ -83,11 +83,13 @@ def test_every_examples_jobset_holds_only_what_the_crd_lists(name):
     assert_strict(kind_object(as_kind(name, "jobset")), JOBSET_SCHEMA, name)
 
 
-@pytest.mark.parametrize("name", [name for name in EXAMPLES if refused_in(example(name), JOBSET)])
+@pytest.mark.parametrize(
+    "name", [name for name in EXAMPLES if refused_given(example(name), JOBSET)]
+)
 def test_an_example_with_a_key_the_jobset_cannot_honour_is_refused_naming_key_and_kind(name):
     with pytest.raises(SpecError) as error:
         spec_from(example(name), "kind=jobset")
-    for key in refused_in(example(name), JOBSET):
+    for key in refused_given(example(name), JOBSET):
         assert any(
             problem.startswith(key) and "(kind jobset) cannot honour it" in problem
             for problem in error.value.problems
@@ -205,4 +207,5 @@ def test_a_name_that_begins_with_a_digit_is_refused_as_the_jobsets_webhook_would
     with pytest.raises(SpecError) as error:
         spec_from(with_keys(name="7b-train"), "kind=jobset")
     (problem,) = error.value.problems
-    assert problem.startswith("name (from job.yaml): the JobSet's controller names its objects")
+    assert problem.startswith("name (from job.yaml): the JobSet (kind jobset) cannot take it: ")
+    assert "a Service's name must start with a letter" in problem
