@@ -9,8 +9,8 @@ cluster is simulated. Pure halves apart from the halves that make system calls:
 * ``runner`` (edge): stage the pods, start and supervise them, read what they left;
 * ``images`` (edge): what software the pods' image holds (by default a stock python3 with torch
   and no npu-job);
-* ``podspec`` (pure): the rendered Volcano Job -> one pod spec per pod, as Volcano and the
-  kubelet would make them;
+* ``podspec`` (pure): the rendered job object -> one pod spec per pod, as its kind's controller
+  (the kind's record, :mod:`npu_job.kinds`) and the kubelet would make them;
 * ``podsim`` (edge): one pod as an isolated process: namespaces, mounts, chroot
   (``python -m npu_job.demo.podsim enter``);
 * ``synthetic`` (pure): generated clusters, a realistic rank table and switch topology from a
@@ -67,10 +67,12 @@ from .scenario import (
     cce_cluster,
     cluster_objects,
     demo_spec_values,
+    job_pods,
     loopback_ips,
     manifest_documents,
     rank_table_configmap,
     render_job,
+    rendered_pods,
     simulated_cluster,
 )
 
@@ -105,6 +107,7 @@ __all__ = [
     "first_line",
     "free_port",
     "Image",
+    "job_pods",
     "keep_directory_problem",
     "loopback_ips",
     "make_image",
@@ -119,6 +122,7 @@ __all__ = [
     "read_outcomes",
     "read_pod_line",
     "render_job",
+    "rendered_pods",
     "ring_score",
     "RingScore",
     "run",

@@ -427,7 +427,7 @@ def enter_pod(spec_file: Path, host_mount_namespace: str) -> None:
             source.mkdir(parents=True, exist_ok=True)
         builder.bind(source, host_mount.mount_path, read_only=host_mount.read_only)
     builder.ensure(spec.working_dir, directory=True)
-    socket.sethostname(spec.name)
+    socket.sethostname(spec.hostname or spec.name)
     os.chroot(builder.root)
     os.chdir(spec.working_dir)
     env = spec.env_dict()

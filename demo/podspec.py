@@ -1,17 +1,19 @@
-"""A rendered Volcano Job becomes the pods a cluster would start (pure: the demo's pod simulator).
+"""A rendered job object becomes the pods a cluster would start (pure: the demo's pod simulator).
 
 :func:`pod_specs`: rendered manifest documents in, one :class:`PodSpec` per pod out. It does what
-the Volcano controller, its job plugins and the kubelet would do before the container's first
-instruction runs, and nothing more:
+the job kind's controller and the kubelet would do before the container's first instruction runs,
+and nothing more. The controller's part is the kind's record's
+(:meth:`npu_job.kinds.base.JobKind.controller_pods`, the kind found by the job object's apiVersion
+and kind): the pods' names, hostnames and subdomains, their labels and annotations, the variables
+and files the controller injects, and the names that resolve to each pod (for the Volcano Job:
+pods ``<job>-<task>-<i>``, the ``env`` plugin's ``VC_TASK_INDEX``, the ``svc`` plugin's
+``<job>-<task>-<i>.<job>`` and ``/etc/volcano``). The kubelet's part is here, the same for every
+kind:
 
-* pods ``<job>-<task>-<i>`` for every task replica, in task order;
-* the ``env`` plugin's ``VC_TASK_INDEX`` / ``VK_TASK_INDEX``;
-* the ``svc`` plugin's hostname ``<job>-<task>-<i>`` under subdomain ``<job>`` (so
-  ``<job>-<task>-<i>.<job>`` resolves to the pod), ``VC_<TASK>_HOSTS`` / ``VC_<TASK>_NUM`` and its
-  ``/etc/volcano`` files;
+* an ``/etc/hosts`` of every pod's cluster names and, on the pod's own line, its hostname;
 * ``valueFrom.fieldRef`` resolved as the kubelet does (``status.hostIP`` and ``status.podIP`` ->
-  the pod's host address, ``metadata.name``/``namespace``, ``spec.nodeName``,
-  ``metadata.annotations['volcano.sh/job-name']`` / ``['volcano.sh/task-spec']`` and labels);
+  the pod's host address, ``metadata.name``/``namespace``, ``spec.nodeName``, the pod's
+  ``metadata.annotations['...']`` and ``metadata.labels['...']``);
 * Kubernetes' ``$(VAR)`` expansion of env values, ``command`` and ``args`` (``$$`` -> ``$``,
   unknown references kept verbatim), so the container gets exactly what the kubelet would pass;
 * ConfigMap volumes (``items``, ``subPath``, ``defaultMode``) as files to place at their mount
@@ -35,22 +37,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from npu_job.errors import InputError
-from npu_job.podfacts import (
-    RANK_ENV,
-    RANK_TABLE_ENV,
-    RANK_TABLE_NAME,
-    RANKTABLE_TOR_NAME,
-    TASK_INDEX_ENV,
-)
+from npu_job.kinds import KINDS
+from npu_job.kinds.base import ControllerPod, JobKind
 
-JOB_API_VERSION = "batch.volcano.sh/v1alpha1"
-SVC_MOUNT_PATH = "/etc/volcano"
+from npu_job.errors import InputError
+from npu_job.podfacts import RANK_ENV, RANK_TABLE_ENV, RANK_TABLE_NAME, RANKTABLE_TOR_NAME
+
 SETUP_FAILED = "podsim: cannot set up the pod:"  # the line a pod prints when its namespaces fail
 DEFAULT_CONFIGMAP_MODE = 0o644
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # an image's usual PATH
 
-# Variables a Volcano pod never inherits from the machine that runs the demo: a pod starts from
+# Variables a pod never inherits from the machine that runs the demo: a pod starts from
 # its image's environment, and this machine's launcher or bootstrap settings must not leak in.
 _LEAKY_PREFIXES = (
     "VC_",
@@ -109,10 +106,10 @@ class PodSpec:
 
     job: str
     namespace: str
-    task: str
-    index: int  # VC_TASK_INDEX
-    name: str  # <job>-<task>-<i>, also the hostname
-    subdomain: str  # the job name (svc plugin)
+    task: str  # the pod's group (its kind's group label: Volcano's task), "" without one
+    index: int  # the pod's index in scheduler order (Volcano: VC_TASK_INDEX)
+    name: str  # Volcano: <job>-<task>-<i>
+    subdomain: str  # "" when the controller sets none (Volcano: the job name, svc plugin)
     host_ip: str
     argv: Tuple[str, ...]  # command + args after $(VAR) expansion
     env: Tuple[Tuple[str, str], ...]  # the container's environment, in definition order
@@ -124,10 +121,7 @@ class PodSpec:
     # host directories of the image's software: the pod sees them at the same paths (podsim binds
     # those its private /tmp would hide)
     image_paths: Tuple[str, ...] = ()
-
-    @property
-    def dns_name(self) -> str:
-        return f"{self.name}.{self.subdomain}"
+    hostname: str = ""  # "": the pod's name
 
     def env_dict(self) -> Dict[str, str]:
         return dict(self.env)
@@ -185,11 +179,6 @@ def expand_references(text: str, variables: Mapping[str, str]) -> str:
     return "".join(out)
 
 
-def svc_env_name(task: str, suffix: str) -> str:
-    """``VC_<TASK>_HOSTS`` / ``VC_<TASK>_NUM``: the task name upper-cased, ``-`` -> ``_``."""
-    return f"VC_{task.upper().replace('-', '_')}_{suffix}"
-
-
 def image_environment(
     environ: Mapping[str, str], installation: Optional[Mapping[str, str]] = None
 ) -> Dict[str, str]:
@@ -221,22 +210,29 @@ def _require(mapping: Any, key: str, source: str, path: str, kind: type = dict) 
     return value
 
 
-def find_job(documents: Sequence[Any], source: str = "manifest") -> Tuple[int, Dict[str, Any]]:
-    """The (document index, document) of the Volcano Job in a rendered stream."""
-    jobs = [
-        (index, doc)
+def find_job(
+    documents: Sequence[Any], source: str = "manifest", kind: Optional[JobKind] = None
+) -> Tuple[int, Dict[str, Any]]:
+    """The (document index, document) of the job object in a rendered stream: the one object of
+    ``kind``'s apiVersion and kind, or (no ``kind``) of any kind's (:data:`npu_job.kinds.KINDS`)."""
+    return _job_and_kind(documents, source, kind)[1:]
+
+
+def _job_and_kind(
+    documents: Sequence[Any], source: str, kind: Optional[JobKind] = None
+) -> Tuple[JobKind, int, Dict[str, Any]]:
+    kinds = (kind,) if kind is not None else tuple(KINDS.values())
+    found = [
+        (known, index, doc)
         for index, doc in enumerate(documents)
         if isinstance(doc, dict)
-        and doc.get("kind") == "Job"
-        and str(doc.get("apiVersion", "")).startswith("batch.volcano.sh/")
+        for known in kinds
+        if (doc.get("apiVersion"), doc.get("kind")) == (known.api_version, known.kind)
     ]
-    if len(jobs) != 1:
-        raise InputError(
-            source,
-            "kind",
-            f"expected exactly one Volcano Job ({JOB_API_VERSION}), found {len(jobs)}",
-        )
-    return jobs[0]
+    if len(found) != 1:
+        wanted = " or ".join(f"{known.title} ({known.api_version} {known.kind})" for known in kinds)
+        raise InputError(source, "kind", f"expected exactly one {wanted}, found {len(found)}")
+    return found[0]
 
 
 def config_maps(documents: Sequence[Any]) -> Dict[str, Dict[str, str]]:
@@ -365,152 +361,140 @@ def pod_specs(
     source: str = "manifest",
     image_paths: Sequence[str] = (),
 ) -> Tuple[PodSpec, ...]:
-    """One :class:`PodSpec` per pod of the Volcano Job in ``documents`` (pure).
+    """One :class:`PodSpec` per pod of the job object in ``documents`` (pure), in the order of
+    its kind's :meth:`~npu_job.kinds.base.JobKind.controller_pods`.
 
-    ``host_ips[k]`` is the host address of the k-th pod (tasks in order, replicas by index);
+    ``host_ips[k]`` is the host address of the k-th pod (for the Volcano Job: tasks in order,
+    replicas by index);
     ``image_env`` is the environment the image provides (the container env is layered on top),
     ``image_paths`` the host directories its software lives in;
     ``cluster_files`` maps absolute paths to the text that cluster plugins mount into every pod
     (or the kubelet: a service account's token); ``cluster_env`` is what the kubelet adds to every
     container's environment (``KUBERNETES_SERVICE_HOST/PORT``), before the container's own env.
     """
-    _, job = find_job(documents, source)
+    kind, _, job = _job_and_kind(documents, source)
     metadata = _require(job, "metadata", source, "")
     job_name = str(metadata.get("name", ""))
     namespace = str(metadata.get("namespace") or "default")
-    spec = _require(job, "spec", source, "")
-    tasks = _require(spec, "tasks", source, "spec", list)
-    plugins = spec.get("plugins") or {}
+    pods = kind.controller_pods(job, source)
     maps = config_maps(documents)
-    replicas_of = [int(task.get("replicas", 1)) for task in tasks]
-    if len(host_ips) != sum(replicas_of):
+    if len(host_ips) != len(pods):
         raise InputError(
             source,
-            "spec.tasks[*].replicas",
-            f"{len(host_ips)} pods (one per host address), found {sum(replicas_of)}",
+            kind.replicas_field,
+            f"{len(host_ips)} pods (one per host address), found {len(pods)}",
         )
-
-    pod_names = [
-        [f"{job_name}-{task.get('name')}-{index}" for index in range(count)]
-        for task, count in zip(tasks, replicas_of)
-    ]
-    svc_env: Dict[str, str] = {}
-    svc_files: List[Tuple[str, str]] = []
+    # what the cluster's DNS resolves, as every pod's /etc/hosts lists it
     hosts: List[Tuple[str, Tuple[str, ...]]] = [("127.0.0.1", ("localhost",))]
-    if "svc" in plugins:
-        flat = 0
-        for task, names in zip(tasks, pod_names):
-            fqdns = [f"{name}.{job_name}" for name in names]
-            task_key = str(task.get("name")).replace("-", "_")
-            svc_env[svc_env_name(str(task.get("name")), "HOSTS")] = ",".join(fqdns)
-            svc_env[svc_env_name(str(task.get("name")), "NUM")] = str(len(names))
-            svc_files += [
-                (f"{task_key}.host", "\n".join(fqdns)),
-                (svc_env_name(str(task.get("name")), "HOSTS"), ",".join(fqdns)),
-                (svc_env_name(str(task.get("name")), "NUM"), str(len(names))),
-            ]
-            for fqdn in fqdns:
-                hosts.append((host_ips[flat], (fqdn,)))
-                flat += 1
-
-    specs: List[PodSpec] = []
-    flat = 0
-    for task_position, (task, names) in enumerate(zip(tasks, pod_names)):
-        where_task = f"spec.tasks[{task_position}]"
-        template = _require(task, "template", source, where_task)
-        template_meta = template.get("metadata") or {}
-        pod_spec = _require(template, "spec", source, f"{where_task}.template")
-        containers = _require(pod_spec, "containers", source, f"{where_task}.template.spec", list)
-        if len(containers) != 1:
-            raise InputError(
-                source,
-                f"{where_task}.template.spec.containers",
-                f"exactly one container (podsim runs one process per pod), found {len(containers)}",
-            )
-        container = containers[0]
-        where = f"{where_task}.template.spec.containers[0]"
-        volumes = {str(v.get("name")): v for v in pod_spec.get("volumes") or []}
-        file_mounts, host_mounts = _volume_mounts(
-            container, volumes, maps, source=source, where=where
+    hosts += [(ip, (name,)) for pod, ip in zip(pods, host_ips) for name in pod.dns_names]
+    return tuple(
+        _pod_spec(
+            pod,
+            host_ip,
+            kind=kind,
+            job=job_name,
+            namespace=namespace,
+            maps=maps,
+            hosts=tuple(hosts),
+            image_env=image_env or {},
+            cluster_files=cluster_files or {},
+            cluster_env=cluster_env or {},
+            source=source,
+            image_paths=tuple(image_paths),
         )
-        if svc_files:
-            file_mounts.append(FileMount(SVC_MOUNT_PATH, tuple(sorted(svc_files))))
-        for path, text in sorted((cluster_files or {}).items()):
-            file_mounts.append(
-                FileMount(path, ((Path(path).name, text),), DEFAULT_CONFIGMAP_MODE, True)
-            )
-        annotations = {
-            **{str(k): str(v) for k, v in (template_meta.get("annotations") or {}).items()},
-            "volcano.sh/job-name": job_name,
-            "volcano.sh/task-spec": str(task.get("name")),
-        }
-        labels = {str(k): str(v) for k, v in (template_meta.get("labels") or {}).items()}
-        for index, name in enumerate(names):
-            host_ip = host_ips[flat]
-            annotations_i = {**annotations, "volcano.sh/task-index": str(index)}
-            own_names = (f"{name}.{job_name}", name) if "svc" in plugins else (name,)
-            pod = {
-                "name": name,
-                "namespace": namespace,
-                "host_ip": host_ip,
-                "node_name": f"node-{host_ip}",
-            }
-            env: Dict[str, str] = dict(image_env or {})
-            env.update(cluster_env or {})
-            env["HOSTNAME"] = name
-            if "env" in plugins:
-                env["VK_TASK_INDEX"] = env[TASK_INDEX_ENV] = str(index)
-            env.update(svc_env)
-            for position, variable in enumerate(container.get("env") or []):
-                at = f"{where}.env[{position}]"
-                key = str(variable.get("name"))
-                if "valueFrom" in variable:
-                    ref = (variable.get("valueFrom") or {}).get("fieldRef")
-                    if not isinstance(ref, dict):
-                        raise InputError(
-                            source,
-                            f"{at}.valueFrom",
-                            "a fieldRef (podsim resolves no other source)",
-                        )
-                    env[key] = _field_ref(
-                        str(ref.get("fieldPath")),
-                        pod=pod,
-                        annotations=annotations_i,
-                        labels=labels,
-                        where=f"{at}.valueFrom.fieldRef.fieldPath",
-                        source=source,
-                    )
-                else:
-                    env[key] = expand_references(str(variable.get("value", "")), env)
-            argv = [
-                expand_references(str(part), env)
-                for part in list(container.get("command") or []) + list(container.get("args") or [])
-            ]
-            if not argv:
+        for pod, host_ip in zip(pods, host_ips)
+    )
+
+
+def _pod_spec(
+    pod: ControllerPod,
+    host_ip: str,
+    *,
+    kind: JobKind,
+    job: str,
+    namespace: str,
+    maps: Mapping[str, Dict[str, str]],
+    hosts: Tuple[Tuple[str, Tuple[str, ...]], ...],
+    image_env: Mapping[str, str],
+    cluster_files: Mapping[str, str],
+    cluster_env: Mapping[str, str],
+    source: str,
+    image_paths: Tuple[str, ...],
+) -> PodSpec:
+    """What the kubelet makes of one of the controller's pods on ``host_ip``."""
+    pod_spec = _require(pod.template, "spec", source, pod.where)
+    containers = _require(pod_spec, "containers", source, f"{pod.where}.spec", list)
+    if len(containers) != 1:
+        raise InputError(
+            source,
+            f"{pod.where}.spec.containers",
+            f"exactly one container (podsim runs one process per pod), found {len(containers)}",
+        )
+    container = containers[0]
+    where = f"{pod.where}.spec.containers[0]"
+    volumes = {str(v.get("name")): v for v in pod_spec.get("volumes") or []}
+    file_mounts, host_mounts = _volume_mounts(container, volumes, maps, source=source, where=where)
+    for directory, files in pod.files:
+        file_mounts.append(FileMount(directory, files))
+    for path, text in sorted(cluster_files.items()):
+        file_mounts.append(
+            FileMount(path, ((Path(path).name, text),), DEFAULT_CONFIGMAP_MODE, True)
+        )
+    identity = {
+        "name": pod.name,
+        "namespace": namespace,
+        "host_ip": host_ip,
+        "node_name": f"node-{host_ip}",
+    }
+    env: Dict[str, str] = dict(image_env)
+    env.update(cluster_env)
+    env["HOSTNAME"] = pod.hostname
+    env.update(pod.env)
+    for position, variable in enumerate(container.get("env") or []):
+        at = f"{where}.env[{position}]"
+        key = str(variable.get("name"))
+        if "valueFrom" in variable:
+            ref = (variable.get("valueFrom") or {}).get("fieldRef")
+            if not isinstance(ref, dict):
                 raise InputError(
-                    source, f"{where}.command", "a command (podsim has no image entrypoint)"
+                    source, f"{at}.valueFrom", "a fieldRef (podsim resolves no other source)"
                 )
-            specs.append(
-                PodSpec(
-                    job=job_name,
-                    namespace=namespace,
-                    task=str(task.get("name")),
-                    index=index,
-                    name=name,
-                    subdomain=job_name if "svc" in plugins else "",
-                    host_ip=host_ip,
-                    argv=tuple(argv),
-                    env=tuple(env.items()),
-                    working_dir=str(container.get("workingDir") or "/"),
-                    hosts=tuple(hosts) + ((host_ip, own_names),),
-                    file_mounts=tuple(file_mounts),
-                    host_mounts=tuple(host_mounts),
-                    restart_policy=str(pod_spec.get("restartPolicy") or "Always"),
-                    image_paths=tuple(image_paths),
-                )
+            env[key] = _field_ref(
+                str(ref.get("fieldPath")),
+                pod=identity,
+                annotations=dict(pod.annotations),
+                labels=dict(pod.labels),
+                where=f"{at}.valueFrom.fieldRef.fieldPath",
+                source=source,
             )
-            flat += 1
-    return tuple(specs)
+        else:
+            env[key] = expand_references(str(variable.get("value", "")), env)
+    argv = [
+        expand_references(str(part), env)
+        for part in list(container.get("command") or []) + list(container.get("args") or [])
+    ]
+    if not argv:
+        raise InputError(source, f"{where}.command", "a command (podsim has no image entrypoint)")
+    # the kubelet's own line: the pod's cluster names, then its hostname
+    own = tuple(dict.fromkeys((*pod.dns_names, pod.hostname)))
+    return PodSpec(
+        job=job,
+        namespace=namespace,
+        task=dict(pod.labels).get(kind.group_label, "") if kind.group_label else "",
+        index=pod.index,
+        name=pod.name,
+        subdomain=pod.subdomain,
+        host_ip=host_ip,
+        argv=tuple(argv),
+        env=tuple(env.items()),
+        working_dir=str(container.get("workingDir") or "/"),
+        hosts=hosts + ((host_ip, own),),
+        file_mounts=tuple(file_mounts),
+        host_mounts=tuple(host_mounts),
+        restart_policy=str(pod_spec.get("restartPolicy") or "Always"),
+        image_paths=image_paths,
+        hostname=pod.hostname,
+    )
 
 
 def hosts_file_text(spec: PodSpec) -> str:

@@ -51,6 +51,7 @@ from .scenario import (
     manifest_documents,
     rank_table_configmap,
     render_job,
+    rendered_pods,
     simulated_cluster,
 )
 
@@ -103,6 +104,8 @@ def prepare(
     the Kubernetes API the pods of a ``routing_source="api"`` run reach (it must serve
     :func:`~npu_job.demo.scenario.cluster_objects` of this run, written to
     ``cluster/cluster.json``)."""
+    import yaml
+
     from . import images, podsim
 
     workspace.mkdir(parents=True, exist_ok=True)
@@ -118,19 +121,20 @@ def prepare(
     for name, data, mode in rendered.files():  # the bundle is bytes
         write_atomic(workspace / "rendered" / name, data, mode, durable=False)
     documents = manifest_documents(rendered)
-    _, job = podspec.find_job(documents)
+    pods = rendered_pods(rendered)
+    template = pods[0].template
     cluster_files: Dict[str, str] = {}
-    plugins = job["spec"].get("plugins") or {}
-    pod_annotations = (
-        job["spec"]["tasks"][0]["template"].get("metadata", {}).get("annotations") or {}
-    )
+    # CCE's rank table comes with the Volcano Job's configmap1980 plugin (no other kind has one)
+    job = yaml.safe_load(rendered.job.text)
+    plugins = (job.get("spec") or {}).get("plugins") or {}
+    pod_annotations = (template.get("metadata") or {}).get("annotations") or {}
     if "configmap1980" in plugins and options.deliver_rank_table:
         cluster_files = podspec.cce_cluster_files(
             cluster.rank_table_json,
             cluster.ranktable_tor_b64 if "cabinet" in pod_annotations else None,
         )
     write_cluster_inputs(cluster, workspace / "cluster")
-    pod_volumes = job["spec"]["tasks"][0]["template"]["spec"].get("volumes") or []
+    pod_volumes = (template.get("spec") or {}).get("volumes") or []
     if any(
         (volume.get("configMap") or {}).get("name") == RANK_TABLE_CONFIGMAP
         for volume in pod_volumes
@@ -146,7 +150,7 @@ def prepare(
     if options.routing_source == "api":
         if api is None:
             raise ValueError("routing_source 'api' needs the Kubernetes API the pods reach (api=)")
-        objects = cluster_objects(cluster, host_ips, api.namespace)
+        objects = cluster_objects(cluster, host_ips, api.namespace, pods=pods)
         listed = [
             {"kind": kind, "apiVersion": version, **item}
             for kind, version, key in (

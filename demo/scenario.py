@@ -29,6 +29,9 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from npu_job.kinds import DEFAULT, KINDS
+from npu_job.kinds.base import ControllerPod
+
 from npu_job.podfacts import RANK_TABLE_ENV, RANK_TABLE_NAME, RANKTABLE_TOR_NAME
 
 SUMMARY_VERSION = 1
@@ -79,6 +82,7 @@ class DemoOptions:
     # HyperNodes from a Kubernetes API the caller serves (run(..., api=ClusterAPI(...)))
     routing_source: str = "rank-table"
     image: str = STOCK_IMAGE  # one of IMAGES: what software the pods' image holds
+    kind: str = DEFAULT  # the job kind rendered and simulated (npu_job.kinds.KINDS)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.nproc_per_node < 1 or self.steps < 1:
@@ -92,6 +96,8 @@ class DemoOptions:
             )
         if self.image not in IMAGES:
             raise ValueError(f"image must be one of {', '.join(IMAGES)}, got {self.image!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(sorted(KINDS))}, got {self.kind!r}")
         if self.routing and self.deliver_rank_table and not 1 <= self.tors <= self.nodes:
             raise ValueError(f"tors must be within 1..nodes ({self.nodes}), got {self.tors}")
         if any(not 0 <= index < self.nodes for index in self.initializing_on):
@@ -243,6 +249,7 @@ def demo_spec_values(options: DemoOptions, master_port: int, shared_dir: str) ->
     mounts: List[Dict[str, Any]] = [{"name": "demo-shared", "mountPath": SHARED_MOUNT}]
     values: Dict[str, Any] = {
         "name": JOB_NAME,
+        "kind": options.kind,
         "image": "npu-job-demo:local",
         "script": f"{SHARED_MOUNT}/code/{EXAMPLE_SCRIPT}",
         "args": args,
@@ -265,7 +272,9 @@ def demo_spec_values(options: DemoOptions, master_port: int, shared_dir: str) ->
         env[RANK_TABLE_ENV] = f"{RANK_TABLE_DIR}/{RANK_TABLE_NAME}"
         volumes.append({"name": "ranktable", "configMap": {"name": RANK_TABLE_CONFIGMAP}})
         mounts.append({"name": "ranktable", "mountPath": RANK_TABLE_DIR, "readOnly": True})
-    return values
+    # what the kind cannot honour is left to its defaults (the task name is the default's anyway)
+    refused = {key for key, _ in KINDS[options.kind].refused_keys}
+    return {key: value for key, value in values.items() if key not in refused}
 
 
 def rank_table_configmap(cluster: SimulatedCluster) -> Dict[str, Any]:
@@ -297,35 +306,56 @@ def manifest_documents(rendered: Any) -> List[Any]:
     return [doc for doc in yaml.safe_load_all(rendered.stream()) if doc]
 
 
+def rendered_pods(rendered: Any) -> Tuple[ControllerPod, ...]:
+    """The pods the kind's controller makes of a rendered job (``RenderedJob``)."""
+    import yaml
+
+    job = rendered.job
+    return tuple(rendered.spec.job_kind.controller_pods(yaml.safe_load(job.text), job.source))
+
+
+def job_pods(options: DemoOptions) -> Tuple[ControllerPod, ...]:
+    """The pods the kind's controller makes of the job a run with ``options`` renders, before the
+    run (the master port and the shared directory, placeholders here, change none of them): what
+    a test serves from the Kubernetes API before it starts the run."""
+    return rendered_pods(render_job(demo_spec_values(options, 29500, "/job")))
+
+
 def node_name(host_ip: str) -> str:
     """The node a pod on ``host_ip`` runs on (``spec.nodeName``, as podspec resolves it)."""
     return f"node-{host_ip}"
 
 
 def cluster_objects(
-    cluster: SimulatedCluster, host_ips: Sequence[str], namespace: str = "default"
+    cluster: SimulatedCluster,
+    host_ips: Sequence[str],
+    namespace: str = "default",
+    *,
+    pods: Sequence[ControllerPod],
 ) -> Dict[str, List[Dict[str, Any]]]:
-    """What the Kubernetes API holds once the scheduler placed the job (pure): its pods (Volcano's
-    labels, node, host IP), the Nodes, and the HyperNodes of the simulated fabric: one per ToR
-    (tier 1) holding its nodes by ``exactMatch``, all under one spine (tier 2), as Volcano's
-    label discovery writes them."""
-    pods, nodes = [], []
-    for index, ip in enumerate(host_ips):
-        name = f"{JOB_NAME}-{TASK_NAME}-{index}"
-        pods.append(
+    """What the Kubernetes API holds once the scheduler placed the job (pure): its ``pods`` as the
+    kind's controller made them (:func:`job_pods`, :func:`rendered_pods`: names, labels and
+    annotations, container names) on their nodes and host IPs, the Nodes, and the HyperNodes of
+    the simulated fabric: one per ToR (tier 1) holding its nodes by ``exactMatch``, all under one
+    spine (tier 2), as Volcano's label discovery writes them."""
+    if len(pods) != len(host_ips):
+        raise ValueError(f"{len(pods)} pods for {len(host_ips)} host addresses")
+    listed, nodes = [], []
+    for pod, ip in zip(pods, host_ips):
+        containers = (pod.template.get("spec") or {}).get("containers") or []
+        listed.append(
             {
                 "metadata": {
-                    "name": name,
+                    "name": pod.name,
                     "namespace": namespace,
-                    "labels": {
-                        "volcano.sh/job-name": JOB_NAME,
-                        "volcano.sh/task-spec": TASK_NAME,
-                        "volcano.sh/task-index": str(index),
-                    },
+                    "labels": dict(pod.labels),
+                    "annotations": dict(pod.annotations),
                 },
                 "spec": {
                     "nodeName": node_name(ip),
-                    "containers": [{"name": "train", "resources": {}}],
+                    "containers": [
+                        {"name": container.get("name"), "resources": {}} for container in containers
+                    ],
                 },
                 "status": {"phase": "Running", "hostIP": ip, "podIP": ip},
             }
@@ -369,4 +399,4 @@ def cluster_objects(
             },
         }
     )
-    return {"pods": pods, "nodes": nodes, "hypernodes": hypernodes}
+    return {"pods": listed, "nodes": nodes, "hypernodes": hypernodes}

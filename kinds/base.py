@@ -6,7 +6,10 @@ module per kind (registered in :mod:`npu_job.kinds`):
 
 * render: the object's apiVersion and kind, its template (the job object around the shared pod
   template, in ``npu_job/render/templates``), the container name and pod restart policy the
-  controller demands, the spec keys it cannot honour, the RBAC its pods need;
+  controller demands, the spec keys it cannot honour, the RBAC its pods need, where the pod's
+  identity variables come from (:meth:`JobKind.identity_env`), how ``train.sh`` finds the master
+  (:meth:`JobKind.master_address_bash`) and which launcher variables the controller injects
+  that ``train.sh`` unsets (:attr:`JobKind.launcher_env`);
 * the bootstrap: the label selector of the job's pods, the index of a listed pod, the variable the
   controller sets to this pod's index (its scheduler order);
 * npu-run's ``--node_rank=auto``: that variable again;
@@ -26,6 +29,29 @@ from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
 from npu_job.parsing import count_from_text
 
 Labels = Mapping[str, str]
+
+#: The platform's variables of the pod's identity (the routing-acceleration guide's names): the
+#: job's name and the name of the part of the job the pod belongs to.
+JOB_NAME_ENV = "MA_VJ_NAME"
+GROUP_NAME_ENV = "MA_TASK_NAME"
+
+
+class IdentityVar(NamedTuple):
+    """One identity variable of the training container: set from the pod's own metadata
+    (``valueFrom.fieldRef``), read by ``train.sh``."""
+
+    name: str  # the variable
+    metadata: str  # "labels" or "annotations"
+    key: str  # the label or annotation
+
+    @property
+    def field_path(self) -> str:
+        return f"metadata.{self.metadata}['{self.key}']"
+
+    @property
+    def words(self) -> str:
+        """Where it comes from, as messages say it: ``annotation volcano.sh/job-name``."""
+        return f"{self.metadata[:-1]} {self.key}"
 
 
 class RoleRule(NamedTuple):
@@ -49,7 +75,9 @@ class ControllerPod(NamedTuple):
     env: Tuple[Tuple[str, str], ...]  # what the controller injects into the container
     template: Mapping[str, Any]  # the pod template (metadata, spec) the pod is made from
     where: str  # where that template sits in the job object, for messages
-    dns_names: Tuple[str, ...]  # the names that resolve to this pod in the cluster
+    # the names that resolve to this pod from other pods of the cluster (its own hostname
+    # resolves inside the pod anyway: the kubelet's /etc/hosts names it)
+    dns_names: Tuple[str, ...]
     # files the controller mounts into the container: (directory, ((file name, text), ...))
     files: Tuple[Tuple[str, Tuple[Tuple[str, str], ...]], ...] = ()
 
@@ -91,6 +119,35 @@ class JobKind:
     refused_keys: Tuple[Tuple[str, str], ...] = ()
     #: Role rules the pods need besides listing pods
     role_rules: Tuple[RoleRule, ...] = ()
+    #: the pod metadata that carries :attr:`job_label` and :attr:`group_label` for the identity
+    #: variables (:meth:`identity_env`): ``"labels"``, or ``"annotations"`` where the controller
+    #: annotates its pods with the same keys
+    identity_metadata: str = "labels"
+    #: launcher variables the controller injects into the training container (torchrun reads
+    #: ``PET_*`` as its flags' defaults; ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ...):
+    #: ``train.sh`` unsets them once it has read what it needs, so that none undoes the plan.
+    #: The variables ``train.sh`` sets itself (``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
+    #: ``NNODES``, ``NPUS_PER_NODE``) are overwritten instead, listed here or not.
+    launcher_env: Tuple[str, ...] = ()
+    #: where the job object says how many pods it makes (messages of the demo's simulator)
+    replicas_field: str = "spec.replicas"
+
+    def identity_env(self) -> Tuple[IdentityVar, ...]:
+        """The training container's identity variables: ``MA_VJ_NAME`` from :attr:`job_label`
+        and, where the kind has one, ``MA_TASK_NAME`` from :attr:`group_label`, both read from
+        the pod's :attr:`identity_metadata` (``train.sh`` requires each)."""
+        pairs = [(JOB_NAME_ENV, self.job_label)]
+        if self.group_label:
+            pairs.append((GROUP_NAME_ENV, self.group_label))
+        return tuple(IdentityVar(name, self.identity_metadata, key) for name, key in pairs)
+
+    def master_address_bash(self) -> str:
+        """Bash lines of ``train.sh`` that set ``MASTER_ADDR`` to the address of the pod whose
+        index is ``$MA_MASTER_INDEX`` (the pod of the planned rank 0; scheduler order without a
+        plan). They run after the identity variables (:meth:`identity_env`) are checked and
+        before the launcher variables (:attr:`launcher_env`) are unset, under ``set -euo
+        pipefail``; a kind whose pods have DNS names gives that pod's (:meth:`dns_name`)."""
+        raise NotImplementedError
 
     def selector(self, job: str, group: str = "") -> str:
         """The ``labelSelector`` of the job's pods (of one group, when given)."""

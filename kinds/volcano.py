@@ -48,6 +48,8 @@ class Volcano(JobKind):
     index_env = "VC_TASK_INDEX"
     container_name = "train"
     restart_policy = "OnFailure"
+    identity_metadata = "annotations"
+    replicas_field = "spec.tasks[*].replicas"
     name_expected = (
         "a pod name ending in -<index>, as Volcano names pods <job>-<task>-<index> "
         "(the digits of a random suffix are not an index)"
@@ -58,6 +60,9 @@ class Volcano(JobKind):
 
     def dns_name(self, job: str, group: str, index: int) -> str:
         return f"{job}-{group}-{index}.{job}"
+
+    def master_address_bash(self) -> str:
+        return 'MASTER_ADDR="${MA_VJ_NAME}-${MA_TASK_NAME}-${MA_MASTER_INDEX}.${MA_VJ_NAME}"'
 
     def controller_pods(
         self, job_object: Mapping[str, Any], source: str
@@ -123,9 +128,7 @@ class Volcano(JobKind):
                         env=tuple(env),
                         template=template,
                         where=where,
-                        dns_names=(self.dns_name(job, task_name, index), name)
-                        if has_svc
-                        else (name,),
+                        dns_names=(self.dns_name(job, task_name, index),) if has_svc else (),
                         files=files,
                     )
                 )

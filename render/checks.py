@@ -6,7 +6,7 @@ every problem at once. A ``--set`` value (:class:`~npu_job.render.values.SetScal
 the text written where a string is expected and as helm's typed reading where an integer or a
 boolean is: ``--set env.DEBUG=true`` is the string ``"true"``, ``--set nodes=6`` the integer 6.
 
-The key types (:class:`Text`, :class:`Integer`, :class:`Flag`, :class:`Choice`,
+The key types (:class:`Text`, :class:`Integer`, :class:`Flag`, :class:`Choice`, :class:`Named`,
 :class:`Quantity`, :class:`TextList`, :class:`TextMap`) are what the spec's key table
 (``keys.SPEC_KEYS``) gives each key: a type reads a value with the checker and names itself for
 the type column of docs/render.md's key table; :class:`Volumes` and :class:`Mounts` read
@@ -380,6 +380,19 @@ class Choice:
 
     def read(self, check: Checker, value: Any, path: Path, context: Context) -> Any:
         return check.choice(value, path, self.choices)
+
+
+@dataclass(frozen=True)
+class Named:
+    """A name in ``registry`` (its entries when the value is read; a did-you-mean for a near
+    miss), as a :class:`Choice` of them; ``kind`` names the type where the docs list them."""
+
+    registry: Mapping[str, Any] = field(compare=False)  # a dict: no part of the hash
+    kind: str = "name"
+    empty: str = ""
+
+    def read(self, check: Checker, value: Any, path: Path, context: Context) -> Any:
+        return check.choice(value, path, tuple(sorted(self.registry)))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Tuple
 
+from npu_job.kinds import DEFAULT, KIND_ENV, KINDS
+from npu_job.kinds.base import GROUP_NAME_ENV, JOB_NAME_ENV
+
 from npu_job.podfacts import FULL_NODE_ENV, MIN_NODES, RANK_ENV, TASK_INDEX_ENV
 
 from .checks import (
@@ -34,6 +37,7 @@ from .checks import (
     Integer,
     KeyType,
     Mounts,
+    Named,
     PerDevice,
     Quantity,
     Text,
@@ -78,8 +82,8 @@ RESERVED_ENV: Mapping[str, str] = {
     "MA_CURRENT_HOST_IP": "set by npu-job from the pod's status.hostIP",
     "MA_NUM_GPUS": "set by npu-job from npus_per_node",
     "MA_NUM_HOSTS": "set by npu-job from nodes",
-    "MA_VJ_NAME": "set by npu-job from the volcano.sh/job-name annotation",
-    "MA_TASK_NAME": "set by npu-job from the volcano.sh/task-spec annotation",
+    JOB_NAME_ENV: "set by npu-job from the job-name label of the pod (Volcano: annotation)",
+    GROUP_NAME_ENV: "set by npu-job from the task label of the pod (Volcano: annotation)",
     "MA_MASTER_INDEX": "set by the pod command from the bootstrap's /tmp/MASTER_INDEX",
     RANK_ENV: "set by the pod command from the bootstrap's /tmp/RANK_AFTER_ACC",
     TASK_INDEX_ENV: "set by Volcano's env plugin",
@@ -92,6 +96,7 @@ RESERVED_ENV: Mapping[str, str] = {
     "HCCL_IF_BASE_PORT": "use the hccl.base_port key",
     FULL_NODE_ENV: "use the full_node_npus key",
     "NPU_JOB_PODS": "set by npu-job when routing uses the Kubernetes API (routing_source)",
+    KIND_ENV: "set by npu-job from the kind key",
 }
 
 _NO_CONTROL = re.compile(r"[^\x00-\x1f\x7f]+\Z")
@@ -197,6 +202,13 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
             for device, resource in DEVICE_RESOURCE.items()
         )
         + ".",
+    ),
+    KeySpec(
+        "kind",
+        Named(KINDS, "job kind"),
+        DEFAULT,
+        "The job object render makes and the controller that runs its pods: one of the "
+        "[job kinds](#job-kinds). Keys a kind cannot honour are refused when given.",
     ),
     KeySpec(
         "args",

@@ -3,8 +3,16 @@
 Pure apart from reading the package's own templates and the pod side it bundles
 (:mod:`npu_job.bundle`): values in, an inspectable object out.
 ``RenderedJob.stream()`` is the multi-document YAML for ``kubectl apply -f -`` (a ``# Source:``
-comment per document, the scripts ConfigMap before the Job that mounts it) and
-``RenderedJob.files()`` the files ``--output-dir`` writes; the CLI is just a writer of these.
+comment per document; the scripts ConfigMap, the RBAC, any other object the kind's template emits,
+such as a headless Service, then the job object that needs them) and ``RenderedJob.files()`` the
+files ``--output-dir`` writes; the CLI is just a writer of these.
+
+The job object is the spec's job kind's (:mod:`npu_job.kinds`): its record names the template
+that renders it, and every kind's template places the one shared pod template (``pod.yaml.j2``,
+rendered first at column 0, put in place with Jinja's ``indent`` filter), so what a pod gets is the
+same whatever runs it; the kind's record fills in what its controller demands (container name,
+restart policy, the labels and annotations the pod's identity is read from, the index variable,
+the master address rule, the launcher variables to unset, extra RBAC rules).
 
 Escaping, the one thing that must never go wrong:
 
@@ -41,6 +49,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
+from npu_job.kinds import DEFAULT, KIND_ENV
+from npu_job.kinds.base import JobKind
+
 from npu_job import podfacts
 from npu_job.bundle import BUNDLE_NAME, Bundle, installed_bundle
 from npu_job.errors import BundleError, RenderError
@@ -61,6 +72,9 @@ LAUNCHER_COMMANDS: Mapping[str, Tuple[str, ...]] = {
     "torchrun": ("torchrun",),
     "torch.distributed.launch": ("python3", "-m", "torch.distributed.launch"),
 }
+#: the variables train.sh sets and exports itself: a kind's launcher variables among them are
+#: overwritten there, not unset
+TRAIN_SH_SETS = frozenset({"NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NNODES", "NPUS_PER_NODE"})
 
 
 #: The annotation in which ``kubectl apply`` (client-side) keeps the object it applied.
@@ -80,6 +94,7 @@ class Document:
     kind: str
     name: str
     text: str
+    api_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,7 +102,8 @@ class RenderedJob:
     """Everything ``npu-job render`` produces for one spec, in a stable order."""
 
     spec: JobSpec
-    documents: Tuple[Document, ...]  # ConfigMap first, then (routing by the API) RBAC, the Job
+    # ConfigMap first, then (routing by the API) RBAC, any Service of the kind, the job object
+    documents: Tuple[Document, ...]
     scripts: Tuple[
         Tuple[str, str], ...
     ]  # (file name, text): train.sh, [install.sh], [fetch-bundle.sh], [bootstrap.sh]
@@ -109,15 +125,22 @@ class RenderedJob:
 
     @property
     def job(self) -> Document:
-        return next(doc for doc in self.documents if doc.kind == "Job")
+        """The job object (the spec's kind's apiVersion and kind)."""
+        kind = self.spec.job_kind
+        return next(
+            doc
+            for doc in self.documents
+            if (doc.api_version, doc.kind) == (kind.api_version, kind.kind)
+        )
 
     @property
     def pod_command(self) -> str:
-        """The shell command each pod runs (``bash -c``); what the Job's container carries."""
+        """The shell command each pod runs (``bash -c``); what the job's container carries."""
         import yaml
 
-        job = yaml.safe_load(self.job.text)
-        return job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["command"][-1]
+        job = self.job
+        pods = self.spec.job_kind.controller_pods(yaml.safe_load(job.text), job.source)
+        return str(pods[0].template["spec"]["containers"][0]["command"][-1])
 
 
 # --- kubectl apply's annotation ------------------------------------------------------------
@@ -323,8 +346,15 @@ def _context(spec: JobSpec) -> Dict[str, Any]:
         value = getattr(spec.resources, key)
         if value is not None:
             resources.append((key, value))
+    kind = spec.job_kind
     return {
         "spec": spec,
+        "kind": kind,
+        # pods of any kind but the default say which they are (the pod side's --kind default)
+        "kind_env": (KIND_ENV, kind.name) if kind.name != DEFAULT else None,
+        "launcher_env_unset": tuple(
+            name for name in kind.launcher_env if name not in TRAIN_SH_SETS
+        ),
         # the bootstrap's files, as the pod command and train.sh read them (npu_job.podfacts)
         "rank_file": posixpath.join(podfacts.OUTPUT_DIR, podfacts.RANK_FILE),
         "master_file": posixpath.join(podfacts.OUTPUT_DIR, podfacts.MASTER_FILE),
@@ -397,11 +427,15 @@ def render(
         shipped = bundle if bundle is not None else installed_bundle()
         context["bundle_base64"] = base64.b64encode(shipped.data).decode("ascii")
     context["scripts"] = tuple(scripts)
+    pod_template = _render_template(env, "pod.yaml.j2", context)
+    context["pod_template"] = pod_template[:-1] if pod_template.endswith("\n") else pod_template
 
-    templates = ["configmap.yaml.j2", "job.yaml.j2"]
-    if spec.routes_by_api and spec.service_account is None:  # before the Job whose pods use it
-        templates.insert(1, "rbac.yaml.j2")
-    documents = []
+    kind = spec.job_kind
+    templates = ["configmap.yaml.j2"]
+    if spec.routes_by_api and spec.service_account is None:  # before the job whose pods use it
+        templates.append("rbac.yaml.j2")
+    templates.append(kind.template)
+    documents: List[Document] = []
     warnings = list(spec.warnings)
     for template in templates:
         rendered = _render_template(env, template, context)
@@ -415,10 +449,32 @@ def render(
                     f"templates/{template}: rendered text is not valid YAML: {error}"
                 ) from None
             documents.append(
-                Document(SOURCE_PREFIX + template, parsed["kind"], parsed["metadata"]["name"], text)
+                Document(
+                    SOURCE_PREFIX + template,
+                    parsed["kind"],
+                    parsed["metadata"]["name"],
+                    text,
+                    str(parsed.get("apiVersion", "")),
+                )
             )
             too_big = apply_size_warning(parsed)
             if too_big is not None:
                 log.warning("%s", too_big)
                 warnings.append(too_big)
-    return RenderedJob(spec, tuple(documents), tuple(scripts), tuple(warnings), shipped)
+    return RenderedJob(
+        spec, _job_object_last(documents, kind), tuple(scripts), tuple(warnings), shipped
+    )
+
+
+def _job_object_last(documents: List[Document], kind: JobKind) -> Tuple[Document, ...]:
+    """The stream's order: what the job's pods need (the ConfigMap, the RBAC, a Service or
+    runtime the kind's template emits beside the job object), in template order, then the job
+    object, which must be there exactly once."""
+    ours = (kind.api_version, kind.kind)
+    jobs = [doc for doc in documents if (doc.api_version, doc.kind) == ours]
+    if len(jobs) != 1:
+        raise RenderError(
+            f"templates/{kind.template}: expected one {kind.api_version} {kind.kind} (the "
+            f"{kind.title}), rendered {len(jobs)}"
+        )
+    return tuple(doc for doc in documents if doc is not jobs[0]) + (jobs[0],)

@@ -22,6 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from npu_job.kinds import KINDS
+from npu_job.kinds.base import JobKind
+
 from npu_job.errors import SpecError
 
 from .checks import Checker
@@ -32,6 +35,7 @@ from .keys import (
     NPU_HOST_MOUNTS,
     NULL_MEANS_NONE,
     REQUIRED,
+    RESERVED_ENV,
     SPEC_KEYS,
     SUB_KEY_HINTS,
     SUB_KEYS,
@@ -108,6 +112,7 @@ class JobSpec:
     name: str
     image: str
     script: str
+    kind: str = _DEFAULTS["kind"]
     args: Tuple[str, ...] = _DEFAULTS["args"]
     nodes: int = _DEFAULTS["nodes"]
     npus_per_node: int = _DEFAULTS["npus_per_node"]
@@ -146,6 +151,11 @@ class JobSpec:
     pip_install: Tuple[str, ...] = _DEFAULTS["pip_install"]
     #: what is valid but will disappoint (``lint.spec_warnings``); the renderer logs these
     warnings: Tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def job_kind(self) -> JobKind:
+        """The record of :attr:`kind` (:mod:`npu_job.kinds`)."""
+        return KINDS[self.kind]
 
     @property
     def resource_name(self) -> Optional[str]:
@@ -235,6 +245,8 @@ def validate(merged: MergedValues, source: Optional[str] = None) -> JobSpec:
         if not present(name) and (name in tree or (name,) in merged.nulls):
             given[name] = None
 
+    _refuse_keys_of_the_kind(check, given, present("kind"))
+
     where = source or " + ".join(merged.sources) or "job spec"
     if check.problems:
         raise SpecError(where, check.problems)
@@ -246,7 +258,31 @@ def validate(merged: MergedValues, source: Optional[str] = None) -> JobSpec:
     return replace(spec, warnings=spec_warnings(spec, explicit_keys=explicit))
 
 
+def _refuse_keys_of_the_kind(check: Checker, given: Mapping[str, Any], kind_given: bool) -> None:
+    """A problem for each key the user gave (never a default) that the job kind cannot honour:
+    a refused key or one of its nested keys."""
+    if kind_given and "kind" not in given:  # an unknown kind: its own problem says so
+        return
+    kind = KINDS[given.get("kind", KEYS["kind"].default)]
+    for refused, why in kind.refused_keys:
+        for key in given:
+            if key == refused or key.startswith(refused + "."):
+                check.problem(
+                    tuple(key.split(".")),
+                    f"the {kind.title} (kind {kind.name}) cannot honour it: {why}; remove it "
+                    "or choose another kind",
+                )
+
+
 def _check_across_keys(check: Checker, spec: JobSpec) -> None:
+    kind = spec.job_kind
+    controller_env = {kind.index_env, *kind.launcher_env} - set(RESERVED_ENV)
+    for name, _ in spec.env:
+        if name in controller_env:
+            check.problem(
+                ("env", name),
+                f"set in every pod by the {kind.title}'s controller (kind {kind.name}); remove it",
+            )
     longest = f"{spec.name}-{spec.task_name}-{spec.nodes - 1}"
     if len(longest) > 63:
         check.problem(

@@ -563,8 +563,9 @@ def test_stock_pods_fail_without_the_bundle_and_the_summary_names_the_first_erro
         ),
         (["--nodes", "0"], 2, "expected an integer >= 1, got '0'"),
         (["--steps", "x"], 2, "expected an integer >= 1, got 'x'"),
+        (["--kind", "slurm"], 2, "argument --kind: invalid choice: 'slurm'"),
     ],
-    ids=["more-tors-than-nodes", "no-nodes", "steps-not-a-number"],
+    ids=["more-tors-than-nodes", "no-nodes", "steps-not-a-number", "unknown-kind"],
 )
 def test_bad_options_are_usage_errors(argv, code, message, capsys):
     """Usage errors, whether argparse or the demo finds them: exit 2, argparse's own error line."""
@@ -695,7 +696,9 @@ def test_a_cpu_job_routes_with_no_rank_table_by_the_api_on_loopback(tmp_path):
         nodes=4, tors=2, nproc_per_node=1, steps=4, seed=1, routing_source="api", timeout=200
     )
     ips = demo.loopback_ips(options.nodes)
-    objects = demo.cluster_objects(demo.simulated_cluster(options, ips), ips)
+    objects = demo.cluster_objects(
+        demo.simulated_cluster(options, ips), ips, pods=demo.job_pods(options)
+    )
     with HTTPSServer(cert, key, keep_alive=True) as server:
         fake = FakeKubernetesAPI(
             server,

@@ -19,6 +19,7 @@ SECONDS = seconds(zero_ok=False)
 
 def configure(parser: argparse.ArgumentParser) -> None:
     from npu_job.demo.images import offered_images
+    from npu_job.kinds import DEFAULT, KINDS
 
     parser.description = (
         "Simulate a cluster (a CCE-format rank table + ranktable_tor.json, pods scattered over "
@@ -72,6 +73,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "same but python3 is CPython 3.7 (the bootstrap's) and torch is in another interpreter, "
         "named by NPU_JOB_LAUNCHER_PYTHON (offered when python3.7 is on PATH or under pyenv); "
         "installed: this installation's python and npu-job commands first on the pods' PATH",
+    )
+    parser.add_argument(
+        "--kind",
+        choices=sorted(KINDS),
+        default=DEFAULT,
+        help=f"the job kind rendered and simulated (default {DEFAULT}): its job object, and its "
+        "controller's pods, names, labels and variables",
     )
     parser.add_argument(
         "--keep",
@@ -144,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
         routing=args.routing,
         timeout=args.timeout,
         image=args.image,
+        kind=args.kind,
     )
     if args.picture:
         _write_picture(args)

@@ -58,6 +58,7 @@ def test_every_documented_key_is_accepted():
         "npus_per_node": 8,
         "full_node_npus": 8,
         "device": "npu",
+        "kind": "volcano",
         "namespace": "ns",
         "queue": "q",
         "task_name": "trainer",

@@ -1,8 +1,8 @@
 """The rendered manifests: every element the platform asks for, and nothing NPU-only elsewhere.
 
-The Volcano Job's structure is checked against what the Volcano Job CRD's openAPIV3Schema
-requires of the fields used here (integers, string lists, the policy event enum); the pod
-template is checked by Kubernetes' own schema (kubernetes-validate), wrapped as a Pod.
+The Volcano Job's structure is checked strictly against a minimal schema of the Volcano Job CRD
+(test_kind_volcano.py); the pod template is checked by Kubernetes' own schema
+(kubernetes-validate), wrapped as a Pod.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from .conftest import (
     spec_from,
     with_keys,
 )
+from .strict_schema import assert_strict
+from .test_kind_volcano import VOLCANO_JOB
 
 PLATFORM_POD_COMMAND = (
     "bash bootstrap.sh; export RANK_AFTER_ACC=${VC_TASK_INDEX}; "
@@ -315,7 +317,8 @@ def test_user_volumes_mounts_selectors_labels_and_resources_are_added_to_ours():
     ],
 )
 def test_manifests_pass_kubernetes_and_volcano_schemas(values):
-    """Pod template: Kubernetes' own schema (strict: unknown fields fail). Job: the CRD's rules we use."""
+    """Pod template: Kubernetes' own schema (strict: unknown fields fail). Job: the minimal
+    schema of the Volcano Job CRD (test_kind_volcano.py), strict too."""
     documents = parsed(render_values(values))
     version = kubernetes_validate.latest_version()
     kubernetes_validate.validate(documents[0], version, strict=True)
@@ -328,31 +331,7 @@ def test_manifests_pass_kubernetes_and_volcano_schemas(values):
         "spec": template["spec"],
     }
     kubernetes_validate.validate(pod, version, strict=True)
-    # Volcano Job CRD (v1alpha1 openAPIV3Schema): the fields used and their types/constraints
-    spec = job["spec"]
-    assert set(spec) <= {
-        "schedulerName",
-        "minAvailable",
-        "maxRetry",
-        "queue",
-        "priorityClassName",
-        "policies",
-        "plugins",
-        "tasks",
-    }
-    assert isinstance(spec["minAvailable"], int) and spec["minAvailable"] >= 0
-    assert isinstance(spec["maxRetry"], int) and spec["maxRetry"] >= 0
-    assert len(spec["schedulerName"]) <= 63
-    assert all(
-        isinstance(v, list) and all(isinstance(a, str) for a in v) for v in spec["plugins"].values()
-    )
-    assert all(
-        p["event"] in {"*", "PodPending", "PodRunning", "PodFailed", "PodEvicted", "Unknown"}
-        for p in spec["policies"]
-    )
-    assert len(spec["tasks"]) >= 1
-    assert set(spec["tasks"][0]) == {"name", "replicas", "template"}
-    assert isinstance(spec["tasks"][0]["replicas"], int)
+    assert_strict(job, VOLCANO_JOB)
 
 
 def test_template_errors_name_the_template_and_line(monkeypatch):

