@@ -210,26 +210,26 @@ def _require(mapping: Any, key: str, source: str, path: str, kind: type = dict) 
     return value
 
 
+def job_kind_of(document: Any) -> Optional[JobKind]:
+    """The registered kind whose apiVersion and kind ``document`` has, or None."""
+    if not isinstance(document, dict):
+        return None
+    key = (document.get("apiVersion"), document.get("kind"))
+    return next((kind for kind in KINDS.values() if (kind.api_version, kind.kind) == key), None)
+
+
 def find_job(
     documents: Sequence[Any], source: str = "manifest", kind: Optional[JobKind] = None
 ) -> Tuple[int, Dict[str, Any]]:
     """The (document index, document) of the job object in a rendered stream: the one object of
     ``kind``'s apiVersion and kind, or (no ``kind``) of any kind's (:data:`npu_job.kinds.KINDS`)."""
-    return _job_and_kind(documents, source, kind)[1:]
-
-
-def _job_and_kind(
-    documents: Sequence[Any], source: str, kind: Optional[JobKind] = None
-) -> Tuple[JobKind, int, Dict[str, Any]]:
-    kinds = (kind,) if kind is not None else tuple(KINDS.values())
     found = [
-        (known, index, doc)
+        (index, doc)
         for index, doc in enumerate(documents)
-        if isinstance(doc, dict)
-        for known in kinds
-        if (doc.get("apiVersion"), doc.get("kind")) == (known.api_version, known.kind)
+        if job_kind_of(doc) is not None and (kind is None or job_kind_of(doc) is kind)
     ]
     if len(found) != 1:
+        kinds = (kind,) if kind is not None else tuple(KINDS.values())
         wanted = " or ".join(f"{known.title} ({known.api_version} {known.kind})" for known in kinds)
         raise InputError(source, "kind", f"expected exactly one {wanted}, found {len(found)}")
     return found[0]
@@ -372,7 +372,9 @@ def pod_specs(
     (or the kubelet: a service account's token); ``cluster_env`` is what the kubelet adds to every
     container's environment (``KUBERNETES_SERVICE_HOST/PORT``), before the container's own env.
     """
-    kind, _, job = _job_and_kind(documents, source)
+    _, job = find_job(documents, source)
+    kind = job_kind_of(job)
+    assert kind is not None  # find_job found it by its kind
     metadata = _require(job, "metadata", source, "")
     job_name = str(metadata.get("name", ""))
     namespace = str(metadata.get("namespace") or "default")

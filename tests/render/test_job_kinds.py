@@ -38,6 +38,12 @@ def registered(monkeypatch):
     yield from fake_kind.register(monkeypatch)
 
 
+def known():
+    """The kinds an unknown one is told of: every registered kind, the tests' own among them."""
+    assert NAME in KINDS and "volcano" in KINDS
+    return ", ".join(sorted(KINDS))
+
+
 def problems_of(values, *sets):
     with pytest.raises(SpecError) as error:
         spec_from(values, *sets)
@@ -59,11 +65,12 @@ def job_object(rendered):
 
 def test_the_default_kind_is_volcano_and_an_unknown_kind_lists_the_known(registered):
     assert spec_from(with_keys()).kind == "volcano" == KEYS["kind"].default
-    known = ", ".join(sorted(KINDS))
-    assert NAME in known and "volcano" in known
-    assert problems_of(with_keys(kind="slurm")) == (f"kind: expected one of {known}; got 'slurm'",)
+    # a name no kind is near (pytorch would suggest pytorchjob)
+    assert problems_of(with_keys(kind="slurm")) == (
+        f"kind: expected one of {known()}; got 'slurm'",
+    )
     assert problems_of(with_keys(kind="trainthin")) == (
-        f"kind: expected one of {known}; got 'trainthin' (did you mean '{NAME}'?)",
+        f"kind: expected one of {known()}; got 'trainthin' (did you mean '{NAME}'?)",
     )
 
 
@@ -89,7 +96,7 @@ def test_an_unknown_kind_is_its_only_problem_not_a_refusal_of_the_default_kinds(
     monkeypatch.setattr(type(KINDS["volcano"]), "refused_keys", (("queue", "say it refuses"),))
     assert problems_of(with_keys(queue="q"))[0].startswith("queue: the Volcano Job")
     assert problems_of(with_keys(kind="slurm", queue="q")) == (
-        f"kind: expected one of {', '.join(sorted(KINDS))}; got 'slurm'",
+        f"kind: expected one of {known()}; got 'slurm'",
     )
 
 
@@ -101,6 +108,10 @@ def test_the_env_may_not_set_what_the_kinds_controller_sets(registered):
         "remove it",
     )
     assert spec_from(with_keys(env={INDEX_ENV: "1"})).env == ((INDEX_ENV, "1"),)
+    assert problems_of(with_keys(env={"VC_TASK_INDEX": "1"})) == (
+        "env.VC_TASK_INDEX: set in every pod by the Volcano Job's controller (kind volcano); "
+        "remove it",
+    )
 
 
 # --- the stream, the pod template, the RBAC ---------------------------------------------------
