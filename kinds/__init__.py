@@ -11,7 +11,7 @@ from typing import Dict
 
 from npu_job.errors import InputError, shown
 
-from . import indexedjob, jobset, volcano
+from . import indexedjob, jobset, pytorchjob, volcano
 from .base import JobKind
 
 DEFAULT = volcano.KIND.name
@@ -24,6 +24,7 @@ KINDS: Dict[str, JobKind] = {
         volcano.KIND,
         indexedjob.KIND,
         jobset.KIND,
+        pytorchjob.KIND,
     )
 }
 

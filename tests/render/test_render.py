@@ -131,6 +131,7 @@ def test_pod_command_is_the_platform_pattern_run_in_the_scripts_mount(routed):
 def test_the_scripts_read_the_files_and_variables_the_bootstrap_and_npu_run_use(routed):
     """The pod command and train.sh are shell text; the names they share with the bootstrap and
     npu-run come from npu_job.podfacts, and a rename there must reach them."""
+
     from npu_job import podfacts
 
     train_sh = dict(routed.scripts)["train.sh"]
