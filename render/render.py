@@ -138,8 +138,8 @@ class RenderedJob:
         """The shell command each pod runs (``bash -c``); what the job's container carries."""
         import yaml
 
-        job = self.job
-        pods = self.spec.job_kind.controller_pods(yaml.safe_load(job.text), job.source)
+        documents = [yaml.safe_load(doc.text) for doc in self.documents]
+        pods = self.spec.job_kind.stream_pods(documents, self.job.source)
         return str(pods[0].template["spec"]["containers"][0]["command"][-1])
 
 
