@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from npu_job.kinds import KINDS
 from npu_job.render.keys import KEYS
 from npu_job.render.render import render
@@ -308,7 +307,7 @@ def test_a_kinds_master_address_is_the_dns_name_of_the_master_pod(name, tmp_path
     name; a kind without one tests its own rule)."""
     rendered = render(spec_from(with_keys(name="job", kind=name, nodes=3)), bundle=BUNDLE_STAND_IN)
     kind = rendered.spec.job_kind
-    pods = kind.controller_pods(yaml.safe_load(rendered.job.text), "job")
+    pods = kind.stream_pods(parsed(rendered), "job")
     master = pods[-1]
     if not master.dns_names:
         pytest.skip(f"{kind.title} pods have no DNS name")
