@@ -11,7 +11,7 @@ from typing import Dict
 
 from npu_job.errors import InputError, shown
 
-from . import indexedjob, jobset, pytorchjob, volcano
+from . import indexedjob, jobset, pytorchjob, trainjob, volcano
 from .base import JobKind
 
 DEFAULT = volcano.KIND.name
@@ -25,6 +25,7 @@ KINDS: Dict[str, JobKind] = {
         indexedjob.KIND,
         jobset.KIND,
         pytorchjob.KIND,
+        trainjob.KIND,
     )
 }
 
