@@ -35,13 +35,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from npu_job.kinds.volcano import TASK_INDEX_ENV
+
 from npu_job.errors import InputError
 from npu_job.podfacts import (
     RANK_ENV,
     RANK_TABLE_ENV,
     RANK_TABLE_NAME,
     RANKTABLE_TOR_NAME,
-    TASK_INDEX_ENV,
 )
 
 JOB_API_VERSION = "batch.volcano.sh/v1alpha1"

@@ -21,7 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Tuple
 
-from npu_job.podfacts import FULL_NODE_ENV, MIN_NODES, RANK_ENV, TASK_INDEX_ENV
+from npu_job.kinds.volcano import TASK_INDEX_ENV
+
+from npu_job.podfacts import FULL_NODE_ENV, MIN_NODES, RANK_ENV
 
 from .checks import (
     ABSOLUTE_PATH,

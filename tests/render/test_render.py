@@ -129,14 +129,16 @@ def test_pod_command_is_the_platform_pattern_run_in_the_scripts_mount(routed):
 def test_the_scripts_read_the_files_and_variables_the_bootstrap_and_npu_run_use(routed):
     """The pod command and train.sh are shell text; the names they share with the bootstrap and
     npu-run come from npu_job.podfacts, and a rename there must reach them."""
+    from npu_job.kinds.volcano import TASK_INDEX_ENV
+
     from npu_job import podfacts
 
     train_sh = dict(routed.scripts)["train.sh"]
     out = podfacts.OUTPUT_DIR
-    assert f"export {podfacts.RANK_ENV}=${{{podfacts.TASK_INDEX_ENV}}}" in routed.pod_command
+    assert f"export {podfacts.RANK_ENV}=${{{TASK_INDEX_ENV}}}" in routed.pod_command
     assert f"cat {out}/{podfacts.RANK_FILE} " in routed.pod_command
     assert f"cat {out}/{podfacts.MASTER_FILE} " in routed.pod_command
-    assert f"${{{podfacts.RANK_ENV}:-${{{podfacts.TASK_INDEX_ENV}:-0}}}}" in train_sh
+    assert f"${{{podfacts.RANK_ENV}:-${{{TASK_INDEX_ENV}:-0}}}}" in train_sh
     assert f"[ -f {out}/{podfacts.ENV_FILE} ]" in train_sh
     assert f"${{{podfacts.RANK_TABLE_ENV}:-}}" in train_sh
 
