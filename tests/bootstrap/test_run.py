@@ -511,4 +511,3 @@ def test_a_pod_of_another_kind_is_checked_against_its_kinds_index_variable(job, 
         "environment: MA_CURRENT_HOST_IP: expected this host's IP (or SET_INDEX, or "
         "--host-ip/--pod-index), neither is set"
     )
-

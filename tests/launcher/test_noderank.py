@@ -63,6 +63,7 @@ def test_an_unknown_kind_is_one_line_listing_the_known_where_its_index_is_needed
 
 def test_npu_run_says_it_in_one_line(clean_launcher_env, monkeypatch, capsys):
     monkeypatch.setenv("NPU_JOB_KIND", "slurm")
+    monkeypatch.setenv("VC_TASK_INDEX", "5")  # outside the job: read, it would stop npu-run too
     argv = ["--nnodes=2", "--node_rank=auto", "--rdzv_backend=parallel", "train.py"]
     assert run.main(argv) == LaunchError.exit_code
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
