@@ -27,7 +27,6 @@ resolves as ``<job>-<k>.<job>``.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import uuid
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -76,6 +75,8 @@ def generate_name(job: str, index: int) -> str:
 def random_suffix(seed: str) -> str:
     """Five characters of the API server's alphabet, the same for the same ``seed`` (the demo's
     stand-in for the random part of a generated name)."""
+    import hashlib  # the demo's alone: the pod side imports every kind and not OpenSSL
+
     digest = hashlib.sha256(seed.encode("utf-8")).digest()
     return "".join(
         _RANDOM_ALPHABET[byte % len(_RANDOM_ALPHABET)] for byte in digest[:_RANDOM_LENGTH]

@@ -34,8 +34,6 @@ as ``<jobset>-<rj>-0-<k>.<jobset>``.
 from __future__ import annotations
 
 import copy
-import hashlib
-import uuid
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from npu_job.errors import InputError
@@ -110,6 +108,11 @@ def jobset_pods(
     pod_template = job_spec.get("template")
     if not isinstance(pod_template, dict) or not isinstance(pod_template.get("spec"), dict):
         raise InputError(source, f"{rj_where}.template.spec.template", "expected a pod template")
+
+    # only the demo's simulator gets here; the pod side, which imports every kind, does not load
+    # hashlib (OpenSSL) at start (tests/bootstrap/test_planner.py)
+    import hashlib
+    import uuid
 
     network = spec.get("network") or {}
     subdomain = ""
