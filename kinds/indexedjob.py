@@ -38,7 +38,9 @@ from npu_job.parsing import count_from_text
 from .base import (
     ControllerPod,
     JobKind,
+    count_of,
     merged,
+    name_and_namespace,
     service_name_problem,
     string_pairs,
     subdomain_names,
@@ -158,19 +160,18 @@ class IndexedJob(JobKind):
     def controller_pods(
         self, job_object: Mapping[str, Any], source: str
     ) -> Tuple[ControllerPod, ...]:
-        metadata = job_object.get("metadata") or {}
-        job = str(metadata.get("name") or "")
-        namespace = str(metadata.get("namespace") or "default")
+        job, namespace = name_and_namespace(job_object)
         spec = job_object.get("spec")
         if not isinstance(spec, dict):
             raise InputError(source, "spec", "expected the Job's spec")
         if spec.get("completionMode") != "Indexed":
             raise InputError(source, "spec.completionMode", "expected Indexed")
-        completions = spec.get("completions")
-        if not isinstance(completions, int) or isinstance(completions, bool) or completions < 0:
+        # the API server requires completions of an Indexed Job; parallelism defaults to 1
+        completions = count_of(spec.get("completions"))
+        if completions is None:
             raise InputError(source, "spec.completions", "expected a count")
-        parallelism = spec.get("parallelism", 1)
-        if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 0:
+        parallelism = count_of(spec.get("parallelism"), 1)
+        if parallelism is None:
             raise InputError(source, "spec.parallelism", "expected a count")
         where = "spec.template"
         template = spec.get("template")

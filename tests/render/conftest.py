@@ -99,3 +99,17 @@ def refused_given(values: Dict[str, Any], kind: JobKind) -> List[str]:
     some), sorted."""
     refused = {key for key, _ in kind.refused_keys}
     return sorted(key for key in values if key in refused)
+
+
+def validate_as_pod(template: Dict[str, Any], version: str) -> None:
+    """Kubernetes' own schema of a Pod (kubernetes-validate, strict: unknown fields fail) over a
+    job object's pod template, named so that it is a whole Pod."""
+    import kubernetes_validate
+
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": dict(template["metadata"], name="p"),
+        "spec": template["spec"],
+    }
+    kubernetes_validate.validate(pod, version, strict=True)
