@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Mapping, Tuple
 from npu_job.kinds import DEFAULT, KIND_ENV, KINDS
 from npu_job.kinds.base import GROUP_NAME_ENV, JOB_NAME_ENV
 
-from npu_job.podfacts import FULL_NODE_ENV, MIN_NODES, RANK_ENV, TASK_INDEX_ENV
+from npu_job.podfacts import FULL_NODE_ENV, MIN_NODES, RANK_ENV
 
 from .checks import (
     ABSOLUTE_PATH,
@@ -86,7 +86,6 @@ RESERVED_ENV: Mapping[str, str] = {
     GROUP_NAME_ENV: "set by npu-job from the task label of the pod (Volcano: annotation)",
     "MA_MASTER_INDEX": "set by the pod command from the bootstrap's /tmp/MASTER_INDEX",
     RANK_ENV: "set by the pod command from the bootstrap's /tmp/RANK_AFTER_ACC",
-    TASK_INDEX_ENV: "set by Volcano's env plugin",
     "NODE_RANK": "computed by train.sh",
     "MASTER_ADDR": "computed by train.sh",
     "MASTER_PORT": "use the master_port key",

@@ -38,8 +38,9 @@ def registered(monkeypatch):
     yield from fake_kind.register(monkeypatch)
 
 
-def known_kinds():
-    """The registered kinds as an unknown kind's problem lists them (the fake one among them)."""
+def known():
+    """The kinds an unknown one is told of: every registered kind, the tests' own among them."""
+    assert NAME in KINDS and "volcano" in KINDS
     return ", ".join(sorted(KINDS))
 
 
@@ -65,10 +66,10 @@ def job_object(rendered):
 def test_the_default_kind_is_volcano_and_an_unknown_kind_lists_the_known(registered):
     assert spec_from(with_keys()).kind == "volcano" == KEYS["kind"].default
     assert problems_of(with_keys(kind="pytorch")) == (
-        f"kind: expected one of {known_kinds()}; got 'pytorch'",
+        f"kind: expected one of {known()}; got 'pytorch'",
     )
     assert problems_of(with_keys(kind="trainthin")) == (
-        f"kind: expected one of {known_kinds()}; got 'trainthin' (did you mean '{NAME}'?)",
+        f"kind: expected one of {known()}; got 'trainthin' (did you mean '{NAME}'?)",
     )
 
 
@@ -94,7 +95,7 @@ def test_an_unknown_kind_is_its_only_problem_not_a_refusal_of_the_default_kinds(
     monkeypatch.setattr(type(KINDS["volcano"]), "refused_keys", (("queue", "say it refuses"),))
     assert problems_of(with_keys(queue="q"))[0].startswith("queue: the Volcano Job")
     assert problems_of(with_keys(kind="slurm", queue="q")) == (
-        f"kind: expected one of {known_kinds()}; got 'slurm'",
+        f"kind: expected one of {known()}; got 'slurm'",
     )
 
 
@@ -106,6 +107,10 @@ def test_the_env_may_not_set_what_the_kinds_controller_sets(registered):
         "remove it",
     )
     assert spec_from(with_keys(env={INDEX_ENV: "1"})).env == ((INDEX_ENV, "1"),)
+    assert problems_of(with_keys(env={"VC_TASK_INDEX": "1"})) == (
+        "env.VC_TASK_INDEX: set in every pod by the Volcano Job's controller (kind volcano); "
+        "remove it",
+    )
 
 
 # --- the stream, the pod template, the RBAC ---------------------------------------------------

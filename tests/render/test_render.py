@@ -29,7 +29,7 @@ from .conftest import (
     with_keys,
 )
 from .strict_schema import assert_strict
-from .test_kind_volcano import VOLCANO_JOB
+from .test_kind_volcano import VOLCANO, VOLCANO_JOB
 
 PLATFORM_POD_COMMAND = (
     "bash bootstrap.sh; export RANK_AFTER_ACC=${VC_TASK_INDEX}; "
@@ -136,10 +136,10 @@ def test_the_scripts_read_the_files_and_variables_the_bootstrap_and_npu_run_use(
 
     train_sh = dict(routed.scripts)["train.sh"]
     out = podfacts.OUTPUT_DIR
-    assert f"export {podfacts.RANK_ENV}=${{{podfacts.TASK_INDEX_ENV}}}" in routed.pod_command
+    assert f"export {podfacts.RANK_ENV}=${{{VOLCANO.index_env}}}" in routed.pod_command
     assert f"cat {out}/{podfacts.RANK_FILE} " in routed.pod_command
     assert f"cat {out}/{podfacts.MASTER_FILE} " in routed.pod_command
-    assert f"${{{podfacts.RANK_ENV}:-${{{podfacts.TASK_INDEX_ENV}:-0}}}}" in train_sh
+    assert f"${{{podfacts.RANK_ENV}:-${{{VOLCANO.index_env}:-0}}}}" in train_sh
     assert f"[ -f {out}/{podfacts.ENV_FILE} ]" in train_sh
     assert f"${{{podfacts.RANK_TABLE_ENV}:-}}" in train_sh
 
