@@ -27,9 +27,7 @@ resolves as ``<job>-<k>.<job>``.
 
 from __future__ import annotations
 
-import hashlib
 import re
-import uuid
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from npu_job.errors import InputError
@@ -78,6 +76,8 @@ def generate_name(job: str, index: int) -> str:
 def random_suffix(seed: str) -> str:
     """Five characters of the API server's alphabet, the same for the same ``seed`` (the demo's
     stand-in for the random part of a generated name)."""
+    import hashlib  # the demo's alone: the pod side plans without it
+
     digest = hashlib.sha256(seed.encode("utf-8")).digest()
     return "".join(
         _RANDOM_ALPHABET[byte % len(_RANDOM_ALPHABET)] for byte in digest[:_RANDOM_LENGTH]
@@ -104,6 +104,13 @@ def sets_env(container: Optional[Mapping[str, Any]], name: str) -> bool:
     return isinstance(env, list) and any(
         isinstance(item, dict) and item.get("name") == name for item in env
     )
+
+
+def _demo_uid(namespace: str, job: str) -> str:
+    """A stand-in for the Job's uid the API server gives it: the same for the same job."""
+    import uuid  # the demo's alone, like hashlib
+
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"npu-job-demo:{namespace}/{job}"))
 
 
 class IndexedJob(JobKind):
@@ -180,7 +187,7 @@ class IndexedJob(JobKind):
         template_meta = template.get("metadata") or {}
         pod_spec = template.get("spec") or {}
         subdomain = str(pod_spec.get("subdomain") or "")
-        uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"npu-job-demo:{namespace}/{job}"))
+        uid = _demo_uid(namespace, job)
         # generateSelector's labels yield to the template's own
         selector_labels = (
             (JOB_NAME_LABEL, job),

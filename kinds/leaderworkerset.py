@@ -35,8 +35,6 @@ even of success, is started again. A StatefulSet labels its pods ``controller-re
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any, List, Mapping, Optional, Tuple
 
 from npu_job.errors import InputError, shown
@@ -78,8 +76,18 @@ SHARED = "Shared"
 UNIQUE_PER_REPLICA = "UniquePerReplica"
 
 
+def _sha1(text: str) -> str:
+    """The webhook's ``Sha1Hash`` (``pkg/utils/utils.go``): the hex sha1 of ``text``."""
+    import hashlib  # the demo's alone: the pod side plans without it
+
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
 def _revision(template: Mapping[str, Any]) -> str:
     """A stand-in for the controllers' template hashes: the same template, the same value."""
+    import hashlib  # the demo's alone: the pod side plans without it
+    import json
+
     text = json.dumps(template, sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
 
@@ -185,7 +193,7 @@ class LeaderWorkerSet(JobKind):
             # the leader's subdomain is its StatefulSet's Service, or (UniquePerReplica) the
             # webhook sets its own name; its workers' StatefulSet is served by the same
             subdomain = lws if policy == SHARED else leader
-            group_key = hashlib.sha1(f"{namespace}/{leader}".encode()).hexdigest()
+            group_key = _sha1(f"{namespace}/{leader}")
             leader_address = f"{leader}.{subdomain}.{namespace}"
             common = (
                 (NAME_LABEL, lws),
