@@ -1,0 +1,91 @@
+"""``npu-job demo --kind K`` routed by the API: the run and what a kind's end-to-end case checks.
+
+The pods' bootstraps list the job's pods, Nodes and HyperNodes from a Kubernetes API served on
+loopback: a real HTTPS server, the thin fake of the documented LIST endpoints in tests/bootstrap
+(no API server runs here), serving the pods as the kind's controller makes them
+(``JobKind.controller_pods``, through the demo's ``job_pods``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import FrozenSet
+
+from npu_job.demo import podsim
+from npu_job.kinds import KINDS
+
+from npu_job import demo
+
+#: why the pods cannot run here (no unshare), else None
+UNSHARE = podsim.unshare_unavailable_reason()
+
+
+@dataclass
+class KindRun:
+    result: demo.DemoResult
+    selectors: FrozenSet[str]  # the labelSelector of every pods LIST the pods made
+
+    def pod_log(self, index: int) -> str:
+        return (self.result.prepared.spec_files[index].parent / "pod.log").read_text(
+            errors="replace"
+        )
+
+    def explain(self) -> str:
+        logs = [
+            f"== pod {index}\n{self.pod_log(index)[-2000:]}"
+            for index in range(len(self.result.prepared.spec_files))
+        ]
+        return "\n".join(self.result.problems + logs)
+
+
+def run_routed_by_the_api(options: demo.DemoOptions, tmp_path: Path) -> KindRun:
+    """Run the demo of ``options`` (``routing_source="api"``) against the fake API."""
+    from tests.bootstrap.fake_kube_api import FakeKubernetesAPI
+    from tests.bootstrap.https_server import HTTPSServer, make_self_signed
+
+    cert, key = make_self_signed(tmp_path)
+    ips = demo.loopback_ips(options.nodes)
+    objects = demo.cluster_objects(
+        demo.simulated_cluster(options, ips), ips, pods=demo.job_pods(options)
+    )
+    with HTTPSServer(cert, key, keep_alive=True) as server:
+        fake = FakeKubernetesAPI(
+            server,
+            "pod-token",
+            objects["nodes"],
+            pods=objects["pods"],
+            hypernodes=objects["hypernodes"],
+            namespaces=("default",),
+        )
+        api = demo.ClusterAPI("127.0.0.1", server.port, "pod-token", cert.read_text())
+        result = demo.run(options, tmp_path / "w", api=api)
+    selectors = frozenset(
+        selector
+        for path, query in fake.lists
+        if path.endswith("/pods")
+        for selector in query.get("labelSelector", [""])
+    )
+    return KindRun(result, selectors)
+
+
+def assert_planned_and_trained(run: KindRun, group: str = "") -> None:
+    """What every kind's case shows: every pod listed its job by the kind's selector and planned
+    the same order, the ring is at the lower bound, and npu-run's ranks follow the plan with rank
+    0 and the root store on the planned pod, reached by the kind's DNS name of it."""
+    result = run.result
+    kind = KINDS[result.options.kind]
+    assert result.ok, run.explain()
+    plan = result.prepared.plan
+    assert str(plan.status) == "success" and plan.master_index != 0, "pick a seed that moves it"
+    assert result.score.cross_after == result.score.lower_bound < result.score.cross_before
+    assert run.selectors == {kind.selector(demo.JOB_NAME, group)}
+    for pod in result.pods:
+        assert pod.route_plan["rank_mapping"] == plan.rank_mapping
+        assert pod.rank_after_acc == str(plan.node_rank_of_pod[pod.index])
+        assert pod.master_index == str(plan.master_index)
+    rank0 = next(report for report in result.reports if report["rank"] == 0)
+    assert rank0["pod_index"] == plan.master_index
+    master = kind.dns_name(demo.JOB_NAME, group, plan.master_index)
+    log = run.pod_log(plan.master_index)
+    assert f"master {master}:" in log and "hosting the root store" in log
