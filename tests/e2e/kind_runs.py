@@ -1,4 +1,5 @@
-"""``npu-job demo --kind K`` routed by the API: the run and what a kind's end-to-end case checks.
+"""The demo routed by the API (``npu-job demo --kind K``): the run, and what a kind's end-to-end
+case checks.
 
 The pods' bootstraps list the job's pods, Nodes and HyperNodes from a Kubernetes API served on
 loopback: a real HTTPS server, the thin fake of the documented LIST endpoints in tests/bootstrap
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import FrozenSet
+from typing import Dict, FrozenSet, List
 
 from npu_job.demo import podsim
 from npu_job.kinds import KINDS
@@ -24,7 +25,14 @@ UNSHARE = podsim.unshare_unavailable_reason()
 @dataclass
 class KindRun:
     result: demo.DemoResult
-    selectors: FrozenSet[str]  # the labelSelector of every pods LIST the pods made
+    pod_lists: List[Dict[str, List[str]]]  # the query of every pods LIST the pods made
+
+    @property
+    def selectors(self) -> FrozenSet[str]:
+        """The labelSelector of every pods LIST."""
+        return frozenset(
+            selector for query in self.pod_lists for selector in query.get("labelSelector", [""])
+        )
 
     def pod_log(self, index: int) -> str:
         return (self.result.prepared.spec_files[index].parent / "pod.log").read_text(
@@ -37,6 +45,20 @@ class KindRun:
             for index in range(len(self.result.prepared.spec_files))
         ]
         return "\n".join(self.result.problems + logs)
+
+
+def routed_options(kind: str) -> demo.DemoOptions:
+    """Six pods over three ToRs routed by the API, the seed's plan moving rank 0 off pod 0."""
+    return demo.DemoOptions(
+        kind=kind,
+        nodes=6,
+        tors=3,
+        nproc_per_node=1,
+        steps=4,
+        seed=0,
+        routing_source="api",
+        timeout=200,
+    )
 
 
 def run_routed_by_the_api(options: demo.DemoOptions, tmp_path: Path) -> KindRun:
@@ -60,13 +82,7 @@ def run_routed_by_the_api(options: demo.DemoOptions, tmp_path: Path) -> KindRun:
         )
         api = demo.ClusterAPI("127.0.0.1", server.port, "pod-token", cert.read_text())
         result = demo.run(options, tmp_path / "w", api=api)
-    selectors = frozenset(
-        selector
-        for path, query in fake.lists
-        if path.endswith("/pods")
-        for selector in query.get("labelSelector", [""])
-    )
-    return KindRun(result, selectors)
+    return KindRun(result, [query for path, query in fake.lists if path.endswith("/pods")])
 
 
 def assert_planned_and_trained(run: KindRun, group: str = "") -> None:

@@ -13,22 +13,18 @@ import re
 import pytest
 
 from npu_job import demo
-from tests.e2e.kind_runs import UNSHARE, assert_planned_and_trained, run_routed_by_the_api
+from tests.e2e.kind_runs import (
+    UNSHARE,
+    assert_planned_and_trained,
+    routed_options,
+    run_routed_by_the_api,
+)
 
 pytestmark = [pytest.mark.torch, pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")]
 
 
 def test_the_indexed_job_plans_from_its_pods_and_trains_with_rank_0_on_the_planned_pod(tmp_path):
-    options = demo.DemoOptions(
-        kind="indexedjob",
-        nodes=6,
-        tors=3,
-        nproc_per_node=1,
-        steps=4,
-        seed=0,
-        routing_source="api",
-        timeout=200,
-    )
+    options = routed_options("indexedjob")
     run = run_routed_by_the_api(options, tmp_path)
     assert_planned_and_trained(run)
     for spec in run.result.prepared.specs:  # the controller's names, not Volcano's

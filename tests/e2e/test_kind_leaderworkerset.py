@@ -12,22 +12,18 @@ from __future__ import annotations
 import pytest
 
 from npu_job import demo
-from tests.e2e.kind_runs import UNSHARE, assert_planned_and_trained, run_routed_by_the_api
+from tests.e2e.kind_runs import (
+    UNSHARE,
+    assert_planned_and_trained,
+    routed_options,
+    run_routed_by_the_api,
+)
 
 pytestmark = [pytest.mark.torch, pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")]
 
 
 def test_the_leaderworkerset_plans_from_its_group_and_trains_with_rank_0_off_the_leader(tmp_path):
-    options = demo.DemoOptions(
-        kind="leaderworkerset",
-        nodes=6,
-        tors=3,
-        nproc_per_node=1,
-        steps=4,
-        seed=0,
-        routing_source="api",
-        timeout=200,
-    )
+    options = routed_options("leaderworkerset")
     run = run_routed_by_the_api(options, tmp_path)
     assert_planned_and_trained(run, group="0")
     names = [spec.name for spec in run.result.prepared.specs]
