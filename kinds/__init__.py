@@ -11,7 +11,7 @@ from typing import Dict
 
 from npu_job.errors import InputError, shown
 
-from . import indexedjob, jobset, pytorchjob, trainjob, volcano
+from . import indexedjob, jobset, leaderworkerset, pytorchjob, trainjob, volcano
 from .base import JobKind
 
 DEFAULT = volcano.KIND.name
@@ -23,6 +23,7 @@ KINDS: Dict[str, JobKind] = {
     for kind in (
         volcano.KIND,
         indexedjob.KIND,
+        leaderworkerset.KIND,
         jobset.KIND,
         pytorchjob.KIND,
         trainjob.KIND,

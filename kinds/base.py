@@ -286,6 +286,22 @@ def merged(*groups: Tuple[Tuple[str, str], ...]) -> Tuple[Tuple[str, str], ...]:
     return tuple(sorted(table.items()))
 
 
+def count_of(value: Any, default: Optional[int] = None, minimum: int = 0) -> Optional[int]:
+    """A count field of a job object: ``value`` (``default`` when absent) when it is an integer
+    of at least ``minimum``, else None (true and false are no counts)."""
+    if value is None:
+        return default
+    if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+        return value
+    return None
+
+
+def name_and_namespace(job_object: Mapping[str, Any]) -> Tuple[str, str]:
+    """A job object's ``metadata.name`` and ``metadata.namespace`` (``default`` without one)."""
+    metadata = job_object.get("metadata") or {}
+    return str(metadata.get("name") or ""), str(metadata.get("namespace") or "default")
+
+
 def service_name_problem(job: str) -> str:
     """Why a Service cannot be named ``job`` (a DNS-1123 label): a Service's name is a DNS-1035
     label, which starts with a letter; "" when it can."""

@@ -28,7 +28,6 @@ resolves as ``<job>-<k>.<job>``.
 from __future__ import annotations
 
 import re
-import uuid
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from npu_job.errors import InputError
@@ -37,7 +36,9 @@ from npu_job.parsing import count_from_text
 from .base import (
     ControllerPod,
     JobKind,
+    count_of,
     merged,
+    name_and_namespace,
     service_name_problem,
     string_pairs,
     subdomain_names,
@@ -75,7 +76,7 @@ def generate_name(job: str, index: int) -> str:
 def random_suffix(seed: str) -> str:
     """Five characters of the API server's alphabet, the same for the same ``seed`` (the demo's
     stand-in for the random part of a generated name)."""
-    import hashlib  # the demo's alone: the pod side imports every kind and not OpenSSL
+    import hashlib  # the demo's alone: the pod side plans without it
 
     digest = hashlib.sha256(seed.encode("utf-8")).digest()
     return "".join(
@@ -103,6 +104,13 @@ def sets_env(container: Optional[Mapping[str, Any]], name: str) -> bool:
     return isinstance(env, list) and any(
         isinstance(item, dict) and item.get("name") == name for item in env
     )
+
+
+def _demo_uid(namespace: str, job: str) -> str:
+    """A stand-in for the Job's uid the API server gives it: the same for the same job."""
+    import uuid  # the demo's alone, like hashlib
+
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"npu-job-demo:{namespace}/{job}"))
 
 
 class IndexedJob(JobKind):
@@ -159,19 +167,18 @@ class IndexedJob(JobKind):
     def controller_pods(
         self, job_object: Mapping[str, Any], source: str
     ) -> Tuple[ControllerPod, ...]:
-        metadata = job_object.get("metadata") or {}
-        job = str(metadata.get("name") or "")
-        namespace = str(metadata.get("namespace") or "default")
+        job, namespace = name_and_namespace(job_object)
         spec = job_object.get("spec")
         if not isinstance(spec, dict):
             raise InputError(source, "spec", "expected the Job's spec")
         if spec.get("completionMode") != "Indexed":
             raise InputError(source, "spec.completionMode", "expected Indexed")
-        completions = spec.get("completions")
-        if not isinstance(completions, int) or isinstance(completions, bool) or completions < 0:
+        # the API server requires completions of an Indexed Job; parallelism defaults to 1
+        completions = count_of(spec.get("completions"))
+        if completions is None:
             raise InputError(source, "spec.completions", "expected a count")
-        parallelism = spec.get("parallelism", 1)
-        if not isinstance(parallelism, int) or isinstance(parallelism, bool) or parallelism < 0:
+        parallelism = count_of(spec.get("parallelism"), 1)
+        if parallelism is None:
             raise InputError(source, "spec.parallelism", "expected a count")
         where = "spec.template"
         template = spec.get("template")
@@ -180,7 +187,7 @@ class IndexedJob(JobKind):
         template_meta = template.get("metadata") or {}
         pod_spec = template.get("spec") or {}
         subdomain = str(pod_spec.get("subdomain") or "")
-        uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"npu-job-demo:{namespace}/{job}"))
+        uid = _demo_uid(namespace, job)
         # generateSelector's labels yield to the template's own
         selector_labels = (
             (JOB_NAME_LABEL, job),

@@ -11,7 +11,6 @@ objects are written by hand in the shape npu-job renders.
 from __future__ import annotations
 
 import re
-import subprocess
 
 import pytest
 from npu_job.kinds import KINDS
@@ -23,6 +22,8 @@ from npu_job.kinds.indexedjob import (
 )
 
 from npu_job.errors import InputError
+
+from .shell import master_address
 
 KIND = KINDS["indexedjob"]
 RANDOM = "[bcdfghjklmnpqrstvwxz2456789]{5}"
@@ -157,14 +158,7 @@ def test_a_job_object_the_controller_would_not_index_is_refused_naming_the_field
 
 @pytest.mark.parametrize("master", [0, 1, 11])
 def test_train_sh_finds_the_master_where_the_record_says_it_resolves(master):
-    script = f'set -euo pipefail\n{KIND.master_address_bash()}\nprintf %s "$MASTER_ADDR"'
-    out = subprocess.run(
-        ["bash", "-c", script],
-        env={"MA_VJ_NAME": "train", "MA_MASTER_INDEX": str(master), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = master_address(KIND, MA_VJ_NAME="train", MA_MASTER_INDEX=str(master))
     assert out == KIND.dns_name("train", "", master)
     assert out in KIND.controller_pods(job_object(12), "job.yaml")[master].dns_names
 

@@ -113,3 +113,17 @@ def as_kind(name: str, kind: str) -> RenderedJob:
 def kind_object(rendered: RenderedJob) -> Dict[str, Any]:
     """The rendered stream's job object, found as its kind's record finds it."""
     return dict(rendered.spec.job_kind.job_object(parsed(rendered), "stream"))
+
+
+def validate_as_pod(template: Dict[str, Any], version: str) -> None:
+    """Kubernetes' own schema of a Pod (kubernetes-validate, strict: unknown fields fail) over a
+    job object's pod template, named so that it is a whole Pod."""
+    import kubernetes_validate
+
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": dict(template["metadata"], name="p"),
+        "spec": template["spec"],
+    }
+    kubernetes_validate.validate(pod, version, strict=True)

@@ -25,6 +25,7 @@ from .conftest import (
     pod_spec,
     render_values,
     spec_from,
+    validate_as_pod,
     with_keys,
 )
 from .strict_schema import assert_strict
@@ -131,7 +132,6 @@ def test_pod_command_is_the_platform_pattern_run_in_the_scripts_mount(routed):
 def test_the_scripts_read_the_files_and_variables_the_bootstrap_and_npu_run_use(routed):
     """The pod command and train.sh are shell text; the names they share with the bootstrap and
     npu-run come from npu_job.podfacts, and a rename there must reach them."""
-
     from npu_job import podfacts
 
     train_sh = dict(routed.scripts)["train.sh"]
@@ -325,13 +325,7 @@ def test_manifests_pass_kubernetes_and_volcano_schemas(values):
     kubernetes_validate.validate(documents[0], version, strict=True)
     job = documents[1]
     template = job["spec"]["tasks"][0]["template"]
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": dict(template["metadata"], name="p"),
-        "spec": template["spec"],
-    }
-    kubernetes_validate.validate(pod, version, strict=True)
+    validate_as_pod(template, version)
     assert_strict(job, VOLCANO_JOB)
 
 
