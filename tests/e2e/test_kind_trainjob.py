@@ -7,7 +7,8 @@ TrainingRuntime render emits before the TrainJob): ``demo-node-0-<k>-<random>`` 
 ``demo-node-0-<k>``, ``PET_NODE_RANK`` their completion index and ``PET_MASTER_ADDR`` pod 0's
 name, as the Trainer's torch plugin sets them. As in ``test_pipeline.py``, each pod runs in its
 own network and mount namespace and nothing but the cluster is simulated; no Trainer or JobSet
-controller runs here.
+controller runs here. The second case routes by the Kubernetes API (``kind_runs``): every pod's
+bootstrap lists the TrainJob's pods by the JobSet's labels of the Trainer's node step.
 """
 
 from __future__ import annotations
@@ -18,16 +19,20 @@ import pytest
 from npu_job.kinds import KINDS
 
 from npu_job import demo
+from tests.e2e.kind_runs import (
+    UNSHARE,
+    assert_planned_and_trained,
+    routed_options,
+    run_routed_by_the_api,
+)
 from tests.e2e.test_pipeline import REASON, assert_planned_off_pod_0, explain, run_on_hosts
 
-pytestmark = [
-    pytest.mark.netns,
-    pytest.mark.torch,
-    pytest.mark.skipif(REASON is not None, reason=REASON or ""),
-]
+pytestmark = pytest.mark.torch
 KIND = KINDS["trainjob"]
 
 
+@pytest.mark.netns
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_the_trainjob_trains_by_the_plan_whatever_the_trainers_pet_variables_say(tmp_path):
     options = demo.DemoOptions(
         kind="trainjob", nodes=6, nproc_per_node=1, tors=3, seed=0, steps=8, timeout=150
@@ -49,3 +54,11 @@ def test_the_trainjob_trains_by_the_plan_whatever_the_trainers_pet_variables_say
     assert f"master {master}:" in rank0_log and "hosting the root store" in rank0_log
     for spec_file in result.prepared.spec_files:
         assert f"master {master}:" in (spec_file.parent / "pod.log").read_text()
+
+
+@pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
+def test_the_trainjob_routed_by_the_api_lists_the_trainers_node_pods_and_trains_by_the_plan(
+    tmp_path,
+):
+    run = run_routed_by_the_api(routed_options("trainjob"), tmp_path)
+    assert_planned_and_trained(run)
