@@ -56,8 +56,6 @@ GROUP_REPLICAS_LABEL = "jobset.sigs.k8s.io/group-replicas"
 JOB_GROUP_INDEX_LABEL = "jobset.sigs.k8s.io/job-group-index"
 #: the replicated job's ``groupName`` when it gives none (the CRD's default)
 DEFAULT_GROUP = "default"
-#: where npu-job's JobSet holds the one pod template
-POD_TEMPLATE_FIELD = "spec.replicatedJobs[0].template.spec.template"
 
 
 def job_name(jobset: str, replicated_job: str, replica: int) -> str:
