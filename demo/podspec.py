@@ -362,7 +362,7 @@ def pod_specs(
     image_paths: Sequence[str] = (),
 ) -> Tuple[PodSpec, ...]:
     """One :class:`PodSpec` per pod of the job object in ``documents`` (pure), in the order of
-    its kind's :meth:`~npu_job.kinds.base.JobKind.controller_pods`.
+    its kind's :meth:`~npu_job.kinds.base.JobKind.stream_pods`.
 
     ``host_ips[k]`` is the host address of the k-th pod (for the Volcano Job: tasks in order,
     replicas by index);
@@ -378,7 +378,7 @@ def pod_specs(
     metadata = _require(job, "metadata", source, "")
     job_name = str(metadata.get("name", ""))
     namespace = str(metadata.get("namespace") or "default")
-    pods = kind.controller_pods(job, source)
+    pods = kind.stream_pods(documents, source)  # the job object's, or what the kind reads beside it
     maps = config_maps(documents)
     if len(host_ips) != len(pods):
         raise InputError(

@@ -308,10 +308,7 @@ def manifest_documents(rendered: Any) -> List[Any]:
 
 def rendered_pods(rendered: Any) -> Tuple[ControllerPod, ...]:
     """The pods the kind's controller makes of a rendered job (``RenderedJob``)."""
-    import yaml
-
-    job = rendered.job
-    return tuple(rendered.spec.job_kind.controller_pods(yaml.safe_load(job.text), job.source))
+    return rendered.spec.job_kind.stream_pods(manifest_documents(rendered), rendered.job.source)
 
 
 def job_pods(options: DemoOptions) -> Tuple[ControllerPod, ...]:

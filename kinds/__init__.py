@@ -11,7 +11,7 @@ from typing import Dict
 
 from npu_job.errors import InputError, shown
 
-from . import indexedjob, leaderworkerset, volcano
+from . import indexedjob, jobset, leaderworkerset, pytorchjob, trainjob, volcano
 from .base import JobKind
 
 DEFAULT = volcano.KIND.name
@@ -19,7 +19,15 @@ DEFAULT = volcano.KIND.name
 KIND_ENV = "NPU_JOB_KIND"
 
 KINDS: Dict[str, JobKind] = {
-    kind.name: kind for kind in (volcano.KIND, indexedjob.KIND, leaderworkerset.KIND)
+    kind.name: kind
+    for kind in (
+        volcano.KIND,
+        indexedjob.KIND,
+        leaderworkerset.KIND,
+        jobset.KIND,
+        pytorchjob.KIND,
+        trainjob.KIND,
+    )
 }
 
 

@@ -10,12 +10,14 @@ module per kind (registered in :mod:`npu_job.kinds`):
   identity variables come from (:meth:`JobKind.identity_env`), how ``train.sh`` finds the master
   (:meth:`JobKind.master_address_bash`) and which launcher variables the controller injects
   that ``train.sh`` unsets (:attr:`JobKind.launcher_env`);
-* the bootstrap: the label selector of the job's pods, the index of a listed pod, the variable the
-  controller sets to this pod's index (its scheduler order);
+* the bootstrap: the label selector of the job's pods, the index of a listed pod, which listed
+  pods are left over from an earlier attempt of the job, the variable the controller sets to this
+  pod's index (its scheduler order);
 * npu-run's ``--node_rank=auto``: that variable again;
 * the demo's pod simulator: the pods the controller makes of a rendered object
   (:meth:`JobKind.controller_pods`: names, hostnames, labels, annotations, injected environment,
-  the names that resolve to each pod).
+  the names that resolve to each pod), or of the rendered stream where the controller reads
+  another object beside it (:meth:`JobKind.stream_pods`).
 
 Pure and standard library only (the pod side runs it on the image's Python 3.7): facts and
 functions of values, nothing that reads a file, the network or the environment.
@@ -24,8 +26,9 @@ functions of values, nothing that reads a file, the network or the environment.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+from npu_job.errors import InputError
 from npu_job.parsing import count_from_text
 
 Labels = Mapping[str, str]
@@ -112,6 +115,13 @@ class JobKind:
     container_name: str = "train"
     #: the pod template's ``restartPolicy`` the controller accepts
     restart_policy: str = "OnFailure"
+    #: the name of the training container's port the controller reads the master's port from
+    #: (render gives that port the job's master_port), "" when the controller reads none
+    master_port_name: str = ""
+    #: CCE's configmap1980 plugin, a Volcano Job plugin, delivers the kind's NPU pods their rank
+    #: table and switch topology; where it does not, a routed NPU job of the kind lists its pods
+    #: from the Kubernetes API unless it brings a rank table itself
+    cce_rank_table: bool = False
     #: spec keys the kind cannot honour, each with why (render refuses them naming both)
     refused_keys: Tuple[Tuple[str, str], ...] = ()
     #: Role rules the pods need besides listing pods
@@ -128,6 +138,10 @@ class JobKind:
     launcher_env: Tuple[str, ...] = ()
     #: where the job object says how many pods it makes (messages of the demo's simulator)
     replicas_field: str = "spec.replicas"
+    #: the label whose value counts the restarts of the whole job, on every pod ("" where the
+    #: kind has none): a listed pod of a lower count than another is left over from an earlier
+    #: attempt (:meth:`of_latest_attempt`)
+    attempt_label: str = ""
 
     def identity_env(self) -> Tuple[IdentityVar, ...]:
         """The training container's identity variables: ``MA_VJ_NAME`` from :attr:`job_label`
@@ -175,6 +189,18 @@ class JobKind:
             return count_from_text(text)
         return self.index_from_name(name)
 
+    def of_latest_attempt(self, pods: Sequence[Labels]) -> Tuple[bool, ...]:
+        """For each listed pod's labels, whether it belongs to the latest attempt of the job among
+        them: a pod whose :attr:`attempt_label` counts fewer restarts than another pod's is one
+        the controller is replacing, and is not one of the job's pods. Every pod belongs where the
+        kind counts no attempts, and a pod whose count is missing or not a count is kept (its
+        index, not its attempt, decides whether it is the job's)."""
+        if not self.attempt_label:
+            return (True,) * len(pods)
+        attempts = [count_from_text(labels.get(self.attempt_label) or "") for labels in pods]
+        latest = max((attempt for attempt in attempts if attempt is not None), default=None)
+        return tuple(attempt is None or attempt == latest for attempt in attempts)
+
     #: what :meth:`index_from_name` expects of a pod name, for messages
     name_expected: str = "a pod name ending in -<index>"
 
@@ -199,12 +225,39 @@ class JobKind:
         none)."""
         return ""
 
+    def longest_name(self, job: str, group: str, nodes: int) -> Tuple[str, str]:
+        """The longest name the controller makes of a job of ``nodes`` pods that must be a DNS
+        label of at most 63 characters, and what it is, for messages (by default the Volcano
+        Job's: the hostname of its last pod)."""
+        return f"{job}-{group}-{nodes - 1}", "a pod's hostname '<name>-<task_name>-<index>'"
+
     def controller_pods(
         self, job_object: Mapping[str, Any], source: str
     ) -> Tuple[ControllerPod, ...]:
         """The pods the controller makes of a rendered ``job_object``, in index order (the demo's
         simulator; errors are :class:`~npu_job.errors.InputError` naming ``source``)."""
         raise NotImplementedError
+
+    def job_object(self, documents: Sequence[Any], source: str) -> Mapping[str, Any]:
+        """The job object of a rendered stream (its documents, parsed): the one document of
+        :attr:`api_version` and :attr:`kind`."""
+        found = [
+            document
+            for document in documents
+            if isinstance(document, dict)
+            and (document.get("apiVersion"), document.get("kind")) == (self.api_version, self.kind)
+        ]
+        if len(found) != 1:
+            raise InputError(
+                source, "", f"expected one {self.api_version} {self.kind}, got {len(found)}"
+            )
+        return found[0]
+
+    def stream_pods(self, documents: Sequence[Any], source: str) -> Tuple[ControllerPod, ...]:
+        """The pods the controller makes of a rendered stream: those of its job object
+        (:meth:`job_object`, :meth:`controller_pods`). A kind whose controller reads another
+        object of the stream beside it (a TrainJob its TrainingRuntime) says so here."""
+        return self.controller_pods(self.job_object(documents, source), source)
 
 
 # A pod name's last hyphen-separated part, when it is all digits (a name of digits alone counts

@@ -50,6 +50,7 @@ class Volcano(JobKind):
     index_env = TASK_INDEX_ENV
     container_name = "train"
     restart_policy = "OnFailure"
+    cce_rank_table = True
     identity_metadata = "annotations"
     replicas_field = "spec.tasks[*].replicas"
     name_expected = (

@@ -177,8 +177,14 @@ class JobSpec:
         if not self.routing or self.routing_source == "rank-table":
             return False
         return self.routing_source == "api" or (
-            self.device != "npu" and not brings_a_rank_table(self)
+            not self.cce_rank_table and not brings_a_rank_table(self)
         )
+
+    @property
+    def cce_rank_table(self) -> bool:
+        """Whether CCE delivers the pods their rank table and switch topology: an NPU job of a
+        kind whose object CCE's configmap1980 plugin serves (the Volcano Job)."""
+        return self.device == "npu" and self.job_kind.cce_rank_table
 
     @property
     def routing_service_account(self) -> Optional[str]:
@@ -288,12 +294,12 @@ def _check_across_keys(check: Checker, spec: JobSpec) -> None:
         check.problem(
             ("name",), f"the {kind.title} (kind {kind.name}) cannot take it: {not_a_name}"
         )
-    longest = f"{spec.name}-{spec.task_name}-{spec.nodes - 1}"
+    longest, what = kind.longest_name(spec.name, spec.task_name, spec.nodes)
     if len(longest) > 63:
         check.problem(
             ("name",),
-            f"too long for the pod names: {longest!r} has {len(longest)} characters; a pod's "
-            "hostname '<name>-<task_name>-<index>' must have at most 63",
+            f"too long for the pod names: {longest!r} has {len(longest)} characters; {what} "
+            "must have at most 63",
         )
     if spec.full_node_npus is not None and spec.npus_per_node > spec.full_node_npus:
         check.problem(

@@ -8,9 +8,12 @@ and names it ``<job>-<task>-<index>``); its index is what
 :meth:`~npu_job.kinds.base.JobKind.pod_index` reads of its labels and name (a Volcano pod's
 ``volcano.sh/task-index`` label, else the index its name ends in); its node is ``spec.nodeName``.
 Pods that are going away (a deletion timestamp) or have ended (``Succeeded``, ``Failed``) do not
-count. A pod without an index (no index label, and a name that does not end as the kind names its
-pods), a label that is no index, or two live pods with one index: each is an
-:class:`~npu_job.errors.InputError` naming the pod and the field.
+count, nor, where the kind counts the restarts of the whole job (a JobSet's ``restart-attempt``),
+the pods of an earlier attempt than another listed pod's
+(:meth:`~npu_job.kinds.base.JobKind.of_latest_attempt`). A pod without an index (no index label,
+and a name that does not end as the kind names its pods), a label that is no index, or two live
+pods with one index: each is an :class:`~npu_job.errors.InputError` naming the pod and the
+field.
 
 The servers are the pods in index order, each known by its node's address as a rank table knows
 it (``server_id`` = the pod's ``status.hostIP``, the node's IP, which ``MA_CURRENT_HOST_IP`` holds
@@ -103,6 +106,9 @@ def job_roster(pods: Sequence[PodFacts], selector: JobSelector, source: str) -> 
         and not pod.deleting
         and pod.phase not in ENDED_PHASES
     ]
+    if kind.attempt_label:  # pods a restart of the whole job is replacing do not count
+        latest = kind.of_latest_attempt([pod.labels for pod in live])
+        live = [pod for pod, current in zip(live, latest) if current]
     labelled = _labelled_indices(live, kind)
     if labelled is not None and len(set(labelled)) == len(labelled):
         chosen = dict(zip(labelled, live))

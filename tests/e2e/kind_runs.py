@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, FrozenSet, List
+from typing import Any, Callable, Dict, FrozenSet, List
 
 from npu_job.demo import podsim
 from npu_job.kinds import KINDS
@@ -61,8 +61,14 @@ def routed_options(kind: str) -> demo.DemoOptions:
     )
 
 
-def run_routed_by_the_api(options: demo.DemoOptions, tmp_path: Path) -> KindRun:
-    """Run the demo of ``options`` (``routing_source="api"``) against the fake API."""
+def run_routed_by_the_api(
+    options: demo.DemoOptions,
+    tmp_path: Path,
+    served: Callable[[Dict[str, List[Dict[str, Any]]]], None] = lambda objects: None,
+) -> KindRun:
+    """Run the demo of ``options`` (``routing_source="api"``) against the fake API, which serves
+    the cluster's objects as ``served`` leaves them (a case's own changes: pods a controller left
+    behind)."""
     from tests.bootstrap.fake_kube_api import FakeKubernetesAPI
     from tests.bootstrap.https_server import HTTPSServer, make_self_signed
 
@@ -71,6 +77,7 @@ def run_routed_by_the_api(options: demo.DemoOptions, tmp_path: Path) -> KindRun:
     objects = demo.cluster_objects(
         demo.simulated_cluster(options, ips), ips, pods=demo.job_pods(options)
     )
+    served(objects)
     with HTTPSServer(cert, key, keep_alive=True) as server:
         fake = FakeKubernetesAPI(
             server,

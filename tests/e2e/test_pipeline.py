@@ -80,8 +80,9 @@ def run_on_hosts(
     options: demo.DemoOptions, workspace: Path, case: str, fault=None
 ) -> demo.DemoResult:
     tag = f"{case}{os.getpid() % 10000}"  # unique per run: names must not collide with a crashed run's
+    # the names the kind's controller gives pod i (a Volcano pod's <job>-<task>-<i>.<job>)
     hostnames = {
-        f"{demo.JOB_NAME}-{demo.TASK_NAME}-{i}.{demo.JOB_NAME}": i for i in range(options.nodes)
+        name: index for index, pod in enumerate(demo.job_pods(options)) for name in pod.dns_names
     }
     lines: List[str] = []
     with callers_path(CRON_PATH), NetnsCluster(
@@ -113,25 +114,22 @@ def explain(result: demo.DemoResult) -> str:
 def assert_trained_by_plan(result: demo.DemoResult, node_rank_of_pod, nproc: int) -> None:
     """Every worker sits at node_rank(pod) * nproc + local_rank; one model; loss down."""
     options = result.options
+    hostnames = [pod.hostname for pod in demo.job_pods(options)]  # what each pod's kubelet gives it
     reports = sorted(result.reports, key=lambda r: r["rank"])
     assert [r["rank"] for r in reports] == list(range(options.nodes * nproc))
     for report in reports:
         assert (
             report["rank"] == node_rank_of_pod[report["pod_index"]] * nproc + report["local_rank"]
         )
-        assert report["host"] == f"{demo.JOB_NAME}-{demo.TASK_NAME}-{report['pod_index']}"
+        assert report["host"] == hostnames[report["pod_index"]]
         assert report["eval_loss_final"] < report["eval_loss_initial"]
         assert report["problems"] == []
     assert len({r["param_digest"] for r in reports}) == 1
 
 
-def test_routing_moves_rank_zero_and_the_master_to_another_pod(tmp_path):
-    options = demo.DemoOptions(nodes=6, nproc_per_node=1, tors=3, seed=0, steps=8, timeout=150)
-    result = run_on_hosts(options, tmp_path, "pr")
-    assert result.ok, explain(result)
-    assert result.options.image == "stock" and result.prepared.image.env["PATH"].startswith(
-        str(tmp_path)
-    )
+def assert_planned_off_pod_0(result: demo.DemoResult):
+    """Every pod used the one plan, at the lower bound, with rank 0 off pod 0, and every worker
+    trained at the rank it gives (one worker a pod); the plan."""
     plan = result.prepared.plan
     assert str(plan.status) == "success"
     assert plan.master_index != 0, "pick a seed whose plan moves rank 0 off pod 0"
@@ -141,6 +139,17 @@ def test_routing_moves_rank_zero_and_the_master_to_another_pod(tmp_path):
         assert pod.master_index == str(plan.master_index)
         assert pod.route_plan["rank_mapping"] == plan.rank_mapping
     assert_trained_by_plan(result, plan.node_rank_of_pod, 1)
+    return plan
+
+
+def test_routing_moves_rank_zero_and_the_master_to_another_pod(tmp_path):
+    options = demo.DemoOptions(nodes=6, nproc_per_node=1, tors=3, seed=0, steps=8, timeout=150)
+    result = run_on_hosts(options, tmp_path, "pr")
+    assert result.ok, explain(result)
+    assert result.options.image == "stock" and result.prepared.image.env["PATH"].startswith(
+        str(tmp_path)
+    )
+    plan = assert_planned_off_pod_0(result)
     master = f"{demo.JOB_NAME}-{demo.TASK_NAME}-{plan.master_index}.{demo.JOB_NAME}"
     rank0_pod = result.prepared.specs[plan.master_index]
     rank0_log = (result.prepared.spec_files[plan.master_index].parent / "pod.log").read_text()

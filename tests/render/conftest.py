@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Sequence
 
 import pytest
 import yaml
+from npu_job.kinds import KINDS
 from npu_job.kinds.base import JobKind
 from npu_job.render.keys import SPEC_KEYS
 from npu_job.render.render import RenderedJob, render
@@ -99,6 +100,19 @@ def refused_given(values: Dict[str, Any], kind: JobKind) -> List[str]:
     some), sorted."""
     refused = {key for key, _ in kind.refused_keys}
     return sorted(key for key in values if key in refused)
+
+
+def as_kind(name: str, kind: str) -> RenderedJob:
+    """Example ``name`` rendered as ``kind``, less the keys it refuses (``--set key=null``, as a
+    user would run it)."""
+    values = example(name)
+    unset = [f"{key}=null" for key in refused_given(values, KINDS[kind])]
+    return render_values(values, f"kind={kind}", *unset)
+
+
+def kind_object(rendered: RenderedJob) -> Dict[str, Any]:
+    """The rendered stream's job object, found as its kind's record finds it."""
+    return dict(rendered.spec.job_kind.job_object(parsed(rendered), "stream"))
 
 
 def validate_as_pod(template: Dict[str, Any], version: str) -> None:

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from npu_job.kinds import KINDS
 from npu_job.render.keys import KEYS
 from npu_job.render.render import render
@@ -65,8 +64,9 @@ def job_object(rendered):
 
 def test_the_default_kind_is_volcano_and_an_unknown_kind_lists_the_known(registered):
     assert spec_from(with_keys()).kind == "volcano" == KEYS["kind"].default
-    assert problems_of(with_keys(kind="pytorch")) == (
-        f"kind: expected one of {known()}; got 'pytorch'",
+    # a name no kind is near (pytorch would suggest pytorchjob)
+    assert problems_of(with_keys(kind="slurm")) == (
+        f"kind: expected one of {known()}; got 'slurm'",
     )
     assert problems_of(with_keys(kind="trainthin")) == (
         f"kind: expected one of {known()}; got 'trainthin' (did you mean '{NAME}'?)",
@@ -160,8 +160,14 @@ def volcano_and_thing_pods(**keys):
 
 
 def test_every_kind_places_the_same_pod_template_with_its_own_parts(registered):
+    # routed by the API alike (CCE delivers rank tables to the Volcano Job's NPU pods only)
     volcano, thing = volcano_and_thing_pods(
-        nodes=4, anti_affinity=True, labels={"team": "a"}, env={"A": "1"}, priority_class="p"
+        nodes=4,
+        anti_affinity=True,
+        labels={"team": "a"},
+        env={"A": "1"},
+        priority_class="p",
+        routing_source="api",
     )
     term = thing["spec"]["affinity"]["podAntiAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
@@ -301,7 +307,7 @@ def test_a_kinds_master_address_is_the_dns_name_of_the_master_pod(name, tmp_path
     name; a kind without one tests its own rule)."""
     rendered = render(spec_from(with_keys(name="job", kind=name, nodes=3)), bundle=BUNDLE_STAND_IN)
     kind = rendered.spec.job_kind
-    pods = kind.controller_pods(yaml.safe_load(rendered.job.text), "job")
+    pods = kind.stream_pods(parsed(rendered), "job")
     master = pods[-1]
     if not master.dns_names:
         pytest.skip(f"{kind.title} pods have no DNS name")

@@ -484,3 +484,27 @@ def test_a_kind_that_reads_its_indices_its_own_way_is_read_its_way():
     assert caught.value.message.startswith(
         "pods: items[2] (Pod 'llama-worker-x'): metadata.name: expected a example.com/set-index "
     )
+
+
+def test_pods_of_an_earlier_attempt_of_a_restarted_jobset_do_not_count():
+    from npu_job.bootstrap.kube.facts import PodFacts
+    from npu_job.kinds import KINDS
+
+    jobset = KINDS["jobset"]
+
+    def pod(index, attempt):
+        labels = {
+            "jobset.sigs.k8s.io/jobset-name": "llama",
+            "jobset.sigs.k8s.io/replicatedjob-name": "worker",
+            "jobset.sigs.k8s.io/restart-attempt": str(attempt),
+            "batch.kubernetes.io/job-completion-index": str(index),
+        }
+        name = f"llama-worker-0-{index}-{'bcdfg' if attempt else 'hjklm'}"
+        host = f"10.0.{attempt}.{index}"
+        return PodFacts(name, "team", labels, f"node-{host}", host, "Running")
+
+    # the restart made every pod again, with the next attempt; two of the old linger, not deleted
+    pods = [pod(0, 0), *(pod(index, 1) for index in range(3)), pod(2, 0)]
+    selector = JobSelector(job="llama", task="worker", expected=3, kind=jobset)
+    roster = job_roster(pods, selector, "pods")
+    assert roster.ready and [p.host_ip for p in roster.pods] == ["10.0.1.0", "10.0.1.1", "10.0.1.2"]
