@@ -112,6 +112,9 @@ class JobKind:
     container_name: str = "train"
     #: the pod template's ``restartPolicy`` the controller accepts
     restart_policy: str = "OnFailure"
+    #: the name of the training container's port the controller reads the master's port from
+    #: (render gives that port the job's master_port), "" when the controller reads none
+    master_port_name: str = ""
     #: spec keys the kind cannot honour, each with why (render refuses them naming both)
     refused_keys: Tuple[Tuple[str, str], ...] = ()
     #: Role rules the pods need besides listing pods
