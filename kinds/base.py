@@ -115,6 +115,10 @@ class JobKind:
     #: the name of the training container's port the controller reads the master's port from
     #: (render gives that port the job's master_port), "" when the controller reads none
     master_port_name: str = ""
+    #: CCE's configmap1980 plugin, a Volcano Job plugin, delivers the kind's NPU pods their rank
+    #: table and switch topology; where it does not, a routed NPU job of the kind lists its pods
+    #: from the Kubernetes API unless it brings a rank table itself
+    cce_rank_table: bool = False
     #: spec keys the kind cannot honour, each with why (render refuses them naming both)
     refused_keys: Tuple[Tuple[str, str], ...] = ()
     #: Role rules the pods need besides listing pods

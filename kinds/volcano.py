@@ -48,6 +48,7 @@ class Volcano(JobKind):
     index_env = "VC_TASK_INDEX"
     container_name = "train"
     restart_policy = "OnFailure"
+    cce_rank_table = True
     identity_metadata = "annotations"
     replicas_field = "spec.tasks[*].replicas"
     name_expected = (

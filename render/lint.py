@@ -25,12 +25,17 @@ def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str
     if (
         spec.routing
         and spec.routing_source == "rank-table"
-        and spec.device != "npu"
+        and not spec.cce_rank_table
         and not brings_a_rank_table(spec)
     ):
+        what, served = (
+            (f"device {spec.device}", "NPU jobs")
+            if spec.device != "npu"
+            else (f"kind {spec.kind}", "the NPU pods of Volcano Jobs")
+        )
         warnings.append(
-            f"routing is on for device {spec.device}, but no rank table source is configured "
-            "(CCE's configmap1980 plugin serves NPU jobs only): set env RANK_TABLE_FILE (a file "
+            f"routing is on for {what}, but no rank table source is configured "
+            f"(CCE's configmap1980 plugin serves {served} only): set env RANK_TABLE_FILE (a file "
             "in one of volumes, or an http(s) URL) or mount one at "
             f"{_default_rank_table_dirs()[0]}; without it each pod's bootstrap finds no rank table "
             "and keeps the scheduler's order"

@@ -329,9 +329,9 @@ def _pairs(*groups: Tuple[Tuple[str, str], ...]) -> Tuple[Tuple[str, str], ...]:
 
 
 def _context(spec: JobSpec) -> Dict[str, Any]:
-    # CCE delivers the rank table (configmap1980) and the ToR topology (cabinet) to NPU jobs only;
-    # a routed gpu/cpu job runs the same bootstrap on a rank table it brings itself
-    npu_routing = spec.routing and spec.device == "npu" and not spec.routes_by_api
+    # CCE delivers the rank table (configmap1980) and the ToR topology (cabinet) to NPU Volcano
+    # Jobs only; another routed job runs the same bootstrap on a rank table it brings itself
+    npu_routing = spec.routing and spec.cce_rank_table and not spec.routes_by_api
     job_labels = _pairs(
         (MANAGED_BY,),
         (("fault-scheduling", "force"),) if spec.device == "npu" else (),

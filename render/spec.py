@@ -177,8 +177,14 @@ class JobSpec:
         if not self.routing or self.routing_source == "rank-table":
             return False
         return self.routing_source == "api" or (
-            self.device != "npu" and not brings_a_rank_table(self)
+            not self.cce_rank_table and not brings_a_rank_table(self)
         )
+
+    @property
+    def cce_rank_table(self) -> bool:
+        """Whether CCE delivers the pods their rank table and switch topology: an NPU job of a
+        kind whose object CCE's configmap1980 plugin serves (the Volcano Job)."""
+        return self.device == "npu" and self.job_kind.cce_rank_table
 
     @property
     def routing_service_account(self) -> Optional[str]:

@@ -143,6 +143,15 @@ CONTAINER = obj(
     command=strings(),
     args=strings(),
     workingDir=string(),
+    ports=array(
+        obj(
+            required=("containerPort",),
+            name=string(max_length=15),
+            containerPort=integer(minimum=1, maximum=65535),
+            hostPort=integer(),
+            protocol=string(),
+        )
+    ),
     env=array(ENV_VAR),
     resources=obj(
         limits={"type": "object", "additionalProperties": QUANTITY},

@@ -65,8 +65,9 @@ def job_object(rendered):
 
 def test_the_default_kind_is_volcano_and_an_unknown_kind_lists_the_known(registered):
     assert spec_from(with_keys()).kind == "volcano" == KEYS["kind"].default
-    assert problems_of(with_keys(kind="pytorch")) == (
-        f"kind: expected one of {known()}; got 'pytorch'",
+    # a name no kind is near (pytorch would suggest pytorchjob)
+    assert problems_of(with_keys(kind="slurm")) == (
+        f"kind: expected one of {known()}; got 'slurm'",
     )
     assert problems_of(with_keys(kind="trainthin")) == (
         f"kind: expected one of {known()}; got 'trainthin' (did you mean '{NAME}'?)",
@@ -160,8 +161,14 @@ def volcano_and_thing_pods(**keys):
 
 
 def test_every_kind_places_the_same_pod_template_with_its_own_parts(registered):
+    # routed by the API alike (CCE delivers rank tables to the Volcano Job's NPU pods only)
     volcano, thing = volcano_and_thing_pods(
-        nodes=4, anti_affinity=True, labels={"team": "a"}, env={"A": "1"}, priority_class="p"
+        nodes=4,
+        anti_affinity=True,
+        labels={"team": "a"},
+        env={"A": "1"},
+        priority_class="p",
+        routing_source="api",
     )
     term = thing["spec"]["affinity"]["podAntiAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"
