@@ -4,9 +4,10 @@ Start it like any torchrun script (``npu-run``, ``torchrun``); it reads torchrun
 environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR/PORT) and
 
 1. checks its global rank against the plan the pod's bootstrap wrote: the node rank this pod
-   (``VC_TASK_INDEX``) should have is read from the route-plan JSON (``rank_mapping``
-   ``"newRank-podIndex,..."``), else from ``/tmp/RANK_AFTER_ACC``, else it is the pod index
-   (scheduler order); the expected rank is ``node_rank * LOCAL_WORLD_SIZE + LOCAL_RANK``;
+   (``VC_TASK_INDEX``; on a job kind whose index variable train.sh unsets, the ``pod_index`` the
+   bootstrap found itself at in the route plan) should have is read from the route-plan JSON
+   (``rank_mapping`` ``"newRank-podIndex,..."``), else from ``/tmp/RANK_AFTER_ACC``, else it is the
+   pod index (scheduler order); the expected rank is ``node_rank * LOCAL_WORLD_SIZE + LOCAL_RANK``;
 2. trains a tiny MLP on synthetic regression data (fixed seed, a different shard per rank) with
    DistributedDataParallel — gloo on CPU, nccl on GPU, hccl on NPU when torch_npu is present;
 3. all-gathers a sha256 of the trained parameters and checks every rank holds the same model;
@@ -113,6 +114,15 @@ def parse_rank_mapping(mapping: str) -> Dict[int, int]:
         new_rank, pod_index = pair.strip().split("-")
         node_rank_of_pod[int(pod_index)] = int(new_rank)
     return node_rank_of_pod
+
+
+def route_plan_pod_index(route_plan: Path) -> Optional[int]:
+    """The pod index the bootstrap found this pod at (the route plan's ``pod_index``), or None."""
+    try:
+        index = json.loads(read_text(route_plan) or "{}").get("pod_index")
+    except (ValueError, AttributeError):
+        return None
+    return index if isinstance(index, int) and not isinstance(index, bool) else None
 
 
 def planned_node_rank(
@@ -244,9 +254,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     local_rank = env_int("LOCAL_RANK") or 0
     local_world = env_int("LOCAL_WORLD_SIZE") or 1
     group_rank = env_int("GROUP_RANK")
-    pod_index = env_int(TASK_INDEX_ENV)
     output_dir = Path(os.environ.get(OUTPUT_DIR_ENV) or OUTPUT_DIR)
     route_plan = Path(args.route_plan) if args.route_plan else output_dir / ROUTE_PLAN_FILE
+    pod_index = env_int(TASK_INDEX_ENV)
+    if pod_index is None:  # a kind whose index variable train.sh unsets (PyTorchJob's, ...)
+        pod_index = route_plan_pod_index(route_plan)
     node_rank, source, problems = planned_node_rank(pod_index, route_plan, output_dir / RANK_FILE)
 
     device_type, backend = pick_device(args.device)

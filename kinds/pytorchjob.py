@@ -76,6 +76,7 @@ class PyTorchJob(MasterWorker):
     container_name = CONTAINER
     restart_policy = "OnFailure"
     specs_key = "pytorchReplicaSpecs"
+    replicas_field = "spec.pytorchReplicaSpecs.*.replicas"
     min_workers = 1
     master_port_name = PORT_NAME
     # what torchrun would read of them (PET_* as its flags' defaults) and what the workers would

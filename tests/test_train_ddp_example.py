@@ -17,21 +17,28 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py"
 
 @pytest.mark.torch
 @pytest.mark.parametrize(
-    "rank_mapping, rank_file, problem",
+    "rank_mapping, rank_file, task_index, problem",
     [
-        ("0-1,1-0", "1", "rank 0 but the plan (route-plan) gives node rank 1"),
-        ("0-0,1-1", "1", "RANK_AFTER_ACC says 1 but the route plan says 0"),
+        ("0-1,1-0", "1", "0", "rank 0 but the plan (route-plan) gives node rank 1"),
+        ("0-0,1-1", "1", "0", "RANK_AFTER_ACC says 1 but the route plan says 0"),
+        # a job kind whose index variable train.sh unsets: the pod index is the route plan's
+        ("0-1,1-0", "0", None, "rank 0 but the plan (route-plan) gives node rank 1"),
     ],
-    ids=["pod-should-be-node-1", "rank-file-contradicts-plan"],
+    ids=["pod-should-be-node-1", "rank-file-contradicts-plan", "pod-index-of-the-route-plan"],
 )
-def test_a_rank_off_the_route_plan_fails_the_run(tmp_path, rank_mapping, rank_file, problem):
+def test_a_rank_off_the_route_plan_fails_the_run(
+    tmp_path, rank_mapping, rank_file, task_index, problem
+):
     from npu_job.podfacts import RANK_FILE, ROUTE_PLAN_FILE
 
     (tmp_path / ROUTE_PLAN_FILE).write_text(
-        json.dumps({"status": "success", "rank_mapping": rank_mapping})
+        json.dumps({"status": "success", "rank_mapping": rank_mapping, "pod_index": 0})
     )
     (tmp_path / RANK_FILE).write_text(rank_file)
-    env = {**os.environ, "VC_TASK_INDEX": "0", "NPU_JOB_OUTPUT_DIR": str(tmp_path)}
+    env = {**os.environ, "NPU_JOB_OUTPUT_DIR": str(tmp_path)}
+    env.pop("VC_TASK_INDEX", None)
+    if task_index is not None:
+        env["VC_TASK_INDEX"] = task_index
     reports = tmp_path / "reports"
     run = subprocess.run(
         [

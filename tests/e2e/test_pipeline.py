@@ -80,8 +80,9 @@ def run_on_hosts(
     options: demo.DemoOptions, workspace: Path, case: str, fault=None
 ) -> demo.DemoResult:
     tag = f"{case}{os.getpid() % 10000}"  # unique per run: names must not collide with a crashed run's
+    # the names the kind's controller gives pod i (a Volcano pod's <job>-<task>-<i>.<job>)
     hostnames = {
-        f"{demo.JOB_NAME}-{demo.TASK_NAME}-{i}.{demo.JOB_NAME}": i for i in range(options.nodes)
+        name: index for index, pod in enumerate(demo.job_pods(options)) for name in pod.dns_names
     }
     lines: List[str] = []
     with callers_path(CRON_PATH), NetnsCluster(
@@ -113,13 +114,14 @@ def explain(result: demo.DemoResult) -> str:
 def assert_trained_by_plan(result: demo.DemoResult, node_rank_of_pod, nproc: int) -> None:
     """Every worker sits at node_rank(pod) * nproc + local_rank; one model; loss down."""
     options = result.options
+    hostnames = [pod.hostname for pod in demo.job_pods(options)]  # what each pod's kubelet gives it
     reports = sorted(result.reports, key=lambda r: r["rank"])
     assert [r["rank"] for r in reports] == list(range(options.nodes * nproc))
     for report in reports:
         assert (
             report["rank"] == node_rank_of_pod[report["pod_index"]] * nproc + report["local_rank"]
         )
-        assert report["host"] == f"{demo.JOB_NAME}-{demo.TASK_NAME}-{report['pod_index']}"
+        assert report["host"] == hostnames[report["pod_index"]]
         assert report["eval_loss_final"] < report["eval_loss_initial"]
         assert report["problems"] == []
     assert len({r["param_digest"] for r in reports}) == 1

@@ -1,0 +1,55 @@
+"""``npu-job demo --kind pytorchjob`` with every pod on its own simulated host: the PyTorchJob as
+training-operator would run it follows the bootstrap's plan.
+
+The pods are the operator's (``kinds/pytorchjob.py``'s ``controller_pods``): ``demo-master-0`` and
+``demo-worker-<i>``, ``PET_NODE_RANK``/``RANK`` 0 for the Master and ``i + 1`` for Worker ``i``,
+``MASTER_ADDR``/``PET_*`` as the operator injects them, each reachable by its per-replica
+Service's name. As in ``test_pipeline.py``, each pod runs in its own network and mount namespace
+and nothing but the cluster is simulated; no training-operator runs here.
+"""
+
+from __future__ import annotations
+
+import pytest
+from npu_job.kinds import KINDS
+
+from npu_job import demo
+from tests.e2e.test_pipeline import REASON, assert_trained_by_plan, explain, run_on_hosts
+
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.torch,
+    pytest.mark.skipif(REASON is not None, reason=REASON or ""),
+]
+KIND = KINDS["pytorchjob"]
+
+
+def test_the_pytorchjob_trains_by_the_plan_with_rank_0_on_the_planned_pods_service(tmp_path):
+    options = demo.DemoOptions(
+        kind="pytorchjob", nodes=6, nproc_per_node=1, tors=3, seed=0, steps=8, timeout=150
+    )
+    result = run_on_hosts(options, tmp_path, "kp")
+    assert result.ok, explain(result)
+    names = [spec.name for spec in result.prepared.specs]
+    assert names == ["demo-master-0", *(f"demo-worker-{i}" for i in range(5))]
+    for spec in result.prepared.specs:
+        env = spec.env_dict()
+        assert env["PET_NODE_RANK"] == env["RANK"] == str(spec.index)  # the operator's rank
+        assert env["PET_MASTER_ADDR"] == "demo-master-0" and env["NPU_JOB_KIND"] == "pytorchjob"
+    plan = result.prepared.plan
+    assert str(plan.status) == "success"
+    assert plan.master_index != 0, "pick a seed whose plan moves rank 0 off the Master"
+    assert result.score.cross_after == result.score.lower_bound < result.score.cross_before
+    for pod in result.pods:
+        assert pod.rank_after_acc == str(plan.node_rank_of_pod[pod.index])
+        assert pod.master_index == str(plan.master_index)
+        assert pod.route_plan["rank_mapping"] == plan.rank_mapping
+    assert_trained_by_plan(result, plan.node_rank_of_pod, 1)
+    # rank 0 is where the plan put it, not the operator's MASTER_ADDR: a Worker's Service
+    master = KIND.dns_name(demo.JOB_NAME, "", plan.master_index)
+    assert master.startswith(f"{demo.JOB_NAME}-worker-")
+    rank0_log = (result.prepared.spec_files[plan.master_index].parent / "pod.log").read_text()
+    assert f"master {master}:" in rank0_log and "hosting the root store" in rank0_log
+    for spec_file in result.prepared.spec_files:
+        log = (spec_file.parent / "pod.log").read_text()
+        assert f"master {master}:" in log
