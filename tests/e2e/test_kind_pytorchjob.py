@@ -14,7 +14,7 @@ import pytest
 from npu_job.kinds import KINDS
 
 from npu_job import demo
-from tests.e2e.test_pipeline import REASON, assert_trained_by_plan, explain, run_on_hosts
+from tests.e2e.test_pipeline import REASON, assert_planned_off_pod_0, explain, run_on_hosts
 
 pytestmark = [
     pytest.mark.netns,
@@ -36,15 +36,7 @@ def test_the_pytorchjob_trains_by_the_plan_with_rank_0_on_the_planned_pods_servi
         env = spec.env_dict()
         assert env["PET_NODE_RANK"] == env["RANK"] == str(spec.index)  # the operator's rank
         assert env["PET_MASTER_ADDR"] == "demo-master-0" and env["NPU_JOB_KIND"] == "pytorchjob"
-    plan = result.prepared.plan
-    assert str(plan.status) == "success"
-    assert plan.master_index != 0, "pick a seed whose plan moves rank 0 off the Master"
-    assert result.score.cross_after == result.score.lower_bound < result.score.cross_before
-    for pod in result.pods:
-        assert pod.rank_after_acc == str(plan.node_rank_of_pod[pod.index])
-        assert pod.master_index == str(plan.master_index)
-        assert pod.route_plan["rank_mapping"] == plan.rank_mapping
-    assert_trained_by_plan(result, plan.node_rank_of_pod, 1)
+    plan = assert_planned_off_pod_0(result)  # the Master's
     # rank 0 is where the plan put it, not the operator's MASTER_ADDR: a Worker's Service
     master = KIND.dns_name(demo.JOB_NAME, "", plan.master_index)
     assert master.startswith(f"{demo.JOB_NAME}-worker-")

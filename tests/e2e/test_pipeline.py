@@ -127,13 +127,9 @@ def assert_trained_by_plan(result: demo.DemoResult, node_rank_of_pod, nproc: int
     assert len({r["param_digest"] for r in reports}) == 1
 
 
-def test_routing_moves_rank_zero_and_the_master_to_another_pod(tmp_path):
-    options = demo.DemoOptions(nodes=6, nproc_per_node=1, tors=3, seed=0, steps=8, timeout=150)
-    result = run_on_hosts(options, tmp_path, "pr")
-    assert result.ok, explain(result)
-    assert result.options.image == "stock" and result.prepared.image.env["PATH"].startswith(
-        str(tmp_path)
-    )
+def assert_planned_off_pod_0(result: demo.DemoResult):
+    """Every pod used the one plan, at the lower bound, with rank 0 off pod 0, and every worker
+    trained at the rank it gives (one worker a pod); the plan."""
     plan = result.prepared.plan
     assert str(plan.status) == "success"
     assert plan.master_index != 0, "pick a seed whose plan moves rank 0 off pod 0"
@@ -143,6 +139,17 @@ def test_routing_moves_rank_zero_and_the_master_to_another_pod(tmp_path):
         assert pod.master_index == str(plan.master_index)
         assert pod.route_plan["rank_mapping"] == plan.rank_mapping
     assert_trained_by_plan(result, plan.node_rank_of_pod, 1)
+    return plan
+
+
+def test_routing_moves_rank_zero_and_the_master_to_another_pod(tmp_path):
+    options = demo.DemoOptions(nodes=6, nproc_per_node=1, tors=3, seed=0, steps=8, timeout=150)
+    result = run_on_hosts(options, tmp_path, "pr")
+    assert result.ok, explain(result)
+    assert result.options.image == "stock" and result.prepared.image.env["PATH"].startswith(
+        str(tmp_path)
+    )
+    plan = assert_planned_off_pod_0(result)
     master = f"{demo.JOB_NAME}-{demo.TASK_NAME}-{plan.master_index}.{demo.JOB_NAME}"
     rank0_pod = result.prepared.specs[plan.master_index]
     rank0_log = (result.prepared.spec_files[plan.master_index].parent / "pod.log").read_text()
