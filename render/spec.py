@@ -33,6 +33,7 @@ from .keys import (
     HCCL_PORT_COUNT,
     KEYS,
     NPU_HOST_MOUNTS,
+    NPU_NODE_SELECTOR,
     NULL_MEANS_NONE,
     REQUIRED,
     RESERVED_ENV,
@@ -159,7 +160,18 @@ class JobSpec:
 
     @property
     def resource_name(self) -> Optional[str]:
+        """The extended resource each pod requests ``npus_per_node`` of (None for cpu)."""
         return DEVICE_RESOURCE[self.device]
+
+    @property
+    def accelerator_node_selector(self) -> Tuple[Tuple[str, str], ...]:
+        """The nodeSelector the pods get before the spec's own: the NPU nodes' label."""
+        return NPU_NODE_SELECTOR if self.device == "npu" else ()
+
+    @property
+    def delivered_rank_table(self) -> bool:
+        """Whether the cluster delivers the pods a rank table (CCE, to an NPU Volcano Job)."""
+        return self.cce_rank_table
 
     @property
     def uses_bundle(self) -> bool:
