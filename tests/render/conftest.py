@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 import pytest
@@ -79,3 +80,26 @@ def with_keys(**extra: Any) -> Dict[str, Any]:
 
 def names(items: Sequence[Dict[str, Any]]) -> List[str]:
     return [item["name"] for item in items]
+
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+#: the example job specs (examples/job-*.yaml), by file name
+EXAMPLES = sorted(path.name for path in EXAMPLES_DIR.glob("job-*.yaml"))
+
+
+def example(name: str) -> Dict[str, Any]:
+    """The values of ``examples/<name>``, as render reads the file."""
+    from npu_job.render.values import load_yaml_values
+
+    return load_yaml_values((EXAMPLES_DIR / name).read_text(), f"examples/{name}")
+
+
+def object_of_kind(rendered: RenderedJob, kind: Any) -> Dict[str, Any]:
+    """The one document of ``kind``'s apiVersion and kind (its record) in the rendered stream."""
+    found = [
+        doc
+        for doc in parsed(rendered)
+        if (doc["apiVersion"], doc["kind"]) == (kind.api_version, kind.kind)
+    ]
+    assert len(found) == 1, [(doc["apiVersion"], doc["kind"]) for doc in parsed(rendered)]
+    return found[0]
