@@ -11,14 +11,16 @@ from typing import Dict
 
 from npu_job.errors import InputError, shown
 
-from . import pytorchjob, volcano
+from . import ascendjob, pytorchjob, volcano
 from .base import JobKind
 
 DEFAULT = volcano.KIND.name
 #: The environment variable render sets on a pod of any kind but the default, naming its kind.
 KIND_ENV = "NPU_JOB_KIND"
 
-KINDS: Dict[str, JobKind] = {kind.name: kind for kind in (volcano.KIND, pytorchjob.KIND)}
+KINDS: Dict[str, JobKind] = {
+    kind.name: kind for kind in (volcano.KIND, pytorchjob.KIND, ascendjob.KIND)
+}
 
 
 def kind_named(name: str, source: str, field: str) -> JobKind:
