@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 HELP = "compute this pod's routing-affine node rank (pod step 1)"
 
 _EPILOG = """\
-The pod command runs it first and reads its files:
+The pod command runs it first and reads its files (a Volcano Job's; a pod of another kind
+falls back to its kind's index variable, and NPU_JOB_KIND names the kind):
   bash bootstrap.sh; export RANK_AFTER_ACC=${VC_TASK_INDEX};
   rank_acc=$(cat /tmp/RANK_AFTER_ACC 2>/dev/null);
   [ -n "${rank_acc}" ] && export RANK_AFTER_ACC=${rank_acc};

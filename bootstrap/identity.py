@@ -1,11 +1,12 @@
 """Who am I: this pod's index in the rank table (pure).
 
 The pod finds itself by ``MA_CURRENT_HOST_IP`` (the node's ``status.hostIP``) matching a server's
-``server_id`` (or its ``host_ip`` where the format has one, v1.2+). ``VC_TASK_INDEX`` is the
-scheduler's pod index and must agree: on CCE ``server_list`` is in pod-index order, and for a
-legacy ``group_list`` table the ``pod_name`` suffix gives the index. Any disagreement is an
-:class:`InconsistentError`; nothing is guessed silently. Without a host IP the task index alone is
-used (and said so in the log).
+``server_id`` (or its ``host_ip`` where the format has one, v1.2+). The scheduler's pod index,
+which the job's kind's controller sets (its :attr:`~npu_job.kinds.base.JobKind.index_env`: a
+Volcano Job's ``VC_TASK_INDEX``), must agree: on CCE ``server_list`` is in pod-index order, and for
+a legacy ``group_list`` table the ``pod_name`` suffix gives the index. Any disagreement is an
+:class:`InconsistentError` naming that variable; nothing is guessed silently. Without a host IP
+the pod index alone is used (and said so in the log).
 
 Before that, :func:`check_job_nodes` holds the table to the job's node count, which every pod of
 the job is given alike (``MA_NUM_HOSTS``): a table listing another number of servers is refused on
@@ -18,17 +19,21 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+from npu_job.kinds import DEFAULT, KINDS
+
 from npu_job.errors import InconsistentError, InputError, shown
 from npu_job.parsing import count_from_text
-from npu_job.podfacts import TASK_INDEX_ENV
 
 from .base.model import RankTable
 
 log = logging.getLogger(__name__)
 
+DEFAULT_INDEX_ENV = KINDS[DEFAULT].index_env
 
-def parse_task_index(value: Optional[str], name: str = TASK_INDEX_ENV) -> Optional[int]:
-    """``VC_TASK_INDEX`` as an int (None when unset or empty)."""
+
+def parse_task_index(value: Optional[str], name: str = DEFAULT_INDEX_ENV) -> Optional[int]:
+    """This pod's index (the variable ``name``, a kind's ``index_env``) as an int (None when unset
+    or empty)."""
     if value is None or value.strip() == "":
         return None
     index = count_from_text(value.strip())
@@ -63,10 +68,11 @@ def find_pod_index(
     entries: str = "server_list",
     what: str = "the rank table",
     ids: str = "server ids",
+    index_env: str = DEFAULT_INDEX_ENV,
 ) -> int:
     """The pod index of this pod in ``table``; see the module docstring for the rules.
     ``entries`` and ``what`` name the servers' source in messages (a job's pods have no
-    ``server_list``)."""
+    ``server_list``), ``index_env`` the variable ``task_index`` came from (the job kind's)."""
     count = table.node_count
     if host_ip:
         matches = [s.pod_index for s in table.servers if s.server_id == host_ip]
@@ -87,7 +93,7 @@ def find_pod_index(
         if task_index is not None and task_index != index:
             raise InconsistentError(
                 f"{source}: {entries}[{index}]: this host {shown(host_ip)} is pod index {index} "
-                f"in {what}, but VC_TASK_INDEX is {task_index}",
+                f"in {what}, but {index_env} is {task_index}",
                 tip="the rank table may be stale or out of pod order; "
                 "--pod-index/--host-ip override",
             )
@@ -95,13 +101,13 @@ def find_pod_index(
     if task_index is not None:
         if task_index >= count:
             raise InconsistentError(
-                f"{source}: {entries}: expected an entry for VC_TASK_INDEX {task_index}, "
+                f"{source}: {entries}: expected an entry for {index_env} {task_index}, "
                 f"{what} lists {count}"
             )
-        log.info("MA_CURRENT_HOST_IP is not set; this pod is index %d by VC_TASK_INDEX", task_index)
+        log.info("MA_CURRENT_HOST_IP is not set; this pod is index %d by %s", task_index, index_env)
         return task_index
     raise InputError(
         "environment",
         "MA_CURRENT_HOST_IP",
-        "expected this host's IP (or VC_TASK_INDEX, or --host-ip/--pod-index), neither is set",
+        f"expected this host's IP (or {index_env}, or --host-ip/--pod-index), neither is set",
     )

@@ -155,11 +155,13 @@ def _named_count(options: BootstrapOptions, env: Mapping[str, str]) -> str:
 def _this_pod(options: BootstrapOptions, table: RankTable, source: str, *, from_pods: bool) -> int:
     from . import identity
 
+    index_env = options.kind.index_env
     return identity.find_pod_index(
         table,
         options.host_ip,
-        identity.parse_task_index(options.pod_index),
+        identity.parse_task_index(options.pod_index, index_env),
         source,
+        index_env=index_env,
         **(
             {"entries": "pods", "what": "the job's pods", "ids": "pods' host IPs"}
             if from_pods

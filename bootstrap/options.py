@@ -16,11 +16,18 @@ That table drives
 
 A few rows are read where they are used, not by :func:`resolve`: the service account's folder
 (with the API's address), and the interpreter ``bootstrap.sh`` starts.
+
+The job's kind (``--kind``, ``$NPU_JOB_KIND``, a record of :mod:`npu_job.kinds`) is read first:
+a row may read the variable of the kind (:attr:`Option.kind_env`), such as this pod's index,
+which each kind's controller sets under its own name.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, Iterator, Mapping, NamedTuple, Optional, Tuple
+
+from npu_job.kinds import DEFAULT, KIND_ENV, KINDS, kind_named
+from npu_job.kinds.base import JobKind
 
 from npu_job.errors import InputError, shown
 from npu_job.parsing import count_from_text, is_false, is_true, seconds_from_text
@@ -32,7 +39,6 @@ from npu_job.podfacts import (
     PYTHON_ENV,
     RANK_TABLE_ENV,
     STRICT_ENV,
-    TASK_INDEX_ENV,
 )
 
 from .base.model import TOPOLOGY_FORMATS, Collective
@@ -77,6 +83,9 @@ class Option(NamedTuple):
     metavar: Optional[str] = None
     choices: Tuple[str, ...] = ()
     plan: Optional[PlanFlag] = None  # npu-job plan takes the flag too, told as this
+    # a JobKind attribute naming the variable read on a pod of that kind (such as index_env);
+    # env is then the default kind's, as help and docs name it
+    kind_env: str = ""
 
     @property
     def is_switch(self) -> bool:
@@ -101,24 +110,37 @@ OPTIONS: Tuple[Option, ...] = (
         " named by --rank-table or $RANK_TABLE_FILE wins)",
         "", "k8s|PATH|URL",
         plan=PlanFlag(
-            "instead of a rank table, a Volcano job's pods: kubectl get pods -o json (or -o yaml),"
+            "instead of a rank table, a job's pods: kubectl get pods -o json (or -o yaml),"
             " or one kubectl get hypernodes,nodes,pods -o json whose HyperNodes or node labels are"
             " then the topology",
             "PATH|URL",
         ),
     ),
     Option(
-        "job", "--job", "MA_VJ_NAME", "text", INPUTS,
-        "with --pods: the Volcano job (label volcano.sh/job-name)", "", "NAME",
+        "kind", "--kind", KIND_ENV, "job kind", INPUTS,
+        "the job's kind, as npu-job render's spec key kind names it: which labels mark the job's"
+        " pods and their indices, and which variable holds this pod's index",
+        DEFAULT, "KIND",
         plan=PlanFlag(
-            "with --pods: the job (label volcano.sh/job-name; default: the one job the pods"
-            " belong to)",
+            "with --pods: the job's kind, whose labels mark the job's pods and their indices"
+            f" (default: {DEFAULT})",
+        ),
+    ),
+    Option(
+        "job", "--job", "MA_VJ_NAME", "text", INPUTS,
+        "with --pods: the job's name (Volcano's job), its kind's job label", "", "NAME",
+        plan=PlanFlag(
+            "with --pods: the job's name (Volcano's job), its kind's job label (default: the"
+            " one job the pods belong to)",
         ),
     ),
     Option(
         "task", "--task", "MA_TASK_NAME", "text", INPUTS,
-        "with --pods: its task (label volcano.sh/task-spec)", "", "NAME",
-        plan=PlanFlag("with --pods: only this task's pods (label volcano.sh/task-spec)"),
+        "with --pods: the job's group of training pods (Volcano's task), its kind's group label",
+        "", "NAME",
+        plan=PlanFlag(
+            "with --pods: only this group's pods (Volcano's task), its kind's group label",
+        ),
     ),
     Option(
         "namespace", "--namespace", "NPU_JOB_NAMESPACE", "text", INPUTS,
@@ -199,8 +221,8 @@ OPTIONS: Tuple[Option, ...] = (
         "this host's IP, matched to a server_id", "", "IP",
     ),
     Option(
-        "pod_index", "--pod-index", TASK_INDEX_ENV, "text", THIS_POD,
-        "this pod's scheduler index, a cross-check", "", "N",
+        "pod_index", "--pod-index", KINDS[DEFAULT].index_env, "text", THIS_POD,
+        "this pod's scheduler index, a cross-check", "", "N", kind_env="index_env",
     ),
     Option(
         "collective", "--collective", HCCL_ALGO_ENV, "collective", PLANNING,
@@ -246,6 +268,7 @@ class BootstrapOptions(NamedTuple):
 
     rank_table: Optional[str] = None  # path, directory or URL; None: the default locations
     pods: Optional[str] = None  # no rank table: "k8s" (the API) or a kubectl get pods -o json
+    kind: JobKind = KINDS[DEFAULT]  # the job's kind (its record)
     job: Optional[str] = None
     task: Optional[str] = None
     namespace: Optional[str] = None  # None: the service account's
@@ -294,6 +317,12 @@ def _on(text: str, where: str) -> bool:
 
 def _unless_off(text: str, where: str) -> bool:
     return not is_false(text)
+
+
+def _job_kind(text: str, name: str) -> JobKind:
+    """The kind ``text`` names; ``name`` (a flag or variable) for the error, which lists the
+    known kinds."""
+    return kind_named(text.strip(), "environment" if name.isupper() else "command line", name)
 
 
 def label_keys_from_text(text: str, name: str) -> Tuple[str, ...]:
@@ -375,29 +404,48 @@ READERS: Dict[str, Callable[[str, str], Any]] = {
     "unless off": _unless_off,  # a switch, on unless the variable says 0, false, no or off
     "labels": label_keys_from_text,
     "collective": _collective,
+    "job kind": _job_kind,
 }
+# readers a flag's value goes through too (argparse takes it as text)
+_FLAG_READERS = ("labels", "job kind")
 
 
-def _given(option: Option, flags: Mapping[str, Any], env: Mapping[str, str]) -> Any:
-    """The option's value from its flag, else its variable; None where neither says anything."""
+def _given(option: Option, flags: Mapping[str, Any], env: Mapping[str, str], kind: JobKind) -> Any:
+    """The option's value from its flag, else its variable on a pod of ``kind``; None where
+    neither says anything."""
     value = flags.get(option.name)
     if value is not None and value is not False:
-        if option.kind == "labels":
-            return label_keys_from_text(str(value), option.flag or option.name)
+        if option.kind in _FLAG_READERS:
+            return READERS[option.kind](str(value), option.flag or option.name)
         return value
-    text = env.get(option.env, "") if option.env else ""
+    name = env_name(option, kind)
+    text = env.get(name, "") if name else ""
     if not text.strip():
         return None
-    return READERS[option.kind](text, option.env or "")
+    return READERS[option.kind](text, name or "")
+
+
+def env_name(option: Option, kind: JobKind) -> Optional[str]:
+    """The variable ``option`` reads on a pod of ``kind``: the kind's own where the row says so
+    (:attr:`Option.kind_env`)."""
+    return getattr(kind, option.kind_env) if option.kind_env else option.env
+
+
+def _kind(flags: Mapping[str, Any], env: Mapping[str, str]) -> JobKind:
+    """The job's kind: ``--kind``, else ``$NPU_JOB_KIND``, else the default."""
+    default = KINDS[DEFAULT]
+    return _given(option_named("kind"), flags, env, default) or default
 
 
 def resolve(flags: Mapping[str, Any], env: Mapping[str, str]) -> BootstrapOptions:
     """Options from parsed flags (None or false = not given) over the environment, over the
-    defaults; a bad value raises :class:`~npu_job.errors.InputError`."""
-    values = {}
+    defaults; a bad value raises :class:`~npu_job.errors.InputError`. The kind is read first:
+    the rows of :attr:`Option.kind_env` read its variables."""
+    kind = _kind(flags, env)
+    values: Dict[str, Any] = {"kind": kind}
     for option in OPTIONS:
-        if option.name:
-            value = _given(option, flags, env)
+        if option.name and option.name != "kind":
+            value = _given(option, flags, env, kind)
             if value is not None:
                 values[option.name] = value
     return BootstrapOptions(**values)
@@ -407,7 +455,8 @@ def resolve_one(name: str, flags: Mapping[str, Any], env: Mapping[str, str]) -> 
     """One option as :func:`resolve` reads it (the run's fallback reads ``strict`` and
     ``output_dir`` this way, so that another option's bad value cannot stop it)."""
     option = option_named(name)
-    value = _given(option, flags, env)
+    kind = _kind(flags, env) if option.kind_env else KINDS[DEFAULT]
+    value = _given(option, flags, env, kind)
     return getattr(BootstrapOptions(), name) if value is None else value
 
 
@@ -427,10 +476,14 @@ def help_text(option: Option) -> str:
     """The flag's help line: its meaning, then where its default comes from."""
     if option.is_switch:
         return f"{option.meaning} (also {option.env}=1)" if option.env else option.meaning
-    sources = [f"${option.env}"] if option.env else []
+    sources = [f"${option.env}" + (_OR_THE_KINDS if option.kind_env else "")] if option.env else []
     if option.default:
         sources.append(("else " if sources else "") + option.default)
     return f"{option.meaning} (default: {', '.join(sources)})" if sources else option.meaning
+
+
+# how help and docs tell a row of the kind's variable (Option.kind_env) by the default kind's name
+_OR_THE_KINDS = " or the job kind's own"
 
 
 def environment_names() -> Iterator[str]:
@@ -451,7 +504,7 @@ def options_markdown() -> str:
         switch = option.kind == "on"  # off unless the variable says so
         env = f"`{option.env}=1`" if switch and option.env else "—"
         if option.env and not switch:
-            env = f"`{option.env}`"
+            env = f"`{option.env}`" + (_OR_THE_KINDS if option.kind_env else "")
         default = option.default or "unset"
         if not switch and (option.default.startswith("/") or option.default.isalnum()):
             # paths and values as typed

@@ -1,13 +1,15 @@
-"""The bootstrap without a rank table: a Volcano job's pods from the API or a file (the edge).
+"""The bootstrap without a rank table: a job's pods from the API or a file (the edge).
 
 ``--pods k8s`` (``NPU_JOB_PODS=k8s``, what ``npu-job render`` sets on a routed job without a
 rank table) lists the job's pods from the in-cluster API: namespace ``$NPU_JOB_NAMESPACE`` or the
-service account's, label ``volcano.sh/job-name=$MA_VJ_NAME`` (and ``volcano.sh/task-spec=
-$MA_TASK_NAME``). ``--pods PATH|URL`` reads ``kubectl get pods -o json`` (or a ``List`` with
-HyperNodes and Nodes too) instead, for tests and dry runs. Either way the source is read again,
-with a progress line, every poll interval until the job has all its pods (``$MA_NUM_HOSTS``) and
-every one is scheduled, within the wait timeout, exactly as a rank table is waited for; the pods
-then become the servers (:mod:`npu_job.bootstrap.kube.jobpods`).
+service account's, with the label selector of the job's kind (``--kind``, ``$NPU_JOB_KIND``:
+:meth:`~npu_job.kinds.base.JobKind.selector` of ``$MA_VJ_NAME`` and ``$MA_TASK_NAME``; a Volcano
+Job's ``volcano.sh/job-name=$MA_VJ_NAME,volcano.sh/task-spec=$MA_TASK_NAME``). ``--pods
+PATH|URL`` reads ``kubectl get pods -o json`` (or a ``List`` with HyperNodes and Nodes too)
+instead, for tests and dry runs. Either way the source is read again, with a progress line, every
+poll interval until the job has all its pods (``$MA_NUM_HOSTS``) and every one is scheduled,
+within the wait timeout, exactly as a rank table is waited for; the pods then become the servers
+(:mod:`npu_job.bootstrap.kube.jobpods`).
 
 The topology, first found: ``--topology`` (any source the rank-table path reads); the HyperNodes
 or Nodes in the pods file; the cluster's HyperNodes, else node labels, from the API; then the rest
@@ -136,7 +138,11 @@ def _attempt(
 def job_selector(options: BootstrapOptions) -> jobpods.JobSelector:
     """Which pods are the job's: the options' job, task and namespace, and its node count."""
     return jobpods.JobSelector(
-        job=options.job, task=options.task, namespace=options.namespace, expected=options.nnodes
+        job=options.job,
+        task=options.task,
+        namespace=options.namespace,
+        expected=options.nnodes,
+        kind=options.kind,
     )
 
 
@@ -161,7 +167,7 @@ def _source(
         raise InputError(
             "environment",
             "MA_VJ_NAME",
-            "expected the Volcano job's name (MA_VJ_NAME, or --job) to list its pods",
+            f"expected the {selector.kind.title}'s name (MA_VJ_NAME, or --job) to list its pods",
         )
     namespace = selector.namespace or namespace_of(env)
     if not namespace:
@@ -172,7 +178,7 @@ def _source(
             "service account's namespace file)",
         )
     path = pods_path(namespace)
-    query = job_selector_query(selector.job, selector.task)
+    query = job_selector_query(selector.kind, selector.job, selector.task)
     client = KubeClient(api)  # one connection, kept for the topology's lists too
     return (lambda: (client.list_pods(path, query), KubeObjects())), f"{api.base_url}{path}", client
 

@@ -23,13 +23,15 @@ required fields, unique server ids, unique integer rank ids; the first problem r
 from __future__ import annotations
 
 import operator
-import re
 from collections import deque
 from itertools import accumulate, chain, repeat
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from npu_job.kinds.base import index_suffix
+from npu_job.kinds.volcano import KIND as VOLCANO
+
 from npu_job.errors import shown
-from npu_job.parsing import COUNT_LIMIT, MAX_COUNT_DIGITS, count_from_text
+from npu_job.parsing import COUNT_LIMIT, MAX_COUNT_DIGITS
 
 from .base.columns import DeviceColumns, servers_from_device_columns
 from .base.fields import (
@@ -47,19 +49,6 @@ from .base.model import Device, Plan, RankTable, Server
 from .base.payload import decode_document
 
 LEGACY_VERSION = "0"
-# Volcano names pods <job>-<task>-<index>: the index is the last hyphen-separated part (a name
-# that is only digits counts too). Linear: the digit run is tried once.
-_POD_SUFFIX = re.compile(r"(?:\A|-)([0-9]+)\Z")
-POD_INDEX_EXPECTED = (
-    "a pod name ending in -<index>, as Volcano names pods <job>-<task>-<index> "
-    "(the digits of a random suffix are not an index)"
-)
-
-
-def pod_index_from_name(pod_name: str) -> Optional[int]:
-    """The index a Volcano pod name ends in (``<job>-<task>-<index>``), or None."""
-    match = _POD_SUFFIX.search(pod_name)
-    return None if match is None else count_from_text(match.group(1))
 
 
 def parse_rank_table(data: bytes, source: str) -> RankTable:
@@ -327,12 +316,12 @@ def _legacy_table(doc: Dict[str, Any], status: str, source: str) -> RankTable:
         path = f"group_list[0].instance_list[{index}]"
         expect_object(instance, source, path)
         pod_name = require_str(instance, "pod_name", source, path)
-        suffix = pod_index_from_name(pod_name)
+        suffix = index_suffix(pod_name)  # CCE's tables list a Volcano Job's pods
         if suffix is None:
             fail(
                 source,
                 f"{path}.pod_name",
-                f"{POD_INDEX_EXPECTED}, below 10^{MAX_COUNT_DIGITS} (e.g. job-worker-0)",
+                f"{VOLCANO.name_expected}, below 10^{MAX_COUNT_DIGITS} (e.g. job-worker-0)",
                 pod_name,
             )
         if suffix in by_suffix:

@@ -4,7 +4,8 @@
 :func:`bootstrap`. Its one promise: **never break the job**. Whatever goes wrong (no rank table,
 bad JSON, timeout, this host missing, fewer than 3 nodes, even a bug of ours), it logs one
 ``npu-job: error: <file>: <field>: <what was expected>`` line, removes any stale rank files so the
-pod command falls back to ``VC_TASK_INDEX`` / master index 0 (the scheduler order), writes a
+pod command falls back to the job kind's index variable (a Volcano Job's ``VC_TASK_INDEX``) /
+master index 0 (the scheduler order), writes a
 ``route_plan.json`` with ``status: failed`` and the reason, and returns 0. With ``strict`` (flag
 ``--strict`` or ``NPU_JOB_STRICT=1``) the error propagates instead, with its exit code.
 """
@@ -84,6 +85,7 @@ def _bootstrap(
     # read alone, so that a bad value of another option still falls back to the scheduler's order
     strict = resolve_one("strict", flags, environ)
     output_dir = resolve_one("output_dir", flags, environ)
+    keeping = f"continuing in scheduler order (RANK_AFTER_ACC={_scheduler_index(flags, environ)})"
     outcome = RunOutcome()
     failure: Optional[NpuJobError] = None
     try:
@@ -104,7 +106,7 @@ def _bootstrap(
             raise
         log.error("internal error (a bug, please report it): %s", summary)
         log.debug("traceback", exc_info=True)
-        log.info("continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX)")
+        log.info("%s", keeping)
     if failure is not None:
         route_plan = _fall_back(output_dir, failure.message, outcome)
         if strict:  # the error is the outcome --strict asks for
@@ -112,13 +114,19 @@ def _bootstrap(
         log.error("%s", failure.message)
         if failure.tip:
             log.info("TIP: %s", failure.tip)
-        log.info(
-            "continuing in scheduler order (RANK_AFTER_ACC=VC_TASK_INDEX); "
-            "--strict makes this fatal"
-        )
+        log.info("%s; --strict makes this fatal", keeping)
     if flags.get("json"):
         sys.stdout.write(json.dumps(route_plan, indent=2, sort_keys=True) + "\n")
     return BootstrapResult(EXIT_OK, route_plan)
+
+
+def _scheduler_index(flags: Mapping[str, Any], env: Mapping[str, str]) -> str:
+    """What the pod command's rank falls back to, for the log: the job kind's index variable
+    (one that names no kind: this pod's scheduler index)."""
+    try:
+        return str(resolve_one("kind", flags, env).index_env)
+    except NpuJobError:
+        return "this pod's scheduler index"
 
 
 def _run(

@@ -12,8 +12,9 @@ In the output directory (``/tmp`` by default, ``$NPU_JOB_OUTPUT_DIR`` or ``--out
 
 On success all five are written (``RANK_AFTER_ACC`` last, so its presence means "done"). When no
 plan can be used, only the route plan is written (status ``failed`` with the reason) and the other
-four are *removed* if a previous run left them: the pod command then falls back to
-``VC_TASK_INDEX`` / master index 0, i.e. the scheduler order. One rule, no half states.
+four are *removed* if a previous run left them: the pod command then falls back to the job kind's
+index variable (a Volcano Job's ``VC_TASK_INDEX``) / master index 0, i.e. the scheduler order. One
+rule, no half states.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from npu_job.kinds import DEFAULT, KINDS
+
 from npu_job.errors import shown
 from npu_job.logs import PROG
 from npu_job.podfacts import MIN_NODES
@@ -24,9 +26,9 @@ from npu_job.podfacts import MIN_NODES
 from .scenario import JOB_NAME, SUMMARY_VERSION, DemoOptions, SimulatedCluster
 
 
-def api_plan(objects: Mapping[str, List[Dict[str, Any]]]) -> Any:
-    """The plan the bootstrap makes of ``objects`` (:func:`.scenario.cluster_objects`), read with
-    its own readers."""
+def api_plan(objects: Mapping[str, List[Dict[str, Any]]], kind: str = DEFAULT) -> Any:
+    """The plan the bootstrap of a job of ``kind`` makes of ``objects``
+    (:func:`.scenario.cluster_objects`), read with its own readers."""
     from npu_job.bootstrap.base.model import Collective
     from npu_job.bootstrap.kube import jobpods
     from npu_job.bootstrap.kube.facts import read_pods
@@ -43,7 +45,7 @@ def api_plan(objects: Mapping[str, List[Dict[str, Any]]]) -> Any:
         "api",
     )
     roster = jobpods.job_roster(
-        read_pods(listed.pods, "api"), jobpods.JobSelector(job=JOB_NAME), "api"
+        read_pods(listed.pods, "api"), jobpods.JobSelector(job=JOB_NAME, kind=KINDS[kind]), "api"
     )
     table, nodes = jobpods.roster_table(roster, "api"), jobpods.node_names(roster)
     topology = topology_from_objects(listed, "api", context=KubeContext(names=nodes)).topology
@@ -61,7 +63,7 @@ def expected_plan(
     from npu_job.bootstrap.planner import plan
 
     if options.routing and options.routing_source == "api" and objects is not None:
-        return api_plan(objects)
+        return api_plan(objects, options.kind)
     if options.routing and options.deliver_rank_table and options.unlisted_pod is None:
         return plan(cluster.table, cluster.topology, Collective.RING)
     return Plan(

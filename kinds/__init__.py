@@ -11,7 +11,7 @@ from typing import Dict
 
 from npu_job.errors import InputError, shown
 
-from . import ascendjob, pytorchjob, volcano
+from . import ascendjob, indexedjob, leaderworkerset, pytorchjob, volcano
 from .base import JobKind
 
 DEFAULT = volcano.KIND.name
@@ -19,7 +19,14 @@ DEFAULT = volcano.KIND.name
 KIND_ENV = "NPU_JOB_KIND"
 
 KINDS: Dict[str, JobKind] = {
-    kind.name: kind for kind in (volcano.KIND, pytorchjob.KIND, ascendjob.KIND)
+    kind.name: kind
+    for kind in (
+        volcano.KIND,
+        indexedjob.KIND,
+        leaderworkerset.KIND,
+        pytorchjob.KIND,
+        ascendjob.KIND,
+    )
 }
 
 

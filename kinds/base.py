@@ -190,11 +190,16 @@ class JobKind:
 
     def selects(self, labels: Labels, job: str, group: str = "") -> bool:
         """Whether a pod with ``labels`` is one of the job's (of the group, when given)."""
-        return (
-            labels.get(self.job_label) == job
-            and (not group or not self.group_label or labels.get(self.group_label) == group)
-            and all(labels.get(key) == value for key, value in self.constant_labels)
-        )
+        # asked of every listed pod (thousands): plain tests, no generator per pod
+        get = labels.get
+        if get(self.job_label) != job:
+            return False
+        if group and self.group_label and get(self.group_label) != group:
+            return False
+        for key, value in self.constant_labels:
+            if get(key) != value:
+                return False
+        return True
 
     def pod_index(self, labels: Labels, name: str) -> Optional[int]:
         """A listed pod's index in scheduler order: its :attr:`index_label`, else what its name
@@ -215,6 +220,18 @@ class JobKind:
         """The name that resolves to pod ``index`` of the job in the cluster ("" when the kind
         gives pods none)."""
         raise NotImplementedError
+
+    def name_problem(self, job: str) -> str:
+        """Why the kind cannot take ``job`` as the job's name, which render has already found a
+        DNS-1123 label ("" when it can: the default), for a rule of the objects its controller
+        names after it."""
+        return ""
+
+    def pod_subdomain(self, job: str) -> str:
+        """The pod template's ``subdomain``: the headless Service the kind's own template renders
+        for the pods of job ``job`` ("" where the controller gives pods their subdomain, or
+        none)."""
+        return ""
 
     def controller_pods(
         self, job_object: Mapping[str, Any], source: str
@@ -248,3 +265,40 @@ def merged(*groups: Tuple[Tuple[str, str], ...]) -> Tuple[Tuple[str, str], ...]:
     for group in groups:
         table.update(group)
     return tuple(sorted(table.items()))
+
+
+def count_of(value: Any, default: Optional[int] = None, minimum: int = 0) -> Optional[int]:
+    """A count field of a job object: ``value`` (``default`` when absent) when it is an integer
+    of at least ``minimum``, else None (true and false are no counts)."""
+    if value is None:
+        return default
+    if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+        return value
+    return None
+
+
+def name_and_namespace(job_object: Mapping[str, Any]) -> Tuple[str, str]:
+    """A job object's ``metadata.name`` and ``metadata.namespace`` (``default`` without one)."""
+    metadata = job_object.get("metadata") or {}
+    return str(metadata.get("name") or ""), str(metadata.get("namespace") or "default")
+
+
+def service_name_problem(job: str) -> str:
+    """Why a Service cannot be named ``job`` (a DNS-1123 label): a Service's name is a DNS-1035
+    label, which starts with a letter; "" when it can."""
+    if job[:1].isalpha():
+        return ""
+    return (
+        "it also names the headless Service of the pods' DNS names, and a Service's name must "
+        "start with a letter"
+    )
+
+
+def subdomain_names(hostname: str, subdomain: str, namespace: str) -> Tuple[str, ...]:
+    """The names cluster DNS gives a pod with ``hostname`` under a headless Service
+    ``subdomain`` (``<hostname>.<subdomain>``, with the namespace, and with ``.svc``; the
+    cluster's domain comes after that); none without a subdomain."""
+    if not subdomain:
+        return ()
+    name = f"{hostname}.{subdomain}"
+    return (name, f"{name}.{namespace}", f"{name}.{namespace}.svc")

@@ -27,6 +27,8 @@ from .base import ControllerPod, JobKind, index_suffix, merged, string_pairs
 JOB_NAME_LABEL = "volcano.sh/job-name"
 TASK_SPEC_LABEL = "volcano.sh/task-spec"
 TASK_INDEX_LABEL = "volcano.sh/task-index"
+#: the env plugin's index of this pod in its task (scheduler order)
+TASK_INDEX_ENV = "VC_TASK_INDEX"
 SVC_MOUNT_PATH = "/etc/volcano"
 
 
@@ -45,7 +47,7 @@ class Volcano(JobKind):
     job_label = JOB_NAME_LABEL
     group_label = TASK_SPEC_LABEL
     index_label = TASK_INDEX_LABEL
-    index_env = "VC_TASK_INDEX"
+    index_env = TASK_INDEX_ENV
     container_name = "train"
     restart_policy = "OnFailure"
     cce_rank_table = True

@@ -1,7 +1,8 @@
 """Where ``npu-run --node_rank=auto`` takes this node's rank from (torch-free).
 
 The bootstrap (pod step 1) computes the routing-affine node order and leaves this node's new rank
-in two places, which the platform's pod command forwards (README, "How a job runs")::
+in two places, which the platform's pod command forwards (README, "How a job runs"; a Volcano
+Job's, and each job kind's with its own index variable)::
 
     export RANK_AFTER_ACC=${VC_TASK_INDEX}
     rank_acc=$(cat /tmp/RANK_AFTER_ACC 2>/dev/null)
@@ -12,7 +13,9 @@ in two places, which the platform's pod command forwards (README, "How a job run
 1. the ``RANK_AFTER_ACC`` environment variable,
 2. the file ``RANK_AFTER_ACC`` in the bootstrap's output directory (``$NPU_JOB_OUTPUT_DIR``,
    default ``/tmp``),
-3. ``VC_TASK_INDEX`` (Volcano's scheduler-order index of this pod),
+3. the scheduler-order index of this pod, in the variable its job kind's controller sets
+   (:attr:`~npu_job.kinds.base.JobKind.index_env`: a Volcano Job's ``VC_TASK_INDEX``; the kind is
+   ``$NPU_JOB_KIND``, which render sets on a pod of any kind but the default, ``volcano``),
 4. 0 (a single node, or a launcher started by hand).
 
 Empty values are skipped, like the pod command's ``[ -n ... ]``; a value that is present but not a
@@ -31,7 +34,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
-from npu_job.errors import LaunchError
+from npu_job.kinds import DEFAULT, KIND_ENV, kind_named
+
+from npu_job.errors import InputError, LaunchError
 from npu_job.parsing import is_count
 from npu_job.podfacts import (
     OUTPUT_DIR,
@@ -39,7 +44,6 @@ from npu_job.podfacts import (
     RANK_ENV,
     RANK_FILE,
     ROUTE_PLAN_FILE,
-    TASK_INDEX_ENV,
 )
 
 AUTO = "auto"
@@ -92,13 +96,26 @@ def resolve_node_rank(
     from_file = (read_text(path) or "").strip()
     if from_file:
         return NodeRankChoice(parse_node_rank(from_file, path), f"bootstrap file {path}")
-    from_scheduler = env.get(TASK_INDEX_ENV, "").strip()
+    index_env = scheduler_index_env(env)
+    from_scheduler = env.get(index_env, "").strip()
     if from_scheduler:
         return NodeRankChoice(
-            parse_node_rank(from_scheduler, f"environment {TASK_INDEX_ENV}"),
-            f"environment {TASK_INDEX_ENV} (scheduler order)",
+            parse_node_rank(from_scheduler, f"environment {index_env}"),
+            f"environment {index_env} (scheduler order)",
         )
-    return NodeRankChoice(0, f"default (no {RANK_ENV}, bootstrap file or {TASK_INDEX_ENV})")
+    return NodeRankChoice(0, f"default (no {RANK_ENV}, bootstrap file or {index_env})")
+
+
+def scheduler_index_env(env: Mapping[str, str]) -> str:
+    """The variable of this pod's scheduler-order index: its job kind's (``$NPU_JOB_KIND``,
+    default ``volcano``); a kind npu-job does not know is a :class:`LaunchError` listing those it
+    knows."""
+    try:
+        return kind_named(
+            env.get(KIND_ENV, "").strip() or DEFAULT, "environment", KIND_ENV
+        ).index_env
+    except InputError as error:
+        raise LaunchError(error.message) from None
 
 
 SCHEDULER_ORDER = "scheduler order"

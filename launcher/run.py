@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     node_rank.help = (
         "Rank of this node (static and parallel rendezvous). 'auto' reads the bootstrap's "
         "RANK_AFTER_ACC (environment, then $NPU_JOB_OUTPUT_DIR/RANK_AFTER_ACC, default /tmp), "
-        "else VC_TASK_INDEX, else 0."
+        "else the scheduler's index in the job kind's variable (VC_TASK_INDEX; $NPU_JOB_KIND "
+        "names another kind), else 0."
     )
     options["--nproc-per-node"].help = (
         "Workers per node: N, or auto (NPUs if torch_npu sees any, else the devices of torch's "

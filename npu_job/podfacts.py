@@ -25,8 +25,6 @@ RANK_TABLE_COPY = "jobstart_hccl.reordered.json"
 #: ``export`` lines of the plan's variables, for a shell to source.
 ENV_FILE = "npu_job_env.sh"
 
-#: Volcano's scheduler-order index of this pod (its env plugin sets it).
-TASK_INDEX_ENV = "VC_TASK_INDEX"
 #: A rank table the job brings itself (a path or an http(s) URL), where CCE delivers none.
 RANK_TABLE_ENV = "RANK_TABLE_FILE"
 #: Makes the bootstrap exit non-zero when it cannot plan (as ``--strict`` does).

@@ -321,6 +321,11 @@ def _check_across_keys(check: Checker, spec: JobSpec) -> None:
                 ("env", name),
                 f"set in every pod by the {kind.title}'s controller (kind {kind.name}); remove it",
             )
+    not_a_name = kind.name_problem(spec.name)
+    if not_a_name:
+        check.problem(
+            ("name",), f"the {kind.title} (kind {kind.name}) cannot take it: {not_a_name}"
+        )
     longest = f"{spec.name}-{spec.task_name}-{spec.nodes - 1}"
     if len(longest) > 63:
         check.problem(

@@ -688,33 +688,14 @@ def test_a_cpu_job_routes_with_no_rank_table_by_the_api_on_loopback(tmp_path):
     lists the job's pods, Nodes and HyperNodes from a Kubernetes API served on loopback (a real
     HTTPS server, the thin fake of the documented LIST endpoints in tests/bootstrap), plans,
     and npu-run trains under the planned ranks."""
-    from tests.bootstrap.fake_kube_api import FakeKubernetesAPI
-    from tests.bootstrap.https_server import HTTPSServer, make_self_signed
+    from tests.e2e.kind_runs import run_routed_by_the_api
 
-    cert, key = make_self_signed(tmp_path)
     options = demo.DemoOptions(
         nodes=4, tors=2, nproc_per_node=1, steps=4, seed=1, routing_source="api", timeout=200
     )
-    ips = demo.loopback_ips(options.nodes)
-    objects = demo.cluster_objects(
-        demo.simulated_cluster(options, ips), ips, pods=demo.job_pods(options)
-    )
-    with HTTPSServer(cert, key, keep_alive=True) as server:
-        fake = FakeKubernetesAPI(
-            server,
-            "pod-token",
-            objects["nodes"],
-            pods=objects["pods"],
-            hypernodes=objects["hypernodes"],
-            namespaces=("default",),
-        )
-        api = demo.ClusterAPI("127.0.0.1", server.port, "pod-token", cert.read_text())
-        result = demo.run(options, tmp_path / "w", api=api)
-    logs = "\n".join(
-        (f.parent / "pod.log").read_text(errors="replace")[-1500:]
-        for f in result.prepared.spec_files
-    )
-    assert result.ok, "\n".join(result.problems) + "\n" + logs
+    run = run_routed_by_the_api(options, tmp_path)
+    result = run.result
+    assert result.ok, run.explain()
     plan = result.prepared.plan
     assert plan.status.value == "success" and not plan.is_identity
     for pod in result.pods:
@@ -724,9 +705,5 @@ def test_a_cpu_job_routes_with_no_rank_table_by_the_api_on_loopback(tmp_path):
         )
         assert pod.route_plan["rank_mapping"] == plan.rank_mapping
     assert sorted(r["rank"] for r in result.reports) == list(range(options.nodes))
-    pod_lists = [query for path, query in fake.lists if path.endswith("/pods")]
-    assert len(pod_lists) >= options.nodes  # every pod listed its job itself
-    assert all(
-        query["labelSelector"] == ["volcano.sh/job-name=demo,volcano.sh/task-spec=worker"]
-        for query in pod_lists
-    )
+    assert len(run.pod_lists) >= options.nodes  # every pod listed its job itself
+    assert run.selectors == {"volcano.sh/job-name=demo,volcano.sh/task-spec=worker"}

@@ -34,6 +34,8 @@ from itertools import islice
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple
 from urllib.parse import quote, urlencode, urlsplit
 
+from npu_job.kinds.base import JobKind
+
 from npu_job.errors import InputError, shown
 from npu_job.parsing import count_from_text
 from npu_job.polling import Backoff
@@ -426,12 +428,10 @@ def _first_line(error: BaseException) -> str:
     return verbatim_or_shown(text[0]) if text else type(error).__name__
 
 
-def job_selector_query(job: str, task: Optional[str]) -> Dict[str, str]:
-    """The ``labelSelector`` of a Volcano job's pods (of one task, when given)."""
-    selector = f"volcano.sh/job-name={job}"
-    if task:
-        selector += f",volcano.sh/task-spec={task}"
-    return {"labelSelector": selector}
+def job_selector_query(kind: JobKind, job: str, group: Optional[str]) -> Dict[str, str]:
+    """The ``labelSelector`` of a job's pods (of one group, a Volcano Job's task, when given), as
+    its kind labels them."""
+    return {"labelSelector": kind.selector(job, group or "")}
 
 
 def topology_objects(client: KubeClient, *, by_name: bool = False) -> KubeObjects:

@@ -1,16 +1,21 @@
-"""A Volcano job's pods as the servers to order, when there is no rank table (pure).
+"""A job's pods as the servers to order, when there is no rank table (pure).
 
-Volcano's job controller labels every pod it creates (volcano-sh/volcano
-``pkg/controllers/job/job_controller_util.go``): ``volcano.sh/job-name``, ``volcano.sh/task-spec``
-and ``volcano.sh/task-index``, and names it ``<job>-<task>-<index>``. So a job's pods are those
-with its job name (and task, when given); a pod's index is its ``volcano.sh/task-index`` label,
-else the index its name ends in; its node is ``spec.nodeName``. Pods that are going away (a
-deletion timestamp) or have ended (``Succeeded``, ``Failed``) do not count.
+Which pods are the job's, and each one's index, is the job kind's to say (its record,
+:class:`~npu_job.kinds.base.JobKind`): a pod is the job's when
+:meth:`~npu_job.kinds.base.JobKind.selects` its labels (a Volcano Job's controller labels every
+pod it creates ``volcano.sh/job-name``, ``volcano.sh/task-spec`` and ``volcano.sh/task-index``,
+and names it ``<job>-<task>-<index>``); its index is what
+:meth:`~npu_job.kinds.base.JobKind.pod_index` reads of its labels and name (a Volcano pod's
+``volcano.sh/task-index`` label, else the index its name ends in); its node is ``spec.nodeName``.
+Pods that are going away (a deletion timestamp) or have ended (``Succeeded``, ``Failed``) do not
+count. A pod without an index (no index label, and a name that does not end as the kind names its
+pods), a label that is no index, or two live pods with one index: each is an
+:class:`~npu_job.errors.InputError` naming the pod and the field.
 
 The servers are the pods in index order, each known by its node's address as a rank table knows
-it (``server_id`` = the pod's ``status.hostIP``, the node's IP, which ``MA_CURRENT_HOST_IP``
-holds too); its node's name is kept beside it (:func:`node_names`) for the topology, which names
-nodes (:func:`by_server` keys a topology by the servers). A server's device count is its pod's
+it (``server_id`` = the pod's ``status.hostIP``, the node's IP, which ``MA_CURRENT_HOST_IP`` holds
+too); its node's name is kept beside it (:func:`node_names`) for the topology, which names nodes
+(:func:`by_server` keys a topology by the servers). A server's device count is its pod's
 accelerators (``nvidia.com/gpu``, ``huawei.com/ascend-*``...), 1 for a pod without any. Routing
 needs one pod per node: two pods on one node are an error naming both.
 
@@ -26,30 +31,30 @@ from __future__ import annotations
 from itertools import islice
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, cast
 
+from npu_job.kinds import DEFAULT, KINDS
+from npu_job.kinds.base import JobKind
+
 from npu_job.errors import InputError, NotReadyError, shown
 from npu_job.parsing import MAX_COUNT_DIGITS, count_from_text
 
 from ..base.fields import fail
 from ..base.model import Device, Placement, RankTable, Server, Topology
-from ..ranktable import POD_INDEX_EXPECTED, pod_index_from_name
 from .facts import PodFacts
 from .objects import POD, object_field
 
-JOB_NAME_LABEL = "volcano.sh/job-name"
-TASK_SPEC_LABEL = "volcano.sh/task-spec"
-TASK_INDEX_LABEL = "volcano.sh/task-index"
 ENDED_PHASES = ("Succeeded", "Failed")
 POD_LIST_VERSION = "pods"  # RankTable.version of a table made from pods
 LISTED = 5  # pods a progress line names before counting the rest
 
 
 class JobSelector(NamedTuple):
-    """Which pods are the job's: Volcano's labels, the namespace, how many there must be."""
+    """Which pods are the job's: its kind's labels, the namespace, how many there must be."""
 
-    job: Optional[str] = None  # volcano.sh/job-name; None: the one job the pods belong to
-    task: Optional[str] = None  # volcano.sh/task-spec; None: every task
+    job: Optional[str] = None  # the kind's job label; None: the one job the pods belong to
+    task: Optional[str] = None  # the kind's group label (Volcano's task); None: every group
     namespace: Optional[str] = None
     expected: Optional[int] = None  # pods the job has; None: up to the highest index listed
+    kind: JobKind = KINDS[DEFAULT]
 
 
 class Roster(NamedTuple):
@@ -87,28 +92,28 @@ class Roster(NamedTuple):
 
 def job_roster(pods: Sequence[PodFacts], selector: JobSelector, source: str) -> Roster:
     """The pods of ``selector``'s job (see the module docstring)."""
+    kind = selector.kind
     job = selector.job if selector.job is not None else _only_job(pods, selector, source)
-    task, namespace = selector.task, selector.namespace
+    group, namespace, selects = selector.task or "", selector.namespace, kind.selects
     live = [
         pod
         for pod in pods
-        if pod.labels.get(JOB_NAME_LABEL) == job
-        and (task is None or pod.labels.get(TASK_SPEC_LABEL) == task)
+        if selects(pod.labels, job, group)
         and (namespace is None or pod.namespace == namespace)
         and not pod.deleting
         and pod.phase not in ENDED_PHASES
     ]
-    labelled = _labelled_indices(live)
+    labelled = _labelled_indices(live, kind)
     if labelled is not None and len(set(labelled)) == len(labelled):
         chosen = dict(zip(labelled, live))
     else:  # pod by pod: indices from names, or an index given twice (which is an error)
         chosen = {}
         for pod in live:
-            index = pod_index(pod, source)
+            index = pod_index(pod, source, kind)
             if index in chosen:
                 fail(
                     source,
-                    _field(pod, f"metadata.labels.{TASK_INDEX_LABEL}"),
+                    _index_field(pod, kind),
                     f"one live pod per index; {index} is also pod {shown(chosen[index].name)}",
                 )
             chosen[index] = pod
@@ -118,7 +123,7 @@ def job_roster(pods: Sequence[PodFacts], selector: JobSelector, source: str) -> 
         highest = max(chosen)
         fail(
             source,
-            _field(chosen[highest], f"metadata.labels.{TASK_INDEX_LABEL}"),
+            _index_field(chosen[highest], kind),
             f"a pod index below {expected}, the job's pod count (MA_NUM_HOSTS); got {highest}",
         )
     indices = tuple(sorted(chosen))
@@ -138,11 +143,15 @@ def job_roster(pods: Sequence[PodFacts], selector: JobSelector, source: str) -> 
     )
 
 
-def _labelled_indices(pods: Sequence[PodFacts]) -> Optional[List[int]]:
-    """Each pod's index from its ``volcano.sh/task-index`` label, as :func:`pod_index` reads it,
-    in one pass at C speed; None, having decided nothing, when some pod has no such label or one
-    that is not a plain count (then :func:`pod_index` reads each, or names the bad one)."""
-    found = [pod.labels.get(TASK_INDEX_LABEL) for pod in pods]
+def _labelled_indices(pods: Sequence[PodFacts], kind: JobKind) -> Optional[List[int]]:
+    """Each pod's index from the kind's index label, as :func:`pod_index` reads it, in one pass
+    at C speed; None, having decided nothing, when some pod has no such label or one that is not
+    a plain count, or the kind reads indices otherwise (then :func:`pod_index` reads each, or
+    names the bad one)."""
+    label = kind.index_label
+    if not label or type(kind).pod_index is not JobKind.pod_index:
+        return None
+    found = [pod.labels.get(label) for pod in pods]
     if None in found:
         return None
     texts = cast(List[str], found)
@@ -155,28 +164,27 @@ def _labelled_indices(pods: Sequence[PodFacts]) -> Optional[List[int]]:
         return None
 
 
-def pod_index(pod: PodFacts, source: str) -> int:
-    """The pod's index: its ``volcano.sh/task-index`` label, else the index its name ends in."""
-    label = pod.labels.get(TASK_INDEX_LABEL)
-    if label is not None:
-        index = count_from_text(label)
-        if index is None:
-            fail(
-                source,
-                _field(pod, f"metadata.labels.{TASK_INDEX_LABEL}"),
-                "a pod index (digits)",
-                label,
-            )
+def pod_index(pod: PodFacts, source: str, kind: JobKind = KINDS[DEFAULT]) -> int:
+    """The pod's index as its kind reads it (:meth:`~npu_job.kinds.base.JobKind.pod_index`: a
+    Volcano pod's ``volcano.sh/task-index`` label, else the index its name ends in); none is an
+    error naming the field it should have come from."""
+    index = kind.pod_index(pod.labels, pod.name)
+    if index is not None:
         return index
-    index = pod_index_from_name(pod.name)
-    if index is None:
-        fail(
-            source,
-            _field(pod, "metadata.name"),
-            f"a {TASK_INDEX_LABEL} label or {POD_INDEX_EXPECTED}",
-            pod.name,
-        )
-    return index
+    label = pod.labels.get(kind.index_label) if kind.index_label else None
+    if label is not None and count_from_text(label) is None:
+        fail(source, _index_field(pod, kind), "a pod index (digits)", label)
+    expected = kind.name_expected
+    if kind.index_label:
+        expected = f"a {kind.index_label} label or {expected}"
+    fail(source, _field(pod, "metadata.name"), expected, pod.name)
+
+
+def _index_field(pod: PodFacts, kind: JobKind) -> str:
+    """Where ``pod``'s index was read: its kind's index label, where it has one, else its name."""
+    if kind.index_label and kind.index_label in pod.labels:
+        return _field(pod, f"metadata.labels.{kind.index_label}")
+    return _field(pod, "metadata.name")
 
 
 def roster_table(roster: Roster, source: str) -> RankTable:
@@ -237,24 +245,25 @@ def by_server(
 
 
 def _only_job(pods: Sequence[PodFacts], selector: JobSelector, source: str) -> str:
+    kind = selector.kind
+    label = kind.job_label
     jobs = sorted(
         {
-            pod.labels[JOB_NAME_LABEL]
+            pod.labels[label]
             for pod in pods
-            if JOB_NAME_LABEL in pod.labels
+            if label in pod.labels
+            and kind.selects(pod.labels, pod.labels[label])
             and (selector.namespace is None or pod.namespace == selector.namespace)
         }
     )
     if len(jobs) == 1:
         return jobs[0]
     if not jobs:
-        raise InputError(
-            source, "items", f"expected pods of a Volcano job (label {JOB_NAME_LABEL})"
-        )
+        raise InputError(source, "items", f"expected pods of a {kind.title} (label {label})")
     raise InputError(
         source,
         "items",
-        f"expected the pods of one Volcano job, got pods of {len(jobs)} jobs "
+        f"expected the pods of one {kind.title}, got pods of {len(jobs)} jobs "
         f"({_few([shown(job) for job in jobs])})",
         tip="--job names the one to plan",
     )

@@ -22,3 +22,15 @@ def logs() -> Iterator[Callable[..., List[str]]]:
     yield lambda level=logging.INFO: [r.getMessage() for r in records if r.levelno >= level]
     logger.removeHandler(handler)
     logger.setLevel(old_level)
+
+
+@pytest.fixture
+def test_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test-only job kinds of tests/bootstrap/testkind.py in npu-job's registry, as a kind
+    module's registry line puts one there (``NPU_JOB_KIND=numbered`` then names it)."""
+    from npu_job import kinds
+
+    from .testkind import NO_DNS, NUMBERED
+
+    for kind in (NUMBERED, NO_DNS):
+        monkeypatch.setitem(kinds.KINDS, kind.name, kind)

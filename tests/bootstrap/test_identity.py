@@ -75,3 +75,17 @@ def test_task_index_must_be_a_number(value):
         match=r"^environment: VC_TASK_INDEX: expected a non-negative integer pod index, got '",
     ):
         parse_task_index(value)
+
+
+def test_the_messages_name_the_index_variable_of_the_jobs_kind():
+    """Each kind's controller sets this pod's index under its own name (VC_TASK_INDEX is a
+    Volcano Job's): the messages name the one the pod was given."""
+    with pytest.raises(InconsistentError) as caught:
+        find_pod_index(TABLE, "192.168.0.12", 2, "t.json", index_env="SET_INDEX")
+    assert caught.value.message.endswith("is pod index 1 in the rank table, but SET_INDEX is 2")
+    with pytest.raises(InconsistentError, match="expected an entry for SET_INDEX 3, "):
+        find_pod_index(TABLE, None, 3, "t.json", index_env="SET_INDEX")
+    with pytest.raises(InputError, match=r"\(or SET_INDEX, or --host-ip/--pod-index\)"):
+        find_pod_index(TABLE, None, None, "t.json", index_env="SET_INDEX")
+    with pytest.raises(InputError, match="^environment: SET_INDEX: expected a non-negative"):
+        parse_task_index("x", "SET_INDEX")

@@ -173,3 +173,62 @@ def test_bad_label_key_lists_are_one_line(text):
 )
 def test_hccl_algo_maps_the_inter_server_algorithm(value, expected):
     assert collective_from_hccl_algo(value) is expected
+
+
+# --- the job's kind ---------------------------------------------------------------------------
+
+
+def test_the_kind_is_volcano_unless_the_flag_or_npu_job_kind_names_another(test_kinds):
+    from npu_job.kinds import KINDS
+
+    from .testkind import NUMBERED
+
+    assert resolve({}, {}).kind is KINDS["volcano"] is BootstrapOptions().kind
+    assert resolve({}, {"NPU_JOB_KIND": "numbered"}).kind is NUMBERED
+    assert resolve({}, {"NPU_JOB_KIND": " numbered "}).kind is NUMBERED
+    assert resolve({"kind": "volcano"}, {"NPU_JOB_KIND": "numbered"}).kind is KINDS["volcano"]
+    assert resolve({}, {"NPU_JOB_KIND": "  "}).kind is KINDS["volcano"]  # blank: unset
+    assert resolve_one("kind", {"kind": "numbered"}, {}) is NUMBERED
+
+
+@pytest.mark.parametrize(
+    "flags, env, named",
+    [
+        ({}, {"NPU_JOB_KIND": "slurm"}, "environment: NPU_JOB_KIND"),
+        ({"kind": "slurm"}, {}, "command line: --kind"),
+    ],
+    ids=["variable", "flag"],
+)
+def test_an_unknown_kind_is_one_line_listing_the_known(test_kinds, flags, env, named):
+    from npu_job.kinds import KINDS
+
+    known = ", ".join(sorted(KINDS))
+    assert "numbered" in known and "volcano" in known
+    with pytest.raises(InputError) as raised:
+        resolve(flags, env)
+    assert raised.value.message == f"{named}: expected a job kind, one of {known}; got 'slurm'"
+
+
+def test_this_pods_index_is_read_from_its_kinds_variable_and_the_flag_wins(test_kinds):
+    """A Volcano pod's is VC_TASK_INDEX; a pod of another kind reads its own (and not Volcano's,
+    which its controller never sets); --pod-index overrides either."""
+    env = {"VC_TASK_INDEX": "3", "SET_INDEX": "5"}
+    numbered = {**env, "NPU_JOB_KIND": "numbered"}
+    assert resolve({}, env).pod_index == "3"
+    assert resolve({}, numbered).pod_index == "5"
+    assert resolve({}, {"VC_TASK_INDEX": "3", "NPU_JOB_KIND": "numbered"}).pod_index is None
+    assert resolve({"pod_index": "7"}, numbered).pod_index == "7"
+    assert resolve_one("pod_index", {}, numbered) == "5"
+    assert resolve_one("pod_index", {"kind": "volcano"}, numbered) == "3"
+
+
+def test_the_help_and_docs_name_the_index_variable_as_the_kinds():
+    text = " ".join(parser().format_help().split())
+    assert (
+        "this pod's scheduler index, a cross-check (default: $VC_TASK_INDEX or the job kind's own)"
+        in text
+    )
+    assert (
+        "| `--pod-index N` | `VC_TASK_INDEX` or the job kind's own | unset |" in options_markdown()
+    )
+    assert "| `--kind KIND` | `NPU_JOB_KIND` | `volcano` |" in options_markdown()

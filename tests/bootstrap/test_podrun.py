@@ -7,6 +7,7 @@ bearer token, RBAC refusals) from the fixtures of tests/bootstrap/fixtures/kube 
 generated 4096-pod job."""
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from npu_job.podfacts import ENV_FILE, MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, 
 from .fake_kube_api import FakeKubernetesAPI, in_cluster, service_account
 from .https_server import HTTPSServer, tls_files_fixture
 from .kubejob import big_job
+from .testkind import INDEX_LABEL, as_numbered
 
 tls_files = pytest.fixture(scope="module")(tls_files_fixture)
 FIXTURES = Path(__file__).parent / "fixtures" / "kube"
@@ -274,7 +276,7 @@ def test_missing_job_name_or_credentials_are_one_line(api, tmp_path):
     env = pod_env(0, tmp_path, NPU_JOB_PODS="k8s", **api.env)
     del env["MA_VJ_NAME"]
     assert bootstrap({}, env).route_plan["reason"] == (
-        "environment: MA_VJ_NAME: expected the Volcano job's name (MA_VJ_NAME, or --job) to list its pods"
+        "environment: MA_VJ_NAME: expected the Volcano Job's name (MA_VJ_NAME, or --job) to list its pods"
     )
     env = pod_env(0, tmp_path, NPU_JOB_PODS="k8s")
     assert (
@@ -436,3 +438,59 @@ def test_a_hypernode_cycle_from_the_api_is_named_at_the_list_url(api, tmp_path):
         in reason
     )
     assert "'loop-a' > 'loop-b' > 'loop-a' is a cycle" in reason
+
+
+# --- another kind -----------------------------------------------------------------------------
+
+
+def _numbered_env(api, index, out, kind="numbered", **extra):
+    env = pod_env(index, out, NPU_JOB_PODS="k8s", NPU_JOB_KIND=kind, **api.env, **extra)
+    env["SET_INDEX"] = env.pop("VC_TASK_INDEX")  # what its controller sets instead
+    return env
+
+
+def test_another_kinds_pods_are_listed_by_its_selector_and_planned_alike(api, tmp_path, test_kinds):
+    api.pods = [as_numbered(pod) for pod in KINDS["Pod"]]
+    expected = expected_plan(CLUSTER["items"])
+    result = bootstrap({}, _numbered_env(api, 2, tmp_path))
+    plan = result.route_plan
+    assert plan["status"] == "success", plan["reason"]
+    assert (plan["rank_mapping"], plan["pod_index"]) == (expected.rank_mapping, 2)
+    (query,) = [q for path, q in api.lists if path.endswith("/pods")]
+    assert query["labelSelector"] == [
+        "example.com/set-name=llama,example.com/controller=numbered-set"
+    ]
+    api.pods = KINDS["Pod"]  # a Volcano Job's pods are no pods of this kind
+    missing = bootstrap({"wait_timeout": 0}, _numbered_env(api, 2, tmp_path))
+    assert missing.route_plan["status"] == "failed"
+    assert "0 of 8 pods of job 'llama' scheduled" in missing.route_plan["reason"]
+
+
+@pytest.mark.parametrize(
+    "damage, field",
+    [
+        ("no index", "metadata.name: expected a example.com/set-index label or a pod name"),
+        ("one index twice", "metadata.labels.example.com/set-index: expected one live pod per"),
+    ],
+)
+def test_a_pod_of_the_kind_without_its_own_index_is_one_line_and_the_scheduler_order(
+    api, tmp_path, test_kinds, logs, damage, field
+):
+    pods = [as_numbered(pod) for pod in KINDS["Pod"]]
+    bad = next(pod for pod in pods if pod["metadata"]["labels"].get(INDEX_LABEL) == "2")
+    if damage == "no index":
+        del bad["metadata"]["labels"][INDEX_LABEL]
+        bad["metadata"]["name"] = "llama-worker-two"
+    else:
+        bad["metadata"]["labels"][INDEX_LABEL] = "1"
+    api.pods = pods
+    env = _numbered_env(api, 0, tmp_path / "out")
+    result = bootstrap({}, env)
+    assert result.exit_code == 0 and result.route_plan["status"] == "failed"
+    reason = result.route_plan["reason"]
+    assert "/api/v1/namespaces/team-a/pods: items[" in reason and f"): {field}" in reason
+    assert f"(Pod {bad['metadata']['name']!r})" in reason
+    assert logs(logging.ERROR) == [reason]
+    assert sorted(os.listdir(tmp_path / "out")) == [ROUTE_PLAN_FILE]
+    with pytest.raises(InputError):
+        bootstrap({"strict": True}, env)

@@ -169,6 +169,10 @@ def _bad_env(tmp, env):
     env["NPU_JOB_WAIT_TIMEOUT"] = "soon"
 
 
+def _unknown_kind(tmp, env):
+    env["NPU_JOB_KIND"] = "slurm"
+
+
 def _unwritable_output(tmp, env):
     blocker = tmp / "a-file"
     blocker.write_text("")
@@ -220,6 +224,12 @@ FALLBACKS = [
         "bad-env-value",
         _bad_env,
         "environment: NPU_JOB_WAIT_TIMEOUT: expected a number of seconds >= 0, got 'soon'",
+        InputError,
+    ),
+    (
+        "unknown-kind",
+        _unknown_kind,
+        "environment: NPU_JOB_KIND: expected a job kind, one of ",
         InputError,
     ),
 ]
@@ -463,3 +473,41 @@ def test_the_full_node_flag_reaches_the_planner_from_the_command_line(
     )
     assert main(["bootstrap", "--full-node-devices", "0"]) == 2
     assert "expected an integer >= 1, got '0'" in capsys.readouterr().err
+
+
+def test_the_fallback_says_which_variable_the_pod_keeps_its_rank_from(job, logs, test_kinds):
+    """The job kind's index variable, which the pod command falls back to (a kind it cannot name:
+    this pod's scheduler index)."""
+    _, _, _, env = job
+    for kind, keeps in [
+        (None, "VC_TASK_INDEX"),
+        ("numbered", "SET_INDEX"),
+        ("slurm", "this pod's scheduler index"),
+    ]:
+        broken = dict(env, NPU_JOB_WAIT_TIMEOUT="soon", **({"NPU_JOB_KIND": kind} if kind else {}))
+        assert bootstrap({}, broken).route_plan["status"] == "failed"
+        assert logs()[-1] == (
+            f"continuing in scheduler order (RANK_AFTER_ACC={keeps}); --strict makes this fatal"
+        )
+
+
+def test_a_pod_of_another_kind_is_checked_against_its_kinds_index_variable(job, test_kinds):
+    """Its controller's variable is SET_INDEX: Volcano's VC_TASK_INDEX, though set, is not read."""
+    table, _, _, env = job
+    env = dict(env, NPU_JOB_KIND="numbered", SET_INDEX="2")
+    assert bootstrap({}, env).route_plan["reason"] == (
+        f"{env['RANK_TABLE_FILE']}/jobstart_hccl.json: server_list[5]: this host "
+        f"'{table.servers[5].server_id}' is pod index 5 in the rank table, but SET_INDEX is 2"
+    )
+    assert bootstrap({}, dict(env, SET_INDEX="5")).route_plan["status"] == "success"
+    del env["MA_CURRENT_HOST_IP"]
+    assert (
+        bootstrap({}, dict(env, SET_INDEX="9"))
+        .route_plan["reason"]
+        .endswith("server_list: expected an entry for SET_INDEX 9, the rank table lists 8")
+    )
+    del env["SET_INDEX"]
+    assert bootstrap({}, env).route_plan["reason"] == (
+        "environment: MA_CURRENT_HOST_IP: expected this host's IP (or SET_INDEX, or "
+        "--host-ip/--pod-index), neither is set"
+    )

@@ -67,7 +67,7 @@ def test_plan_takes_a_pods_settings_from_the_bootstraps_option_table():
     shared = sorted(set(plan) & set(BootstrapOptions._fields) - {"json"})  # plan's --json: its own
     rows = {option.name: option for option in OPTIONS}
     assert shared == sorted(name for name, row in rows.items() if row.plan is not None)
-    assert len(shared) == 11
+    assert len(shared) == 12
     for name in shared:
         mine, theirs, row = plan[name], pod[name], rows[name]
         assert (mine.option_strings, mine.choices, mine.type, mine.default) == (

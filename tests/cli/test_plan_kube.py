@@ -163,7 +163,7 @@ def test_pods_of_two_jobs_need_job_and_it_picks_one(tmp_path, capsys):
     (tmp_path / "pods.json").write_text(json.dumps(document))
     assert main(["plan", "--pods", str(tmp_path / "pods.json")]) == 3
     err = capsys.readouterr().err
-    assert "expected the pods of one Volcano job, got pods of 2 jobs ('llama', 'other')" in err
+    assert "expected the pods of one Volcano Job, got pods of 2 jobs ('llama', 'other')" in err
     assert "TIP: --job names the one to plan" in err
     assert (
         plan_json(
@@ -204,3 +204,30 @@ def test_the_laptop_command_as_a_user_runs_it():
     )
     assert "       0          4  10.1.7.21 (node-0)   cluster-a > spine-0 > tor-0" in lines
     assert "       7          6  10.1.5.77 (node-11)  - (no topology)" in lines
+
+
+def test_the_pods_of_another_kind_are_planned_with_its_kind_and_an_unknown_one_refused(
+    tmp_path, capsys, monkeypatch
+):
+    """--kind names the kind whose labels mark the job's pods (a kind of the tests' own here,
+    tests/bootstrap/testkind.py, registered as a kind module's registry line does)."""
+    from npu_job import kinds
+
+    from ..bootstrap.testkind import NUMBERED, as_numbered
+
+    monkeypatch.setitem(kinds.KINDS, NUMBERED.name, NUMBERED)
+    document = json.loads(CLUSTER.read_text())
+    document["items"] = [
+        as_numbered(item) if item["kind"] == "Pod" else item for item in document["items"]
+    ]
+    (tmp_path / "cluster.json").write_text(json.dumps(document))
+    report = plan_json(capsys, "--pods", str(tmp_path / "cluster.json"), "--kind", "numbered")
+    assert [entry["node"] for entry in report["order"]] == ORDER
+    assert main(["plan", "--pods", str(tmp_path / "cluster.json")]) == 3  # no Volcano Job's
+    assert "expected pods of a Volcano Job (label volcano.sh/job-name)" in capsys.readouterr().err
+    assert main(["plan", "--pods", str(CLUSTER), "--kind", "slurm"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "npu-job: error: command line: --kind: expected a job kind, one of "
+        f"{', '.join(sorted(kinds.KINDS))}; got 'slurm'"
+    ]

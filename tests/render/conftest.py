@@ -7,10 +7,11 @@ from typing import Any, Dict, List, Sequence
 
 import pytest
 import yaml
+from npu_job.kinds.base import JobKind
 from npu_job.render.keys import SPEC_KEYS
 from npu_job.render.render import RenderedJob, render
 from npu_job.render.spec import JobSpec, validate
-from npu_job.render.values import SpecInput, merge_values, parse_set
+from npu_job.render.values import SpecInput, load_yaml_values, merge_values, parse_set
 
 from npu_job.bundle import Bundle
 
@@ -82,16 +83,36 @@ def names(items: Sequence[Dict[str, Any]]) -> List[str]:
     return [item["name"] for item in items]
 
 
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
-#: the example job specs (examples/job-*.yaml), by file name
-EXAMPLES = sorted(path.name for path in EXAMPLES_DIR.glob("job-*.yaml"))
+ROOT = Path(__file__).resolve().parents[2]
+#: the example specs users copy (``examples/job-*.yaml``), by file name
+EXAMPLES = tuple(sorted(path.name for path in (ROOT / "examples").glob("job-*.yaml")))
 
 
 def example(name: str) -> Dict[str, Any]:
     """The values of ``examples/<name>``, as render reads the file."""
-    from npu_job.render.values import load_yaml_values
+    source = f"examples/{name}"
+    return load_yaml_values((ROOT / source).read_text(), source)
 
-    return load_yaml_values((EXAMPLES_DIR / name).read_text(), f"examples/{name}")
+
+def refused_given(values: Dict[str, Any], kind: JobKind) -> List[str]:
+    """The keys of ``values`` that ``kind`` refuses (an example written for another kind may give
+    some), sorted."""
+    refused = {key for key, _ in kind.refused_keys}
+    return sorted(key for key in values if key in refused)
+
+
+def validate_as_pod(template: Dict[str, Any], version: str) -> None:
+    """Kubernetes' own schema of a Pod (kubernetes-validate, strict: unknown fields fail) over a
+    job object's pod template, named so that it is a whole Pod."""
+    import kubernetes_validate
+
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": dict(template["metadata"], name="p"),
+        "spec": template["spec"],
+    }
+    kubernetes_validate.validate(pod, version, strict=True)
 
 
 def object_of_kind(rendered: RenderedJob, kind: Any) -> Dict[str, Any]:

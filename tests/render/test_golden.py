@@ -16,7 +16,7 @@ from npu_job.render.render import render
 from npu_job.render.spec import validate
 from npu_job.render.values import SpecInput, load_yaml_values, merge_values
 
-from .conftest import BOOTSTRAP_STAND_IN, BUNDLE_STAND_IN
+from .conftest import BOOTSTRAP_STAND_IN, BUNDLE_STAND_IN, validate_as_pod
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
@@ -62,10 +62,4 @@ def test_example_manifests_pass_the_kubernetes_schema(example):
     for document in others:
         kubernetes_validate.validate(document, version, strict=True)
     template = job["spec"]["tasks"][0]["template"]
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": dict(template["metadata"], name="p"),
-        "spec": template["spec"],
-    }
-    kubernetes_validate.validate(pod, version, strict=True)
+    validate_as_pod(template, version)

@@ -8,13 +8,11 @@ properties (``strict_schema.closed``), so a field the API server would prune fai
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 from npu_job.kinds import KINDS
 
-from .conftest import render_values, with_keys
+from .conftest import EXAMPLES, example, render_values, with_keys
 from .strict_schema import (
     OBJECT_META,
     POD_TEMPLATE,
@@ -27,8 +25,6 @@ from .strict_schema import (
     strings,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted(path.name for path in (ROOT / "examples").glob("job-*.yaml"))
 VOLCANO = KINDS["volcano"]
 
 _DNS_LABEL = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -95,13 +91,6 @@ def job_object(rendered):
     ]
     assert len(jobs) == 1
     return jobs[0]
-
-
-def example(name):
-    from npu_job.render.values import load_yaml_values
-
-    source = f"examples/{name}"
-    return load_yaml_values((ROOT / source).read_text(), source)
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

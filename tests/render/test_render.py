@@ -25,6 +25,7 @@ from .conftest import (
     pod_spec,
     render_values,
     spec_from,
+    validate_as_pod,
     with_keys,
 )
 from .strict_schema import assert_strict
@@ -324,13 +325,7 @@ def test_manifests_pass_kubernetes_and_volcano_schemas(values):
     kubernetes_validate.validate(documents[0], version, strict=True)
     job = documents[1]
     template = job["spec"]["tasks"][0]["template"]
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": dict(template["metadata"], name="p"),
-        "spec": template["spec"],
-    }
-    kubernetes_validate.validate(pod, version, strict=True)
+    validate_as_pod(template, version)
     assert_strict(job, VOLCANO_JOB)
 
 

@@ -21,6 +21,7 @@ from npu_job.bootstrap.kube.api import (
 )
 from npu_job.bootstrap.kube.facts import read_pods
 from npu_job.bootstrap.sources import KubernetesAPI, SourceUnavailable
+from npu_job.kinds.volcano import KIND as VOLCANO
 
 from npu_job.errors import InputError
 from npu_job.polling import Backoff
@@ -64,13 +65,22 @@ def test_a_list_follows_continue_tokens_page_by_page(server, api):
     pods = [_pod(i) for i in range(7)] + [_pod(i, "other") for i in range(3)]
     fake = FakeKubernetesAPI(server, "tok", pods=pods, namespaces=("ns",))
     with KubeClient(api, page_size=3) as client:
-        objects = client.list(pods_path("ns"), job_selector_query("j", "worker"))
+        objects = client.list(pods_path("ns"), job_selector_query(VOLCANO, "j", "worker"))
     assert [o.item["metadata"]["name"] for o in objects.pods] == [f"j-worker-{i}" for i in range(7)]
     queries = [query for _, query in fake.lists]
     assert [q.get("limit") for q in queries] == [["3"]] * 3
     assert queries[0]["resourceVersion"] == ["0"] and "continue" not in queries[0]
     assert all("resourceVersion" not in q and q["continue"] for q in queries[1:])
     assert queries[0]["labelSelector"] == ["volcano.sh/job-name=j,volcano.sh/task-spec=worker"]
+
+
+def test_the_label_selector_of_a_jobs_pods_is_its_kinds():
+    from ..testkind import NUMBERED
+
+    assert job_selector_query(VOLCANO, "j", None) == {"labelSelector": "volcano.sh/job-name=j"}
+    assert job_selector_query(NUMBERED, "j", "worker") == {  # a kind without a group label
+        "labelSelector": "example.com/set-name=j,example.com/controller=numbered-set"
+    }
 
 
 def test_pods_are_read_page_by_page_straight_or_the_general_way(server, api):

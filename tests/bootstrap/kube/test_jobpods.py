@@ -1,6 +1,8 @@
-"""A Volcano job's pods as the servers to order (no rank table): which pods, their indices, when
-the job is complete and scheduled, and the servers they become. The fixture is a
-`kubectl get pods -o json` of an 8-pod job written here (tests/bootstrap/fixtures/kube/pods.json)."""
+"""A job's pods as the servers to order (no rank table): which pods, their indices, when the job
+is complete and scheduled, and the servers they become, as the job's kind labels and names them.
+The fixture is a `kubectl get pods -o json` of an 8-pod Volcano Job written here
+(tests/bootstrap/fixtures/kube/pods.json); the same pods made by a kind of the tests' own
+(tests/bootstrap/testkind.py) hold the code to the kind's record."""
 
 import json
 import random
@@ -16,8 +18,12 @@ from npu_job.bootstrap.kube.facts import read_pods
 from npu_job.bootstrap.kube.jobpods import JobSelector, job_roster, roster_table
 from npu_job.bootstrap.kube.objects import read_objects
 from npu_job.bootstrap.kube.topology import KubeContext, topology_from_objects
+from npu_job.kinds.volcano import JOB_NAME_LABEL, TASK_INDEX_LABEL
+from npu_job.kinds.volcano import KIND as VOLCANO
 
 from npu_job.errors import InputError, NotReadyError
+
+from ..testkind import INDEX_LABEL, NUMBERED, Numbered, as_numbered
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "kube"
 PODS = json.loads((FIXTURES / "pods.json").read_text())
@@ -181,7 +187,7 @@ def test_other_jobs_tasks_and_namespaces_are_left_out():
     with pytest.raises(InputError) as caught:
         _roster(document)
     assert caught.value.message == (
-        "pods: items: expected the pods of one Volcano job, got pods of 2 jobs ('llama', 'other')"
+        "pods: items: expected the pods of one Volcano Job, got pods of 2 jobs ('llama', 'other')"
     )
     assert caught.value.tip == "--job names the one to plan"
     assert _roster(document, JobSelector(job="llama")).ready
@@ -230,18 +236,16 @@ def test_every_listing_order_gives_the_same_servers_and_plan(seed):
 def _roster_pod_by_pod(pods, selector, source):
     """What job_roster answers, spelled out pod by pod with pod_index (the reference); its
     refusals say what job_roster's say (a bad label's is pod_index's own)."""
-    job = selector.job
+    job, kind = selector.job, selector.kind
     chosen = {}
     for pod in pods:
-        labels = pod.labels
         if (
-            labels.get(jobpods.JOB_NAME_LABEL) != job
-            or (selector.task is not None and labels.get(jobpods.TASK_SPEC_LABEL) != selector.task)
+            not kind.selects(pod.labels, job, selector.task or "")
             or pod.deleting
             or pod.phase in jobpods.ENDED_PHASES
         ):
             continue
-        index = jobpods.pod_index(pod, source)
+        index = jobpods.pod_index(pod, source, kind)
         if index in chosen:
             raise InputError(source, "labels", "one live pod per index")
         chosen[index] = pod
@@ -283,30 +287,41 @@ _INDEX_LABELS = st.one_of(
     ),
     expected=st.none() | st.integers(1, 14),
     task=st.none() | st.just("worker"),
+    kind=st.sampled_from([VOLCANO, NUMBERED]),
 )
 @example(  # 19 digits: more than a count has, though int() reads them
-    pods=[("9" * 19, 0, "llama", "worker", "Running", False, True)], expected=3, task=None
+    pods=[("9" * 19, 0, "llama", "worker", "Running", False, True)],
+    expected=3,
+    task=None,
+    kind=VOLCANO,
 )
 @example(  # three pods of a 3-pod job, one of them numbered 3
     pods=[(label, 0, "llama", "worker", "Running", False, True) for label in ("0", "1", "3")],
     expected=3,
     task=None,
+    kind=VOLCANO,
 )
 @example(  # two pods with one index, each label well-formed
-    pods=[("1", 0, "llama", "worker", "Running", False, True)] * 2, expected=3, task=None
+    pods=[("1", 0, "llama", "worker", "Running", False, True)] * 2,
+    expected=3,
+    task=None,
+    kind=VOLCANO,
 )
-def test_the_roster_is_the_pods_read_one_by_one(pods, expected, task):
+def test_the_roster_is_the_pods_read_one_by_one(pods, expected, task, kind):
     """Whatever the labels say (no label, leading zeros, non-digits, an index twice, beyond the
-    count), the roster is what reading pod by pod with pod_index gives, or the same refusal."""
+    count), the roster is what reading pod by pod with pod_index gives, or the same refusal, for
+    the Volcano Job and for a kind with its own labels (and no group label: a task says nothing
+    there)."""
     from npu_job.bootstrap.kube.facts import PodFacts
 
     facts = [
         PodFacts(
             name=f"{job}-{spec}-{name_index}",
             labels={
-                jobpods.JOB_NAME_LABEL: job,
-                jobpods.TASK_SPEC_LABEL: spec,
-                **({} if label is None else {jobpods.TASK_INDEX_LABEL: label}),
+                kind.job_label: job,
+                **({kind.group_label: spec} if kind.group_label else {}),
+                **({} if label is None else {kind.index_label: label}),
+                **dict(kind.constant_labels),
             },
             node_name=f"node-{position}" if scheduled else "",
             host_ip=f"10.0.0.{position}" if scheduled else "",
@@ -316,14 +331,14 @@ def test_the_roster_is_the_pods_read_one_by_one(pods, expected, task):
         )
         for position, (label, name_index, job, spec, phase, deleting, scheduled) in enumerate(pods)
     ]
-    selector = JobSelector(job="llama", task=task, expected=expected)
+    selector = JobSelector(job="llama", task=task, expected=expected, kind=kind)
     try:
         want = _roster_pod_by_pod(facts, selector, "pods")
     except InputError as refused:
         with pytest.raises(InputError) as error:
             job_roster(facts, selector, "pods")
         assert refused.expected in error.value.expected
-        assert error.value.field.endswith(("task-index", "name"))
+        assert error.value.field.endswith((f"labels.{kind.index_label}", "metadata.name"))
     else:
         roster = job_roster(facts, selector, "pods")
         assert roster == want
@@ -340,7 +355,7 @@ def test_a_pod_claiming_a_huge_index_without_a_count_waits_and_says_so_at_once()
     pods = [
         PodFacts(
             f"llama-worker-{i}",
-            labels={jobpods.JOB_NAME_LABEL: "llama", jobpods.TASK_INDEX_LABEL: label},
+            labels={JOB_NAME_LABEL: "llama", TASK_INDEX_LABEL: label},
             node_name=f"node-{i}",
             host_ip=f"10.0.0.{i}",
         )
@@ -350,3 +365,122 @@ def test_a_pod_claiming_a_huge_index_without_a_count_waits_and_says_so_at_once()
     assert not roster.ready and roster.missing_count == 10**17 - 2
     assert roster.missing == (1, 3, 4, 5, 6)
     assert "pod index(es) 1, 3, 4, 5, 6 and 99999999999999993 more not created" in roster.progress()
+
+
+# --- another kind ---------------------------------------------------------------------------
+
+
+def _numbered(document=None):
+    """The fixture's pods as the tests' own kind makes them, with a Volcano job beside them."""
+    document = json.loads(json.dumps(PODS if document is None else document))
+    volcano = json.loads(json.dumps(document["items"][0]))
+    volcano["metadata"]["name"] = "vc-worker-0"
+    volcano["metadata"]["labels"]["volcano.sh/job-name"] = "vc"
+    document["items"] = [as_numbered(item) for item in document["items"]] + [volcano]
+    return document
+
+
+def _numbered_roster(document, **selector):
+    return _roster(document, JobSelector(kind=NUMBERED, **selector))
+
+
+def test_another_kinds_pods_are_those_its_labels_select_in_the_order_they_give():
+    """The same pods made by another controller: the same servers, in the same order, found by
+    that kind's labels (its job label and its controller's), never by Volcano's."""
+    volcano = roster_table(_roster(_pods()[0]), "pods")
+    document = _numbered()
+    roster = _numbered_roster(document)
+    assert roster.job == "llama" and roster.ready
+    assert roster_table(roster, "pods") == volcano
+    assert _numbered_roster(document, task="master") == roster  # the kind has no group label
+    for item in document["items"]:
+        item["metadata"]["labels"].pop(INDEX_LABEL, None)  # the index from the name alone
+    assert roster_table(_numbered_roster(document), "pods") == volcano
+    stranger = document["items"][0]
+    del stranger["metadata"]["labels"]["example.com/controller"]  # another controller's set
+    assert [p.name for p in _numbered_roster(document).pods] == [
+        f"llama-worker-{i}" for i in range(1, 8)
+    ]
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        pytest.param(
+            {"name": "llama-worker-x2", "label": None},
+            "metadata.name: expected a example.com/set-index label or a pod name <set>-<index>, "
+            "got a string 'llama-worker-x2'",
+            id="no-index",
+        ),
+        pytest.param(
+            {"label": "two"},
+            "metadata.labels.example.com/set-index: expected a pod index (digits), got a string 'two'",
+            id="bad-label",
+        ),
+        pytest.param(
+            {"label": "1"},
+            "metadata.labels.example.com/set-index: expected one live pod per index; 1 is also "
+            "pod 'llama-worker-1'",
+            id="one-index-twice-by-label",
+        ),
+        pytest.param(
+            {"name": "llama-worker-1", "label": None, "strip": True},
+            "metadata.name: expected one live pod per index; 1 is also pod 'llama-worker-1'",
+            id="one-index-twice-by-name",
+        ),
+    ],
+)
+def test_a_pod_whose_kind_finds_no_index_or_a_taken_one_is_one_line_naming_pod_and_field(
+    damage, message
+):
+    document = _numbered()
+    item = document["items"][2]
+    if damage.get("strip"):  # every index from the names
+        for each in document["items"]:
+            each["metadata"]["labels"].pop(INDEX_LABEL, None)
+    if "name" in damage:
+        item["metadata"]["name"] = damage["name"]
+    if damage.get("label") is None:
+        item["metadata"]["labels"].pop(INDEX_LABEL, None)
+    else:
+        item["metadata"]["labels"][INDEX_LABEL] = damage["label"]
+    with pytest.raises(InputError) as caught:
+        _numbered_roster(document)
+    assert "\n" not in caught.value.message
+    assert caught.value.message == f"pods: items[2] (Pod {item['metadata']['name']!r}): {message}"
+
+
+def test_pods_of_no_job_of_the_kind_name_the_kind_and_its_label():
+    with pytest.raises(InputError) as caught:
+        _roster(_pods()[0], JobSelector(kind=NUMBERED))
+    assert caught.value.message == (
+        "pods: items: expected pods of a Numbered Set (label example.com/set-name)"
+    )
+    with pytest.raises(InputError, match="expected the pods of one Numbered Set, got pods of 2"):
+        document = _numbered()
+        document["items"][0]["metadata"]["labels"]["example.com/set-name"] = "other"
+        _numbered_roster(document)
+
+
+def test_a_kind_that_reads_its_indices_its_own_way_is_read_its_way():
+    """A kind whose pod_index is its own (here: the name alone, whatever the label says) is not
+    read by the label's fast path."""
+
+    class ByName(Numbered):
+        def pod_index(self, labels, name):
+            return self.index_from_name(name)
+
+    document = _numbered()
+    for position, item in enumerate(document["items"][:8]):
+        item["metadata"]["labels"][INDEX_LABEL] = str(7 - position)  # every label says otherwise
+    roster = _roster(document, JobSelector(kind=ByName()))
+    assert [p.name for p in roster.pods] == [f"llama-worker-{i}" for i in range(8)]
+    assert [p.name for p in _numbered_roster(document).pods] == [
+        f"llama-worker-{i}" for i in reversed(range(8))
+    ]
+    document["items"][2]["metadata"]["name"] = "llama-worker-x"  # its label is a fine index
+    with pytest.raises(InputError) as caught:
+        _roster(document, JobSelector(kind=ByName()))
+    assert caught.value.message.startswith(
+        "pods: items[2] (Pod 'llama-worker-x'): metadata.name: expected a example.com/set-index "
+    )
