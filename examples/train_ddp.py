@@ -5,7 +5,8 @@ environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_
 
 1. checks its global rank against the plan the pod's bootstrap wrote: the node rank this pod
    (``VC_TASK_INDEX``; on a job kind whose index variable train.sh unsets, the ``pod_index`` the
-   bootstrap found itself at in the route plan) should have is read from the route-plan JSON
+   bootstrap found itself at in the route plan, else ``$RANK_AFTER_ACC``, which the pod command set
+   to that variable) should have is read from the route-plan JSON
    (``rank_mapping`` ``"newRank-podIndex,..."``), else from ``/tmp/RANK_AFTER_ACC``, else it is the
    pod index (scheduler order); the expected rank is ``node_rank * LOCAL_WORLD_SIZE + LOCAL_RANK``;
 2. trains a tiny MLP on synthetic regression data (fixed seed, a different shard per rank) with
@@ -47,6 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 OUTPUT_DIR = "/tmp"
 OUTPUT_DIR_ENV = "NPU_JOB_OUTPUT_DIR"
 RANK_FILE = "RANK_AFTER_ACC"
+RANK_ENV = "RANK_AFTER_ACC"
 ROUTE_PLAN_FILE = "route_plan.json"
 TASK_INDEX_ENV = "VC_TASK_INDEX"
 
@@ -116,13 +118,18 @@ def parse_rank_mapping(mapping: str) -> Dict[int, int]:
     return node_rank_of_pod
 
 
-def route_plan_pod_index(route_plan: Path) -> Optional[int]:
-    """The pod index the bootstrap found this pod at (the route plan's ``pod_index``), or None."""
+def route_plan_pod(route_plan: Path) -> Tuple[bool, Optional[int]]:
+    """Whether the bootstrap's plan was used (``$RANK_AFTER_ACC`` is then the planned rank, not
+    the pod's index), and the pod index it found this pod at (None where it says none)."""
     try:
-        index = json.loads(read_text(route_plan) or "{}").get("pod_index")
-    except (ValueError, AttributeError):
-        return None
-    return index if isinstance(index, int) and not isinstance(index, bool) else None
+        plan = json.loads(read_text(route_plan) or "{}")
+    except ValueError:
+        return False, None
+    if not isinstance(plan, dict):
+        return False, None
+    index = plan.get("pod_index")
+    found = index if isinstance(index, int) and not isinstance(index, bool) else None
+    return plan.get("status") == "success", found
 
 
 def planned_node_rank(
@@ -156,7 +163,7 @@ def planned_node_rank(
     if from_file is not None:
         return from_file, RANK_FILE, problems
     if pod_index is not None:
-        return pod_index, "VC_TASK_INDEX (scheduler order)", problems
+        return pod_index, "the pod index (scheduler order)", problems
     return None, "unknown (not in a pod)", problems
 
 
@@ -258,7 +265,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     route_plan = Path(args.route_plan) if args.route_plan else output_dir / ROUTE_PLAN_FILE
     pod_index = env_int(TASK_INDEX_ENV)
     if pod_index is None:  # a kind whose index variable train.sh unsets (PyTorchJob's, ...)
-        pod_index = route_plan_pod_index(route_plan)
+        planned, pod_index = route_plan_pod(route_plan)
+        if pod_index is None and not planned:  # the pod command's copy of that variable
+            pod_index = env_int(RANK_ENV)
     node_rank, source, problems = planned_node_rank(pod_index, route_plan, output_dir / RANK_FILE)
 
     device_type, backend = pick_device(args.device)

@@ -11,7 +11,7 @@ from typing import Dict
 
 from npu_job.errors import InputError, shown
 
-from . import indexedjob, jobset, leaderworkerset, pytorchjob, trainjob, volcano
+from . import ascendjob, indexedjob, jobset, leaderworkerset, pytorchjob, trainjob, volcano
 from .base import JobKind
 
 DEFAULT = volcano.KIND.name
@@ -27,6 +27,7 @@ KINDS: Dict[str, JobKind] = {
         jobset.KIND,
         pytorchjob.KIND,
         trainjob.KIND,
+        ascendjob.KIND,
     )
 }
 

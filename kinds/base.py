@@ -65,6 +65,19 @@ class RoleRule(NamedTuple):
     verbs: Tuple[str, ...]
 
 
+class ConfigMapMount(NamedTuple):
+    """A ConfigMap the kind's controller fills for the job, which render writes first (so that the
+    controller finds it) and the training container mounts."""
+
+    volume: str  # the pod's volume name
+    configmap: str  # its name, ``{name}`` standing for the job's
+    path: str  # the directory it is mounted at
+    data: Tuple[Tuple[str, str], ...]  # what render writes in it, before the controller does
+
+    def name_for(self, job: str) -> str:
+        return self.configmap.format(name=job)
+
+
 class ControllerPod(NamedTuple):
     """A pod as the kind's controller creates it, before the kubelet starts its container: what the
     demo's simulator needs beyond the pod template itself."""
@@ -122,6 +135,20 @@ class JobKind:
     #: table and switch topology; where it does not, a routed NPU job of the kind lists its pods
     #: from the Kubernetes API unless it brings a rank table itself
     cce_rank_table: bool = False
+    #: the devices (spec key ``device``) the kind's controller can run
+    devices: Tuple[str, ...] = ("npu", "gpu", "cpu")
+    #: the extended resource an NPU pod requests where the kind's cluster names NPUs otherwise
+    #: than render's default (CCE's), "" for that default
+    npu_resource: str = ""
+    #: the nodeSelector of an NPU pod where the kind's cluster labels NPU nodes otherwise than
+    #: render's default (CCE's), None for that default
+    npu_node_selector: Optional[Tuple[Tuple[str, str], ...]] = None
+    #: ConfigMaps the controller fills for the job: render writes each before the job object and
+    #: the training container mounts it
+    configmap_mounts: Tuple[ConfigMapMount, ...] = ()
+    #: variables of the training container set from its pod's fields (name, fieldPath) that the
+    #: kind's cluster needs and its controller does not always set
+    pod_field_env: Tuple[Tuple[str, str], ...] = ()
     #: spec keys the kind cannot honour, each with why (render refuses them naming both)
     refused_keys: Tuple[Tuple[str, str], ...] = ()
     #: Role rules the pods need besides listing pods

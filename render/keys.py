@@ -59,6 +59,8 @@ LAUNCHERS = ("npu-run", "torchrun", "torch.distributed.launch")
 PULL_POLICIES = ("IfNotPresent", "Always", "Never")
 #: resource name per device (None: no accelerator is requested)
 DEVICE_RESOURCE = {"npu": "huawei.com/ascend-1980", "gpu": "nvidia.com/gpu", "cpu": None}
+#: the label of CCE's NPU nodes, in every NPU pod's nodeSelector (before the spec's own)
+NPU_NODE_SELECTOR: Tuple[Tuple[str, str], ...] = (("accelerator/huawei-npu", "ascend-1980"),)
 #: accelerators of a full ascend-1980 node (Atlas A3 super-pod nodes have 16 and set
 #: ``full_node_npus``); with routing on, a pod with fewer keeps the scheduler's order
 FULL_NODE_NPUS = 8

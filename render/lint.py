@@ -25,7 +25,7 @@ def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str
     if (
         spec.routing
         and spec.routing_source == "rank-table"
-        and not spec.cce_rank_table
+        and not spec.delivered_rank_table
         and not brings_a_rank_table(spec)
     ):
         what, served = (

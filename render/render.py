@@ -56,7 +56,7 @@ from npu_job import podfacts
 from npu_job.bundle import BUNDLE_NAME, Bundle, installed_bundle
 from npu_job.errors import BundleError, RenderError
 
-from .keys import DEVICE_RESOURCE, NPU_HOST_MOUNTS, SCRIPTS_VOLUME, SHM_VOLUME
+from .keys import NPU_HOST_MOUNTS, SCRIPTS_VOLUME, SHM_VOLUME
 from .spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -339,9 +339,8 @@ def _context(spec: JobSpec) -> Dict[str, Any]:
         spec.labels,
     )
     resources: List[Tuple[str, Any]] = []
-    resource_name = DEVICE_RESOURCE[spec.device]
-    if resource_name:
-        resources.append((resource_name, spec.npus_per_node))
+    if spec.resource_name:
+        resources.append((spec.resource_name, spec.npus_per_node))
     for key in ("cpu", "memory"):
         value = getattr(spec.resources, key)
         if value is not None:
@@ -391,10 +390,7 @@ def _context(spec: JobSpec) -> Dict[str, Any]:
             (("cabinet", "cabinet"),) if npu_routing else (), spec.annotations
         ),
         "resources": tuple(resources),
-        "node_selector": _pairs(
-            (("accelerator/huawei-npu", "ascend-1980"),) if spec.device == "npu" else (),
-            spec.node_selector,
-        ),
+        "node_selector": _pairs(spec.accelerator_node_selector, spec.node_selector),
     }
 
 

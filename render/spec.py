@@ -26,6 +26,7 @@ from npu_job.kinds import KINDS
 from npu_job.kinds.base import JobKind
 
 from npu_job.errors import SpecError
+from npu_job.podfacts import DEFAULT_RANK_TABLES
 
 from .checks import Checker
 from .keys import (
@@ -33,6 +34,7 @@ from .keys import (
     HCCL_PORT_COUNT,
     KEYS,
     NPU_HOST_MOUNTS,
+    NPU_NODE_SELECTOR,
     NULL_MEANS_NONE,
     REQUIRED,
     RESERVED_ENV,
@@ -159,7 +161,30 @@ class JobSpec:
 
     @property
     def resource_name(self) -> Optional[str]:
+        """The extended resource each pod requests ``npus_per_node`` of (None for cpu): where
+        the kind's cluster names NPUs otherwise than CCE (its ``npu_resource``), that name."""
+        if self.device == "npu" and self.job_kind.npu_resource:
+            return self.job_kind.npu_resource
         return DEVICE_RESOURCE[self.device]
+
+    @property
+    def accelerator_node_selector(self) -> Tuple[Tuple[str, str], ...]:
+        """The nodeSelector the pods get before the spec's own: the NPU nodes' label (the kind's
+        cluster's, its ``npu_node_selector``, where it labels them otherwise than CCE)."""
+        if self.device != "npu":
+            return ()
+        own = self.job_kind.npu_node_selector
+        return NPU_NODE_SELECTOR if own is None else own
+
+    @property
+    def delivered_rank_table(self) -> bool:
+        """Whether the cluster delivers the pods a rank table: CCE, to an NPU Volcano Job, or
+        the kind's controller, in a ConfigMap it fills where the bootstrap looks."""
+        return self.cce_rank_table or any(
+            f"{mount.path}/{name}" in DEFAULT_RANK_TABLES
+            for mount in self.job_kind.configmap_mounts
+            for name, _ in mount.data
+        )
 
     @property
     def uses_bundle(self) -> bool:
@@ -270,6 +295,13 @@ def _refuse_keys_of_the_kind(check: Checker, given: Mapping[str, Any], kind_give
     if kind_given and "kind" not in given:  # an unknown kind: its own problem says so
         return
     kind = KINDS[given.get("kind", KEYS["kind"].default)]
+    device = given.get("device", KEYS["device"].default)
+    if device not in kind.devices:
+        check.problem(
+            ("device",),
+            f"the {kind.title} (kind {kind.name}) runs {' or '.join(kind.devices)} pods only, "
+            f"not {device}; choose another kind",
+        )
     for refused, why in kind.refused_keys:
         for key in given:
             if key == refused or key.startswith(refused + "."):

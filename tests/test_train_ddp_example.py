@@ -70,6 +70,42 @@ def test_a_rank_off_the_route_plan_fails_the_run(
 
 
 @pytest.mark.torch
+def test_without_a_plan_or_the_volcano_index_the_pod_index_is_what_the_pod_command_exported(
+    tmp_path,
+):
+    """Routing off on a kind whose index variable train.sh unsets: the pod command's
+    RANK_AFTER_ACC is the pod's index (scheduler order), and a rank off it fails the run."""
+    env = {**os.environ, "NPU_JOB_OUTPUT_DIR": str(tmp_path), "RANK_AFTER_ACC": "1"}
+    env.pop("VC_TASK_INDEX", None)
+    reports = tmp_path / "reports"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            str(EXAMPLE),
+            "--steps",
+            "2",
+            "--report-dir",
+            str(reports),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    report = json.loads((reports / "rank-0.json").read_text())
+    assert run.returncode != 0 and report["pod_index"] == 1
+    assert any(
+        line.startswith("rank 0 but the plan (the pod index (scheduler order)) gives node rank 1")
+        for line in report["problems"]
+    ), report["problems"]
+
+
+@pytest.mark.torch
 def test_the_example_needs_torch_alone_not_numpy(tmp_path):
     """torch does not depend on numpy, so a training image may lack it: shadow numpy with a
     package that refuses to import and the example must still train and report."""

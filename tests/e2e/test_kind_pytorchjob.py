@@ -5,7 +5,8 @@ The pods are the operator's (``kinds/pytorchjob.py``'s ``controller_pods``): ``d
 ``demo-worker-<i>``, ``PET_NODE_RANK``/``RANK`` 0 for the Master and ``i + 1`` for Worker ``i``,
 ``MASTER_ADDR``/``PET_*`` as the operator injects them, each reachable by its per-replica
 Service's name. As in ``test_pipeline.py``, each pod runs in its own network and mount namespace
-and nothing but the cluster is simulated; no training-operator runs here.
+(or, routed by the API, on its own loopback address, ``kind_runs``) and nothing but the cluster is
+simulated; no training-operator runs here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,12 @@ import pytest
 from npu_job.kinds import KINDS
 
 from npu_job import demo
+from tests.e2e.kind_runs import (
+    UNSHARE,
+    assert_planned_and_trained,
+    routed_options,
+    run_routed_by_the_api,
+)
 from tests.e2e.test_pipeline import REASON, assert_planned_off_pod_0, explain, run_on_hosts
 
 pytestmark = [
@@ -45,3 +52,16 @@ def test_the_pytorchjob_trains_by_the_plan_with_rank_0_on_the_planned_pods_servi
     for spec_file in result.prepared.spec_files:
         log = (spec_file.parent / "pod.log").read_text()
         assert f"master {master}:" in log
+
+
+@pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
+def test_routed_by_the_api_every_pod_lists_the_operators_pods_and_trains_by_the_plan(tmp_path):
+    run = run_routed_by_the_api(routed_options("pytorchjob"), tmp_path)
+    assert_planned_and_trained(run)  # by the selector of the job name and the operator's name
+    specs = run.result.prepared.specs
+    assert [spec.name for spec in specs] == [
+        "demo-master-0",
+        *(f"demo-worker-{i}" for i in range(len(specs) - 1)),
+    ]
+    for spec in specs:
+        assert spec.env_dict()["PET_NODE_RANK"] == str(spec.index)

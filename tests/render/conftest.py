@@ -127,3 +127,14 @@ def validate_as_pod(template: Dict[str, Any], version: str) -> None:
         "spec": template["spec"],
     }
     kubernetes_validate.validate(pod, version, strict=True)
+
+
+def object_of_kind(rendered: RenderedJob, kind: Any) -> Dict[str, Any]:
+    """The one document of ``kind``'s apiVersion and kind (its record) in the rendered stream."""
+    found = [
+        doc
+        for doc in parsed(rendered)
+        if (doc["apiVersion"], doc["kind"]) == (kind.api_version, kind.kind)
+    ]
+    assert len(found) == 1, [(doc["apiVersion"], doc["kind"]) for doc in parsed(rendered)]
+    return found[0]

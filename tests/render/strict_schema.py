@@ -191,6 +191,38 @@ POD_TEMPLATE = obj(
 )
 
 
+# --- kubeflow/common's types, as the replica-spec CRDs embed them (PyTorchJob, AscendJob) --------
+
+
+def replica_specs(template: Schema, replica_types: Sequence[str]) -> Schema:
+    """``map[ReplicaType]*ReplicaSpec``: ``replicas``, ``restartPolicy`` and a pod ``template``, by
+    replica type (the types are the controller's validation, the CRD takes any key)."""
+    spec = obj(
+        replicas=integer(minimum=0),
+        restartPolicy=string(enum=("Always", "OnFailure", "Never", "ExitCode")),
+        template=template,
+    )
+    return {
+        "type": "object",
+        "additionalProperties": spec,
+        "propertyNames": {"enum": list(replica_types)},
+    }
+
+
+#: ``RunPolicy`` with the fields npu-job renders and the PodGroup's ``SchedulingPolicy``
+RUN_POLICY = obj(
+    backoffLimit=integer(),
+    cleanPodPolicy=string(),
+    activeDeadlineSeconds=integer(),
+    ttlSecondsAfterFinished=integer(),
+    schedulingPolicy=obj(
+        minAvailable=integer(),
+        queue=string(),
+        priorityClass=string(),
+        minResources={"type": "object", "additionalProperties": QUANTITY},
+    ),
+)
+
 # --- strictness and validation ----------------------------------------------------------------
 
 

@@ -11,27 +11,24 @@ Master ``replicas`` 1, Worker ``replicas`` at least 1, a container named ``pytor
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
 from npu_job.kinds import KINDS
 
 from npu_job.errors import SpecError
 
-from .conftest import render_values, spec_from, with_keys
-from .strict_schema import OBJECT_META, POD_TEMPLATE, assert_strict, integer, obj, string
+from .conftest import EXAMPLES, example, object_of_kind, render_values, spec_from, with_keys
+from .strict_schema import (
+    OBJECT_META,
+    POD_TEMPLATE,
+    RUN_POLICY,
+    assert_strict,
+    obj,
+    replica_specs,
+    string,
+)
 from .test_scripts import assert_clean_shell
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted(path.name for path in (ROOT / "examples").glob("job-*.yaml"))
 KIND = KINDS["pytorchjob"]
-
-REPLICA_SPEC = obj(
-    replicas=integer(minimum=0),
-    restartPolicy=string(enum=("Always", "OnFailure", "Never", "ExitCode")),
-    template=POD_TEMPLATE,
-)
 PYTORCHJOB = obj(
     required=("apiVersion", "kind", "metadata", "spec"),
     apiVersion=string(enum=("kubeflow.org/v1",)),
@@ -40,35 +37,15 @@ PYTORCHJOB = obj(
     spec=obj(
         required=("pytorchReplicaSpecs",),
         nprocPerNode=string(),
-        runPolicy=obj(
-            backoffLimit=integer(),
-            cleanPodPolicy=string(),
-            schedulingPolicy=obj(minAvailable=integer(), queue=string(), priorityClass=string()),
-        ),
-        pytorchReplicaSpecs={
-            "type": "object",
-            "additionalProperties": REPLICA_SPEC,
-            "propertyNames": {"enum": ["Master", "Worker"]},  # the webhook's replica types
-        },
+        runPolicy=RUN_POLICY,
+        # the webhook's replica types
+        pytorchReplicaSpecs=replica_specs(POD_TEMPLATE, ("Master", "Worker")),
     ),
 )
 
 
 def job_object(rendered):
-    jobs = [
-        doc
-        for doc in yaml.safe_load_all(rendered.stream())
-        if (doc["apiVersion"], doc["kind"]) == (KIND.api_version, KIND.kind)
-    ]
-    assert len(jobs) == 1
-    return jobs[0]
-
-
-def example(name):
-    from npu_job.render.values import load_yaml_values
-
-    source = f"examples/{name}"
-    return load_yaml_values((ROOT / source).read_text(), source)
+    return object_of_kind(rendered, KIND)
 
 
 def refused_in(values):

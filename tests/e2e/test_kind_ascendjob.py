@@ -1,0 +1,48 @@
+"""``npu-job demo --kind ascendjob`` with every pod on its own simulated host: the AscendJob as
+MindCluster's ascend-operator would run it trains, its ranks by the operator's RANK.
+
+The pods are the operator's (``kinds/ascendjob.py``'s ``controller_pods``): ``demo-master-0`` and
+``demo-worker-<i>`` on NPU nodes, ``RANK`` 0 for the Master and ``i + 1`` for Worker ``i``,
+``WORLD_SIZE`` counting processes and ``LOCAL_RANK`` a list, ``MASTER_ADDR`` the Master's Service
+(its ClusterIP on a cluster, its name here, resolving to the Master). No pod has a DNS name of its
+own. As in ``test_pipeline.py``, each pod runs in its own network and mount namespace and nothing
+but the cluster is simulated: no ascend-operator, no NPU (the workers fall back to gloo).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from npu_job import demo
+from tests.e2e.test_pipeline import REASON, assert_trained_by_plan, explain, run_on_hosts
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+def test_without_routing_the_ascendjob_trains_in_the_operators_rank_order(tmp_path):
+    options = demo.DemoOptions(
+        kind="ascendjob",
+        device="npu",
+        routing=False,
+        nodes=3,
+        nproc_per_node=1,
+        steps=4,
+        timeout=150,
+    )
+    result = run_on_hosts(options, tmp_path, "ka")
+    assert result.ok, explain(result)
+    for spec in result.prepared.specs:
+        env = spec.env_dict()
+        assert env["RANK"] == str(spec.index)  # the operator's rank: the pod's index
+        assert env["LOCAL_RANK"] == "0" and env["WORLD_SIZE"] == "3"  # what train.sh unsets
+        assert env["MASTER_ADDR"] == "demo-master-0" and env["NPU_JOB_KIND"] == "ascendjob"
+        log = (result.prepared.spec_files[spec.index].parent / "pod.log").read_text()
+        assert "master demo-master-0:" in log  # through the operator's Service
+    assert [spec.name for spec in result.prepared.specs] == [
+        "demo-master-0",
+        "demo-worker-0",
+        "demo-worker-1",
+    ]
+    assert_trained_by_plan(result, list(range(options.nodes)), 1)
