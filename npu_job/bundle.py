@@ -56,6 +56,7 @@ package (the edge).
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -477,8 +478,13 @@ def zip_archive(entries: Sequence[Tuple[str, bytes]], *, sentinel: bytes = b"") 
     return bytes(body + directory + end)
 
 
-def pod_side_files() -> List[Tuple[str, str]]:
-    """(archive name, source) of every module the bundle holds, read from this installation."""
+def pod_side_files(kinds: Optional[Iterable[str]] = None) -> List[Tuple[str, str]]:
+    """(archive name, source) of every module the bundle holds, read from this installation.
+
+    ``kinds``: the job kinds whose records it holds (with the default kind, which the pod side
+    falls back to, and the kind modules those import); None: every kind. A job's bundle holds
+    its own kind's alone: each kind's module costs the ConfigMap's annotations room.
+    """
     import importlib.util
     from pathlib import Path
 
@@ -497,10 +503,47 @@ def pod_side_files() -> List[Tuple[str, str]]:
         for path in sorted(root.rglob("*.py")):
             if "__pycache__" not in path.parts:
                 files.append((f"{prefix}/{path.relative_to(root).as_posix()}", path))
-    return [(name, path.read_text(encoding="utf-8")) for name, path in files]
+    read = [(name, path.read_text(encoding="utf-8")) for name, path in files]
+    return read if kinds is None else _with_kinds(read, kinds)
+
+
+_KINDS_PREFIX = "npu_job/kinds/"
+# a kind module's imports of its siblings: "from .jobset import ..." or "from . import a, b"
+_SIBLING_IMPORT = re.compile(r"^\s*from \.(?:(\w+) import|\s+import ([\w, ]+))", re.M)
+
+
+def _with_kinds(files: List[Tuple[str, str]], kinds: Iterable[str]) -> List[Tuple[str, str]]:
+    """``files`` holding of ``npu_job/kinds/`` only the registry, the modules of ``kinds`` and
+    the default kind, and what those import of their siblings."""
+    from npu_job.kinds import DEFAULT, KIND_NAMES
+
+    source = {
+        name[len(_KINDS_PREFIX) : -3]: text
+        for name, text in files
+        if name.startswith(_KINDS_PREFIX)
+    }
+    wanted = {DEFAULT, *kinds}
+    pending = list(wanted)
+    while pending:
+        for match in _SIBLING_IMPORT.finditer(source.get(pending.pop(), "")):
+            for sibling in (match.group(1) or match.group(2)).replace(" ", "").split(","):
+                if sibling in source and sibling not in wanted:
+                    wanted.add(sibling)
+                    pending.append(sibling)
+    left_out = set(KIND_NAMES) - wanted
+    return [
+        (name, text)
+        for name, text in files
+        if not name.startswith(_KINDS_PREFIX) or name[len(_KINDS_PREFIX) : -3] not in left_out
+    ]
+
+
+def installed_bundle(kinds: Optional[Iterable[str]] = None) -> Bundle:
+    """The bundle of this installation's pod side, with the records of ``kinds`` (None: every
+    kind; :func:`pod_side_files`), built once per process for each."""
+    return _bundle_of(None if kinds is None else tuple(sorted(set(kinds))))
 
 
 @functools.lru_cache(maxsize=None)
-def installed_bundle() -> Bundle:
-    """The bundle of this installation's pod side (built once per process)."""
-    return build(pod_side_files())
+def _bundle_of(kinds: Optional[Tuple[str, ...]]) -> Bundle:
+    return build(pod_side_files(kinds))

@@ -420,7 +420,7 @@ def render(
         scripts.append(("bootstrap.sh", bootstrap if bootstrap is not None else bootstrap_script()))
     shipped: Optional[Bundle] = None
     if spec.uses_bundle and not spec.fetches_bundle:
-        shipped = bundle if bundle is not None else installed_bundle()
+        shipped = bundle if bundle is not None else installed_bundle((spec.kind,))
         context["bundle_base64"] = base64.b64encode(shipped.data).decode("ascii")
     context["scripts"] = tuple(scripts)
     pod_template = _render_template(env, "pod.yaml.j2", context)
