@@ -452,7 +452,7 @@ def _numbered_env(api, index, out, kind="numbered", **extra):
 def test_another_kinds_pods_are_listed_by_its_selector_and_planned_alike(api, tmp_path, test_kinds):
     api.pods = [as_numbered(pod) for pod in KINDS["Pod"]]
     expected = expected_plan(CLUSTER["items"])
-    result = bootstrap({}, _numbered_env(api, 2, tmp_path))
+    result = bootstrap({"wait_timeout": 0}, _numbered_env(api, 2, tmp_path))  # all there
     plan = result.route_plan
     assert plan["status"] == "success", plan["reason"]
     assert (plan["rank_mapping"], plan["pod_index"]) == (expected.rank_mapping, 2)
@@ -484,7 +484,7 @@ def test_a_pod_of_the_kind_without_its_own_index_is_one_line_and_the_scheduler_o
     else:
         bad["metadata"]["labels"][INDEX_LABEL] = "1"
     api.pods = pods
-    env = _numbered_env(api, 0, tmp_path / "out")
+    env = _numbered_env(api, 0, tmp_path / "out", NPU_JOB_WAIT_TIMEOUT="0")  # every pod is there
     result = bootstrap({}, env)
     assert result.exit_code == 0 and result.route_plan["status"] == "failed"
     reason = result.route_plan["reason"]
