@@ -88,6 +88,10 @@ class JobKind:
     refused_keys: Tuple[Tuple[str, str], ...] = ()
     #: Role rules the pods need besides listing pods
     role_rules: Tuple[RoleRule, ...] = ()
+    #: the kind gives its pods no DNS name (:meth:`dns_name` says ""): the pod holding the new
+    #: rank 0 is reached by its pod IP, which the bootstrap writes as ``NPU_JOB_MASTER_ADDR``, and
+    #: so it waits, listing the job's pods, until every one has its IP (``status.podIP``)
+    master_by_pod_ip: bool = False
 
     def selector(self, job: str, group: str = "") -> str:
         """The ``labelSelector`` of the job's pods (of one group, when given)."""
