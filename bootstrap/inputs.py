@@ -48,11 +48,21 @@ class Inputs(NamedTuple):
     pod_index: Optional[int] = None  # this pod's index (in a pod)
     # the rank table's document in a plan's order (a pod's rank table only)
     reorder: Optional[Callable[[Plan], Dict[str, Any]]] = None
+    pod_ips: Optional[Tuple[str, ...]] = None  # each server's pod IP, "" for none yet (pods only)
 
     @property
     def from_pods(self) -> bool:
         """The servers are the job's pods (no rank table)."""
         return self.node_names is not None
+
+    def address_of(self, pod_index: int) -> Optional[str]:
+        """The address train.sh reaches the server of ``pod_index`` at (the new rank 0's, for the
+        launcher's master): its pod IP when the servers are the job's pods (None while it has
+        none), else its rank table entry's host address (``host_ip``, else ``server_id``)."""
+        if self.pod_ips is not None:
+            return self.pod_ips[pod_index] or None
+        server = self.table.servers[pod_index]
+        return server.host_ip or server.server_id
 
 
 def _ignore(**fields: Any) -> None:
@@ -105,17 +115,20 @@ def load_inputs(
     if pod is not None:
         pod_index = _this_pod(options, table, source, from_pods=job is not None)
         noted(pod_index=pod_index)
+    pod_ips = None
     if job is not None:
         from . import podrun
+        from .kube.jobpods import pod_addresses
 
         topology, topology_source = podrun.job_topology(options, env, verify, job)
+        pod_ips = pod_addresses(job.roster)
     else:
         topology, topology_source = load_topology(
             options, source, env, verify, names=server_addresses(table)
         )
     noted(topology=topology_source)
     nodes = job.nodes if job is not None else None
-    return Inputs(table, source, topology, topology_source, nodes, pod_index, reorder)
+    return Inputs(table, source, topology, topology_source, nodes, pod_index, reorder, pod_ips)
 
 
 def _wait_for_rank_table(

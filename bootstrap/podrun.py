@@ -9,7 +9,8 @@ PATH|URL`` reads ``kubectl get pods -o json`` (or a ``List`` with HyperNodes and
 instead, for tests and dry runs. Either way the source is read again, with a progress line, every
 poll interval until the job has all its pods (``$MA_NUM_HOSTS``) and every one is scheduled,
 within the wait timeout, exactly as a rank table is waited for; the pods then become the servers
-(:mod:`npu_job.bootstrap.kube.jobpods`).
+(:mod:`npu_job.bootstrap.kube.jobpods`), and their pod IPs stay beside them for the master's
+address.
 
 The topology, first found: ``--topology`` (any source the rank-table path reads); the HyperNodes
 or Nodes in the pods file; the cluster's HyperNodes, else node labels, from the API; then the rest

@@ -159,6 +159,7 @@ def _run(
         if plan.status is not PlanStatus.SUCCESS:  # a result: fall back with its reasons
             return outcome._replace(error=_not_planned(plan, location))
         node_rank = plan.node_rank_of_pod[pod_index]
+        master_addr = inputs.address_of(plan.master_index)
         route_plan = writers.route_plan_document(
             plan,
             node_count=table.node_count,
@@ -166,6 +167,7 @@ def _run(
             rank_table=None if inputs.from_pods else location,
             topology=topology_source,
             pods=location if inputs.from_pods else None,
+            master_addr=master_addr,
         )
         try:
             written = writers.write_plan_outputs(
@@ -175,6 +177,7 @@ def _run(
                 reordered_table=inputs.reorder(plan) if inputs.reorder is not None else None,
                 route_plan=route_plan,
                 original_rank_table=None if inputs.from_pods or is_url(location) else location,
+                master_addr=master_addr,
             )
         except OSError as error:
             raise InputError(

@@ -6,9 +6,14 @@ In the output directory (``/tmp`` by default, ``$NPU_JOB_OUTPUT_DIR`` or ``--out
 ``RANK_AFTER_ACC``                 this pod's new node rank (digits, no newline); written last
 ``MASTER_INDEX``                   pod index of the new node rank 0
 ``jobstart_hccl.reordered.json``   the rank table in the new order (``rank_id`` rewritten)
-``npu_job_env.sh``                 ``export NODE_RANK=... MASTER_INDEX=... RANK_TABLE_FILE=...``
+``npu_job_env.sh``                 ``export NODE_RANK=... MASTER_INDEX=... NPU_JOB_MASTER_ADDR=...
+                                   RANK_TABLE_FILE=...``
 ``route_plan.json``                what was decided and why (always written)
 =================================  ================================================================
+
+``NPU_JOB_MASTER_ADDR`` (``master_addr`` in the route plan) is the address of the pod holding the
+new rank 0, for a kind whose pods have no DNS name: its pod IP when the servers are the job's
+pods, its server's host address from a rank table (absent where it is not known yet).
 
 On success all five are written (``RANK_AFTER_ACC`` last, so its presence means "done"). When no
 plan can be used, only the route plan is written (status ``failed`` with the reason) and the other
@@ -29,6 +34,7 @@ from npu_job import __version__
 from npu_job.fileio import write_atomic
 from npu_job.podfacts import (
     ENV_FILE,
+    MASTER_ADDR_ENV,
     MASTER_FILE,
     RANK_FILE,
     RANK_TABLE_COPY,
@@ -52,9 +58,11 @@ def route_plan_document(
     topology: Optional[str] = None,
     error: Optional[str] = None,
     pods: Optional[str] = None,
+    master_addr: Optional[str] = None,
 ) -> Dict[str, Any]:
     """The route-plan JSON: status, the platform's ``rank_mapping``, reasons and both digests;
-    ``pods`` names where the job's pods came from when there was no rank table."""
+    ``pods`` names where the job's pods came from when there was no rank table, ``master_addr``
+    the address of the new rank 0's pod (a usable plan's, where known)."""
     usable = plan is not None and error is None and plan.status.value == "success"
     reasons: List[str] = list(plan.reasons) if plan is not None else []
     if error is not None:
@@ -72,6 +80,7 @@ def route_plan_document(
         "pod_index": pod_index,
         "node_rank": node_rank,
         "master_index": plan.master_index if usable else None,
+        **({"master_addr": master_addr} if usable and master_addr is not None else {}),
         "input_digest": plan.input_digest if plan is not None else None,
         "mapping_digest": plan.mapping_digest if plan is not None else None,
         "rank_table": rank_table,
@@ -80,13 +89,21 @@ def route_plan_document(
     }
 
 
-def env_file_text(node_rank: int, master_index: int, rank_table_file: Optional[str]) -> str:
-    """Shell lines for ``source``; every value shell-quoted (no RANK_TABLE_FILE without one)."""
+def env_file_text(
+    node_rank: int,
+    master_index: int,
+    rank_table_file: Optional[str],
+    master_addr: Optional[str] = None,
+) -> str:
+    """Shell lines for ``source``; every value shell-quoted (no RANK_TABLE_FILE or
+    NPU_JOB_MASTER_ADDR without one)."""
     lines = [
         "# written by npu-job bootstrap; source it: . ./npu_job_env.sh",
         f"export NODE_RANK={shlex.quote(str(node_rank))}",
         f"export MASTER_INDEX={shlex.quote(str(master_index))}",
     ]
+    if master_addr is not None:
+        lines.append(f"export {MASTER_ADDR_ENV}={shlex.quote(master_addr)}")
     if rank_table_file is not None:
         lines.append(f"export {RANK_TABLE_ENV}={shlex.quote(rank_table_file)}")
     return "\n".join(lines) + "\n"
@@ -100,6 +117,7 @@ def write_plan_outputs(
     reordered_table: Optional[Dict[str, Any]],
     route_plan: Dict[str, Any],
     original_rank_table: Optional[str] = None,
+    master_addr: Optional[str] = None,
 ) -> List[Path]:
     """Write the files of a usable plan (all five; without a rank table, no reordered copy, and a
     stale one is removed); returns their paths in write order."""
@@ -126,6 +144,7 @@ def write_plan_outputs(
                 node_rank,
                 master_index,
                 str(copy.absolute()) if reordered_table is not None else None,
+                master_addr,
             ),
             durable=False,
         ),

@@ -24,6 +24,9 @@ ROUTE_PLAN_FILE = "route_plan.json"
 RANK_TABLE_COPY = "jobstart_hccl.reordered.json"
 #: ``export`` lines of the plan's variables, for a shell to source.
 ENV_FILE = "npu_job_env.sh"
+#: The address of the pod holding the new node rank 0, in ENV_FILE: how train.sh reaches the
+#: master on a kind whose pods have no DNS name.
+MASTER_ADDR_ENV = "NPU_JOB_MASTER_ADDR"
 
 #: A rank table the job brings itself (a path or an http(s) URL), where CCE delivers none.
 RANK_TABLE_ENV = "RANK_TABLE_FILE"

@@ -5,7 +5,8 @@ Only these fields are read (Kubernetes API reference, core/v1 Node and Pod), of 
 
 * Node: ``metadata.name``, ``metadata.labels``, ``status.addresses[type=InternalIP].address``;
 * Pod: ``metadata.name``, ``.namespace``, ``.labels``, ``.deletionTimestamp``, ``spec.nodeName``,
-  ``spec.containers[].resources.limits`` (else ``.requests``), ``status.hostIP``, ``status.phase``.
+  ``spec.containers[].resources.limits`` (else ``.requests``), ``status.hostIP``, ``status.podIP``
+  (how a pod of a kind without DNS names is reached), ``status.phase``.
 
 Each object is read twice over if need be: a fast reader takes a well-formed one at C speed, and
 whatever it declines is read field by field, which accepts it or names the first wrong field
@@ -61,6 +62,7 @@ class PodFacts(NamedTuple):
     labels: Mapping[str, str] = _NO_LABELS
     node_name: str = ""
     host_ip: str = ""
+    pod_ip: str = ""  # status.podIP: "" until the pod's network is set up
     phase: str = ""
     deleting: bool = False  # metadata.deletionTimestamp is set: the pod is going away
     accelerators: int = 0
@@ -177,13 +179,14 @@ def _pod_fast(obj: KubeObject) -> Optional[PodFacts]:
             status = {}
         node_name = spec.get("nodeName")
         host_ip = status.get("hostIP")
+        pod_ip = status.get("podIP")
         phase = status.get("phase")
         accelerators = _accelerators_fast(spec.get("containers"))
     except (KeyError, TypeError, AttributeError):
         return None
     if labels is None:
         labels = {}
-    values = (namespace, node_name, host_ip, phase)
+    values = (namespace, node_name, host_ip, pod_ip, phase)
     if (
         accelerators is None
         or type(name) is not str
@@ -201,6 +204,7 @@ def _pod_fast(obj: KubeObject) -> Optional[PodFacts]:
         labels,
         node_name or "",
         host_ip or "",
+        pod_ip or "",
         phase or "",
         metadata.get("deletionTimestamp") is not None,
         accelerators,
@@ -287,6 +291,7 @@ def _pod_checked(obj: KubeObject, source: str) -> PodFacts:
         labels=labels,
         node_name=optional_str(spec, "nodeName", source, field_path(obj, name, "spec")),
         host_ip=optional_str(status, "hostIP", source, field_path(obj, name, "status")),
+        pod_ip=optional_str(status, "podIP", source, field_path(obj, name, "status")),
         phase=optional_str(status, "phase", source, field_path(obj, name, "status")),
         deleting=metadata.get("deletionTimestamp") is not None,
         accelerators=_accelerators(spec, source, field_path(obj, name, "spec.containers")),

@@ -18,15 +18,18 @@ field.
 The servers are the pods in index order, each known by its node's address as a rank table knows
 it (``server_id`` = the pod's ``status.hostIP``, the node's IP, which ``MA_CURRENT_HOST_IP`` holds
 too); its node's name is kept beside it (:func:`node_names`) for the topology, which names nodes
-(:func:`by_server` keys a topology by the servers). A server's device count is its pod's
-accelerators (``nvidia.com/gpu``, ``huawei.com/ascend-*``...), 1 for a pod without any. Routing
-needs one pod per node: two pods on one node are an error naming both.
+(:func:`by_server` keys a topology by the servers), and its pod IP (:func:`pod_addresses`) for the
+launcher's master address. A server's device count is its pod's accelerators (``nvidia.com/gpu``,
+``huawei.com/ascend-*``...), 1 for a pod without any. Routing needs one pod per node: two pods on
+one node are an error naming both.
 
 A :class:`Roster` is *ready* when the job has all its pods (``expected``, e.g. ``MA_NUM_HOSTS``;
 else as many as the highest index listed says) and every one is scheduled: bound to a node
-(``spec.nodeName``) and taken up by its kubelet (``status.hostIP``, moments later), so that every
-pod that reads the list reads the same servers. Until then it says what it waits for. Nothing here
-depends on the order the pods are listed in.
+(``spec.nodeName``) and taken up by its kubelet (``status.hostIP``, moments later; and its pod IP
+too where the kind reaches the master by it,
+:attr:`~npu_job.kinds.base.JobKind.master_by_pod_ip`), so that every pod that reads the list reads
+the same servers. Until then it says what it waits for. Nothing here depends on the order the pods
+are listed in.
 """
 
 from __future__ import annotations
@@ -144,9 +147,14 @@ def job_roster(pods: Sequence[PodFacts], selector: JobSelector, source: str) -> 
         ordered,
         indices,
         expected,
-        tuple([pod.name for pod in ordered if not (pod.node_name and pod.host_ip)]),
+        tuple([pod.name for pod in ordered if not _scheduled(pod, kind)]),
         tuple(islice(absent, LISTED)) if missing_count else (),
     )
+
+
+def _scheduled(pod: PodFacts, kind: JobKind) -> bool:
+    """Bound to a node and taken up by its kubelet (with its pod IP, where the kind needs it)."""
+    return bool(pod.node_name and pod.host_ip and (pod.pod_ip or not kind.master_by_pod_ip))
 
 
 def _labelled_indices(pods: Sequence[PodFacts], kind: JobKind) -> Optional[List[int]]:
@@ -228,6 +236,12 @@ def roster_table(roster: Roster, source: str) -> RankTable:
 def node_names(roster: Roster) -> Tuple[str, ...]:
     """The node of each server of :func:`roster_table`, in the same order."""
     return tuple(pod.node_name for pod in roster.pods)
+
+
+def pod_addresses(roster: Roster) -> Tuple[str, ...]:
+    """The pod IP of each server of :func:`roster_table` (``""`` where a pod has none yet), in
+    the same order."""
+    return tuple(pod.pod_ip for pod in roster.pods)
 
 
 def by_server(

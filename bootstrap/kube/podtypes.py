@@ -32,7 +32,9 @@ def pod_page_decoder(msgspec: Any) -> Any:
     )
     containers = Optional[List[container]]  # type: ignore[valid-type]
     spec = struct("Spec", [("nodeName", text, None), ("containers", containers, None)])
-    status = struct("Status", [("hostIP", text, None), ("phase", text, None)])
+    status = struct(
+        "Status", [("hostIP", text, None), ("podIP", text, None), ("phase", text, None)]
+    )
     metadata = struct(
         "Metadata",
         [

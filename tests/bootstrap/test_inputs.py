@@ -2,7 +2,7 @@
 
 Its reading is tested through its two callers (tests/bootstrap/test_run.py, the pod;
 tests/cli/test_plan_cli.py, plan; tests/test_layers.py holds it free of import cycles); here:
-the job's node count it holds a rank table to.
+the job's node count it holds a rank table to, and the address it gives of a server.
 """
 
 from __future__ import annotations
@@ -111,3 +111,19 @@ def test_a_bad_node_count_is_one_line_on_every_pod(tmp_path, logs):
     assert logs(logging.ERROR) == [
         "environment: MA_NUM_HOSTS: expected a whole number >= 1, got 'six'"
     ]
+
+
+# --- a server's address -------------------------------------------------------------------------
+
+
+def test_a_servers_address_is_its_pod_ip_else_its_rank_table_host_address():
+    """What train.sh reaches the new rank 0 at: a listed pod's IP (none while it has none), a
+    rank table entry's host_ip, else its server_id (which is the host's IP in CCE's tables)."""
+    from npu_job.bootstrap.base.model import Server
+    from npu_job.bootstrap.inputs import Inputs
+
+    servers = (Server("node_0", 0, (), host_ip="10.0.0.3"), Server("10.0.0.4", 1, ()))
+    ranked = Inputs(RankTable("1.2", "completed", servers), "t.json", None, "none", None)
+    assert (ranked.address_of(0), ranked.address_of(1)) == ("10.0.0.3", "10.0.0.4")
+    pods = ranked._replace(node_names=("n0", "n1"), pod_ips=("172.20.0.1", ""))
+    assert (pods.address_of(0), pods.address_of(1)) == ("172.20.0.1", None)

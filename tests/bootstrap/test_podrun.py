@@ -107,6 +107,27 @@ def test_a_pod_file_finds_this_pod_by_its_host_ip_and_index(tmp_path):
     )
 
 
+def _master_pod_ip(plan):
+    """The pod IP of the pod holding the plan's new rank 0, as the fixture lists it."""
+    (master,) = [
+        pod
+        for pod in JOB_PODS
+        if pod["metadata"]["labels"]["volcano.sh/task-index"] == str(plan.master_index)
+    ]
+    return master["status"]["podIP"]
+
+
+def test_the_route_plan_and_env_file_name_the_masters_pod_ip(tmp_path):
+    """How train.sh reaches the new rank 0 where the kind gives its pods no DNS name."""
+    expected = expected_plan(CLUSTER["items"])
+    for index in (0, 5):
+        out = tmp_path / str(index)
+        plan = bootstrap({}, pod_env(index, out, NPU_JOB_PODS=str(FIXTURES / "cluster.json")))
+        assert plan.route_plan["master_addr"] == _master_pod_ip(expected)
+        exported = f"export NPU_JOB_MASTER_ADDR={_master_pod_ip(expected)}\n"
+        assert exported in (out / ENV_FILE).read_text()
+
+
 def test_a_rank_table_still_wins_over_pods(tmp_path):
     from .documents import write_cce_job
 
@@ -452,10 +473,11 @@ def _numbered_env(api, index, out, kind="numbered", **extra):
 def test_another_kinds_pods_are_listed_by_its_selector_and_planned_alike(api, tmp_path, test_kinds):
     api.pods = [as_numbered(pod) for pod in KINDS["Pod"]]
     expected = expected_plan(CLUSTER["items"])
-    result = bootstrap({}, _numbered_env(api, 2, tmp_path))
+    result = bootstrap({"wait_timeout": 0}, _numbered_env(api, 2, tmp_path))  # all there
     plan = result.route_plan
     assert plan["status"] == "success", plan["reason"]
     assert (plan["rank_mapping"], plan["pod_index"]) == (expected.rank_mapping, 2)
+    assert plan["master_addr"] == _master_pod_ip(expected)
     (query,) = [q for path, q in api.lists if path.endswith("/pods")]
     assert query["labelSelector"] == [
         "example.com/set-name=llama,example.com/controller=numbered-set"
@@ -464,6 +486,26 @@ def test_another_kinds_pods_are_listed_by_its_selector_and_planned_alike(api, tm
     missing = bootstrap({"wait_timeout": 0}, _numbered_env(api, 2, tmp_path))
     assert missing.route_plan["status"] == "failed"
     assert "0 of 8 pods of job 'llama' scheduled" in missing.route_plan["reason"]
+
+
+def test_a_kind_reached_by_pod_ip_waits_for_the_pods_ips(api, tmp_path, test_kinds, logs):
+    numbered = [as_numbered(pod) for pod in KINDS["Pod"]]
+    no_ip = json.loads(json.dumps(numbered))
+    del no_ip[3]["status"]["podIP"]
+    api.pods = no_ip
+    polls = []
+
+    def sleep(seconds):
+        polls.append(seconds)
+        api.pods = numbered
+
+    clock = iter(range(0, 1000, 5)).__next__
+    env = _numbered_env(api, 0, tmp_path, kind="numbered-nodns")
+    result = bootstrap({}, env, clock=clock, sleep=sleep)
+    assert result.route_plan["status"] == "success" and len(polls) == 1
+    name = no_ip[3]["metadata"]["name"]
+    assert any(f"waiting: '{name}' not scheduled" in line for line in logs())
+    assert result.route_plan["master_addr"] == _master_pod_ip(expected_plan(CLUSTER["items"]))
 
 
 @pytest.mark.parametrize(
@@ -484,7 +526,7 @@ def test_a_pod_of_the_kind_without_its_own_index_is_one_line_and_the_scheduler_o
     else:
         bad["metadata"]["labels"][INDEX_LABEL] = "1"
     api.pods = pods
-    env = _numbered_env(api, 0, tmp_path / "out")
+    env = _numbered_env(api, 0, tmp_path / "out", NPU_JOB_WAIT_TIMEOUT="0")  # every pod is there
     result = bootstrap({}, env)
     assert result.exit_code == 0 and result.route_plan["status"] == "failed"
     reason = result.route_plan["reason"]

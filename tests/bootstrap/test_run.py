@@ -511,3 +511,13 @@ def test_a_pod_of_another_kind_is_checked_against_its_kinds_index_variable(job, 
         "environment: MA_CURRENT_HOST_IP: expected this host's IP (or SET_INDEX, or "
         "--host-ip/--pod-index), neither is set"
     )
+
+
+def test_from_a_rank_table_the_masters_address_is_its_servers_host_address(job):
+    table, topology, _, env = job
+    expected = planner.plan(table, topology, Collective.RING)
+    master = table.servers[expected.master_index]
+    result = bootstrap({}, env)
+    assert result.route_plan["master_addr"] == (master.host_ip or master.server_id)
+    exported = f"export NPU_JOB_MASTER_ADDR={result.route_plan['master_addr']}\n"
+    assert exported in open(os.path.join(_out(env), "npu_job_env.sh")).read()

@@ -106,6 +106,24 @@ def test_env_file_values_reach_the_shell_exactly(tmp_path):
     assert not os.path.exists("/tmp/pwned")
 
 
+def test_the_masters_address_reaches_the_shell_exactly_and_only_when_known(tmp_path):
+    """NPU_JOB_MASTER_ADDR: the address of the new rank 0's pod, for a kind without DNS names."""
+    env_file = tmp_path / "env.sh"
+    read = f'. {env_file} && printf "%s" "${{NPU_JOB_MASTER_ADDR-unset}}"'
+    for address, expected in [("10.0.0.7", "10.0.0.7"), (HOSTILE, HOSTILE), (None, "unset")]:
+        env_file.write_text(env_file_text(5, 3, None, address))
+        out = subprocess.run(["bash", "-c", read], capture_output=True, text=True, check=True)
+        assert out.stdout == expected
+    assert not os.path.exists("/tmp/pwned")
+    planned = route_plan_document(PLAN, node_count=3, pod_index=0, master_addr="10.0.0.7")
+    assert planned["master_addr"] == "10.0.0.7"
+    assert "master_addr" not in route_plan_document(PLAN, node_count=3, pod_index=0)
+    failed = Plan(PlanStatus.FAILED, (0, 1), Collective.RING, ("only 2 node(s)",))
+    assert "master_addr" not in route_plan_document(failed, pod_index=0, master_addr="10.0.0.7")
+    _write(tmp_path / "out", master_addr="10.0.0.7")
+    assert "export NPU_JOB_MASTER_ADDR=10.0.0.7\n" in (tmp_path / "out" / ENV_FILE).read_text()
+
+
 def test_fallback_removes_stale_rank_files_and_writes_a_failed_plan(tmp_path):
     _write(tmp_path)
     written = write_fallback_outputs(

@@ -108,3 +108,18 @@ def test_a_pods_containers_ask_for_at_most_1024_accelerators_in_all():
             "s: items[0] (Pod 'llama-worker-0'): spec.containers: expected at most 1024 in all (the "
             "server's accelerators), got 1200",
         )
+
+
+def test_a_pods_ip_is_read_either_way_and_a_bad_one_named():
+    """status.podIP: how a pod of a kind without DNS names is reached ("" until it has one)."""
+    objects = read_objects(CLUSTER, "c")
+    listed = [(o.item.get("status") or {}).get("podIP", "") for o in objects.pods]
+    assert "172.20.7.11" in listed and "" in listed  # the fixtures' notebook has none
+    readers = (lambda o: read_pods([o], "s")[0], lambda o: kubefacts._pod_checked(o, "s"))
+    for read in readers:
+        assert [read(o).pod_ip for o in objects.pods] == listed
+        damaged = KubeObject("Pod", "items[0]", damaged_copy(POD, ("status", "podIP"), 5))
+        assert outcome_of(read, damaged) == (
+            "error",
+            "s: items[0] (Pod 'llama-worker-0'): status.podIP: expected a string, got a number 5",
+        )

@@ -23,7 +23,7 @@ from npu_job.kinds.volcano import KIND as VOLCANO
 
 from npu_job.errors import InputError, NotReadyError
 
-from ..testkind import INDEX_LABEL, NUMBERED, Numbered, as_numbered
+from ..testkind import INDEX_LABEL, NO_DNS, NUMBERED, Numbered, as_numbered
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "kube"
 PODS = json.loads((FIXTURES / "pods.json").read_text())
@@ -508,3 +508,22 @@ def test_pods_of_an_earlier_attempt_of_a_restarted_jobset_do_not_count():
     selector = JobSelector(job="llama", task="worker", expected=3, kind=jobset)
     roster = job_roster(pods, selector, "pods")
     assert roster.ready and [p.host_ip for p in roster.pods] == ["10.0.1.0", "10.0.1.1", "10.0.1.2"]
+
+
+def test_a_kind_reached_by_pod_ip_waits_for_every_pods_ip():
+    """A kind without DNS names: the master is its pod IP, which every pod must read alike."""
+    document = _numbered()
+    del document["items"][3]["status"]["podIP"]  # its network is not set up yet
+    assert _numbered_roster(document).ready  # a kind with DNS names does not wait for it
+    waiting = _roster(document, JobSelector(kind=NO_DNS))
+    assert not waiting.ready and waiting.unscheduled == ("llama-worker-3",)
+    document = _numbered()
+    roster = _roster(document, JobSelector(kind=NO_DNS))
+    assert roster.ready
+    assert jobpods.pod_addresses(roster) == tuple(
+        item["status"]["podIP"] for item in sorted(document["items"][:8], key=_index)
+    )
+
+
+def _index(item):
+    return int(item["metadata"]["labels"][INDEX_LABEL])

@@ -37,6 +37,7 @@ def test_an_intact_page_is_read_straight_and_without_msgspec_declined():
     with json_engine("msgspec"):
         facts, token = podpage.read_pod_page(text)
     assert facts == read_pods(read_objects(json.loads(text), "s").pods, "s") and token is None
+    assert facts[0].pod_ip == POD["status"]["podIP"] and facts[0].host_ip == POD["status"]["hostIP"]
     with json_engine("stdlib"):
         assert podpage.read_pod_page(text) is None
 
