@@ -109,8 +109,9 @@ def serve_kind(
 Row = Tuple[str, float, float, int]  # kind, wall median, CPU median, instructions (0: not counted)
 
 
-def run(pods: int, repeat: int, callgrind: bool = False) -> List[Row]:
-    """Every registered kind's bootstrap, Volcano's first, ``repeat`` interleaved runs each."""
+def run(pods: int, repeat: int, callgrind: bool = False) -> Tuple[List[Row], float]:
+    """Every registered kind's bootstrap, Volcano's first, ``repeat`` interleaved runs each, and
+    the machine's load average as the timed runs began."""
     kinds = [DEFAULT, *sorted(name for name in KINDS if name != DEFAULT)]
     with tempfile.TemporaryDirectory(prefix="bench-bootstrap-kinds-") as tmp, ExitStack() as stack:
         directory = Path(tmp)
@@ -137,6 +138,7 @@ def run(pods: int, repeat: int, callgrind: bool = False) -> List[Row]:
         for kind in kinds:  # warm the page cache and check each plans
             bootstrap(kind)
         samples: Dict[str, List[Tuple[float, float]]] = {kind: [] for kind in kinds}
+        load = os.getloadavg()[0]
         for _ in range(repeat):
             for kind in kinds:
                 samples[kind].append(bootstrap(kind))
@@ -149,7 +151,7 @@ def run(pods: int, repeat: int, callgrind: bool = False) -> List[Row]:
                     partial(instructions, command, env, every_process=True), env
                 )
     median = statistics.median
-    return [
+    rows = [
         (
             kind,
             median(wall for wall, _ in samples[kind]),
@@ -158,15 +160,16 @@ def run(pods: int, repeat: int, callgrind: bool = False) -> List[Row]:
         )
         for kind in kinds
     ]
+    return rows, load
 
 
-def table_text(rows: Sequence[Row], pods: int, repeat: int) -> str:
+def table_text(rows: Sequence[Row], pods: int, repeat: int, load: float) -> str:
     _, base_wall, base_cpu, base_count = rows[0]
     lines = [
         f"# the bootstrap from the bundle, one pod of a {pods}-pod job of each kind, pods from the",
         f"# Kubernetes API (fake, on loopback); medians of {repeat} interleaved runs each (python "
-        f"{sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
-        f"{os.getloadavg()[0]:.1f})",
+        f"{sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {load:.1f} at the start, "
+        f"{os.getloadavg()[0]:.1f} at the end)",
         "",
         "| kind | wall s | CPU s | wall vs volcano | CPU vs volcano | instructions (vs volcano) |",
         "|---|---|---|---|---|---|",
@@ -189,8 +192,8 @@ def main(argv: Sequence[str] = ()) -> int:
     args = parser.parse_args(list(argv) or None)
     if args.callgrind and shutil.which("valgrind") is None:
         parser.error("--callgrind needs valgrind (apt-get install valgrind)")
-    rows = run(args.pods, args.repeat, args.callgrind)
-    publish(table_text(rows, args.pods, args.repeat), args.output)
+    rows, load = run(args.pods, args.repeat, args.callgrind)
+    publish(table_text(rows, args.pods, args.repeat, load), args.output)
     return 0
 
 
