@@ -106,7 +106,8 @@ def big_job(
 
 
 def _as_made(pod: Dict[str, Any], made: ControllerPod) -> None:
-    """``pod`` named, labelled and annotated as its kind's controller made it."""
+    """``pod`` named, labelled and annotated as its kind's controller made it, with an address of
+    its own (a kind may name the pod of the new rank 0 by its pod IP)."""
     meta = pod["metadata"]
     meta["name"] = made.name
     meta["labels"] = dict(made.labels)
@@ -116,6 +117,9 @@ def _as_made(pod: Dict[str, Any], made: ControllerPod) -> None:
         pod["spec"]["subdomain"] = made.subdomain
     else:
         pod["spec"].pop("subdomain", None)
+    ip = f"172.{20 + made.index // 65536}.{made.index // 256 % 256}.{made.index % 256}"
+    pod["status"]["podIP"] = ip
+    pod["status"]["podIPs"] = [{"ip": ip}]
     containers = (made.template.get("spec") or {}).get("containers") or []
     for container, template in zip(pod["spec"]["containers"], containers):
         container["name"] = template.get("name", container["name"])
