@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import List
 
 import pytest
+from npu_job.kinds import KINDS
 
 from tests.e2e.netns import fabric_unavailable_reason
 from tests.machine_stalls import communicate
@@ -53,6 +54,16 @@ CASES = [
         ],
         marks=pytest.mark.skipif(not shutil.which("valgrind"), reason="needs valgrind"),
         id="bench_bootstrap_api.py-callgrind",
+    ),
+    (
+        "bench_bootstrap_kinds.py",
+        ["--pods", "16", "--repeat", "1"],
+        [
+            "one pod of a 16-pod job of each kind",
+            "| kind | wall s | CPU s | wall vs volcano |",
+            "| volcano | ",
+            *(f"| {name} | " for name in KINDS),
+        ],
     ),
     pytest.param(
         "bench_bootstrap_revisions.py",

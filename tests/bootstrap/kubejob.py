@@ -6,6 +6,11 @@ lists), renamed and placed; nodes likewise from the fixture's first node. The jo
 the nodes in a seeded shuffle (the scheduler's order says nothing about the network), the nodes
 sit under ``leaves`` leaf HyperNodes of ``per_spine`` under each spine, all under one root, each
 member by ``exactMatch`` as Volcano's label discovery writes them.
+
+By default the pods are a Volcano job's; given the pods a kind's controller makes of a rendered
+job (:meth:`npu_job.kinds.base.JobKind.controller_pods`), they take those pods' names, hostnames,
+subdomain, labels, annotations and container name instead, so that jobs of two kinds differ only
+in what their kinds change.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import copy
 import json
 import random
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from npu_job.kinds.base import ControllerPod
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kube"
 _POD = json.loads((FIXTURES / "pods.json").read_text())["items"][0]
@@ -33,8 +40,12 @@ def big_job(
     seed: int = 0,
     job: str = "llama",
     namespace: str = "team-a",
+    controller: Optional[Sequence[ControllerPod]] = None,
 ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]], List[Dict[str, Any]]]:
-    """``(nodes, hypernodes, pods)`` of a ``pods``-pod job on as many nodes."""
+    """``(nodes, hypernodes, pods)`` of a ``pods``-pod job on as many nodes (its pods those the
+    ``controller`` made, in index order, when given)."""
+    if controller is not None and len(controller) != pods:
+        raise ValueError(f"{len(controller)} controller pods for a {pods}-pod job")
     rng = random.Random(seed)
     nodes = []
     for index in range(pods):
@@ -88,8 +99,30 @@ def big_job(
         pod["spec"]["hostname"] = meta["name"]
         pod["status"]["hostIP"] = node_ip(node_index)
         pod["status"]["hostIPs"] = [{"ip": node_ip(node_index)}]
+        if controller is not None:
+            _as_made(pod, controller[index])
         job_pods.append(pod)
     return nodes, hypernodes, job_pods
+
+
+def _as_made(pod: Dict[str, Any], made: ControllerPod) -> None:
+    """``pod`` named, labelled and annotated as its kind's controller made it, with an address of
+    its own (a kind may name the pod of the new rank 0 by its pod IP)."""
+    meta = pod["metadata"]
+    meta["name"] = made.name
+    meta["labels"] = dict(made.labels)
+    meta["annotations"] = dict(made.annotations)
+    pod["spec"]["hostname"] = made.hostname
+    if made.subdomain:
+        pod["spec"]["subdomain"] = made.subdomain
+    else:
+        pod["spec"].pop("subdomain", None)
+    ip = f"172.{20 + made.index // 65536}.{made.index // 256 % 256}.{made.index % 256}"
+    pod["status"]["podIP"] = ip
+    pod["status"]["podIPs"] = [{"ip": ip}]
+    containers = (made.template.get("spec") or {}).get("containers") or []
+    for container, template in zip(pod["spec"]["containers"], containers):
+        container["name"] = template.get("name", container["name"])
 
 
 def _hypernode(name: str, tier: int, kind: str, members: List[str]) -> Dict[str, Any]:
