@@ -186,6 +186,7 @@ class JobKind:
         before the launcher variables (:attr:`launcher_env`) are unset, under ``set -euo
         pipefail``; a kind whose pods have DNS names gives that pod's (:meth:`dns_name`)."""
         raise NotImplementedError
+
     #: the kind gives its pods no DNS name (:meth:`dns_name` says ""): the pod holding the new
     #: rank 0 is reached by its pod IP, which the bootstrap writes as ``NPU_JOB_MASTER_ADDR``, and
     #: so it waits, listing the job's pods, until every one has its IP (``status.podIP``)
