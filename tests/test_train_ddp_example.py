@@ -9,10 +9,37 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Dict
 
 import pytest
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_ddp.py"
+
+
+def torchrun_example(
+    env: Dict[str, str], reports: Path, *, nproc: int, steps: int
+) -> subprocess.CompletedProcess[str]:
+    """Plain torchrun (``--standalone``) running the example with ``nproc`` workers for
+    ``steps``, its reports into ``reports``."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            str(EXAMPLE),
+            "--steps",
+            str(steps),
+            "--report-dir",
+            str(reports),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.torch
@@ -40,25 +67,7 @@ def test_a_rank_off_the_route_plan_fails_the_run(
     if task_index is not None:
         env["VC_TASK_INDEX"] = task_index
     reports = tmp_path / "reports"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "1",
-            str(EXAMPLE),
-            "--steps",
-            "6",
-            "--report-dir",
-            str(reports),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = torchrun_example(env, reports, nproc=1, steps=6)
     assert run.returncode != 0
     report = json.loads((reports / "rank-0.json").read_text())
     assert report["rank_ok"] is False and report["ok"] is False
@@ -78,25 +87,7 @@ def test_without_a_plan_or_the_volcano_index_the_pod_index_is_what_the_pod_comma
     env = {**os.environ, "NPU_JOB_OUTPUT_DIR": str(tmp_path), "RANK_AFTER_ACC": "1"}
     env.pop("VC_TASK_INDEX", None)
     reports = tmp_path / "reports"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "1",
-            str(EXAMPLE),
-            "--steps",
-            "2",
-            "--report-dir",
-            str(reports),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = torchrun_example(env, reports, nproc=1, steps=2)
     report = json.loads((reports / "rank-0.json").read_text())
     assert run.returncode != 0 and report["pod_index"] == 1
     assert any(
@@ -121,25 +112,9 @@ def test_the_example_needs_torch_alone_not_numpy(tmp_path):
         "NPU_JOB_OUTPUT_DIR": str(tmp_path),
     }
     reports = tmp_path / "reports"
-    run = subprocess.run(  # 2 ranks: torch's *_object collectives need numpy only with peers
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            str(EXAMPLE),
-            "--steps",
-            "4",
-            "--report-dir",
-            str(reports),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = torchrun_example(
+        env, reports, nproc=2, steps=4
+    )  # 2 ranks: torch's *_object collectives need numpy only with peers
     # every rank warns about the missing numpy at each import: leave those out, so that a failure
     # shows what happened
     noise = ("Failed to initialize NumPy", "_conversion_method_template")
@@ -170,25 +145,7 @@ def test_the_example_ends_without_the_interpreters_shutdown(tmp_path):
         "NPU_JOB_OUTPUT_DIR": str(tmp_path),
     }
     reports = tmp_path / "reports"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "1",
-            str(EXAMPLE),
-            "--steps",
-            "2",
-            "--report-dir",
-            str(reports),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = torchrun_example(env, reports, nproc=1, steps=2)
     assert run.returncode == 0, run.stderr[-3000:]
     assert json.loads((reports / "rank-0.json").read_text())["ok"] is True
     assert "train_ddp: done:" in run.stdout
