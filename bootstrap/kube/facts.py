@@ -62,11 +62,13 @@ class PodFacts(NamedTuple):
     labels: Mapping[str, str] = _NO_LABELS
     node_name: str = ""
     host_ip: str = ""
-    pod_ip: str = ""  # status.podIP: "" until the pod's network is set up
     phase: str = ""
     deleting: bool = False  # metadata.deletionTimestamp is set: the pod is going away
     accelerators: int = 0
     where: str = ""  # items[i] in the document it came from, for messages
+    # last, so that PodFacts(name, namespace, labels, node, host, phase, ...) by position means
+    # what it meant before pods had it
+    pod_ip: str = ""  # status.podIP: "" until the pod's network is set up
 
 
 # --- Nodes ----------------------------------------------------------------------------------------
@@ -204,11 +206,11 @@ def _pod_fast(obj: KubeObject) -> Optional[PodFacts]:
         labels,
         node_name or "",
         host_ip or "",
-        pod_ip or "",
         phase or "",
         metadata.get("deletionTimestamp") is not None,
         accelerators,
         obj.where,
+        pod_ip or "",
     )
 
 

@@ -62,11 +62,11 @@ def read_pod_page(text: bytes) -> Optional[Tuple[Tuple[PodFacts, ...], Optional[
                     {} if metadata.labels is None else metadata.labels,
                     spec is not None and spec.nodeName or "",
                     status is not None and status.hostIP or "",
-                    status is not None and status.podIP or "",
                     status is not None and status.phase or "",
                     metadata.deletionTimestamp is not None,
                     accelerators,
                     f"items[{index}]",
+                    status is not None and status.podIP or "",
                 ),
             )
         )

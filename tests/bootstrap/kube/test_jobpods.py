@@ -508,6 +508,7 @@ def test_pods_of_an_earlier_attempt_of_a_restarted_jobset_do_not_count():
     selector = JobSelector(job="llama", task="worker", expected=3, kind=jobset)
     roster = job_roster(pods, selector, "pods")
     assert roster.ready and [p.host_ip for p in roster.pods] == ["10.0.1.0", "10.0.1.1", "10.0.1.2"]
+    assert {(p.phase, p.pod_ip) for p in roster.pods} == {("Running", "")}  # as given by position
 
 
 def test_a_kind_reached_by_pod_ip_waits_for_every_pods_ip():
