@@ -52,7 +52,13 @@ import posixpath
 from typing import Any, List, Mapping, Tuple
 
 from npu_job.errors import InputError, shown
-from npu_job.podfacts import DEFAULT_RANK_TABLES, ENV_FILE, MINDX_RANK_TABLE_NAME, OUTPUT_DIR
+from npu_job.podfacts import (
+    DEFAULT_RANK_TABLES,
+    ENV_FILE,
+    MASTER_ADDR_ENV,
+    MINDX_RANK_TABLE_NAME,
+    OUTPUT_DIR,
+)
 
 from .base import ConfigMapMount, ControllerPod
 from .kubeflow import (
@@ -160,8 +166,7 @@ class AscendJob(MasterWorker):
                 "MASTER_ADDR_OF_PLAN=''",
                 f"if [ -f {env_file} ]; then",
                 "  # shellcheck source=/dev/null  # written at run time by the bootstrap",
-                f'  MASTER_ADDR_OF_PLAN="$(. {env_file} && printf %s'
-                ' "${NPU_JOB_MASTER_ADDR:-}")"',
+                f'  MASTER_ADDR_OF_PLAN="$(. {env_file} && printf %s "${{{MASTER_ADDR_ENV}:-}}")"',
                 "fi",
                 'if [ -n "$MASTER_ADDR_OF_PLAN" ]; then',
                 '  MASTER_ADDR="$MASTER_ADDR_OF_PLAN"',
@@ -170,7 +175,7 @@ class AscendJob(MasterWorker):
                 ' <job>-master-0}"',
                 "else",
                 '  echo "npu-job: error: train.sh: the plan puts rank 0 on pod ${MA_MASTER_INDEX},'
-                ' whose address the bootstrap did not write (NPU_JOB_MASTER_ADDR)" >&2',
+                f' whose address the bootstrap did not write ({MASTER_ADDR_ENV})" >&2',
                 "  exit 2",
                 "fi",
             )

@@ -5,15 +5,24 @@ The pods are the operator's (``kinds/ascendjob.py``'s ``controller_pods``): ``de
 ``demo-worker-<i>`` on NPU nodes, ``RANK`` 0 for the Master and ``i + 1`` for Worker ``i``,
 ``WORLD_SIZE`` counting processes and ``LOCAL_RANK`` a list, ``MASTER_ADDR`` the Master's Service
 (its ClusterIP on a cluster, its name here, resolving to the Master). No pod has a DNS name of its
-own. As in ``test_pipeline.py``, each pod runs in its own network and mount namespace and nothing
-but the cluster is simulated: no ascend-operator, no NPU (the workers fall back to gloo).
+own: routed by the API (``kind_runs``, on loopback), rank 0's pod is reached by the pod address
+the bootstrap writes. As in ``test_pipeline.py``, nothing but the cluster is simulated: no
+ascend-operator, no NPU (the workers fall back to gloo).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from npu_job import demo
+from tests.e2e.kind_runs import (
+    UNSHARE,
+    assert_planned_and_trained,
+    routed_options,
+    run_routed_by_the_api,
+)
 from tests.e2e.test_pipeline import REASON, assert_trained_by_plan, explain, run_on_hosts
 
 pytestmark = pytest.mark.torch
@@ -46,3 +55,14 @@ def test_without_routing_the_ascendjob_trains_in_the_operators_rank_order(tmp_pa
         "demo-worker-1",
     ]
     assert_trained_by_plan(result, list(range(options.nodes)), 1)
+
+
+@pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
+def test_routed_by_the_api_rank_0_is_on_the_planned_pod_reached_by_its_pod_address(tmp_path):
+    options = dataclasses.replace(routed_options("ascendjob"), device="npu")
+    run = run_routed_by_the_api(options, tmp_path)
+    assert_planned_and_trained(run)  # the master by its pod address: the kind gives no DNS name
+    plan = run.result.prepared.plan
+    address = run.result.prepared.specs[plan.master_index].host_ip  # its pod IP, here its host's
+    for pod in run.result.pods:
+        assert pod.route_plan["master_addr"] == address  # every pod wrote the same address
