@@ -58,11 +58,13 @@ class Inputs(NamedTuple):
     def address_of(self, pod_index: int) -> Optional[str]:
         """The address train.sh reaches the server of ``pod_index`` at (the new rank 0's, for the
         launcher's master): its pod IP when the servers are the job's pods (None while it has
-        none), else its rank table entry's host address (``host_ip``, else ``server_id``)."""
+        none), else its rank table entry's pod address (``container_ip``: MindX's tables give the
+        pod's, which is not its host's outside the host network), else its host address
+        (``host_ip``, else ``server_id``)."""
         if self.pod_ips is not None:
             return self.pod_ips[pod_index] or None
         server = self.table.servers[pod_index]
-        return server.host_ip or server.server_id
+        return server.container_ip or server.host_ip or server.server_id
 
 
 def _ignore(**fields: Any) -> None:

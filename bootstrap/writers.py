@@ -13,7 +13,8 @@ In the output directory (``/tmp`` by default, ``$NPU_JOB_OUTPUT_DIR`` or ``--out
 
 ``NPU_JOB_MASTER_ADDR`` (``master_addr`` in the route plan) is the address of the pod holding the
 new rank 0, for a kind whose pods have no DNS name: its pod IP when the servers are the job's
-pods, its server's host address from a rank table (absent where it is not known yet).
+pods, its server's pod address (``container_ip``), else its host's, from a rank table (absent
+where it is not known yet).
 
 On success all five are written (``RANK_AFTER_ACC`` last, so its presence means "done"). When no
 plan can be used, only the route plan is written (status ``failed`` with the reason) and the other

@@ -116,14 +116,23 @@ def test_a_bad_node_count_is_one_line_on_every_pod(tmp_path, logs):
 # --- a server's address -------------------------------------------------------------------------
 
 
-def test_a_servers_address_is_its_pod_ip_else_its_rank_table_host_address():
+def test_a_servers_address_is_its_pod_ip_else_its_rank_table_pod_or_host_address():
     """What train.sh reaches the new rank 0 at: a listed pod's IP (none while it has none), a
-    rank table entry's host_ip, else its server_id (which is the host's IP in CCE's tables)."""
+    rank table entry's container_ip (the pod's, in the tables MindCluster's ascend-operator
+    writes), else its host_ip, else its server_id (which is the host's IP in CCE's tables)."""
     from npu_job.bootstrap.base.model import Server
     from npu_job.bootstrap.inputs import Inputs
 
-    servers = (Server("node_0", 0, (), host_ip="10.0.0.3"), Server("10.0.0.4", 1, ()))
+    servers = (
+        Server("node_0", 0, (), host_ip="10.0.0.3"),
+        Server("10.0.0.4", 1, ()),
+        Server("10.0.0.5", 2, (), host_ip="10.0.0.5", container_ip="172.16.0.2"),
+    )
     ranked = Inputs(RankTable("1.2", "completed", servers), "t.json", None, "none", None)
-    assert (ranked.address_of(0), ranked.address_of(1)) == ("10.0.0.3", "10.0.0.4")
+    assert [ranked.address_of(index) for index in range(3)] == [
+        "10.0.0.3",
+        "10.0.0.4",
+        "172.16.0.2",  # not its host's: a pod outside the host network listens on its own
+    ]
     pods = ranked._replace(node_names=("n0", "n1"), pod_ips=("172.20.0.1", ""))
     assert (pods.address_of(0), pods.address_of(1)) == ("172.20.0.1", None)

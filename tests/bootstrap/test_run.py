@@ -518,6 +518,8 @@ def test_from_a_rank_table_the_masters_address_is_its_servers_host_address(job):
     expected = planner.plan(table, topology, Collective.RING)
     master = table.servers[expected.master_index]
     result = bootstrap({}, env)
-    assert result.route_plan["master_addr"] == (master.host_ip or master.server_id)
+    assert result.route_plan["master_addr"] == (
+        master.container_ip or master.host_ip or master.server_id
+    )
     exported = f"export NPU_JOB_MASTER_ADDR={result.route_plan['master_addr']}\n"
     assert exported in open(os.path.join(_out(env), "npu_job_env.sh")).read()
