@@ -46,6 +46,10 @@ class _Registry(MutableMapping[str, JobKind]):
         kind: JobKind = importlib.import_module(f"{__name__}.{name}").KIND
         return kind
 
+    def __contains__(self, name: object) -> bool:
+        # known without importing the module (Mapping's own would import it)
+        return name in self._added or name in KIND_NAMES
+
     def __setitem__(self, name: str, kind: JobKind) -> None:
         self._added[name] = kind
 
