@@ -40,19 +40,21 @@ from .scenario import (
     EXAMPLE_SCRIPT,
     INITIALIZING_RANK_TABLE,
     INPUT_FILES,
-    RANK_TABLE_CONFIGMAP,
+    JOB_NAME,
     RANK_TABLE_DIR,
     ClusterAPI,
     DemoOptions,
     SimulatedCluster,
     cluster_objects,
+    controller_rank_table,
     demo_spec_values,
+    filled_by_the_controller,
     loopback_ips,
     manifest_documents,
-    rank_table_configmap,
     render_job,
     rendered_pods,
     simulated_cluster,
+    user_configmaps,
 )
 
 log = logging.getLogger(__name__)
@@ -113,15 +115,15 @@ def prepare(
     (shared / "code").mkdir(parents=True, exist_ok=True)
     (shared / "output").mkdir(parents=True, exist_ok=True)
     (shared / "code" / EXAMPLE_SCRIPT).write_bytes(example_script())
-    cluster = simulated_cluster(options, host_ips)
     values = demo_spec_values(options, free_port(), str(shared.resolve()))
     rendered = render_job(values)
+    pods = rendered_pods(rendered)
+    cluster = simulated_cluster(options, host_ips, [pod.name for pod in pods])
     from npu_job.fileio import write_atomic
 
     for name, data, mode in rendered.files():  # the bundle is bytes
         write_atomic(workspace / "rendered" / name, data, mode, durable=False)
     documents = manifest_documents(rendered)
-    pods = rendered_pods(rendered)
     template = pods[0].template
     cluster_files: Dict[str, str] = {}
     # CCE's rank table comes with the Volcano Job's configmap1980 plugin (no other kind has one)
@@ -134,17 +136,18 @@ def prepare(
             cluster.ranktable_tor_b64 if "cabinet" in pod_annotations else None,
         )
     write_cluster_inputs(cluster, workspace / "cluster")
-    pod_volumes = (template.get("spec") or {}).get("volumes") or []
-    if any(
-        (volume.get("configMap") or {}).get("name") == RANK_TABLE_CONFIGMAP
-        for volume in pod_volumes
-    ):
-        # the job mounts its own rank table: apply that ConfigMap with it, as its user would
-        configmap = rank_table_configmap(cluster)
-        (workspace / "cluster" / "ranktable-configmap.json").write_text(
-            json.dumps(configmap, indent=1) + "\n"
-        )
-        documents.append(configmap)
+    if options.deliver_rank_table:  # the controller's own rank table, where the kind has one
+        documents = filled_by_the_controller(documents, rendered.spec.job_kind, cluster)
+    mounted = {
+        (volume.get("configMap") or {}).get("name")
+        for volume in (template.get("spec") or {}).get("volumes") or []
+    }
+    for name, configmap in user_configmaps(cluster).items():
+        if name in mounted:  # the job mounts its user's own ConfigMap: apply it with the job
+            (workspace / "cluster" / f"{name}-configmap.json").write_text(
+                json.dumps(configmap, indent=1) + "\n"
+            )
+            documents.append(configmap)
     objects = None
     cluster_env: Dict[str, str] = {}
     if options.routing_source == "api":
@@ -178,10 +181,10 @@ def prepare(
         cluster_env=cluster_env,
     )
     spec_files = tuple(podsim.stage_pod(spec, workspace / "pods" / spec.name) for spec in specs)
+    filled = controller_rank_table(rendered.spec.job_kind, JOB_NAME)
+    held_back = f"{RANK_TABLE_DIR}/{RANK_TABLE_NAME}" if filled is None else filled[2]
     for index in options.initializing_on:  # their node has not had the filled-in table yet
-        staged = podsim.staged_file(
-            specs[index], spec_files[index].parent, f"{RANK_TABLE_DIR}/{RANK_TABLE_NAME}"
-        )
+        staged = podsim.staged_file(specs[index], spec_files[index].parent, held_back)
         if staged is None:
             raise ValueError(f"initializing_on: pod {index} is given no rank table to hold back")
         write_atomic(staged, INITIALIZING_RANK_TABLE, durable=False)

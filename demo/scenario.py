@@ -26,13 +26,20 @@ module owns the first two steps, the other modules of :mod:`npu_job.demo` the re
 from __future__ import annotations
 
 import json
+import posixpath
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from npu_job.bootstrap.options import TOPOLOGY_ENV
 from npu_job.kinds import DEFAULT, KINDS
-from npu_job.kinds.base import ControllerPod
+from npu_job.kinds.base import ControllerPod, JobKind
 
-from npu_job.podfacts import RANK_TABLE_ENV, RANK_TABLE_NAME, RANKTABLE_TOR_NAME
+from npu_job.podfacts import (
+    DEFAULT_RANK_TABLES,
+    RANK_TABLE_ENV,
+    RANK_TABLE_NAME,
+    RANKTABLE_TOR_NAME,
+)
 
 SUMMARY_VERSION = 1
 JOB_NAME = "demo"
@@ -45,6 +52,10 @@ RANK_TABLE_CONFIGMAP = (
     f"{JOB_NAME}-ranktable"  # the CPU job's own rank table (see the module docstring)
 )
 RANK_TABLE_DIR = "/user/config"  # where the job mounts it: where CCE puts it for NPU jobs
+#: the switch topology of a job whose controller fills a rank table but delivers no ToR file
+#: (AscendJob): the user's own ``ranktable_tor.json``, mounted there and named by TOPOLOGY_ENV
+TOPOLOGY_CONFIGMAP = f"{JOB_NAME}-topology"
+TOPOLOGY_DIR = "/user/topology"
 DEVICES = ("cpu", "npu")
 ROUTING_SOURCES = ("rank-table", "api")  # the job's own rank table (CCE's on npu), or the pods
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the kubelet mounts it
@@ -157,8 +168,29 @@ def loopback_ips(count: int) -> Tuple[str, ...]:
     return tuple(f"{LOOPBACK_BASE}{10 + index}" for index in range(count))
 
 
-def simulated_cluster(options: DemoOptions, host_ips: Sequence[str]) -> SimulatedCluster:
-    """A CCE cluster for ``options`` whose server ids are the pods' host addresses (pure)."""
+def demo_device(kind: str) -> str:
+    """The device the demo's job asks for: ``cpu`` (this machine's), or ``npu`` for a kind whose
+    controller runs NPU pods only (AscendJob), whose workers fall back to gloo here."""
+    return "cpu" if "cpu" in KINDS[kind].devices else "npu"
+
+
+def controller_rank_table(kind: JobKind, job: str) -> Optional[Tuple[str, str, str]]:
+    """``(ConfigMap, key, path in the pod)`` of the rank table the kind's controller fills for the
+    job once every pod has its devices (AscendJob's ``rings-config-<job>``), None for a kind
+    without one."""
+    names = {posixpath.basename(path) for path in DEFAULT_RANK_TABLES}
+    for mount in kind.configmap_mounts:
+        for key, _ in mount.data:
+            if key in names:
+                return mount.name_for(job), key, posixpath.join(mount.path, key)
+    return None
+
+
+def simulated_cluster(
+    options: DemoOptions, host_ips: Sequence[str], pod_names: Sequence[str] = ()
+) -> SimulatedCluster:
+    """A CCE cluster for ``options`` whose server ids are the pods' host addresses (pure); its
+    files name pod k ``pod_names[k]`` (by default as a Volcano Job's task ``worker`` names it)."""
     from .synthetic import synthetic_cluster
 
     tors = min(max(1, options.tors), options.nodes)
@@ -170,7 +202,7 @@ def simulated_cluster(options: DemoOptions, host_ips: Sequence[str]) -> Simulate
         job_name=JOB_NAME,
         scatter=True,
     )
-    cluster = cce_cluster(table, topology, host_ips)
+    cluster = cce_cluster(table, topology, host_ips, pod_names)
     if options.unlisted_pod is None:
         return cluster
     return replace(cluster, rank_table_json=_without_server(cluster.table, options.unlisted_pod))
@@ -184,10 +216,17 @@ def _without_server(table: Any, pod_index: int) -> str:
     return json.dumps(rank_table_document(replace(table, servers=listed)), indent=1) + "\n"
 
 
-def cce_cluster(table: Any, topology: Any, host_ips: Sequence[str]) -> SimulatedCluster:
-    """A generated ``(table, topology)`` as CCE delivers it to pods at ``host_ips`` (pure): every
-    ``server_id`` becomes its pod's address, then the rank table and ``ranktable_tor.json`` are
-    encoded and read back with the bootstrap's own readers."""
+def cce_cluster(
+    table: Any, topology: Any, host_ips: Sequence[str], pod_names: Sequence[str] = ()
+) -> SimulatedCluster:
+    """A generated ``(table, topology)`` as CCE delivers it to pods at ``host_ips`` named
+    ``pod_names`` (by default a Volcano Job's) (pure): every ``server_id`` becomes its pod's
+    address, then the rank table and ``ranktable_tor.json`` are encoded and read back with the
+    bootstrap's own readers."""
+
+    def pod_name(index: int) -> str:
+        return pod_names[index] if pod_names else f"{JOB_NAME}-{TASK_NAME}-{index}"
+
     from npu_job.bootstrap.base.model import Placement, Topology
     from npu_job.bootstrap.ranktable import parse_rank_table, rank_table_document
     from npu_job.bootstrap.topology import encode_ranktable_tor, parse_topology
@@ -200,7 +239,10 @@ def cce_cluster(table: Any, topology: Any, host_ips: Sequence[str]) -> Simulated
             server,
             server_id=renamed[server.server_id],
             host_ip=renamed[server.server_id],
-            pod_name=f"{JOB_NAME}-{TASK_NAME}-{server.pod_index}",
+            # the pod's own address, where the table gives one (MindX's hccl.json does): here
+            # every pod has its host's
+            container_ip=None if server.container_ip is None else renamed[server.server_id],
+            pod_name=pod_name(server.pod_index),
         )
         for server in table.servers
     )
@@ -210,7 +252,7 @@ def cce_cluster(table: Any, topology: Any, host_ips: Sequence[str]) -> Simulated
     }
     topology = Topology(placements, source=topology.source)
     rank_table = json.dumps(rank_table_document(table), indent=1, sort_keys=True) + "\n"
-    tor = encode_ranktable_tor(table, topology, lambda index: f"{JOB_NAME}-{TASK_NAME}-{index}")
+    tor = encode_ranktable_tor(table, topology, pod_name)
     # What the pods see is what these files say, not what the generator knew (e.g. slots): the
     # expected plan comes from the bootstrap's own readers applied to the same bytes.
     seen_table = parse_rank_table(rank_table.encode(), RANK_TABLE_NAME)
@@ -266,9 +308,17 @@ def demo_spec_values(options: DemoOptions, master_port: int, shared_dir: str) ->
     if options.routing_source == "api":
         values["routing_source"] = "api"  # no rank table: the job's pods from the API
         values["anti_affinity"] = True  # one pod per node, as routing needs
+    by_rank_table = options.routing and options.routing_source != "api"
+    if by_rank_table and controller_rank_table(KINDS[options.kind], JOB_NAME) is not None:
+        # the controller's rank table (AscendJob's hccl.json) brings no switch topology: the
+        # user's ranktable_tor.json, named by NPU_JOB_TOPOLOGY, in a ConfigMap they apply
+        values["routing_source"] = "rank-table"
+        env[TOPOLOGY_ENV] = f"{TOPOLOGY_DIR}/{RANKTABLE_TOR_NAME}"
+        volumes.append({"name": "topology", "configMap": {"name": TOPOLOGY_CONFIGMAP}})
+        mounts.append({"name": "topology", "mountPath": TOPOLOGY_DIR, "readOnly": True})
     if options.device == "npu":
         values["full_node_npus"] = options.nproc_per_node  # the simulated nodes are this small
-    elif options.routing and options.deliver_rank_table and options.routing_source != "api":
+    elif by_rank_table and options.deliver_rank_table:
         env[RANK_TABLE_ENV] = f"{RANK_TABLE_DIR}/{RANK_TABLE_NAME}"
         volumes.append({"name": "ranktable", "configMap": {"name": RANK_TABLE_CONFIGMAP}})
         mounts.append({"name": "ranktable", "mountPath": RANK_TABLE_DIR, "readOnly": True})
@@ -277,18 +327,48 @@ def demo_spec_values(options: DemoOptions, master_port: int, shared_dir: str) ->
     return {key: value for key, value in values.items() if key not in refused}
 
 
-def rank_table_configmap(cluster: SimulatedCluster) -> Dict[str, Any]:
-    """The ConfigMap a CPU job's user creates beside the job (``kubectl create configmap
-    demo-ranktable --from-file=jobstart_hccl.json --from-file=ranktable_tor.json``)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": RANK_TABLE_CONFIGMAP, "namespace": "default"},
-        "data": {
+def user_configmaps(cluster: SimulatedCluster) -> Dict[str, Dict[str, Any]]:
+    """name -> the ConfigMap a job's user creates beside the job, for the demo's jobs that mount
+    it: a CPU job's rank table and ToR file (``kubectl create configmap demo-ranktable
+    --from-file=jobstart_hccl.json --from-file=ranktable_tor.json``), and the ToR file alone of a
+    job whose controller fills its rank table (``demo-topology``)."""
+    contents = {
+        RANK_TABLE_CONFIGMAP: {
             RANK_TABLE_NAME: cluster.rank_table_json,
             RANKTABLE_TOR_NAME: cluster.ranktable_tor_b64,
         },
+        TOPOLOGY_CONFIGMAP: {RANKTABLE_TOR_NAME: cluster.ranktable_tor_b64},
     }
+    return {
+        name: {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "default"},
+            "data": data,
+        }
+        for name, data in contents.items()
+    }
+
+
+def filled_by_the_controller(
+    documents: Sequence[Any], kind: JobKind, cluster: SimulatedCluster
+) -> List[Any]:
+    """``documents`` (the rendered stream) with the rank table the kind's controller fills once
+    every pod has its devices (AscendJob's ascend-operator: ``hccl.json``, v1.0, servers in rank
+    order, in ``rings-config-<job>``) filled with the simulated cluster's; as they were for a kind
+    without one."""
+    filled = controller_rank_table(kind, JOB_NAME)
+    if filled is None:
+        return list(documents)
+    configmap, key, _ = filled
+    return [
+        {**doc, "data": {**(doc.get("data") or {}), key: cluster.rank_table_json}}
+        if isinstance(doc, dict)
+        and doc.get("kind") == "ConfigMap"
+        and (doc.get("metadata") or {}).get("name") == configmap
+        else doc
+        for doc in documents
+    ]
 
 
 def render_job(values: Mapping[str, Any]) -> Any:

@@ -76,7 +76,7 @@ def test_the_demo_renders_a_routed_cpu_job_that_brings_its_own_rank_table():
         "volumeMounts"
     ]
     cluster = demo.simulated_cluster(options, demo.loopback_ips(options.nodes))
-    configmap = demo.rank_table_configmap(cluster)
+    configmap = demo.user_configmaps(cluster)[demo.RANK_TABLE_CONFIGMAP]
     spec = podspec.pod_specs(documents + [configmap], demo.loopback_ips(options.nodes))[0]
     delivered = {mount.mount_path: dict(mount.files) for mount in spec.file_mounts}["/user/config"]
     assert delivered == {

@@ -23,9 +23,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     parser.description = (
         "Simulate a cluster (a CCE-format rank table + ranktable_tor.json, pods scattered over "
-        "ToRs), render a CPU job with routing on with npu-job render (its rank table comes in a "
-        "ConfigMap the job mounts at /user/config, named by RANK_TABLE_FILE: CCE delivers rank "
-        "tables to NPU jobs only), and run every pod's container command exactly as rendered, "
+        "ToRs), render a CPU job of --kind with routing on with npu-job render (its rank table comes "
+        "in a ConfigMap the job mounts at /user/config, named by RANK_TABLE_FILE: CCE delivers "
+        "rank tables to NPU jobs only; a kind that runs NPU pods only, AscendJob, renders its NPU "
+        "job, its rank table filled as its operator would), and run every pod's container command exactly as rendered, "
         "each pod in its own mount namespace with its own loopback address and /etc/hosts: "
         "bootstrap.sh, then train.sh, then npu-run with the tiered store and a small real DDP "
         "training (gloo). Checks that every worker's rank follows the route plan, that all ranks "
@@ -143,6 +144,14 @@ def run(args: argparse.Namespace) -> int:
             "(sysctl kernel.unprivileged_userns_clone=1 or "
             "kernel.apparmor_restrict_unprivileged_userns=0), or run as root",
         )
+    device = demo.demo_device(args.kind)
+    if device != "cpu":
+        log.info(
+            "the %s runs %s pods only: the demo renders that job; the workers fall back to gloo "
+            "on this machine's CPU",
+            demo.KINDS[args.kind].title,
+            device,
+        )
     options = demo.DemoOptions(
         nodes=args.nodes,
         nproc_per_node=args.nproc_per_node,
@@ -153,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         image=args.image,
         kind=args.kind,
+        device=device,
     )
     if args.picture:
         _write_picture(args)

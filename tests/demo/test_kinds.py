@@ -9,6 +9,9 @@ Volcano Job's.
 
 from __future__ import annotations
 
+import base64
+import gzip
+
 import pytest
 from npu_job.demo import podspec, scenario
 
@@ -108,11 +111,12 @@ def test_the_demo_renders_the_kind_it_is_given_and_refuses_an_unknown_one(regist
         scenario.DemoOptions(kind="slurm")
 
 
-def test_npu_job_demo_kind_runs_the_demo_of_that_kind(registered, monkeypatch, tmp_path, capsys):
+@pytest.fixture
+def demo_runs(monkeypatch):
+    """The options of every run ``npu-job demo`` starts; each stops at once (exit 7)."""
     from npu_job.demo import podsim
 
     from npu_job import demo
-    from npu_job.cli import main
     from npu_job.errors import InconsistentError
 
     started = []
@@ -123,6 +127,94 @@ def test_npu_job_demo_kind_runs_the_demo_of_that_kind(registered, monkeypatch, t
 
     monkeypatch.setattr(demo, "run", run)
     monkeypatch.setattr(podsim, "unshare_unavailable_reason", lambda: None)
+    return started
+
+
+def test_npu_job_demo_kind_runs_the_demo_of_that_kind(registered, demo_runs, tmp_path, capsys):
+    from npu_job.cli import main
+
     assert main(["demo", "--kind", fake_kind.NAME, "--keep", str(tmp_path / "d")]) == 7
-    assert [options.kind for options in started] == [fake_kind.NAME]
+    assert [options.kind for options in demo_runs] == [fake_kind.NAME]
     assert "stopped by the test" in capsys.readouterr().err
+
+
+def test_npu_job_demo_kind_ascendjob_runs_the_npu_job_its_kind_allows(demo_runs, tmp_path):
+    """AscendJob runs NPU pods only: the demo renders its NPU job (the workers fall back to gloo
+    here) and routes it by the rank table the operator fills."""
+    from npu_job.cli import main
+
+    assert main(["demo", "--kind", "ascendjob", "--keep", str(tmp_path / "d")]) == 7
+    assert [(o.kind, o.device, o.routing_source) for o in demo_runs] == [
+        ("ascendjob", "npu", "rank-table")
+    ]
+    assert [scenario.demo_device(kind) for kind in ("volcano", "jobset", "ascendjob")] == [
+        "cpu",
+        "cpu",
+        "npu",
+    ]
+
+
+def tor_file_text(cluster) -> str:
+    """ranktable_tor.json as CCE's plugin mounts it (base64 of gzip), decoded."""
+    return gzip.decompress(base64.b64decode(cluster.ranktable_tor_b64)).decode()
+
+
+def ascendjob_run():
+    options = scenario.DemoOptions(kind="ascendjob", device="npu", nodes=3, tors=3)
+    rendered = scenario.render_job(scenario.demo_spec_values(options, 29500, "/srv/shared"))
+    pods = scenario.rendered_pods(rendered)
+    cluster = scenario.simulated_cluster(options, IPS, [pod.name for pod in pods])
+    return rendered, cluster
+
+
+def test_the_ascendjob_demo_brings_its_topology_and_the_operators_table_fills_rings_config():
+    rendered, cluster = ascendjob_run()
+    documents = scenario.manifest_documents(rendered)
+    kind = rendered.spec.job_kind
+    configmap, key, path = scenario.controller_rank_table(kind, scenario.JOB_NAME)
+    assert (configmap, key, path) == (
+        "rings-config-demo",
+        "hccl.json",
+        "/user/serverid/devindex/config/hccl.json",
+    )
+    filled = scenario.filled_by_the_controller(documents, kind, cluster)
+    data = {
+        doc["metadata"]["name"]: doc.get("data")
+        for doc in filled
+        if isinstance(doc, dict) and doc.get("kind") == "ConfigMap"
+    }
+    assert data[configmap] == {key: cluster.rank_table_json}
+    assert [doc for doc in documents if doc.get("kind") != "ConfigMap"] == [
+        doc for doc in filled if doc.get("kind") != "ConfigMap"
+    ]
+    assert "completed" not in str(documents)  # render's own stays "initializing"
+    topology = scenario.user_configmaps(cluster)[scenario.TOPOLOGY_CONFIGMAP]
+    specs = podspec.pod_specs(filled + [topology], IPS)
+    assert [spec.name for spec in specs] == ["demo-master-0", "demo-worker-0", "demo-worker-1"]
+    for spec in specs:
+        files = {
+            f"{mount.mount_path}/{name}": text
+            for mount in spec.file_mounts
+            for name, text in mount.files
+        }
+        assert files[path] == cluster.rank_table_json
+        env = spec.env_dict()
+        assert files[env["NPU_JOB_TOPOLOGY"]] == cluster.ranktable_tor_b64
+        assert "RANK_TABLE_FILE" not in env
+    assert rendered.spec.routing_source == "rank-table"
+
+
+def test_the_simulated_files_name_the_pods_as_the_kinds_controller_does():
+    _, cluster = ascendjob_run()
+    names = tor_file_text(cluster)
+    assert "demo-master-0" in names and "demo-worker-1" in names and "demo-worker-2" not in names
+    default = scenario.simulated_cluster(scenario.DemoOptions(nodes=3, tors=3), IPS)
+    assert "demo-worker-2" in tor_file_text(default)  # a Volcano Job's task "worker"
+    # with no rank table filled by its controller, a Volcano Job's stream is left as rendered
+    options = scenario.DemoOptions(nodes=3, tors=3)
+    documents = scenario.manifest_documents(
+        scenario.render_job(scenario.demo_spec_values(options, 29500, "/srv"))
+    )
+    assert scenario.filled_by_the_controller(documents, scenario.KINDS["volcano"], default) == (
+        documents
+    )

@@ -19,6 +19,7 @@ import pytest
 from npu_job import demo
 from tests.e2e.kind_runs import (
     UNSHARE,
+    KindRun,
     assert_planned_and_trained,
     routed_options,
     run_routed_by_the_api,
@@ -66,3 +67,22 @@ def test_routed_by_the_api_rank_0_is_on_the_planned_pod_reached_by_its_pod_addre
     address = run.result.prepared.specs[plan.master_index].host_ip  # its pod IP, here its host's
     for pod in run.result.pods:
         assert pod.route_plan["master_addr"] == address  # every pod wrote the same address
+
+
+@pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
+def test_the_demos_ascendjob_plans_from_the_rank_table_the_operator_fills(tmp_path):
+    # what `npu-job demo --kind ascendjob` runs (tests/demo/test_kinds.py checks the options)
+    options = dataclasses.replace(
+        routed_options("ascendjob"),
+        device=demo.demo_device("ascendjob"),
+        routing_source="rank-table",
+    )
+    run = KindRun(demo.run(options, tmp_path / "w"), pod_lists=[])
+    assert_planned_and_trained(run)
+    plan = run.result.prepared.plan
+    address = run.result.prepared.specs[plan.master_index].host_ip
+    for pod in run.result.pods:
+        assert pod.route_plan["rank_table"] == "/user/serverid/devindex/config/hccl.json"
+        assert pod.route_plan["topology"].startswith(f"{demo.TOPOLOGY_DIR}/ranktable_tor.json")
+        # the new rank 0's container_ip in the operator's table: its pod address
+        assert pod.route_plan["master_addr"] == address
