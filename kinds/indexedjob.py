@@ -157,6 +157,9 @@ class IndexedJob(JobKind):
     def name_problem(self, job: str) -> str:
         return service_name_problem(job)
 
+    def longest_name(self, job: str, group: str, nodes: int) -> Tuple[str, str]:
+        return f"{job}-{nodes - 1}", "a pod's hostname '<name>-<index>'"
+
     def pod_subdomain(self, job: str) -> str:
         return job  # the Service the template renders before the Job
 

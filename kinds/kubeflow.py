@@ -106,6 +106,13 @@ class MasterWorker(JobKind):
         index = count_from_text(match.group(2))
         return None if index is None else master_worker_index(match.group(1), index)
 
+    def longest_name(self, job: str, group: str, nodes: int) -> Tuple[str, str]:
+        # the Master, or the last Worker of nodes - 1 (its per-replica Service shares the name)
+        names = [pod_name(job, MASTER, 0)] + (
+            [pod_name(job, WORKER, nodes - 2)] if nodes > 1 else []
+        )
+        return max(names, key=len), "a pod's hostname '<name>-master-0' or '<name>-worker-<index>'"
+
     def replicas(self, job_object: Mapping[str, Any], source: str) -> Tuple[Replicas, ...]:
         """The job object's Master and Worker specs, checked as the controller's validation does
         (one Master, Workers at least :attr:`min_workers`, a container ``container_name``

@@ -147,6 +147,11 @@ class LeaderWorkerSet(JobKind):
             )
         return service_name_problem(job)
 
+    def longest_name(self, job: str, group: str, nodes: int) -> Tuple[str, str]:
+        # group 0's last worker (the leader, worker 0, is <lws>-0)
+        longest = f"{job}-0-{nodes - 1}" if nodes > 1 else f"{job}-0"
+        return longest, "a pod's hostname '<name>-0-<index>'"
+
     def master_address_bash(self) -> str:
         # MA_TASK_NAME is the group's index here (group_label); the leader is worker 0
         return (

@@ -117,3 +117,16 @@ def assert_planned_and_trained(run: KindRun, group: str = "") -> None:
     )
     log = run.pod_log(plan.master_index)
     assert f"master {master}:" in log and "hosting the root store" in log
+
+
+def trained_on_hosts(kind: str, tmp_path: Path, prefix: str) -> demo.DemoResult:
+    """The kind's demo (six pods over three ToRs, the seed's plan moving rank 0 off pod 0) with
+    every pod on its own simulated host (``test_pipeline.run_on_hosts``): it trained."""
+    from tests.e2e.test_pipeline import explain, run_on_hosts
+
+    options = demo.DemoOptions(
+        kind=kind, nodes=6, nproc_per_node=1, tors=3, seed=0, steps=8, timeout=150
+    )
+    result = run_on_hosts(options, tmp_path, prefix)
+    assert result.ok, explain(result)
+    return result

@@ -25,8 +25,9 @@ from tests.e2e.kind_runs import (
     assert_planned_and_trained,
     routed_options,
     run_routed_by_the_api,
+    trained_on_hosts,
 )
-from tests.e2e.test_pipeline import REASON, assert_planned_off_pod_0, explain, run_on_hosts
+from tests.e2e.test_pipeline import REASON, assert_planned_off_pod_0
 
 pytestmark = pytest.mark.torch
 KIND = KINDS["jobset"]
@@ -36,11 +37,7 @@ ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 @pytest.mark.netns
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_the_jobset_trains_by_the_plan_with_rank_0_on_the_planned_pods_dns_name(tmp_path):
-    options = demo.DemoOptions(
-        kind="jobset", nodes=6, nproc_per_node=1, tors=3, seed=0, steps=8, timeout=150
-    )
-    result = run_on_hosts(options, tmp_path, "js")
-    assert result.ok, explain(result)
+    result = trained_on_hosts("jobset", tmp_path, "js")
     for spec in result.prepared.specs:
         assert re.fullmatch(rf"demo-worker-0-{spec.index}-[a-z0-9]{{5}}", spec.name), spec.name
         assert spec.hostname == f"demo-worker-0-{spec.index}"

@@ -20,8 +20,9 @@ from tests.e2e.kind_runs import (
     assert_planned_and_trained,
     routed_options,
     run_routed_by_the_api,
+    trained_on_hosts,
 )
-from tests.e2e.test_pipeline import REASON, assert_planned_off_pod_0, explain, run_on_hosts
+from tests.e2e.test_pipeline import REASON, assert_planned_off_pod_0
 
 pytestmark = [
     pytest.mark.netns,
@@ -32,11 +33,7 @@ KIND = KINDS["pytorchjob"]
 
 
 def test_the_pytorchjob_trains_by_the_plan_with_rank_0_on_the_planned_pods_service(tmp_path):
-    options = demo.DemoOptions(
-        kind="pytorchjob", nodes=6, nproc_per_node=1, tors=3, seed=0, steps=8, timeout=150
-    )
-    result = run_on_hosts(options, tmp_path, "kp")
-    assert result.ok, explain(result)
+    result = trained_on_hosts("pytorchjob", tmp_path, "kp")
     names = [spec.name for spec in result.prepared.specs]
     assert names == ["demo-master-0", *(f"demo-worker-{i}" for i in range(5))]
     for spec in result.prepared.specs:

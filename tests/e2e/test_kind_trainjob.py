@@ -24,8 +24,9 @@ from tests.e2e.kind_runs import (
     assert_planned_and_trained,
     routed_options,
     run_routed_by_the_api,
+    trained_on_hosts,
 )
-from tests.e2e.test_pipeline import REASON, assert_planned_off_pod_0, explain, run_on_hosts
+from tests.e2e.test_pipeline import REASON, assert_planned_off_pod_0
 
 pytestmark = pytest.mark.torch
 KIND = KINDS["trainjob"]
@@ -34,11 +35,7 @@ KIND = KINDS["trainjob"]
 @pytest.mark.netns
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_the_trainjob_trains_by_the_plan_whatever_the_trainers_pet_variables_say(tmp_path):
-    options = demo.DemoOptions(
-        kind="trainjob", nodes=6, nproc_per_node=1, tors=3, seed=0, steps=8, timeout=150
-    )
-    result = run_on_hosts(options, tmp_path, "tj")
-    assert result.ok, explain(result)
+    result = trained_on_hosts("trainjob", tmp_path, "tj")
     for spec in result.prepared.specs:
         assert re.fullmatch(rf"demo-node-0-{spec.index}-[a-z0-9]{{5}}", spec.name), spec.name
         env = spec.env_dict()
