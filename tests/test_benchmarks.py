@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import List
 
 import pytest
+from npu_job.demo.podsim import unshare_unavailable_reason
 from npu_job.kinds import KINDS
 
 from tests.e2e.netns import fabric_unavailable_reason
@@ -22,6 +23,7 @@ from tests.machine_stalls import communicate
 
 REPO = Path(__file__).resolve().parent.parent
 FABRIC_REASON = fabric_unavailable_reason()
+UNSHARE = unshare_unavailable_reason()  # the demo's pods need their own mount namespaces
 # seconds at an idle machine's pace (tests.machine_stalls.Cap) for one benchmark; the slowest,
 # bench_bundle.py's callgrind case, takes under 40 on the idle 2-core machine
 CAP = 240
@@ -64,6 +66,16 @@ CASES = [
             "| volcano | ",
             *(f"| {name} | " for name in KINDS),
         ],
+    ),
+    pytest.param(
+        "bench_demo_kinds.py",
+        ["--repeat", "1", "--nodes", "3", "--nproc-per-node", "1", "--kinds", "ascendjob"],
+        ["npu-job demo --kind K, 3 pods x 1 workers", "| volcano | ", "| ascendjob | "],
+        marks=[
+            pytest.mark.torch,
+            pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or ""),
+        ],
+        id="bench_demo_kinds.py",
     ),
     pytest.param(
         "bench_bootstrap_revisions.py",
