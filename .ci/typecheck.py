@@ -57,6 +57,7 @@ PURE_CORE = [
     "npu_job.render.render",
     "npu_job.render.lint",
     "npu_job.launcher.proxy.coalescing",
+    "npu_job.launcher.probe.stats",
 ]
 
 
