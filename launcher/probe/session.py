@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import stats
-from .worker import CONFIG_ENV, ProbeConfig, rings_key, samples_key
+from . import stats, worker
+from .worker import ProbeConfig, rings_key, samples_key
 
 log = logging.getLogger(__name__)
 
@@ -125,15 +123,7 @@ def _start(node: NodeProbe, settings: ProbeSettings, deadline: float) -> List[su
             inner=settings.inner,
             deadline=deadline,
         )
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "npu_job.launcher.probe.worker"],
-                env={**os.environ, CONFIG_ENV: config.to_json()},
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+        processes.append(worker.start(config))
     return processes
 
 

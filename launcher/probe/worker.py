@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -59,6 +60,17 @@ class ProbeConfig:
         values = json.loads(text)
         values["sizes"] = tuple(values["sizes"])
         return cls(**values)
+
+
+def start(config: ProbeConfig) -> subprocess.Popen:
+    """One probe process for ``config`` (its stderr a pipe, for the reason of a failure)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "npu_job.launcher.probe.worker"],
+        env={**os.environ, CONFIG_ENV: config.to_json()},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def samples_key(prefix: str) -> str:

@@ -18,7 +18,13 @@ from datetime import timedelta
 import pytest
 from npu_job.launcher.probe import stats
 from npu_job.launcher.probe.stats import PLANNED, SCHEDULER
-from npu_job.launcher.probe.worker import CONFIG_ENV, ProbeConfig, rings_key, samples_key
+from npu_job.launcher.probe.worker import (
+    CONFIG_ENV,
+    ProbeConfig,
+    rings_key,
+    samples_key,
+    start,
+)
 
 from tests.machine_stalls import communicate
 
@@ -46,15 +52,7 @@ def probe_processes(store, collective: str, planned, scheduler, sizes=(4096, 655
             inner=2,
             deadline=time.time() + CAP,
         )
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "npu_job.launcher.probe.worker"],
-                env={**os.environ, CONFIG_ENV: config.to_json()},
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+        processes.append(start(config))
     return [(process, communicate(process, CAP)[1]) for process in processes]
 
 
