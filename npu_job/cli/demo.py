@@ -26,12 +26,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "ToRs), render a CPU job of --kind with routing on with npu-job render (its rank table "
         "comes in a ConfigMap the job mounts at /user/config, named by RANK_TABLE_FILE: CCE "
         "delivers rank tables to NPU jobs only; a kind that runs NPU pods only, AscendJob, "
-        "renders its NPU job, its rank table filled as its operator would), and run every pod's "
-        "container command exactly as rendered, each pod in its own mount namespace with its "
-        "own loopback address and /etc/hosts: bootstrap.sh, then train.sh, then npu-run with the tiered store and a small real DDP "
-        "training (gloo). Checks that every worker's rank follows the route plan, that all ranks "
-        "agree on the trained parameters and that the loss went down. No root needed (uses "
-        "'unshare --user --map-root-user')."
+        "renders its NPU job, its rank table filled as its operator would), and run every pod's"
+        " container command exactly as rendered, each pod in its own mount namespace with its "
+        "own loopback address and /etc/hosts: bootstrap.sh, then train.sh, then npu-run with "
+        "the tiered store and a small real DDP training (gloo). Checks that every worker's rank"
+        " follows the route plan, that all ranks agree on the trained parameters and that the "
+        "loss went down. No root needed (uses 'unshare --user --map-root-user')."
     )
     parser.epilog = (
         "Exit status: 0 when the whole chain is consistent, 2 for bad flags, 7 when a check "
