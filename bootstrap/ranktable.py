@@ -45,7 +45,7 @@ from .base.fields import (
     require_str,
     require_unique_id,
 )
-from .base.model import Device, Plan, RankTable, Server
+from .base.model import Collective, Device, Plan, PlanStatus, RankTable, Server
 from .base.payload import decode_document
 
 LEGACY_VERSION = "0"
@@ -411,6 +411,28 @@ def rank_table_document(table: RankTable) -> Dict[str, Any]:
     if has_super_pods:
         document["super_pod_list"] = _super_pod_list(table.servers)
     return document
+
+
+def in_server_order(table: RankTable, server_ids: Sequence[str], source: str) -> Plan:
+    """The plan that gives new node rank ``r`` to the server ``server_ids[r]`` of ``table``: how a
+    rendezvous round's order of the nodes present (their reports' node ids) becomes the rank
+    table HCCL reads (:func:`reordered_document`). An :class:`InputError` naming ``source`` when
+    the table does not list exactly those servers (a table the platform has not rewritten yet
+    for a replaced pod)."""
+    position = {server_id: rank for rank, server_id in enumerate(server_ids)}
+    listed = [server.server_id for server in table.servers]
+    if len(position) != len(server_ids) or sorted(position) != sorted(listed):
+        missing = sorted(set(position) - set(listed))
+        extra = sorted(set(listed) - set(position))
+        fail(
+            source,
+            "server_list",
+            f"exactly the round's {len(server_ids)} nodes, got {len(listed)} server(s)"
+            + (f"; not listed: {', '.join(map(shown, missing[:3]))}" if missing else "")
+            + (f"; not in the round: {', '.join(map(shown, extra[:3]))}" if extra else ""),
+        )
+    ranks = tuple(position[server_id] for server_id in listed)
+    return Plan(PlanStatus.SUCCESS, ranks, Collective.RING)
 
 
 def reordered_document(
