@@ -29,7 +29,14 @@ from npu_job.bootstrap.kube.topology import KubeContext, topology_from_objects
 from npu_job.bootstrap.run import bootstrap
 
 from npu_job.errors import InputError, NotReadyError
-from npu_job.podfacts import ENV_FILE, MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN_FILE
+from npu_job.podfacts import (
+    ENV_FILE,
+    MASTER_FILE,
+    NODE_REPORT_FILE,
+    RANK_FILE,
+    RANK_TABLE_COPY,
+    ROUTE_PLAN_FILE,
+)
 
 from .fake_kube_api import FakeKubernetesAPI, in_cluster, service_account
 from .https_server import HTTPSServer, tls_files_fixture
@@ -533,6 +540,6 @@ def test_a_pod_of_the_kind_without_its_own_index_is_one_line_and_the_scheduler_o
     assert "/api/v1/namespaces/team-a/pods: items[" in reason and f"): {field}" in reason
     assert f"(Pod {bad['metadata']['name']!r})" in reason
     assert logs(logging.ERROR) == [reason]
-    assert sorted(os.listdir(tmp_path / "out")) == [ROUTE_PLAN_FILE]
+    assert sorted(os.listdir(tmp_path / "out")) == [NODE_REPORT_FILE, ROUTE_PLAN_FILE]
     with pytest.raises(InputError):
         bootstrap({"strict": True}, env)

@@ -13,7 +13,13 @@ from npu_job.bootstrap.ranktable import parse_rank_table
 from npu_job.bootstrap.run import bootstrap
 
 from npu_job.errors import InconsistentError, InputError, NotReadyError
-from npu_job.podfacts import MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN_FILE
+from npu_job.podfacts import (
+    MASTER_FILE,
+    NODE_REPORT_FILE,
+    RANK_FILE,
+    RANK_TABLE_COPY,
+    ROUTE_PLAN_FILE,
+)
 
 from .documents import node, write_cce_job
 from .fake_kube_api import FakeKubernetesAPI
@@ -247,7 +253,7 @@ def test_failure_falls_back_to_scheduler_order(job, tmp_path, logs, breakage, me
     assert result.exit_code == 0
     assert result.route_plan["status"] == "failed" and message in result.route_plan["reason"]
     if os.path.isdir(os.path.dirname(_out(env))):
-        assert sorted(os.listdir(_out(env))) == [ROUTE_PLAN_FILE], (
+        assert sorted(os.listdir(_out(env))) == [NODE_REPORT_FILE, ROUTE_PLAN_FILE], (
             "no rank files: the pod uses VC_TASK_INDEX / 0"
         )
         assert json.load(open(os.path.join(_out(env), ROUTE_PLAN_FILE))) == result.route_plan
@@ -273,7 +279,7 @@ def test_a_bug_of_ours_does_not_break_the_job_either(job, logs, monkeypatch):
     _stale(env)
     result = bootstrap({}, env)
     assert result.exit_code == 0 and result.route_plan["status"] == "failed"
-    assert sorted(os.listdir(_out(env))) == [ROUTE_PLAN_FILE]
+    assert sorted(os.listdir(_out(env))) == [NODE_REPORT_FILE, ROUTE_PLAN_FILE]
     assert logs(logging.ERROR) == ["internal error (a bug, please report it): RuntimeError: boom"]
     with pytest.raises(RuntimeError):
         bootstrap({"strict": True}, env)
@@ -427,7 +433,7 @@ def test_partial_nodes_below_the_full_node_size_fall_back_with_the_reason(tmp_pa
     assert result.exit_code == 0 and result.route_plan["status"] == "failed"
     reason = "partial nodes: 3 server(s) do not have the full 8 devices"
     assert any(reason in line for line in result.route_plan["reasons"]), result.route_plan
-    assert sorted(os.listdir(_out(env))) == [ROUTE_PLAN_FILE], (
+    assert sorted(os.listdir(_out(env))) == [NODE_REPORT_FILE, ROUTE_PLAN_FILE], (
         "no rank files: the pod keeps VC_TASK_INDEX"
     )
     assert any(reason in line for line in logs(logging.ERROR))
