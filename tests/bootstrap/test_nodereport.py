@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import random
 import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Dict, List
 
 import pytest
@@ -23,8 +26,10 @@ from npu_job.bootstrap.nodereport import (
     plan_round,
     report_of,
 )
+from npu_job.demo.images import find_interpreter
 from npu_job.demo.synthetic import synthetic_cluster
 
+from npu_job.bundle import BUNDLE_NAME, installed_bundle
 from npu_job.errors import InputError
 
 from .test_planner import PROPERTY_SETTINGS, clusters
@@ -287,3 +292,53 @@ def test_positions_follow_pod_index_with_unknown_ones_last():
     assert result.members == ("x", "z", "w", "y")
     # no topology at all: the identity over the positions, with the planner's reason
     assert result.order == result.members and result.plan.status is PlanStatus.FAILED
+
+
+# --- on the pod side's oldest Python --------------------------------------------------------------
+
+_ROUND_ON_ANOTHER_PYTHON = """\
+import json, sys
+sys.path.insert(0, sys.argv[1])  # the job's bundle, as a pod imports it
+from npu_job.bootstrap.nodereport import decode_report, encode_report, plan_round
+reports = {key: text.encode("latin-1") for key, text in json.load(open(sys.argv[2])).items()}
+again = {}
+for key, data in reports.items():
+    try:
+        again[key] = encode_report(decode_report(data, key)).decode()
+    except Exception as error:
+        again[key] = type(error).__name__
+print(json.dumps({"reports": again, "round": plan_round(reports).encode().decode()}))
+"""
+
+
+def _round_on(python: str, bundle: Path, reports: Path) -> str:
+    done = subprocess.run(
+        [python, "-I", "-c", _ROUND_ON_ANOTHER_PYTHON, str(bundle), str(reports)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_bundles_round_plan_is_the_same_on_python_3_7(tmp_path):
+    """The module ships in the job's bundle, which runs on 3.7 (the platform's routing images)."""
+    python37 = find_interpreter((3, 7))
+    if python37 is None:
+        pytest.skip("no CPython 3.7 (python3.7 on PATH or under pyenv) on this machine")
+    bundle = tmp_path / BUNDLE_NAME
+    bundle.write_bytes(installed_bundle().data)
+    table, topology = synthetic_cluster(24, 5, seed=2, multi_tor=2, missing_topology=1)
+    reports = {
+        f"agent-{(pod * 7) % 24}": encode_report(report_of(table, pod, topology, "t", "rhd"))
+        for pod in range(24)
+    }
+    reports["bad"] = b'{"version": 1, "pod_index": "x"}'
+    reports["twice"] = reports["agent-0"]  # one node id twice
+    path = tmp_path / "reports.json"
+    path.write_text(json.dumps({key: data.decode("latin-1") for key, data in reports.items()}))
+    here, there = _round_on(sys.executable, bundle, path), _round_on(python37, bundle, path)
+    assert there == here
+    round_plan = RoundPlan.decode(json.loads(there)["round"].encode())
+    assert len(round_plan.problems) == 2 and round_plan.plan.status is PlanStatus.SUCCESS
