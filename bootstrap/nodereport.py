@@ -1,6 +1,6 @@
 """What one node says about itself at a rendezvous, and the plan the root makes from them (pure).
 
-Issue 37: the order follows the nodes that actually run. Each pod's bootstrap writes this pod's
+The order follows the nodes that actually run. Each pod's bootstrap writes this pod's
 :class:`NodeReport` (``npu_job_node.json``: its node id, scheduler pod index, device count and the
 switch placement it resolved from the rank table, ToR files, HyperNodes or node labels); each
 npu-run agent sends it with its join request, and the rendezvous root, once a round's membership
@@ -132,8 +132,8 @@ def decode_report(data: bytes, who: str) -> NodeReport:
     Fields it does not know are ignored (a newer npu-job may add some); a missing one is unknown.
     """
     check_size(len(data), who, MAX_REPORT_BYTES)
-    try:
-        document = json.loads(data)
+    try:  # UTF-8, as encode_report writes it (json.loads of bytes would guess among UTF-16/32)
+        document = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
         problem = (str(error).splitlines() or [""])[0]
         raise InputError(who, "content", f"expected JSON ({verbatim_or_shown(problem)})") from None
@@ -200,7 +200,10 @@ def _placement(value: Any, who: str) -> Placement:
 
 def _names(value: Any, who: str, path: str) -> Tuple[str, ...]:
     items = expect_list(value, who, path)
-    return tuple(expect_str(item, who, f"{path}[{index}]") for index, item in enumerate(items))
+    if not all(type(item) is str and item for item in items):  # then say which one is not
+        for index, item in enumerate(items):
+            expect_str(item, who, f"{path}[{index}]")
+    return tuple(items)
 
 
 @dataclass(frozen=True)
@@ -316,7 +319,7 @@ def plan_round(
         except InputError as error:
             problems.append(f"{error.message}; planned without placement")
             decoded.append((key, NodeReport()))
-    decoded.sort(key=_position_key)
+    decoded = _by_position(decoded)
     members = tuple(key for key, _report in decoded)
     chosen = _round_collective(decoded, collective, problems)
     full = _round_full_node_devices(decoded, full_node_devices, problems)
@@ -325,10 +328,20 @@ def plan_round(
     return RoundPlan(members, result, tuple(problems))
 
 
-def _position_key(member: Tuple[str, NodeReport]) -> Tuple[Any, ...]:
-    key, report = member
-    unknown = report.pod_index < 0
-    return (unknown, report.pod_index, canonical.id_sort_key(report.node_id), key)
+def _by_position(decoded: List[Tuple[str, NodeReport]]) -> List[Tuple[str, NodeReport]]:
+    """``decoded`` (in member key order) by (pod index, unknown ones last; node id; member key)."""
+    id_rank = [0] * len(decoded)
+    for rank, index in enumerate(canonical.id_order([r.node_id for _key, r in decoded])):
+        id_rank[index] = rank  # ties keep the key order: the sort below is stable
+    order = sorted(
+        range(len(decoded)),
+        key=lambda index: (
+            decoded[index][1].pod_index < 0,
+            decoded[index][1].pod_index,
+            id_rank[index],
+        ),
+    )
+    return [decoded[index] for index in order]
 
 
 def _round_collective(

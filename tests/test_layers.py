@@ -108,7 +108,7 @@ def layer_of(module: str) -> Optional[Tuple[int, str]]:
 
 
 # The one way from a part into another: the launcher's rendezvous root plans each round with the
-# bootstrap's own planner, through the pure round-plan module (issue 37), so that a round of the
+# bootstrap's own planner, through the pure round-plan module (nodereport), so that a round of the
 # pods every bootstrap saw gets the bootstrap's order (one planner, not two).
 BETWEEN_PARTS = {("launcher", "npu_job.bootstrap.nodereport")}
 
