@@ -31,6 +31,7 @@ PURE_CORE = [
     "npu_job.bootstrap.base.model",
     "npu_job.bootstrap.base.columns",
     "npu_job.bootstrap.planner",
+    "npu_job.bootstrap.nodereport",
     "npu_job.bootstrap.scorer",
     "npu_job.bootstrap.canonical",
     "npu_job.bootstrap.ranktable",

@@ -79,9 +79,9 @@ def load_inputs(
 ) -> Inputs:
     """Read the inputs in the module docstring's order; ``pod`` None: as ``npu-job plan`` does.
 
-    ``noted(field=value)`` hears each of ``rank_table``, ``pods``, ``node_count``, ``pod_index``
-    and ``topology`` as soon as it is known, so that a run stopped by a later step can say how
-    far it got. Errors are :class:`~npu_job.errors.NpuJobError` s.
+    ``noted(field=value)`` hears each of ``rank_table``, ``pods``, ``node_count`` (with the
+    ``table``), ``pod_index`` and ``topology`` as soon as it is known, so that a run stopped by
+    a later step can say how far it got. Errors are :class:`~npu_job.errors.NpuJobError` s.
     """
     from .topologychain import load_topology, server_addresses
 
@@ -108,7 +108,7 @@ def load_inputs(
             table = parse_rank_table(read_bytes(source, verify=verify), source)
         else:
             table, reorder = _wait_for_rank_table(options, source, verify, pod)
-    noted(node_count=table.node_count)
+    noted(node_count=table.node_count, table=table)
     if job is None:  # the pods path waited for that many pods
         from .identity import check_job_nodes
 

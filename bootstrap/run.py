@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Mapping, NamedTuple, Optional
 
 from npu_job.errors import EXIT_OK, InputError, NpuJobError, shown
 
@@ -29,6 +29,9 @@ from .sources import (
     Verify,
     is_url,
 )
+
+if TYPE_CHECKING:  # imported where used: a run reads its inputs before it reports on them
+    from .nodereport import NodeReport
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +45,11 @@ class RunOutcome(NamedTuple):
     rank_table: Optional[str] = None  # the rank table's location, once located
     pods: Optional[str] = None  # the job's pods' source, once they are all there (no rank table)
     node_count: Optional[int] = None
+    table: Optional[RankTable] = None  # the servers, once read
     pod_index: Optional[int] = None
     topology: Optional[str] = None  # the topology's source ("none" if none was found)
     plan: Optional[Plan] = None
+    report: Optional[NodeReport] = None  # this pod's, once its inputs are read
     route_plan: Optional[Dict[str, Any]] = None  # written: the plan gave an order
     error: Optional[Exception] = None  # what stopped the run; None: route_plan was written
 
@@ -101,14 +106,18 @@ def _bootstrap(
     except Exception as error:  # a bug of ours must not stop the training job either
         first_line = (str(error).splitlines() or [""])[0]
         summary = f"{type(error).__name__}: {verbatim_or_shown(first_line)}"
-        route_plan = _fall_back(output_dir, f"internal error: {summary}", outcome)
+        route_plan = _fall_back(
+            output_dir, f"internal error: {summary}", outcome, _scheduler_pod(flags, environ)
+        )
         if strict:
             raise
         log.error("internal error (a bug, please report it): %s", summary)
         log.debug("traceback", exc_info=True)
         log.info("%s", keeping)
     if failure is not None:
-        route_plan = _fall_back(output_dir, failure.message, outcome)
+        route_plan = _fall_back(
+            output_dir, failure.message, outcome, _scheduler_pod(flags, environ)
+        )
         if strict:  # the error is the outcome --strict asks for
             raise failure
         log.error("%s", failure.message)
@@ -129,6 +138,19 @@ def _scheduler_index(flags: Mapping[str, Any], env: Mapping[str, str]) -> str:
         return "this pod's scheduler index"
 
 
+def _scheduler_pod(flags: Mapping[str, Any], env: Mapping[str, str]) -> int:
+    """This pod's scheduler index as its kind's variable gives it, for a node report written
+    before the pod was found in its servers (-1 where the variable says nothing usable)."""
+    from .identity import parse_task_index
+    from .nodereport import UNKNOWN_POD_INDEX
+
+    try:
+        index = parse_task_index(resolve_one("pod_index", flags, env))
+    except NpuJobError:
+        return UNKNOWN_POD_INDEX
+    return UNKNOWN_POD_INDEX if index is None else index
+
+
 def _run(
     options: BootstrapOptions,
     env: Mapping[str, str],
@@ -139,6 +161,7 @@ def _run(
     what was known by then (a plan that gives no order is :func:`_not_planned`)."""
     from . import writers
     from .inputs import InPod, load_inputs
+    from .nodereport import report_of
 
     outcome = RunOutcome()
 
@@ -153,6 +176,10 @@ def _run(
         topology_source, pod_index = inputs.topology_source, inputs.pod_index
         assert pod_index is not None  # a pod's inputs name the pod
         collective = choose_collective(options.collective)
+        report = report_of(
+            table, pod_index, topology, topology_source, collective, options.full_node_devices
+        )
+        outcome = outcome._replace(report=report)
         plan = _plan(table, topology, collective, options.full_node_devices)
         outcome = outcome._replace(plan=plan)
         log.info("input sha256 %s, mapping sha256 %s", plan.input_digest, plan.mapping_digest)
@@ -178,6 +205,7 @@ def _run(
                 route_plan=route_plan,
                 original_rank_table=None if inputs.from_pods or is_url(location) else location,
                 master_addr=master_addr,
+                node_report=_report_data(report),
             )
         except OSError as error:
             raise InputError(
@@ -233,8 +261,38 @@ def choose_collective(name: Optional[str]) -> Collective:
         ) from None
 
 
-def _fall_back(output_dir: str, reason: str, outcome: RunOutcome) -> Dict[str, Any]:
-    """Remove stale rank files and write a failed route plan; never raises."""
+def _report_data(report: NodeReport) -> bytes:
+    """``report`` encoded; past the size cap (ids that long), what fits: its pod index and
+    device count (the rendezvous then plans the node without placement)."""
+    from .nodereport import NodeReport, encode_report
+
+    try:
+        return encode_report(report)
+    except InputError as error:
+        log.warning("%s; writing this pod's index and device count only", error.message)
+        return encode_report(
+            NodeReport(pod_index=report.pod_index, device_count=report.device_count)
+        )
+
+
+def _known_report(outcome: RunOutcome, scheduler_pod: int) -> NodeReport:
+    """This pod's report with what a run that stopped knew: its inputs' whole report, else its
+    rank table entry (no placement), else its scheduler index alone."""
+    from .nodereport import NodeReport, report_of
+
+    if outcome.report is not None:
+        return outcome.report
+    if outcome.table is not None and outcome.pod_index is not None:
+        return report_of(outcome.table, outcome.pod_index, None, outcome.topology or "")
+    return NodeReport(pod_index=scheduler_pod)
+
+
+def _fall_back(
+    output_dir: str, reason: str, outcome: RunOutcome, scheduler_pod: int
+) -> Dict[str, Any]:
+    """Remove stale rank files and write a failed route plan and this pod's node report (what
+    it knows, :func:`_known_report`; ``scheduler_pod``: the index its kind's variable gives);
+    never raises."""
     from . import writers
 
     plan = outcome.plan
@@ -248,7 +306,8 @@ def _fall_back(output_dir: str, reason: str, outcome: RunOutcome) -> Dict[str, A
         pods=outcome.pods,
     )
     try:
-        writers.write_fallback_outputs(output_dir, route_plan)
+        report = _report_data(_known_report(outcome, scheduler_pod))
+        writers.write_fallback_outputs(output_dir, route_plan, node_report=report)
     except Exception as error:  # an unwritable output dir must not turn a fallback into a crash
         log.warning("could not write %s: %s", output_dir, error)
     return route_plan

@@ -9,6 +9,7 @@ In the output directory (``/tmp`` by default, ``$NPU_JOB_OUTPUT_DIR`` or ``--out
 ``npu_job_env.sh``                 ``export NODE_RANK=... MASTER_INDEX=... NPU_JOB_MASTER_ADDR=...
                                    RANK_TABLE_FILE=...``
 ``route_plan.json``                what was decided and why (always written)
+``npu_job_node.json``              this pod's node report (:mod:`.nodereport`; always written)
 =================================  ================================================================
 
 ``NPU_JOB_MASTER_ADDR`` (``master_addr`` in the route plan) is the address of the pod holding the
@@ -18,7 +19,8 @@ where it is not known yet).
 
 On success all five are written (``RANK_AFTER_ACC`` last, so its presence means "done"). When no
 plan can be used, only the route plan is written (status ``failed`` with the reason) and the other
-four are *removed* if a previous run left them: the pod command then falls back to the job kind's
+four are *removed* if a previous run left them (the node report is written either way, with what
+the pod knows, before the route plan): the pod command then falls back to the job kind's
 index variable (a Volcano Job's ``VC_TASK_INDEX``) / master index 0, i.e. the scheduler order. One
 rule, no half states.
 """
@@ -37,6 +39,7 @@ from npu_job.podfacts import (
     ENV_FILE,
     MASTER_ADDR_ENV,
     MASTER_FILE,
+    NODE_REPORT_FILE,
     RANK_FILE,
     RANK_TABLE_COPY,
     RANK_TABLE_ENV,
@@ -119,9 +122,11 @@ def write_plan_outputs(
     route_plan: Dict[str, Any],
     original_rank_table: Optional[str] = None,
     master_addr: Optional[str] = None,
+    node_report: Optional[bytes] = None,
 ) -> List[Path]:
     """Write the files of a usable plan (all five; without a rank table, no reordered copy, and a
-    stale one is removed); returns their paths in write order."""
+    stale one is removed), and ``node_report`` if given, before the route plan; returns their
+    paths in write order."""
     out = Path(output_dir)
     copy = out / RANK_TABLE_COPY
     if original_rank_table is not None and _same_file(copy, original_rank_table):
@@ -138,7 +143,7 @@ def write_plan_outputs(
             copy.unlink()
         except FileNotFoundError:
             pass
-    written += [
+    written.append(
         write_atomic(
             out / ENV_FILE,
             env_file_text(
@@ -148,7 +153,10 @@ def write_plan_outputs(
                 master_addr,
             ),
             durable=False,
-        ),
+        )
+    )
+    written += _node_report(out, node_report)
+    written += [
         write_atomic(out / ROUTE_PLAN_FILE, _json_text(route_plan), durable=False),
         write_atomic(out / MASTER_FILE, str(master_index), durable=False),
         write_atomic(out / RANK_FILE, str(node_rank), durable=False),
@@ -156,15 +164,24 @@ def write_plan_outputs(
     return written
 
 
-def write_fallback_outputs(output_dir: str, route_plan: Dict[str, Any]) -> List[Path]:
-    """Remove stale rank files (so the pod falls back to scheduler order); write the route plan."""
+def write_fallback_outputs(
+    output_dir: str, route_plan: Dict[str, Any], *, node_report: Optional[bytes] = None
+) -> List[Path]:
+    """Remove stale rank files (so the pod falls back to scheduler order); write ``node_report``
+    if given, then the route plan."""
     out = Path(output_dir)
     for name in reversed(PLAN_FILES):  # RANK_AFTER_ACC first: never a rank without its master
         try:
             (out / name).unlink()
         except FileNotFoundError:
             pass
-    return [write_atomic(out / ROUTE_PLAN_FILE, _json_text(route_plan), durable=False)]
+    written = _node_report(out, node_report)
+    written.append(write_atomic(out / ROUTE_PLAN_FILE, _json_text(route_plan), durable=False))
+    return written
+
+
+def _node_report(out: Path, data: Optional[bytes]) -> List[Path]:
+    return [] if data is None else [write_atomic(out / NODE_REPORT_FILE, data, durable=False)]
 
 
 def _json_text(document: Dict[str, Any]) -> str:

@@ -293,6 +293,7 @@ def _main_entry(version: str) -> str:
     from npu_job.podfacts import (
         ENV_FILE,
         MASTER_FILE,
+        NODE_REPORT_FILE,
         OUTPUT_DIR,
         OUTPUT_DIR_ENV,
         RANK_FILE,
@@ -312,8 +313,9 @@ def _main_entry(version: str) -> str:
         strict_env=STRICT_ENV,
         true_words=tuple(TRUE_WORDS),
         route_plan_file=ROUTE_PLAN_FILE,
-        # RANK_AFTER_ACC first: never a rank without its master (as the bootstrap's fallback)
-        plan_files=(RANK_FILE, MASTER_FILE, ENV_FILE, RANK_TABLE_COPY),
+        # RANK_AFTER_ACC first: never a rank without its master (as the bootstrap's fallback);
+        # and no node report of an earlier run (npu-run then reports what its flags say)
+        plan_files=(RANK_FILE, MASTER_FILE, ENV_FILE, RANK_TABLE_COPY, NODE_REPORT_FILE),
         short=podfacts.SHOWN_DIGEST,
         digest_rule=_DIGEST_RULE,
         tip=ALTERED_TIP,

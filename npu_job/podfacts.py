@@ -20,6 +20,10 @@ RANK_ENV = "RANK_AFTER_ACC"
 MASTER_FILE = "MASTER_INDEX"
 #: The bootstrap's whole decision (planned or not, why, the mapping and its digest), as JSON.
 ROUTE_PLAN_FILE = "route_plan.json"
+#: This pod's node report (JSON: its node id, pod index, device count and switch placement, as the
+#: bootstrap resolved them; written also when it cannot plan), which npu-run sends when it joins
+#: the rendezvous, for the root to plan each round (npu_job.bootstrap.nodereport).
+NODE_REPORT_FILE = "npu_job_node.json"
 #: The rank table with its servers in the new order, for HCCL.
 RANK_TABLE_COPY = "jobstart_hccl.reordered.json"
 #: ``export`` lines of the plan's variables, for a shell to source.

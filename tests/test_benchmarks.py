@@ -128,6 +128,15 @@ CASES = [
             "rhd: time per n*log2(n) ",
         ],
     ),
+    (
+        "bench_round_plan.py",
+        ["--sizes", "64,128", "--repeat", "1"],
+        [
+            "| ring | 64 | ",
+            "| rhd | 128 | ",
+            "| nodes | report median | report max | round plan | plan per node |",
+        ],
+    ),
     pytest.param(
         "bench_rendezvous.py",
         ["--cases", "2x2", "--repeat", "1", "--gloo-peers", "2"],

@@ -636,6 +636,7 @@ def test_the_bootstrap_on_a_python_below_its_floor_is_one_line_a_failed_plan_and
     out.mkdir()
     (out / "RANK_AFTER_ACC").write_text("5")  # a previous run's, which must not survive
     (out / "MASTER_INDEX").write_text("1")
+    (out / "npu_job_node.json").write_text('{"version": 1, "pod_index": 5}')  # nor its report
     command = {
         "bash npu-job.pyz": ["bash", str(bundle_file)],
         "python3 npu-job.pyz bootstrap": ["python3", str(bundle_file), "bootstrap"],

@@ -138,6 +138,7 @@ def test_the_bootstrap_runs_on_the_floor_python_with_the_standard_library_only(
         "RANK_AFTER_ACC",
         "jobstart_hccl.reordered.json",
         "npu_job_env.sh",
+        "npu_job_node.json",
         "route_plan.json",
     ]
     assert runs[1] == runs[0] and runs[2] == runs[0]

@@ -46,17 +46,18 @@ _BASE64_TEXT = re.compile(rb"[A-Za-z0-9+/=\s]+")
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 
-def check_size(size: int, source: str) -> None:
-    """Reject inputs over :data:`MAX_INPUT_BYTES` with a message that states the cap."""
-    if size > MAX_INPUT_BYTES:
-        raise InputError(source, "size", f"expected at most {_cap_text()}, got {size} bytes")
+def check_size(size: int, source: str, limit: int = MAX_INPUT_BYTES) -> None:
+    """Reject inputs over ``limit`` bytes (:data:`MAX_INPUT_BYTES` unless told) with a message
+    that states the cap."""
+    if size > limit:
+        raise InputError(source, "size", f"expected at most {_cap_text(limit)}, got {size} bytes")
 
 
-def _cap_text() -> str:
-    mib, rest = divmod(MAX_INPUT_BYTES, 1 << 20)
+def _cap_text(limit: int = MAX_INPUT_BYTES) -> str:
+    mib, rest = divmod(limit, 1 << 20)
     if mib and not rest:
-        return f"{mib} MiB ({MAX_INPUT_BYTES} bytes)"
-    return f"{MAX_INPUT_BYTES} bytes"
+        return f"{mib} MiB ({limit} bytes)"
+    return f"{limit} bytes"
 
 
 def decode_document(data: bytes, source: str, *, allow_yaml: bool = False) -> Any:

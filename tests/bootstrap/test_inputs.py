@@ -22,7 +22,7 @@ from npu_job.bootstrap.run import bootstrap
 from npu_job.demo.synthetic import synthetic_cluster
 
 from npu_job.errors import InconsistentError
-from npu_job.podfacts import ROUTE_PLAN_FILE
+from npu_job.podfacts import NODE_REPORT_FILE, ROUTE_PLAN_FILE
 
 from .documents import write_cce_job
 
@@ -79,7 +79,7 @@ def test_every_pod_refuses_a_table_that_lacks_one_pods_host_alike(tmp_path, logs
         assert result.exit_code == 0
         plan = result.route_plan
         assert plan["status"] == "failed" and plan["reason"] == f"{line} (MA_NUM_HOSTS)"
-        assert sorted(os.listdir(env["NPU_JOB_OUTPUT_DIR"])) == [ROUTE_PLAN_FILE]
+        assert sorted(os.listdir(env["NPU_JOB_OUTPUT_DIR"])) == [NODE_REPORT_FILE, ROUTE_PLAN_FILE]
         with pytest.raises(InconsistentError):
             bootstrap({"strict": True}, env)
     errors = logs(logging.ERROR)

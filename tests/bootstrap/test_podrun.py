@@ -26,10 +26,18 @@ from npu_job.bootstrap.kube.jobpods import (
 )
 from npu_job.bootstrap.kube.objects import read_objects
 from npu_job.bootstrap.kube.topology import KubeContext, topology_from_objects
+from npu_job.bootstrap.nodereport import plan_round
 from npu_job.bootstrap.run import bootstrap
 
 from npu_job.errors import InputError, NotReadyError
-from npu_job.podfacts import ENV_FILE, MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN_FILE
+from npu_job.podfacts import (
+    ENV_FILE,
+    MASTER_FILE,
+    NODE_REPORT_FILE,
+    RANK_FILE,
+    RANK_TABLE_COPY,
+    ROUTE_PLAN_FILE,
+)
 
 from .fake_kube_api import FakeKubernetesAPI, in_cluster, service_account
 from .https_server import HTTPSServer, tls_files_fixture
@@ -80,8 +88,10 @@ def test_every_pod_plans_the_same_from_a_cluster_file_and_writes_no_rank_table(t
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / RANK_TABLE_COPY).write_text("{}")  # a stale copy from an earlier run
     cluster = str(FIXTURES / "cluster.json")
+    reports = {}
     for index in range(8):
         result = bootstrap({}, pod_env(index, tmp_path / "out", NPU_JOB_PODS=cluster))
+        reports[f"agent-{7 - index}"] = (tmp_path / "out" / NODE_REPORT_FILE).read_bytes()
         plan = result.route_plan
         assert plan["status"] == "success", plan["reason"]
         assert (plan["rank_mapping"], plan["mapping_digest"]) == (
@@ -96,6 +106,12 @@ def test_every_pod_plans_the_same_from_a_cluster_file_and_writes_no_rank_table(t
         assert not (out / RANK_TABLE_COPY).exists()
         assert "RANK_TABLE_FILE" not in (out / ENV_FILE).read_text()
         assert json.loads((out / ROUTE_PLAN_FILE).read_text()) == plan
+    # the rendezvous root's plan over the pods' reports is the one every pod made
+    round_plan = plan_round(reports)
+    assert round_plan.problems == () and round_plan.mapping_digest == expected.mapping_digest
+    assert [round_plan.node_rank[f"agent-{7 - index}"] for index in range(8)] == list(
+        expected.node_rank_of_pod
+    )
 
 
 def test_a_pod_file_finds_this_pod_by_its_host_ip_and_index(tmp_path):
@@ -533,6 +549,6 @@ def test_a_pod_of_the_kind_without_its_own_index_is_one_line_and_the_scheduler_o
     assert "/api/v1/namespaces/team-a/pods: items[" in reason and f"): {field}" in reason
     assert f"(Pod {bad['metadata']['name']!r})" in reason
     assert logs(logging.ERROR) == [reason]
-    assert sorted(os.listdir(tmp_path / "out")) == [ROUTE_PLAN_FILE]
+    assert sorted(os.listdir(tmp_path / "out")) == [NODE_REPORT_FILE, ROUTE_PLAN_FILE]
     with pytest.raises(InputError):
         bootstrap({"strict": True}, env)

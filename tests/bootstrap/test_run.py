@@ -9,11 +9,18 @@ import time
 import pytest
 from npu_job.bootstrap import planner
 from npu_job.bootstrap.base.model import Collective
+from npu_job.bootstrap.nodereport import NodeReport, decode_report, plan_round
 from npu_job.bootstrap.ranktable import parse_rank_table
 from npu_job.bootstrap.run import bootstrap
 
 from npu_job.errors import InconsistentError, InputError, NotReadyError
-from npu_job.podfacts import MASTER_FILE, RANK_FILE, RANK_TABLE_COPY, ROUTE_PLAN_FILE
+from npu_job.podfacts import (
+    MASTER_FILE,
+    NODE_REPORT_FILE,
+    RANK_FILE,
+    RANK_TABLE_COPY,
+    ROUTE_PLAN_FILE,
+)
 
 from .documents import node, write_cce_job
 from .fake_kube_api import FakeKubernetesAPI
@@ -74,6 +81,42 @@ def test_every_pod_computes_the_same_plan(job):
         mappings.add((result.route_plan["rank_mapping"], result.route_plan["mapping_digest"]))
         ranks.append(result.route_plan["node_rank"])
     assert len(mappings) == 1 and sorted(ranks) == list(range(8))
+
+
+@pytest.mark.parametrize("collective", list(Collective), ids=str)
+def test_the_round_over_every_pods_node_report_is_the_plan_every_pod_made(job, collective):
+    """What the rendezvous root plans from the reports the bootstraps wrote: each pod's rank."""
+    table, topology, _, env = job
+    expected = planner.plan(table, topology, collective)
+    reports, ranks = {}, {}
+    for server in table.servers:
+        pod_env = dict(
+            env, MA_CURRENT_HOST_IP=server.server_id, VC_TASK_INDEX=str(server.pod_index)
+        )
+        result = bootstrap({"collective": collective.value}, pod_env)
+        member = f"agent-{(server.pod_index * 5) % 8}"  # keys in another order than pods
+        reports[member] = open(os.path.join(_out(env), NODE_REPORT_FILE), "rb").read()
+        ranks[member] = result.route_plan["node_rank"]
+    round_plan = plan_round(reports)
+    assert round_plan.problems == () and round_plan.node_rank == ranks
+    assert round_plan.mapping_digest == expected.mapping_digest
+    assert round_plan.plan.input_digest == expected.input_digest
+
+
+def test_the_node_report_says_what_the_pod_resolved(job):
+    table, topology, _, env = job
+    bootstrap({"collective": "nhr"}, env)
+    report = decode_report(open(os.path.join(_out(env), NODE_REPORT_FILE), "rb").read(), "x")
+    me = table.servers[5]
+    assert report == NodeReport(
+        node_id=me.server_id,
+        pod_index=5,
+        pod_name="",  # a v1.0 rank table names no pods
+        device_count=me.device_count,
+        placement=topology.placement_of(me.server_id),
+        topology_source=f"{env['RANK_TABLE_FILE']}/ranktable_tor.json (cce-ranktable-tor)",
+        collective="nhr",
+    )
 
 
 def test_compressed_rank_table_and_flags_over_env(tmp_path):
@@ -247,10 +290,11 @@ def test_failure_falls_back_to_scheduler_order(job, tmp_path, logs, breakage, me
     assert result.exit_code == 0
     assert result.route_plan["status"] == "failed" and message in result.route_plan["reason"]
     if os.path.isdir(os.path.dirname(_out(env))):
-        assert sorted(os.listdir(_out(env))) == [ROUTE_PLAN_FILE], (
+        assert sorted(os.listdir(_out(env))) == [NODE_REPORT_FILE, ROUTE_PLAN_FILE], (
             "no rank files: the pod uses VC_TASK_INDEX / 0"
         )
         assert json.load(open(os.path.join(_out(env), ROUTE_PLAN_FILE))) == result.route_plan
+        _holds_what_the_pod_knew(env, result.route_plan)
     errors = logs(logging.ERROR)
     assert len(errors) == 1 and message in errors[0] and "\n" not in errors[0]
     assert errors[0].startswith(
@@ -263,6 +307,21 @@ def test_failure_falls_back_to_scheduler_order(job, tmp_path, logs, breakage, me
         bootstrap({}, dict(env, NPU_JOB_STRICT="1"))
 
 
+def _holds_what_the_pod_knew(env, route_plan):
+    """A pod that could not plan still reports itself: its entry of the rank table once found
+    (and its placement once its topology was read), else the index its scheduler gave it."""
+    data = open(os.path.join(_out(env), NODE_REPORT_FILE), "rb").read()
+    report = decode_report(data, NODE_REPORT_FILE)
+    if route_plan["pod_index"] is None:  # an unknown kind names no index variable
+        scheduler = -1 if "NPU_JOB_KIND" in env else int(env["VC_TASK_INDEX"])
+        assert report == NodeReport(pod_index=scheduler)
+        return
+    assert report.pod_index == route_plan["pod_index"] and report.node_id
+    assert report.device_count == 2  # write_cce_job's nodes
+    topology = route_plan["topology"]
+    assert (report.placement is not None) == (topology is not None and topology != "none")
+
+
 def test_a_bug_of_ours_does_not_break_the_job_either(job, logs, monkeypatch):
     _, _, _, env = job
 
@@ -273,7 +332,7 @@ def test_a_bug_of_ours_does_not_break_the_job_either(job, logs, monkeypatch):
     _stale(env)
     result = bootstrap({}, env)
     assert result.exit_code == 0 and result.route_plan["status"] == "failed"
-    assert sorted(os.listdir(_out(env))) == [ROUTE_PLAN_FILE]
+    assert sorted(os.listdir(_out(env))) == [NODE_REPORT_FILE, ROUTE_PLAN_FILE]
     assert logs(logging.ERROR) == ["internal error (a bug, please report it): RuntimeError: boom"]
     with pytest.raises(RuntimeError):
         bootstrap({"strict": True}, env)
@@ -427,7 +486,7 @@ def test_partial_nodes_below_the_full_node_size_fall_back_with_the_reason(tmp_pa
     assert result.exit_code == 0 and result.route_plan["status"] == "failed"
     reason = "partial nodes: 3 server(s) do not have the full 8 devices"
     assert any(reason in line for line in result.route_plan["reasons"]), result.route_plan
-    assert sorted(os.listdir(_out(env))) == [ROUTE_PLAN_FILE], (
+    assert sorted(os.listdir(_out(env))) == [NODE_REPORT_FILE, ROUTE_PLAN_FILE], (
         "no rank files: the pod keeps VC_TASK_INDEX"
     )
     assert any(reason in line for line in logs(logging.ERROR))

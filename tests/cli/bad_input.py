@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from npu_job.cli import main
-from npu_job.podfacts import ROUTE_PLAN_FILE
+from npu_job.podfacts import NODE_REPORT_FILE, ROUTE_PLAN_FILE
 from tests.bootstrap.engines import json_engine
 
 EXIT_INPUT = 3
@@ -144,7 +144,9 @@ def assert_one_line_error(outcome: Outcome, prefix: str) -> str:
     assert outcome.strict.code == EXIT_INPUT and outcome.plan.code == EXIT_INPUT
     assert outcome.route_plan["status"] == "failed"
     assert f"npu-job: error: {outcome.route_plan['reason']}" == lines.pop()
-    assert sorted(os.listdir(outcome.out_dir)) == [ROUTE_PLAN_FILE], "no rank files"
+    assert sorted(os.listdir(outcome.out_dir)) == [NODE_REPORT_FILE, ROUTE_PLAN_FILE], (
+        "no rank files"
+    )
     return outcome.pod.errors[0]
 
 
