@@ -44,6 +44,13 @@ replica-spec pattern it shares with PyTorchJob is :mod:`.kubeflow`'s):
   a missing pod is made again under its name and rank; each deletion of a pod of the current
   ``version`` counts one, and the job fails past ``runPolicy.backoffLimit`` (0 or unset: no
   limit). With ``restartPolicy: Never`` a failed pod fails the job.
+* Fault rescheduling (MindCluster's Volcano plugin, ``component/ascend-for-volcano``): the job
+  label ``fault-scheduling: force`` (render's on every NPU job) deletes and reschedules every pod
+  of a job with a faulty node or NPU; with ``pod-rescheduling: "on"`` as well
+  (``common/util/type.go`` ``SinglePodTag``; the operator reads it too, ``controllers/v1/job.go``
+  ``isPodScheduleStrategy``) it deletes the faulty pod alone, falling back to the whole job when
+  that pod stays pending for ``PendingTimes`` sessions (``internal/rescheduling/job.go``
+  ``IsJobSingleRescheduling``). So ``restart: job`` (the default) and ``restart: pod``.
 """
 
 from __future__ import annotations
@@ -87,6 +94,8 @@ SP_BLOCK_ANNOTATION = "sp-block"
 #: what kubeflow/common v0.4.3's GenLabels adds besides the current keys (deprecated twins)
 GROUP_NAME_LABEL = ("group-name", "mindxdl.gitee.com")
 VERSION_LABEL = "version"
+#: the job label by which MindCluster reschedules the faulty pod alone ("on"), not the whole job
+POD_RESCHEDULING_LABEL = "pod-rescheduling"
 #: MindCluster's device plugin: the resource of its 910-family NPUs and the label of their nodes
 #: (component/ascend-common/api/default_name.go, ascend-device-plugin/pkg/server/manager.go)
 NPU_RESOURCE = "huawei.com/Ascend910"
@@ -141,6 +150,8 @@ class AscendJob(MasterWorker):
     # RANK counts nodes, WORLD_SIZE processes, LOCAL_RANK is a list: none of them is what a
     # launcher means by it; MASTER_ADDR and MASTER_PORT train.sh sets itself
     launcher_env = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    # fault-scheduling: force (every NPU job's label) reschedules the whole job on a fault
+    restart_default = "job"
     refused_keys = (
         (
             "network_topology",
@@ -153,6 +164,9 @@ class AscendJob(MasterWorker):
             "pods <name>-master-0 and <name>-worker-<i>",
         ),
     )
+
+    def restart_labels(self, restart: str) -> Tuple[Tuple[str, str], ...]:
+        return ((POD_RESCHEDULING_LABEL, "on"),) if restart == "pod" else ()
 
     def dns_name(self, job: str, group: str, index: int) -> str:
         return ""

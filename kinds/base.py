@@ -6,7 +6,8 @@ module per kind (registered in :mod:`npu_job.kinds`):
 
 * render: the object's apiVersion and kind, its template (the job object around the shared pod
   template, in ``npu_job/render/templates``), the container name and pod restart policy the
-  controller demands, the spec keys it cannot honour, the RBAC its pods need, where the pod's
+  controller demands, the spec keys it cannot honour, what it does when a pod fails unless told
+  and the ``restart`` values it has no mechanism for, the RBAC its pods need, where the pod's
   identity variables come from (:meth:`JobKind.identity_env`), how ``train.sh`` finds the master
   (:meth:`JobKind.master_address_bash`) and which launcher variables the controller injects
   that ``train.sh`` unsets (:attr:`JobKind.launcher_env`);
@@ -151,6 +152,13 @@ class JobKind:
     pod_field_env: Tuple[Tuple[str, str], ...] = ()
     #: spec keys the kind cannot honour, each with why (render refuses them naming both)
     refused_keys: Tuple[Tuple[str, str], ...] = ()
+    #: the spec key ``restart``'s value that says what the controller does when a pod fails,
+    #: unless told otherwise (``job``: every pod of the job starts again; ``pod``: the failed
+    #: pod is replaced alone): the default, which renders the kind's object as it always did
+    restart_default: str = "job"
+    #: values of ``restart`` the controller has no mechanism for, each with why (render refuses
+    #: them naming the key, the value and the kind)
+    refused_restarts: Tuple[Tuple[str, str], ...] = ()
     #: Role rules the pods need besides listing pods
     role_rules: Tuple[RoleRule, ...] = ()
     #: the pod metadata that carries :attr:`job_label` and :attr:`group_label` for the identity
@@ -169,6 +177,11 @@ class JobKind:
     #: kind has none): a listed pod of a lower count than another is left over from an earlier
     #: attempt (:meth:`of_latest_attempt`)
     attempt_label: str = ""
+
+    def restart_labels(self, restart: str) -> Tuple[Tuple[str, str], ...]:
+        """Labels of the job object by which the controller does what the spec key ``restart``
+        says (none by default: the kind's template renders it)."""
+        return ()
 
     def identity_env(self) -> Tuple[IdentityVar, ...]:
         """The training container's identity variables: ``MA_VJ_NAME`` from :attr:`job_label`

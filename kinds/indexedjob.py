@@ -132,6 +132,15 @@ class IndexedJob(JobKind):
     # with a new pod, anywhere, beside the failed one)
     restart_policy = "OnFailure"
     replicas_field = "spec.completions"
+    # the Job controller replaces a failed pod alone; no field makes it restart every pod
+    restart_default = "pod"
+    refused_restarts = (
+        (
+            "job",
+            "a batch/v1 Job replaces each failed pod alone and has no restart of all its pods "
+            "(backoffLimit only fails the Job)",
+        ),
+    )
     refused_keys = (
         (
             "task_name",

@@ -23,7 +23,21 @@ kubernetes-sigs/jobset at 08dfbdfd682714a9ab929633eca8dc95315187e7:
 * a JobSet restart deletes every Job and makes it again, with ``restart-attempt`` one higher,
   each "as soon as its previous iteration (and its Pods) is deleted" (``jobset_types.go``,
   ``Recreate``); ``failurePolicy.maxRestarts`` caps the restarts, and without a
-  ``failurePolicy`` the first failed Job fails the JobSet (``pkg/controllers/failure_policy.go``).
+  ``failurePolicy`` the first failed Job fails the JobSet (``pkg/controllers/failure_policy.go``);
+* ``failurePolicy.restartStrategy: InPlaceRestart`` (KEP-467, ``keps/467-InPlaceRestart``) is in
+  the v1alpha2 CRD, from JobSet v0.11.0 (commit 0f8c28af), but alpha: the webhook refuses it
+  unless the controller runs with the ``InPlaceRestart`` feature gate, off by default
+  (``pkg/features/features.go``, ``pkg/webhooks/jobset_webhook.go``), and it restarts pods in
+  place only through an agent sidecar in every pod (``cmd/in-place-restart-agent``: an image the
+  user builds, with rights to watch the JobSet and patch its pod) and Kubernetes' alpha
+  ``restartPolicyRules``. npu-job renders neither: a JobSet ``restart`` keeps ``Recreate``.
+
+The ``restart`` key: by default (``pod``) a failed pod is replaced alone by the Job controller
+and counts against the Job's ``backoffLimit`` (6, Kubernetes' default), past which the JobSet
+restarts whole; ``job`` renders ``backoffLimit: 0``, so that the first failure fails the Job and
+``failurePolicy`` recreates every pod (``pastBackoffLimitOnFailure`` in Kubernetes'
+``pkg/controller/job/job_controller.go``: with 0, one container restart or failed pod is past
+it).
 
 The Job controller then makes the pods of each Job as it does for any Indexed Job
 (:mod:`npu_job.kinds.indexedjob`): pod ``k`` is ``<job>-<k>-<random>`` with hostname
@@ -180,6 +194,7 @@ class JobSet(JobKind):
     # JobSet's default: a failed container restarts in place, on its node, under its index
     restart_policy = "OnFailure"
     attempt_label = RESTART_ATTEMPT_LABEL
+    restart_default = "pod"
     replicas_field = "spec.replicatedJobs[0].template.spec.completions"
     refused_keys = (
         (

@@ -21,7 +21,11 @@ Read in kubernetes-sigs/lws at 060ab4da17eea1f0865fcbd3236bb1075e2cea32:
   (``pkg/utils/controller/controller_utils.go`` ``CreateHeadlessServiceIfNotExists``);
 * ``restartPolicy: RecreateGroupOnPodRestart`` (``pod_controller.go`` ``handleRestartPolicy``):
   any container restart or pod deletion in a group deletes its leader, which takes the worker
-  StatefulSet with it, and the controller makes the whole group again.
+  StatefulSet with it, and the controller makes the whole group again (the ``restart`` key's
+  ``job``, the default). ``None`` (``NoneRestartPolicy``, which replaces the deprecated
+  ``Default``) leaves a failed pod to its StatefulSet, which starts it again alone under its
+  name, the rest of the group running on (``handleRestartPolicy`` returns at once): ``restart:
+  pod``.
 
 And in kubernetes/kubernetes: a StatefulSet pod's hostname is its name under the Service as
 subdomain, labelled ``statefulset.kubernetes.io/pod-name`` and ``apps.kubernetes.io/pod-index``

@@ -90,6 +90,15 @@ class PyTorchJob(MasterWorker):
         "RANK",
         "WORLD_SIZE",
     )
+    # ReconcilePods deletes and remakes a failed pod alone; the operator restarts no gang
+    restart_default = "pod"
+    refused_restarts = (
+        (
+            "job",
+            "training-operator v1 deletes and remakes a failed pod alone and has no restart of "
+            "all the job's pods",
+        ),
+    )
     refused_keys = (
         (
             "network_topology",

@@ -208,6 +208,9 @@ class TrainJob(JobKind):
     container_name = NODE
     restart_policy = jobset.KIND.restart_policy
     attempt_label = jobset.RESTART_ATTEMPT_LABEL
+    # the runtime's JobSet template restarts as the jobset kind's; the Trainer writes no
+    # backoffLimit of its own (none under pkg/ at 8c0f5059b), so restart "job"'s 0 reaches the Job
+    restart_default = jobset.KIND.restart_default
     launcher_env = TORCH_ENV
     replicas_field = "spec.trainer.numNodes"
     refused_keys = (

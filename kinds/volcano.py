@@ -13,7 +13,19 @@ Read in volcano-sh/volcano at ed72c7c815a9fd547a787134676f73d42e9d049c:
 * the ``svc`` plugin sets each pod's hostname to its name under subdomain ``<job>``, makes the
   headless Service ``<job>`` (so ``<job>-<task>-<i>.<job>`` resolves), and mounts
   ``/etc/volcano`` with ``<task>.host``, ``VC_<TASK>_HOSTS`` and ``VC_<TASK>_NUM``, the last two
-  injected as variables too (``pkg/controllers/job/plugins/svc/svc.go``).
+  injected as variables too (``pkg/controllers/job/plugins/svc/svc.go``);
+* ``policies`` map a pod's event to an action: ``PodEvicted`` when a pod of the job is deleted,
+  ``PodFailed`` when one ends Failed (``pkg/controllers/job/job_controller_handler.go``
+  ``deletePod``, ``updatePod``). ``RestartJob`` deletes every pod (the job's version one higher)
+  and makes them again; ``RestartTask`` deletes every pod of the event's task, which in npu-job's
+  one-task layout is every pod again; ``RestartPod`` deletes the event's pod alone and keeps the
+  PodGroup, and the controller makes that pod again under its name
+  (``staging/src/volcano.sh/apis/pkg/apis/bus/v1alpha1/actions.go``;
+  ``pkg/controllers/job/job_controller_actions.go`` ``killPods``). Each restart counts one
+  against ``maxRetry`` (``state/running.go``, ``state/restarting.go``). ``RestartPod`` came in
+  with commit 68da9635 (2024-11-11), first released in Volcano v1.11.0: the admission webhook of
+  an earlier Volcano refuses it as an invalid policy action
+  (``pkg/webhooks/admission/jobs/validate/util.go`` ``policyActionMap``).
 """
 
 from __future__ import annotations

@@ -56,6 +56,8 @@ DEVICES = ("npu", "gpu", "cpu")
 ROUTING_SOURCES = ("auto", "rank-table", "api")
 NETWORK_TOPOLOGY_MODES = ("hard", "soft")  # Volcano Job spec.networkTopology.mode
 LAUNCHERS = ("npu-run", "torchrun", "torch.distributed.launch")
+#: what a pod's failure restarts: every pod of the job, or the failed pod alone
+RESTARTS = ("job", "pod")
 PULL_POLICIES = ("IfNotPresent", "Always", "Never")
 #: resource name per device (None: no accelerator is requested)
 DEVICE_RESOURCE = {"npu": "huawei.com/ascend-1980", "gpu": "nvidia.com/gpu", "cpu": None}
@@ -351,6 +353,19 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
         "Rendezvous / TCPStore port on the master node.",
     ),
     KeySpec("max_retry", Integer(0, 2**31 - 1), 3, "Volcano `maxRetry`."),
+    KeySpec(
+        "restart",
+        Choice(RESTARTS),
+        Derived(
+            "the kind's own",
+            lambda keys: KINDS[keys["kind"]].restart_default,
+        ),
+        "What a pod's failure restarts, through the kind's controller: `job`, every pod of the "
+        "job (all nodes planned again from scratch); `pod`, the failed pod alone, replaced while "
+        "the others keep running and rejoin the next rendezvous round. Each kind's default is "
+        "what its controller does unless told, and a kind refuses a value it has no mechanism "
+        "for ([restart policies](#restart-policies-restart)).",
+    ),
     KeySpec(
         "network_topology.mode",
         Choice(NETWORK_TOPOLOGY_MODES),

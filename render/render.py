@@ -336,6 +336,7 @@ def _context(spec: JobSpec) -> Dict[str, Any]:
         (MANAGED_BY,),
         (("fault-scheduling", "force"),) if spec.device == "npu" else (),
         (("ring-controller.cce", "ascend-1980"),) if npu_routing else (),
+        spec.job_kind.restart_labels(spec.restart),
         spec.labels,
     )
     resources: List[Tuple[str, Any]] = []

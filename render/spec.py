@@ -38,6 +38,7 @@ from .keys import (
     NULL_MEANS_NONE,
     REQUIRED,
     RESERVED_ENV,
+    RESTARTS,
     SPEC_KEYS,
     SUB_KEY_HINTS,
     SUB_KEYS,
@@ -136,6 +137,7 @@ class JobSpec:
     volumes: Tuple[Mapping[str, Any], ...] = _DEFAULTS["volumes"]
     mounts: Tuple[Mapping[str, Any], ...] = _DEFAULTS["mounts"]
     max_retry: int = _DEFAULTS["max_retry"]
+    restart: str = _DEFAULTS["restart"]  # "job" or "pod" (keys.RESTARTS)
     network_topology: NetworkTopologySpec = field(default_factory=NetworkTopologySpec)
     priority_class: Optional[str] = _DEFAULTS["priority_class"]
     node_selector: Tuple[Tuple[str, str], ...] = _DEFAULTS["node_selector"]
@@ -291,7 +293,7 @@ def validate(merged: MergedValues, source: Optional[str] = None) -> JobSpec:
 
 def _refuse_keys_of_the_kind(check: Checker, given: Mapping[str, Any], kind_given: bool) -> None:
     """A problem for each key the user gave (never a default) that the job kind cannot honour:
-    a refused key or one of its nested keys."""
+    a refused key or one of its nested keys, or a ``restart`` value it has no mechanism for."""
     if kind_given and "kind" not in given:  # an unknown kind: its own problem says so
         return
     kind = KINDS[given.get("kind", KEYS["kind"].default)]
@@ -302,6 +304,14 @@ def _refuse_keys_of_the_kind(check: Checker, given: Mapping[str, Any], kind_give
             f"the {kind.title} (kind {kind.name}) runs {' or '.join(kind.devices)} pods only, "
             f"not {device}; choose another kind",
         )
+    restart = given.get("restart")
+    for value, why in kind.refused_restarts:
+        if restart == value:
+            check.problem(
+                ("restart",),
+                f"the {kind.title} (kind {kind.name}) cannot honour {value!r}: {why}; use "
+                f"{kind.restart_default!r} (its default) or choose another kind",
+            )
     for refused, why in kind.refused_keys:
         for key in given:
             if key == refused or key.startswith(refused + "."):
@@ -320,6 +330,13 @@ def _check_across_keys(check: Checker, spec: JobSpec) -> None:
             check.problem(
                 ("env", name),
                 f"set in every pod by the {kind.title}'s controller (kind {kind.name}); remove it",
+            )
+    restart_labels = {key for value in RESTARTS for key, _ in kind.restart_labels(value)}
+    for key, _ in spec.labels:
+        if key in restart_labels:
+            check.problem(
+                ("labels", key),
+                f"set by npu-job from the restart key (kind {kind.name}); use restart instead",
             )
     not_a_name = kind.name_problem(spec.name)
     if not_a_name:

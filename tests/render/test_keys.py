@@ -73,6 +73,7 @@ def test_every_documented_key_is_accepted():
         "volumes": [{"name": "v", "emptyDir": {}}],
         "mounts": [{"name": "v", "mountPath": "/v"}],
         "max_retry": 1,
+        "restart": "pod",
         "priority_class": "high",
         "node_selector": {"k": "v"},
         "labels": {"team": "x"},

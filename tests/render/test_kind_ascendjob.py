@@ -20,6 +20,7 @@ import json
 import kubernetes_validate
 import pytest
 from npu_job.kinds import KINDS
+from npu_job.kinds.ascendjob import POD_RESCHEDULING_LABEL
 
 from npu_job import podfacts
 from npu_job.errors import SpecError
@@ -196,3 +197,22 @@ def test_train_sh_unsets_what_the_operator_injects_and_reaches_the_master_by_its
     assert {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"} <= set(unset.split())
     assert train_sh.index(KIND.master_address_bash()) < train_sh.index(unset)
     assert_clean_shell(rendered, tmp_path)
+
+
+def test_restart_pod_asks_mindcluster_to_reschedule_the_faulty_pod_alone():
+    job = job_object(render_values(with_keys(kind="ascendjob", nodes=3, restart="pod")))
+    assert_strict(job, ASCENDJOB)
+    labels = job["metadata"]["labels"]
+    assert (labels["fault-scheduling"], labels[POD_RESCHEDULING_LABEL]) == ("force", "on")
+    default = job_object(render_values(with_keys(kind="ascendjob", nodes=3)))
+    assert POD_RESCHEDULING_LABEL not in default["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("restart", ["job", "pod"])
+def test_the_pod_rescheduling_label_is_the_restart_keys(restart):
+    with pytest.raises(SpecError) as error:
+        spec_from(
+            with_keys(kind="ascendjob", restart=restart, labels={POD_RESCHEDULING_LABEL: "on"})
+        )
+    (problem,) = error.value.problems
+    assert problem.startswith(f"labels.{POD_RESCHEDULING_LABEL}") and "restart" in problem

@@ -160,3 +160,10 @@ def test_a_name_a_service_cannot_have_is_refused_naming_the_kind():
     message = str(raised.value)
     assert "name" in message and "indexedjob" in message and "start with a letter" in message
     render_values(with_keys(name="7b-train", nodes=2))  # the Volcano Job's own rules differ
+
+
+def test_restart_job_is_refused_a_job_replaces_failed_pods_alone():
+    with pytest.raises(SpecError) as error:
+        service_and_job(with_keys(nodes=3), "restart=job")
+    (problem,) = error.value.problems
+    assert problem.startswith("restart") and "(kind indexedjob) cannot honour 'job'" in problem

@@ -139,6 +139,7 @@ OPTIONAL_PIECES = {
         resources={"cpu": 8, "memory": "64Gi"},
         env={"A": "1"},
         max_retry=0,
+        restart="job",
     ),
     "gpu-host-network-routed-by-the-api": dict(
         device="gpu", nodes=3, routing=True, host_network=True, shm_size=None
@@ -209,3 +210,17 @@ def test_a_name_that_begins_with_a_digit_is_refused_as_the_jobsets_webhook_would
     (problem,) = error.value.problems
     assert problem.startswith("name (from job.yaml): the JobSet (kind jobset) cannot take it: ")
     assert "a Service's name must start with a letter" in problem
+
+
+def test_restart_pod_the_default_leaves_failed_pods_to_the_job_controller():
+    (rjob,) = kind_object(render_values(with_keys(kind="jobset", nodes=3)))["spec"][
+        "replicatedJobs"
+    ]
+    assert "backoffLimit" not in rjob["template"]["spec"]  # Kubernetes' 6, then the JobSet's
+
+
+def test_restart_job_fails_the_job_at_its_first_failure_so_the_jobset_recreates_every_pod():
+    jobset = kind_object(render_values(with_keys(kind="jobset", nodes=3, restart="job")))
+    (rjob,) = jobset["spec"]["replicatedJobs"]
+    assert rjob["template"]["spec"]["backoffLimit"] == 0
+    assert jobset["spec"]["failurePolicy"] == {"maxRestarts": 3}  # Recreate, max_retry times

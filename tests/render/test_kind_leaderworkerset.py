@@ -154,3 +154,12 @@ def test_a_name_the_controllers_objects_cannot_carry_is_refused_naming_the_kind(
     message = str(raised.value)
     assert "name" in message and "leaderworkerset" in message and expected in message
     leader_worker_set(with_keys(name="x" * 50, nodes=2))  # the longest it takes
+
+
+def test_restart_pod_leaves_a_failed_pod_to_its_statefulset():
+    lws, _ = leader_worker_set(with_keys(nodes=3), "restart=pod")
+    assert_strict(lws, LEADER_WORKER_SET)
+    assert lws["spec"]["leaderWorkerTemplate"]["restartPolicy"] == "None"
+    assert lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["restartPolicy"] == (
+        "Always"
+    )

@@ -173,3 +173,10 @@ def test_told_to_use_a_rank_table_it_brings_none_of_render_warns():
         "routing is on for kind pytorchjob, but no rank table source is configured (CCE's "
         "configmap1980 plugin serves the NPU pods of Volcano Jobs only)"
     )
+
+
+def test_restart_job_is_refused_the_operator_restarts_no_gang():
+    with pytest.raises(SpecError) as error:
+        spec_from(with_keys(kind="pytorchjob", nodes=3, restart="job"))
+    (problem,) = error.value.problems
+    assert problem.startswith("restart") and "(kind pytorchjob) cannot honour 'job'" in problem

@@ -157,3 +157,13 @@ def test_a_name_the_trainjobs_jobset_could_not_take_is_refused():
     spec_from(with_keys(name="a" * 48, nodes=8), "kind=trainjob")
     with pytest.raises(SpecError, match="a Service's name must start with a letter"):
         spec_from(with_keys(name="7b-train"), "kind=trainjob")
+
+
+def test_restart_job_reaches_the_runtimes_job_and_pod_the_default_leaves_it_alone():
+    def job_spec(*sets):
+        runtime, _ = objects(render_values(with_keys(kind="trainjob", nodes=3), *sets))
+        (rjob,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+        return rjob["template"]["spec"]
+
+    assert "backoffLimit" not in job_spec()
+    assert job_spec("restart=job")["backoffLimit"] == 0

@@ -3,7 +3,10 @@
 The schema below is a minimal one written by hand from the CRD of ``batch.volcano.sh/v1alpha1``
 ``Job`` (volcano-sh/volcano's ``config/crd/volcano/bases/batch.volcano.sh_jobs.yaml``): the
 fields npu-job renders with the CRD's constraints on them, closed wherever the CRD lists
-properties (``strict_schema.closed``), so a field the API server would prune fails here.
+properties (``strict_schema.closed``), so a field the API server would prune fails here. A
+policy's ``action`` is any string to the CRD; the schema takes the actions Volcano's admission
+webhook lets users give (``pkg/webhooks/admission/jobs/validate/util.go`` ``policyActionMap``
+at ed72c7c8).
 """
 
 from __future__ import annotations
@@ -42,10 +45,20 @@ _POLICY_EVENTS = (
     "JobUpdated",
     "TaskFailed",
 )
+_POLICY_ACTIONS = (
+    "AbortJob",
+    "RestartJob",
+    "RestartTask",
+    "RestartPod",
+    "RestartPartition",
+    "TerminateJob",
+    "CompleteJob",
+    "ResumeJob",
+)
 _POLICY = obj(
     event=string(enum=_POLICY_EVENTS),
     events=array(string(enum=_POLICY_EVENTS)),
-    action=string(),
+    action=string(enum=_POLICY_ACTIONS),
     exitCode=integer(),
     timeout=string(),
 )
@@ -113,6 +126,7 @@ def test_every_examples_volcano_job_holds_only_what_the_crd_lists(name):
                 network_topology={"mode": "soft"},
                 resources={"cpu": 8, "memory": "64Gi"},
                 env={"A": "1"},
+                restart="pod",
             ),
             id="npu-every-optional-piece",
         ),
@@ -152,3 +166,23 @@ def test_a_job_object_the_crd_would_not_keep_fails_naming_the_field(path, value,
     assert found[0].startswith(".".join(str(part) for part in path[:-1]))
     with pytest.raises(AssertionError, match="breaks its schema"):
         assert_strict(job, VOLCANO_JOB)
+
+
+def policies(*sets):
+    return job_object(render_values(with_keys(nodes=4), *sets))["spec"]["policies"]
+
+
+def test_restart_job_the_default_restarts_every_pod_when_one_is_evicted():
+    assert (
+        policies() == policies("restart=job") == [{"event": "PodEvicted", "action": "RestartJob"}]
+    )
+
+
+def test_restart_pod_replaces_the_evicted_or_failed_pod_alone():
+    rendered = policies("restart=pod")
+    assert rendered == [
+        {"event": "PodEvicted", "action": "RestartPod"},
+        {"event": "PodFailed", "action": "RestartPod"},
+    ]
+    # the webhook refuses one event in two policies (validatePolicies)
+    assert len({policy["event"] for policy in rendered}) == len(rendered)

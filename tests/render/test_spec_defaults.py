@@ -56,6 +56,7 @@ WORDED = {
     ("anti_affinity", "npu", 1): True,
     ("anti_affinity", "cpu", 1): False,
     ("workdir", "npu", 1): None,  # the image's: train.sh changes to no directory
+    ("restart", "npu", 1): "job",  # the Volcano Job's (the default kind's); every kind's: its tests
 }
 REQUIRED = {row.key for row in ROWS if row.default == "required"}
 
