@@ -416,7 +416,7 @@ def rank_table_document(table: RankTable) -> Dict[str, Any]:
 def in_server_order(table: RankTable, server_ids: Sequence[str], source: str) -> Plan:
     """The plan that gives new node rank ``r`` to the server ``server_ids[r]`` of ``table``: how a
     rendezvous round's order of the nodes present (their reports' node ids) becomes the rank
-    table HCCL reads (:func:`reordered_document`). An :class:`InputError` naming ``source`` when
+    table HCCL reads (:func:`reordered_document`). An ``InputError`` naming ``source`` when
     the table does not list exactly those servers (a table the platform has not rewritten yet
     for a replaced pod)."""
     position = {server_id: rank for rank, server_id in enumerate(server_ids)}

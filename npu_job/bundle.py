@@ -128,6 +128,9 @@ def short_digest(digest: str) -> str:
 #: that every ``npu_job`` import of a bundled module is bundled too). This module, the builder,
 #: is not among them: what a pod needs of it is in ``__main__.py``.
 BUNDLED_PACKAGES = ("npu_job.bootstrap", "npu_job.kinds", "npu_job.launcher", "npu_job.pod")
+#: subpackages no pod runs yet (npu-run's probe is not wired in): each costs the
+#: ConfigMap's annotations room
+UNBUNDLED_PACKAGES = ("npu_job/launcher/probe/",)
 CORE_MODULES = (
     "__init__",
     "errors",
@@ -503,8 +506,9 @@ def pod_side_files(kinds: Optional[Iterable[str]] = None) -> List[Tuple[str, str
         root = Path(list(spec.submodule_search_locations)[0])
         prefix = package_name.replace(".", "/")
         for path in sorted(root.rglob("*.py")):
-            if "__pycache__" not in path.parts:
-                files.append((f"{prefix}/{path.relative_to(root).as_posix()}", path))
+            name = f"{prefix}/{path.relative_to(root).as_posix()}"
+            if "__pycache__" not in path.parts and not name.startswith(UNBUNDLED_PACKAGES):
+                files.append((name, path))
     read = [(name, path.read_text(encoding="utf-8")) for name, path in files]
     return read if kinds is None else _with_kinds(read, kinds)
 
