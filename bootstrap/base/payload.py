@@ -46,14 +46,17 @@ _BASE64_TEXT = re.compile(rb"[A-Za-z0-9+/=\s]+")
 _UTF8_BOM = b"\xef\xbb\xbf"
 
 
-def check_size(size: int, source: str, limit: int = MAX_INPUT_BYTES) -> None:
+def check_size(size: int, source: str, limit: Optional[int] = None) -> None:
     """Reject inputs over ``limit`` bytes (:data:`MAX_INPUT_BYTES` unless told) with a message
     that states the cap."""
+    # The cap is read when called, not when defined, so one module constant governs every caller.
+    limit = MAX_INPUT_BYTES if limit is None else limit
     if size > limit:
         raise InputError(source, "size", f"expected at most {_cap_text(limit)}, got {size} bytes")
 
 
-def _cap_text(limit: int = MAX_INPUT_BYTES) -> str:
+def _cap_text(limit: Optional[int] = None) -> str:
+    limit = MAX_INPUT_BYTES if limit is None else limit
     mib, rest = divmod(limit, 1 << 20)
     if mib and not rest:
         return f"{mib} MiB ({limit} bytes)"
