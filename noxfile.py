@@ -77,6 +77,9 @@ RELEASE_DEPENDENT = [
     "tests/launcher/rendezvous/test_rendezvous.py",
     # torchrun.handlers entry points (after 2.4)
     "tests/launcher/rendezvous/test_torchrun_plugin.py",
+    # c10d re-ranked: the tuple (before 2.4) or RendezvousInfo, and where each release's agent
+    # puts the workers' store (MASTER_ADDR) once the ranks moved
+    "tests/launcher/rendezvous/test_c10d.py",
     # torch's own torchrun parser, which gains flags from release to release
     "tests/launcher/test_run_cli.py",
     # real agents: node rank order, connections to the root, restarts, SIGTERM and SIGINT

@@ -171,6 +171,13 @@ class AscendJob(MasterWorker):
     def dns_name(self, job: str, group: str, index: int) -> str:
         return ""
 
+    def root_address_bash(self) -> str:
+        # no pod DNS names: pod 0 is the Master, which the operator's Service names
+        return (
+            'MASTER_ADDR="${MASTER_ADDR:?is set by the AscendJob controller to its Service'
+            ' <job>-master-0}"'
+        )
+
     def master_address_bash(self) -> str:
         # the plan's master by its pod IP (the bootstrap writes it beside the plan); without a
         # plan pod 0, the Master, through the operator's Service

@@ -200,6 +200,14 @@ class JobKind:
         pipefail``; a kind whose pods have DNS names gives that pod's (:meth:`dns_name`)."""
         raise NotImplementedError
 
+    def root_address_bash(self) -> str:
+        """Bash lines of ``train.sh`` that set ``MASTER_ADDR`` to the stable address of pod index
+        0, where npu-run's ``parallel`` rendezvous keeps its root store whatever rank the plan
+        gives that pod (the root plans the ranks, so the root's address does not move with rank
+        0, and a replaced pod finds it): the kind's :meth:`dns_name` of pod 0, spelled in the
+        identity variables, which ``train.sh`` has checked before these lines run."""
+        return f'MASTER_ADDR="{self.dns_name("${MA_VJ_NAME}", "${MA_TASK_NAME}", 0)}"'
+
     #: the kind gives its pods no DNS name (:meth:`dns_name` says ""): the pod holding the new
     #: rank 0 is reached by its pod IP, which the bootstrap writes as ``NPU_JOB_MASTER_ADDR``, and
     #: so it waits, listing the job's pods, until every one has its IP (``status.podIP``)

@@ -182,13 +182,14 @@ def _settle_failure(
     failure = failures[rank]
     handler.settle_failure(
         FailureReport(
-            node_rank=handler.settings.node_rank,
+            node_rank=handler.node_rank,
             seen_at=when[rank],
             worker_rank=int(rank),
             local_rank=int(failure.local_rank),
             pid=int(failure.pid),
             exit_code=int(failure.exitcode),
             message=failure_message(failure),
+            member=handler.member,
         )
     )
 

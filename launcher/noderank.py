@@ -23,8 +23,9 @@ non-negative integer is an error, never silently replaced by the next source. Th
 pure function over an environment mapping and a file reader, so tests need no real ``/tmp``.
 
 :func:`node_order` names the order those ranks belong to (the bootstrap's planned mapping, or the
-scheduler's), so that the rendezvous can prove every node follows the same one: pods whose
-bootstraps disagreed (one fell back, or read other inputs) would otherwise clash on ranks.
+scheduler's), and :func:`node_report` is what the node tells the rendezvous root about itself (the
+bootstrap's ``npu_job_node.json``): the root plans each round's ranks from the reports, and names
+the pods whose bootstrap decided otherwise than its plan.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
+from npu_job.bootstrap.nodereport import NodeReport, decode_report, encode_report
 from npu_job.kinds import DEFAULT, KIND_ENV, kind_named
 
 from npu_job.errors import InputError, LaunchError
 from npu_job.parsing import is_count
 from npu_job.podfacts import (
+    NODE_REPORT_FILE,
     OUTPUT_DIR,
     OUTPUT_DIR_ENV,
     RANK_ENV,
@@ -119,6 +122,7 @@ def scheduler_index_env(env: Mapping[str, str]) -> str:
 
 
 SCHEDULER_ORDER = "scheduler order"
+PLANNED_ORDER = "planned order "  # followed by the bootstrap's mapping sha256
 
 
 def node_order(
@@ -151,7 +155,7 @@ def node_order(
     digest = plan.get("mapping_digest")
     if not isinstance(digest, str) or not digest:
         return None
-    planned = f"planned order {digest}"
+    planned = f"{PLANNED_ORDER}{digest}"
     if node_rank is None or node_rank == plan.get("node_rank"):
         return planned
     if node_rank == plan.get("pod_index"):
@@ -160,3 +164,59 @@ def node_order(
         f"order of no plan (--node_rank={node_rank} is neither this pod's planned rank "
         f"{plan.get('node_rank')} nor its pod index {plan.get('pod_index')})"
     )
+
+
+@dataclass(frozen=True)
+class NodeReportChoice:
+    """The report bytes this node joins the rendezvous with, its pod index when the report names
+    one (None: unknown; the rendezvous takes ``--node_rank`` for it), and where it came from."""
+
+    data: bytes
+    pod_index: Optional[int]
+    source: str
+
+
+def read_bytes_if_exists(path: str) -> Optional[bytes]:
+    """The file's bytes, or None when it does not exist."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise LaunchError(f"{path}: cannot read the node report: {error.strerror}") from None
+
+
+def node_report(
+    env: Mapping[str, str],
+    node_rank: int,
+    nproc_per_node: int,
+    read_bytes: Callable[[str], Optional[bytes]] = read_bytes_if_exists,
+) -> NodeReportChoice:
+    """The bootstrap's report of this pod (``$NPU_JOB_OUTPUT_DIR/npu_job_node.json``), else an
+    unknown one: pod index ``node_rank`` (so the root's plan keeps the ranks the pods came with),
+    ``nproc_per_node`` devices, nothing else known.
+
+    The pod index that decides who hosts the root is the report's, else the scheduler's index
+    variable of the pod's kind (``VC_TASK_INDEX``), else unknown (the rendezvous takes
+    ``--node_rank``). A report that does not decode is sent as it is (the root names it and
+    plans the node with nothing known).
+    """
+    path = os.path.join(env.get(OUTPUT_DIR_ENV) or OUTPUT_DIR, NODE_REPORT_FILE)
+    data = read_bytes(path)
+    index_env = scheduler_index_env(env)
+    scheduler_index = env.get(index_env, "").strip()
+    from_scheduler = int(scheduler_index) if is_count(scheduler_index) else None
+    if data is None:
+        unknown = NodeReport(pod_index=node_rank, device_count=nproc_per_node)
+        where = "--node_rank" if from_scheduler is None else f"{index_env}={from_scheduler}"
+        return NodeReportChoice(
+            encode_report(unknown), from_scheduler, f"none at {path}; pod index from {where}"
+        )
+    try:
+        report = decode_report(data, path)
+    except InputError as error:
+        return NodeReportChoice(data, from_scheduler, f"{error.message} (sent as it is)")
+    if report.pod_index >= 0:
+        return NodeReportChoice(data, report.pod_index, f"{path}: pod index {report.pod_index}")
+    return NodeReportChoice(data, from_scheduler, f"{path}: no pod index")

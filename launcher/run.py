@@ -30,6 +30,7 @@ import signal
 import sys
 import textwrap
 import uuid
+from contextlib import nullcontext
 from typing import (
     Any,
     List,
@@ -119,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         "its affinity, capped by its cgroup's CPU quota (a pod's CPU limit)."
     )
     options["--rdzv-backend"].help = (
-        "Rendezvous backend: static (default), c10d, etcd, etcd-v2, or parallel (static membership "
-        "with ranks from --node_rank, root store on node rank 0, optional per-node store proxy)."
+        "Rendezvous backend: static (default), c10d, etcd, etcd-v2, or parallel (static "
+        "membership, root store on pod index 0, which plans each round's node ranks from every "
+        "node's report; optional per-node store proxy)."
     )
     options["--rdzv-conf"].help += (
         " parallel understands timeout (store operations, s), join_timeout (all nodes per round, "
@@ -208,8 +210,8 @@ def prepare(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namesp
     args.enable_tiered_parallel_tcpstore = tiered
     auto = str(args.node_rank).strip().lower() == noderank.AUTO
     args.node_rank = resolve_node_rank(args.node_rank, env)
-    # Wherever a bootstrap left a route plan, the rendezvous checks that every node follows the
-    # same order, whether the rank came from --node_rank=auto or from train.sh's number.
+    # Wherever a bootstrap left a route plan, the root compares the order this rank belongs to
+    # with its plan, whether the rank came from --node_rank=auto or from train.sh's number.
     args.node_order = noderank.node_order(env, node_rank=None if auto else args.node_rank)
     _, max_nodes = parse_nnodes(args.nnodes)
     if args.max_restarts < 0:
@@ -260,14 +262,18 @@ def prepare(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namesp
     if args.rdzv_backend == "parallel" and not args.rdzv_endpoint:
         args.rdzv_endpoint = f"{args.master_addr}:{args.master_port}"
     args.nproc_per_node = str(resolve_nproc(args.nproc_per_node))
+    args.node_report = None
+    if args.rdzv_backend in ("parallel", "c10d"):  # what plans the ranks: the nodes' reports
+        args.node_report = noderank.node_report(env, args.node_rank, int(args.nproc_per_node))
+        logger.info("node report: %s", args.node_report.source)
     return args
 
 
 def launch_config(args: argparse.Namespace) -> Tuple[Any, Any, List[str]]:
     """torch's ``config_from_args`` on prepared args, plus the parallel backend's settings."""
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.run import config_from_args
 
+    from .rendezvous import c10d as ranked_c10d
     from .rendezvous import handler as backend
 
     torch_args = copy.copy(args)
@@ -279,22 +285,41 @@ def launch_config(args: argparse.Namespace) -> Tuple[Any, Any, List[str]]:
         config, cmd, cmd_args = config_from_args(torch_args)
     except (ValueError, AssertionError, RuntimeError) as error:
         raise UsageError(str(error)) from None
+    report = getattr(args, "node_report", None)  # set by prepare()
+    if args.rdzv_backend == "c10d" and report is not None:
+        config.rdzv_configs.update(ranked_c10d.report_options(report.data))
     if args.rdzv_backend == "parallel":
         config.rdzv_configs["rank"] = args.node_rank
         config.rdzv_configs[backend.TIERED_OPTION] = args.enable_tiered_parallel_tcpstore
         if args.node_order:  # set by prepare() where a bootstrap left a route plan
             config.rdzv_configs[backend.NODE_ORDER_OPTION] = args.node_order
-        backend.settings_from_params(  # fail here, in one line, rather than inside the agent
-            RendezvousParameters(
-                backend=config.rdzv_backend,
-                endpoint=config.rdzv_endpoint,
-                run_id=config.run_id,
-                min_nodes=config.min_nodes,
-                max_nodes=config.max_nodes,
-                **config.rdzv_configs,
-            )
-        )
+        report = getattr(args, "node_report", None)  # set by prepare()
+        if report is not None:
+            # text: torch logs and records rdzv_configs (a report is JSON, so UTF-8)
+            config.rdzv_configs[backend.NODE_REPORT_OPTION] = report.data.decode("utf-8", "replace")
+            if report.pod_index is not None:
+                config.rdzv_configs[backend.POD_INDEX_OPTION] = str(report.pod_index)
+        parallel_settings(config)  # fail here, in one line, rather than inside the agent
     return config, cmd, cmd_args
+
+
+def parallel_settings(config: Any) -> Any:
+    """The ``parallel`` backend's settings of torch's launch ``config``, as its agent will make
+    them (a :class:`~.rendezvous.config.ParallelSettings`; LaunchError if wrong)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    from .rendezvous import handler as backend
+
+    return backend.settings_from_params(
+        RendezvousParameters(
+            backend=config.rdzv_backend,
+            endpoint=config.rdzv_endpoint,
+            run_id=config.run_id,
+            min_nodes=config.min_nodes,
+            max_nodes=config.max_nodes,
+            **config.rdzv_configs,
+        )
+    )
 
 
 def _terminate_on(signum: int, frame: Any) -> None:
@@ -324,6 +349,7 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     from torch.distributed.elastic.rendezvous import RendezvousError
 
     from . import agent, pdeath
+    from .rendezvous import c10d as ranked_c10d
     from .rendezvous import handler as backend
     from .rendezvous import verdict
     from .rendezvous.watch import JobStopped
@@ -335,7 +361,8 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     backend.forget_verdicts()  # an earlier launch of this process had its own cause
     previous_handler = _install_early_signal_handler()
     try:
-        agent.recorded_launch()(config, cmd, cmd_args)
+        with ranked_c10d.ranked_c10d() if config.rdzv_backend == "c10d" else nullcontext():
+            agent.recorded_launch()(config, cmd, cmd_args)
         return 0
     except ChildFailedError as failed:
         print_error(f"{type(failed).__name__}:{failed}", PROG)

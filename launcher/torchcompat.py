@@ -14,7 +14,11 @@ feature                         since    what npu-run does without it
 VALIDATE opcode (store wire)    2.2      2.1 numbers SET as 0: the proxy speaks that dialect
 ``RendezvousInfo`` and          2.4      the agent reads ``MASTER_ADDR``/``MASTER_PORT`` from
 ``bootstrap_store_info``                 the rendezvous store: the handler answers those two
-                                         keys with this node's address (:class:`NodeStoreView`)
+                                         keys with this node's address (:class:`NodeStoreView`);
+                                         re-ranked c10d returns torch's tuple with the planned
+                                         rank, and the agent of planned rank 0 writes its own
+                                         address there (:func:`rendezvous_with_rank`)
+``Store.multi_get`` (Python)    probed   :func:`get_values` asks one GET per key
 libuv server takes a listen fd  2.8      the root is hosted with ``use_libuv=False``
 PING opcode                     2.5      the proxy checks the root with GETNUMKEYS instead
 QUEUE_* opcodes                 2.8      the proxy refuses them like the root would
@@ -45,7 +49,7 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
 import torch.distributed as dist
 from torch.distributed import TCPStore
@@ -74,6 +78,7 @@ HAS_RENDEZVOUS_INFO = hasattr(elastic_rendezvous, "RendezvousInfo")
 HAS_LIST_KEYS = hasattr(TCPStore, "list_keys")
 HAS_QUEUES = hasattr(dist.Store, "queue_push")
 HAS_BARRIER = hasattr(dist.Store, "barrier")
+HAS_MULTI_GET = hasattr(dist.Store, "multi_get")
 
 
 def accelerator_devices() -> Tuple[str, int]:
@@ -222,6 +227,37 @@ def rendezvous_result(
         store_info = elastic_rendezvous.RendezvousStoreInfo
         return info(store, rank, world_size, store_info(master_addr, master_port))
     return NodeStoreView(store, master_addr, master_port), rank, world_size
+
+
+def rendezvous_parts(result: Any) -> Tuple[Any, int, int, Optional[Any]]:
+    """``(store, rank, world_size, bootstrap_store_info)`` of what a torch handler's
+    ``next_rendezvous`` returned (``RendezvousInfo`` from 2.4, a tuple before: info None)."""
+    if HAS_RENDEZVOUS_INFO and isinstance(result, elastic_rendezvous.RendezvousInfo):
+        return result.store, result.rank, result.world_size, result.bootstrap_store_info
+    store, rank, world_size = result
+    return store, int(rank), int(world_size), None
+
+
+def store_info(master_addr: str, master_port: int) -> Any:
+    """A ``RendezvousStoreInfo`` (torch 2.4+ only: older agents never read one)."""
+    return elastic_rendezvous.RendezvousStoreInfo(master_addr, master_port)
+
+
+def rendezvous_with_rank(store: Any, rank: int, world_size: int, info: Any) -> Any:
+    """What ``next_rendezvous`` returns with another ``rank``: ``RendezvousInfo`` with ``info``,
+    or before 2.4 the plain tuple, whose agent of rank 0 publishes ``MASTER_ADDR``/``PORT``
+    itself (its ``--local_addr`` or host name and a free port, where its global rank 0 hosts the
+    workers' store), so they follow the new rank."""
+    if HAS_RENDEZVOUS_INFO:
+        return elastic_rendezvous.RendezvousInfo(store, rank, world_size, info)
+    return store, rank, world_size
+
+
+def get_values(store: Any, keys: Sequence[str]) -> List[bytes]:
+    """The values of ``keys`` (all set already): one MULTI_GET where the bindings have it."""
+    if HAS_MULTI_GET:
+        return [bytes(value) for value in store.multi_get(list(keys))]
+    return [bytes(store.get(key)) for key in keys]
 
 
 # -- hosting the root store --------------------------------------------------------------------

@@ -57,7 +57,7 @@ def spec_warnings(spec: JobSpec, explicit_keys: Iterable[str] = ()) -> Tuple[str
             f"npus_per_node is {spec.npus_per_node}, below a full node (full_node_npus "
             f"{full}){tail}"
         )
-    arrival = _arrival_order_flags(spec.launcher_args)
+    arrival = _arrival_order_flags(spec.launcher_args, spec.launcher)
     if spec.routing and arrival:
         warnings.append(
             f"launcher_args {' '.join(arrival)} assigns node ranks by arrival, so the launcher "
@@ -113,8 +113,10 @@ def brings_a_rank_table(spec: JobSpec) -> bool:
     return False
 
 
-def _arrival_order_flags(args: Sequence[str]) -> List[str]:
-    """Launcher flags under which ranks follow arrival order, not ``--node_rank``."""
+def _arrival_order_flags(args: Sequence[str], launcher: str) -> List[str]:
+    """Launcher flags under which ranks follow arrival order, not ``--node_rank``: npu-run ranks
+    a c10d round by the nodes' reports (docs/launcher.md, "Under c10d"), torchrun does not."""
+    kept = ("static", "parallel", "c10d") if launcher == "npu-run" else ("static", "parallel")
     flags = []
     for index, arg in enumerate(args):
         match = re.match(r"--rdzv[-_]backend(?:=(.*))?\Z", arg)
@@ -123,7 +125,7 @@ def _arrival_order_flags(args: Sequence[str]) -> List[str]:
             backend = (
                 inline if inline is not None else (args[index + 1] if index + 1 < len(args) else "")
             )
-            if backend not in ("static", "parallel"):
+            if backend not in kept:
                 flags.append(arg if inline is not None else f"{arg} {backend}")
         elif arg == "--standalone":
             flags.append(arg)

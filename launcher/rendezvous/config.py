@@ -23,6 +23,8 @@ from .liveness import LivenessSettings
 
 TIERED_OPTION = "enable_tiered_parallel_tcpstore"
 NODE_ORDER_OPTION = "node_order"  # which node order this node's rank belongs to (npu-run sets it)
+NODE_REPORT_OPTION = "node_report"  # this node's report (npu_job_node.json's text; npu-run sets it)
+POD_INDEX_OPTION = "pod_index"  # this pod's scheduler index, from its report (npu-run sets it)
 KEY_ROOT = "npu_run"
 
 DEFAULT_STORE_TIMEOUT = 900.0  # torch's LaunchConfig default for rdzv_configs["timeout"]
@@ -40,9 +42,13 @@ class ParallelSettings:
     ``close_timeout`` is how long node rank 0 keeps the root alive at the end for the other
     agents to sign off; ``watch_interval`` is the least time between two looks for a restarting
     node (the agent asks every ``--monitor_interval``, which is 0.1 s by default).
-    ``node_order`` names the order this node's rank belongs to (the bootstrap's mapping digest,
-    or the scheduler order): when set, a node that follows another order than the nodes before it
-    is refused, instead of clashing on ranks later.
+
+    ``node_rank`` is this node's hint (``--node_rank``: its bootstrap's rank, or its pod index);
+    the root's plan of each round gives the rank it runs with. ``report`` is the node report it
+    publishes when it joins (empty: an unknown one is made from the hint), ``pod_index`` the
+    scheduler index that report names (None: unknown, the hint stands for it): pod index 0
+    hosts the root (:attr:`hosts_root`). ``node_order`` names the order the hint belongs to (the
+    bootstrap's mapping digest, or the scheduler order), which the root compares with its plan.
     """
 
     run_id: str
@@ -58,6 +64,14 @@ class ParallelSettings:
     node_order: Optional[str] = None
     keep_alive_interval: float = liveness.DEFAULT_INTERVAL
     keep_alive_max_attempt: int = liveness.DEFAULT_MAX_ATTEMPT
+    pod_index: Optional[int] = None
+    report: bytes = b""
+
+    @property
+    def hosts_root(self) -> bool:
+        """This agent hosts the root store: its pod is the scheduler's pod index 0 (without a
+        report, its ``--node_rank`` is 0), which stays at one address across pod replacements."""
+        return (self.node_rank if self.pod_index is None else self.pod_index) == 0
 
     @property
     def root(self) -> str:
@@ -131,6 +145,13 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
             f"got {attempts_text!r}"
         )
     interval = _seconds(params, "keep_alive_interval", liveness.DEFAULT_INTERVAL)
+    pod_index_text = str(params.get(POD_INDEX_OPTION, "") or "")
+    pod_index = count_from_text(pod_index_text) if pod_index_text else None
+    if pod_index_text and pod_index is None:
+        raise LaunchError(
+            f"--rdzv_conf: {POD_INDEX_OPTION}: expected a whole number >= 0, got {pod_index_text!r}"
+        )
+    report = params.get(NODE_REPORT_OPTION) or b""
     return ParallelSettings(
         run_id=params.run_id,
         master_addr=host,
@@ -145,6 +166,8 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
         node_order=str(params.get(NODE_ORDER_OPTION) or "") or None,
         keep_alive_interval=interval,
         keep_alive_max_attempt=attempts,
+        pod_index=pod_index,
+        report=report.encode() if isinstance(report, str) else bytes(report),
     )
 
 
@@ -167,16 +190,9 @@ class RunKeys:
         return f"{self.base}/departed"
 
     @property
-    def node_order(self) -> str:
-        return f"{self.base}/node_order"
-
-    @property
-    def node_order_claims(self) -> str:
-        return f"{self.base}/node_order_claims"
-
-    @property
-    def refused_order(self) -> str:
-        return f"{self.base}/refused_order"
+    def members(self) -> str:
+        """The counter that gives every agent of the run its member number (from 1)."""
+        return f"{self.base}/members"
 
     def round(self, number: int) -> str:
         return f"{self.base}/round{number}"
@@ -184,8 +200,25 @@ class RunKeys:
     def worker_store(self, number: int) -> str:
         return f"{self.round(number)}/worker_store_port"
 
-    def node(self, number: int, node_rank: int) -> str:
-        return f"{self.round(number)}/node/{node_rank}"
+    def node(self, number: int, hint: int) -> str:
+        """Counts the agents of round ``number`` that came with ``--node_rank=hint``."""
+        return f"{self.round(number)}/node/{hint}"
+
+    def slot(self, number: int, position: int) -> str:
+        """The member number of the ``position``-th agent (from 1) to join round ``number``."""
+        return f"{self.round(number)}/slot/{position}"
+
+    def report(self, number: int, member: int) -> str:
+        """The node report member ``member`` published joining round ``number``."""
+        return f"{self.round(number)}/report/{member}"
+
+    def claim(self, number: int, member: int) -> str:
+        """What member ``member``'s bootstrap said (its hint and order), joining ``number``."""
+        return f"{self.round(number)}/claim/{member}"
+
+    def plan(self, number: int) -> str:
+        """The root's plan of round ``number`` (a RoundPlan's bytes)."""
+        return f"{self.round(number)}/plan"
 
     def joined(self, number: int) -> str:
         return f"{self.round(number)}/joined"
@@ -203,11 +236,11 @@ class RunKeys:
     def root_identity(self) -> str:
         return f"{self.base}/root"
 
-    def who(self, node_rank: int) -> str:
-        return f"{self.base}/who/{node_rank}"
+    def who(self, member: int) -> str:
+        return f"{self.base}/who/{member}"
 
-    def alive(self, node_rank: int) -> str:
-        return f"{self.base}/alive/{node_rank}"
+    def alive(self, member: int) -> str:
+        return f"{self.base}/alive/{member}"
 
     @property
     def verdict(self) -> str:

@@ -8,7 +8,7 @@ handler does with them:
   an agent thread unwinds through :class:`~.watch.JobStopped` once a verdict exists
   (:meth:`NodeFaults.raise_if_stopped`), and :class:`RootErrors` turns a lost root into the
   one verdict every node reaches.
-* **A failing node** reports its workers' failure and waits for node rank 0 to name the root
+* **A failing node** reports its workers' failure and waits for the root's host to name the root
   cause (:meth:`NodeFaults.settle_failure`); an agent that leaves on an error of its own, or on a
   signal, tells the others why (:meth:`NodeFaults.announce_leaving`,
   :meth:`NodeFaults.tell_signal`) and signs off.
@@ -133,6 +133,9 @@ class NodeFaults:
         self.outcome: Optional[str] = None  # npu-run's agent says how its run went
         self.verdict: Optional[Verdict] = None  # the verdict this node reached
         self.joined_round: Optional[int] = None  # the last round this node joined (the handler's)
+        self.member = -1  # this agent's member number in the run (the handler's, from its join)
+        self.root_member = -1  # the root host's member number (from the root's identity)
+        self.node_rank = settings.node_rank  # the hint until the first plan, then the plan's
         self._proxy_lock = threading.RLock()
         self.proxy: Optional[NodeStoreProxy] = None  # this node's store proxy (tiered mode)
         self._proxy_port = 0
@@ -154,16 +157,18 @@ class NodeFaults:
         if self.watch is not None:
             return
         self.me = this_node(store.local_address)
-        store.set(self._keys.who(settings.node_rank), self.me.to_json())
-        store.add(self._keys.alive(settings.node_rank), 1)
+        store.set(self._keys.who(self.member), self.me.to_json())
+        store.add(self._keys.alive(self.member), 1)
         self.watch = Watch(
             store,
             self._keys,
-            settings.node_rank,
-            settings.nnodes,
+            self.member,
+            settings.hosts_root,
             settings.liveness,
             self.root_who,
             self._check_proxy if settings.tiered else None,
+            node_rank=self.node_rank,
+            root_member=self.root_member,
         )
         store.on_poll = self._stop_polling
         self.watch.start()
@@ -196,39 +201,11 @@ class NodeFaults:
         self.note_verdict(found)
         return found
 
-    def refuse_order(self, store: RootClient, theirs: str) -> NoReturn:
-        """This node follows another node order than the nodes before it (their pods'
-        bootstraps decided differently): that is the job's verdict, so that every node at this
-        root stops at its next look, rather than wait out its join timeout for this one. The
-        refused order is kept beside it for the nodes of that order still to come
-        (:meth:`refused_before`)."""
-        settings = self._settings
-        mine = settings.node_order or ""
-        store.set(self._keys.refused_order, mine)
-        self.stop_job(verdict.orders_differ(settings.node_rank, self.me, mine, theirs))
-
     def stop_job(self, found: Verdict) -> NoReturn:
         """This node cannot take part (it was refused before it joined): make ``found`` the job's
         verdict, unless one came first, and unwind this agent with it; the nodes waiting at the
         root stop at their next look instead of at their join timeout."""
         raise JobStopped(self._publish_or_keep(found))
-
-    def refused_before(self, store: RootClient) -> Optional[Verdict]:
-        """The verdict of a finished run at this root that refused this node's order, if it did:
-        a node of that order arriving late (its bootstrap decided before the others restarted)
-        stops with it, so that its pod bootstraps again too, rather than wait for the next run's
-        root and refuse the restarted nodes there."""
-        mine = self._settings.node_order
-        keys = self._keys
-        if not mine or not torchcompat.key_exists(store, keys.refused_order):
-            return None
-        if store.get(keys.refused_order).decode("utf-8", "replace") != mine:
-            return None
-        if not torchcompat.key_exists(store, keys.verdict):
-            return None
-        found = Verdict.from_json(store.get(keys.verdict).decode("utf-8", "replace"))
-        self.note_verdict(found)
-        return found
 
     def root_errors(self, doing: str) -> RootErrors:
         return RootErrors(self, doing)
@@ -254,15 +231,18 @@ class NodeFaults:
                 found = self._await_verdict(watch, report)
         except RootError as error:
             found = watch.conclude(
-                verdict.root_lost(self._settings.root, self.root_who, str(error))
+                verdict.root_lost(
+                    self._settings.root, self.root_who, str(error), root_rank=watch.root_rank
+                )
             )
         self.note_verdict(found)
-        if found.node_rank == self._settings.node_rank and found.kind == verdict.WORKERS_FAILED:
+        if found.member == self.member and found.kind == verdict.WORKERS_FAILED:
             return found
         raise JobStopped(found)
 
     def _await_verdict(self, watch: Watch, report: FailureReport) -> Verdict:
-        """Wait for node rank 0 to name the cause; past every deadline it should meet, name ours."""
+        """Wait for the root's host to name the cause; past every deadline it should meet, name
+        ours."""
         keep_alive = self._settings.liveness
         wait = keep_alive.window + 2 * keep_alive.interval + SETTLE_MARGIN
         deadline = time.monotonic() + wait
@@ -270,7 +250,7 @@ class NodeFaults:
         if found is not None:
             return found
         logger.warning(
-            "node rank 0 named no cause within %.0fs; naming this node's failure",
+            "the root's host named no cause within %.0fs; naming this node's failure",
             deadline - time.monotonic() + keep_alive.window,
         )
         return watch.publish(verdict.workers_failed(report, self.me))
@@ -290,7 +270,7 @@ class NodeFaults:
         reason = f"{type(error).__name__}: {error}" if error is not None else "its agent stopped"
         try:
             self.note_verdict(
-                watch.publish(verdict.left(self._settings.node_rank, self.me, reason))
+                watch.publish(verdict.left(self.node_rank, self.me, reason, member=self.member))
             )
         except StoreError as store_error:
             logger.debug("could not tell the others why this node leaves: %s", store_error)
@@ -301,7 +281,8 @@ class NodeFaults:
         """The agent got a signal: tell the other nodes why this one stops, and sign off (the
         handler closes next).
 
-        Node rank 0 keeps the root up for the others to read it and sign off (``close_timeout``).
+        The root's host keeps the root up for the others to read it and sign off
+        (``close_timeout``).
         """
         watch = self.watch
         if watch is not None and store is not None and not self.root_lost and watch.verdict is None:
@@ -309,7 +290,9 @@ class NodeFaults:
             try:
                 watch.stop()
                 self.note_verdict(
-                    watch.publish(verdict.signalled(self._settings.node_rank, self.me, signal_name))
+                    watch.publish(
+                        verdict.signalled(self.node_rank, self.me, signal_name, member=self.member)
+                    )
                 )
                 self.sign_off(store, round_entered)
             except StoreError as error:
@@ -317,12 +300,12 @@ class NodeFaults:
 
     def sign_off(self, store: RootClient, round_entered: Optional[int]) -> None:
         settings = self._settings
-        # node rank 0 awaits the nodes that joined; one refused before it joined (another node
-        # order) is not among them, and counting it would close the root under the last of them
+        # the root's host awaits the nodes that joined; one refused before it joined (one too
+        # many) is not among them, and counting it would close the root under the last of them
         if round_entered is not None and round_entered == self.joined_round:
             store.add(self._keys.departed, 1)
-        if settings.node_rank != 0:
-            store.add(self._keys.alive(settings.node_rank), liveness.DEPARTED)
+        if not settings.hosts_root:
+            store.add(self._keys.alive(self.member), liveness.DEPARTED)
         elif round_entered is not None:
             found = self.verdict
             rounds.linger_for_departures(
@@ -343,7 +326,7 @@ class NodeFaults:
         """
         settings = self._settings
         hosted_by_rank_0 = not torchcompat.HAS_LIST_KEYS
-        if not settings.tiered or (hosted_by_rank_0 and settings.node_rank == 0):
+        if not settings.tiered or (hosted_by_rank_0 and self.node_rank == 0):
             return workers_store
         with self._proxy_lock:
             return self._node_proxy(workers_store)
@@ -363,7 +346,7 @@ class NodeFaults:
                 self._proxy_port = int(proxy.start())
             except Exception as error:
                 raise LaunchError(
-                    f"node rank {settings.node_rank} cannot start its store proxy: {error}"
+                    f"node rank {self.node_rank} cannot start its store proxy: {error}"
                 ) from None
             self.proxy = proxy
             self._proxy_upstream = workers_store
@@ -393,7 +376,7 @@ class NodeFaults:
         address = f"{LOOPBACK}:{self._proxy_port}"
         logger.warning(
             "node rank %d: the store proxy %s died (%s); restarting it on the same port",
-            settings.node_rank,
+            self.node_rank,
             address,
             problem,
         )
@@ -411,9 +394,11 @@ class NodeFaults:
             )
             proxy.start()
         except Exception as error:
-            return verdict.proxy_lost(settings.node_rank, self.me, address, str(error))
+            return verdict.proxy_lost(
+                self.node_rank, self.me, address, str(error), member=self.member
+            )
         self.proxy = proxy
-        logger.warning("node rank %d: restarted the store proxy on %s", settings.node_rank, address)
+        logger.warning("node rank %d: restarted the store proxy on %s", self.node_rank, address)
         return None
 
     def stop_proxy(self) -> None:
@@ -445,11 +430,16 @@ class RootErrors:
                 # every node then ends with the same line, whether the watch or this call saw it
                 faults.note_verdict(
                     faults.watch.conclude(
-                        verdict.root_lost(settings.root, faults.root_who, str(error))
+                        verdict.root_lost(
+                            settings.root,
+                            faults.root_who,
+                            str(error),
+                            root_rank=faults.watch.root_rank,
+                        )
                     )
                 )
             raise RendezvousConnectionError(
-                f"node rank {settings.node_rank} lost the root store {settings.root} "
+                f"node rank {faults.node_rank} lost the root store {settings.root} "
                 f"while {self._doing}: {error}"
             ) from None
         return False

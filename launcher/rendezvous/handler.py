@@ -1,22 +1,28 @@
-"""The ``parallel`` rendezvous backend: static membership, node ranks kept, optional store proxy.
+"""The ``parallel`` rendezvous backend: static membership, one plan per round, optional proxy.
 
 torch's dynamic backends (``c10d``, ``etcd``) give node ranks in arrival order, which throws away
 the routing-affine order the bootstrap computed; torch's ``static`` backend keeps ``--node_rank``
 but never notices when another node restarts its workers, so a one-node failure leaves the other
 nodes hanging in collectives. ``parallel`` keeps both properties that matter:
 
-* **Static membership, ranks from ``--node_rank``.** Node rank 0's agent hosts the root store (a
-  stock torch ``TCPStore`` server on ``master_addr:master_port``, multi-tenant, no worker barrier);
-  every agent joins it. A round completes when all ``--nnodes`` node ranks have joined; on timeout
-  the error names the node ranks that never came.
+* **Static membership, ranks from the root's plan.** The agent of pod index 0 hosts the root
+  store (a stock torch ``TCPStore`` server on ``master_addr:master_port``, multi-tenant, no worker
+  barrier), at an address that stays when other pods are replaced; every agent joins it with its
+  node report (the bootstrap's ``npu_job_node.json``, else one made from ``--node_rank``). A
+  round completes when ``--nnodes`` agents have joined; the root's host plans it once over their
+  reports (:func:`~npu_job.bootstrap.nodereport.plan_round`, the bootstrap's own planner) and
+  every agent takes its node rank from that plan. Pods that agree with their bootstraps get the
+  bootstraps' ranks; a pod whose bootstrap decided otherwise is re-ranked, and the root says so.
+  On timeout the error names the node ranks that never came.
 * **Group restarts like ``c10d``.** A node that restarts its workers joins the next round; the other
   agents see it in :meth:`num_nodes_waiting` and restart theirs (that does not use up their
-  ``--max_restarts``, as in torch). Before the workers of a new round start, node rank 0 deletes
-  the keys the previous workers left in the root store, so no worker reads a dead peer's address.
-* **Pod restarts.** A replacement agent (fresh process, same node rank) joins the first round
-  that is not complete, so the running agents restart around it; one that reaches the previous
-  run's node rank 0 while it lingers with the run closed waits for the new root instead of
-  failing again.
+  ``--max_restarts``, as in torch). Before the workers of a new round start, the root's host
+  deletes the keys the previous workers left in the root store, so no worker reads a dead
+  peer's address.
+* **Pod restarts.** A replacement agent (fresh process) joins the first round that is not
+  complete, so the running agents restart around it, with ranks planned over the new set of
+  nodes; one that reaches the previous run's root while it lingers with the run closed waits for
+  the new root instead of failing again.
 * **Tiering** (``--enable_tiered_parallel_tcpstore=true``): each agent runs a
   :class:`~npu_job.launcher.proxy.storeproxy.StoreProxy` on ``127.0.0.1:<free port>`` and hands
   it to its workers as ``MASTER_ADDR``/``MASTER_PORT``, so the root sees a few connections per
@@ -37,7 +43,7 @@ is a module of its own:
 
 * :mod:`.config`: the settings (checked once) and the run's keys in the root;
 * :mod:`.rootstore`: hosting the root (bind, listen fd, identity), and finding and verifying it;
-* :mod:`.rounds`: join, await, clear the previous workers' keys, the workers' store;
+* :mod:`.rounds`: join, await, plan, clear the previous workers' keys, the workers' store;
 * :mod:`.faults`: the watch, the verdict, the proxy and its restart, signals (a
   :class:`~.faults.NodeFaults` the handler owns and hands the root connection to).
 """
@@ -49,8 +55,9 @@ import os
 import sys
 import time
 import weakref
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Set, Tuple
 
+from npu_job.bootstrap.nodereport import NodeReport, RoundPlan, decode_report, encode_report
 from torch.distributed import PrefixStore, Store, TCPStore
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous import (
@@ -60,6 +67,7 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
+from npu_job.errors import InputError
 from npu_job.polling import Backoff, poll
 
 from .. import torchcompat
@@ -67,6 +75,8 @@ from ..torchcompat import StoreError
 from . import rootstore, rounds, verdict
 from .config import (
     NODE_ORDER_OPTION,
+    NODE_REPORT_OPTION,
+    POD_INDEX_OPTION,
     TIERED_OPTION,
     ParallelSettings,
     RunKeys,
@@ -82,12 +92,14 @@ from .faults import (
 )
 from .rootclient import RootClient
 from .verdict import FailureReport, Verdict
-from .watch import JobStopped
+from .watch import JobStopped  # noqa: F401  (npu-run and the tests import it from here)
 
 # what npu-run, torch's entry point and the tests use of the backend, wherever it lives
 __all__ = [
     "BACKEND",
     "NODE_ORDER_OPTION",
+    "NODE_REPORT_OPTION",
+    "POD_INDEX_OPTION",
     "TIERED_OPTION",
     "ParallelRendezvousHandler",
     "ParallelSettings",
@@ -106,18 +118,31 @@ logger = logging.getLogger(__name__)
 BACKEND = "parallel"
 
 
+def node_report(settings: ParallelSettings) -> Tuple[bytes, str]:
+    """The report this node joins with, and the pod name it gives (empty: none): the settings'
+    (npu-run reads the bootstrap's file), else an unknown one at its ``--node_rank``."""
+    if not settings.report:
+        return encode_report(NodeReport(pod_index=settings.node_rank)), ""
+    try:
+        return settings.report, decode_report(settings.report, "this node's report").pod_name
+    except InputError:  # the root names it when it plans; this node joins all the same
+        return settings.report, ""
+
+
 class ParallelRendezvousHandler(RendezvousHandler):
-    """Static-membership rendezvous over a root ``TCPStore`` hosted by node rank 0's agent."""
+    """Static-membership rendezvous over a root ``TCPStore`` hosted by pod index 0's agent."""
 
     def __init__(self, settings: ParallelSettings, proxy_factory: ProxyFactory = start_store_proxy):
         self._settings = settings
         self._keys = RunKeys(settings.run_id)
         self._faults = NodeFaults(settings, self._keys, proxy_factory)
         self._store: Optional[RootClient] = None
-        self._server: Optional[TCPStore] = None  # node rank 0: the root store itself
+        self._server: Optional[TCPStore] = None  # the root's host: the root store itself
         self._rounds_done = 0
         self._next_watch = 0.0
         self._round_entered: Optional[int] = None  # the last round this node entered
+        self._checked: Set[int] = set()  # the root's host: members whose claims it looked at
+        self._report, self._pod_name = node_report(settings)
 
     # -- RendezvousHandler -------------------------------------------------------------------
 
@@ -155,21 +180,24 @@ class ParallelRendezvousHandler(RendezvousHandler):
             faults.stop_proxy()  # its upstream, the last round's workers' store, is gone
         store = (
             self._connect_to_open_run()
-            if number == 0 and settings.node_rank != 0
+            if number == 0 and not settings.hosts_root
             else self._connect()
         )
         with faults.root_errors(f"joining round {number}"):
             self._raise_if_closed(store)
             if number == 0:
+                if faults.member < 0:
+                    faults.member = int(store.add(self._keys.members, 1))
                 number = rounds.first_open_round(store, self._keys, settings.node_rank)
                 faults.start_watch(store)
             self._round_entered = number
-            theirs = rounds.other_node_order(store, self._keys, settings)
-            if theirs is not None:
-                faults.refuse_order(store, theirs)
-            if not rounds.join(store, self._keys, settings, number):
+            if not rounds.join(
+                store, self._keys, settings, number, faults.member, self._report, self._claim()
+            ):
                 faults.stop_job(
-                    verdict.rank_taken(settings.node_rank, faults.me, number, settings.run_id)
+                    verdict.round_full(
+                        faults.node_rank, faults.me, number, settings.run_id, settings.nnodes
+                    )
                 )
             faults.joined_round = number
             rounds.await_round(
@@ -180,22 +208,41 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 check_closed=lambda: self._raise_if_closed(store),
                 check_stopped=faults.raise_if_stopped,
             )
-            if settings.node_rank == 0 and faults.watch is not None:
-                faults.watch.judge(
-                    list(range(1, settings.nnodes))
-                )  # every node's counter exists now
+            if settings.hosts_root:
+                plan = rounds.plan_at_root(store, self._keys, settings, number, self._checked)
+                self._checked.update(int(member) for member in plan.order)
+            else:
+                plan = rounds.await_plan(
+                    store, self._keys, settings, number, check_stopped=faults.raise_if_stopped
+                )
+            node_rank = rounds.rank_in(plan, faults.member, number)
+            self._adopt(plan, node_rank)
+            logger.info(
+                "round %d plan %s: node rank %d of %d",
+                number,
+                plan.mapping_digest,
+                node_rank,
+                settings.nnodes,
+            )
             if torchcompat.HAS_LIST_KEYS:
                 if number > 0:
                     rounds.clear_previous_workers(store, self._keys, settings, number)
                 workers_store = (settings.master_addr, settings.master_port)
             else:
-                workers_store = rounds.workers_store(store, self._keys, settings, number)
+                workers_store = rounds.workers_store(
+                    store,
+                    self._keys,
+                    settings,
+                    number,
+                    node_rank,
+                    store.local_address or settings.master_addr,
+                )
         address, port = faults.workers_store_address(workers_store)
         self._rounds_done = number + 1
         logger.info(
             "round %d complete: node rank %d of %d; workers use the store at %s:%d%s",
             number,
-            settings.node_rank,
+            node_rank,
             settings.nnodes,
             address,
             port,
@@ -203,11 +250,39 @@ class ParallelRendezvousHandler(RendezvousHandler):
         )
         return torchcompat.rendezvous_result(
             PrefixStore(self._keys.agent_prefix(number), store),
-            settings.node_rank,
+            node_rank,
             settings.nnodes,
             address,
             port,
         )
+
+    @property
+    def node_rank(self) -> int:
+        """This node's rank in the last round's plan (before the first: its ``--node_rank``)."""
+        return self._faults.node_rank
+
+    @property
+    def member(self) -> int:
+        """This agent's member number in the run (-1 before it first joined)."""
+        return self._faults.member
+
+    def _claim(self) -> rounds.Claim:
+        settings = self._settings
+        pod = self._pod_name or self._faults.me.pod
+        return rounds.Claim(settings.node_rank, settings.node_order, pod)
+
+    def _adopt(self, plan: RoundPlan, node_rank: int) -> None:
+        """Take this round's ranks: this node's, and every member's for the watch's lines; the
+        root's host watches the heartbeats of exactly this round's members."""
+        faults = self._faults
+        faults.node_rank = node_rank
+        watch = faults.watch
+        if watch is None:
+            return
+        ranks = {int(member): rank for member, rank in plan.node_rank.items()}
+        watch.set_ranks(ranks)
+        if self._settings.hosts_root:  # every member's counter exists now
+            watch.judge([member for member in ranks if member != faults.member])
 
     def is_closed(self) -> bool:
         if self._store is None:
@@ -218,7 +293,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
     def set_closed(self) -> None:
         store = self._connect()
         with self._faults.root_errors("closing the rendezvous"):
-            store.set(self._keys.closed, str(self._settings.node_rank))
+            store.set(self._keys.closed, str(self.node_rank))
             # SET has no reply: a round trip on the same connection makes sure the root has
             # applied it before we return (another agent may look at once).
             store.get(self._keys.closed)
@@ -255,13 +330,14 @@ class ParallelRendezvousHandler(RendezvousHandler):
     def stop_for_signal(self, signal_name: str) -> None:
         """The agent got a signal: tell the other nodes why this one stops, then close.
 
-        Node rank 0 keeps the root up for the others to read it and sign off (``close_timeout``).
+        The root's host keeps the root up for the others to read it and sign off
+        (``close_timeout``).
         """
         self._faults.tell_signal(self._store, signal_name, self._round_entered)
         self.close()
 
     def shutdown(self) -> bool:
-        """Close the rendezvous and sign off; node rank 0 keeps the root up for the others.
+        """Close the rendezvous and sign off; the root's host keeps the root up for the others.
 
         torch calls this at the end of every run except one ended by a signal; torch 2.4–2.6
         call it on a signal too (from the agent's shutdown): that is said as the signal it is.
@@ -282,7 +358,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
             return not faults.root_lost
         try:
             store = self._store
-            store.set(self._keys.closed, str(self._settings.node_rank))
+            store.set(self._keys.closed, str(self.node_rank))
             faults.sign_off(store, self._round_entered)
             return True
         except StoreError as error:
@@ -310,7 +386,8 @@ class ParallelRendezvousHandler(RendezvousHandler):
         if self._store is not None:
             return self._store
         settings = self._settings
-        if settings.node_rank == 0:
+        faults = self._faults
+        if settings.hosts_root:
             self._server = rootstore.host_root(settings)
             client = rootstore.open_client(settings)
             root_who = rootstore.this_node(
@@ -318,15 +395,17 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 if os.environ.get("MA_CURRENT_HOST_IP")
                 else rootstore.own_address(settings.master_addr)
             )
-            self._faults.root_who = root_who
-            identity = rootstore.root_identity(root_who)
-            with self._faults.root_errors("saying which root it is"):
+            faults.root_who = root_who
+            with faults.root_errors("saying which root it is"):
+                # the host's member number first: the others join only once the identity is there
+                faults.member = faults.root_member = int(client.add(self._keys.members, 1))
+                identity = rootstore.root_identity(root_who, faults.member)
                 client.set(self._keys.root_identity, identity)
             client.expect_identity(self._keys.root_identity, identity)
         else:
             rootstore.await_root_listening(settings)
             client = rootstore.open_client(settings)
-            self._faults.root_who = rootstore.verify_root(
+            faults.root_who, faults.root_member = rootstore.verify_root(
                 settings, client, self._keys.root_identity
             )
         self._store = client
@@ -335,9 +414,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
     def _connect_to_open_run(self) -> RootClient:
         """Connect for a fresh agent; if the root belongs to a finished run, wait for a new root.
 
-        When pods restart, a replacement agent can reach the previous node rank 0 agent while it
+        When pods restart, a replacement agent can reach the previous root host's agent while it
         still lingers with its run closed. That root is not this run's: drop it and wait (up to
-        ``join_timeout``) for node rank 0's new one instead of failing the pod again.
+        ``join_timeout``) for pod index 0's new one instead of failing the pod again.
         """
         settings = self._settings
         announced: List[bool] = []
@@ -350,14 +429,11 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 closed = True  # that root went away while we connected: also not ours
             if not closed:
                 return store
-            refused = self._faults.refused_before(store)
-            if refused is not None:
-                raise JobStopped(refused)
             self._store = None
             store.close()
             if not announced:
                 logger.info(
-                    "the root store %s belongs to a finished run; waiting for node rank 0 to "
+                    "the root store %s belongs to a finished run; waiting for pod index 0 to "
                     "start a new one",
                     settings.root,
                 )

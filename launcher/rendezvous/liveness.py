@@ -1,15 +1,15 @@
-"""Liveness rules (pure): heartbeat settings, node rank 0's view of every node, the judge's choice.
+"""Liveness rules (pure): heartbeat settings, the root host's view of each node, the judge's choice.
 
 Every agent adds 1 to its own counter in the root store every ``keep_alive_interval`` seconds
 (the knobs are torch's c10d names, ``--rdzv_conf keep_alive_interval=5,keep_alive_max_attempt=3``).
-Node rank 0 reads all counters in one MULTI_GET per interval and keeps, on its own clock, when
+The root's host reads all counters in one MULTI_GET per interval and keeps, on its own clock, when
 each one last moved (:class:`BeatTracker`): a node whose counter has not moved for the
 *liveness window* (interval x max attempts, 15 s by default) has stopped. A node that signs off
 adds :data:`DEPARTED`, so it is never taken for dead. Clocks of other hosts are never compared.
 
-When workers fail, their agents report to node rank 0 before anyone blames them
+When workers fail, their agents report to the root's host before anyone blames them
 (:func:`settled`): a failure can be the echo of another node's death (its peers' collectives
-break first), so node rank 0 waits until every node has either reported too, beaten again since
+break first), so the root's host waits until every node has either reported too, beaten again since
 the first report, or been silent for the window; a silent node is the cause, else the earliest
 report is.
 """
@@ -38,7 +38,7 @@ class LivenessSettings:
 
 @dataclass(frozen=True)
 class Seen:
-    """What node rank 0 last saw of a node: its counter, and when (monotonic) it last moved."""
+    """What the root's host last saw of a node: its counter, and when (monotonic) it last moved."""
 
     count: int
     moved_at: float
@@ -50,7 +50,9 @@ class Seen:
 
 
 class BeatTracker:
-    """Node rank 0's record of every other node's heartbeat counter (fed by :meth:`observe`)."""
+    """The root host's record of every other node's heartbeat counter (fed by :meth:`observe`).
+
+    Nodes are keyed by the agents' member numbers (stable while ranks move between rounds)."""
 
     def __init__(self, ranks: Iterable[int], now: float, now_wall: float) -> None:
         self._seen: Dict[int, Seen] = {rank: Seen(-1, now, now_wall) for rank in ranks}
@@ -64,6 +66,13 @@ class BeatTracker:
             before = self._seen.get(rank)
             if before is None or count != before.count:
                 self._seen[rank] = Seen(count, now, now_wall)
+
+    def keep_only(self, ranks: Iterable[int], now: float, now_wall: float) -> None:
+        """Track exactly ``ranks`` from now on: those still there keep what was seen of them,
+        new ones start fresh, the others are dropped (they left the job with their round)."""
+        self._seen = {
+            rank: self._seen.get(rank, Seen(-1, now, now_wall)) for rank in sorted(set(ranks))
+        }
 
     def restart_clock(self, now: float, now_wall: float) -> None:
         """Forget how long nodes were quiet (after this node itself was stalled)."""
@@ -87,7 +96,7 @@ class BeatTracker:
 
 @dataclass(frozen=True)
 class Pending:
-    """Failure reports are in; node rank 0 waits for the other nodes' next heartbeat."""
+    """Failure reports are in; the root's host waits for the other nodes' next heartbeat."""
 
     since: float
     counts_then: Mapping[int, int]

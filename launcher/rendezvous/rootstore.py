@@ -1,12 +1,17 @@
-"""Hosting and finding the root store: node rank 0 binds it, the others wait for it and check it.
+"""Hosting and finding the root store: pod index 0 binds it, the others wait for it and check it.
 
-* **Hosting** (node rank 0, :func:`host_root`): a stock torch ``TCPStore`` server on
+The root's host is the agent of the scheduler's pod index 0
+(:attr:`.config.ParallelSettings.hosts_root`), whose address stays the same when other pods are
+replaced; node ranks are the root's plan of each round and may put that pod anywhere.
+
+* **Hosting** (pod index 0, :func:`host_root`): a stock torch ``TCPStore`` server on
   ``master_addr:master_port``, multi-tenant, no worker barrier, listening on an IPv4 socket of its
   own when the master address is IPv4 (:func:`ipv4_listen_fd`). A port still held by the previous
-  run of this job (its node rank 0 lingers up to ``close_timeout``) is tried again for a while.
-* **Identity**: the root says who it is (:func:`root_identity`: a random id, its pid, pod and
-  host) under the run's ``root`` key; each agent's client checks it on every new connection, so
-  nobody carries on against a root that replaced the one it joined (:mod:`.rootclient`).
+  run of this job (its root's host lingers up to ``close_timeout``) is tried again for a while.
+* **Identity**: the root says who it is (:func:`root_identity`: a random id, its pid, pod, host
+  and its agent's member number) under the run's ``root`` key; each agent's client checks it on
+  every new connection, so nobody carries on against a root that replaced the one it joined
+  (:mod:`.rootclient`).
 * **Finding it** (the other nodes): a quiet TCP probe until it listens
   (:func:`await_root_listening`), then trust it only once it says it is npu-run's root of this
   run (:func:`verify_root`).
@@ -20,7 +25,7 @@ import logging
 import os
 import socket
 import uuid
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import (
@@ -40,7 +45,7 @@ from .verdict import Identity
 
 logger = logging.getLogger(__name__)
 
-BIND_GRACE = 2.0  # on top of close_timeout: how long node rank 0 retries a busy root port
+BIND_GRACE = 2.0  # on top of close_timeout: how long the root's host retries a busy root port
 PROGRESS_INTERVAL = 30.0
 
 
@@ -112,7 +117,7 @@ class _HostingFailed(Exception):
 def host_root(settings: ParallelSettings) -> TCPStore:
     """Start the root store server; retry while the port is still held by a finishing run.
 
-    After a pod restart, the previous node rank 0 agent of this job may still hold the port
+    After a pod restart, the previous root host's agent of this job may still hold the port
     for up to ``close_timeout`` (it waits for the other agents to sign off); a port held
     longer than that belongs to something else and is reported.
     """
@@ -136,23 +141,27 @@ def host_root(settings: ParallelSettings) -> TCPStore:
         hosted = poll_until(bound, settings.close_timeout + BIND_GRACE, busy)
     except _HostingFailed as failed:
         raise LaunchError(
-            f"node rank 0 cannot host the root store on {settings.root}: {failed.args[0]}"
+            f"pod index 0 (the root's host) cannot host the root store on {settings.root}: "
+            f"{failed.args[0]}"
         ) from None
     if not hosted:
         raise LaunchError(
-            f"node rank 0 cannot host the root store on port {settings.master_port}: {errors[-1]}",
+            f"pod index 0 (the root's host) cannot host the root store on port "
+            f"{settings.master_port}: {errors[-1]}",
             tip="pick a free --master_port, or stop the process that holds it",
         ) from None
     logger.info("hosting the root store on %s", settings.root)
     return servers[0]
 
 
-def root_identity(who: Identity) -> str:
-    """What node rank 0's root says it is: a new random id, this process and ``who`` (JSON)."""
+def root_identity(who: Identity, member: int) -> str:
+    """What the root says it is: a new random id, this process, ``who`` and the member number of
+    its host's agent (JSON)."""
     return json.dumps(
         {
             "root_id": uuid.uuid4().hex,
             "pid": os.getpid(),
+            "member": member,
             **json.loads(who.to_json()),
         },
         sort_keys=True,
@@ -171,10 +180,10 @@ def open_client(settings: ParallelSettings) -> RootClient:
 
 
 def await_root_listening(settings: ParallelSettings) -> None:
-    """Wait (quietly, with progress lines) until node rank 0's root store accepts connections.
+    """Wait (quietly, with progress lines) until pod index 0's root store accepts connections.
 
     TCPStore's own connect loop logs a C++ stack trace per retry; a plain TCP connect probe
-    keeps the pod log readable while node rank 0 is still starting.
+    keeps the pod log readable while pod index 0 is still starting.
     """
     last_error: List[OSError] = []
 
@@ -189,7 +198,7 @@ def await_root_listening(settings: ParallelSettings) -> None:
     progress = Every(
         PROGRESS_INTERVAL,
         lambda _elapsed: logger.info(
-            "still waiting for node rank 0's root store at %s (%s)",
+            "still waiting for the root store of pod index 0 at %s (%s)",
             settings.root,
             last_error[-1],
         ),
@@ -198,13 +207,14 @@ def await_root_listening(settings: ParallelSettings) -> None:
     if not poll_until(listening, settings.join_timeout, waiting, tick=progress):
         raise RendezvousTimeoutError(
             f"node rank {settings.node_rank} timed out after {settings.join_timeout:g}s "
-            f"waiting for the root store {settings.root} (missing node ranks: [0]; "
+            f"waiting for the root store {settings.root} (missing its host, pod index 0; "
             f"last error: {last_error[-1] if last_error else 'none'})"
         )
 
 
-def verify_root(settings: ParallelSettings, client: RootClient, key: str) -> Identity:
-    """Trust the root only once it says it is npu-run's root of this run (its identity key).
+def verify_root(settings: ParallelSettings, client: RootClient, key: str) -> Tuple[Identity, int]:
+    """Trust the root only once it says it is npu-run's root of this run (its identity key);
+    its host and its host's member number (-1 if it does not say).
 
     A program squatting on the port (accepts, never answers) or a store of another job is
     refused naming the address, within the liveness window, instead of hanging.
@@ -232,9 +242,11 @@ def verify_root(settings: ParallelSettings, client: RootClient, key: str) -> Ide
         ) from None
     client.expect_identity(key, identity)
     try:
-        return Identity.from_json(identity.decode())
-    except ValueError:
-        return verdict.UNKNOWN
+        text = identity.decode()
+        member = json.loads(text).get("member", -1)
+        return Identity.from_json(text), member if isinstance(member, int) else -1
+    except (ValueError, AttributeError):
+        return verdict.UNKNOWN, -1
 
 
 def literal_ip(host: str, port: int) -> str:
@@ -254,7 +266,7 @@ def this_node(local_address: Optional[str]) -> Identity:
 
 
 def own_address(master_addr: str) -> Optional[str]:
-    """The address this host reaches ``master_addr`` from (node rank 0: its own), or None."""
+    """The address this host reaches ``master_addr`` from (the root's host: its own), or None."""
     try:
         family, _, _, _, address = socket.getaddrinfo(master_addr, 1, type=socket.SOCK_DGRAM)[0]
         with socket.socket(family, socket.SOCK_DGRAM) as probe:

@@ -1,17 +1,24 @@
 """The rounds of the ``parallel`` rendezvous, as the root store's keys see them.
 
-Membership is static: a round completes when all ``--nnodes`` node ranks have joined it
-(:func:`join`, :func:`await_round`; on timeout the error names the node ranks that never came).
+Membership is static: a round completes when ``--nnodes`` agents have joined it (:func:`join`,
+:func:`await_round`; on timeout the error names the node ranks that never came, by the
+``--node_rank`` each agent came with). Agents join by their *member* number (one per agent of
+the run, from the root's counter), not by node rank: each publishes its node report and what its
+bootstrap said (:class:`Claim`). Once the round is complete, the root's host plans it once over
+the reports (:func:`plan_at_root`, :func:`~npu_job.bootstrap.nodereport.plan_round`) and
+publishes the plan; every agent takes its node rank from it (:func:`await_plan`). So ranks move
+between rounds, the root stays where it is (pod index 0), and a node whose bootstrap planned
+another order is re-ranked, named in one line of the root's log (:func:`disagreements`).
+
 A node that restarts its workers joins the next round, and the other agents, seeing it waiting,
 restart theirs. A freshly started agent (a replaced pod) joins the first round that is not yet
-complete (:func:`first_open_round`). Every node of a job must follow the same node order
-(:func:`other_node_order`; the handler refuses a node that follows another).
+complete (:func:`first_open_round`): the next round is planned over the new set of nodes.
 
 Before the workers of a new round start, their store must hold nothing of the previous workers'
-(a gloo rank would read a dead peer's address): with ``list_keys`` node rank 0 deletes those keys
-from the root (:func:`clear_previous_workers`); without it global rank 0 hosts a fresh workers'
-store each round (:func:`workers_store`). At the end node rank 0 keeps the root up until the
-other agents signed off (:func:`linger_for_departures`).
+(a gloo rank would read a dead peer's address): with ``list_keys`` the root's host deletes those
+keys from the root (:func:`clear_previous_workers`); without it global rank 0 hosts a fresh
+workers' store each round (:func:`workers_store`). At the end the root's host keeps the root up
+until the other agents signed off (:func:`linger_for_departures`).
 
 Each function takes the root store, the run's keys and settings: the handler
 (:mod:`.handler`) holds them and calls these in order.
@@ -19,15 +26,19 @@ Each function takes the root store, the run's keys and settings: the handler
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Callable, List, Optional, Sequence, Tuple
+from dataclasses import asdict, dataclass
+from typing import AbstractSet, Callable, List, Mapping, Optional, Sequence, Tuple
 
+from npu_job.bootstrap.nodereport import RoundPlan, plan_round
 from torch.distributed import Store
-from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousTimeoutError
 
 from npu_job.polling import Backoff, Every, poll_until
 
 from .. import torchcompat
+from ..noderank import PLANNED_ORDER, SCHEDULER_ORDER
 from .config import KEY_ROOT, ParallelSettings, RunKeys
 from .rootstore import PROGRESS_INTERVAL, free_port_near
 
@@ -35,14 +46,35 @@ logger = logging.getLogger(__name__)
 
 MAX_LISTED_NODES = 16
 KEY_POLL = Backoff.exponential(0.005, 0.25)  # a key another agent sets: from 5 ms up to 0.25 s
+SHOWN_DIGEST = 12  # hex digits of a mapping digest in the root's line about re-ranked pods
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What an agent says of itself when it joins a round: the ``--node_rank`` it came with
+    (``hint``), the order its bootstrap decided (:func:`~..noderank.node_order`; None: no
+    bootstrap to say), and its pod's name for the root's log."""
+
+    hint: int
+    order: Optional[str]
+    pod: str
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Claim:
+        data = json.loads(text)
+        order = data.get("order")
+        return cls(int(data["hint"]), None if order is None else str(order), str(data["pod"]))
 
 
 def first_open_round(store: Store, keys: RunKeys, node_rank: int) -> int:
     """The round a freshly started agent joins: 0, or the first one not yet complete.
 
-    A node whose pod was replaced while the job runs comes back as a fresh agent; joining
-    round 0 again would look like a duplicate node rank. It joins the next round instead,
-    and the running agents see it waiting and restart their workers around it.
+    A node whose pod was replaced while the job runs comes back as a fresh agent. It joins the
+    next round, and the running agents see it waiting and restart their workers around it; the
+    root plans that round over the new set of nodes.
     """
     number = 0
     while torchcompat.key_exists(store, keys.complete(number)):
@@ -52,30 +84,26 @@ def first_open_round(store: Store, keys: RunKeys, node_rank: int) -> int:
     return number
 
 
-def other_node_order(store: Store, keys: RunKeys, settings: ParallelSettings) -> Optional[str]:
-    """The node order the nodes that joined before this one follow, when it is not this node's
-    (None: the same one, or this node has no order to hold it to)."""
-    mine = settings.node_order
-    if not mine:
-        return None
-    # The first node to get here records its order; every other node (and every later round)
-    # compares with it. ADD picks the first: COMPARE_SET would take one call, but torch 2.1
-    # and 2.2 build its Python result without the GIL, which crashes a process whose other
-    # threads run (this agent's proxy loop). GET waits the moment until the first has set it.
-    if int(store.add(keys.node_order_claims, 1)) == 1:
-        store.set(keys.node_order, mine)
-        return None
-    theirs = store.get(keys.node_order).decode("utf-8", "replace")
-    return None if theirs == mine else theirs
-
-
-def join(store: Store, keys: RunKeys, settings: ParallelSettings, number: int) -> bool:
-    """Count this node into round ``number``; the last node to join marks the round complete.
-    False: another node holds this node rank in the round already (this one is not counted)."""
-    if store.add(keys.node(number, settings.node_rank), 1) > 1:
+def join(
+    store: Store,
+    keys: RunKeys,
+    settings: ParallelSettings,
+    number: int,
+    member: int,
+    report: bytes,
+    claim: Claim,
+) -> bool:
+    """Count member ``member`` into round ``number`` with its report; the last agent to join marks
+    the round complete. False: the round had all its nodes already (this one is not in it)."""
+    store.set(keys.report(number, member), report)
+    store.set(keys.claim(number, member), claim.to_json())
+    store.add(keys.node(number, settings.node_rank), 1)
+    position = int(store.add(keys.joined(number), 1))
+    if position > settings.nnodes:
         return False
-    if store.add(keys.joined(number), 1) == settings.nnodes:
-        store.set(keys.complete(number), str(settings.node_rank))
+    store.set(keys.slot(number, position), str(member))
+    if position == settings.nnodes:
+        store.set(keys.complete(number), str(member))
     logger.info(
         "node rank %d joined round %d of %r; waiting for %d node(s) at the root store %s",
         settings.node_rank,
@@ -128,6 +156,100 @@ def await_round(
         )
 
 
+def plan_at_root(
+    store: Store,
+    keys: RunKeys,
+    settings: ParallelSettings,
+    number: int,
+    checked: AbstractSet[int] = frozenset(),
+) -> RoundPlan:
+    """The root's host, once round ``number`` is complete: plan it over its members' reports,
+    say which pods the plan re-ranked against their bootstraps (members not in ``checked``, the
+    ones whose claims an earlier round looked at already), and publish the plan."""
+    slots = [keys.slot(number, position) for position in range(1, settings.nnodes + 1)]
+    members = [int(value) for value in store.multi_get(slots)]
+    reports = store.multi_get([keys.report(number, member) for member in members])
+    claims = {
+        member: Claim.from_json(bytes(text).decode("utf-8", "replace"))
+        for member, text in zip(members, store.multi_get([keys.claim(number, m) for m in members]))
+    }
+    plan = plan_round({str(member): bytes(report) for member, report in zip(members, reports)})
+    for problem in plan.problems:
+        logger.warning("round %d: %s", number, problem)
+    unchecked = {member: claim for member, claim in claims.items() if member not in checked}
+    line = disagreements(number, plan, unchecked)
+    if line is not None:
+        logger.warning("%s", line)
+    store.set(keys.plan(number), plan.encode())
+    return plan
+
+
+def disagreements(number: int, plan: RoundPlan, claims: Mapping[int, Claim]) -> Optional[str]:
+    """One line naming the pods whose bootstrap decided otherwise than the round's plan (pure).
+
+    A bootstrap that planned disagrees when its mapping digest or its rank is not the plan's;
+    one that fell back to the scheduler order always does (it did not plan: the root placed it
+    by its report). A node without a bootstrap (no order) disagrees only by its rank.
+    """
+    named: List[str] = []
+    for member in sorted(claims, key=lambda m: plan.node_rank[str(m)]):
+        claim = claims[member]
+        rank = plan.node_rank[str(member)]
+        order = claim.order
+        if order is not None and order.startswith(PLANNED_ORDER):
+            digest = order[len(PLANNED_ORDER) :]
+            if digest == plan.mapping_digest and claim.hint == rank:
+                continue
+            said = f"its bootstrap planned {digest[:SHOWN_DIGEST]}"
+        elif order == SCHEDULER_ORDER:
+            said = f"its bootstrap did not plan: {order}"
+        elif claim.hint == rank:
+            continue
+        else:
+            said = order or "no bootstrap"
+        named.append(f"pod {claim.pod} ({said}; came as node rank {claim.hint}, now {rank})")
+    if not named:
+        return None
+    shown = "; ".join(named[:MAX_LISTED_NODES])
+    more = f"; ... ({len(named)} in all)" if len(named) > MAX_LISTED_NODES else ""
+    return (
+        f"round {number}: the root's plan {plan.mapping_digest[:SHOWN_DIGEST]} re-ranked "
+        f"{len(named)} node(s) whose bootstrap decided otherwise: {shown}{more}"
+    )
+
+
+def await_plan(
+    store: Store,
+    keys: RunKeys,
+    settings: ParallelSettings,
+    number: int,
+    check_stopped: Callable[[], None],
+) -> RoundPlan:
+    """The plan of round ``number``, once the root's host has published it."""
+    key = keys.plan(number)
+    if not poll_until(
+        lambda: torchcompat.key_exists(store, key),
+        settings.join_timeout,
+        KEY_POLL,
+        tick=lambda _elapsed: check_stopped(),
+    ):
+        raise RendezvousTimeoutError(
+            f"the root's host did not publish the plan of round {number} within "
+            f"{settings.join_timeout:g}s (root store {settings.root})"
+        )
+    return RoundPlan.decode(bytes(store.get(key)), f"the plan of round {number}")
+
+
+def rank_in(plan: RoundPlan, member: int, number: int) -> int:
+    """This member's node rank in ``plan`` (a plan without it is the root's error)."""
+    try:
+        return int(plan.node_rank[str(member)])
+    except KeyError:
+        raise RendezvousError(
+            f"the root's plan of round {number} has no place for this node (member {member})"
+        ) from None
+
+
 def missing_nodes(store: Store, keys: RunKeys, nnodes: int, number: int) -> List[int]:
     return [
         rank for rank in range(nnodes) if not torchcompat.key_exists(store, keys.node(number, rank))
@@ -137,19 +259,19 @@ def missing_nodes(store: Store, keys: RunKeys, nnodes: int, number: int) -> List
 def clear_previous_workers(
     store: Store, keys: RunKeys, settings: ParallelSettings, number: int
 ) -> None:
-    """Node rank 0 deletes what the previous round's workers left; the others wait for it.
+    """The root's host deletes what the previous round's workers left; the others wait for it.
 
     All agents have joined this round, so every old worker is stopped: nobody reads or
     writes those keys any more, and the new workers must not see them (a gloo rank would
     read a dead peer's address).
     """
     ready = keys.ready(number)
-    if settings.node_rank != 0:
+    if not settings.hosts_root:
         if not poll_until(
             lambda: torchcompat.key_exists(store, ready), settings.join_timeout, KEY_POLL
         ):
             raise RendezvousTimeoutError(
-                f"node rank 0 did not clear the root store {settings.root} for round "
+                f"the root's host did not clear the root store {settings.root} for round "
                 f"{number} within {settings.join_timeout:g}s"
             )
         return
@@ -161,34 +283,38 @@ def clear_previous_workers(
 
 
 def workers_store(
-    store: Store, keys: RunKeys, settings: ParallelSettings, number: int
+    store: Store,
+    keys: RunKeys,
+    settings: ParallelSettings,
+    number: int,
+    node_rank: int,
+    own_address: str,
 ) -> Tuple[str, int]:
     """Where global rank 0 hosts this round's workers' store (torch without ``list_keys``).
 
-    Without ``list_keys`` node rank 0 cannot find the keys the previous workers left in the
+    Without ``list_keys`` the root's host cannot find the keys the previous workers left in the
     root, and a restarted gloo rank would read a dead peer's address; torch before 2.6 also
     prefixes an agent-store client with its node's restart count, which differs between a
     node that failed and one pulled into the restart. So, as torch's own c10d backend does on
-    those releases, global rank 0 hosts a fresh store each round on a free port of node rank
-    0's host, which node rank 0's agent picks and publishes in the root.
+    those releases, global rank 0 hosts a fresh store each round on a free port of its host,
+    which the agent of this round's node rank 0 picks and publishes in the root with the address
+    it reaches the root from (``own_address``).
     """
     key = keys.worker_store(number)
-    if settings.node_rank == 0:
-        port = free_port_near(settings.master_addr)
-        store.set(key, str(port))
+    if node_rank == 0:
+        port = free_port_near(own_address)
+        store.set(key, f"{own_address} {port}")
         logger.info(
-            "round %d: global rank 0 hosts the workers' store on %s:%d",
-            number,
-            settings.master_addr,
-            port,
+            "round %d: global rank 0 hosts the workers' store on %s:%d", number, own_address, port
         )
-        return settings.master_addr, port
+        return own_address, port
     if not poll_until(lambda: torchcompat.key_exists(store, key), settings.join_timeout, KEY_POLL):
         raise RendezvousTimeoutError(
             f"node rank 0 did not name the workers' store of round {number} within "
             f"{settings.join_timeout:g}s (root store {settings.root})"
         )
-    return settings.master_addr, int(store.get(key))
+    address, published_port = bytes(store.get(key)).decode().rsplit(" ", 1)
+    return address, int(published_port)
 
 
 def linger_for_departures(
@@ -199,7 +325,7 @@ def linger_for_departures(
     They may still be in torch's exit barrier or about to sign off; closing under them would
     turn a clean finish into "lost the root store". Nodes that never joined are not awaited.
     """
-    expected = int(store.add(keys.joined(number), 0))
+    expected = min(int(store.add(keys.joined(number), 0)), settings.nnodes)
     if one_dead:
         expected -= 1  # a dead node signs off from nowhere (the verdict named it)
 

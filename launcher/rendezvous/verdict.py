@@ -6,6 +6,10 @@ its store proxy could not be brought back), the first agent that knows writes on
 builders here word each cause; :func:`first_failure` picks the root cause among the failures
 that several nodes report at about the same time (the earliest: a worker that failed because a
 peer died did so after that peer; on a tie, the lowest node rank).
+
+Node ranks move between rounds (the root plans each one), so a verdict names the node by the rank
+it held in the last round, and carries its *member* number (one per agent of the run, see
+:mod:`.rounds`) for the agents that must know whether it is their own.
 """
 
 from __future__ import annotations
@@ -24,8 +28,7 @@ PROXY = "proxy"
 ROOT_LOST = "root_lost"
 STALLED = "stalled"
 LEFT = "left"
-ORDERS = "orders"
-RANK_TAKEN = "rank_taken"
+ROUND_FULL = "round_full"
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Verdict:
     node_rank: int
     kind: str
     text: str
+    member: int = -1  # the agent at fault (-1: the root's own, or not one agent's)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -64,7 +68,12 @@ class Verdict:
     @classmethod
     def from_json(cls, text: str) -> Verdict:
         data = json.loads(text)
-        return cls(node_rank=int(data["node_rank"]), kind=str(data["kind"]), text=str(data["text"]))
+        return cls(
+            node_rank=int(data["node_rank"]),
+            kind=str(data["kind"]),
+            text=str(data["text"]),
+            member=int(data.get("member", -1)),
+        )
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,7 @@ class FailureReport:
     pid: int
     exit_code: int
     message: str
+    member: int = -1  # the reporting agent's member number
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -85,7 +95,8 @@ class FailureReport:
     @classmethod
     def from_json(cls, text: str) -> FailureReport:
         data = json.loads(text)
-        return cls(**{name: data[name] for name in cls.__dataclass_fields__})
+        fields = cls.__dataclass_fields__
+        return cls(**{name: data[name] for name in fields if name in data or name != "member"})
 
 
 def parse_reports(blob: bytes) -> list:
@@ -117,19 +128,27 @@ def clock(wall: float) -> str:
 
 
 def dead_node(
-    node_rank: int, who: Identity, silent_for: float, last_seen: float, poll_interval: float
+    node_rank: int,
+    who: Identity,
+    silent_for: float,
+    last_seen: float,
+    poll_interval: float,
+    *,
+    member: int = -1,
+    root_rank: int = 0,
 ) -> Verdict:
-    """A node silent for ``silent_for`` s. ``last_seen`` is node rank 0's wall clock when its
-    poll (every ``poll_interval`` s) found the node's counter moved, not when the node beat:
-    that was up to one poll earlier, on a clock of its own."""
+    """A node silent for ``silent_for`` s. ``last_seen`` is the root host's (node rank
+    ``root_rank``'s) wall clock when its poll (every ``poll_interval`` s) found the node's counter
+    moved, not when the node beat: that was up to one poll earlier, on a clock of its own."""
     return Verdict(
         node_rank,
         DEAD,
         (
             f"{who.describe(node_rank)} stopped: no heartbeat for {silent_for:.1f}s "
-            f"(its heartbeat counter last seen moving at {clock(last_seen)} by node rank 0's "
-            f"poll, every {poll_interval:g}s)"
+            f"(its heartbeat counter last seen moving at {clock(last_seen)} by node rank "
+            f"{root_rank}'s poll, every {poll_interval:g}s)"
         ),
+        member,
     )
 
 
@@ -146,14 +165,19 @@ def workers_failed(report: FailureReport, who: Identity) -> Verdict:
             f"{who.describe(report.node_rank)}: worker rank {report.worker_rank} (local rank "
             f"{report.local_rank}, pid {report.pid}) {how}: {short(report.message)}"
         ),
+        report.member,
     )
 
 
-def signalled(node_rank: int, who: Identity, signal_name: str) -> Verdict:
-    return Verdict(node_rank, SIGNALLED, f"{who.describe(node_rank)} was stopped by {signal_name}")
+def signalled(node_rank: int, who: Identity, signal_name: str, *, member: int = -1) -> Verdict:
+    return Verdict(
+        node_rank, SIGNALLED, f"{who.describe(node_rank)} was stopped by {signal_name}", member
+    )
 
 
-def proxy_lost(node_rank: int, who: Identity, address: str, error: str) -> Verdict:
+def proxy_lost(
+    node_rank: int, who: Identity, address: str, error: str, *, member: int = -1
+) -> Verdict:
     return Verdict(
         node_rank,
         PROXY,
@@ -161,14 +185,20 @@ def proxy_lost(node_rank: int, who: Identity, address: str, error: str) -> Verdi
             f"{who.describe(node_rank)}: its store proxy {address} died and could not be "
             f"restarted on the same port: {error}"
         ),
+        member,
     )
 
 
-def root_lost(root: str, who: Identity, error: str) -> Verdict:
-    return Verdict(0, ROOT_LOST, f"lost the root store {root} of {who.describe(0)}: {error}")
+def root_lost(root: str, who: Identity, error: str, *, root_rank: int = 0) -> Verdict:
+    """The root store at ``root``, hosted by node rank ``root_rank`` (``who``), is gone."""
+    return Verdict(
+        root_rank, ROOT_LOST, f"lost the root store {root} of {who.describe(root_rank)}: {error}"
+    )
 
 
-def stalled(node_rank: int, who: Identity, stalled_for: float, window: float) -> Verdict:
+def stalled(
+    node_rank: int, who: Identity, stalled_for: float, window: float, *, member: int = -1
+) -> Verdict:
     return Verdict(
         node_rank,
         STALLED,
@@ -176,35 +206,26 @@ def stalled(node_rank: int, who: Identity, stalled_for: float, window: float) ->
             f"{who.describe(node_rank)} was stalled for {stalled_for:.1f}s (a frozen host?), "
             f"longer than the liveness window of {window:g}s: the other nodes have given up on it"
         ),
+        member,
     )
 
 
-def left(node_rank: int, who: Identity, reason: str) -> Verdict:
-    return Verdict(node_rank, LEFT, f"{who.describe(node_rank)} left the job: {short(reason)}")
-
-
-def orders_differ(node_rank: int, who: Identity, mine: str, theirs: str) -> Verdict:
+def left(node_rank: int, who: Identity, reason: str, *, member: int = -1) -> Verdict:
     return Verdict(
-        node_rank,
-        ORDERS,
-        (
-            f"{who.describe(node_rank)} follows the {mine}, but the nodes that joined before it "
-            f"follow the {theirs}: the pods' bootstraps decided different node orders, so their "
-            "ranks would clash. Compare the 'input sha256' lines of the pods' bootstrap logs "
-            "(their rank tables or topologies differed, or one bootstrap fell back), then restart "
-            "the job"
-        ),
+        node_rank, LEFT, f"{who.describe(node_rank)} left the job: {short(reason)}", member
     )
 
 
-def rank_taken(node_rank: int, who: Identity, number: int, run_id: str) -> Verdict:
+def round_full(node_rank: int, who: Identity, number: int, run_id: str, nnodes: int) -> Verdict:
+    """One agent more than ``--nnodes`` came to a round (two pods of one index, or a second
+    launcher on one pod): the round was complete without it."""
     return Verdict(
         node_rank,
-        RANK_TAKEN,
+        ROUND_FULL,
         (
-            f"{who.describe(node_rank)} came to round {number} of {run_id!r} as node rank "
-            f"{node_rank}, which another node holds: two nodes were started with "
-            f"--node_rank={node_rank}"
+            f"{who.describe(node_rank)} came to round {number} of {run_id!r} after its "
+            f"--nnodes={nnodes} nodes had joined: one node too many (two pods started as one, "
+            "or a second npu-run on one pod)"
         ),
     )
 

@@ -1,11 +1,11 @@
-"""Each agent's watch: heartbeats to the root, the verdict, and (on node rank 0) the judge.
+"""Each agent's watch: heartbeats to the root, the verdict, and (on the root's host) the judge.
 
 A thread per agent, started when the agent first joins and stopped when it signs off. Every
 ``keep_alive_interval`` it sends one pipelined round trip to the root: ADD 1 to this node's
-counter, and CHECK whether a :class:`~.verdict.Verdict` exists. On node rank 0 the same round
-trip also reads every node's counter (one MULTI_GET) and the count of failure reports, and the
-watch judges (see :mod:`.liveness`): a node silent for the liveness window, or the root cause of
-reported worker failures, becomes the verdict.
+counter, and CHECK whether a :class:`~.verdict.Verdict` exists. On the root's host (the agent
+of pod index 0) the same round trip also reads every other node's counter (one MULTI_GET) and
+the count of failure reports, and the watch judges (see :mod:`.liveness`): a node silent for
+the liveness window, or the root cause of reported worker failures, becomes the verdict.
 
 Whatever the watch learns ends the job through :class:`JobStopped`, a ``BaseException`` the agent's
 main thread raises at its next look (:meth:`Watch.raise_if_stopped`, called where the rendezvous
@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Protocol
+from typing import Callable, Dict, List, Mapping, Optional, Protocol
 
 from ..protocol import CheckReply, Op, Request
 from . import liveness, verdict
@@ -33,7 +33,7 @@ from .verdict import FailureReport, Identity, Verdict
 logger = logging.getLogger(__name__)
 STOP_WAIT = 2.0
 WATCH_THREAD = "npu-run-watch"
-JUDGE_POLL = 1.0  # node rank 0 looks for failure reports this often (one request)
+JUDGE_POLL = 1.0  # the root's host looks for failure reports this often (one request)
 
 
 class JobStopped(BaseException):
@@ -52,9 +52,9 @@ class WatchKeys(Protocol):
     failures: str
     failures_count: str
 
-    def alive(self, node_rank: int) -> str: ...
+    def alive(self, member: int) -> str: ...
 
-    def who(self, node_rank: int) -> str: ...
+    def who(self, member: int) -> str: ...
 
 
 def _wire(key: str) -> bytes:
@@ -62,22 +62,31 @@ def _wire(key: str) -> bytes:
 
 
 class Watch:
-    """The heartbeat, verdict and judge thread of one agent (see the module docstring)."""
+    """The heartbeat, verdict and judge thread of one agent (see the module docstring).
+
+    Agents are known by their member numbers (the counters and identities in the root are
+    theirs); :meth:`set_ranks` says which node rank each held in the last round, for the lines.
+    """
 
     def __init__(
         self,
         client: RootClient,
         keys: WatchKeys,
-        node_rank: int,
-        nnodes: int,
+        member: int,
+        hosting: bool,
         settings: LivenessSettings,
         root_who: Identity,
         check_proxy: Optional[Callable[[], Optional[Verdict]]] = None,
+        *,
+        node_rank: int = 0,
+        root_member: int = -1,
     ) -> None:
         self._client = client
         self._keys = keys
-        self._node_rank = node_rank
-        self._nnodes = nnodes
+        self._member = member
+        self._hosting = hosting
+        self._root_member = member if hosting else root_member
+        self._ranks: Dict[int, int] = {member: node_rank}
         self._settings = settings
         self._root_who = root_who
         self._check_proxy = check_proxy
@@ -108,11 +117,27 @@ class Watch:
             self._thread = threading.Thread(target=self._run, name=WATCH_THREAD, daemon=True)
             self._thread.start()
 
-    def judge(self, ranks: List[int]) -> None:
-        """Start watching ``ranks`` (node rank 0, once every node's counter exists)."""
+    def set_ranks(self, ranks: Mapping[int, int]) -> None:
+        """The node rank of every member in the round that just completed (for the lines)."""
+        self._ranks = dict(ranks)
+
+    def rank_of(self, member: int) -> int:
+        return self._ranks.get(member, -1)
+
+    @property
+    def root_rank(self) -> int:
+        """The root's host's node rank in the last round (0 before the first plan)."""
+        return self._ranks.get(self._root_member, 0)
+
+    def judge(self, members: List[int]) -> None:
+        """Watch ``members`` (the root's host, once every member's counter exists): those of
+        the last round; members that left it (a replaced pod's old agent) are not watched."""
+        now, wall = time.monotonic(), time.time()
         if self._tracker is None:
-            self._tracker = BeatTracker(ranks, time.monotonic(), time.time())
-            self.wake()
+            self._tracker = BeatTracker(members, now, wall)
+        else:
+            self._tracker.keep_only(members, now, wall)
+        self.wake()
 
     def wake(self) -> None:
         self._wake.set()
@@ -146,17 +171,17 @@ class Watch:
             return None
         return self.conclude(Verdict.from_json(self._client.get(self._keys.verdict).decode()))
 
-    def identity(self, node_rank: int) -> Identity:
-        if node_rank == 0:
+    def identity(self, member: int) -> Identity:
+        if member == self._root_member:
             return self._root_who
-        if node_rank not in self._who:
+        if member not in self._who:
             try:
-                if self._client.check([self._keys.who(node_rank)]):
-                    text = self._client.get(self._keys.who(node_rank)).decode()
-                    self._who[node_rank] = Identity.from_json(text)
+                if self._client.check([self._keys.who(member)]):
+                    text = self._client.get(self._keys.who(member)).decode()
+                    self._who[member] = Identity.from_json(text)
             except (RootError, ValueError):
                 pass
-        return self._who.get(node_rank, verdict.UNKNOWN)
+        return self._who.get(member, verdict.UNKNOWN)
 
     # -- the thread ----------------------------------------------------------------------------
 
@@ -180,7 +205,12 @@ class Watch:
             except RootError as error:
                 if not self._stopping.is_set():
                     self.conclude(
-                        verdict.root_lost(self._client.address, self._root_who, str(error))
+                        verdict.root_lost(
+                            self._client.address,
+                            self._root_who,
+                            str(error),
+                            root_rank=self.root_rank,
+                        )
                     )
                 break
             except Exception:  # a bug in the watch must not take the agent down with it
@@ -190,8 +220,8 @@ class Watch:
             self._wake.clear()
 
     def _new_reports(self) -> bool:
-        """The judge, between rounds: did a node report failed workers? (one ADD 0, node rank 0
-        only, so a failure is judged within a second rather than a heartbeat interval)."""
+        """The judge, between rounds: did a node report failed workers? (one ADD 0, the root's
+        host only, so a failure is judged within a second rather than a heartbeat interval)."""
         if self._tracker is None:
             return False
         return int(self._client.add(self._keys.failures_count, 0)) > self._reports_seen
@@ -202,14 +232,22 @@ class Watch:
             gap,
             self._settings.window,
         )
-        if self._node_rank == 0 and self._tracker is not None:
-            self.publish(verdict.stalled(0, self._root_who, gap, self._settings.window))
+        if self._hosting and self._tracker is not None:
+            self.publish(
+                verdict.stalled(
+                    self.rank_of(self._member),
+                    self._root_who,
+                    gap,
+                    self._settings.window,
+                    member=self._member,
+                )
+            )
 
     def _tick(self) -> None:
         keys = self._keys
         requests = []
-        if self._node_rank != 0:
-            requests.append(Request(Op.ADD, keys=(_wire(keys.alive(self._node_rank)),), number=1))
+        if not self._hosting:
+            requests.append(Request(Op.ADD, keys=(_wire(keys.alive(self._member)),), number=1))
         requests.append(Request(Op.CHECK, keys=(_wire(keys.verdict),)))
         tracker = self._tracker
         if tracker is not None:
@@ -219,7 +257,7 @@ class Watch:
             requests.append(Request(Op.ADD, keys=(_wire(keys.failures_count),), number=0))
         replies = self._client.call(*requests)
         self.beats += 1
-        if self._node_rank != 0:
+        if not self._hosting:
             replies = replies[1:]
         if replies[0] == CheckReply.READY:
             self.read_verdict()
@@ -238,7 +276,7 @@ class Watch:
             if self._pending is None and self._reports:
                 self._pending = Pending(now, tracker.counts())
                 logger.info(
-                    "node rank 0: %d failure report(s); waiting for every node's next "
+                    "the root's host: %d failure report(s); waiting for every node's next "
                     "heartbeat before naming the cause",
                     len(self._reports),
                 )
@@ -249,7 +287,7 @@ class Watch:
                 self._dead(*silent[0], now)
             return
         decided, silent_rank = liveness.settled(
-            self._pending, tracker, {r.node_rank for r in self._reports}, now, window
+            self._pending, tracker, {r.member for r in self._reports}, now, window
         )
         if not decided:
             return
@@ -258,15 +296,17 @@ class Watch:
             return
         first = verdict.first_failure(self._reports)
         if first is not None:
-            self.publish(verdict.workers_failed(first, self.identity(first.node_rank)))
+            self.publish(verdict.workers_failed(first, self.identity(first.member)))
 
-    def _dead(self, rank: int, seen: liveness.Seen, now: float) -> None:
+    def _dead(self, member: int, seen: liveness.Seen, now: float) -> None:
         self.publish(
             verdict.dead_node(
-                rank,
-                self.identity(rank),
+                self.rank_of(member),
+                self.identity(member),
                 now - seen.moved_at,
                 seen.moved_at_wall,
-                self._settings.interval,  # node rank 0 reads the counters once a round
+                self._settings.interval,  # the root's host reads the counters once a round
+                member=member,
+                root_rank=self.root_rank,
             )
         )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import List
 import pytest
 
 from tests.e2e.netns import NetnsCluster, leftovers, netns_unavailable_reason
-from tests.launcher.cluster import TAG_VARIABLE, WORKERS, tagged_processes, wait_for
+from tests.launcher.cluster import TAG_VARIABLE, tagged_processes, training_node_argv, wait_for
 from tests.machine_stalls import Cap, rerun_after_machine_stall, wait_process
 
 NODES = 3
@@ -48,23 +47,16 @@ def start(cluster: NetnsCluster, out: Path, done: Path, tag: str) -> List[subpro
             subprocess.Popen(
                 [
                     *cluster.prefix(host.index),
-                    sys.executable,
-                    "-m",
-                    "npu_job.launcher",
-                    f"--nnodes={NODES}",
-                    "--nproc_per_node=1",
-                    f"--node_rank={host.index}",
-                    "--rdzv_backend=parallel",
-                    "--enable_tiered_parallel_tcpstore=true",
-                    f"--master_addr={master}",
-                    "--master_port=29650",
-                    "--monitor_interval=0.1",
-                    f"--rdzv_conf=join_timeout=60,timeout=30,keep_alive_interval={INTERVAL:g},"
-                    f"keep_alive_max_attempt={ATTEMPTS}",
-                    str(WORKERS / "faulty.py"),
-                    str(out),
-                    "--hold-until",
-                    str(done),
+                    *training_node_argv(
+                        NODES,
+                        host.index,
+                        master,
+                        29650,
+                        f"join_timeout=60,timeout=30,keep_alive_interval={INTERVAL:g},"
+                        f"keep_alive_max_attempt={ATTEMPTS}",
+                        out,
+                        done,
+                    ),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

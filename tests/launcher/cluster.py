@@ -130,6 +130,39 @@ def listening_ports(pid: int) -> Set[int]:
     }
 
 
+def training_node_argv(
+    nnodes: int,
+    node_rank: int,
+    master: str,
+    port: int,
+    rdzv_conf: str,
+    out: Path,
+    done: Path,
+    extra: Sequence[str] = (),
+) -> List[str]:
+    """npu-run as one tiered node of a job of ``nnodes`` one-worker nodes that train with gloo
+    (``workers/faulty.py``) until ``done`` exists: the multi-host tests' command line."""
+    return [
+        sys.executable,
+        "-m",
+        "npu_job.launcher",
+        f"--nnodes={nnodes}",
+        "--nproc_per_node=1",
+        f"--node_rank={node_rank}",
+        "--rdzv_backend=parallel",
+        "--enable_tiered_parallel_tcpstore=true",
+        f"--master_addr={master}",
+        f"--master_port={port}",
+        "--monitor_interval=0.1",
+        *extra,
+        f"--rdzv_conf={rdzv_conf}",
+        str(WORKERS / "faulty.py"),
+        str(out),
+        "--hold-until",
+        str(done),
+    ]
+
+
 @dataclass
 class Node:
     node_rank_label: str

@@ -25,7 +25,7 @@ TORCH_WORKER_GRACE = 30  # PContext.close's timeout: seconds from SIGTERM to SIG
 NNODES = 3
 # the agent's client (launcher/rendezvous/rootclient.py) and the proxy's three
 MAX_ROOT_CONNECTIONS_PER_NODE = 4
-# node rank 0 also hosts the root: torch's TCPStore server object is a client of itself too
+# the root's host also hosts the root: torch's TCPStore server object is a client of itself too
 ROOT_HOST_OWN_CONNECTION = 1
 
 
@@ -70,7 +70,9 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(
     """Nodes started in the order 2, 0, 1 still get RANK = node_rank * nproc + LOCAL_RANK.
 
     In the ``auto`` case each node finds its rank in a different place: the RANK_AFTER_ACC
-    variable, the bootstrap's file, and VC_TASK_INDEX (which the other two must outrank).
+    variable, the bootstrap's file, and VC_TASK_INDEX (which the other two must outrank). The
+    root's host is pod index 0: there, the node whose VC_TASK_INDEX is 0 (node rank 2), whatever
+    rank it runs as; without a pod index, node rank 0.
     """
     cluster = cluster_factory()
     out = tmp_path / "records"
@@ -108,7 +110,7 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(
         )
         assert records_written(out, NNODES * NPROC), cluster.logs()
 
-        # While every worker still holds its process group: who is connected to node rank 0's
+        # While every worker still holds its process group: who is connected to the root's host's
         # stores (the root; on torch without list_keys also the store global rank 0 hosts)?
         root_side = {cluster.master_port}
         if not torchcompat.HAS_LIST_KEYS:
@@ -123,6 +125,7 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(
         cluster.kill_all()
 
     records = read_records(out, NNODES * NPROC)
+    root_host = 2 if by_auto else 0
     for rank, record in records.items():
         node_rank, local_rank = divmod(rank, NPROC)
         assert record["RANK"] == str(rank)
@@ -149,7 +152,7 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(
             assert len(ports) == 1 and ports != {str(cluster.master_port)}
         assert len(set(store_ports.values())) == NNODES
         assert all(
-            count <= MAX_ROOT_CONNECTIONS_PER_NODE + (rank == 0) * ROOT_HOST_OWN_CONNECTION
+            count <= MAX_ROOT_CONNECTIONS_PER_NODE + (rank == root_host) * ROOT_HOST_OWN_CONNECTION
             for rank, count in per_node.items()
         ), per_node
     else:  # torchrun's fan-in: the agent and every worker connect to the root
@@ -157,7 +160,8 @@ def test_three_nodes_get_torchrun_env_in_node_rank_order(
         if torchcompat.HAS_LIST_KEYS:  # else a store of the round's own, beside the root
             assert set(store_ports.values()) == {str(cluster.master_port)}
         expected = {
-            rank: 1 + NPROC + (rank == 0) * ROOT_HOST_OWN_CONNECTION for rank in range(NNODES)
+            rank: 1 + NPROC + (rank == root_host) * ROOT_HOST_OWN_CONNECTION
+            for rank in range(NNODES)
         }
         assert per_node == expected, per_node
     if by_auto:

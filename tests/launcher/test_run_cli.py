@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from npu_job.bootstrap.nodereport import NodeReport, decode_report, encode_report
 from npu_job.launcher import devices, noderank, run
 
 from npu_job import parsing
@@ -207,6 +208,38 @@ def test_node_order_names_the_bootstraps_mapping_or_the_scheduler(tmp_path, rout
         text = route_plan if isinstance(route_plan, str) else json.dumps(route_plan)
         (tmp_path / "route_plan.json").write_text(text)
     assert noderank.node_order({"NPU_JOB_OUTPUT_DIR": str(tmp_path)}) == expected
+
+
+def parallel_settings(node_rank_flag: str, env: dict):
+    """The parallel backend's settings npu-run's command line becomes (what the handler gets)."""
+    config, _, _ = run.launch_config(run.prepare(parse([node_rank_flag, *PARALLEL_ARGV]), env))
+    return run.parallel_settings(config)
+
+
+def test_the_bootstraps_node_report_goes_to_the_rendezvous_with_its_pod_index(tmp_path):
+    """The root plans from each node's report; its pod index (0 hosts the root) is the report's,
+    whatever rank the node comes with."""
+    mine = NodeReport(node_id="10.0.0.7", pod_index=0, pod_name="job-worker-0", device_count=1)
+    (tmp_path / "npu_job_node.json").write_bytes(encode_report(mine))
+    settings = parallel_settings("--node_rank=2", {"NPU_JOB_OUTPUT_DIR": str(tmp_path)})
+    assert decode_report(settings.report, "sent") == mine
+    assert (settings.node_rank, settings.pod_index, settings.hosts_root) == (2, 0, True)
+
+
+@pytest.mark.parametrize(
+    "env, pod_index",
+    [
+        pytest.param({}, None, id="by-hand"),
+        pytest.param({"VC_TASK_INDEX": "3"}, 3, id="scheduler-index"),
+    ],
+)
+def test_without_a_report_the_node_sends_an_unknown_one_at_its_rank(tmp_path, env, pod_index):
+    """No bootstrap report: the root plans an unknown node at the pod index of its --node_rank
+    (so ranks stay as given) with its worker count; the root's host is the pod of scheduler
+    index 0, or without one, node rank 0."""
+    settings = parallel_settings("--node_rank=1", {"NPU_JOB_OUTPUT_DIR": str(tmp_path), **env})
+    assert decode_report(settings.report, "sent") == NodeReport(pod_index=1, device_count=1)
+    assert settings.pod_index == pod_index and settings.hosts_root is False
 
 
 def test_single_node_static_without_port_becomes_c10d_like_torchrun():

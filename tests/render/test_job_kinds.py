@@ -259,10 +259,18 @@ def test_train_sh_reads_the_kinds_index_and_master_rule_and_unsets_its_launcher_
     report = run_train_sh(rendered, tmp_path, controller)
     argv = report["argv"]
     assert argv[argv.index("--node_rank") + 1] == "2"  # no plan: the kind's index
-    assert argv[argv.index("--master_addr") + 1] == "tt-3.tt"  # the kind's rule
+    # npu-run's parallel rendezvous: its root on pod index 0, the kind's DNS name of that pod
+    assert argv[argv.index("--master_addr") + 1] == "tt-0.tt"
     env = report["env"]
     assert not {"PET_NODE_RANK", "PET_MASTER_ADDR", "RANK", "WORLD_SIZE"} & set(env)
-    assert env["MASTER_ADDR"] == "tt-3.tt" and env["NODE_RANK"] == "2"
+    assert env["MASTER_ADDR"] == "tt-0.tt" and env["NODE_RANK"] == "2"
+    # without it (node rank 0 hosts the store), the kind's rule for the master's pod
+    static = render_values(
+        with_keys(name="tt", kind=NAME, nodes=4, bundle=False, tiered_store=False)
+    )
+    static_dir = tmp_path / "static"
+    static_dir.mkdir()
+    assert run_train_sh(static, static_dir, controller)["env"]["MASTER_ADDR"] == "tt-3.tt"
 
 
 def test_train_sh_of_a_kind_stops_when_its_identity_variable_is_missing(registered, tmp_path):

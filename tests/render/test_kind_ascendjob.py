@@ -195,7 +195,8 @@ def test_train_sh_unsets_what_the_operator_injects_and_reaches_the_master_by_its
     unset = next(line for line in train_sh.splitlines() if line.startswith("unset "))
     assert unset.split()[1:] == list(KIND.launcher_env)
     assert {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"} <= set(unset.split())
-    assert train_sh.index(KIND.master_address_bash()) < train_sh.index(unset)
+    # npu-run's parallel rendezvous: the Master (pod 0) by the operator's Service, whatever the plan
+    assert train_sh.index(KIND.root_address_bash()) < train_sh.index(unset)
     assert_clean_shell(rendered, tmp_path)
 
 

@@ -159,7 +159,9 @@ def test_train_sh_unsets_what_the_operator_injects_and_names_the_master_by_its_s
     assert {"PET_NODE_RANK", "PET_MASTER_ADDR", "PET_NNODES", "RANK", "WORLD_SIZE"} <= set(
         unset.split()
     )
-    assert KIND.master_address_bash() in train_sh
+    # npu-run's parallel rendezvous: pod 0's Service <job>-master-0, where its root plans the ranks
+    assert KIND.root_address_bash() in train_sh
+    assert 'MASTER_ADDR="${MA_VJ_NAME}-master-0"' in train_sh
     assert_clean_shell(rendered, tmp_path)
 
 

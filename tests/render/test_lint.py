@@ -46,6 +46,11 @@ from .conftest import spec_from, with_keys
             id="arrival-order-launcher",
         ),
         pytest.param(
+            {"nodes": 4, "launcher": "npu-run", "launcher_args": ["--rdzv_backend=c10d"]},
+            [],
+            id="npu-run-ranks-c10d-by-the-reports",
+        ),
+        pytest.param(
             {"nodes": 4, "launcher": "torchrun", "launcher_args": ["--rdzv-backend", "static"]},
             [],
             id="static-is-fine",

@@ -132,6 +132,9 @@ def test_train_sh_execs_the_launcher_with_the_derived_ranks(launcher, tmp_path):
     report = run_train_sh(dict(rendered.scripts)["train.sh"], tmp_path, POD_ENV)
     expected_prog = LAUNCHER_COMMANDS[launcher][0]
     assert report["prog"] == expected_prog
+    # npu-run's parallel rendezvous roots on pod 0 and plans the ranks; the others start at the
+    # master the pod command names (MA_MASTER_INDEX)
+    master = "llm-worker-0.llm" if launcher == "npu-run" else "llm-worker-3.llm"
     flags = [
         "--nnodes",
         "6",
@@ -140,7 +143,7 @@ def test_train_sh_execs_the_launcher_with_the_derived_ranks(launcher, tmp_path):
         "--node_rank",
         "5",
         "--master_addr",
-        "llm-worker-3.llm",
+        master,
         "--master_port",
         "29500",
     ]
@@ -153,14 +156,14 @@ def test_train_sh_execs_the_launcher_with_the_derived_ranks(launcher, tmp_path):
     assert report["argv"] == module + flags + tiered + ["train.py", "--lr", "0.1"]
     assert report["env"] == {
         "NODE_RANK": "5",
-        "MASTER_ADDR": "llm-worker-3.llm",
+        "MASTER_ADDR": master,
         "MASTER_PORT": "29500",
         "NNODES": "6",
         "NPUS_PER_NODE": "8",
         "HCCL_CONNECT_TIMEOUT": "1200",
         "HCCL_IF_BASE_PORT": "60000",
     }
-    assert "npu-job: exec " in report["stderr"] and "llm-worker-3.llm" in report["stderr"]
+    assert "npu-job: exec " in report["stderr"] and master in report["stderr"]
 
 
 def test_train_sh_falls_back_to_the_scheduler_index_and_master_0(tmp_path):

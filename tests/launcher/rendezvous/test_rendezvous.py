@@ -8,15 +8,20 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import gc
+import logging
+import re
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
+from npu_job.bootstrap.base.model import Placement
+from npu_job.bootstrap.nodereport import NodeReport, encode_report, plan_round
 from npu_job.launcher import torchcompat
 from npu_job.launcher.rendezvous import handler as backend
+from npu_job.launcher.rendezvous import rootstore, rounds
 from npu_job.launcher.rendezvous.handler import ParallelRendezvousHandler, ParallelSettings
 from npu_job.launcher.rendezvous.watch import JobStopped
 from torch.distributed import TCPStore
@@ -144,11 +149,12 @@ def test_missing_node_times_out_naming_it(closing):
         assert f"127.0.0.1:{handlers[0].settings.master_port}" in str(outcome)
 
 
-def test_absent_root_times_out_naming_node_rank_0_and_its_address(closing):
+def test_absent_root_times_out_naming_pod_index_0_and_its_address(closing):
     handlers = make_handlers(2, [1], join_timeout=0.5)
     closing(handlers.values())
     with pytest.raises(
-        RendezvousTimeoutError, match=r"root store 127\.0\.0\.1:\d+ \(missing node ranks: \[0\]"
+        RendezvousTimeoutError,
+        match=r"root store 127\.0\.0\.1:\d+ \(missing its host, pod index 0;",
     ):
         handlers[1].next_rendezvous()
 
@@ -277,32 +283,6 @@ def test_nodes_that_follow_one_node_order_join(closing):
     assert all(joined(info).world_size == 3 for info in join_all(list(handlers.values())))
 
 
-def test_a_node_that_follows_another_node_order_stops_every_node_naming_both(closing):
-    """Pods whose bootstraps disagreed (here: one fell back to the scheduler order) would clash on
-    ranks; the rendezvous says so instead, naming both orders, and on every node at once: the node
-    that follows the other order never joins, so the others must not wait for it till their join
-    timeout."""
-    planned = make_handlers(2, [0], node_order="planned order ab12", join_timeout=120.0)[0]
-    fallen_back = ParallelRendezvousHandler(
-        dataclasses.replace(planned.settings, node_rank=1, node_order="scheduler order")
-    )
-    closing([planned, fallen_back])
-
-    def attempt(handler):
-        try:
-            return handler.next_rendezvous()
-        except BaseException as error:  # JobStopped unwinds an agent as a BaseException
-            return error
-
-    with ThreadPoolExecutor(2) as pool:
-        outcomes = list(pool.map(attempt, [planned, fallen_back]))
-    assert all(isinstance(outcome, JobStopped) for outcome in outcomes), outcomes
-    first, second = (outcome.verdict for outcome in outcomes)
-    assert first == second and first.kind == "orders"
-    assert "planned order ab12" in first.text and "scheduler order" in first.text
-    assert "bootstraps decided different node orders" in first.text
-
-
 def next_or_stopped(handler: ParallelRendezvousHandler):
     try:
         return handler.next_rendezvous()
@@ -310,61 +290,152 @@ def next_or_stopped(handler: ParallelRendezvousHandler):
         return error
 
 
-def test_two_nodes_of_one_rank_stop_every_node_naming_it(closing):
-    """Without a route plan to compare (a bootstrap that could not write one, a rank passed by
-    hand), two nodes may come as one node rank: the second is not counted and ends the job with
-    one line, rather than leave the others to their join timeout."""
-    handlers = make_handlers(3, [0, 1], join_timeout=120.0)
+def report(pod_index: int, tor: Optional[str], slot: int = 0) -> NodeReport:
+    """What pod ``pod_index``'s bootstrap writes: its node, 2 devices, and ``tor`` (None: its
+    bootstrap resolved no placement)."""
+    return NodeReport(
+        node_id=f"10.0.0.{pod_index + 1}",
+        pod_index=pod_index,
+        pod_name=f"job-worker-{pod_index}",
+        device_count=2,
+        placement=None if tor is None else Placement(tors=(tor,), slot=slot),
+    )
+
+
+def bootstrap_ranks(reports: Sequence[NodeReport]) -> Tuple[Dict[int, int], str]:
+    """The node rank each pod's bootstrap gives it over ``reports``, and the mapping digest
+    (plan_round over them: the bootstraps' own ranks, a property of nodereport's tests)."""
+    planned = plan_round({str(r.pod_index): encode_report(r) for r in reports})
+    return {r.pod_index: planned.node_rank[str(r.pod_index)] for r in reports}, (
+        planned.mapping_digest
+    )
+
+
+def pods_with_reports(
+    reports: Sequence[NodeReport], hints: Dict[int, int], orders: Dict[int, str], **overrides
+) -> Dict[int, ParallelRendezvousHandler]:
+    """One handler per report, by pod index: each comes with its bootstrap's rank (``hints``) and
+    order, as npu-run passes them from the bootstrap's files."""
+    base = next(iter(make_handlers(len(reports), [0], **overrides).values())).settings
+    return {
+        r.pod_index: ParallelRendezvousHandler(
+            dataclasses.replace(
+                base,
+                node_rank=hints[r.pod_index],
+                pod_index=r.pod_index,
+                report=encode_report(r),
+                node_order=orders[r.pod_index],
+            )
+        )
+        for r in reports
+    }
+
+
+def plan_lines(caplog) -> List[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if re.match(r"round \d+ plan [0-9a-f]+: node rank \d+ of \d+$", record.getMessage())
+    ]
+
+
+def test_pod_index_0_hosts_the_root_and_every_pod_gets_its_bootstraps_rank(closing, caplog):
+    """Pod 0 sits on the ToR the order puts last, so its bootstrap gives it node rank 2: it still
+    hosts the root (the stable address train.sh points at), and the root's plan over the pods'
+    reports gives every pod exactly its bootstrap's rank, with one digest on every node."""
+    caplog.set_level(logging.INFO, logger="npu_job")
+    reports = [report(0, "tor-b"), report(1, "tor-a", 0), report(2, "tor-a", 1)]
+    ranks, digest = bootstrap_ranks(reports)
+    assert ranks[0] == 2
+    pods = pods_with_reports(reports, ranks, {pod: f"planned order {digest}" for pod in ranks})
+    closing(pods.values())
+    infos = dict(zip(pods, join_all(list(pods.values()))))
+    assert {pod: joined(info).rank for pod, info in infos.items()} == ranks
+    assert pods[0]._server is not None
+    assert all(pods[pod]._server is None for pod in (1, 2))
+    assert sorted(plan_lines(caplog)) == [
+        f"round 0 plan {digest}: node rank {rank} of 3" for rank in range(3)
+    ]
+    assert not any("re-ranked" in record.getMessage() for record in caplog.records)
+
+
+def test_a_pod_whose_bootstrap_fell_back_is_re_ranked_by_the_root_and_named(closing, caplog):
+    """Pod 2's bootstrap could not plan (its report has no placement; its rank is its pod index,
+    the scheduler order): where the old backend refused it, the root plans every pod into one
+    order and names that pod in one line."""
+    caplog.set_level(logging.INFO, logger="npu_job")
+    full = [report(0, "tor-b"), report(1, "tor-a", 0), report(2, "tor-a", 1)]
+    ranks, digest = bootstrap_ranks(full)
+    reports = [*full[:2], report(2, None)]
+    hints = {0: ranks[0], 1: ranks[1], 2: 2}
+    orders = {0: f"planned order {digest}", 1: f"planned order {digest}", 2: "scheduler order"}
+    pods = pods_with_reports(reports, hints, orders)
+    closing(pods.values())
+    got = {pod: joined(info).rank for pod, info in zip(pods, join_all(list(pods.values())))}
+    assert sorted(got.values()) == [0, 1, 2]
+    (line,) = [r.getMessage() for r in caplog.records if "re-ranked" in r.getMessage()]
+    assert "pod job-worker-2 (its bootstrap did not plan: scheduler order" in line, line
+    digests = {message.split()[3] for message in plan_lines(caplog)}
+    assert len(digests) == 1 and len(plan_lines(caplog)) == 3
+
+
+def test_two_nodes_that_come_as_one_node_rank_both_get_a_rank_of_the_plan(closing):
+    """Without reports (npu-run by hand), two nodes started with one --node_rank no longer clash:
+    the root's plan gives each a rank of its own. One agent more than --nnodes in a round is not
+    counted in it."""
+    handlers = make_handlers(3, [0, 1])
     second = ParallelRendezvousHandler(handlers[1].settings)
     closing([*handlers.values(), second])
+    infos = join_all([handlers[0], handlers[1], second])
+    assert sorted(joined(info).rank for info in infos) == [0, 1, 2]
+    assert joined(infos[0]).rank == 0
     settings = handlers[0].settings
-    with ThreadPoolExecutor(3) as pool:
-        waiting = [pool.submit(next_or_stopped, handlers[rank]) for rank in (0, 1)]
-        root = TCPStore(settings.master_addr, settings.master_port, None, False)
-        keys = backend.RunKeys(settings.run_id)
-        wait_for(lambda: int(root.add(keys.joined(0), 0)) == 2, 60, "nodes 0 and 1 to join")
-        taken = next_or_stopped(second)
-        outcomes = [future.result() for future in waiting]
-    assert isinstance(taken, JobStopped), taken
-    assert all(isinstance(o, JobStopped) and o.verdict == taken.verdict for o in outcomes)
-    assert taken.verdict.kind == "rank_taken" and "--node_rank=1" in taken.verdict.text
+    client = rootstore.open_client(settings)
+    claim = rounds.Claim(1, None, "one-too-many")
+    keys = backend.RunKeys(settings.run_id)
+    assert rounds.join(client, keys, settings, 0, 99, b"{}", claim) is False
+    assert b"99" not in client.multi_get([keys.slot(0, p) for p in (1, 2, 3)])
+    client.close()
 
 
-def test_a_late_node_of_the_refused_order_stops_with_the_verdict_instead_of_awaiting_a_new_root(
-    closing,
-):
-    """A node of the refused order that comes after the run closed (its bootstrap, too, decided
-    before the others restarted) stops with the run's verdict: waiting for the next root, it would
-    refuse the restarted nodes there and cost them one restart more. And the root stays up for
-    every node that joined, whoever else signed off."""
-    planned = make_handlers(3, [0, 1], node_order="planned order ab12", join_timeout=120.0)
-    late = [
-        ParallelRendezvousHandler(
-            dataclasses.replace(planned[0].settings, node_rank=rank, node_order="scheduler order")
+def test_a_replaced_pod_with_another_switch_path_is_planned_into_the_next_round(closing, caplog):
+    """Pod 2 is replaced by a pod on another ToR: the fresh agent joins the next round, the others
+    restart into it, and the root plans it over the new set: one new digest on every node, the
+    ToRs contiguous again; the old agent is no longer watched."""
+    caplog.set_level(logging.INFO, logger="npu_job")
+    before = [report(0, "tor-a", 0), report(1, "tor-b", 0), report(2, "tor-a", 1)]
+    ranks, digest = bootstrap_ranks(before)
+    orders = {pod: f"planned order {digest}" for pod in ranks}
+    pods = pods_with_reports(before, ranks, orders)
+    after = [*before[:2], report(2, "tor-b", 1)]
+    new_ranks, new_digest = bootstrap_ranks(after)
+    assert new_digest != digest and new_ranks != ranks
+    replacement = ParallelRendezvousHandler(
+        dataclasses.replace(
+            pods[2].settings,
+            node_rank=new_ranks[2],
+            report=encode_report(after[2]),
+            node_order=f"planned order {new_digest}",
         )
-        for rank in (2, 1)
+    )
+    closing([*pods.values(), replacement])
+    join_all(list(pods.values()))
+    old_member = pods[2].member
+    pods[2].close()  # the old pod is gone
+
+    with ThreadPoolExecutor(1) as pool:
+        rejoined = pool.submit(replacement.next_rendezvous)
+        wait_for(lambda: pods[0].num_nodes_waiting() > 0, 30, "the replacement to wait")
+        again = join_all([pods[0], pods[1]])
+        got = {0: joined(again[0]).rank, 1: joined(again[1]).rank}
+        got[2] = joined(rejoined.result(timeout=30)).rank
+    assert got == new_ranks
+    round_1 = [line for line in plan_lines(caplog) if line.startswith("round 1 ")]
+    assert sorted(round_1) == [
+        f"round 1 plan {new_digest}: node rank {rank} of 3" for rank in range(3)
     ]
-    closing([*planned.values(), *late])
-    with ThreadPoolExecutor(3) as pool:
-        waiting = [pool.submit(next_or_stopped, planned[rank]) for rank in (0, 1)]
-        settings = planned[0].settings
-        root = TCPStore(settings.master_addr, settings.master_port, None, False)
-        keys = backend.RunKeys(settings.run_id)
-        # the planned nodes are in the round: theirs is the order
-        wait_for(lambda: int(root.add(keys.joined(0), 0)) == 2, 60, "the planned nodes to join")
-        refused_node = late[0]
-        refused = next_or_stopped(refused_node)
-        assert isinstance(refused, JobStopped), refused
-        assert all(isinstance(f.result(), JobStopped) for f in waiting)
-        # the refused node never joined: node rank 0 does not count its sign-off among the
-        # joined nodes', and keeps the root up until node rank 1 signed off
-        assert refused_node.shutdown() is True
-        lingering = pool.submit(planned[0].shutdown)
-        root.wait([keys.closed])
-        outcome = next_or_stopped(late[1])
-        assert planned[1].shutdown() is True and lingering.result() is True
-    assert isinstance(outcome, JobStopped), outcome
-    assert outcome.verdict == refused.verdict
+    watched = pods[0]._faults.watch._tracker.ranks
+    assert old_member not in watched and replacement.member in watched
 
 
 def params(**overrides) -> RendezvousParameters:
