@@ -3,7 +3,10 @@
 Start it like any torchrun script (``npu-run``, ``torchrun``); it reads torchrun's worker
 environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR/PORT) and
 
-1. checks its global rank against the plan the pod's bootstrap wrote: the node rank this pod
+1. checks its global rank against the plan of npu-run's rendezvous round, where npu-run left one
+   (``npu_job_round.json`` beside the bootstrap's files: after a replaced pod the round's plan
+   moves ranks away from what the bootstrap planned); else against the plan the pod's bootstrap
+   wrote: the node rank this pod
    (``VC_TASK_INDEX``; on a job kind whose index variable train.sh unsets, the ``pod_index`` the
    bootstrap found itself at in the route plan, else ``$RANK_AFTER_ACC``, which the pod command set
    to that variable) should have is read from the route-plan JSON
@@ -50,6 +53,7 @@ OUTPUT_DIR_ENV = "NPU_JOB_OUTPUT_DIR"
 RANK_FILE = "RANK_AFTER_ACC"
 RANK_ENV = "RANK_AFTER_ACC"
 ROUTE_PLAN_FILE = "route_plan.json"
+ROUND_PLAN_FILE = "npu_job_round.json"
 TASK_INDEX_ENV = "VC_TASK_INDEX"
 
 REPORT_VERSION = 1
@@ -130,6 +134,21 @@ def route_plan_pod(route_plan: Path) -> Tuple[bool, Optional[int]]:
     index = plan.get("pod_index")
     found = index if isinstance(index, int) and not isinstance(index, bool) else None
     return plan.get("status") == "success", found
+
+
+def round_node_rank(round_plan: Path) -> Optional[Tuple[int, str]]:
+    """This node's rank in npu-run's latest rendezvous round and where it came from, or None
+    where npu-run left no round plan (torchrun, or no bootstrap ran)."""
+    try:
+        plan = json.loads(read_text(round_plan) or "null")
+    except ValueError:
+        return None
+    if not isinstance(plan, dict):
+        return None
+    rank = plan.get("node_rank")
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        return None
+    return rank, f"npu-run's round {plan.get('round')} plan {plan.get('mapping_digest')}"
 
 
 def planned_node_rank(
@@ -269,6 +288,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if pod_index is None and not planned:  # the pod command's copy of that variable
             pod_index = env_int(RANK_ENV)
     node_rank, source, problems = planned_node_rank(pod_index, route_plan, output_dir / RANK_FILE)
+    in_round = round_node_rank(output_dir / ROUND_PLAN_FILE)
+    if in_round is not None:  # the rendezvous planned this round: its ranks are the ones to hold
+        node_rank, source = in_round
 
     device_type, backend = pick_device(args.device)
     if device_type != "cpu":

@@ -25,12 +25,15 @@ pure function over an environment mapping and a file reader, so tests need no re
 :func:`node_order` names the order those ranks belong to (the bootstrap's planned mapping, or the
 scheduler's), and :func:`node_report` is what the node tells the rendezvous root about itself (the
 bootstrap's ``npu_job_node.json``): the root plans each round's ranks from the reports, and names
-the pods whose bootstrap decided otherwise than its plan.
+the pods whose bootstrap decided otherwise than its plan. Once a round is planned,
+:func:`write_round_plan` leaves this node's rank in it beside the bootstrap's files
+(``npu_job_round.json``), for the workers to hold their ranks to.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
@@ -39,6 +42,7 @@ from npu_job.bootstrap.nodereport import NodeReport, decode_report, encode_repor
 from npu_job.kinds import DEFAULT, KIND_ENV, kind_named
 
 from npu_job.errors import InputError, LaunchError
+from npu_job.fileio import write_atomic
 from npu_job.parsing import is_count
 from npu_job.podfacts import (
     NODE_REPORT_FILE,
@@ -46,10 +50,13 @@ from npu_job.podfacts import (
     OUTPUT_DIR_ENV,
     RANK_ENV,
     RANK_FILE,
+    ROUND_PLAN_FILE,
     ROUTE_PLAN_FILE,
 )
 
 AUTO = "auto"
+ROUND_PLAN_VERSION = 1
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -60,9 +67,15 @@ class NodeRankChoice:
     source: str
 
 
+def output_path(env: Mapping[str, str], name: str) -> str:
+    """The file ``name`` in the bootstrap's output directory (``$NPU_JOB_OUTPUT_DIR``, else
+    ``/tmp``) for this environment."""
+    return os.path.join(env.get(OUTPUT_DIR_ENV) or OUTPUT_DIR, name)
+
+
 def rank_file_path(env: Mapping[str, str]) -> str:
     """The bootstrap's ``RANK_AFTER_ACC`` file for this environment."""
-    return os.path.join(env.get(OUTPUT_DIR_ENV) or OUTPUT_DIR, RANK_FILE)
+    return output_path(env, RANK_FILE)
 
 
 def read_text_if_exists(path: str) -> Optional[str]:
@@ -140,7 +153,7 @@ def node_order(
     no bootstrap ran, so there is no order to hold it to. None too when the route plan cannot be
     read or makes no sense: the check is a diagnosis and never stops a launch by itself.
     """
-    path = os.path.join(env.get(OUTPUT_DIR_ENV) or OUTPUT_DIR, ROUTE_PLAN_FILE)
+    path = output_path(env, ROUTE_PLAN_FILE)
     try:
         text = read_text(path)
         if text is None:
@@ -202,7 +215,7 @@ def node_report(
     ``--node_rank``). A report that does not decode is sent as it is (the root names it and
     plans the node with nothing known).
     """
-    path = os.path.join(env.get(OUTPUT_DIR_ENV) or OUTPUT_DIR, NODE_REPORT_FILE)
+    path = output_path(env, NODE_REPORT_FILE)
     data = read_bytes(path)
     index_env = scheduler_index_env(env)
     scheduler_index = env.get(index_env, "").strip()
@@ -220,3 +233,37 @@ def node_report(
     if report.pod_index >= 0:
         return NodeReportChoice(data, report.pod_index, f"{path}: pod index {report.pod_index}")
     return NodeReportChoice(data, from_scheduler, f"{path}: no pod index")
+
+
+def round_plan_document(
+    backend: str, number: int, mapping_digest: str, node_rank: int, nnodes: int
+) -> str:
+    """What :data:`~npu_job.podfacts.ROUND_PLAN_FILE` says of one rendezvous round: this node's
+    rank in the round's plan (JSON, one line)."""
+    document = {
+        "version": ROUND_PLAN_VERSION,
+        "rendezvous": backend,
+        "round": number,
+        "mapping_digest": mapping_digest,
+        "node_rank": node_rank,
+        "nnodes": nnodes,
+    }
+    return json.dumps(document, separators=(",", ":")) + "\n"
+
+
+def write_round_plan(env: Mapping[str, str], document: str) -> Optional[str]:
+    """Leave this round's plan beside the bootstrap's files, for the workers; only where a
+    bootstrap ran (its report or route plan is there), so npu-run started by hand writes no file
+    into ``/tmp``. Returns the path written, or None. A file that cannot be written is logged and
+    never stops the round: the workers' ranks do not depend on it."""
+    if not any(
+        os.path.exists(output_path(env, name)) for name in (NODE_REPORT_FILE, ROUTE_PLAN_FILE)
+    ):
+        return None
+    path = output_path(env, ROUND_PLAN_FILE)
+    try:
+        write_atomic(path, document, durable=False)
+    except OSError as error:
+        logger.warning("cannot write %s (%s); the round goes on", path, error)
+        return None
+    return path

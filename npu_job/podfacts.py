@@ -24,6 +24,10 @@ ROUTE_PLAN_FILE = "route_plan.json"
 #: bootstrap resolved them; written also when it cannot plan), which npu-run sends when it joins
 #: the rendezvous, for the root to plan each round (npu_job.bootstrap.nodereport).
 NODE_REPORT_FILE = "npu_job_node.json"
+#: npu-run's plan for its latest rendezvous round (JSON: the round, the plan's mapping digest,
+#: this node's rank, the node count), written before that round's workers start: where a worker
+#: checks its place once a replaced pod moved the ranks away from the bootstrap's plan.
+ROUND_PLAN_FILE = "npu_job_round.json"
 #: The rank table with its servers in the new order, for HCCL.
 RANK_TABLE_COPY = "jobstart_hccl.reordered.json"
 #: ``export`` lines of the plan's variables, for a shell to source.

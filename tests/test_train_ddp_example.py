@@ -79,6 +79,42 @@ def test_a_rank_off_the_route_plan_fails_the_run(
 
 
 @pytest.mark.torch
+@pytest.mark.parametrize(
+    "round_rank, passes",
+    [(0, True), (1, False)],
+    ids=["round-moved-the-rank-here", "rank-off-the-round"],
+)
+def test_npu_runs_round_plan_is_the_rank_to_hold_once_it_moved_from_the_bootstraps(
+    tmp_path, round_rank, passes
+):
+    """A replaced pod: the bootstrap planned this pod to node rank 1, the rendezvous round
+    re-planned it to node rank 0 and said so in npu_job_round.json. The worker holds its rank to
+    the round's plan: rank 0 passes (the bootstrap's plan would fail it), rank 1 fails."""
+    from npu_job.launcher.noderank import round_plan_document
+
+    from npu_job.podfacts import RANK_FILE, ROUND_PLAN_FILE, ROUTE_PLAN_FILE
+
+    (tmp_path / ROUTE_PLAN_FILE).write_text(
+        json.dumps({"status": "success", "rank_mapping": "0-1,1-0", "pod_index": 0})
+    )
+    (tmp_path / RANK_FILE).write_text("1")
+    (tmp_path / ROUND_PLAN_FILE).write_text(
+        round_plan_document("parallel", 3, "ab" * 32, round_rank, 2)
+    )
+    env = {**os.environ, "NPU_JOB_OUTPUT_DIR": str(tmp_path), "VC_TASK_INDEX": "0"}
+    reports = tmp_path / "reports"
+    run = torchrun_example(env, reports, nproc=1, steps=2)
+    report = json.loads((reports / "rank-0.json").read_text())
+    assert report["plan_source"] == f"npu-run's round 3 plan {'ab' * 32}"
+    assert (run.returncode == 0) is passes and report["rank_ok"] is passes, report["problems"]
+    if not passes:
+        assert any(
+            line.startswith(f"rank 0 but the plan (npu-run's round 3 plan {'ab' * 32}) gives")
+            for line in report["problems"]
+        ), report["problems"]
+
+
+@pytest.mark.torch
 def test_without_a_plan_or_the_volcano_index_the_pod_index_is_what_the_pod_command_exported(
     tmp_path,
 ):

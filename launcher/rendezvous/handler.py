@@ -71,6 +71,7 @@ from npu_job.errors import InputError
 from npu_job.polling import Backoff, poll
 
 from .. import torchcompat
+from ..noderank import round_plan_document, write_round_plan
 from ..torchcompat import StoreError
 from . import rootstore, rounds, verdict
 from .config import (
@@ -223,6 +224,12 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 plan.mapping_digest,
                 node_rank,
                 settings.nnodes,
+            )
+            write_round_plan(
+                os.environ,
+                round_plan_document(
+                    "parallel", number, plan.mapping_digest, node_rank, settings.nnodes
+                ),
             )
             if torchcompat.HAS_LIST_KEYS:
                 if number > 0:

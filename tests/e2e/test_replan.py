@@ -30,7 +30,7 @@ from npu_job.bootstrap import scorer
 from npu_job.bootstrap.base.model import Placement
 from npu_job.bootstrap.nodereport import NodeReport, encode_report, plan_round
 
-from npu_job.podfacts import NODE_REPORT_FILE, ROUTE_PLAN_FILE
+from npu_job.podfacts import NODE_REPORT_FILE, ROUND_PLAN_FILE, ROUTE_PLAN_FILE
 from tests.e2e.netns import NetnsCluster, leftovers, netns_unavailable_reason
 from tests.launcher.cluster import TAG_VARIABLE, tagged_processes, training_node_argv, wait_for
 from tests.machine_stalls import Cap, rerun_after_machine_stall, wait_process
@@ -208,6 +208,10 @@ def test_a_replaced_pod_under_another_tor_is_replanned_and_training_goes_on(tmp_
         alive = {pod: agent.poll() for pod, agent in agents.items()}
         assert all(code is None for code in alive.values()), (alive, logs(out))
         codes = finish(list(agents.values()), done, job)
+        left = {  # what each node left for its workers
+            host: json.loads((cluster.hosts[host].tmp_dir / ROUND_PLAN_FILE).read_text())
+            for host in range(PODS + 1)
+        }
     assert leftovers(tag) == []
     assert codes == [0] * PODS, logs(out)
 
@@ -218,6 +222,10 @@ def test_a_replaced_pod_under_another_tor_is_replanned_and_training_goes_on(tmp_
     assert len(set(last.values())) == 1 and last[0] >= 1, logs(out)
     assert {found_digest for found_digest, _ in replanned.values()} == {new_digest}
     assert {pod: rank for pod, (_, rank) in replanned.items()} == new_ranks
+    assert {  # the last round's plan, as each node's log says
+        pod: (left[host]["round"], left[host]["mapping_digest"], left[host]["node_rank"])
+        for pod, host in hosts.items()
+    } == {pod: (last[pod], new_digest, new_ranks[pod]) for pod in hosts}
     tor_of = {pod: (moved if pod == victim else reports[pod]).placement.tors[0] for pod in hosts}
     edges, bound = cross_tor_edges(new_ranks, tor_of)
     assert edges == bound == 3

@@ -5,6 +5,8 @@ knows. The order of the sources is tests/launcher/test_run_cli.py's."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from npu_job.kinds.base import JobKind
 from npu_job.launcher import noderank, run
@@ -70,3 +72,38 @@ def test_npu_run_says_it_in_one_line(clean_launcher_env, monkeypatch, capsys):
     assert len(errors) == 1 and errors[0].startswith(
         "npu-run: error: environment: NPU_JOB_KIND: expected a job kind, one of "
     )
+
+
+def test_the_round_plan_is_left_only_where_a_bootstrap_ran(tmp_path):
+    """npu-run started by hand (no bootstrap's file in the output directory) writes nothing;
+    in a pod it replaces the last round's file whole."""
+    env = {"NPU_JOB_OUTPUT_DIR": str(tmp_path)}
+    first = noderank.round_plan_document("parallel", 0, "a" * 64, 2, 4)
+    assert noderank.write_round_plan(env, first) is None
+    assert list(tmp_path.iterdir()) == []
+
+    (tmp_path / "npu_job_node.json").write_text("{}")
+    assert noderank.write_round_plan(env, first) == str(tmp_path / "npu_job_round.json")
+    later = noderank.round_plan_document("parallel", 1, "b" * 64, 0, 4)
+    noderank.write_round_plan(env, later)
+    assert json.loads((tmp_path / "npu_job_round.json").read_text()) == {
+        "version": 1,
+        "rendezvous": "parallel",
+        "round": 1,
+        "mapping_digest": "b" * 64,
+        "node_rank": 0,
+        "nnodes": 4,
+    }
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "npu_job_node.json",
+        "npu_job_round.json",
+    ]
+
+
+def test_a_round_plan_that_cannot_be_written_never_stops_the_round(tmp_path, caplog):
+    (tmp_path / "route_plan.json").write_text("{}")
+    (tmp_path / "npu_job_round.json").mkdir()  # a directory where the file goes
+    env = {"NPU_JOB_OUTPUT_DIR": str(tmp_path)}
+    document = noderank.round_plan_document("c10d", 0, "a" * 64, 0, 2)
+    assert noderank.write_round_plan(env, document) is None
+    assert "cannot write" in caplog.text and "the round goes on" in caplog.text
