@@ -7,7 +7,8 @@ their nvidia-* packages; they import and run on a CPU-only machine) and keeps it
 reuse it. A session runs the launcher tests and records which torch features it found; ``nox -s
 supported`` turns those records into docs/launcher.md's "Supported torch" table.
 
-The oldest and the newest release run every launcher test (:data:`EVERY_TEST`); the releases
+The oldest and the newest release run every launcher test (:data:`EVERY_TEST`), and the
+re-planning of a replaced pod on real hosts (:data:`REPLAN_TESTS`); the releases
 between them run :data:`RELEASE_DEPENDENT`, the tests of what changes from one release to the
 next (launcher/torchcompat.py's table: the store's opcodes, the rendezvous result, the libuv
 server, list_keys, entry points, torch's own parser and agent), among them npu-run from the job's
@@ -61,6 +62,9 @@ MATRIX = {
 }
 EVERY_TEST = ("2.1.0", "2.14.1")  # the oldest and the newest: every launcher test
 LAUNCHER_TESTS = "tests/launcher"
+# beside every launcher test on the oldest and the newest release: real agents on several hosts
+# (network namespaces) re-planning the order when a pod is replaced under another switch
+REPLAN_TESTS = "tests/e2e/test_replan.py"
 # What the releases between run: the tests of each difference torchcompat owns, and the whole
 # launcher on that release's agent, parser and store (docs/development.md, "The torch matrix")
 RELEASE_DEPENDENT = [
@@ -179,7 +183,7 @@ def launcher(session: nox.Session, torch: str) -> None:
         "python",
         "-m",
         "pytest",
-        *([LAUNCHER_TESTS] if every_test else RELEASE_DEPENDENT),
+        *([LAUNCHER_TESTS, REPLAN_TESTS] if every_test else RELEASE_DEPENDENT),
         "-m",
         "not standard_loop",
         "-q",
