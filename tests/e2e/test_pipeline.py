@@ -29,10 +29,12 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
+from npu_job.bootstrap.nodereport import plan_round
 from npu_job.demo import podsim
 from npu_job.demo.podlog import attempt_header
 
 from npu_job import demo
+from npu_job.podfacts import NODE_REPORT_FILE, ROUND_PLAN_FILE
 from tests.e2e.netns import NetnsCluster, leftovers, netns_unavailable_reason
 
 REASON = netns_unavailable_reason()
@@ -307,11 +309,11 @@ def test_a_rank_table_still_initializing_on_two_pods_meets_at_one_root_which_nam
 ):
     """Pods 4 and 5 still see the rank table ``initializing`` at their deadline (the kubelet had
     not synced the ConfigMap to their nodes) while pods 0-3 saw it completed: 0-3 plan, 4 and 5
-    keep the scheduler order. Every node still meets at pod 0's root, which plans one order over
-    the pods' reports and names pods 4 and 5 in one line; no node is refused. The example script
-    holds each worker to its own bootstrap's plan, so the re-ranked ones fail that check once;
-    ``restartPolicy: OnFailure`` brings every pod back to the synced table, and the job trains in
-    the plan's order."""
+    keep the scheduler order and report no placement. Every node still meets at pod 0's root,
+    which plans one order over the pods' reports (4 and 5 placed last) and names pods 4 and 5 in
+    one line; no node is refused. Each node leaves that round's plan for its workers, and the
+    example script holds every worker to it, so the job trains on its first attempt, in the
+    root's order."""
     lagging = (4, 5)
     options = demo.DemoOptions(
         nodes=6, nproc_per_node=1, tors=3, seed=2, steps=4, initializing_on=lagging, timeout=150
@@ -327,19 +329,32 @@ def test_a_rank_table_still_initializing_on_two_pods_meets_at_one_root_which_nam
             supervisor.sync_volumes(index)
 
     result = run_on_hosts(options, tmp_path, "pi", fault=sync_once_they_gave_up)
-    assert result.ok, explain(result)
-    plan = result.prepared.plan
-    assert plan.master_index == 0 and str(plan.status) == "success"
+    assert result.finished, explain(result)
+    pod_dirs = [spec_file.parent for spec_file in result.prepared.spec_files]
+    reports = {
+        str(index): (pod_dir / "tmp" / NODE_REPORT_FILE).read_bytes()
+        for index, pod_dir in enumerate(pod_dirs)
+    }
+    root_plan = plan_round(reports)
+    bootstrap_plan = result.prepared.plan
+    assert root_plan.mapping_digest != bootstrap_plan.mapping_digest
+    assert [root_plan.node_rank[str(index)] for index in lagging] == [4, 5]  # placed last
     digests = set()
-    for pod, spec_file in zip(result.pods, result.prepared.spec_files):
-        log = (spec_file.parent / "pod.log").read_text()
+    for pod, pod_dir in zip(result.pods, pod_dirs):
+        log = (pod_dir / "pod.log").read_text()
         name = result.prepared.specs[pod.index].name
-        first_attempt = log.split(attempt_header(name, 0))[1].split(attempt_header(name, 1))[0]
-        assert "bootstraps decided different node orders" not in first_attempt
-        digests |= set(re.findall(r"npu-run: round 0 plan ([0-9a-f]+): ", first_attempt))
+        assert attempt_header(name, 1) not in log  # no restart was needed
+        assert "bootstraps decided different node orders" not in log
+        digests |= set(re.findall(r"npu-run: round 0 plan ([0-9a-f]+): ", log))
         if pod.index == 0:
-            (named,) = [line for line in first_attempt.splitlines() if "re-ranked" in line]
+            (named,) = [line for line in log.splitlines() if "re-ranked" in line]
             for index in lagging:
                 assert f"pod demo-worker-{index} (its bootstrap did not plan" in named, named
-    assert len(digests) == 1, digests
-    assert_trained_by_plan(result, plan.node_rank_of_pod, 1)
+        left = json.loads((pod_dir / "tmp" / ROUND_PLAN_FILE).read_text())
+        assert (left["round"], left["node_rank"]) == (0, root_plan.node_rank[str(pod.index)])
+    assert digests == {root_plan.mapping_digest}
+    assert {r["plan_source"] for r in result.reports} == {
+        f"npu-run's round 0 plan {root_plan.mapping_digest}"
+    }
+    node_rank_of_pod = {index: root_plan.node_rank[str(index)] for index in range(options.nodes)}
+    assert_trained_by_plan(result, node_rank_of_pod, 1)
