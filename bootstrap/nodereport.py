@@ -219,6 +219,15 @@ class RoundPlan:
     members: Tuple[str, ...]  # member keys by position (the planner's pod index)
     plan: Plan
     problems: Tuple[str, ...] = ()
+    node_ids: Tuple[str, ...] = ()  # each member's reported node id by position ("" unknown)
+
+    @property
+    def node_ids_in_rank_order(self) -> Tuple[str, ...]:
+        """The members' node ids (rank table server ids), node rank 0 first; empty when the plan
+        carries none."""
+        if len(self.node_ids) != len(self.members):
+            return ()
+        return tuple([self.node_ids[position] for position in self.plan.pod_of_node_rank])
 
     @property
     def order(self) -> Tuple[str, ...]:
@@ -246,6 +255,7 @@ class RoundPlan:
             "input_digest": plan.input_digest,
             "mapping_digest": plan.mapping_digest,
             "problems": list(self.problems),
+            "node_ids": list(self.node_ids),
         }
         return json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
@@ -274,6 +284,12 @@ class RoundPlan:
         collective = _choice(document, "collective", Collective, who)
         reasons = _names(document.get("reasons"), who, "reasons")
         problems = _names(document.get("problems"), who, "problems")
+        node_ids = tuple(  # "" for a member that reported none
+            expect_str(item, who, f"node_ids[{index}]", empty_ok=True)
+            for index, item in enumerate(expect_list(document.get("node_ids", []), who, "node_ids"))
+        )
+        if node_ids and len(node_ids) != len(members):
+            fail(who, "node_ids", f"{len(members)} node ids, one per member")
         input_digest = expect_str(document.get("input_digest"), who, "input_digest", empty_ok=True)
         digest = expect_str(document.get("mapping_digest"), who, "mapping_digest")
         try:
@@ -282,7 +298,7 @@ class RoundPlan:
             fail(who, "node_rank_of_pod", f"a permutation of 0..{len(ranks) - 1}")
         if canonical.mapping_digest(rank_mapping_text(plan.pod_of_node_rank)) != digest:
             fail(who, "mapping_digest", "the sha256 of the plan's rank mapping", digest)
-        return RoundPlan(members, plan, problems)
+        return RoundPlan(members, plan, problems, node_ids)
 
 
 def _choice(document: Dict[str, Any], key: str, kind: Any, who: str) -> Any:
@@ -325,7 +341,23 @@ def plan_round(
     full = _round_full_node_devices(decoded, full_node_devices, problems)
     table, topology = _cluster(decoded, full, problems)
     result = planner.plan(table, topology, chosen, full_node_devices=full)
-    return RoundPlan(members, result, tuple(problems))
+    node_ids = tuple(report.node_id for _key, report in decoded)
+    return RoundPlan(members, result, tuple(problems), node_ids)
+
+
+def rank_table_in_round_order(data: bytes, source: str, server_ids: Sequence[str]) -> bytes:
+    """The rank table ``data`` (read from ``source``) with its servers in the order of
+    ``server_ids`` (a round's :attr:`RoundPlan.node_ids_in_rank_order`) and its rank ids
+    renumbered, as the bootstrap's reordered copy is made; an :class:`InputError` naming
+    ``source`` (field ``server_list``) when the table does not list exactly those servers."""
+    from .base.jsondecode import encode_compact
+    from .base.payload import decode_document
+    from .ranktable import in_server_order, rank_table_from_document, reordered_document
+
+    document = decode_document(data, source)
+    table = rank_table_from_document(document, source)
+    plan = in_server_order(table, server_ids, source)
+    return encode_compact(reordered_document(document, table, plan, in_place=True)) + b"\n"
 
 
 def _by_position(decoded: List[Tuple[str, NodeReport]]) -> List[Tuple[str, NodeReport]]:

@@ -72,6 +72,7 @@ from npu_job.polling import Backoff, poll
 
 from .. import torchcompat
 from ..noderank import round_plan_document, write_round_plan
+from ..roundtable import follow_round
 from ..torchcompat import StoreError
 from . import rootstore, rounds, verdict
 from .config import (
@@ -231,6 +232,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
                     "parallel", number, plan.mapping_digest, node_rank, settings.nnodes
                 ),
             )
+            follow_round(os.environ, number, plan.node_ids_in_rank_order)
             if torchcompat.HAS_LIST_KEYS:
                 if number > 0:
                     rounds.clear_previous_workers(store, self._keys, settings, number)

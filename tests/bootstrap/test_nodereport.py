@@ -151,6 +151,16 @@ def test_the_round_orders_switch_by_switch_then_slot_as_the_planner_does():
     assert result.problems == () and result.plan.collective is Collective.RING
 
 
+def test_the_round_names_its_nodes_in_rank_order_for_the_rank_table():
+    """What npu-run reorders HCCL's rank table by: the node ids, node rank 0 first; "" where a
+    member reported none."""
+    result = plan_round(dict(four_nodes(), bad=b"junk"))
+    assert result.node_ids_in_rank_order == ("10.0.0.4", "10.0.0.2", "10.0.0.1", "10.0.0.3", "")
+    assert RoundPlan.decode(result.encode()).node_ids_in_rank_order == (
+        result.node_ids_in_rank_order
+    )
+
+
 def test_the_round_plan_reads_back_equal_through_the_store():
     result = plan_round(dict(four_nodes(), bad=b"junk"), collective="rhd")
     again = RoundPlan.decode(result.encode())
@@ -167,8 +177,13 @@ def test_the_round_plan_reads_back_equal_through_the_store():
         (lambda d: d.update(node_rank_of_pod=[0, 1, 2, 3]), "mapping_digest: expected the sha256"),
         (lambda d: d.update(status="maybe"), "status: expected one of success, failed"),
         (lambda d: d.update(collective=None), "collective: expected one of ring, nhr, rhd"),
+        (lambda d: d.update(node_ids=["x"]), "node_ids: expected 4 node ids, one per member"),
+        (lambda d: d.update(node_ids=[1, 2, 3, 4]), "node_ids[0]: expected a string"),
     ],
-    ids=["version", "members", "short", "not-a-permutation", "digest", "status", "collective"],
+    ids=[
+        *("version", "members", "short", "not-a-permutation", "digest", "status", "collective"),
+        *("node-ids-short", "node-id-not-text"),
+    ],
 )
 def test_a_round_plan_that_is_not_one_is_an_input_error_naming_the_field(change, expected):
     document = json.loads(plan_round(four_nodes()).encode())

@@ -10,7 +10,8 @@ master address of pod index 0.
 * A pod is replaced by one on another node under another ToR: its agent is SIGKILLed, and a
   fresh one starts on a seventh host with the new report. Every node logs one new plan digest,
   the new order is at the ring's lower bound of cross-ToR edges (the scorer's rule), and training
-  goes on within the restart budget.
+  goes on within the restart budget. HCCL's rank table follows: each round's workers get a
+  ``RANK_TABLE_FILE`` listing the servers in that round's order.
 * A pod whose bootstrap fell back (its report has no placement, it comes as its pod index): the
   job runs in one order the root chose, and the root's log names that pod.
 """
@@ -22,6 +23,7 @@ import os
 import re
 import signal
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -29,6 +31,8 @@ import pytest
 from npu_job.bootstrap import scorer
 from npu_job.bootstrap.base.model import Placement
 from npu_job.bootstrap.nodereport import NodeReport, encode_report, plan_round
+from npu_job.bootstrap.ranktable import parse_rank_table, rank_table_document
+from npu_job.demo.synthetic import synthetic_cluster
 
 from npu_job.podfacts import NODE_REPORT_FILE, ROUND_PLAN_FILE, ROUTE_PLAN_FILE
 from tests.e2e.netns import NetnsCluster, leftovers, netns_unavailable_reason
@@ -46,6 +50,7 @@ pytestmark = [
 # pod index -> (ToR, slot): each ToR's pods are not neighbours in scheduler order
 TORS = {0: ("tor-c", 0), 1: ("tor-a", 0), 2: ("tor-b", 0), 3: ("tor-a", 1), 4: ("tor-b", 1)}
 TORS[5] = ("tor-c", 1)
+RANK_TABLE = "hccl.json"  # where the platform mounts the job's rank table (here: the host's /tmp)
 PLAN_LINE = re.compile(r"npu-run: round (\d+) plan ([0-9a-f]+): node rank (\d+) of (\d+)$", re.M)
 
 
@@ -68,6 +73,15 @@ def bootstrap(reports: Sequence[NodeReport]) -> Tuple[Dict[int, int], str]:
     )
 
 
+def write_rank_table(tmp_dir: Path, node_ids: Sequence[str]) -> None:
+    """The job's rank table as the platform mounts it on a pod: one server per node, by pod
+    index (rewritten when a pod is replaced)."""
+    table, _ = synthetic_cluster(len(node_ids), 1, npus_per_node=1, seed=0, job_name="job")
+    servers = tuple(replace(s, server_id=n) for s, n in zip(table.servers, node_ids))
+    document = rank_table_document(replace(table, servers=servers))
+    (tmp_dir / RANK_TABLE).write_text(json.dumps(document))
+
+
 def write_bootstrap_output(
     tmp_dir: Path, mine: NodeReport, rank: int, digest: Optional[str]
 ) -> None:
@@ -78,8 +92,13 @@ def write_bootstrap_output(
         "mapping_digest": digest,
         "node_rank": rank,
         "pod_index": mine.pod_index,
+        "rank_table": str(tmp_dir / RANK_TABLE),
     }
     (tmp_dir / ROUTE_PLAN_FILE).write_text(json.dumps(route_plan))
+
+
+def servers_of(path: str) -> List[str]:
+    return [server.server_id for server in parse_rank_table(Path(path).read_bytes(), path).servers]
 
 
 def start_pod(
@@ -130,13 +149,18 @@ def finish(agents: Sequence[subprocess.Popen], done: Path, job: str) -> List[int
     return codes
 
 
-def worker_pids(out: Path) -> Dict[int, int]:
-    pids = {}
+def records(out: Path) -> Dict[int, Dict[str, str]]:
+    """What each rank's worker recorded of its start (the latest attempt's)."""
+    found = {}
     for rank in range(PODS):
         path = out / f"{rank}.json"
         if path.exists():
-            pids[rank] = json.loads(path.read_text())["pid"]
-    return pids
+            found[rank] = json.loads(path.read_text())
+    return found
+
+
+def worker_pids(out: Path) -> Dict[int, int]:
+    return {rank: int(record["pid"]) for rank, record in records(out).items()}
 
 
 def logs(out: Path) -> str:
@@ -175,9 +199,13 @@ def test_a_replaced_pod_under_another_tor_is_replanned_and_training_goes_on(tmp_
     new_ranks, new_digest = bootstrap([moved if r.pod_index == victim else r for r in reports])
     assert new_digest != digest
     with NetnsCluster(PODS + 1, tag=tag) as cluster:
+        node_ids = [r.node_id for r in reports]
+        new_node_ids = [moved.node_id if pod == victim else node_ids[pod] for pod in range(PODS)]
         for pod in range(PODS):
             write_bootstrap_output(cluster.hosts[pod].tmp_dir, reports[pod], ranks[pod], digest)
+            write_rank_table(cluster.hosts[pod].tmp_dir, node_ids)
         write_bootstrap_output(cluster.hosts[PODS].tmp_dir, moved, new_ranks[victim], new_digest)
+        write_rank_table(cluster.hosts[PODS].tmp_dir, new_node_ids)
         agents = {
             pod: start_pod(cluster, pod, ranks[pod], out, done, job, 29660) for pod in range(PODS)
         }
@@ -194,8 +222,13 @@ def test_a_replaced_pod_under_another_tor_is_replanned_and_training_goes_on(tmp_
             pod: (digest, ranks[pod]) for pod in range(PODS)
         }, logs(out)
 
+        first_tables = {
+            rank: servers_of(record["RANK_TABLE_FILE"]) for rank, record in records(out).items()
+        }
         agents[victim].send_signal(signal.SIGKILL)  # the pod is gone with its node
         assert wait_process(agents[victim], Cap(30)) == -signal.SIGKILL
+        for pod in range(PODS):  # the platform rewrites the table for the new set of nodes
+            write_rank_table(cluster.hosts[pod].tmp_dir, new_node_ids)
         agents[victim] = start_pod(cluster, PODS, new_ranks[victim], out, done, job, 29660)
         wait_for(
             lambda: (
@@ -207,6 +240,9 @@ def test_a_replaced_pod_under_another_tor_is_replanned_and_training_goes_on(tmp_
         )
         alive = {pod: agent.poll() for pod, agent in agents.items()}
         assert all(code is None for code in alive.values()), (alive, logs(out))
+        last_tables = {  # each worker's rank table, read while the hosts' files are there
+            rank: servers_of(record["RANK_TABLE_FILE"]) for rank, record in records(out).items()
+        }
         codes = finish(list(agents.values()), done, job)
         left = {  # what each node left for its workers
             host: json.loads((cluster.hosts[host].tmp_dir / ROUND_PLAN_FILE).read_text())
@@ -226,6 +262,12 @@ def test_a_replaced_pod_under_another_tor_is_replanned_and_training_goes_on(tmp_
         pod: (left[host]["round"], left[host]["mapping_digest"], left[host]["node_rank"])
         for pod, host in hosts.items()
     } == {pod: (last[pod], new_digest, new_ranks[pod]) for pod in hosts}
+    # HCCL's rank table follows the ranks: every worker of the first round read it in the
+    # bootstrap's order, every worker after the replacement in the new round's order
+    in_order = sorted(range(PODS), key=lambda pod: ranks[pod])
+    assert first_tables == {rank: [node_ids[pod] for pod in in_order] for rank in range(PODS)}
+    new_order = [new_node_ids[pod] for pod in sorted(range(PODS), key=lambda pod: new_ranks[pod])]
+    assert last_tables == {rank: new_order for rank in range(PODS)}
     tor_of = {pod: (moved if pod == victim else reports[pod]).placement.tors[0] for pod in hosts}
     edges, bound = cross_tor_edges(new_ranks, tor_of)
     assert edges == bound == 3

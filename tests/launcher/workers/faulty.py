@@ -45,7 +45,12 @@ def main() -> None:
     if mine and options.always:
         fail(rank, attempt)
     dist.init_process_group("gloo")
-    record_ = {"pid": os.getpid(), "attempt": attempt, "MASTER_PORT": os.environ["MASTER_PORT"]}
+    record_ = {
+        "pid": os.getpid(),
+        "attempt": attempt,
+        "MASTER_PORT": os.environ["MASTER_PORT"],
+        "RANK_TABLE_FILE": os.environ.get("RANK_TABLE_FILE", ""),
+    }
     path = os.path.join(options.out_dir, f"{rank}.json")
     with open(path + ".tmp", "w", encoding="utf-8") as handle:
         json.dump(record_, handle)
