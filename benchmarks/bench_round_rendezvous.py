@@ -49,13 +49,13 @@ from npu_job.bootstrap import planner
 from npu_job.bootstrap.base.model import Collective
 from npu_job.bootstrap.nodereport import encode_report, report_of
 from npu_job.demo.synthetic import synthetic_cluster
+from npu_job.launcher.noderank import PLANNED_ORDER
 
 from npu_job.podfacts import NODE_REPORT_FILE
 
 HERE = Path(__file__).resolve().parent
 ROUNDS = 2  # round 0 (the first start) and round 1 (every node joins again)
 TOPOLOGY_SOURCE = "/user/config/ranktable_tor.json (cce-ranktable-tor)"
-PLANNED_ORDER = "planned order "  # npu-run's node order option for a bootstrap that planned
 REPLY_TIMEOUT = 180.0  # seconds for one answer of a node: a round is bounded by join_timeout
 
 # name, handler variant, whether the nodes have their bootstraps' reports
@@ -98,11 +98,12 @@ class Node:
 
     def __init__(self, pod: int, log: Path) -> None:
         self.pod = pod
+        self._errors = open(log.with_suffix(".err"), "w")
         self.process = subprocess.Popen(
             [sys.executable, str(HERE / "_round_node.py"), str(log)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=open(log.with_suffix(".err"), "w"),
+            stderr=self._errors,
             text=True,
         )
 
@@ -131,6 +132,7 @@ class Node:
             except (OSError, subprocess.TimeoutExpired):
                 self.process.kill()
                 self.process.wait()
+        self._errors.close()
 
 
 @dataclass
@@ -140,7 +142,6 @@ class Measured:
     wall: Dict[Tuple[str, int], List[float]] = field(default_factory=dict)
     root_cpu: Dict[Tuple[str, int], List[float]] = field(default_factory=dict)
     all_cpu: Dict[Tuple[str, int], List[float]] = field(default_factory=dict)
-    report_bytes: Dict[str, List[int]] = field(default_factory=dict)  # what each node joined with
     root_bytes: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # parallel's, round 1
     wrong_ranks: List[str] = field(default_factory=list)
 
@@ -177,11 +178,9 @@ def trial(
             "node_order": f"{PLANNED_ORDER}{cluster.digest}" if with_reports else None,
             "is_host": pod == 0,
         }
-    sizes = []
     for node in [root, *nodes[1:]]:  # c10d's host binds its store when its handler is made
         node.send({"open": specs[node.pod]})
-        sizes.append(node.answer()["report"])
-    measured.report_bytes.setdefault(name, sizes)
+        node.answer()
     expected = cluster.ranks if with_reports else tuple(range(cluster.nodes))
     for number in range(ROUNDS):
         want_bytes = (
