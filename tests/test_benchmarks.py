@@ -137,6 +137,17 @@ CASES = [
             "| nodes | report median | report max | round plan | plan per node |",
         ],
     ),
+    pytest.param(  # 2 node processes, one trial of each variant (and one untimed): ~30 s
+        "bench_round_rendezvous.py",
+        ["--nodes", "2", "--repeat", "1"],
+        [
+            "| nodes | round | parallel re-planned s | parallel unknown s | ratio ",
+            *(f"| 2 | {number} | " for number in (0, 1)),
+            "| nodes | ToRs | re-planned: report + claim | plan |",
+            "or its pod index (unknown nodes): yes",
+        ],
+        marks=pytest.mark.torch,
+    ),
     pytest.param(
         "bench_rendezvous.py",
         ["--cases", "2x2", "--repeat", "1", "--gloo-peers", "2"],
