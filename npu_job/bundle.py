@@ -16,8 +16,8 @@ What runs, in order, and what each part answers for:
    that a file cut short or a damaged entry point is one ``npu-job: error:`` line (exit 10); then
    it runs ``__main__.py``. That is what the pod runs (bootstrap.sh, train.sh).
    ``python3 npu-job.pyz`` on a file cut short finds no archive at its end. CPython 3.8 and later
-   then look back up to 64 KiB for one, and find a *sentinel* (:func:`zip_archive`): a small
-   archive, copies of which lie between the entries, whose ``__main__.py`` prints the loader's
+   then look back up to 64 KiB for one, and find a *sentinel* (:mod:`npu_job.bundlezip`): a
+   small archive, copies of which lie between the entries, whose ``__main__.py`` prints the loader's
    line and exits 10. CPython 3.7 compiles the whole file as a script instead, and no code of a
    file runs before all of it compiles; the prologue, which Python reads as a string and then an
    unterminated one, makes the error it shows (exit 1) hold the loader's line.
@@ -27,7 +27,11 @@ What runs, in order, and what each part answers for:
    below it, one line names the version found and the floor; the bootstrap then writes its
    ``route_plan.json`` (status ``failed``) and keeps the scheduler order (exit 0; ``--strict``:
    :data:`FLOOR_EXIT`, the code of npu-run on a Python without torch). Then it checks the whole
-   file against its digest, and only then imports :mod:`npu_job.pod.bundled`.
+   file against its digest; only then does it inflate the sources and put a finder first on
+   ``sys.meta_path`` that imports the bundle's modules from them, in memory (a SourceLoader:
+   ``__file__`` is ``.../npu-job.pyz/npu_job/...`` and linecache gets the source from it, so
+   tracebacks show the lines), and import :mod:`npu_job.pod.bundled`. A stream that does not
+   inflate is one line too (exit 10).
 
 **The digest** (``sha256:<hex>``: the prologue's second line, ``version`` and the pod's identity
 line) is the SHA-256 of the whole file with its own 64 hex digits read as ``0``. It lives in the
@@ -45,9 +49,11 @@ sources (``.pyc`` files are tied to one interpreter version; the bundle serves 3
 with docstrings and comments blanked and every line kept where it was, so a traceback's line
 numbers are those of the repository at the same version, in half the size (the ConfigMap must
 stay small enough for ``kubectl apply``'s last-applied annotation: :mod:`npu_job.render.render`).
-The same sources give a byte-identical file: entries in name order, fixed timestamps and modes,
-and between them a few copies of a small archive of its own that ``python3 npu-job.pyz`` finds in
-a file cut short (:func:`zip_archive`).
+The sources, in name order, are one zlib stream (solid: a quarter smaller than an entry deflated
+for each, whose headers add more), cut into a few stored chunks (:data:`CHUNK_BYTES`) so that a
+sentinel lies within reach of any cut; zlib is the one compressor every image's Python has. The
+same sources give a byte-identical file: fixed timestamps and modes, and between the entries a
+few copies of a small archive of its own that ``python3 npu-job.pyz`` finds in a file cut short.
 
 :func:`build` is pure (files in, bytes out); :func:`pod_side_files` reads them from the installed
 package (the edge).
@@ -61,6 +67,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from npu_job import __version__, podfacts
+from npu_job.bundlezip import strip_prose, zip_archive
 from npu_job.errors import BundleError, MissingExtraError
 from npu_job.parsing import TRUE_WORDS
 
@@ -112,11 +119,71 @@ def file_digest(data):
     masked = data[:start] + b"0" * DIGEST_HEX + data[end:]
     return DIGEST_PREFIX + recorded, DIGEST_PREFIX + hashlib.sha256(masked).hexdigest()
 """
+#: The names of the stored entries whose bytes, joined in name order, are the zlib stream of the
+#: sources (a few, so that a sentinel lies within reach of any cut: npu_job.bundlezip).
+CHUNK_PREFIX = "npu_job.zlib."
+CHUNK_BYTES = 48 * 1024
+
+# The sources' stream, read by __main__.py as by the builder (below): one zlib stream of records,
+# each the archive name, a newline, the source's length in bytes, a newline and the source.
+_SOURCES_RULE = f"""\
+CHUNK_PREFIX = {CHUNK_PREFIX!r}
+
+
+def read_sources(stream):
+    '''The sources of a stream of records, by archive name (zlib.error, ValueError: damaged).'''
+    import zlib
+    data = zlib.decompress(stream)
+    sources = dict()
+    at = 0
+    while at < len(data):
+        name_end = data.index(b"\\n", at)
+        size_end = data.index(b"\\n", name_end + 1)
+        start = size_end + 1
+        end = start + int(data[name_end + 1:size_end])
+        if end > len(data):
+            raise ValueError("a source runs past the stream's end")
+        sources[data[at:name_end].decode("utf-8")] = data[start:end]
+        at = end
+    return sources
+
+
+def module_name(name):
+    '''The module an archive name holds: npu_job/pod/__init__.py is npu_job.pod.'''
+    dotted = name[:-len(".py")].replace("/", ".")
+    return dotted[:-len(".__init__")] if dotted.endswith(".__init__") else dotted
+"""
 _rule: Dict[str, object] = {}
 exec(_DIGEST_RULE, _rule)
+exec(_SOURCES_RULE, _rule)
 #: ``file_digest(data) -> (recorded, computed)``: the digest field of a bundle's bytes (None when
 #: it has none) and the digest those bytes have.
 file_digest: Callable[[bytes], Tuple[Optional[str], str]] = _rule["file_digest"]  # type: ignore[assignment]
+
+
+#: ``read_sources(stream) -> {archive name: source}``: what the bundle's chunks, joined, hold.
+read_sources: Callable[[bytes], Dict[str, bytes]] = _rule["read_sources"]  # type: ignore[assignment]
+#: ``module_name(archive name) -> dotted name``: the module a bundled source is.
+module_name: Callable[[str], str] = _rule["module_name"]  # type: ignore[assignment]
+
+
+def sources_stream(sources: Sequence[Tuple[str, bytes]]) -> bytes:
+    """The zlib stream of ``sources`` (archive name, bytes) in their order, as
+    :func:`read_sources` reads it."""
+    import zlib
+
+    records = b"".join(b"%s\n%d\n%s" % (name.encode(), len(text), text) for name, text in sources)
+    return zlib.compress(records, 9)
+
+
+def bundled_sources(data: bytes) -> Dict[str, bytes]:
+    """The sources a bundle's bytes hold, by archive name (as its ``__main__.py`` reads them)."""
+    import io
+    import zipfile
+
+    archive = zipfile.ZipFile(io.BytesIO(data))
+    chunks = sorted(name for name in archive.namelist() if name.startswith(CHUNK_PREFIX))
+    return read_sources(b"".join(archive.read(name) for name in chunks))
 
 
 def short_digest(digest: str) -> str:
@@ -140,10 +207,6 @@ CORE_MODULES = (
     "podfacts",
     "polling",
 )
-#: zip's earliest date: an entry's timestamp must not depend on when or where it was built.
-FIXED_DATE = (1980, 1, 1, 0, 0, 0)
-ENTRY_MODE = 0o644
-
 # The loader runs as ``python -c`` inside single quotes: no single quote may appear in it. Any
 # Python parses it (2.7 included): __main__.py then says when the interpreter is too old. The
 # archive must end where the file does (the bundle's archive has no comment): zipfile, like
@@ -190,6 +253,22 @@ exec "${{NPU_JOB_PYTHON:-python3}}" -c '{loader}' "$0" "$@"
 "npu-job: error: {unreadable}
 """
 
+#: The one module zipimport finds in the archive: what a process that did not start from the entry
+#: point (a multiprocessing spawn child, given the parent's sys.path) imports as ``npu_job``.
+PACKAGE_ENTRY = "npu_job/__init__.py"
+# It runs the entry point's own check and finder (not its main), then puts the bundle's npu_job
+# in its own place: the import system takes the module that sys.modules holds once it has run.
+_PACKAGE_STUB = f"""\
+import os, sys, zipfile
+bundle = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+entry = dict(__name__="npu_job.__entry__", __file__=os.path.join(bundle, {MAIN_ENTRY!r}))
+exec(compile(zipfile.ZipFile(bundle).read({MAIN_ENTRY!r}), entry["__file__"], "exec"), entry)
+if entry["load"](bundle)[1]:
+    raise ImportError("npu_job: " + bundle + ": not a readable npu-job bundle (see above)")
+del sys.modules[__name__]
+import npu_job
+"""
+
 # __main__.py: Python that every interpreter parses, on the standard library alone. It is filled
 # in with str.format, so it holds no brace of its own.
 _MAIN = """\
@@ -211,9 +290,42 @@ PLAN_FILES = {plan_files!r}
 SHORT = {short!r}
 
 {digest_rule}
+{sources_rule}
 
 def error(message):
     sys.stderr.write("npu-job: error: " + message + "\\n")
+
+
+def install(bundle, data):
+    '''Imports of the bundle's modules from its inflated sources, ahead of any other copy.'''
+    import importlib.abc
+    import importlib.util
+    import io
+    import zipfile
+
+    archive = zipfile.ZipFile(io.BytesIO(data))
+    chunks = sorted(name for name in archive.namelist() if name.startswith(CHUNK_PREFIX))
+    sources = read_sources(b"".join(archive.read(name) for name in chunks))
+    if not sources:
+        raise ValueError("no sources")
+    files = dict((bundle + "/" + name, text) for name, text in sources.items())
+    modules = dict((module_name(name), bundle + "/" + name) for name in sources)
+
+    class Bundled(importlib.abc.MetaPathFinder, importlib.abc.SourceLoader):
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname not in modules:
+                return None
+            return importlib.util.spec_from_file_location(fullname, modules[fullname], loader=self)
+
+        def get_filename(self, fullname):
+            return modules[fullname]
+
+        def get_data(self, path):
+            if path not in files:
+                raise OSError("%s: not in the bundle" % path)
+            return files[path]
+
+    sys.meta_path.insert(0, Bundled())
 
 
 def flag_value(args, flag):
@@ -271,23 +383,39 @@ def main():
         strict = "--strict" in args[1:]
         strict = strict or os.environ.get(STRICT_ENV, "").strip().lower() in TRUE_WORDS
         return FLOOR_EXIT if strict else 0
+    recorded, failed = load(bundle)
+    if failed:
+        return failed
+    from npu_job.pod.bundled import main as run
+    return run(bundle, recorded)
+
+
+def load(bundle):
+    '''(digest, None) with the bundle's modules importable once its bytes match their digest, else
+    (None, exit code) after one line.'''
     try:
         with open(bundle, "rb") as handle:
             data = handle.read()
     except (IOError, OSError) as failure:
         error("%s: not a readable npu-job bundle (%s)" % (bundle, failure))
-        return BUNDLE_EXIT
+        return None, BUNDLE_EXIT
     recorded, computed = file_digest(data)
     if recorded != computed:
         error("%s: altered: its bytes have digest %s, the bundle records %s" % (
             bundle, computed[:SHORT], (recorded or "none")[:SHORT]))
         sys.stderr.write("npu-job: TIP: {tip}\\n")
-        return BUNDLE_EXIT
-    from npu_job.pod.bundled import main as run
-    return run(bundle, recorded)
+        return None, BUNDLE_EXIT
+    try:
+        install(bundle, data)
+    except Exception as failure:
+        error("%s: altered: its sources do not inflate (%s)" % (bundle, failure))
+        sys.stderr.write("npu-job: TIP: {tip}\\n")
+        return None, BUNDLE_EXIT
+    return recorded, None
 
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())
 """
 
 
@@ -321,6 +449,7 @@ def _main_entry(version: str) -> str:
         plan_files=(RANK_FILE, MASTER_FILE, ENV_FILE, RANK_TABLE_COPY, NODE_REPORT_FILE),
         short=podfacts.SHOWN_DIGEST,
         digest_rule=_DIGEST_RULE,
+        sources_rule=_SOURCES_RULE,
         tip=ALTERED_TIP,
     )
 
@@ -350,7 +479,7 @@ class Bundle:
     data: bytes
     digest: str  # file_digest: every byte of the file (what the pod's first log line shows)
     version: str
-    entries: int
+    entries: int  # the modules it holds, __main__.py among them
     source_bytes: int  # the sources before blanking, for the size report
 
     @property
@@ -358,67 +487,26 @@ class Bundle:
         return short_digest(self.digest)
 
 
-def strip_prose(source: str) -> str:
-    """``source`` with docstrings and comments blanked, every line where it was.
-
-    A docstring becomes ``""`` followed by as many newlines as it spanned; a comment is cut off
-    its line. The result compiles to the same code on the same line numbers (tests check the
-    syntax trees).
-    """
-    import ast
-    import io
-    import tokenize
-
-    lines = source.splitlines(keepends=True)
-    spans: List[Tuple[Tuple[int, int], Tuple[int, int], str]] = []
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT:
-            spans.append((token.start, token.end, ""))
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            first = node.body[0] if node.body else None
-            if (
-                isinstance(first, ast.Expr)
-                and isinstance(first.value, ast.Constant)
-                and isinstance(first.value.value, str)
-                and first.end_lineno is not None
-                and first.end_col_offset is not None
-            ):
-                newlines = "\n" * (first.end_lineno - first.lineno)
-                start = (first.lineno, _column(lines, first.lineno, first.col_offset))
-                end = (first.end_lineno, _column(lines, first.end_lineno, first.end_col_offset))
-                spans.append((start, end, '""' + newlines))
-    # from the end, so that earlier positions stay valid; columns are of the line's own text
-    for (start_line, start_col), (end_line, end_col), replacement in sorted(spans, reverse=True):
-        head = lines[start_line - 1][:start_col]
-        tail = lines[end_line - 1][end_col:]
-        if not replacement:  # a comment: drop it and the spaces before it
-            head = head.rstrip()
-        lines[start_line - 1 : end_line] = [head + replacement + tail]
-    return "".join(lines)
-
-
-def _column(lines: Sequence[str], line: int, utf8_offset: int) -> int:
-    """ast's column (UTF-8 bytes into the line) as a character index, as tokenize counts."""
-    return len(lines[line - 1].encode("utf-8")[:utf8_offset].decode("utf-8"))
-
-
 def build(files: Iterable[Tuple[str, str]], version: str = __version__) -> Bundle:
     """The bundle of ``files`` (archive name, Python source): prologue, then a zip archive."""
+    files = list(files)
     stripped = sorted((name, strip_prose(text).encode("utf-8")) for name, text in files)
     source_bytes = sum(len(text.encode("utf-8")) for _, text in files)
-    entries = sorted([*stripped, (MAIN_ENTRY, _main_entry(version).encode("utf-8"))])
+    stream = sources_stream(stripped)
+    chunks = [
+        (f"{CHUNK_PREFIX}{number:02d}", stream[at : at + CHUNK_BYTES])
+        for number, at in enumerate(range(0, len(stream), CHUNK_BYTES))
+    ]
+    main = (MAIN_ENTRY, _main_entry(version).encode("utf-8"))
+    entries = [main, (PACKAGE_ENTRY, _PACKAGE_STUB.encode("utf-8")), *chunks]
     sentinel = zip_archive([(MAIN_ENTRY, _CUT_SHORT.format(unreadable=UNREADABLE).encode())])
-    archive = zip_archive(entries, sentinel=sentinel)
+    stored = {PACKAGE_ENTRY, *(name for name, _ in chunks)}  # zipimport may lack zlib
+    archive = zip_archive(entries, sentinel=sentinel, stored=stored)
     unsigned = _prologue(version, "0" * DIGEST_HEX) + archive
     _, digest = file_digest(unsigned)
     data = _prologue(version, digest[len(DIGEST_PREFIX) :]) + archive
-    return Bundle(data, digest, version, len(entries), source_bytes)
+    return Bundle(data, digest, version, len(stripped) + 1, source_bytes)
 
-
-#: The most bytes a sentinel's end of archive may be from the next one, or from the archive's end:
-#: zipimport (CPython 3.8 and later) looks for an archive's end in a file's last 64 KiB.
-SENTINEL_SPACING = 60 * 1024
 
 # A sentinel's __main__.py: what Python runs of a bundle cut short, when it finds the sentinel.
 _CUT_SHORT = """\
@@ -426,61 +514,6 @@ import sys
 sys.stderr.write("npu-job: error: %s: {unreadable}\\n" % sys.argv[0])
 sys.exit(10)
 """
-
-
-def zip_archive(entries: Sequence[Tuple[str, bytes]], *, sentinel: bytes = b"") -> bytes:
-    """A zip archive of ``entries`` (name, data), deflated, in their order, every field fixed.
-
-    With ``sentinel`` (an archive itself), copies of it lie between the entries, unreferenced: one
-    first, then one wherever the next entry or the archive's directory would end more than
-    :data:`SENTINEL_SPACING` after the last copy. A file cut anywhere after the first copy then
-    ends within 64 KiB of a whole sentinel, which ``python3 FILE`` runs (Python finds no archive
-    at the file's end and looks back for one), so that way too a bundle cut short is the loader's
-    one line and exit 10. Python 3.7 looks at the file's last 22 bytes only; it shows its own
-    error (the prologue's).
-    """
-    import struct
-    import zlib
-
-    body = bytearray()
-    directory = bytearray()
-    last_sentinel = -SENTINEL_SPACING  # none yet: the first comes before the first entry
-    dos_time = 0
-    dos_date = (FIXED_DATE[0] - 1980) << 9 | FIXED_DATE[1] << 5 | FIXED_DATE[2]
-
-    def keep_within_reach(size: int) -> None:
-        nonlocal last_sentinel
-        if sentinel and len(body) + size - last_sentinel > SENTINEL_SPACING:
-            body.extend(sentinel)
-            last_sentinel = len(body)
-
-    for name, data in entries:
-        encoded = name.encode("utf-8")
-        compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
-        packed = compressor.compress(data) + compressor.flush()
-        crc = zlib.crc32(data) & 0xFFFFFFFF
-        keep_within_reach(30 + len(encoded) + len(packed))
-        offset = len(body)
-        fields = (20, 0, 8, dos_time, dos_date, crc, len(packed), len(data), len(encoded), 0)
-        body += struct.pack("<4s5H3L2H", b"PK\x03\x04", *fields) + encoded + packed
-        directory += struct.pack(
-            "<4s6H3L5H2L",
-            b"PK\x01\x02",
-            3 << 8 | 20,  # made on Unix, whatever the building machine is; zip 2.0
-            *fields[:-1],
-            0,  # no extra field
-            0,  # no comment
-            0,  # disk
-            0,  # internal attributes
-            ENTRY_MODE << 16,
-            offset,
-        )
-        directory += encoded
-    keep_within_reach(len(directory) + 22)
-    end = struct.pack(
-        "<4s4H2LH", b"PK\x05\x06", 0, 0, len(entries), len(entries), len(directory), len(body), 0
-    )
-    return bytes(body + directory + end)
 
 
 def pod_side_files(kinds: Optional[Iterable[str]] = None) -> List[Tuple[str, str]]:

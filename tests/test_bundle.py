@@ -42,19 +42,24 @@ from npu_job.render.values import SpecInput, load_yaml_values, merge_values
 from npu_job import __version__
 from npu_job.bundle import (
     BUNDLE_NAME,
+    CHUNK_PREFIX,
     DIGEST_PREFIX,
-    FIXED_DATE,
     FLOOR_EXIT,
     FLOORS,
     MAIN_ENTRY,
+    PACKAGE_ENTRY,
     UNREADABLE,
     Bundle,
     build,
+    bundled_sources,
     file_digest,
     installed_bundle,
     pod_side_files,
+    sources_stream,
     strip_prose,
+    zip_archive,
 )
+from npu_job.bundlezip import FIXED_DATE
 from npu_job.errors import BundleError, MissingExtraError
 from npu_job.pod import bundled
 from tests.bootstrap.documents import write_cce_job
@@ -93,9 +98,16 @@ def test_the_same_sources_give_the_same_bytes_in_any_order(bundle: Bundle) -> No
     once = build(files).data
     assert build(files).data == once and build(list(reversed(files))).data == once
     infos = _archive(bundle.data).infolist()
-    names = [info.filename for info in infos]
-    assert names == sorted(names) and MAIN_ENTRY in names
+    chunks = [info for info in infos if info.filename.startswith(CHUNK_PREFIX)]
+    ahead = [MAIN_ENTRY, PACKAGE_ENTRY]
+    assert [info.filename for info in infos] == [*ahead, *(info.filename for info in chunks)]
+    assert [info.filename for info in chunks] == [
+        f"{CHUNK_PREFIX}{n:02d}" for n in range(len(chunks))
+    ]
+    assert {info.compress_type for info in chunks} == {zipfile.ZIP_STORED}, "one zlib stream"
     assert {info.date_time for info in infos} == {FIXED_DATE}
+    names = list(bundled_sources(bundle.data))
+    assert names == sorted(names) and len(names) == bundle.entries - 1
     assert not [name for name in names if not name.endswith(".py")], "sources only, no .pyc"
 
 
@@ -213,15 +225,15 @@ def test_blanking_prose_keeps_every_statement_on_its_line(name: str) -> None:
 
 
 def test_every_npu_job_module_a_bundled_module_imports_is_bundled(bundle: Bundle) -> None:
-    archive = _archive(bundle.data)
-    names = {info.filename for info in archive.infolist()}
+    sources = bundled_sources(bundle.data)
+    names = set(sources)
     modules = {name[: -len(".py")].replace("/", ".").replace(".__init__", "") for name in names}
     missing = []
     for name in sorted(names):
         package = name.rsplit("/", 1)[0].replace("/", ".")
         if name.endswith("__init__.py"):
             package = name[: -len("/__init__.py")].replace("/", ".")
-        for names_brought, _ in import_statements(ast.parse(archive.read(name)), package):
+        for names_brought, _ in import_statements(ast.parse(sources[name]), package):
             # ``from X import a``: X.a where it is a module, else X itself
             targets = [t for t in names_brought[1:] if t in modules] or names_brought[:1]
             for target in targets:
@@ -258,14 +270,14 @@ def test_the_bundle_holds_no_syntax_or_stdlib_use_newer_than_its_floors(
     """The bootstrap and the core: Python 3.7 (the platform's routing images); npu-run: 3.8 (the
     oldest Python of torch 2.1). The sources as shipped, so a ``# novermin`` comment (a line that
     a newer interpreter alone reaches, or a type checker) is kept out of the bundle but seen here."""
-    archive = _archive(bundle.data)
+    shipped = bundled_sources(bundle.data)
     floors: Dict[str, List[Path]] = {"3.7": [], "3.8": []}
     for name, source in pod_side_files():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(source)
         floors["3.8" if name.startswith("npu_job/launcher/") else "3.7"].append(path)
-        assert name in archive.namelist()
+        assert name in shipped
     for target, paths in floors.items():
         done = _vermin(target, paths)
         assert done.returncode == 0, done.stdout
@@ -392,17 +404,16 @@ def _truncated(bundle_file: Path) -> Path:
 
 
 def _altered(bundle_file: Path) -> Path:
+    """The planner's source changed in the bundle's stream, every zip field made to match."""
     data = bundle_file.read_bytes()
-    start = data.index(b"PK\x03\x04")
-    source = _archive(data)
-    copy = io.BytesIO()
-    with zipfile.ZipFile(copy, "w", zipfile.ZIP_DEFLATED) as altered:
-        for info in source.infolist():
-            content = source.read(info)
-            if info.filename == "npu_job/bootstrap/planner.py":
-                content += b"\nNODES_UNDER_ONE_SWITCH = 0\n"
-            altered.writestr(info, content)
-    bundle_file.write_bytes(data[:start] + copy.getvalue())
+    sources = bundled_sources(data)
+    sources["npu_job/bootstrap/planner.py"] += b"\nNODES_UNDER_ONE_SWITCH = 0\n"
+    stream = sources_stream(sorted(sources.items()))
+    kept = [(name, _archive(data).read(name)) for name in (MAIN_ENTRY, PACKAGE_ENTRY)]
+    entries = [*kept, (f"{CHUNK_PREFIX}00", stream)]
+    archive = zip_archive(entries, stored={PACKAGE_ENTRY, f"{CHUNK_PREFIX}00"})
+    bundle_file.write_bytes(data[: data.index(b"PK\x03\x04")] + archive)
+    assert bundled_sources(bundle_file.read_bytes()) == sources
     return bundle_file
 
 

@@ -26,6 +26,7 @@ LAYERS: Dict[str, Tuple[int, str]] = {
     "npu_job.parsing": (0, "core"),
     "npu_job.polling": (0, "core"),
     "npu_job.bundle": (0, "core"),  # what the job's bundle is, and building it from the sources
+    "npu_job.bundlezip": (0, "core"),  # the bundle's zip archive, byte for byte
     # files the commands ship (the pod's scripts, the demo's workload); they import the core at most
     "npu_job.scripts": (0, "data"),
     "npu_job.examples": (0, "data"),
