@@ -18,6 +18,8 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from npu_job.errors import LaunchError
 from npu_job.parsing import count_from_text, seconds_from_text
 
+from ..probe.launch import OPTION as PROBE_OPTION
+from ..probe.launch import ProbeRequest
 from . import liveness
 from .liveness import LivenessSettings
 
@@ -66,6 +68,7 @@ class ParallelSettings:
     keep_alive_max_attempt: int = liveness.DEFAULT_MAX_ATTEMPT
     pod_index: Optional[int] = None
     report: bytes = b""
+    probe: Optional[ProbeRequest] = None  # npu-run --probe: probe each round's plan (None: off)
 
     @property
     def hosts_root(self) -> bool:
@@ -152,6 +155,11 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
             f"--rdzv_conf: {POD_INDEX_OPTION}: expected a whole number >= 0, got {pod_index_text!r}"
         )
     report = params.get(NODE_REPORT_OPTION) or b""
+    probe_text = str(params.get(PROBE_OPTION) or "")
+    try:
+        probe = ProbeRequest.from_text(probe_text) if probe_text else None
+    except ValueError as error:
+        raise LaunchError(f"--rdzv_conf: {PROBE_OPTION}: {error}") from None
     return ParallelSettings(
         run_id=params.run_id,
         master_addr=host,
@@ -168,6 +176,7 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
         keep_alive_max_attempt=attempts,
         pod_index=pod_index,
         report=report.encode() if isinstance(report, str) else bytes(report),
+        probe=probe,
     )
 
 
@@ -228,6 +237,10 @@ class RunKeys:
 
     def ready(self, number: int) -> str:
         return f"{self.round(number)}/ready"
+
+    def probe(self, number: int) -> str:
+        """The prefix of round ``number``'s probe keys (``npu-run --probe``)."""
+        return f"{self.round(number)}/probe"
 
     def agent_prefix(self, number: int) -> str:
         return f"{self.round(number)}/agent"
