@@ -188,12 +188,11 @@ def probe_budget(value: Any) -> Optional[float]:
     return budget
 
 
-def probe_margin(value: Any) -> float:
-    from .probe import stats
-
+def probe_margin(value: Any) -> Optional[float]:
+    """``--probe_margin``, or None for the probe's default."""
     text = str(value or "").strip()
     if not text:
-        return stats.DEFAULT_MARGIN
+        return None
     try:
         margin = float(text)
     except ValueError:
@@ -206,6 +205,8 @@ def probe_margin(value: Any) -> float:
 def probe_request(args: argparse.Namespace, env: Mapping[str, str]) -> Any:
     """The :class:`~.probe.launch.ProbeRequest` of prepared ``args``: the workers' devices (NPUs
     with hccl where torch_npu sees them, else GPUs with nccl, else the CPU with gloo)."""
+    from dataclasses import replace
+
     from .devices import probe_devices
     from .probe.launch import ProbeRequest
     from .probe.session import ProbeSettings
@@ -218,7 +219,9 @@ def probe_request(args: argparse.Namespace, env: Mapping[str, str]) -> Any:
         backend, devices = "nccl", tuple(f"cuda:{local}" for local in range(nproc))
     else:
         backend, devices = "gloo", ("cpu",) * nproc
-    settings = ProbeSettings(budget=args.probe, margin=args.probe_margin)
+    settings = ProbeSettings(budget=args.probe)
+    if args.probe_margin is not None:
+        settings = replace(settings, margin=args.probe_margin)
     output_dir = env.get(OUTPUT_DIR_ENV) or OUTPUT_DIR
     return ProbeRequest(settings, nproc, backend, devices, output_dir)
 

@@ -3,14 +3,14 @@ backend, and the one call its handler makes once a round's plan is known.
 
 npu-run resolves ``--probe[=SECONDS]`` into a :class:`ProbeRequest` (the budget and margin, this
 node's probe processes, their backend and devices, where ``probe.json`` goes) and passes it as
-text in the backend's options (:data:`OPTION`). Once the root's plan of a round is known, every
-agent calls :func:`follow`: it runs :func:`.session.probe_round` with this node's rank in the
-plan's order and in the scheduler's (the members by position, i.e. by pod index), writes
-``probe.json`` beside the bootstrap's ``route_plan.json``, logs the verdict line every node logs
-alike, and returns the plan the workers start in: the root's, or, where node rank 0 decided for
-the scheduler's order, that order as a plan of its own (its ranks, its mapping digest), so the
-workers' ranks and whatever follows node rank 0 (the workers' store on torch without
-``list_keys``) follow it on every node.
+text in the backend's options (``rendezvous.config.PROBE_OPTION``). Once the root's plan of a
+round is known, every agent calls :func:`follow`: it runs :func:`.session.probe_round` with this
+node's rank in the plan's order and in the scheduler's (the members by position, i.e. by pod
+index), writes ``probe.json`` beside the bootstrap's ``route_plan.json``, logs the verdict line
+every node logs alike, and returns the plan the workers start in: the root's, or, where node
+rank 0 decided for the scheduler's order, that order as a plan of its own (its ranks, its
+mapping digest), so the workers' ranks and whatever follows node rank 0 (the workers' store on
+torch without ``list_keys``) follow it on every node.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from .session import NodeProbe, ProbeSettings, probe_round
 
 log = logging.getLogger(__name__)
 
-OPTION = "probe"  # the parallel backend's option: a ProbeRequest's text (npu-run sets it)
 PROBE_FILE = "probe.json"
 
 

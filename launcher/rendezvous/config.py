@@ -10,7 +10,7 @@ root store, all under ``npu_run/<run_id>/`` (per round, like torch's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
@@ -18,8 +18,6 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from npu_job.errors import LaunchError
 from npu_job.parsing import count_from_text, seconds_from_text
 
-from ..probe.launch import OPTION as PROBE_OPTION
-from ..probe.launch import ProbeRequest
 from . import liveness
 from .liveness import LivenessSettings
 
@@ -27,7 +25,11 @@ TIERED_OPTION = "enable_tiered_parallel_tcpstore"
 NODE_ORDER_OPTION = "node_order"  # which node order this node's rank belongs to (npu-run sets it)
 NODE_REPORT_OPTION = "node_report"  # this node's report (npu_job_node.json's text; npu-run sets it)
 POD_INDEX_OPTION = "pod_index"  # this pod's scheduler index, from its report (npu-run sets it)
+PROBE_OPTION = "probe"  # npu-run --probe: a ProbeRequest's text (npu-run sets it)
 KEY_ROOT = "npu_run"
+
+if TYPE_CHECKING:  # the probe is imported only when asked for (the pod bundle leaves it out)
+    from ..probe.launch import ProbeRequest
 
 DEFAULT_STORE_TIMEOUT = 900.0  # torch's LaunchConfig default for rdzv_configs["timeout"]
 DEFAULT_JOIN_TIMEOUT = 600.0  # torch's c10d join_timeout
@@ -157,7 +159,11 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
     report = params.get(NODE_REPORT_OPTION) or b""
     probe_text = str(params.get(PROBE_OPTION) or "")
     try:
-        probe = ProbeRequest.from_text(probe_text) if probe_text else None
+        probe = None
+        if probe_text:
+            from ..probe.launch import ProbeRequest
+
+            probe = ProbeRequest.from_text(probe_text)
     except ValueError as error:
         raise LaunchError(f"--rdzv_conf: {PROBE_OPTION}: {error}") from None
     return ParallelSettings(

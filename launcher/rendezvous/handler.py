@@ -71,7 +71,6 @@ from npu_job.errors import InputError
 from npu_job.polling import Backoff, poll
 
 from .. import torchcompat
-from ..probe import launch as probe_launch
 from ..torchcompat import StoreError
 from . import rootstore, rounds, verdict
 from .config import (
@@ -219,6 +218,8 @@ class ParallelRendezvousHandler(RendezvousHandler):
                     store, self._keys, settings, number, check_stopped=faults.raise_if_stopped
                 )
             if settings.probe is not None:  # npu-run --probe: the workers follow its decision
+                from ..probe import launch as probe_launch
+
                 plan = probe_launch.follow(
                     store,
                     settings.probe,
