@@ -177,6 +177,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def bare_probe(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[str]:
+    """``argv`` with a bare ``--probe`` written ``--probe=60`` unless a number follows it, so that
+    ``npu-run --probe train.py`` does not take the script for its seconds (argparse's ``nargs="?"``
+    would). Only npu-run's own flags are looked at: the scan stops at the training script."""
+    options = parser._option_string_actions
+    words = list(argv)
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word == "--":
+            break
+        if not word.startswith("-") or word == "-":
+            break  # the training script
+        if "=" in word or word not in options:
+            index += 1
+            continue
+        if word == "--probe":
+            following = words[index + 1] if index + 1 < len(words) else ""
+            if seconds_from_text(following, zero_ok=True) is None:
+                words[index] = f"--probe={DEFAULT_PROBE_BUDGET}"
+            index += 1
+            continue
+        takes = options[word].nargs
+        index += 1 if takes == 0 else 2
+    return words
+
+
 def probe_budget(value: Any) -> Optional[float]:
     """``--probe``'s seconds, or None when off (no flag, an empty ``PET_PROBE``)."""
     text = str(value or "").strip()
@@ -510,7 +537,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return report_error(error, PROG)
     parser = build_parser()
     try:
-        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        args = parser.parse_args(bare_probe(parser, sys.argv[1:] if argv is None else argv))
     except SystemExit as exit_:  # --help exits 0, usage errors 2
         return int(exit_.code) if isinstance(exit_.code, int) else EXIT_USAGE
     try:
