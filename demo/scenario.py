@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import posixpath
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from npu_job.bootstrap.options import TOPOLOGY_ENV
 from npu_job.kinds import DEFAULT, KINDS
@@ -94,6 +94,7 @@ class DemoOptions:
     routing_source: str = "rank-table"
     image: str = STOCK_IMAGE  # one of IMAGES: what software the pods' image holds
     kind: str = DEFAULT  # the job kind rendered and simulated (npu_job.kinds.KINDS)
+    probe: Union[bool, int] = False  # the spec key probe: npu-run --probe (int: its seconds)
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.nproc_per_node < 1 or self.steps < 1:
@@ -305,6 +306,8 @@ def demo_spec_values(options: DemoOptions, master_port: int, shared_dir: str) ->
         "volumes": volumes,
         "mounts": mounts,
     }
+    if options.probe is not False:
+        values["probe"] = options.probe
     if options.routing_source == "api":
         values["routing_source"] = "api"  # no rank table: the job's pods from the API
         values["anti_affinity"] = True  # one pod per node, as routing needs

@@ -17,7 +17,10 @@ config is built by torch's ``config_from_args``, and ``elastic_launch`` runs tor
   failure to that watch before it stops (:mod:`.agent`), and every worker starts behind
   :mod:`.pdeath`, so it dies with a SIGKILLed agent;
 * a worker killed while ``@record`` wrote its error file is reported by its signal, where torch's
-  agent would fail parsing the half-written file (:mod:`.agent`).
+  agent would fail parsing the half-written file (:mod:`.agent`);
+* ``--probe[=SECONDS]`` (``parallel`` only): before each round's workers start, time the job's
+  collective under the plan's node order and the scheduler's, and start the workers in the one
+  node rank 0 chooses (:mod:`.probe`).
 """
 
 from __future__ import annotations
@@ -50,8 +53,8 @@ from npu_job.errors import (
     report_error,
 )
 from npu_job.logs import setup_logging
-from npu_job.parsing import is_false, is_true
-from npu_job.podfacts import LAUNCHER_PYTHON_ENV
+from npu_job.parsing import is_false, is_true, seconds_from_text
+from npu_job.podfacts import LAUNCHER_PYTHON_ENV, OUTPUT_DIR, OUTPUT_DIR_ENV
 
 from . import noderank
 
@@ -59,6 +62,7 @@ PROG = "npu-run"
 DEFAULT_MASTER_PORT = 29500  # torchrun's
 EXIT_WORKERS_FAILED = 1  # what torchrun exits with when a worker fails
 DEFAULT_JOIN_TIMEOUT = 600  # seconds: torch's dynamic rendezvous's, and the parallel backend's
+DEFAULT_PROBE_BUDGET = "60"  # seconds: a bare --probe
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +149,108 @@ def build_parser() -> argparse.ArgumentParser:
         "use that store directly there: each other node's proxy reads every reply for its "
         "workers.",
     )
+    parser.add_argument(
+        "--probe",
+        action=env,
+        nargs="?",
+        const=DEFAULT_PROBE_BUDGET,
+        default="",
+        metavar="SECONDS",
+        help="Parallel rendezvous only: before the workers start, time the job's collective "
+        "(all_reduce) on this job's devices under the plan's node order and the scheduler's, "
+        "within SECONDS from the first node's start (bare --probe: "
+        f"{DEFAULT_PROBE_BUDGET}); node rank 0 keeps the plan unless it is slower by more than "
+        "--probe_margin, and every node starts its workers in that order. Every node logs the "
+        "same verdict line and writes probe.json beside route_plan.json. A probe that fails or "
+        "runs out of time keeps the plan. Default: off.",
+    )
+    parser.add_argument(
+        "--probe-margin",
+        "--probe_margin",
+        action=env,
+        type=str,
+        default="",
+        metavar="FRACTION",
+        help="How much slower than the scheduler's order the plan may measure and still be kept "
+        "(default 0.05: 5%%); a negative fraction keeps it only where it is faster by more.",
+    )
     return parser
+
+
+def bare_probe(parser: argparse.ArgumentParser, argv: Sequence[str]) -> List[str]:
+    """``argv`` with a bare ``--probe`` written ``--probe=60`` unless a number follows it, so that
+    ``npu-run --probe train.py`` does not take the script for its seconds (argparse's ``nargs="?"``
+    would). Only npu-run's own flags are looked at: the scan stops at the training script."""
+    options = parser._option_string_actions
+    words = list(argv)
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word == "--":
+            break
+        if not word.startswith("-") or word == "-":
+            break  # the training script
+        if "=" in word or word not in options:
+            index += 1
+            continue
+        if word == "--probe":
+            following = words[index + 1] if index + 1 < len(words) else ""
+            if seconds_from_text(following, zero_ok=True) is None:
+                words[index] = f"--probe={DEFAULT_PROBE_BUDGET}"
+            index += 1
+            continue
+        takes = options[word].nargs
+        index += 1 if takes == 0 else 2
+    return words
+
+
+def probe_budget(value: Any) -> Optional[float]:
+    """``--probe``'s seconds, or None when off (no flag, an empty ``PET_PROBE``)."""
+    text = str(value or "").strip()
+    if not text:
+        return None
+    budget = seconds_from_text(text, zero_ok=False)
+    if budget is None:
+        raise UsageError(f"--probe: expected a positive number of seconds, got {value!r}")
+    return budget
+
+
+def probe_margin(value: Any) -> Optional[float]:
+    """``--probe_margin``, or None for the probe's default."""
+    text = str(value or "").strip()
+    if not text:
+        return None
+    try:
+        margin = float(text)
+    except ValueError:
+        margin = float("nan")
+    if not -1 < margin < 1:
+        raise UsageError(f"--probe_margin: expected a fraction within (-1, 1), got {value!r}")
+    return margin
+
+
+def probe_request(args: argparse.Namespace, env: Mapping[str, str]) -> Any:
+    """The :class:`~.probe.launch.ProbeRequest` of prepared ``args``: the workers' devices (NPUs
+    with hccl where torch_npu sees them, else GPUs with nccl, else the CPU with gloo)."""
+    from dataclasses import replace
+
+    from .devices import probe_devices
+    from .probe.launch import ProbeRequest
+    from .probe.session import ProbeSettings
+
+    nproc = int(args.nproc_per_node)
+    found = probe_devices()
+    if found.npu > 0:
+        backend, devices = "hccl", tuple(f"npu:{local}" for local in range(nproc))
+    elif found.gpu > 0:
+        backend, devices = "nccl", tuple(f"cuda:{local}" for local in range(nproc))
+    else:
+        backend, devices = "gloo", ("cpu",) * nproc
+    settings = ProbeSettings(budget=args.probe)
+    if args.probe_margin is not None:
+        settings = replace(settings, margin=args.probe_margin)
+    output_dir = env.get(OUTPUT_DIR_ENV) or OUTPUT_DIR
+    return ProbeRequest(settings, nproc, backend, devices, output_dir)
 
 
 def parse_bool(value: Any, flag: str) -> bool:
@@ -206,6 +311,8 @@ def prepare(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namesp
     Mirrors ``torch.distributed.run.run`` (standalone, single-node static shortcut, default
     port) so the same command line means the same launch as under torchrun.
     """
+    args.probe = probe_budget(getattr(args, "probe", ""))
+    args.probe_margin = probe_margin(getattr(args, "probe_margin", ""))
     tiered = parse_bool(args.enable_tiered_parallel_tcpstore, "--enable_tiered_parallel_tcpstore")
     args.enable_tiered_parallel_tcpstore = tiered
     auto = str(args.node_rank).strip().lower() == noderank.AUTO
@@ -261,7 +368,10 @@ def prepare(args: argparse.Namespace, env: Mapping[str, str]) -> argparse.Namesp
         )
     if args.rdzv_backend == "parallel" and not args.rdzv_endpoint:
         args.rdzv_endpoint = f"{args.master_addr}:{args.master_port}"
+    if args.probe is not None and args.rdzv_backend != "parallel":
+        raise UsageError(f"--probe needs --rdzv_backend=parallel, got {args.rdzv_backend!r}")
     args.nproc_per_node = str(resolve_nproc(args.nproc_per_node))
+    args.probe_request = None if args.probe is None else probe_request(args, env)
     args.node_report = None
     if args.rdzv_backend in ("parallel", "c10d"):  # what plans the ranks: the nodes' reports
         args.node_report = noderank.node_report(env, args.node_rank, int(args.nproc_per_node))
@@ -299,6 +409,9 @@ def launch_config(args: argparse.Namespace) -> Tuple[Any, Any, List[str]]:
             config.rdzv_configs[backend.NODE_REPORT_OPTION] = report.data.decode("utf-8", "replace")
             if report.pod_index is not None:
                 config.rdzv_configs[backend.POD_INDEX_OPTION] = str(report.pod_index)
+        request = getattr(args, "probe_request", None)  # set by prepare()
+        if request is not None:
+            config.rdzv_configs[backend.PROBE_OPTION] = request.to_text()
         parallel_settings(config)  # fail here, in one line, rather than inside the agent
     return config, cmd, cmd_args
 
@@ -424,7 +537,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return report_error(error, PROG)
     parser = build_parser()
     try:
-        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        args = parser.parse_args(bare_probe(parser, sys.argv[1:] if argv is None else argv))
     except SystemExit as exit_:  # --help exits 0, usage errors 2
         return int(exit_.code) if isinstance(exit_.code, int) else EXIT_USAGE
     try:

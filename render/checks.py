@@ -367,6 +367,36 @@ class Flag:
 
 
 @dataclass(frozen=True)
+class FlagOrInteger:
+    """``true``, ``false``, or an integer from ``low`` to ``high`` (``unit`` names what it
+    counts); ``--set`` types it."""
+
+    low: int
+    high: int
+    unit: str = ""
+    empty: str = ""
+
+    @property
+    def kind(self) -> str:
+        return f"boolean or integer {self.low}..{self.high}"
+
+    def read(self, check: Checker, value: Any, path: Path, context: Context) -> Any:
+        if isinstance(value, SetScalar):
+            value = value.typed
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int):
+            return check.integer(value, path, self.low, self.high)
+        unit = f" of {self.unit}" if self.unit else ""
+        check.problem(
+            path,
+            f"expected true, false or an integer{unit} from {self.low} to {self.high}, "
+            f"got {describe(value)}",
+        )
+        return None
+
+
+@dataclass(frozen=True)
 class Choice:
     """One of ``choices`` (a did-you-mean for a near miss); ``--set`` gives the text."""
 

@@ -34,6 +34,7 @@ from .checks import (
     DNS_SUBDOMAIN_RULE,
     Choice,
     Flag,
+    FlagOrInteger,
     Integer,
     KeyType,
     Mounts,
@@ -333,6 +334,15 @@ SPEC_KEYS: Tuple[KeySpec, ...] = (
         Derived("`true` with npu-run", lambda keys: keys["launcher"] == "npu-run"),
         "npu-run's per-node store proxy (`--rdzv_backend=parallel "
         "--enable_tiered_parallel_tcpstore=true`).",
+    ),
+    KeySpec(
+        "probe",
+        FlagOrInteger(1, 3600, "seconds"),
+        False,
+        "npu-run's probe (`--probe`, or `--probe=SECONDS` for a number): before the workers "
+        "start, time all_reduce under the plan's node order and the scheduler's, and keep the "
+        "plan unless it measures slower (docs/launcher.md). `true`: a 60 s budget. Needs "
+        "launcher npu-run with the parallel rendezvous (`tiered_store`).",
     ),
     KeySpec(
         "host_network",

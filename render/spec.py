@@ -20,7 +20,7 @@ option that assigns ranks by arrival) is ``lint``'s: its warnings travel in
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from npu_job.kinds import KINDS
 from npu_job.kinds.base import JobKind
@@ -132,6 +132,7 @@ class JobSpec:
     launcher: str = _DEFAULTS["launcher"]
     launcher_args: Tuple[str, ...] = _DEFAULTS["launcher_args"]
     tiered_store: bool = _DEFAULTS["tiered_store"]
+    probe: Union[bool, int] = _DEFAULTS["probe"]  # True: npu-run's default budget; int: seconds
     master_port: int = _DEFAULTS["master_port"]
     hccl: HcclSpec = field(default_factory=HcclSpec)
     volumes: Tuple[Mapping[str, Any], ...] = _DEFAULTS["volumes"]
@@ -361,6 +362,16 @@ def _check_across_keys(check: Checker, spec: JobSpec) -> None:
         check.problem(
             ("tiered_store",),
             f"the tiered store needs launcher npu-run; launcher is {spec.launcher}",
+        )
+    if spec.probe is not False and spec.launcher != "npu-run":
+        check.problem(("probe",), f"the probe needs launcher npu-run; launcher is {spec.launcher}")
+    elif spec.probe is not False and not (
+        spec.tiered_store or "--rdzv_backend=parallel" in spec.launcher_args
+    ):
+        check.problem(
+            ("probe",),
+            "the probe needs npu-run's parallel rendezvous: set tiered_store: true (or pass "
+            "--rdzv_backend=parallel in launcher_args)",
         )
     if spec.device == "npu":
         low = spec.hccl.base_port

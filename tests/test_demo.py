@@ -707,3 +707,14 @@ def test_a_cpu_job_routes_with_no_rank_table_by_the_api_on_loopback(tmp_path):
     assert sorted(r["rank"] for r in result.reports) == list(range(options.nodes))
     assert len(run.pod_lists) >= options.nodes  # every pod listed its job itself
     assert run.selectors == {"volcano.sh/job-name=demo,volcano.sh/task-spec=worker"}
+
+
+@pytest.mark.parametrize("probe, flag", [(True, "--probe\n"), (30, "--probe=30\n"), (False, None)])
+def test_the_demos_probe_reaches_the_rendered_train_sh(probe, flag):
+    """``npu-job demo --probe[=SECONDS]`` renders the job with the spec key probe."""
+    values = demo.demo_spec_values(demo.DemoOptions(probe=probe), 29500, "/srv/shared")
+    assert values.get("probe", False) == probe
+    script = dict(demo.render_job(values).scripts)["train.sh"]
+    assert ("--probe" in script) == (flag is not None)
+    if flag is not None:
+        assert flag in script

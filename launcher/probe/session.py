@@ -2,7 +2,8 @@
 decision with every other node through the store.
 
 Every node calls :func:`probe_round` once its rendezvous round is complete, before its workers
-start. The first node to arrive writes the probe's start time (``compare_set``: one writer wins),
+start. The first node to arrive writes the probe's start time (the one that counts 1 on the store's
+counter, which every store has: npu-run's root client has no ``compare_set``),
 and every node's deadline is that time plus the budget, so the probe ends within the budget of
 the first node's start wherever a node comes late. Each node starts one probe process per device
 (:mod:`.worker`) and waits for them within the deadline, killing any left at it. Node rank 0
@@ -20,7 +21,7 @@ import logging
 import subprocess
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import stats, worker
 from .worker import ProbeConfig, rings_key, samples_key
@@ -34,6 +35,10 @@ CPU_SIZES = (64 << 10, 256 << 10, 1 << 20)
 #: how much longer than the budget a node waits for node rank 0's decision before it keeps the
 #: plan alone (node rank 0 publishes one at the deadline at the latest)
 DECISION_GRACE = 10.0
+#: how often a node looks whether the probe failed on another node (then it stops its own)
+ELSEWHERE_INTERVAL = 0.25
+ELSEWHERE = "the probe failed on node rank"
+OUT_OF_TIME = "did not finish within its budget"
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class NodeProbe:
 
 def _keys(prefix: str) -> Dict[str, str]:
     return {
+        "arrived": f"{prefix}/arrived",
         "start": f"{prefix}/start",
         "failed": f"{prefix}/failed",
         "decision": f"{prefix}/decision",
@@ -87,12 +93,17 @@ def probe_round(
     """Run this node's part of the probe and return the decision every node follows."""
     keys = _keys(node.prefix)
     now = time.time()
-    started = float(store.compare_set(keys["start"], "", repr(now)).decode())
+    if int(store.add(keys["arrived"], 1)) == 1:
+        store.set(keys["start"], repr(now))
+        started = now
+    else:
+        started = _await_start(store, keys["start"], now + settings.budget)
     deadline = min(started, now) + settings.budget
     sizes = settings.sizes or default_sizes(node.devices[0] if node.devices else "cpu")
     processes = _start(node, replace(settings, sizes=sizes), deadline)
-    problem = _wait(processes, deadline)
-    if problem:
+    problem = _wait(processes, deadline, lambda: _failed_elsewhere(store, node))
+    # the deadline is the same on every node: only a failure of this node's own is news to them
+    if problem and problem != OUT_OF_TIME and not problem.startswith(ELSEWHERE):
         store.set(f"{keys['failed']}/{node.node_ranks[stats.PLANNED]}", problem)
         store.add(keys["failed"], 1)
     if node.node_ranks[stats.PLANNED] == 0:
@@ -103,6 +114,15 @@ def probe_round(
     if store.add(keys["read"], 1) == node.nnodes:
         _delete_probe_keys(store, node.prefix, node.nnodes)
     return decision
+
+
+def _await_start(store: Any, key: str, until: float) -> float:
+    """The first node's start time, which it writes right after it counted itself."""
+    while time.time() < until:
+        if store.check([key]):
+            return float(store.get(key).decode())
+        time.sleep(0.01)
+    return until  # a first node that never wrote it: this one's budget stands
 
 
 def _start(node: NodeProbe, settings: ProbeSettings, deadline: float) -> List[subprocess.Popen]:
@@ -127,13 +147,36 @@ def _start(node: NodeProbe, settings: ProbeSettings, deadline: float) -> List[su
     return processes
 
 
-def _wait(processes: Sequence[subprocess.Popen], deadline: float) -> str:
-    """ "" when every probe process ended well by the deadline, else why not. The first failure
-    ends the others at once (the probe cannot finish without them), and the deadline ends every
-    one left."""
+def _failed_elsewhere(store: Any, node: NodeProbe) -> str:
+    """Why the probe failed on another node ("" while it did not), naming the node."""
+    keys = _keys(node.prefix)
+    if not int(store.add(keys["failed"], 0)):
+        return ""
+    for rank in range(node.nnodes):
+        key = f"{keys['failed']}/{rank}"
+        if rank != node.node_ranks[stats.PLANNED] and store.check([key]):
+            return f"{ELSEWHERE} {rank}: {store.get(key).decode(errors='replace')}"
+    return ""
+
+
+def _wait(
+    processes: Sequence[subprocess.Popen],
+    deadline: float,
+    elsewhere: Callable[[], str] = lambda: "",
+) -> str:
+    """ "" when every probe process ended well by the deadline, else why not. The first failure,
+    here or on another node (``elsewhere``, looked at every :data:`ELSEWHERE_INTERVAL`), ends the
+    others at once (the probe cannot finish without them), and the deadline ends every one
+    left."""
     problem = ""
     running = dict(enumerate(processes))
+    next_look = time.time() + ELSEWHERE_INTERVAL
     while running and not problem:
+        if time.time() >= next_look:
+            problem = elsewhere()
+            next_look = time.time() + ELSEWHERE_INTERVAL
+            if problem:
+                break
         for local, process in list(running.items()):
             if process.poll() is None:
                 continue
@@ -145,7 +188,7 @@ def _wait(processes: Sequence[subprocess.Popen], deadline: float) -> str:
                 break
         if running and not problem:
             if time.time() >= deadline:
-                problem = "did not finish within its budget"
+                problem = OUT_OF_TIME
             else:
                 time.sleep(0.05)
     for process in processes:
@@ -167,19 +210,19 @@ def _decide(
     digests: Optional[Mapping[str, str]],
 ) -> stats.Decision:
     """Node rank 0's decision: from the samples when every node's probe finished in time."""
-    keys = _keys(node.prefix)
     if problem:
-        return stats.failed(problem, predicted=predicted)
+        return stats.failed(_failed_elsewhere(store, node) or problem, predicted=predicted)
     wanted = samples_key(node.prefix)
     while time.time() < deadline:
-        if int(store.add(keys["failed"], 0)):
-            return stats.failed("a probe process failed on another node", predicted=predicted)
+        elsewhere = _failed_elsewhere(store, node)
+        if elsewhere:
+            return stats.failed(elsewhere, predicted=predicted)
         if store.check([wanted]):
             samples = [tuple(sample) for sample in json.loads(store.get(wanted))]
             results = stats.size_results(samples, settings.collective, node.nnodes * node.nproc)
             return stats.decide(results, settings.margin, predicted=predicted, digests=digests)
         time.sleep(0.05)
-    return stats.failed("did not finish within its budget", predicted=predicted)
+    return stats.failed(OUT_OF_TIME, predicted=predicted)
 
 
 def _await_decision(

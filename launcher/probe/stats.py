@@ -12,7 +12,8 @@ The two orders run interleaved (A B A B ...) after a warm-up of each, so that wh
 fabric carries at the time hits both alike (:func:`schedule`). Node rank 0 decides from the
 medians (:func:`decide`): it keeps the plan unless the plan's bus bandwidth at the largest size
 (the bandwidth-bound case the order changes) is below the scheduler order's by more than the
-margin.
+margin. A negative margin asks more of the plan: it is kept only where it is faster than the
+scheduler's order by more than that fraction.
 """
 
 from __future__ import annotations
@@ -125,9 +126,9 @@ def decide(
     digests: Optional[Mapping[str, str]] = None,
 ) -> Decision:
     """Keep the plan unless its busbw at the largest size is below the scheduler order's by more
-    than ``margin`` (a fraction: 0.05 is 5%)."""
-    if not 0 <= margin < 1:
-        raise ValueError(f"margin must be within [0, 1), got {margin}")
+    than ``margin`` (a fraction: 0.05 is 5%; -0.1 keeps it only where it is 10% faster)."""
+    if not -1 < margin < 1:
+        raise ValueError(f"margin must be within (-1, 1), got {margin}")
     known = dict(digests or {})
     if not results:
         return Decision(PLANNED, "no timing: keeping the plan", (), margin, predicted, known)
@@ -135,7 +136,12 @@ def decide(
     if largest.ratio < 1 - margin:
         order, why = (
             SCHEDULER,
-            f"the plan is slower by more than {margin:.0%}: keeping the scheduler's order",
+            (
+                f"the plan is slower by more than {margin:.0%}: keeping the scheduler's order"
+                if margin >= 0
+                else f"the plan is not faster by more than {-margin:.0%}: keeping the "
+                "scheduler's order"
+            ),
         )
     else:
         order, why = PLANNED, "keeping the plan"

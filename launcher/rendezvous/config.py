@@ -10,7 +10,7 @@ root store, all under ``npu_run/<run_id>/`` (per round, like torch's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
@@ -25,7 +25,11 @@ TIERED_OPTION = "enable_tiered_parallel_tcpstore"
 NODE_ORDER_OPTION = "node_order"  # which node order this node's rank belongs to (npu-run sets it)
 NODE_REPORT_OPTION = "node_report"  # this node's report (npu_job_node.json's text; npu-run sets it)
 POD_INDEX_OPTION = "pod_index"  # this pod's scheduler index, from its report (npu-run sets it)
+PROBE_OPTION = "probe"  # npu-run --probe: a ProbeRequest's text (npu-run sets it)
 KEY_ROOT = "npu_run"
+
+if TYPE_CHECKING:  # the probe is imported only when asked for (the pod bundle leaves it out)
+    from ..probe.launch import ProbeRequest
 
 DEFAULT_STORE_TIMEOUT = 900.0  # torch's LaunchConfig default for rdzv_configs["timeout"]
 DEFAULT_JOIN_TIMEOUT = 600.0  # torch's c10d join_timeout
@@ -66,6 +70,7 @@ class ParallelSettings:
     keep_alive_max_attempt: int = liveness.DEFAULT_MAX_ATTEMPT
     pod_index: Optional[int] = None
     report: bytes = b""
+    probe: Optional[ProbeRequest] = None  # npu-run --probe: probe each round's plan (None: off)
 
     @property
     def hosts_root(self) -> bool:
@@ -152,6 +157,15 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
             f"--rdzv_conf: {POD_INDEX_OPTION}: expected a whole number >= 0, got {pod_index_text!r}"
         )
     report = params.get(NODE_REPORT_OPTION) or b""
+    probe_text = str(params.get(PROBE_OPTION) or "")
+    try:
+        probe = None
+        if probe_text:
+            from ..probe.launch import ProbeRequest
+
+            probe = ProbeRequest.from_text(probe_text)
+    except ValueError as error:
+        raise LaunchError(f"--rdzv_conf: {PROBE_OPTION}: {error}") from None
     return ParallelSettings(
         run_id=params.run_id,
         master_addr=host,
@@ -168,6 +182,7 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
         keep_alive_max_attempt=attempts,
         pod_index=pod_index,
         report=report.encode() if isinstance(report, str) else bytes(report),
+        probe=probe,
     )
 
 
@@ -228,6 +243,10 @@ class RunKeys:
 
     def ready(self, number: int) -> str:
         return f"{self.round(number)}/ready"
+
+    def probe(self, number: int) -> str:
+        """The prefix of round ``number``'s probe keys (``npu-run --probe``)."""
+        return f"{self.round(number)}/probe"
 
     def agent_prefix(self, number: int) -> str:
         return f"{self.round(number)}/agent"

@@ -79,6 +79,7 @@ from .config import (
     NODE_ORDER_OPTION,
     NODE_REPORT_OPTION,
     POD_INDEX_OPTION,
+    PROBE_OPTION,
     TIERED_OPTION,
     ParallelSettings,
     RunKeys,
@@ -102,6 +103,7 @@ __all__ = [
     "NODE_ORDER_OPTION",
     "NODE_REPORT_OPTION",
     "POD_INDEX_OPTION",
+    "PROBE_OPTION",
     "TIERED_OPTION",
     "ParallelRendezvousHandler",
     "ParallelSettings",
@@ -216,6 +218,18 @@ class ParallelRendezvousHandler(RendezvousHandler):
             else:
                 plan = rounds.await_plan(
                     store, self._keys, settings, number, check_stopped=faults.raise_if_stopped
+                )
+            if settings.probe is not None:  # npu-run --probe: the workers follow its decision
+                from ..probe import launch as probe_launch
+
+                plan = probe_launch.follow(
+                    store,
+                    settings.probe,
+                    prefix=self._keys.probe(number),
+                    plan=plan,
+                    member=faults.member,
+                    root=(settings.master_addr, settings.master_port),
+                    number=number,
                 )
             node_rank = rounds.rank_in(plan, faults.member, number)
             self._adopt(plan, node_rank)

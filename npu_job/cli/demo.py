@@ -102,6 +102,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="seconds before every pod is killed (default 240)",
     )
     parser.add_argument(
+        "--probe",
+        nargs="?",
+        const=True,
+        default=False,
+        type=POSITIVE,
+        metavar="SECONDS",
+        help="render the job with the spec key probe: npu-run times all_reduce under the plan's "
+        "order and the scheduler's before the workers start and keeps the faster (bare: its "
+        "60 s budget)",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print a machine-readable summary on stdout"
     )
     parser.add_argument(
@@ -163,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
         image=args.image,
         kind=args.kind,
         device=device,
+        probe=args.probe,
     )
     if args.picture:
         _write_picture(args)

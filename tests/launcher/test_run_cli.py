@@ -7,6 +7,7 @@ installed ``npu-run`` console script for real (single node, gloo workers).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -30,7 +31,8 @@ pytestmark = pytest.mark.usefixtures("clean_launcher_env")
 
 
 def parse(argv):
-    return run.build_parser().parse_args(argv)
+    parser = run.build_parser()
+    return parser.parse_args(run.bare_probe(parser, argv))
 
 
 def test_help_shows_torchrun_flags_and_the_additions(capsys):
@@ -541,3 +543,55 @@ def test_a_worker_killed_while_writing_its_error_file_is_reported_by_its_signal(
     verdict = done.stderr.strip().splitlines()[-1]
     assert verdict.startswith("npu-run: error: the job stopped: node rank 0 "), verdict
     assert "worker rank 1 (local rank 1, pid " in verdict and "killed by signal 9" in verdict
+
+
+@pytest.mark.parametrize(
+    "flags, budget, margin",
+    [
+        (["--probe"], 60.0, 0.05),
+        (["--probe=12.5"], 12.5, 0.05),
+        (["--probe", "--probe_margin=-0.2"], 60.0, -0.2),
+    ],
+    ids=["bare", "seconds", "margin"],
+)
+def test_the_probe_reaches_the_parallel_backend_as_its_settings(
+    tmp_path, monkeypatch, flags, budget, margin
+):
+    monkeypatch.setenv("NPU_JOB_OUTPUT_DIR", str(tmp_path))
+    argv = [*PARALLEL_ARGV[:-1], "--node_rank=1", *flags, PARALLEL_ARGV[-1]]
+    config, _, _ = run.launch_config(
+        run.prepare(parse(argv), {"NPU_JOB_OUTPUT_DIR": str(tmp_path)})
+    )
+    probe = run.parallel_settings(config).probe
+    assert probe is not None and probe.nproc == 1 and probe.output_dir == str(tmp_path)
+    assert (probe.settings.budget, probe.settings.margin) == (budget, margin)
+
+
+def test_without_the_probe_the_backend_gets_no_probe_option():
+    config, _, _ = run.launch_config(run.prepare(parse(["--node_rank=1", *PARALLEL_ARGV]), {}))
+    assert "probe" not in config.rdzv_configs and run.parallel_settings(config).probe is None
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--probe=soon"], "--probe: expected a positive number of seconds, got 'soon'"),
+        (["--probe", "--probe_margin=1"], "--probe_margin: expected a fraction within (-1, 1)"),
+    ],
+)
+def test_bad_probe_values_are_usage_errors_naming_the_flag(flags, message):
+    argv = [*PARALLEL_ARGV[:-1], "--node_rank=1", *flags, PARALLEL_ARGV[-1]]
+    with pytest.raises(run.UsageError, match=re.escape(message)):
+        run.prepare(parse(argv), {})
+
+
+def test_the_probe_needs_the_parallel_rendezvous():
+    with pytest.raises(run.UsageError, match="--probe needs --rdzv_backend=parallel"):
+        run.prepare(parse(["--nnodes=2", "--node_rank=0", "--probe", SCRIPT]), {})
+
+
+def test_a_bare_probe_before_the_script_leaves_the_script_and_its_own_flags_alone():
+    args = parse(["--nnodes=2", "--probe", "train.py", "--probe", "x"])
+    assert args.probe == "60" and args.training_script == "train.py"
+    assert args.training_script_args == ["--probe", "x"]
+    assert parse(["--probe", "30", "train.py"]).probe == "30"

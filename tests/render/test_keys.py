@@ -91,6 +91,7 @@ def test_every_documented_key_is_accepted():
         "routing_source": "api",
         "service_account": "trainer",
         "network_topology": {"mode": "hard", "highest_tier_allowed": 2},
+        "probe": 30,
     }
     assert documented - {"name", "image", "script"} == set(samples)
     values.update(samples)

@@ -84,6 +84,26 @@ BAD_SPECS = [
         r"^tiered_store: the tiered store needs launcher npu-run; launcher is torchrun$",
     ),
     (
+        "probe-with-torchrun",
+        {"launcher": "torchrun", "probe": True},
+        r"^probe: the probe needs launcher npu-run; launcher is torchrun$",
+    ),
+    (
+        "probe-without-the-parallel-rendezvous",
+        {"tiered_store": False, "probe": 30},
+        r"^probe: the probe needs npu-run's parallel rendezvous: set tiered_store: true",
+    ),
+    (
+        "probe-not-seconds",
+        {"probe": "soon"},
+        r"^probe: expected true, false or an integer of seconds from 1 to 3600, got 'soon'$",
+    ),
+    (
+        "probe-seconds-range",
+        {"probe": 0},
+        r"^probe: expected an integer from 1 to 3600, got 0$",
+    ),
+    (
         "master-port-range",
         {"master_port": 70000},
         r"^master_port: expected an integer from 1 to 65535, got 70000$",

@@ -2,7 +2,8 @@
 
 ``dist.init_process_group("gloo")`` with env:// and no ``rank=``/``world_size=`` (the call
 torch_npu_run's tiered store cannot serve), one ``all_reduce`` of ``RANK + 1``, then
-``<out_dir>/<RANK>.json`` with the worker's torchrun environment and the sum. Like torch's own
+``<out_dir>/<RANK>.json`` with the worker's torchrun environment, the sum and its node's
+``NPU_JOB_OUTPUT_DIR`` (which pod it runs on). Like torch's own
 launcher tests, the test asserts these files from outside.
 
 Options (after the output directory):
@@ -72,6 +73,7 @@ def main() -> None:
         sum=value.item(),
         pg_rank=dist.get_rank(),
         pg_world_size=dist.get_world_size(),
+        output_dir=os.environ.get("NPU_JOB_OUTPUT_DIR"),  # which node (pod) this worker is on
     )
     path = os.path.join(options.out_dir, f"{rank}.json")
     with open(path + ".tmp", "w", encoding="utf-8") as handle:
