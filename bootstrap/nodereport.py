@@ -28,7 +28,7 @@ of the pods every bootstrap saw gives each one its bootstrap's node rank and map
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from npu_job.errors import InputError, shown
@@ -241,6 +241,14 @@ class RoundPlan:
     @property
     def mapping_digest(self) -> str:
         return self.plan.mapping_digest
+
+    def in_position_order(self) -> RoundPlan:
+        """The same members ranked by position (pod index order: the scheduler's order), with that
+        mapping's digest: what the nodes run in when a probe keeps the scheduler's order."""
+        identity = tuple(range(len(self.members)))
+        digest = canonical.mapping_digest(rank_mapping_text(identity))
+        plan = replace(self.plan, node_rank_of_pod=identity, mapping_digest=digest)
+        return replace(self, plan=plan)
 
     def encode(self) -> bytes:
         """Compact JSON, for the store (:meth:`decode` reads it back, equal)."""

@@ -152,6 +152,17 @@ def module_name(name):
     '''The module an archive name holds: npu_job/pod/__init__.py is npu_job.pod.'''
     dotted = name[:-len(".py")].replace("/", ".")
     return dotted[:-len(".__init__")] if dotted.endswith(".__init__") else dotted
+
+def bundled_sources(data):
+    '''The sources a bundle's bytes hold, by archive name: its chunks, joined in name order.'''
+    import io
+    import zipfile
+
+    archive = zipfile.ZipFile(io.BytesIO(data))
+    chunks = sorted(name for name in archive.namelist() if name.startswith(CHUNK_PREFIX))
+    return read_sources(b"".join(archive.read(name) for name in chunks))
+
+
 """
 _rule: Dict[str, object] = {}
 exec(_DIGEST_RULE, _rule)
@@ -165,6 +176,8 @@ file_digest: Callable[[bytes], Tuple[Optional[str], str]] = _rule["file_digest"]
 read_sources: Callable[[bytes], Dict[str, bytes]] = _rule["read_sources"]  # type: ignore[assignment]
 #: ``module_name(archive name) -> dotted name``: the module a bundled source is.
 module_name: Callable[[str], str] = _rule["module_name"]  # type: ignore[assignment]
+#: ``bundled_sources(data) -> {archive name: source}``: the sources a bundle's bytes hold.
+bundled_sources: Callable[[bytes], Dict[str, bytes]] = _rule["bundled_sources"]  # type: ignore[assignment]
 
 
 def sources_stream(sources: Sequence[Tuple[str, bytes]]) -> bytes:
@@ -176,16 +189,6 @@ def sources_stream(sources: Sequence[Tuple[str, bytes]]) -> bytes:
     return zlib.compress(records, 9)
 
 
-def bundled_sources(data: bytes) -> Dict[str, bytes]:
-    """The sources a bundle's bytes hold, by archive name (as its ``__main__.py`` reads them)."""
-    import io
-    import zipfile
-
-    archive = zipfile.ZipFile(io.BytesIO(data))
-    chunks = sorted(name for name in archive.namelist() if name.startswith(CHUNK_PREFIX))
-    return read_sources(b"".join(archive.read(name) for name in chunks))
-
-
 def short_digest(digest: str) -> str:
     """The digest as the identity line shows it: the algorithm and 12 hex digits."""
     return digest[: podfacts.SHOWN_DIGEST]
@@ -195,9 +198,6 @@ def short_digest(digest: str) -> str:
 #: that every ``npu_job`` import of a bundled module is bundled too). This module, the builder,
 #: is not among them: what a pod needs of it is in ``__main__.py``.
 BUNDLED_PACKAGES = ("npu_job.bootstrap", "npu_job.kinds", "npu_job.launcher", "npu_job.pod")
-#: subpackages no pod runs yet (npu-run's probe is not wired in): each costs the
-#: ConfigMap's annotations room
-UNBUNDLED_PACKAGES = ("npu_job/launcher/probe/",)
 CORE_MODULES = (
     "__init__",
     "errors",
@@ -300,12 +300,8 @@ def install(bundle, data):
     '''Imports of the bundle's modules from its inflated sources, ahead of any other copy.'''
     import importlib.abc
     import importlib.util
-    import io
-    import zipfile
 
-    archive = zipfile.ZipFile(io.BytesIO(data))
-    chunks = sorted(name for name in archive.namelist() if name.startswith(CHUNK_PREFIX))
-    sources = read_sources(b"".join(archive.read(name) for name in chunks))
+    sources = bundled_sources(data)
     if not sources:
         raise ValueError("no sources")
     files = dict((bundle + "/" + name, text) for name, text in sources.items())
@@ -540,7 +536,7 @@ def pod_side_files(kinds: Optional[Iterable[str]] = None) -> List[Tuple[str, str
         prefix = package_name.replace(".", "/")
         for path in sorted(root.rglob("*.py")):
             name = f"{prefix}/{path.relative_to(root).as_posix()}"
-            if "__pycache__" not in path.parts and not name.startswith(UNBUNDLED_PACKAGES):
+            if "__pycache__" not in path.parts:
                 files.append((name, path))
     read = [(name, path.read_text(encoding="utf-8")) for name, path in files]
     return read if kinds is None else _with_kinds(read, kinds)

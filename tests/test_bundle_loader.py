@@ -71,12 +71,23 @@ def main(path, digest):
         [sys.executable, *pdeath.launch(), "--parent=%d" % os.getpid(), "-c", "print(42)"],
         stdout=subprocess.PIPE,
     )
+    from npu_job.launcher.probe import worker
+
+    config = worker.ProbeConfig("127.0.0.1", 1, "p", {}, 1, "gloo", "cpu", "all_reduce", (), 1, 0, 1, 0.0)
+    probe_env = worker.child_env(config, dict(os.environ))
+    del probe_env[worker.CONFIG_ENV]  # it imports, then says what it misses
+    probe = subprocess.run(
+        [sys.executable, "-m", "npu_job.launcher.probe.worker"],
+        env=probe_env,
+        stderr=subprocess.PIPE,
+    )
     facts = dict(
         package=npu_job.__file__,
         package_path=list(npu_job.__path__),
         pdeath=pdeath.__file__,
         wrapper_output=done.stdout.decode().strip(),
         spawned_child_exit=spawned.exitcode,
+        probe_process=[probe.returncode, probe.stderr.decode().strip()],
         installed_copy_shadowed=all(
             getattr(module, "__file__", "").startswith(path)
             for name, module in sys.modules.items()
@@ -131,6 +142,8 @@ def test_modules_come_from_the_bundles_stream_with_their_files_and_lines(
         "pdeath": f"{path}/npu_job/launcher/pdeath.py",
         "wrapper_output": "42",  # the wrapper ran on pdeath's source, read from the stream
         "spawned_child_exit": 0,  # a spawn child imported the bundle's npu_job by name
+        # npu-run --probe's processes, fresh interpreters, import the bundle's modules too
+        "probe_process": [2, "npu-run: probe: NPU_RUN_PROBE_CONFIG is not set"],
         "installed_copy_shadowed": True,
     }
     lines = done.stderr.splitlines()

@@ -22,8 +22,6 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Tuple
 
-from npu_job.bootstrap.base.model import rank_mapping_text
-from npu_job.bootstrap.canonical import mapping_digest
 from npu_job.bootstrap.nodereport import RoundPlan
 
 from npu_job.fileio import write_atomic
@@ -77,19 +75,6 @@ class ProbeRequest:
         return request
 
 
-def scheduler_plan(plan: RoundPlan) -> RoundPlan:
-    """The scheduler's order of ``plan``'s members as a plan: node rank = position (pod index)."""
-    identity = tuple(range(len(plan.members)))
-    return replace(
-        plan,
-        plan=replace(
-            plan.plan,
-            node_rank_of_pod=identity,
-            mapping_digest=mapping_digest(rank_mapping_text(identity)),
-        ),
-    )
-
-
 def follow(
     store: Any,
     request: ProbeRequest,
@@ -101,7 +86,7 @@ def follow(
     number: int,
 ) -> RoundPlan:
     """Probe this round with every other node; the plan the workers start in (see module)."""
-    scheduler = scheduler_plan(plan)
+    scheduler = plan.in_position_order()
     key = str(member)
     node = NodeProbe(
         node_ranks={

@@ -211,6 +211,10 @@ def _decide(
 ) -> stats.Decision:
     """Node rank 0's decision: from the samples when every node's probe finished in time."""
     if problem:
+        if problem != OUT_OF_TIME and not problem.startswith(
+            ELSEWHERE
+        ):  # every failure names its node
+            problem = f"{ELSEWHERE} {node.node_ranks[stats.PLANNED]}: {problem}"
         return stats.failed(_failed_elsewhere(store, node) or problem, predicted=predicted)
     wanted = samples_key(node.prefix)
     while time.time() < deadline:

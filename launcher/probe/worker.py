@@ -29,6 +29,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Tuple
 
+import npu_job
+
 from . import stats
 
 CONFIG_ENV = "NPU_RUN_PROBE_CONFIG"
@@ -62,11 +64,22 @@ class ProbeConfig:
         return cls(**values)
 
 
+def child_env(config: ProbeConfig, environ: Dict[str, str]) -> Dict[str, str]:
+    """The probe process's environment: ``environ`` with ``config``, and, where npu-run runs from
+    the job's bundle (``npu_job`` is imported from a file, ``.../npu-job.pyz/npu_job``), that file
+    first on ``PYTHONPATH``, since a fresh interpreter finds the bundle's modules only there."""
+    env = {**environ, CONFIG_ENV: config.to_json()}
+    bundle = os.path.dirname(os.path.dirname(os.path.abspath(npu_job.__file__)))
+    if os.path.isfile(bundle):
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [bundle, environ.get("PYTHONPATH")]))
+    return env
+
+
 def start(config: ProbeConfig) -> subprocess.Popen:
     """One probe process for ``config`` (its stderr a pipe, for the reason of a failure)."""
     return subprocess.Popen(
         [sys.executable, "-m", "npu_job.launcher.probe.worker"],
-        env={**os.environ, CONFIG_ENV: config.to_json()},
+        env=child_env(config, dict(os.environ)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
