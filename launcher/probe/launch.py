@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any, Tuple
 
 from npu_job.bootstrap.nodereport import RoundPlan
