@@ -45,12 +45,13 @@ def test_the_jobset_trains_by_the_plan_with_rank_0_on_the_planned_pods_dns_name(
         assert env["JOB_COMPLETION_INDEX"] == str(spec.index)  # the Job controller's
         assert (env["MA_VJ_NAME"], env["MA_TASK_NAME"]) == ("demo", "worker")  # its labels
         assert env["NPU_JOB_KIND"] == "jobset"
-    plan = assert_planned_off_pod_0(result)
-    # rank 0 is where the plan put it, under the JobSet's headless Service
-    master = KIND.dns_name(demo.JOB_NAME, demo.TASK_NAME, plan.master_index)
-    assert master == f"demo-worker-0-{plan.master_index}.demo"
-    rank0_log = (result.prepared.spec_files[plan.master_index].parent / "pod.log").read_text()
-    assert f"master {master}:" in rank0_log and "hosting the root store" in rank0_log
+    assert_planned_off_pod_0(result)
+    # rank 0 is where the plan put it; the root store stays on pod index 0, under the JobSet's
+    # headless Service, which a replaced pod keeps
+    master = KIND.dns_name(demo.JOB_NAME, demo.TASK_NAME, 0)
+    assert master == "demo-worker-0-0.demo"
+    root_log = (result.prepared.spec_files[0].parent / "pod.log").read_text()
+    assert f"master {master}:" in root_log and "hosting the root store" in root_log
     for spec_file in result.prepared.spec_files:
         assert f"master {master}:" in (spec_file.parent / "pod.log").read_text()
 

@@ -4,7 +4,7 @@ The simulator makes the pods as kubernetes-sigs/lws and its StatefulSets do (the
 ``<lws>-0``, workers ``<lws>-0-<w>`` under the Service ``<lws>``, the pod webhook's labels and
 ``LWS_*`` variables: ``npu_job.kinds.leaderworkerset``); every pod's bootstrap lists them by the
 set's name and group index from the API (``kind_runs``), plans, and npu-run trains under the
-plan, its master the planned pod and not LWS's leader.
+plan, rank 0 on the planned pod off LWS's leader, the root store on the leader.
 """
 
 from __future__ import annotations
@@ -30,5 +30,6 @@ def test_the_leaderworkerset_plans_from_its_group_and_trains_with_rank_0_off_the
     assert names == [f"{demo.JOB_NAME}-0"] + [f"{demo.JOB_NAME}-0-{w}" for w in range(1, 6)]
     leader = run.result.prepared.specs[0].env_dict()["LWS_LEADER_ADDRESS"]
     assert leader == f"{demo.JOB_NAME}-0.{demo.JOB_NAME}.default"
-    # the master is the planned pod's, not the leader LWS names (the plan moved rank 0 off it)
-    assert f"master {leader.split('.')[0]}." not in run.pod_log(0)
+    # the plan moved rank 0 off the leader; the root store stays on the leader (pod index 0),
+    # at the name LWS gives it, which survives the group's re-creation
+    assert f"master {leader.split('.')[0]}." in run.pod_log(0)

@@ -40,12 +40,13 @@ def test_the_pytorchjob_trains_by_the_plan_with_rank_0_on_the_planned_pods_servi
         env = spec.env_dict()
         assert env["PET_NODE_RANK"] == env["RANK"] == str(spec.index)  # the operator's rank
         assert env["PET_MASTER_ADDR"] == "demo-master-0" and env["NPU_JOB_KIND"] == "pytorchjob"
-    plan = assert_planned_off_pod_0(result)  # the Master's
-    # rank 0 is where the plan put it, not the operator's MASTER_ADDR: a Worker's Service
-    master = KIND.dns_name(demo.JOB_NAME, "", plan.master_index)
-    assert master.startswith(f"{demo.JOB_NAME}-worker-")
-    rank0_log = (result.prepared.spec_files[plan.master_index].parent / "pod.log").read_text()
-    assert f"master {master}:" in rank0_log and "hosting the root store" in rank0_log
+    assert_planned_off_pod_0(result)  # the Master's
+    # rank 0 is where the plan put it; the root store stays on pod index 0, the Master, at its
+    # Service's name
+    master = KIND.dns_name(demo.JOB_NAME, "", 0)
+    assert master.startswith(f"{demo.JOB_NAME}-master-0")
+    root_log = (result.prepared.spec_files[0].parent / "pod.log").read_text()
+    assert f"master {master}:" in root_log and "hosting the root store" in root_log
     for spec_file in result.prepared.spec_files:
         log = (spec_file.parent / "pod.log").read_text()
         assert f"master {master}:" in log
