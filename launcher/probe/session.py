@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .. import torchcompat
 from . import stats, worker
 from .worker import ProbeConfig, rings_key, samples_key
 
@@ -119,7 +120,7 @@ def probe_round(
 def _await_start(store: Any, key: str, until: float) -> float:
     """The first node's start time, which it writes right after it counted itself."""
     while time.time() < until:
-        if store.check([key]):
+        if torchcompat.key_exists(store, key):
             return float(store.get(key).decode())
         time.sleep(0.01)
     return until  # a first node that never wrote it: this one's budget stands
@@ -154,7 +155,7 @@ def _failed_elsewhere(store: Any, node: NodeProbe) -> str:
         return ""
     for rank in range(node.nnodes):
         key = f"{keys['failed']}/{rank}"
-        if rank != node.node_ranks[stats.PLANNED] and store.check([key]):
+        if rank != node.node_ranks[stats.PLANNED] and torchcompat.key_exists(store, key):
             return f"{ELSEWHERE} {rank}: {store.get(key).decode(errors='replace')}"
     return ""
 
@@ -221,7 +222,7 @@ def _decide(
         elsewhere = _failed_elsewhere(store, node)
         if elsewhere:
             return stats.failed(elsewhere, predicted=predicted)
-        if store.check([wanted]):
+        if torchcompat.key_exists(store, wanted):
             samples = [tuple(sample) for sample in json.loads(store.get(wanted))]
             results = stats.size_results(samples, settings.collective, node.nnodes * node.nproc)
             return stats.decide(results, settings.margin, predicted=predicted, digests=digests)
@@ -233,7 +234,7 @@ def _await_decision(
     store: Any, key: str, until: float, predicted: Optional[float]
 ) -> stats.Decision:
     while time.time() < until:
-        if store.check([key]):
+        if torchcompat.key_exists(store, key):
             return _decode(store.get(key))
         time.sleep(0.05)
     return stats.failed("node rank 0 published no decision", predicted=predicted)
@@ -277,7 +278,7 @@ def _delete_probe_keys(store: Any, prefix: str, nnodes: int) -> None:
     where no worker looks."""
     keys = set(_keys(prefix).values()) | {samples_key(prefix), rings_key(prefix)}
     keys |= {f"{_keys(prefix)['failed']}/{rank}" for rank in range(nnodes)}
-    if hasattr(store, "list_keys"):
+    if torchcompat.HAS_LIST_KEYS:  # the agents' RootClient has the method on every torch
         keys |= {key for key in store.list_keys() if key.startswith(f"{prefix}/")}
     for key in sorted(keys):
         store.delete_key(key)

@@ -14,12 +14,12 @@ Where the workers' store is, after re-ranking (torch's agent decides, the handle
 * **torch before 2.4** (a ``(store, rank, world_size)`` tuple): the agent whose rank is 0 writes
   its own address (``--local_addr`` or its host name) and a free port as ``MASTER_ADDR``/``PORT``,
   and global rank 0 hosts the workers' store there. Both follow the planned rank, so nothing moves.
-* **2.4 and later, agent store shared** (the default): c10d's rank 0 agent hosts the workers' store
+* **2.4**, and **2.5 and later with** ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: global rank 0
+  hosts the store, and c10d's info would name c10d's rank 0; the planned rank 0 publishes its own
+  address and a free port instead.
+* **2.5 and later, agent store shared** (the default): c10d's rank 0 agent hosts the workers' store
   (``TORCHELASTIC_USE_AGENT_STORE=True``, workers are its clients) and ``bootstrap_store_info``
   names it; that node is where it is whatever rank it runs with, so the info is passed on as is.
-* **2.4 and later with** ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: global rank 0 hosts the store,
-  and c10d's info would name c10d's rank 0; the planned rank 0 publishes its own address and a free
-  port instead.
 
 A single-node round is passed through. Nodes whose reports tell them apart neither by node id nor
 by pod index (no ``npu_job_node.json`` and the same ``--node_rank``) keep c10d's order among

@@ -19,10 +19,9 @@ from typing import Dict, List, Optional, Sequence
 import pytest
 from npu_job.bootstrap.base.model import Placement
 from npu_job.bootstrap.nodereport import NodeReport, encode_report
-from npu_job.launcher import torchcompat
 from npu_job.launcher.rendezvous import c10d
 from torch.distributed import PrefixStore, TCPStore
-from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous import RendezvousTimeoutError, dynamic_rendezvous
 
 from npu_job.errors import LaunchError
 from npu_job.podfacts import NODE_REPORT_FILE
@@ -111,12 +110,14 @@ def cluster(tmp_path):
     made.kill_all()
 
 
+# torch's c10d handler shares its store with the workers from 2.5 (2.4 has the property, False)
+SHARES_BY_DEFAULT = "use_agent_store" in vars(dynamic_rendezvous.DynamicRendezvousHandler)
 SHARED = pytest.param({}, id="agent-store-shared")
 UNSHARED = pytest.param(
     {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
     id="agent-store-not-shared",
     marks=pytest.mark.skipif(
-        not torchcompat.HAS_RENDEZVOUS_INFO, reason="torch before 2.4 shares no agent store"
+        not SHARES_BY_DEFAULT, reason="torch before 2.5 shares no agent store"
     ),
 )
 
@@ -125,14 +126,14 @@ UNSHARED = pytest.param(
 def test_workers_rank_by_the_plan_not_by_c10d(tmp_path, cluster, env):
     """Every worker's RANK is planned node rank * nproc + LOCAL_RANK, every node logs the same
     plan digest and the rank c10d would have given, and all six meet in one all_reduce. The
-    workers' store stays where torch's agent puts it: with the agent store shared (torch 2.4+),
+    workers' store stays where torch's agent puts it: with the agent store shared (torch 2.5+),
     on c10d rank 0's node, which now runs as node rank 1; without it, global rank 0 hosts it on
     the planned rank 0's address."""
     records = launch_three(tmp_path, cluster, reports=True, env=env)
     assert wait_exits(cluster.nodes, LAUNCH_CAP) == [0, 0, 0], cluster.logs()
 
     world = 3 * NPROC
-    shares_store = torchcompat.HAS_RENDEZVOUS_INFO and not env
+    shares_store = SHARES_BY_DEFAULT and not env
     store_host = NODES["a"][0] if shares_store else NODES["b"][0]  # c10d's rank 0 / planned 0
     digests = set()
     for node, name in zip(cluster.nodes, ("c", "a", "b")):  # launch_three's order
@@ -163,7 +164,7 @@ def test_a_restart_round_is_planned_again_with_the_same_ranks(tmp_path, cluster)
     round, whose keys start clean under its own prefix; every node plans it again, to the same
     ranks and digest, and the restarted workers all meet.
 
-    The workers' store is not the shared agent store here: torch 2.4+ keeps that one store
+    The workers' store is not the shared agent store here: torch 2.5+ keeps that one store
     across restarts with nothing per attempt (pytorch/pytorch#135712), so restarted gloo ranks
     can read their dead peers' addresses under torch's c10d with or without npu-run.
     """

@@ -267,14 +267,16 @@ def test_lost_root_is_reported_with_its_address(closing):
 
 
 def test_root_host_keeps_the_root_until_the_other_agents_signed_off(closing):
-    handlers = make_handlers(2, [0, 1])
+    """The root's host waits for node 1's sign-off, not for its close_timeout: a minute here, so
+    that a stalled machine cannot close the root under node 1 before it signs off."""
+    handlers = make_handlers(2, [0, 1], close_timeout=60.0)
     closing(handlers.values())
     join_all([handlers[0], handlers[1]])
     root_done = threading.Event()
     threading.Thread(target=lambda: (handlers[0].shutdown(), root_done.set()), daemon=True).start()
     assert not root_done.wait(0.5), "node 0 closed the root while node 1 was still running"
     assert handlers[1].shutdown() is True
-    assert root_done.wait(5)
+    assert root_done.wait(30), "node 0 still held the root after node 1 signed off"
 
 
 def test_nodes_that_follow_one_node_order_join(closing):
