@@ -35,6 +35,7 @@ DEFAULT_STORE_TIMEOUT = 900.0  # torch's LaunchConfig default for rdzv_configs["
 DEFAULT_JOIN_TIMEOUT = 600.0  # torch's c10d join_timeout
 DEFAULT_CLOSE_TIMEOUT = 10.0
 DEFAULT_WATCH_INTERVAL = 1.0
+DEFAULT_LAST_CALL = 30.0  # torch's c10d last_call_timeout
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class ParallelSettings:
 
     ``store_timeout`` is the root store's operation timeout (``--rdzv_conf timeout=``, torch's
     name); ``join_timeout`` bounds each round's wait for all nodes (and the first connection);
+    ``min_nodes`` and ``last_call`` (``--nnodes=MIN:MAX``, ``--rdzv_conf last_call_timeout=``)
+    make it elastic: a round closes with MAX nodes, or with MIN or more once ``last_call``
+    seconds passed without another joining, as torch's c10d does;
     ``close_timeout`` is how long node rank 0 keeps the root alive at the end for the other
     agents to sign off; ``watch_interval`` is the least time between two looks for a restarting
     node (the agent asks every ``--monitor_interval``, which is 0.1 s by default).
@@ -71,6 +75,18 @@ class ParallelSettings:
     pod_index: Optional[int] = None
     report: bytes = b""
     probe: Optional[ProbeRequest] = None  # npu-run --probe: probe each round's plan (None: off)
+    min_nodes: Optional[int] = None  # elastic --nnodes=MIN:MAX (None: static, nnodes is both)
+    last_call: float = DEFAULT_LAST_CALL
+
+    @property
+    def elastic(self) -> bool:
+        """``--nnodes=MIN:MAX`` with MIN < MAX: the root's host decides when a round closes."""
+        return self.min_nodes is not None and self.min_nodes < self.nnodes
+
+    @property
+    def fewest_nodes(self) -> int:
+        """The least number of nodes a round runs with (MIN; ``nnodes`` when static)."""
+        return self.nnodes if self.min_nodes is None else self.min_nodes
 
     @property
     def hosts_root(self) -> bool:
@@ -103,11 +119,6 @@ def _seconds(params: RendezvousParameters, key: str, default: float) -> float:
 
 def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
     """Check torch's rendezvous parameters for the ``parallel`` backend (LaunchError if wrong)."""
-    if params.min_nodes != params.max_nodes:
-        raise LaunchError(
-            f"--nnodes={params.min_nodes}:{params.max_nodes}: the parallel rendezvous has static "
-            "membership; give one node count (e.g. --nnodes=4)"
-        )
     if "rank" not in params.config:
         raise LaunchError(
             "the parallel rendezvous needs this node's rank: pass --node_rank to npu-run "
@@ -183,6 +194,8 @@ def settings_from_params(params: RendezvousParameters) -> ParallelSettings:
         pod_index=pod_index,
         report=report.encode() if isinstance(report, str) else bytes(report),
         probe=probe,
+        min_nodes=params.min_nodes if params.min_nodes < params.max_nodes else None,
+        last_call=_seconds(params, "last_call_timeout", DEFAULT_LAST_CALL),
     )
 
 

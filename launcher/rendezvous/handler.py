@@ -1,4 +1,4 @@
-"""The ``parallel`` rendezvous backend: static membership, one plan per round, optional proxy.
+"""The ``parallel`` rendezvous backend: one plan per round, static or elastic, optional proxy.
 
 torch's dynamic backends (``c10d``, ``etcd``) give node ranks in arrival order, which throws away
 the routing-affine order the bootstrap computed; torch's ``static`` backend keeps ``--node_rank``
@@ -13,7 +13,9 @@ nodes hanging in collectives. ``parallel`` keeps both properties that matter:
   reports (:func:`~npu_job.bootstrap.nodereport.plan_round`, the bootstrap's own planner) and
   every agent takes its node rank from that plan. Pods that agree with their bootstraps get the
   bootstraps' ranks; a pod whose bootstrap decided otherwise is re-ranked, and the root says so.
-  On timeout the error names the node ranks that never came.
+  On timeout the error names the node ranks that never came. Elastic (``--nnodes=MIN:MAX``):
+  the root's host closes each round as torch's c10d would, and later agents join the next one
+  (:mod:`.rounds`).
 * **Group restarts like ``c10d``.** A node that restarts its workers joins the next round; the other
   agents see it in :meth:`num_nodes_waiting` and restart theirs (that does not use up their
   ``--max_restarts``, as in torch). Before the workers of a new round start, the root's host
@@ -55,7 +57,7 @@ import os
 import sys
 import time
 import weakref
-from typing import Any, List, Optional, Set, Tuple
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 from npu_job.bootstrap.nodereport import NodeReport, RoundPlan, decode_report, encode_report
 from torch.distributed import PrefixStore, Store, TCPStore
@@ -134,7 +136,7 @@ def node_report(settings: ParallelSettings) -> Tuple[bytes, str]:
 
 
 class ParallelRendezvousHandler(RendezvousHandler):
-    """Static-membership rendezvous over a root ``TCPStore`` hosted by pod index 0's agent."""
+    """The ``parallel`` rendezvous over a root ``TCPStore`` hosted by pod index 0's agent."""
 
     def __init__(self, settings: ParallelSettings, proxy_factory: ProxyFactory = start_store_proxy):
         self._settings = settings
@@ -194,24 +196,11 @@ class ParallelRendezvousHandler(RendezvousHandler):
                     faults.member = int(store.add(self._keys.members, 1))
                 number = rounds.first_open_round(store, self._keys, settings.node_rank)
                 faults.start_watch(store)
-            self._round_entered = number
-            if not rounds.join(
-                store, self._keys, settings, number, faults.member, self._report, self._claim()
-            ):
-                faults.stop_job(
-                    verdict.round_full(
-                        faults.node_rank, faults.me, number, settings.run_id, settings.nnodes
+                if number > 0 and settings.elastic:  # a fresh agent at a running elastic job
+                    number = rounds.next_round_with_room(
+                        store, self._keys, settings, number - 1, self._while_waiting(store)
                     )
-                )
-            faults.joined_round = number
-            rounds.await_round(
-                store,
-                self._keys,
-                settings,
-                number,
-                check_closed=lambda: self._raise_if_closed(store),
-                check_stopped=faults.raise_if_stopped,
-            )
+            number = self._enter(store, number)
             if settings.hosts_root:
                 plan = rounds.plan_at_root(store, self._keys, settings, number, self._checked)
                 self._checked.update(int(member) for member in plan.order)
@@ -232,19 +221,18 @@ class ParallelRendezvousHandler(RendezvousHandler):
                     number=number,
                 )
             node_rank = rounds.rank_in(plan, faults.member, number)
+            nnodes = len(plan.node_rank)  # --nnodes, or this round's count when elastic
             self._adopt(plan, node_rank)
             logger.info(
                 "round %d plan %s: node rank %d of %d",
                 number,
                 plan.mapping_digest,
                 node_rank,
-                settings.nnodes,
+                nnodes,
             )
             write_round_plan(
                 os.environ,
-                round_plan_document(
-                    "parallel", number, plan.mapping_digest, node_rank, settings.nnodes
-                ),
+                round_plan_document("parallel", number, plan.mapping_digest, node_rank, nnodes),
             )
             follow_round(os.environ, number, plan.node_ids_in_rank_order)
             if torchcompat.HAS_LIST_KEYS:
@@ -266,7 +254,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
             "round %d complete: node rank %d of %d; workers use the store at %s:%d%s",
             number,
             node_rank,
-            settings.nnodes,
+            nnodes,
             address,
             port,
             " (this node's proxy)" if settings.tiered else "",
@@ -274,10 +262,57 @@ class ParallelRendezvousHandler(RendezvousHandler):
         return torchcompat.rendezvous_result(
             PrefixStore(self._keys.agent_prefix(number), store),
             node_rank,
-            settings.nnodes,
+            nnodes,
             address,
             port,
         )
+
+    def _enter(self, store: RootClient, number: int) -> int:
+        """Join round ``number`` and wait until it is complete; the round this node is in.
+
+        Static: one agent too many stops the job (two pods of one index). Elastic: an agent the
+        round closed without moves on to the next round (:func:`.rounds.next_round_with_room`).
+        """
+        settings, faults = self._settings, self._faults
+        while True:
+            self._round_entered = number
+            position = rounds.join(
+                store, self._keys, settings, number, faults.member, self._report, self._claim()
+            )
+            if not position and not settings.elastic:
+                faults.stop_job(
+                    verdict.round_full(
+                        faults.node_rank, faults.me, number, settings.run_id, settings.nnodes
+                    )
+                )
+            if position:
+                last_call = None
+                if settings.elastic and settings.hosts_root:
+                    last_call = rounds.LastCall(store, self._keys, settings, number, position)
+                rounds.await_round(
+                    store,
+                    self._keys,
+                    settings,
+                    number,
+                    check_closed=lambda: self._raise_if_closed(store),
+                    check_stopped=faults.raise_if_stopped,
+                    last_call=last_call,
+                )
+                if position in rounds.round_positions(store, self._keys, settings, number):
+                    faults.joined_round = number
+                    return number
+            number = rounds.next_round_with_room(
+                store, self._keys, settings, number, self._while_waiting(store)
+            )
+
+    def _while_waiting(self, store: RootClient) -> Callable[[], None]:
+        """What a waiting agent checks between polls: the job stopped, or the run closed."""
+
+        def check() -> None:
+            self._faults.raise_if_stopped()
+            self._raise_if_closed(store)
+
+        return check
 
     @property
     def node_rank(self) -> int:
@@ -335,7 +370,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
         with self._faults.root_errors("watching for restarting nodes"):
             if not torchcompat.key_exists(self._store, joined):
                 return 0
-            return int(self._store.add(joined, 0))
+            return rounds.joined_count(self._store, self._keys, self._rounds_done)
 
     def get_run_id(self) -> str:
         return self._settings.run_id

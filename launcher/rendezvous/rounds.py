@@ -1,14 +1,21 @@
 """The rounds of the ``parallel`` rendezvous, as the root store's keys see them.
 
-Membership is static: a round completes when ``--nnodes`` agents have joined it (:func:`join`,
+Static membership: a round completes when ``--nnodes`` agents have joined it (:func:`join`,
 :func:`await_round`; on timeout the error names the node ranks that never came, by the
-``--node_rank`` each agent came with). Agents join by their *member* number (one per agent of
-the run, from the root's counter), not by node rank: each publishes its node report and what its
-bootstrap said (:class:`Claim`). Once the round is complete, the root's host plans it once over
-the reports (:func:`plan_at_root`, :func:`~npu_job.bootstrap.nodereport.plan_round`) and
-publishes the plan; every agent takes its node rank from it (:func:`await_plan`). So ranks move
-between rounds, the root stays where it is (pod index 0), and a node whose bootstrap planned
-another order is re-ranked, named in one line of the root's log (:func:`disagreements`).
+``--node_rank`` each agent came with). Elastic (``--nnodes=MIN:MAX``): the root's host closes
+each round, as torch's c10d would, once MAX agents joined or at least MIN did and none came for
+``last_call`` seconds (:class:`LastCall`); it picks the members (itself and the first others to
+come, up to MAX) and writes them as the round's ``complete`` key. An agent that came too late
+joins the next round, and the members, seeing it wait, restart around it; one that finds the job
+at MAX waits until a member opens a round (:func:`next_round_with_room`).
+
+Agents join by their *member* number (one per agent of the run, from the root's counter), not by
+node rank: each publishes its node report and what its bootstrap said (:class:`Claim`). Once the
+round is complete, the root's host plans it once over the reports (:func:`plan_at_root`,
+:func:`~npu_job.bootstrap.nodereport.plan_round`) and publishes the plan; every agent takes its
+node rank from it (:func:`await_plan`). So ranks move between rounds, the root stays where it is
+(pod index 0), and a node whose bootstrap planned another order is re-ranked, named in one line of
+the root's log (:func:`disagreements`).
 
 A node that restarts its workers joins the next round, and the other agents, seeing it waiting,
 restart theirs. A freshly started agent (a replaced pod) joins the first round that is not yet
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import asdict, dataclass
 from typing import AbstractSet, Callable, List, Mapping, Optional, Sequence, Tuple
 
@@ -47,6 +55,10 @@ logger = logging.getLogger(__name__)
 MAX_LISTED_NODES = 16
 KEY_POLL = Backoff.exponential(0.005, 0.25)  # a key another agent sets: from 5 ms up to 0.25 s
 SHOWN_DIGEST = 12  # hex digits of a mapping digest in the root's line about re-ranked pods
+# What the root's host adds to an elastic round's counter as it closes it: every agent that
+# counts itself in afterwards gets a position above it and knows it came too late (one atomic
+# ADD decides, so no agent is half in).
+CLOSED = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -92,27 +104,157 @@ def join(
     member: int,
     report: bytes,
     claim: Claim,
-) -> bool:
-    """Count member ``member`` into round ``number`` with its report; the last agent to join marks
-    the round complete. False: the round had all its nodes already (this one is not in it)."""
+) -> int:
+    """Count member ``member`` into round ``number`` with its report: its position (from 1), or
+    0 when the round had all its nodes already (static) or was closed (elastic). Static: the
+    last agent to join marks the round complete; elastic: the root's host does
+    (:class:`LastCall`), and a position is a place in the round only if the root picked it."""
     store.set(keys.report(number, member), report)
     store.set(keys.claim(number, member), claim.to_json())
     store.add(keys.node(number, settings.node_rank), 1)
     position = int(store.add(keys.joined(number), 1))
-    if position > settings.nnodes:
-        return False
+    if position > (CLOSED if settings.elastic else settings.nnodes):
+        return 0
     store.set(keys.slot(number, position), str(member))
-    if position == settings.nnodes:
+    if position == settings.nnodes and not settings.elastic:
         store.set(keys.complete(number), str(member))
     logger.info(
-        "node rank %d joined round %d of %r; waiting for %d node(s) at the root store %s",
+        "node rank %d joined round %d of %r; waiting for %s node(s) at the root store %s",
         settings.node_rank,
         number,
         settings.run_id,
-        settings.nnodes,
+        node_count(settings),
         settings.root,
     )
-    return True
+    return position
+
+
+def node_count(settings: ParallelSettings) -> str:
+    """``4``, or ``3 to 6`` when elastic."""
+    if settings.elastic:
+        return f"{settings.fewest_nodes} to {settings.nnodes}"
+    return str(settings.nnodes)
+
+
+def joined_count(store: Store, keys: RunKeys, number: int) -> int:
+    """How many agents counted themselves into round ``number`` (late ones of a closed elastic
+    round too)."""
+    raw = int(store.add(keys.joined(number), 0))
+    return raw - CLOSED if raw >= CLOSED else raw
+
+
+class LastCall:
+    """The root's host, elastic, while it awaits round ``number``: closes the round once
+    ``--nnodes`` MAX agents joined, or once MIN or more did and ``last_call`` seconds passed since
+    the last of them (torch's c10d rule). It picks the members, itself (at ``own_position``) and
+    the first others by position up to MAX, and writes their positions as ``complete``."""
+
+    def __init__(
+        self,
+        store: Store,
+        keys: RunKeys,
+        settings: ParallelSettings,
+        number: int,
+        own_position: int,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._store, self._keys, self._settings = store, keys, settings
+        self._number, self._own = number, own_position
+        self._clock = clock
+        self._seen, self._since = -1, clock()
+        self.closed = False
+
+    def __call__(self, _elapsed: float = 0.0) -> None:
+        if self.closed:
+            return
+        settings = self._settings
+        count = int(self._store.add(self._keys.joined(self._number), 0))
+        now = self._clock()
+        if count != self._seen:
+            self._seen, self._since = count, now
+        full = count >= settings.nnodes
+        if full or (count >= settings.fewest_nodes and now - self._since >= settings.last_call):
+            self._close()
+
+    def _close(self) -> None:
+        store, keys, number = self._store, self._keys, self._number
+        came = int(store.add(keys.joined(number), CLOSED)) - CLOSED
+        slots = [keys.slot(number, position) for position in range(1, came + 1)]
+        if not poll_until(  # each agent writes its slot right after counting itself in
+            lambda: all(torchcompat.key_exists(store, slot) for slot in slots),
+            self._settings.join_timeout,
+            KEY_POLL,
+        ):
+            raise RendezvousTimeoutError(
+                f"round {number}: not every agent that joined named its slot within "
+                f"{self._settings.join_timeout:g}s (root store {self._settings.root})"
+            )
+        others = [position for position in range(1, came + 1) if position != self._own]
+        chosen = sorted([self._own, *others[: self._settings.nnodes - 1]])
+        store.set(keys.complete(number), ",".join(str(position) for position in chosen))
+        self.closed = True
+        left_out = came - len(chosen)
+        logger.info(
+            "round %d closed with %d node(s)%s",
+            number,
+            len(chosen),
+            f"; {left_out} over --nnodes={self._settings.nnodes} wait" if left_out else "",
+        )
+
+
+def round_positions(
+    store: Store, keys: RunKeys, settings: ParallelSettings, number: int
+) -> List[int]:
+    """The positions of the members of complete round ``number``: the first ``--nnodes``
+    (static), or those the root's host picked (elastic)."""
+    if not settings.elastic:
+        return list(range(1, settings.nnodes + 1))
+    text = bytes(store.get(keys.complete(number))).decode()
+    return [int(position) for position in text.split(",")]
+
+
+def next_round_with_room(
+    store: Store,
+    keys: RunKeys,
+    settings: ParallelSettings,
+    number: int,
+    check: Callable[[], None],
+) -> int:
+    """Elastic: the round an agent left out of round ``number`` (or one that arrives after it,
+    a fresh agent) joins: the next. After a round below MAX it joins at once, and the members,
+    seeing it wait (:meth:`~.handler.ParallelRendezvousHandler.num_nodes_waiting`), restart
+    around it. After one at MAX it waits, uncounted, until a member opens the next round (its
+    workers restarted), so that a spare node never restarts a full job; ``check`` raises between
+    polls when the job stopped or the rendezvous closed."""
+    complete = keys.complete(number)
+    if not poll_until(
+        lambda: torchcompat.key_exists(store, complete), settings.join_timeout, KEY_POLL
+    ):
+        raise RendezvousTimeoutError(
+            f"round {number} did not close within {settings.join_timeout:g}s "
+            f"(root store {settings.root})"
+        )
+    following = number + 1
+    if len(round_positions(store, keys, settings, number)) < settings.nnodes:
+        return following
+    logger.info(
+        "node rank %d waits: round %d runs with the maximum of --nnodes=%s; it joins the next "
+        "round a member opens",
+        settings.node_rank,
+        number,
+        node_count(settings).replace(" to ", ":"),
+    )
+    if not poll_until(
+        lambda: joined_count(store, keys, following) > 0,
+        settings.join_timeout,
+        KEY_POLL,
+        tick=lambda _elapsed: check(),
+    ):
+        raise RendezvousTimeoutError(
+            f"node rank {settings.node_rank} waited {settings.join_timeout:g}s for a round with "
+            f"room: the job runs with its maximum of --nnodes={settings.nnodes} nodes"
+        )
+    return following
 
 
 def await_round(
@@ -122,32 +264,44 @@ def await_round(
     number: int,
     check_closed: Callable[[], None],
     check_stopped: Callable[[], None],
+    last_call: Optional[LastCall] = None,
 ) -> None:
     """Poll until the round's ``complete`` key exists; name the missing nodes on timeout.
 
     Between polls ``check_stopped`` (every time) and ``check_closed`` (every second) may raise:
-    the job ended elsewhere, or the rendezvous was closed.
+    the job ended elsewhere, or the rendezvous was closed. The root's host of an elastic job
+    passes its ``last_call``, which closes the round when it is due.
     """
     complete = keys.complete(number)
 
     def progress(elapsed: float) -> None:
-        joined = int(store.add(keys.joined(number), 0))
         logger.info(
-            "round %d: %d of %d nodes joined after %.0fs",
+            "round %d: %d of %s nodes joined after %.0fs",
             number,
-            joined,
-            settings.nnodes,
+            joined_count(store, keys, number),
+            node_count(settings),
             elapsed,
         )
 
     closed_check = Every(1.0, lambda _elapsed: check_closed(), always=check_stopped)
     progress_line = Every(PROGRESS_INTERVAL, progress)
+
+    def tick(elapsed: float) -> None:
+        closed_check(elapsed)
+        progress_line(elapsed)
+        if last_call is not None:
+            last_call(elapsed)
+
     if not poll_until(
-        lambda: torchcompat.key_exists(store, complete),
-        settings.join_timeout,
-        KEY_POLL,
-        tick=lambda elapsed: (closed_check(elapsed), progress_line(elapsed)),
+        lambda: torchcompat.key_exists(store, complete), settings.join_timeout, KEY_POLL, tick=tick
     ):
+        if settings.elastic:
+            raise RendezvousTimeoutError(
+                f"node rank {settings.node_rank} timed out after {settings.join_timeout:g}s in "
+                f"round {number} at the root store {settings.root}: "
+                f"{joined_count(store, keys, number)} node(s) joined, fewer than the "
+                f"{settings.fewest_nodes} of --nnodes={node_count(settings).replace(' to ', ':')}"
+            )
         missing = missing_nodes(store, keys, settings.nnodes, number)
         raise RendezvousTimeoutError(
             f"node rank {settings.node_rank} timed out after {settings.join_timeout:g}s in "
@@ -166,7 +320,8 @@ def plan_at_root(
     """The root's host, once round ``number`` is complete: plan it over its members' reports,
     say which pods the plan re-ranked against their bootstraps (members not in ``checked``, the
     ones whose claims an earlier round looked at already), and publish the plan."""
-    slots = [keys.slot(number, position) for position in range(1, settings.nnodes + 1)]
+    positions = round_positions(store, keys, settings, number)
+    slots = [keys.slot(number, position) for position in positions]
     members = [int(value) for value in store.multi_get(slots)]
     reports = store.multi_get([keys.report(number, member) for member in members])
     claims = {
@@ -325,7 +480,10 @@ def linger_for_departures(
     They may still be in torch's exit barrier or about to sign off; closing under them would
     turn a clean finish into "lost the root store". Nodes that never joined are not awaited.
     """
-    expected = min(int(store.add(keys.joined(number), 0)), settings.nnodes)
+    if settings.elastic and torchcompat.key_exists(store, keys.complete(number)):
+        expected = len(round_positions(store, keys, settings, number))
+    else:
+        expected = min(joined_count(store, keys, number), settings.nnodes)
     if one_dead:
         expected -= 1  # a dead node signs off from nowhere (the verdict named it)
 

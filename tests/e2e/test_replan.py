@@ -102,8 +102,18 @@ def servers_of(path: str) -> List[str]:
 
 
 def start_pod(
-    cluster: NetnsCluster, host: int, rank: int, out: Path, done: Path, tag: str, port: int
+    cluster: NetnsCluster,
+    host: int,
+    rank: int,
+    out: Path,
+    done: Path,
+    tag: str,
+    port: int,
+    nnodes: str = str(PODS),
+    rdzv_conf: str = "",
 ) -> subprocess.Popen:
+    """npu-run on ``host`` as pod ``rank``'s agent (``nnodes``: ``--nnodes``, MIN:MAX for an
+    elastic job; ``rdzv_conf``: more ``--rdzv_conf`` settings)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
     env.pop("VC_TASK_INDEX", None)
     env.pop("RANK_AFTER_ACC", None)
@@ -121,12 +131,12 @@ def start_pod(
             [
                 *cluster.prefix(host),
                 *training_node_argv(
-                    PODS,
+                    nnodes,
                     rank,
                     cluster.hosts[0].ip,  # pod index 0's stable address
                     port,
                     f"join_timeout=120,timeout=60,keep_alive_interval={INTERVAL:g},"
-                    f"keep_alive_max_attempt={ATTEMPTS}",
+                    f"keep_alive_max_attempt={ATTEMPTS}{rdzv_conf}",
                     out,
                     done,
                     extra=["--max_restarts=2"],
@@ -187,11 +197,17 @@ def cross_tor_edges(rank_of: Mapping[int, int], tor_of: Mapping[int, str]) -> Tu
     )
 
 
-def test_a_replaced_pod_under_another_tor_is_replanned_and_training_goes_on(tmp_path):
-    tag = f"r{os.getpid() % 10000}"
-    job = f"replan-{tag}"
+def new_job(tmp_path: Path, name: str) -> Tuple[str, str, Path, Path]:
+    """A test job's tag (its namespaces' and processes' mark), name, output directory (made) and
+    the file whose existence tells its workers to finish."""
+    tag = f"{name[0]}{os.getpid() % 10000}"
     out, done = tmp_path / "out", tmp_path / "done"
     out.mkdir()
+    return tag, f"{name}-{tag}", out, done
+
+
+def test_a_replaced_pod_under_another_tor_is_replanned_and_training_goes_on(tmp_path):
+    tag, job, out, done = new_job(tmp_path, "replan")
     reports = [report(pod, TORS[pod]) for pod in range(PODS)]
     ranks, digest = bootstrap(reports)
     victim = next(pod for pod, rank in ranks.items() if rank == 2)
@@ -274,10 +290,7 @@ def test_a_replaced_pod_under_another_tor_is_replanned_and_training_goes_on(tmp_
 
 
 def test_a_pod_whose_bootstrap_fell_back_runs_in_the_roots_order_and_is_named(tmp_path):
-    tag = f"f{os.getpid() % 10000}"
-    job = f"fallback-{tag}"
-    out, done = tmp_path / "out", tmp_path / "done"
-    out.mkdir()
+    tag, job, out, done = new_job(tmp_path, "fallback")
     reports = [report(pod, TORS[pod]) for pod in range(PODS)]
     ranks, digest = bootstrap(reports)
     fallen = 3  # its bootstrap could not plan: no placement, its pod index as its rank

@@ -131,7 +131,7 @@ def listening_ports(pid: int) -> Set[int]:
 
 
 def training_node_argv(
-    nnodes: int,
+    nnodes: Union[int, str],
     node_rank: int,
     master: str,
     port: int,

@@ -335,11 +335,11 @@ LAUNCH = LaunchError.exit_code
             id="auto-rank-too-big",
         ),
         pytest.param(
-            ["--nnodes=1:3", "--rdzv_backend=parallel"],
+            ["--nnodes=1:3", "--rdzv_backend=parallel", "--rdzv_conf=last_call_timeout=x"],
             {},
             LAUNCH,
-            "static membership",
-            id="parallel-elastic-range",
+            "last_call_timeout: expected a positive number of seconds",
+            id="parallel-elastic-bad-last-call",
         ),
         pytest.param(
             ["--nnodes=2", "--rdzv_backend=parallel", "--rdzv_conf=join_timeout=later"],

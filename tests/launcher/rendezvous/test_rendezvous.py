@@ -395,7 +395,7 @@ def test_two_nodes_that_come_as_one_node_rank_both_get_a_rank_of_the_plan(closin
     client = rootstore.open_client(settings)
     claim = rounds.Claim(1, None, "one-too-many")
     keys = backend.RunKeys(settings.run_id)
-    assert rounds.join(client, keys, settings, 0, 99, b"{}", claim) is False
+    assert rounds.join(client, keys, settings, 0, 99, b"{}", claim) == 0  # no position
     assert b"99" not in client.multi_get([keys.slot(0, p) for p in (1, 2, 3)])
     client.close()
 
@@ -440,6 +440,75 @@ def test_a_replaced_pod_with_another_switch_path_is_planned_into_the_next_round(
     assert old_member not in watched and replacement.member in watched
 
 
+def elastic_handlers(min_nodes: int, max_nodes: int, ranks: Sequence[int], **overrides):
+    """Handlers of an elastic job (``--nnodes=MIN:MAX``) whose rounds close after half a second
+    of last call."""
+    return make_handlers(max_nodes, ranks, min_nodes=min_nodes, last_call=0.5, **overrides)
+
+
+def test_an_elastic_round_closes_with_the_nodes_there_after_last_call(closing, caplog):
+    """--nnodes=2:4 with three agents: the root's host closes the round once no fourth came for
+    last_call; all three run it as a world of three, planned over their three reports."""
+    caplog.set_level(logging.INFO, logger="npu_job")
+    handlers = elastic_handlers(2, 4, [0, 1, 2])
+    closing(handlers.values())
+    nodes = [joined(info) for info in join_all(list(handlers.values()))]
+    assert sorted(node.rank for node in nodes) == [0, 1, 2]
+    assert {node.world_size for node in nodes} == {3}
+    assert "round 0 closed with 3 node(s)" in caplog.text
+
+
+def test_an_elastic_round_closes_at_once_with_max_nodes(closing):
+    """With MAX agents there the round closes without waiting for last call (a minute here)."""
+    handlers = make_handlers(3, [0, 1, 2], min_nodes=1, last_call=60.0)
+    closing(handlers.values())
+    with ThreadPoolExecutor(1) as pool:
+        done = pool.submit(join_all, list(handlers.values()))
+        nodes = [joined(info) for info in done.result(timeout=30)]
+    assert {node.world_size for node in nodes} == {3}
+
+
+def test_a_node_after_the_close_joins_the_next_round_and_the_members_restart_around_it(
+    closing, caplog
+):
+    """Elastic 2:4: three agents run round 0; a fourth, started later, waits in round 1, the
+    members see it waiting and rejoin, and round 1 runs four nodes under one new plan."""
+    caplog.set_level(logging.INFO, logger="npu_job")
+    handlers = elastic_handlers(2, 4, [0, 1, 2, 3])
+    closing(handlers.values())
+    first = [joined(info) for info in join_all([handlers[0], handlers[1], handlers[2]])]
+    assert {node.world_size for node in first} == {3}
+    with ThreadPoolExecutor(1) as pool:
+        late = pool.submit(handlers[3].next_rendezvous)
+        wait_for(lambda: handlers[0].num_nodes_waiting() > 0, 30, "the late node to wait")
+        again = [joined(info) for info in join_all([handlers[0], handlers[1], handlers[2]])]
+        again.append(joined(late.result(timeout=30)))
+    assert sorted(node.rank for node in again) == [0, 1, 2, 3]
+    assert {node.world_size for node in again} == {4}
+    round_1 = [line for line in plan_lines(caplog) if line.startswith("round 1 ")]
+    assert len(round_1) == 4 and len({line.split(":")[0] for line in round_1}) == 1
+
+
+def test_a_spare_node_waits_uncounted_while_the_job_runs_at_max(closing, caplog):
+    """Elastic 1:2 running two nodes: a third agent is a spare. It waits without counting as
+    waiting (it must not restart a full job), until the run ends: it reads the closed flag, or,
+    if the root's host was quicker to leave, finds the root gone."""
+    caplog.set_level(logging.INFO, logger="npu_job")
+    members = list(elastic_handlers(1, 2, [0, 1]).values())
+    spare = ParallelRendezvousHandler(members[1].settings)
+    closing([*members, spare])
+    assert {joined(info).world_size for info in join_all(members)} == {2}
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(spare.next_rendezvous)
+        wait_for(lambda: "runs with the maximum of --nnodes=1:2" in caplog.text, 30, "the spare")
+        assert members[0].num_nodes_waiting() == 0 and members[1].num_nodes_waiting() == 0
+        assert not waiting.done()
+        members[1].shutdown()
+        members[0].shutdown()
+        with pytest.raises((RendezvousClosedError, RendezvousConnectionError)):
+            waiting.result(timeout=30)
+
+
 def params(**overrides) -> RendezvousParameters:
     values = dict(
         backend="parallel",
@@ -475,10 +544,22 @@ def test_settings_come_from_torchs_rendezvous_parameters():
     )
 
 
+def test_a_node_range_makes_the_settings_elastic():
+    settings = backend.settings_from_params(params(min_nodes=2, last_call_timeout="3"))
+    assert (settings.elastic, settings.fewest_nodes, settings.nnodes) == (True, 2, 4)
+    assert settings.last_call == 3.0
+    static = backend.settings_from_params(params())
+    assert (static.elastic, static.fewest_nodes, static.min_nodes) == (False, 4, None)
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        pytest.param(dict(min_nodes=2, max_nodes=4), "static membership", id="elastic-range"),
+        pytest.param(
+            dict(min_nodes=2, max_nodes=4, last_call_timeout="0"),
+            "last_call_timeout: expected a positive",
+            id="zero-last-call",
+        ),
         pytest.param(dict(rank=4), "expected 0..3", id="rank-too-big"),
         pytest.param(dict(rank="x"), "expected an integer", id="rank-not-a-number"),
         pytest.param(dict(endpoint=""), "--master_addr/--master_port", id="no-endpoint"),

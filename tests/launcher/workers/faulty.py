@@ -49,6 +49,7 @@ def main() -> None:
         "pid": os.getpid(),
         "attempt": attempt,
         "MASTER_PORT": os.environ["MASTER_PORT"],
+        "WORLD_SIZE": os.environ["WORLD_SIZE"],
         "RANK_TABLE_FILE": os.environ.get("RANK_TABLE_FILE", ""),
     }
     path = os.path.join(options.out_dir, f"{rank}.json")
