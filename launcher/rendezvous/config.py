@@ -289,3 +289,8 @@ class RunKeys:
     @property
     def failures_count(self) -> str:
         return f"{self.base}/failures_count"
+
+    @property
+    def lost(self) -> str:
+        """Counts the members an elastic job went on without (each makes every agent restart)."""
+        return f"{self.base}/lost"

@@ -169,6 +169,7 @@ class NodeFaults:
             self._check_proxy if settings.tiered else None,
             node_rank=self.node_rank,
             root_member=self.root_member,
+            fewest_nodes=settings.fewest_nodes if settings.elastic else 0,
         )
         store.on_poll = self._stop_polling
         self.watch.start()

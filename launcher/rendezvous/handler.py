@@ -148,6 +148,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
         self._next_watch = 0.0
         self._round_entered: Optional[int] = None  # the last round this node entered
         self._checked: Set[int] = set()  # the root's host: members whose claims it looked at
+        self._lost_seen = 0  # elastic: the members gone, as the last round saw them
         self._report, self._pod_name = node_report(settings)
 
     # -- RendezvousHandler -------------------------------------------------------------------
@@ -248,6 +249,8 @@ class ParallelRendezvousHandler(RendezvousHandler):
                     node_rank,
                     store.local_address or settings.master_addr,
                 )
+            if settings.elastic:
+                self._lost_seen = int(store.add(self._keys.lost, 0))
         address, port = faults.workers_store_address(workers_store)
         self._rounds_done = number + 1
         logger.info(
@@ -368,9 +371,16 @@ class ParallelRendezvousHandler(RendezvousHandler):
         self._next_watch = time.monotonic() + self._settings.watch_interval
         joined = self._keys.joined(self._rounds_done)
         with self._faults.root_errors("watching for restarting nodes"):
+            if self._settings.elastic and self._members_lost():
+                return 1  # not waiting, but the round must be made again without them
             if not torchcompat.key_exists(self._store, joined):
                 return 0
             return rounds.joined_count(self._store, self._keys, self._rounds_done)
+
+    def _members_lost(self) -> bool:
+        """Elastic: did the root's host let a silent member go since this node's last round?"""
+        assert self._store is not None
+        return int(self._store.add(self._keys.lost, 0)) > self._lost_seen
 
     def get_run_id(self) -> str:
         return self._settings.run_id

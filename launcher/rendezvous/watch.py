@@ -51,6 +51,7 @@ class WatchKeys(Protocol):
     verdict_claims: str
     failures: str
     failures_count: str
+    lost: str
 
     def alive(self, member: int) -> str: ...
 
@@ -80,6 +81,7 @@ class Watch:
         *,
         node_rank: int = 0,
         root_member: int = -1,
+        fewest_nodes: int = 0,
     ) -> None:
         self._client = client
         self._keys = keys
@@ -99,6 +101,7 @@ class Watch:
         self._reports: List[FailureReport] = []
         self._reports_seen = 0
         self._who: Dict[int, Identity] = {}
+        self._fewest_nodes = fewest_nodes  # elastic: MIN, the nodes a job can go on with
         self.beats = 0
 
     # -- the main thread's side ----------------------------------------------------------------
@@ -182,6 +185,21 @@ class Watch:
             except (RootError, ValueError):
                 pass
         return self._who.get(member, verdict.UNKNOWN)
+
+    def _go_on_without(self, member: int, seen: liveness.Seen, now: float, left: List[int]) -> None:
+        """Elastic: a silent node leaves the job instead of ending it; every agent, seeing the
+        ``lost`` counter move, restarts its workers into a round without it."""
+        assert self._tracker is not None
+        self._tracker.keep_only(left, now, time.time())
+        self._pending = None
+        self._client.add(self._keys.lost, 1)
+        logger.warning(
+            "%s stopped: no heartbeat for %.1fs; the elastic job goes on with the %d node(s) "
+            "left, in a new round",
+            self.identity(member).describe(self.rank_of(member)),
+            now - seen.moved_at,
+            len(left) + 1,
+        )
 
     # -- the thread ----------------------------------------------------------------------------
 
@@ -299,6 +317,12 @@ class Watch:
             self.publish(verdict.workers_failed(first, self.identity(first.member)))
 
     def _dead(self, member: int, seen: liveness.Seen, now: float) -> None:
+        tracker = self._tracker
+        if tracker is not None and self._fewest_nodes:
+            left = [rank for rank in tracker.ranks if rank != member]
+            if len(left) + 1 >= self._fewest_nodes:  # the others and this root's host
+                self._go_on_without(member, seen, now, left)
+                return
         self.publish(
             verdict.dead_node(
                 self.rank_of(member),

@@ -489,6 +489,42 @@ def test_a_node_after_the_close_joins_the_next_round_and_the_members_restart_aro
     assert len(round_1) == 4 and len({line.split(":")[0] for line in round_1}) == 1
 
 
+@stalls_hide_the_beats
+def test_an_elastic_job_goes_on_without_a_silent_node_while_min_are_left(closing, caplog):
+    """Elastic 2:3 running three nodes: node 2's agent dies (no sign-off, no more heartbeats).
+    After the liveness window the root's host names it and lets it go instead of ending the job;
+    the others see that as a reason to restart, and their next round runs two nodes."""
+    caplog.set_level(logging.INFO, logger="npu_job")
+    handlers = elastic_handlers(
+        2, 3, [0, 1, 2], keep_alive_interval=BEAT, keep_alive_max_attempt=BEATS_MISSED
+    )
+    closing(handlers.values())
+    assert {joined(info).world_size for info in join_all(list(handlers.values()))} == {3}
+    handlers[2].close()  # dead: its watch stops beating, it never signs off
+    wait_for(lambda: handlers[1].num_nodes_waiting() > 0, 60, "the others to learn of it")
+    assert handlers[0].verdict is None and handlers[1].verdict is None
+    again = [joined(info) for info in join_all([handlers[0], handlers[1]])]
+    assert sorted(node.rank for node in again) == [0, 1]
+    assert {node.world_size for node in again} == {2}
+    (line,) = [r.message for r in caplog.records if "goes on with" in r.message]
+    assert re.match(r"node rank \d \(pod .+\) stopped: no heartbeat for ", line), line
+    assert line.endswith("the elastic job goes on with the 2 node(s) left, in a new round")
+
+
+@stalls_hide_the_beats
+def test_a_silent_node_ends_an_elastic_job_that_would_fall_below_min(closing):
+    """Elastic 2:3 running two nodes: without one of them fewer than MIN are left, so the
+    silent node is the job's verdict, as in a static job."""
+    handlers = elastic_handlers(
+        2, 3, [0, 1], keep_alive_interval=BEAT, keep_alive_max_attempt=BEATS_MISSED
+    )
+    closing(handlers.values())
+    assert {joined(info).world_size for info in join_all(list(handlers.values()))} == {2}
+    handlers[1].close()
+    with pytest.raises(JobStopped, match=r"node rank 1 \(pod .*\) stopped: no heartbeat for"):
+        wait_for(lambda: handlers[0].num_nodes_waiting() < 0, 60, "the root's verdict")
+
+
 def test_a_spare_node_waits_uncounted_while_the_job_runs_at_max(closing, caplog):
     """Elastic 1:2 running two nodes: a third agent is a spare. It waits without counting as
     waiting (it must not restart a full job), until the run ends: it reads the closed flag, or,
