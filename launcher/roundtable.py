@@ -22,13 +22,14 @@ import logging
 import os
 from typing import Mapping, MutableMapping, Optional, Sequence
 
-from npu_job.bootstrap.nodereport import rank_table_in_round_order
+from npu_job.bootstrap.nodereport import RoundPlan, rank_table_in_round_order
+from npu_job.bootstrap.sources import read_file
 
 from npu_job.errors import InputError, LaunchError
 from npu_job.fileio import write_atomic
 from npu_job.podfacts import RANK_TABLE_COPY, RANK_TABLE_ENV, ROUTE_PLAN_FILE
 
-from .noderank import output_path, read_text_if_exists
+from .noderank import output_path, read_text_if_exists, round_plan_document, write_round_plan
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +58,7 @@ def write_round_rank_table(original: str, server_ids: Sequence[str], path: str) 
     ids rewritten, written atomically to ``path``; an ``InputError`` naming ``original`` when it
     cannot be read as a rank table or does not list exactly those servers (nothing written)."""
     try:
-        with open(original, "rb") as handle:
-            data = handle.read()
+        data = read_file(original)  # capped as the bootstrap caps every input
     except OSError as error:
         raise InputError(original, "file", f"a readable rank table ({error.strerror})") from None
     write_atomic(path, rank_table_in_round_order(data, original, server_ids), durable=False)
@@ -95,3 +95,15 @@ def follow_round(env: MutableMapping[str, str], number: int, server_ids: Sequenc
         return
     env[RANK_TABLE_ENV] = path
     logger.info("round %d: rank table in the round's order: %s (from %s)", number, path, original)
+
+
+def follow_plan(
+    env: MutableMapping[str, str], backend: str, number: int, plan: RoundPlan, node_rank: int
+) -> None:
+    """What every backend does once a round is planned, before its workers start: leave the
+    round's plan beside the bootstrap's files and hand the workers the rank table in its order."""
+    document = round_plan_document(
+        backend, number, plan.mapping_digest, node_rank, len(plan.node_rank)
+    )
+    write_round_plan(env, document)
+    follow_round(env, number, plan.node_ids_in_rank_order)

@@ -55,8 +55,7 @@ from npu_job.errors import InputError, LaunchError
 from npu_job.polling import Backoff, Every, poll_until
 
 from .. import torchcompat
-from ..noderank import round_plan_document, write_round_plan
-from ..roundtable import follow_round
+from ..roundtable import follow_plan
 from .config import NODE_REPORT_OPTION  # the node's report, as for the parallel backend
 from .rootstore import PROGRESS_INTERVAL, free_port_near
 from .rounds import format_ranks
@@ -251,11 +250,7 @@ class RankedC10dHandler(RendezvousHandler):
             exchange.publish_workers_store(self._local_addr or socket.getfqdn())
         exchange.agree(exchange_digest)
         self._log(plan, reports, number, rank, c10d_rank, world_size)
-        write_round_plan(
-            os.environ,
-            round_plan_document("c10d", number, plan.mapping_digest, rank, world_size),
-        )
-        follow_round(os.environ, number, plan.node_ids_in_rank_order)
+        follow_plan(os.environ, "c10d", number, plan, rank)
         if store_info is not None and not shares_store:
             store_info = torchcompat.store_info(*exchange.workers_store())
         self.last_plan = plan

@@ -73,8 +73,7 @@ from npu_job.errors import InputError
 from npu_job.polling import Backoff, poll
 
 from .. import torchcompat
-from ..noderank import round_plan_document, write_round_plan
-from ..roundtable import follow_round
+from ..roundtable import follow_plan
 from ..torchcompat import StoreError
 from . import rootstore, rounds, verdict
 from .config import (
@@ -231,11 +230,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 node_rank,
                 nnodes,
             )
-            write_round_plan(
-                os.environ,
-                round_plan_document("parallel", number, plan.mapping_digest, node_rank, nnodes),
-            )
-            follow_round(os.environ, number, plan.node_ids_in_rank_order)
+            follow_plan(os.environ, "parallel", number, plan, node_rank)
             if torchcompat.HAS_LIST_KEYS:
                 if number > 0:
                     rounds.clear_previous_workers(store, self._keys, settings, number)
