@@ -301,13 +301,15 @@ class NodeFaults:
 
     def sign_off(self, store: RootClient, round_entered: Optional[int]) -> None:
         settings = self._settings
+        # a node's last call is its count among the departed: the root's host closes the root
+        # as soon as that count is full, and a call after it would find the root gone
+        if not settings.hosts_root:
+            store.add(self._keys.alive(self.member), liveness.DEPARTED)
         # the root's host awaits the nodes that joined; one refused before it joined (one too
         # many) is not among them, and counting it would close the root under the last of them
         if round_entered is not None and round_entered == self.joined_round:
             store.add(self._keys.departed, 1)
-        if not settings.hosts_root:
-            store.add(self._keys.alive(self.member), liveness.DEPARTED)
-        elif round_entered is not None:
+        if settings.hosts_root and round_entered is not None:
             found = self.verdict
             rounds.linger_for_departures(
                 store,
