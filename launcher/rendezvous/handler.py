@@ -222,6 +222,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
             if settings.probe is not None:  # npu-run --probe: the workers follow its decision
                 from ..probe import launch as probe_launch
 
+                # the root's host judges this round's members during the probe too, so that a
+                # node dying in it is named within the liveness window, not at the budget
+                self._adopt(plan, rounds.rank_in(plan, faults.member, number))
                 plan = probe_launch.follow(
                     store,
                     settings.probe,
@@ -230,6 +233,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
                     member=faults.member,
                     root=(settings.master_addr, settings.master_port),
                     number=number,
+                    check_stopped=faults.raise_if_stopped,
                 )
             node_rank = rounds.rank_in(plan, faults.member, number)
             self._adopt(plan, node_rank)
