@@ -36,10 +36,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 import pytest
-from npu_job.bootstrap.base.model import Placement
-from npu_job.bootstrap.nodereport import NodeReport, encode_report, plan_round
 
-from npu_job.podfacts import NODE_REPORT_FILE
 from tests.e2e.netns import fabric_unavailable_reason
 from tests.launcher.cluster import (
     TAG_VARIABLE,
@@ -55,6 +52,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import _fabric_model as model  # noqa: E402
 import _fabric_net as net  # noqa: E402
+import _probe_job as probe_job  # noqa: E402
 
 REASON = fabric_unavailable_reason()
 pytestmark = [
@@ -66,102 +64,30 @@ SHAPE = model.parse_shape("4x2")
 RATE_MBIT = 100.0
 SCATTERED = (0, 1, 0, 1)  # bench_fabric's 4x2: its scheduler order alternates the ToRs
 STACKED = (0, 0, 1, 1)  # the scheduler's ring already crosses the ToRs only twice
-PORT = 29500  # every fabric is namespaces of its own: no other test's port is there
 BUDGET = 120  # seconds: room for a busy machine (a probe past it would keep the plan)
 RATIO_TOLERANCE = 0.15
 VERDICT = re.compile(r"npu-run: round 0 (probe: .*)$", re.M)
 
 
-def reports(tor_of_pod: Sequence[int]) -> List[NodeReport]:
-    """What each pod's bootstrap reports when the ToR file puts pod ``p`` under ToR
-    ``tor_of_pod[p]``."""
-    slots: Dict[int, int] = {}
-    found = []
-    for pod, tor in enumerate(tor_of_pod):
-        slots[tor] = slots.get(tor, -1) + 1
-        found.append(
-            NodeReport(
-                node_id=f"node-{pod}",
-                pod_index=pod,
-                pod_name=f"job-worker-{pod}",
-                device_count=1,
-                placement=Placement(tors=(f"tor-{tor}",), slot=slots[tor]),
-            )
-        )
-    return found
-
-
-def planned_ranks(tor_of_pod: Sequence[int]) -> Dict[int, int]:
-    """Every pod's node rank in the plan the root makes from these reports."""
-    plan = plan_round({str(r.pod_index): encode_report(r) for r in reports(tor_of_pod)})
-    return {pod: plan.node_rank[str(pod)] for pod in range(len(tor_of_pod))}
-
-
 class Job:
-    """One npu-run agent per node of a fabric, each with its bootstrap's report and rank."""
+    """The job's agents on ``fabric`` (each reading ``read``), their workers recording."""
 
-    def __init__(
-        self, fabric: net.Fabric, read: Sequence[int], workdir: Path, probe: str = f"{BUDGET}"
-    ) -> None:
-        self.fabric = fabric
-        self.workdir = workdir
+    def __init__(self, fabric: net.Fabric, read: Sequence[int], workdir: Path) -> None:
+        assert probe_job.TAG_VARIABLE == TAG_VARIABLE  # tagged_processes finds the job
         self.records = workdir / "records"
         self.records.mkdir()
         self.tag = f"probe-fabric-{os.getpid()}-{workdir.name}"
-        self.ranks = planned_ranks(read)
-        self.agents: List[subprocess.Popen] = []
-        for report in reports(read):
-            pod = report.pod_index
-            output = self.output_dir(pod)
-            output.mkdir()
-            (output / NODE_REPORT_FILE).write_bytes(encode_report(report))
-            env = {
-                key: value
-                for key, value in os.environ.items()
-                if not key.startswith(("PET_", "TORCHELASTIC_"))
-                and key not in ("RANK_AFTER_ACC", "VC_TASK_INDEX")
-            }
-            env.update(
-                {
-                    TAG_VARIABLE: self.tag,
-                    "NPU_JOB_OUTPUT_DIR": str(output),
-                    "GLOO_SOCKET_IFNAME": "eth0",
-                    "OMP_NUM_THREADS": "1",
-                    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5",
-                }
-            )
-            argv = [
-                sys.executable,
-                "-m",
-                "npu_job.launcher",
-                f"--nnodes={SHAPE.nodes}",
-                "--nproc_per_node=1",
-                f"--node_rank={self.ranks[pod]}",
-                "--rdzv_backend=parallel",
-                f"--master_addr={net.pod_ip(0)}",
-                f"--master_port={PORT}",
-                "--monitor_interval=0.1",
-                f"--probe={probe}",
-                "--rdzv_conf=join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3",
-                str(WORKERS / "record_env.py"),
-                str(self.records),
-            ]
-            with open(self.log_path(pod), "wb") as log:
-                self.agents.append(
-                    fabric.popen(pod, argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-                )
-
-    def output_dir(self, pod: int) -> Path:
-        return self.workdir / f"pod-{pod}"
-
-    def log_path(self, pod: int) -> Path:
-        return self.workdir / f"npu-run-{pod}.log"
-
-    def log(self, pod: int) -> str:
-        return self.log_path(pod).read_text(errors="replace")
-
-    def logs(self) -> str:
-        return "\n".join(f"--- pod {pod} ---\n{self.log(pod)}" for pod in range(SHAPE.nodes))
+        self.job = probe_job.start(
+            fabric,
+            read,
+            workdir,
+            [str(WORKERS / "record_env.py"), str(self.records)],
+            probe=str(BUDGET),
+            tag=self.tag,
+        )
+        self.ranks = self.job.ranks
+        self.agents = self.job.agents
+        self.log, self.logs = self.job.log, self.job.logs
 
     def finish(self, cap: float = 240) -> List[int]:
         """Every agent's exit code (their workers record and leave)."""
@@ -169,7 +95,9 @@ class Job:
         return [wait_process(agent, until) for agent in self.agents]
 
     def probe_document(self, pod: int) -> dict:
-        return json.loads((self.output_dir(pod) / "probe.json").read_text())
+        document = self.job.probe_document(pod)
+        assert document is not None, self.logs()
+        return document
 
     def verdicts(self) -> List[str]:
         found = [VERDICT.findall(self.log(pod)) for pod in range(SHAPE.nodes)]
