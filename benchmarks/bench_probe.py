@@ -202,7 +202,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         nargs="+",
         type=_shape,
         metavar="SHAPE",
-        default=defaults,
+        default=[model.parse_shape(text) for text in DEFAULT_SHAPES],
         help=f"{model.SHAPE_SYNTAX} (default: {defaults})",
     )
     parser.add_argument(
@@ -227,10 +227,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the placement (default 0)")
     parser.add_argument("--output", metavar="FILE", help="also write the table to FILE")
-    args = parser.parse_args(list(argv))
-    if args.shapes == defaults:  # argparse gives a default as it is
-        args.shapes = [model.parse_shape(text) for text in DEFAULT_SHAPES]
-    return args
+    return parser.parse_args(list(argv))
 
 
 def main(argv: Sequence[str] = ()) -> int:
