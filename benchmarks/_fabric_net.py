@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from _fabric_model import Link, Shape, Socket, link_tx_bytes, parse_ss
 from npu_job.demo.podsim import kill_process_groups
@@ -51,6 +52,25 @@ def unavailable_reason() -> Optional[str]:
         return f"'ip netns add' failed: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=COMMAND_TIMEOUT)
     return None
+
+
+def begin(program: str, log: Callable[[str], None]) -> bool:
+    """A benchmark's start on the fabric: False (having said why on stderr) where it cannot be
+    built; else what runs that are gone left is removed, and SIGTERM and SIGHUP raise
+    KeyboardInterrupt, so that the benchmark cleans up as on Ctrl-C."""
+    reason = unavailable_reason()
+    if reason is not None:
+        print(f"{program}: cannot build the emulated fabric: {reason}", file=sys.stderr)
+        return False
+    for stale in remove_stale():
+        log(f"removed {stale}, left by a run that is gone")
+
+    def terminate(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGHUP, terminate)
+    return True
 
 
 def run(*argv: str, timeout: float = COMMAND_TIMEOUT) -> str:

@@ -41,7 +41,6 @@ import os
 import random
 import selectors
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -849,19 +848,9 @@ def main(argv: Sequence[str] = ()) -> int:
             require_matplotlib()
         except NpuJobError as error:
             return report_error(error, "bench_fabric")
-    reason = net.unavailable_reason()
-    if reason is not None:
-        print(f"bench_fabric: cannot build the emulated fabric: {reason}", file=sys.stderr)
+    if not net.begin("bench_fabric", log):
         return EXIT_UNAVAILABLE
-    for stale in net.remove_stale():
-        log(f"removed {stale}, left by a run that is gone")
     default_run = [s.text for s in args.shapes] == list(DEFAULT_SHAPES)
-
-    def terminate(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, terminate)
-    signal.signal(signal.SIGHUP, terminate)
     started = time.monotonic()
     results: List[ShapeResult] = []
     try:

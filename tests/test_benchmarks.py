@@ -23,6 +23,11 @@ from tests.machine_stalls import communicate
 
 REPO = Path(__file__).resolve().parent.parent
 FABRIC_REASON = fabric_unavailable_reason()
+FABRIC_MARKS = [  # the emulated fabric: namespaces, bridges, tc and torch
+    pytest.mark.torch,
+    pytest.mark.netns,
+    pytest.mark.skipif(FABRIC_REASON is not None, reason=FABRIC_REASON or ""),
+]
 UNSHARE = unshare_unavailable_reason()  # the demo's pods need their own mount namespaces
 # seconds at an idle machine's pace (tests.machine_stalls.Cap) for one benchmark; the slowest,
 # bench_bundle.py's callgrind case, takes under 40 on the idle 2-core machine
@@ -203,11 +208,17 @@ CASES = [
             "gloo all_reduce in the planned order is a ring: yes",
             "never slower",
         ],
-        marks=[
-            pytest.mark.torch,
-            pytest.mark.netns,
-            pytest.mark.skipif(FABRIC_REASON is not None, reason=FABRIC_REASON or ""),
+        marks=FABRIC_MARKS,
+    ),
+    # npu-run --probe on the fabric: 3 namespaces, a job without the probe and one with it
+    pytest.param(
+        "bench_probe.py",
+        ["--shapes", "3x2", "--budget", "60"],
+        [
+            "| 3x2 | 3 | 1048576 | ",
+            "| shape | nodes | probe s | job s with --probe | job s without | difference s |",
         ],
+        marks=FABRIC_MARKS,
     ),
 ]
 
@@ -239,9 +250,13 @@ def test_benchmark_runs_and_writes_its_table(tmp_path, script, arguments, expect
     for text in expected:
         assert text in stdout, f"{text!r} missing from:\n{stdout}"
     assert output.read_text() == stdout
-    if script == "bench_fabric.py":  # every namespace it made is gone (its names carry its pid)
+    if script in (
+        "bench_fabric.py",
+        "bench_probe.py",
+    ):  # its namespaces (named by its pid) are gone
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert f"npjfab{process.pid}-" not in listed
+    if script == "bench_fabric.py":
         assert "| yes |" in stdout and "| NO |" not in stdout  # the allreduce results were exact
 
 

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Tuple
+from typing import Any, Callable, Tuple
 
 from npu_job.bootstrap.nodereport import RoundPlan
 
@@ -84,8 +84,10 @@ def follow(
     member: int,
     root: Tuple[str, int],
     number: int,
+    check_stopped: Callable[[], None],
 ) -> RoundPlan:
-    """Probe this round with every other node; the plan the workers start in (see module)."""
+    """Probe this round with every other node; the plan the workers start in (see module).
+    ``check_stopped`` is the agent's look at its watch: a verdict ends the probe at once."""
     scheduler = plan.in_position_order()
     key = str(member)
     node = NodeProbe(
@@ -103,7 +105,9 @@ def follow(
     )
     digests = {stats.PLANNED: plan.mapping_digest, stats.SCHEDULER: scheduler.mapping_digest}
     started = time.monotonic()
-    decision = probe_round(store, node, request.settings, digests=digests)
+    decision = probe_round(
+        store, node, request.settings, digests=digests, check_stopped=check_stopped
+    )
     seconds = time.monotonic() - started
     collective = request.settings.collective
     ranks = node.nnodes * node.nproc

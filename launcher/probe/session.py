@@ -12,6 +12,11 @@ the probe failed anywhere or ran out of time, publishes that it keeps the plan a
 other node waits for that one key and follows it, so every node starts its workers in the same
 order. The probe's keys live under the round's prefix and are deleted by node rank 0 once every
 node has read the decision: the workers' store holds nothing of the probe.
+
+Wherever a node waits (for the first node's start, its probe processes, the samples, the
+decision) it also asks ``check_stopped``, the agent's look at its watch: when the job has
+stopped (a node died, and the root's host named it) that raises, this node's probe processes are
+killed, and the agent goes on as on any verdict, at once rather than at the probe's budget.
 """
 
 from __future__ import annotations
@@ -79,6 +84,10 @@ def _keys(prefix: str) -> Dict[str, str]:
     }
 
 
+def _never() -> None:
+    """A ``check_stopped`` for a probe outside an agent: nothing ever stops it."""
+
+
 def default_sizes(device: str) -> Tuple[int, ...]:
     return CPU_SIZES if device == "cpu" else DEVICE_SIZES
 
@@ -90,36 +99,50 @@ def probe_round(
     *,
     predicted: Optional[float] = None,
     digests: Optional[Mapping[str, str]] = None,
+    check_stopped: Callable[[], None] = _never,
 ) -> stats.Decision:
-    """Run this node's part of the probe and return the decision every node follows."""
+    """Run this node's part of the probe and return the decision every node follows; whatever
+    ``check_stopped`` raises ends it (see module)."""
     keys = _keys(node.prefix)
     now = time.time()
     if int(store.add(keys["arrived"], 1)) == 1:
         store.set(keys["start"], repr(now))
         started = now
     else:
-        started = _await_start(store, keys["start"], now + settings.budget)
+        started = _await_start(store, keys["start"], now + settings.budget, check_stopped)
     deadline = min(started, now) + settings.budget
     sizes = settings.sizes or default_sizes(node.devices[0] if node.devices else "cpu")
     processes = _start(node, replace(settings, sizes=sizes), deadline)
-    problem = _wait(processes, deadline, lambda: _failed_elsewhere(store, node))
+
+    def elsewhere() -> str:
+        check_stopped()
+        return _failed_elsewhere(store, node)
+
+    problem = _wait(processes, deadline, elsewhere)
     # the deadline is the same on every node: only a failure of this node's own is news to them
     if problem and problem != OUT_OF_TIME and not problem.startswith(ELSEWHERE):
         store.set(f"{keys['failed']}/{node.node_ranks[stats.PLANNED]}", problem)
         store.add(keys["failed"], 1)
     if node.node_ranks[stats.PLANNED] == 0:
-        decision = _decide(store, node, settings, deadline, problem, predicted, digests)
+        decision = _decide(
+            store, node, settings, deadline, problem, predicted, digests, check_stopped
+        )
         store.set(keys["decision"], _encode(decision))
     else:
-        decision = _await_decision(store, keys["decision"], deadline + DECISION_GRACE, predicted)
+        decision = _await_decision(
+            store, keys["decision"], deadline + DECISION_GRACE, predicted, check_stopped
+        )
     if store.add(keys["read"], 1) == node.nnodes:
         _delete_probe_keys(store, node.prefix, node.nnodes)
     return decision
 
 
-def _await_start(store: Any, key: str, until: float) -> float:
+def _await_start(
+    store: Any, key: str, until: float, check_stopped: Callable[[], None] = _never
+) -> float:
     """The first node's start time, which it writes right after it counted itself."""
     while time.time() < until:
+        check_stopped()
         if torchcompat.key_exists(store, key):
             return float(store.get(key).decode())
         time.sleep(0.01)
@@ -168,36 +191,38 @@ def _wait(
     """ "" when every probe process ended well by the deadline, else why not. The first failure,
     here or on another node (``elsewhere``, looked at every :data:`ELSEWHERE_INTERVAL`), ends the
     others at once (the probe cannot finish without them), and the deadline ends every one
-    left."""
+    left; so does whatever ``elsewhere`` raises, which goes on up."""
     problem = ""
     running = dict(enumerate(processes))
     next_look = time.time() + ELSEWHERE_INTERVAL
-    while running and not problem:
-        if time.time() >= next_look:
-            problem = elsewhere()
-            next_look = time.time() + ELSEWHERE_INTERVAL
-            if problem:
-                break
-        for local, process in list(running.items()):
+    try:
+        while running and not problem:
+            if time.time() >= next_look:
+                problem = elsewhere()
+                next_look = time.time() + ELSEWHERE_INTERVAL
+                if problem:
+                    break
+            for local, process in list(running.items()):
+                if process.poll() is None:
+                    continue
+                del running[local]
+                if process.returncode != 0:
+                    errors = process.stderr.read() if process.stderr else ""
+                    last = errors.strip().splitlines()[-1:] or [f"exit code {process.returncode}"]
+                    problem = f"the probe process of local rank {local} failed: {last[0]}"
+                    break
+            if running and not problem:
+                if time.time() >= deadline:
+                    problem = OUT_OF_TIME
+                else:
+                    time.sleep(0.05)
+    finally:
+        for process in processes:
             if process.poll() is None:
-                continue
-            del running[local]
-            if process.returncode != 0:
-                errors = process.stderr.read() if process.stderr else ""
-                last = errors.strip().splitlines()[-1:] or [f"exit code {process.returncode}"]
-                problem = f"the probe process of local rank {local} failed: {last[0]}"
-                break
-        if running and not problem:
-            if time.time() >= deadline:
-                problem = OUT_OF_TIME
-            else:
-                time.sleep(0.05)
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
-        if process.stderr:
-            process.stderr.close()
+                process.kill()
+            process.wait()
+            if process.stderr:
+                process.stderr.close()
     return problem
 
 
@@ -209,6 +234,7 @@ def _decide(
     problem: str,
     predicted: Optional[float],
     digests: Optional[Mapping[str, str]],
+    check_stopped: Callable[[], None] = _never,
 ) -> stats.Decision:
     """Node rank 0's decision: from the samples when every node's probe finished in time."""
     if problem:
@@ -219,6 +245,7 @@ def _decide(
         return stats.failed(_failed_elsewhere(store, node) or problem, predicted=predicted)
     wanted = samples_key(node.prefix)
     while time.time() < deadline:
+        check_stopped()
         elsewhere = _failed_elsewhere(store, node)
         if elsewhere:
             return stats.failed(elsewhere, predicted=predicted)
@@ -231,9 +258,14 @@ def _decide(
 
 
 def _await_decision(
-    store: Any, key: str, until: float, predicted: Optional[float]
+    store: Any,
+    key: str,
+    until: float,
+    predicted: Optional[float],
+    check_stopped: Callable[[], None] = _never,
 ) -> stats.Decision:
     while time.time() < until:
+        check_stopped()
         if torchcompat.key_exists(store, key):
             return _decode(store.get(key))
         time.sleep(0.05)

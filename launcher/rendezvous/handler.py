@@ -211,6 +211,9 @@ class ParallelRendezvousHandler(RendezvousHandler):
             if settings.probe is not None:  # npu-run --probe: the workers follow its decision
                 from ..probe import launch as probe_launch
 
+                # the root's host judges this round's members during the probe too, so that a
+                # node dying in it is named within the liveness window, not at the budget
+                self._adopt(plan, rounds.rank_in(plan, faults.member, number))
                 plan = probe_launch.follow(
                     store,
                     settings.probe,
@@ -219,6 +222,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
                     member=faults.member,
                     root=(settings.master_addr, settings.master_port),
                     number=number,
+                    check_stopped=faults.raise_if_stopped,
                 )
             node_rank = rounds.rank_in(plan, faults.member, number)
             nnodes = len(plan.node_rank)  # --nnodes, or this round's count when elastic

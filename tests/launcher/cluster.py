@@ -110,6 +110,17 @@ def tagged_processes(tag: str) -> List[int]:
     return found
 
 
+def is_probe_process(pid: int) -> bool:
+    """``pid`` is one of npu-run's probe processes (its environment holds the probe's config)."""
+    from npu_job.launcher.probe.worker import CONFIG_ENV
+
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(item.startswith(f"{CONFIG_ENV}=".encode()) for item in environ)
+
+
 def connections_to(port: int, pids: Iterable[int]) -> int:
     """Established TCP connections from ``pids`` to ``port`` (the client ends)."""
     inodes: Set[int] = set()

@@ -8,6 +8,7 @@ client of its own (as each node's agent has), real probe processes on gloo.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from datetime import timedelta
@@ -17,6 +18,7 @@ from npu_job.launcher import torchcompat
 from npu_job.launcher.probe import session, stats, worker
 from npu_job.launcher.probe.stats import PLANNED, SCHEDULER
 
+from tests.launcher.cluster import alive, descendants, is_probe_process
 from tests.machine_stalls import wait_until
 
 pytestmark = pytest.mark.torch
@@ -118,3 +120,37 @@ def test_a_probe_past_its_budget_is_ended_and_keeps_the_plan_on_every_node(store
         "did not finish within its budget: keeping the plan"
     }
     assert probe_keys(store) == []
+
+
+class Stopped(BaseException):
+    """What an agent's watch raises once the job has stopped (its JobStopped)."""
+
+
+def test_a_stopped_job_ends_the_probe_at_once_and_kills_its_processes(store):
+    """One node of two: its probe process waits for the other's, which never comes. Once the
+    process runs, the agent's watch says the job stopped; probe_round raises that, well before
+    the budget, and leaves no probe process behind."""
+    import torch.distributed as dist
+
+    client = dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=CAP))
+    probe = session.NodeProbe(
+        node_ranks={PLANNED: 0, SCHEDULER: 1},
+        nnodes=2,
+        nproc=1,
+        backend="gloo",
+        devices=("cpu",),
+        store_host="127.0.0.1",
+        store_port=store.port,
+        prefix=PREFIX,
+    )
+    children = []
+
+    def check_stopped() -> None:
+        if not children:
+            children.extend(filter(is_probe_process, descendants(os.getpid())[1:]))
+        if children:
+            raise Stopped()
+
+    with pytest.raises(Stopped):
+        session.probe_round(client, probe, SMALL, check_stopped=check_stopped)
+    assert children and all(not alive(pid) for pid in children)
