@@ -208,6 +208,7 @@ class ParallelRendezvousHandler(RendezvousHandler):
                 plan = rounds.await_plan(
                     store, self._keys, settings, number, check_stopped=faults.raise_if_stopped
                 )
+            rounds.say_problems(plan, number)
             if settings.probe is not None:  # npu-run --probe: the workers follow its decision
                 from ..probe import launch as probe_launch
 

@@ -329,8 +329,6 @@ def plan_at_root(
         for member, text in zip(members, store.multi_get([keys.claim(number, m) for m in members]))
     }
     plan = plan_round({str(member): bytes(report) for member, report in zip(members, reports)})
-    for problem in plan.problems:
-        logger.warning("round %d: %s", number, problem)
     unchecked = {member: claim for member, claim in claims.items() if member not in checked}
     line = disagreements(number, plan, unchecked)
     if line is not None:
@@ -393,6 +391,13 @@ def await_plan(
             f"{settings.join_timeout:g}s (root store {settings.root})"
         )
     return RoundPlan.decode(bytes(store.get(key)), f"the plan of round {number}")
+
+
+def say_problems(plan: RoundPlan, number: int) -> None:
+    """Every node, once it holds the round's plan: one warning line per report the root could
+    not use as given (a malformed report, two nodes in one slot), each naming the member."""
+    for problem in plan.problems:
+        logger.warning("round %d: %s", number, problem)
 
 
 def rank_in(plan: RoundPlan, member: int, number: int) -> int:

@@ -446,6 +446,33 @@ def elastic_handlers(min_nodes: int, max_nodes: int, ranks: Sequence[int], **ove
     return make_handlers(max_nodes, ranks, min_nodes=min_nodes, last_call=0.5, **overrides)
 
 
+def test_reports_the_root_cannot_use_are_named_on_every_node_and_the_round_goes_on(closing, caplog):
+    """Pods 1 and 2 both report slot 0 under tor-b, and pod 3's report does not decode: every
+    node logs one line for each (named by member), the round plans the later of the two and the
+    malformed one without placement, and all four run it."""
+    caplog.set_level(logging.WARNING, logger="npu_job")
+    reports = [
+        report(0, "tor-a"),
+        report(1, "tor-b", 0),
+        report(2, "tor-b", 0),
+        report(3, "tor-a", 1),
+    ]
+    ranks = {pod: pod for pod in range(4)}
+    pods = pods_with_reports(reports, ranks, {pod: "scheduler order" for pod in range(4)})
+    pods[3] = ParallelRendezvousHandler(
+        dataclasses.replace(pods[3].settings, report=b'{"node_id": 7')
+    )
+    closing(pods.values())
+    nodes = [joined(info) for info in join_all(list(pods.values()))]
+    assert sorted(node.rank for node in nodes) == [0, 1, 2, 3]
+    problems = [r.message for r in caplog.records if r.message.startswith("round 0: ")]
+    slot = [line for line in problems if "both report slot 0 under" in line]
+    malformed = [line for line in problems if ": content: expected JSON (" in line]
+    for lines in (slot, malformed):  # one line on each of the four nodes
+        assert len(lines) == 4 and len(set(lines)) == 1, problems
+        assert lines[0].endswith(" planned without placement")
+
+
 def test_an_elastic_round_closes_with_the_nodes_there_after_last_call(closing, caplog):
     """--nnodes=2:4 with three agents: the root's host closes the round once no fourth came for
     last_call; all three run it as a world of three, planned over their three reports."""
