@@ -31,6 +31,9 @@ from .cluster import _kill
 pytestmark = pytest.mark.torch
 NNODES, NPROC = 3, 2
 PLACES = {0: ("tor-b", 0), 1: ("tor-a", 0), 2: ("tor-a", 1)}
+# The probe's budget where a test is about its decision: the default 60 s ran out at load 10 on
+# torch 2.1 (and a probe past its budget keeps the plan, whatever it measured).
+BUDGET = 300.0
 VERDICT = re.compile(r"npu-run: round 0 (probe: .*)$", re.M)
 PLAN_LINE = re.compile(r"npu-run: round 0 plan ([0-9a-f]+): node rank (\d+) of 3$", re.M)
 
@@ -86,7 +89,7 @@ def run_to_the_end(cluster: LocalCluster, tmp_path: Path, out: Path) -> Dict[int
             all((out / f"{rank}.json").exists() for rank in range(world))
             or any(node.process.poll() is not None for node in cluster.nodes)
         ),
-        180,
+        BUDGET + 120,
         "every worker's record",
     )
     (tmp_path / "release").write_text("go")
@@ -115,7 +118,7 @@ def test_every_node_logs_one_verdict_writes_probe_json_and_keeps_the_plan(cluste
     the same verdict line, and every node's probe.json holds both orders' busbw per size."""
     out = tmp_path / "records"
     out.mkdir()
-    start_pods(cluster, tmp_path, out, "--probe=90", "--probe_margin=0.9")
+    start_pods(cluster, tmp_path, out, f"--probe={BUDGET:g}", "--probe_margin=0.9")
     records = run_to_the_end(cluster, tmp_path, out)
 
     assert node_rank_of_pod(records, tmp_path) == planned_ranks()
@@ -144,7 +147,7 @@ def test_when_the_probe_keeps_the_schedulers_order_the_workers_ranks_follow_it(c
     index), the round's log line naming the scheduler order's digest."""
     out = tmp_path / "records"
     out.mkdir()
-    start_pods(cluster, tmp_path, out, "--probe", "--probe_margin=-0.9")
+    start_pods(cluster, tmp_path, out, f"--probe={BUDGET:g}", "--probe_margin=-0.9")
     records = run_to_the_end(cluster, tmp_path, out)
 
     assert node_rank_of_pod(records, tmp_path) == {pod: pod for pod in PLACES}
