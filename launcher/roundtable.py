@@ -23,7 +23,6 @@ import os
 from typing import Mapping, MutableMapping, Optional, Sequence
 
 from npu_job.bootstrap.nodereport import RoundPlan, rank_table_in_round_order
-from npu_job.bootstrap.sources import read_file
 
 from npu_job.errors import InputError, LaunchError
 from npu_job.fileio import write_atomic
@@ -58,7 +57,8 @@ def write_round_rank_table(original: str, server_ids: Sequence[str], path: str) 
     ids rewritten, written atomically to ``path``; an ``InputError`` naming ``original`` when it
     cannot be read as a rank table or does not list exactly those servers (nothing written)."""
     try:
-        data = read_file(original)  # capped as the bootstrap caps every input
+        with open(original, "rb") as handle:
+            data = handle.read()
     except OSError as error:
         raise InputError(original, "file", f"a readable rank table ({error.strerror})") from None
     write_atomic(path, rank_table_in_round_order(data, original, server_ids), durable=False)
