@@ -34,7 +34,18 @@ import logging
 import os
 import socket
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    MutableMapping,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from npu_job.bootstrap.nodereport import (
     UNKNOWN_POD_INDEX,
@@ -217,6 +228,9 @@ class RoundExchange:
         ]
 
 
+SHARE_STORE_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # torch's own opt-out of the shared store
+
+
 class RankedC10dHandler(RendezvousHandler):
     """torch's c10d handler, each round's rank replaced by the plan over the nodes' reports."""
 
@@ -339,6 +353,8 @@ class _RankingRegistry:
         self._registry = registry
 
     def get_rendezvous_handler(self, params: RendezvousParameters) -> RendezvousHandler:
+        if params.backend == BACKEND and params.min_nodes < params.max_nodes:
+            unshare_store_for_late_nodes(os.environ)
         handler = self._registry.get_rendezvous_handler(params)
         if params.backend == BACKEND:
             return RankedC10dHandler(handler, params)
@@ -346,6 +362,25 @@ class _RankingRegistry:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._registry, name)
+
+
+def unshare_store_for_late_nodes(environ: MutableMapping[str, str]) -> None:
+    """An elastic c10d job's workers get a store of their own each round (global rank 0 hosts it).
+
+    torch's agent store, shared with the workers from 2.5, cannot take a node that joins a running
+    job: the newcomer waits for ``MASTER_ADDR`` under its round's prefix, which c10d's rank 0
+    publishes only in the first round its handler runs (stock torchrun 2.13, ``--nnodes=2:3``,
+    a third node after the first round: ``DistStoreError: wait timeout``). A user's own
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` is left as it is.
+    """
+    if SHARE_STORE_OFF in environ:
+        return
+    environ[SHARE_STORE_OFF] = "1"
+    logger.info(
+        "c10d with --nnodes=MIN:MAX: the workers' store is not the agents' (%s=1), so that a "
+        "node joining a running job gets in",
+        SHARE_STORE_OFF,
+    )
 
 
 def _launcher_api() -> Any:

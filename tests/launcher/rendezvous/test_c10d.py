@@ -26,7 +26,7 @@ from torch.distributed.elastic.rendezvous import RendezvousTimeoutError, dynamic
 from npu_job.errors import LaunchError
 from npu_job.podfacts import NODE_REPORT_FILE
 
-from ..cluster import LocalCluster, free_port, wait_exits
+from ..cluster import LocalCluster, free_port, wait_exits, wait_for
 
 NPROC = 2
 LAUNCH_CAP = 180  # seconds of a loaded 2-core machine for 3 agents and 6 workers to finish
@@ -190,6 +190,84 @@ def test_a_restart_round_is_planned_again_with_the_same_ranks(tmp_path, cluster)
             assert record["GROUP_RANK"] == str(PLANNED_RANK[name])
             assert record["sum"] == 3 * NPROC * (3 * NPROC + 1) / 2
     assert len(digests) == 1
+
+
+def test_an_elastic_job_is_planned_again_over_the_nodes_of_each_round(tmp_path, cluster):
+    """``--nnodes=2:3``: nodes c and a start, and c10d closes a round of two at its last call;
+    both plan it (a=0, c=1: one ToR, by slot) and train. Node b joins later: torch's agents stop
+    their workers for a round of three, which every node plans again over the three reports, so
+    b (alone under tor-a) goes first and the others keep their ToR together: b=0, a=1, c=2.
+
+    Nothing here sets ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``: npu-run unshares the workers' store
+    of an elastic c10d job itself, since torch's shared agent store (2.5+) cannot take a late node
+    (docs/launcher.md, "Under c10d"). A worker writes ``<RANK>.json``, so a node's directory keeps
+    its records of the round of two beside those of the round of three."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    go = tmp_path / "go"
+    records: Dict[str, Path] = {}
+    nodes = {}
+
+    def start(name: str) -> None:
+        output = tmp_path / f"bootstrap-{name}"
+        write_report(output, name)
+        records[name] = tmp_path / f"records-{name}"
+        records[name].mkdir()
+        nodes[name] = cluster.start(
+            "0",
+            "record_env.py",
+            [str(records[name]), "--hold-until", str(go)],
+            launcher_args=[
+                "--nnodes=2:3",
+                "--rdzv_backend=c10d",
+                f"--rdzv_endpoint={endpoint}",
+                "--rdzv_id=c10d-elastic",
+                f"--local_addr={NODES[name][0]}",
+                "--rdzv_conf=join_timeout=120,last_call_timeout=1",
+            ],
+            env={"NPU_JOB_OUTPUT_DIR": str(output)},
+        )
+
+    def of_round(size: int) -> Dict[str, List[dict]]:
+        return {
+            name: [r for r in worker_records(d) if r["pg_world_size"] == size * NPROC]
+            for name, d in records.items()
+        }
+
+    def workers_in_round(size: int) -> int:
+        return sum(len(found) for found in of_round(size).values())
+
+    start("c")
+    start("a")
+    wait_for(lambda: workers_in_round(2) == 2 * NPROC, LAUNCH_CAP, "a round of two")
+    start("b")
+    wait_for(lambda: workers_in_round(3) == 3 * NPROC, LAUNCH_CAP, "a round of three")
+    go.write_text("go")
+    assert wait_exits(cluster.nodes, LAUNCH_CAP) == [0, 0, 0], cluster.logs()
+
+    planned = {
+        name: [(rank, size) for _, _, rank, size, _ in plan_lines(node.log())]
+        for name, node in nodes.items()
+    }
+    assert planned["a"][0] == ("0", "2") and planned["c"][0] == ("1", "2"), cluster.logs()
+    assert {name: lines[-1] for name, lines in planned.items()} == {
+        name: (str(rank), "3") for name, rank in PLANNED_RANK.items()
+    }, cluster.logs()
+    last_digests = {plan_lines(node.log())[-1][1] for node in nodes.values()}
+    assert len(last_digests) == 1
+    for name, found in of_round(3).items():
+        assert len(found) == NPROC
+        for record in found:
+            assert record["GROUP_RANK"] == str(PLANNED_RANK[name])
+            assert record["sum"] == 3 * NPROC * (3 * NPROC + 1) / 2
+
+
+def test_an_elastic_c10d_job_unshares_the_workers_store_unless_the_user_chose():
+    environ: Dict[str, str] = {}
+    c10d.unshare_store_for_late_nodes(environ)
+    assert environ == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    chosen = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}
+    c10d.unshare_store_for_late_nodes(chosen)
+    assert chosen == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}
 
 
 def test_without_reports_c10d_order_is_kept_and_said(tmp_path, cluster):
