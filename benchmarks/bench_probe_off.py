@@ -1,6 +1,6 @@
 """npu-run's job start with ``--probe`` off: this checkout against the commit before the probe.
 
-Issue 38 asks that the probe cost nothing when it is off, measured side by side. The baseline
+The probe must cost nothing when it is off; this measures that side by side. The baseline
 (``--baseline``, default 1f0c215) is the parent of 633dd66, the commit that brought ``--probe``
 into npu-run; everything since on the start path (the probe's option in the backend, the
 ``follow`` call, the root's ``predict`` argument) is in the other side.
