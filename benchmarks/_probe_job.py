@@ -18,7 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import _fabric_net as net
 from npu_job.bootstrap.base.model import Placement
@@ -95,6 +95,26 @@ def start(
     """Every pod's agent, its reports saying ``tor_of_pod``, running ``script`` (a path and its
     arguments) with ``--probe=<probe>`` (None: without the probe)."""
     job = ProbeJob(workdir, tag, planned_ranks(tor_of_pod))
+    for pod, argv, env in commands(job, tor_of_pod, script, probe=probe):
+        with open(job.log_path(pod), "wb") as log:
+            job.agents.append(
+                fabric.popen(pod, argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+            )
+    return job
+
+
+def commands(
+    job: ProbeJob,
+    tor_of_pod: Sequence[int],
+    script: Sequence[str],
+    *,
+    probe: Optional[str],
+    master: Tuple[str, int] = (net.pod_ip(0), PORT),
+    ifname: str = "eth0",
+) -> Iterator[Tuple[int, List[str], Dict[str, str]]]:
+    """Every pod's agent command and environment (writing its bootstrap's report first), the
+    root at ``master``, gloo on ``ifname``: :func:`start`'s on the fabric, or a loopback job's
+    (``bench_probe_off.py``)."""
     nodes = len(tor_of_pod)
     for report in reports(tor_of_pod):
         pod = report.pod_index
@@ -109,9 +129,9 @@ def start(
         }
         env.update(
             {
-                TAG_VARIABLE: tag,
+                TAG_VARIABLE: job.tag,
                 "NPU_JOB_OUTPUT_DIR": str(output),
-                "GLOO_SOCKET_IFNAME": "eth0",
+                "GLOO_SOCKET_IFNAME": ifname,
                 "OMP_NUM_THREADS": "1",
                 "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5",
             }
@@ -124,15 +144,11 @@ def start(
             "--nproc_per_node=1",
             f"--node_rank={job.ranks[pod]}",
             "--rdzv_backend=parallel",
-            f"--master_addr={net.pod_ip(0)}",
-            f"--master_port={PORT}",
+            f"--master_addr={master[0]}",
+            f"--master_port={master[1]}",
             "--monitor_interval=0.1",
             *([f"--probe={probe}"] if probe is not None else []),
             "--rdzv_conf=join_timeout=300,keep_alive_interval=1,keep_alive_max_attempt=5",
             *script,
         ]
-        with open(job.log_path(pod), "wb") as log:
-            job.agents.append(
-                fabric.popen(pod, argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-            )
-    return job
+        yield pod, argv, env

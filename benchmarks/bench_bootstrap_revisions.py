@@ -56,6 +56,16 @@ def link_tree(checkout: Path, dest: Path) -> Path:
     return typecheck.build_link_tree(dest, checkout)
 
 
+def baseline_worktree(commit: str, dest: Path, stack: ExitStack) -> Path:
+    """A detached ``git worktree`` of ``commit`` at ``dest``, removed when ``stack`` closes."""
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(dest),
+                    commit], check=True)  # fmt: skip
+    stack.callback(
+        subprocess.run, ["git", "-C", str(REPO), "worktree", "remove", "--force", str(dest)]
+    )
+    return dest
+
+
 def pod_environments(tmp: Path, nodes: int, stack: ExitStack) -> Dict[str, Dict[str, str]]:
     """The pod's environment on each path (without PYTHONPATH, which is per revision)."""
     keep = {
@@ -95,12 +105,7 @@ def measure(
     """(path, reader, baseline instructions, this checkout's) per case, and a bare start's."""
     with tempfile.TemporaryDirectory(prefix="bench-revisions-") as name, ExitStack() as stack:
         tmp = Path(name)
-        old = tmp / "baseline"
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(old),
-                        baseline], check=True)  # fmt: skip
-        stack.callback(
-            subprocess.run, ["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)]
-        )
+        old = baseline_worktree(baseline, tmp / "baseline", stack)
         trees = {
             "baseline": (old / "scripts" / "bootstrap.sh", link_tree(old, tmp / "tree-baseline")),
             "this": (REPO / "scripts" / "bootstrap.sh", link_tree(REPO, tmp / "tree-this")),

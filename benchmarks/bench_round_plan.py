@@ -10,9 +10,12 @@ the same cluster (the same mapping digest), and the table gives the bytes one jo
 (median and largest over the nodes) and the plan the root publishes. ``--callgrind`` also counts
 plan_round's instructions (``valgrind --tool=callgrind``: a run that plans less one that only
 loads the reports, the fewer of two runs each) at the sizes up to ``--callgrind-max``.
+``--predict`` times ``plan_round(reports, predict=True)`` instead: the root's round with
+``npu-run --probe``, which also scores the plan against the scheduler's order (the predicted busbw
+ratio probe.json names); the round's plan must be the same and its ratio set.
 
     python benchmarks/bench_round_plan.py [--sizes 512,4096,16384] [--repeat 5] [--callgrind]
-        [--output FILE]
+        [--predict] [--output FILE]
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def reports_of(nodes: int, collective: Collective) -> Tuple[Dict[str, bytes], st
 
 
 def measure(
-    sizes: Sequence[int], repeat: int, callgrind_max: Optional[int]
+    sizes: Sequence[int], repeat: int, callgrind_max: Optional[int], predict: bool = False
 ) -> Tuple[List[Row], List[Sizes]]:
     rows: List[Row] = []
     byte_rows: List[Sizes] = []
@@ -80,11 +83,13 @@ def measure(
             wall = cpu = math.inf
             for _ in range(repeat):
                 start_wall, start_cpu = time.perf_counter(), time.process_time()
-                round_plan = plan_round(reports)
+                round_plan = plan_round(reports, predict=True) if predict else plan_round(reports)
                 wall = min(wall, time.perf_counter() - start_wall)
                 cpu = min(cpu, time.process_time() - start_cpu)
             if round_plan.mapping_digest != digest or round_plan.problems:
                 raise SystemExit(f"{nodes} nodes, {collective}: not the planner's plan")
+            if predict and round_plan.predicted is None:
+                raise SystemExit(f"{nodes} nodes, {collective}: no predicted ratio")
             counted = None
             if callgrind_max is not None and nodes <= callgrind_max:
                 counted = _instructions(reports)
@@ -116,10 +121,14 @@ def _instructions(reports: Dict[str, bytes]) -> int:
     return counts["plan"] - counts["load"]
 
 
-def table_text(rows: Sequence[Row], byte_rows: Sequence[Sizes], repeat: int) -> str:
+def table_text(
+    rows: Sequence[Row], byte_rows: Sequence[Sizes], repeat: int, predict: bool = False
+) -> str:
+    scored = ", score against the scheduler's order (--predict: npu-run --probe)" if predict else ""
     lines = [
         f"the rendezvous root's plan for one round: plan_round over every node's report (decode "
-        f"each, build the cluster, plan), best of {repeat} (python {sys.version.split()[0]})",
+        f"each, build the cluster, plan{scored}), best of {repeat}"
+        f" (python {sys.version.split()[0]})",
         "",
         "| collective | nodes | wall s | CPU s | CPU us per node | M instr. |",
         "|---|---:|---:|---:|---:|---:|",
@@ -162,11 +171,17 @@ def main(argv: Sequence[str] = ()) -> int:
         metavar="N",
         help="count instructions at sizes up to N nodes only (default: %(default)s)",
     )
+    parser.add_argument(
+        "--predict",
+        action="store_true",
+        help="time the round as npu-run --probe has it planned: with the predicted ratio",
+    )
     parser.add_argument("--output", metavar="FILE", help="also write the table to FILE")
     args = parser.parse_args(list(argv) or None)
     sizes = sorted(int(size) for size in args.sizes.split(",") if size.strip())
-    rows, byte_rows = measure(sizes, args.repeat, args.callgrind_max if args.callgrind else None)
-    publish(table_text(rows, byte_rows, args.repeat), args.output)
+    callgrind = args.callgrind_max if args.callgrind else None
+    rows, byte_rows = measure(sizes, args.repeat, callgrind, args.predict)
+    publish(table_text(rows, byte_rows, args.repeat, args.predict), args.output)
     return 0
 
 

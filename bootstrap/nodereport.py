@@ -28,6 +28,7 @@ of the pods every bootstrap saw gives each one its bootstrap's node rank and map
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
@@ -213,13 +214,17 @@ class RoundPlan:
 
     ``order`` lists the member keys in node-rank order, ``node_rank`` maps each to its rank;
     ``mapping_digest`` is the plan's (of positions, so the bootstrap's when positions are the pod
-    indices). :meth:`encode` / :meth:`decode` carry it through a store.
+    indices). ``predicted`` is the scorer's predicted busbw ratio of the plan's order over the
+    scheduler's (:func:`~.scorer.predicted_ratio`, what ``npu-job plan`` reports for the same
+    input), made only when asked (``npu-run --probe``) and the planner planned, else None.
+    :meth:`encode` / :meth:`decode` carry it through a store.
     """
 
     members: Tuple[str, ...]  # member keys by position (the planner's pod index)
     plan: Plan
     problems: Tuple[str, ...] = ()
     node_ids: Tuple[str, ...] = ()  # each member's reported node id by position ("" unknown)
+    predicted: Optional[float] = None  # predicted busbw ratio, plan / scheduler order
 
     @property
     def node_ids_in_rank_order(self) -> Tuple[str, ...]:
@@ -264,6 +269,7 @@ class RoundPlan:
             "mapping_digest": plan.mapping_digest,
             "problems": list(self.problems),
             "node_ids": list(self.node_ids),
+            "predicted": self.predicted,
         }
         return json.dumps(document, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
@@ -306,7 +312,17 @@ class RoundPlan:
             fail(who, "node_rank_of_pod", f"a permutation of 0..{len(ranks) - 1}")
         if canonical.mapping_digest(rank_mapping_text(plan.pod_of_node_rank)) != digest:
             fail(who, "mapping_digest", "the sha256 of the plan's rank mapping", digest)
-        return RoundPlan(members, plan, problems, node_ids)
+        return RoundPlan(members, plan, problems, node_ids, _predicted(document, who))
+
+
+def _predicted(document: Dict[str, Any], who: str) -> Optional[float]:
+    """The plan's predicted ratio: a positive finite number, or null / absent (none made)."""
+    value = document.get("predicted")
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not 0 < value < math.inf:
+        fail(who, "predicted", "a positive number or null (no prediction)", value)
+    return float(value)
 
 
 def _choice(document: Dict[str, Any], key: str, kind: Any, who: str) -> Any:
@@ -327,11 +343,14 @@ def plan_round(
     *,
     collective: Union[Collective, str, None] = None,
     full_node_devices: Optional[int] = None,
+    predict: bool = False,
 ) -> RoundPlan:
     """The round's plan over ``reports`` (member key -> report bytes); see the module docstring.
 
-    ``collective`` and ``full_node_devices`` override what the reports say. Never raises for a
-    bad report: it is one of :attr:`RoundPlan.problems`.
+    ``collective`` and ``full_node_devices`` override what the reports say. ``predict`` also
+    scores the plan against the scheduler's order (:attr:`RoundPlan.predicted`; it costs the
+    root more than planning at thousands of nodes, so only ``npu-run --probe`` asks). Never
+    raises for a bad report: it is one of :attr:`RoundPlan.problems`.
     """
     from . import planner
 
@@ -350,7 +369,13 @@ def plan_round(
     table, topology = _cluster(decoded, full, problems)
     result = planner.plan(table, topology, chosen, full_node_devices=full)
     node_ids = tuple(report.node_id for _key, report in decoded)
-    return RoundPlan(members, result, tuple(problems), node_ids)
+    predicted = None
+    if predict and result.status is PlanStatus.SUCCESS:
+        from . import scorer
+
+        keys = scorer.switch_keys(table, topology)
+        predicted = scorer.predicted_ratio(result.pod_of_node_rank, keys, result.collective)
+    return RoundPlan(members, result, tuple(problems), node_ids, predicted)
 
 
 def rank_table_in_round_order(data: bytes, source: str, server_ids: Sequence[str]) -> bytes:

@@ -288,6 +288,19 @@ def score_order(
     )
 
 
+def predicted_ratio(
+    order: Sequence[int], switch_of_pod: Sequence[SwitchKey], collective: Collective
+) -> Optional[float]:
+    """The predicted busbw of ``order`` over the scheduler's (pod index order): the ratio of
+    :func:`score_order`'s Monte-Carlo ``busbw_fraction`` for the two, on the model ``npu-job
+    plan`` compares its "ours" and "scheduler" columns on by default (its defaults are these)."""
+    scheduler = tuple(range(len(order)))
+    ours, theirs = (score_order(each, switch_of_pod, collective) for each in (order, scheduler))
+    if ours.busbw_fraction is None or not theirs.busbw_fraction:
+        return None
+    return ours.busbw_fraction / theirs.busbw_fraction
+
+
 def _weighted(phase_list: Sequence[Phase], values: Sequence[float]) -> float:
     total = sum(phase.volume for phase in phase_list)
     return (

@@ -33,6 +33,16 @@ UNSHARE = unshare_unavailable_reason()  # the demo's pods need their own mount n
 # bench_bundle.py's callgrind case, takes under 40 on the idle 2-core machine
 CAP = 240
 
+
+def needs_commit(commit: str) -> pytest.MarkDecorator:
+    """Skip a benchmark that compares with ``commit`` where the clone does not hold it."""
+    missing = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"])
+    return pytest.mark.skipif(
+        missing.returncode != 0,
+        reason=f"needs the history that holds {commit} (a clone without --depth)",
+    )
+
+
 CASES = [
     (
         "bench_bootstrap.py",
@@ -93,12 +103,7 @@ CASES = [
         ],
         marks=[
             pytest.mark.skipif(not shutil.which("valgrind"), reason="needs valgrind"),
-            pytest.mark.skipif(
-                subprocess.run(
-                    ["git", "-C", str(REPO), "cat-file", "-e", "e6638b1^{commit}"]
-                ).returncode,
-                reason="needs the history that holds e6638b1 (a clone without --depth)",
-            ),
+            needs_commit("e6638b1"),
         ],
         id="bench_bootstrap_revisions.py",
     ),
@@ -209,6 +214,22 @@ CASES = [
             "never slower",
         ],
         marks=FABRIC_MARKS,
+    ),
+    # npu-run with --probe off against the commit before it: 2 loopback agents, 2 jobs a side
+    pytest.param(
+        "bench_probe_off.py",
+        ["--nodes", "2", "--repeat", "1"],
+        [
+            "2 agents on loopback",
+            "against 1f0c215 (before --probe)",
+            "| baseline | ",
+            "| this / baseline | ",
+        ],
+        marks=[
+            pytest.mark.torch,
+            needs_commit("1f0c215"),
+        ],
+        id="bench_probe_off.py",
     ),
     # npu-run --probe on the fabric: 3 namespaces, a job without the probe and one with it
     pytest.param(

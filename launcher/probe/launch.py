@@ -6,8 +6,9 @@ node's probe processes, their backend and devices, where ``probe.json`` goes) an
 text in the backend's options (``rendezvous.config.PROBE_OPTION``). Once the root's plan of a
 round is known, every agent calls :func:`follow`: it runs :func:`.session.probe_round` with this
 node's rank in the plan's order and in the scheduler's (the members by position, i.e. by pod
-index), writes ``probe.json`` beside the bootstrap's ``route_plan.json``, logs the verdict line
-every node logs alike, and returns the plan the workers start in: the root's, or, where node
+index) and the root's predicted busbw ratio of the two (:attr:`RoundPlan.predicted`), writes
+``probe.json`` beside the bootstrap's ``route_plan.json``, logs the verdict line every node logs
+alike, and returns the plan the workers start in: the root's, or, where node
 rank 0 decided for the scheduler's order, that order as a plan of its own (its ranks, its
 mapping digest), so the workers' ranks and whatever follows node rank 0 (the workers' store on
 torch without ``list_keys``) follow it on every node.
@@ -106,7 +107,12 @@ def follow(
     digests = {stats.PLANNED: plan.mapping_digest, stats.SCHEDULER: scheduler.mapping_digest}
     started = time.monotonic()
     decision = probe_round(
-        store, node, request.settings, digests=digests, check_stopped=check_stopped
+        store,
+        node,
+        request.settings,
+        predicted=plan.predicted,
+        digests=digests,
+        check_stopped=check_stopped,
     )
     seconds = time.monotonic() - started
     collective = request.settings.collective

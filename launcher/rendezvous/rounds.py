@@ -328,7 +328,10 @@ def plan_at_root(
         member: Claim.from_json(bytes(text).decode("utf-8", "replace"))
         for member, text in zip(members, store.multi_get([keys.claim(number, m) for m in members]))
     }
-    plan = plan_round({str(member): bytes(report) for member, report in zip(members, reports)})
+    plan = plan_round(
+        {str(member): bytes(report) for member, report in zip(members, reports)},
+        predict=settings.probe is not None,  # the probe's verdict names the prediction
+    )
     unchecked = {member: claim for member, claim in claims.items() if member not in checked}
     line = disagreements(number, plan, unchecked)
     if line is not None:

@@ -167,6 +167,55 @@ def test_the_round_plan_reads_back_equal_through_the_store():
     assert again == result and again.order == result.order and again.node_rank == result.node_rank
 
 
+def test_the_predicted_ratio_reads_back_equal_and_a_plan_without_one_still_decodes():
+    result = plan_round(four_nodes(), collective="ring", predict=True)
+    assert result.predicted is not None and result.predicted > 1  # the scheduler's crosses 4 times
+    assert RoundPlan.decode(result.encode()) == result
+    document = json.loads(result.encode())
+    del document["predicted"]  # an older root's plan
+    assert RoundPlan.decode(json.dumps(document).encode()).predicted is None
+
+
+def test_the_round_predicts_only_when_asked_and_only_what_the_planner_planned():
+    assert plan_round(four_nodes()).predicted is None
+    unplaced = {
+        key: encode_report(NodeReport(node_id=key, pod_index=i, device_count=8))
+        for i, key in enumerate("abcd")
+    }
+    result = plan_round(unplaced, predict=True)
+    assert result.plan.status is PlanStatus.FAILED and result.predicted is None
+
+
+@pytest.mark.parametrize("collective", list(Collective), ids=str)
+def test_the_rounds_predicted_ratio_is_what_npu_job_plan_reports_for_the_same_input(
+    collective, tmp_path, capsys
+):
+    """The pods' reports of a cluster, and ``npu-job plan --json`` over its rank table and ToR
+    file: the round predicts the busbw ratio of plan's "ours" over its "scheduler" column."""
+    from npu_job.bootstrap.ranktable import rank_table_document
+    from npu_job.bootstrap.topology import encode_ranktable_tor
+
+    from npu_job.cli import main
+
+    table, topology = synthetic_cluster(
+        24, 4, seed=3, missing_topology=1, multi_tor=1, spine_groups=2
+    )
+    (tmp_path / "hccl.json").write_text(json.dumps(rank_table_document(table)))
+    (tmp_path / "tor.json").write_bytes(encode_ranktable_tor(table, topology))
+    argv = ["plan", "--rank-table", str(tmp_path / "hccl.json")]
+    argv += ["--topology", str(tmp_path / "tor.json"), "--collective", collective.value, "--json"]
+    assert main(argv) == 0
+    scores = json.loads(capsys.readouterr().out)["scores"]
+    reports = {
+        f"member-{pod}": encode_report(report_of(table, pod, topology, "synthetic", collective))
+        for pod in range(table.node_count)
+    }
+    result = plan_round(reports, predict=True)
+    assert result.plan.status is PlanStatus.SUCCESS
+    expected = scores["ours"]["busbw_fraction"] / scores["scheduler"]["busbw_fraction"]
+    assert result.predicted == expected and expected != 1.0
+
+
 @pytest.mark.parametrize(
     "change, expected",
     [
@@ -179,10 +228,13 @@ def test_the_round_plan_reads_back_equal_through_the_store():
         (lambda d: d.update(collective=None), "collective: expected one of ring, nhr, rhd"),
         (lambda d: d.update(node_ids=["x"]), "node_ids: expected 4 node ids, one per member"),
         (lambda d: d.update(node_ids=[1, 2, 3, 4]), "node_ids[0]: expected a string"),
+        (lambda d: d.update(predicted="x3"), "predicted: expected a positive number or null"),
+        (lambda d: d.update(predicted=0), "predicted: expected a positive number or null"),
+        (lambda d: d.update(predicted=True), "predicted: expected a positive number or null"),
     ],
     ids=[
         *("version", "members", "short", "not-a-permutation", "digest", "status", "collective"),
-        *("node-ids-short", "node-id-not-text"),
+        *("node-ids-short", "node-id-not-text", "predicted-text", "predicted-0", "predicted-bool"),
     ],
 )
 def test_a_round_plan_that_is_not_one_is_an_input_error_naming_the_field(change, expected):

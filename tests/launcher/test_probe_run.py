@@ -51,6 +51,13 @@ def reports() -> List[NodeReport]:
     ]
 
 
+def predicted() -> float:
+    """The root's predicted ratio for the pods' round (``npu-job plan``'s, nodereport's test)."""
+    ratio = plan_round({str(r.pod_index): encode_report(r) for r in reports()}, predict=True)
+    assert ratio.predicted is not None
+    return ratio.predicted
+
+
 def planned_ranks() -> Dict[int, int]:
     plan = plan_round({str(r.pod_index): encode_report(r) for r in reports()})
     return {pod: plan.node_rank[str(pod)] for pod in PLACES}
@@ -125,6 +132,7 @@ def test_every_node_logs_one_verdict_writes_probe_json_and_keeps_the_plan(cluste
     lines = verdicts(cluster)
     assert len(set(lines)) == 1, lines
     assert "busbw planned" in lines[0] and lines[0].endswith(": keeping the plan"), lines
+    assert f", predicted ×{predicted():.2f})" in lines[0], lines
     documents = [json.loads((tmp_path / f"pod-{pod}" / "probe.json").read_text()) for pod in PLACES]
     assert all(
         document == {**documents[0], "seconds": document["seconds"]} for document in documents
@@ -132,6 +140,7 @@ def test_every_node_logs_one_verdict_writes_probe_json_and_keeps_the_plan(cluste
     document = documents[0]
     assert document["order"] == "planned" and document["ranks"] == NNODES * NPROC
     assert document["backend"] == "gloo" and document["collective"] == "all_reduce"
+    assert document["predicted_ratio"] == predicted()  # the root's, carried in its plan
     plan_digests = {digest for digest, _rank in PLAN_LINE.findall(cluster.logs())}
     assert plan_digests == {document["mapping_digests"]["planned"]}
     assert document["mapping_digests"]["scheduler"] != document["mapping_digests"]["planned"]
@@ -195,3 +204,4 @@ def test_a_killed_probe_process_keeps_the_plan_on_every_node(cluster, tmp_path):
     for pod in PLACES:
         document = json.loads((tmp_path / f"pod-{pod}" / "probe.json").read_text())
         assert document["order"] == "planned" and document["sizes"] == []
+        assert document["predicted_ratio"] == predicted()
