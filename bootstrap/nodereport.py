@@ -19,7 +19,9 @@ of the pods every bootstrap saw gives each one its bootstrap's node rank and map
   that a node which does not know its count cannot veto the plan.
 * **Bad reports never raise.** A report that does not decode is one problem line (naming the
   member, the field and what was expected) and its node is planned with nothing known but its
-  member key: no placement, placed last. Two members claiming one node id, or one slot under one
+  member key: no placement, placed last. Problem lines name a member by its pod (the name the
+  caller gives, else its report's), by its member key where neither is known or two members
+  give one name. Two members claiming one node id, or one slot under one
   switch path, are one problem line naming both; the later one (by position) loses its placement.
   Reports that disagree on the collective or the full node size are one line too: the first
   member's word (by position) holds.
@@ -29,8 +31,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from npu_job.errors import InputError, shown
 from npu_job.parsing import COUNT_LIMIT
@@ -333,9 +336,28 @@ def _choice(document: Dict[str, Any], key: str, kind: Any, who: str) -> Any:
         fail(who, key, f"one of {', '.join(item.value for item in kind)}", value)
 
 
-def member_name(key: str) -> str:
-    """How problem lines name a member (its key, bounded to one line)."""
-    return f"member {verbatim_or_shown(key)}"
+def member_name(key: str, pod: str = "") -> str:
+    """How problem lines name a member: ``pod X`` where its pod is known, else by its key (each
+    bounded to one line)."""
+    return f"pod {verbatim_or_shown(pod)}" if pod else f"member {verbatim_or_shown(key)}"
+
+
+Namer = Callable[[str], str]
+
+
+def _namer(pods: Mapping[str, str]) -> Namer:
+    """Names members by ``pods`` (member key -> pod name, "" unknown); a name two members give
+    is not told apart by itself, so those say their key too."""
+    tally = Counter(pod for pod in pods.values() if pod)
+    twice = {pod for pod, count in tally.items() if count > 1}
+
+    def name(key: str) -> str:
+        pod = pods.get(key, "")
+        if pod in twice:
+            return f"{member_name(key, pod)} ({member_name(key)})"
+        return member_name(key, pod)
+
+    return name
 
 
 def plan_round(
@@ -344,29 +366,34 @@ def plan_round(
     collective: Union[Collective, str, None] = None,
     full_node_devices: Optional[int] = None,
     predict: bool = False,
+    pods: Optional[Mapping[str, str]] = None,
 ) -> RoundPlan:
     """The round's plan over ``reports`` (member key -> report bytes); see the module docstring.
 
     ``collective`` and ``full_node_devices`` override what the reports say. ``predict`` also
     scores the plan against the scheduler's order (:attr:`RoundPlan.predicted`; it costs the
-    root more than planning at thousands of nodes, so only ``npu-run --probe`` asks). Never
-    raises for a bad report: it is one of :attr:`RoundPlan.problems`.
+    root more than planning at thousands of nodes, so only ``npu-run --probe`` asks). ``pods``
+    (member key -> pod name) names the members in problem lines, before their reports' own pod
+    names. Never raises for a bad report: it is one of :attr:`RoundPlan.problems`.
     """
     from . import planner
 
+    given = pods or {}
+    named = _namer(given)
     problems: List[str] = []
     decoded: List[Tuple[str, NodeReport]] = []
     for key in sorted(reports):
         try:
-            decoded.append((key, decode_report(reports[key], member_name(key))))
+            decoded.append((key, decode_report(reports[key], named(key))))
         except InputError as error:
             problems.append(f"{error.message}; planned without placement")
             decoded.append((key, NodeReport()))
+    name = _namer({key: given.get(key) or report.pod_name for key, report in decoded})
     decoded = _by_position(decoded)
     members = tuple(key for key, _report in decoded)
-    chosen = _round_collective(decoded, collective, problems)
-    full = _round_full_node_devices(decoded, full_node_devices, problems)
-    table, topology = _cluster(decoded, full, problems)
+    chosen = _round_collective(decoded, collective, problems, name)
+    full = _round_full_node_devices(decoded, full_node_devices, problems, name)
+    table, topology = _cluster(decoded, full, problems, name)
     result = planner.plan(table, topology, chosen, full_node_devices=full)
     node_ids = tuple(report.node_id for _key, report in decoded)
     predicted = None
@@ -413,26 +440,30 @@ def _round_collective(
     decoded: Sequence[Tuple[str, NodeReport]],
     given: Union[Collective, str, None],
     problems: List[str],
+    name: Namer,
 ) -> Collective:
     if given is not None:
         return Collective(given)
     named = [(key, report.collective) for key, report in decoded if report.collective]
-    return Collective(_first_word(named, "collective", problems, Collective.RING.value))
+    return Collective(_first_word(named, "collective", problems, Collective.RING.value, name))
 
 
 def _round_full_node_devices(
-    decoded: Sequence[Tuple[str, NodeReport]], given: Optional[int], problems: List[str]
+    decoded: Sequence[Tuple[str, NodeReport]],
+    given: Optional[int],
+    problems: List[str],
+    name: Namer,
 ) -> Optional[int]:
     if given is not None:
         return given
     named = [(key, report.full_node_devices) for key, report in decoded]
     return _first_word(
-        [item for item in named if item[1] is not None], "full_node_devices", problems, None
+        [item for item in named if item[1] is not None], "full_node_devices", problems, None, name
     )
 
 
 def _first_word(
-    named: Sequence[Tuple[str, Any]], what: str, problems: List[str], default: Any
+    named: Sequence[Tuple[str, Any]], what: str, problems: List[str], default: Any, name: Namer
 ) -> Any:
     """The first member's value of ``what`` (None of them: ``default``); one problem line for
     the members that say otherwise."""
@@ -442,29 +473,32 @@ def _first_word(
     others = [key for key, other in named if other != value]
     if others:
         problems.append(
-            f"{len(others)} member(s) report another {what} ({_few(others)}); the round plans "
-            f"with {shown(value)}, as {member_name(first_key)} reports"
+            f"{len(others)} member(s) report another {what} ({_few(others, name)}); the round "
+            f"plans with {shown(value)}, as {name(first_key)} reports"
         )
     return value
 
 
-def _few(keys: Sequence[str], limit: int = 3) -> str:
-    listed = ", ".join(map(member_name, keys[:limit]))
+def _few(keys: Sequence[str], name: Namer, limit: int = 3) -> str:
+    listed = ", ".join(map(name, keys[:limit]))
     return listed + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
 
 
 def _cluster(
-    decoded: Sequence[Tuple[str, NodeReport]], full: Optional[int], problems: List[str]
+    decoded: Sequence[Tuple[str, NodeReport]],
+    full: Optional[int],
+    problems: List[str],
+    name: Namer,
 ) -> Tuple[RankTable, Optional[Topology]]:
     """The rank table (positions as pod indices) and topology the planner sees for ``decoded``."""
-    ids, twice = _node_ids(decoded, problems)
+    ids, twice = _node_ids(decoded, problems, name)
     placed = [None if p in twice else report.placement for p, (_, report) in enumerate(decoded)]
     super_pods = [
         None if p in twice else report.super_pod_id for p, (_, report) in enumerate(decoded)
     ]
     table = _table(decoded, ids, super_pods, full)
     topology = _topology(ids, placed)
-    losers = _slot_contradictions(decoded, table, topology, problems)
+    losers = _slot_contradictions(decoded, table, topology, problems, name)
     if losers:
         for position in losers:
             placed[position] = None
@@ -475,7 +509,7 @@ def _cluster(
 
 
 def _node_ids(
-    decoded: Sequence[Tuple[str, NodeReport]], problems: List[str]
+    decoded: Sequence[Tuple[str, NodeReport]], problems: List[str], name: Namer
 ) -> Tuple[List[str], Set[int]]:
     """Each member's server id: its node id, or a stand-in (``?<position>``, made unique) for an
     unknown one and for the later of two members reporting one node id; and the positions of
@@ -489,8 +523,8 @@ def _node_ids(
             ids.append(None)
         elif node_id in first:
             problems.append(
-                f"{member_name(first[node_id])} and {member_name(key)} both report node_id "
-                f"{shown(node_id)}; {member_name(key)} planned without placement"
+                f"{name(first[node_id])} and {name(key)} both report node_id "
+                f"{shown(node_id)}; {name(key)} planned without placement"
             )
             twice.add(len(ids))
             ids.append(None)
@@ -558,6 +592,7 @@ def _slot_contradictions(
     table: RankTable,
     topology: Optional[Topology],
     problems: List[str],
+    name: Namer,
 ) -> List[int]:
     """Positions that claim a (switch path, slot) an earlier member holds, each named with it."""
     holder: Dict[canonical.SwitchPath, int] = {}
@@ -570,8 +605,8 @@ def _slot_contradictions(
             first, later = decoded[holder[path]][0], decoded[position][0]
             where = "/".join(path[0] + ("+".join(tors),))
             problems.append(
-                f"{member_name(first)} and {member_name(later)} both report slot {slot} under "
-                f"{verbatim_or_shown(where)}; {member_name(later)} planned without placement"
+                f"{name(first)} and {name(later)} both report slot {slot} under "
+                f"{verbatim_or_shown(where)}; {name(later)} planned without placement"
             )
             losers.append(position)
         else:

@@ -331,6 +331,7 @@ def plan_at_root(
     plan = plan_round(
         {str(member): bytes(report) for member, report in zip(members, reports)},
         predict=settings.probe is not None,  # the probe's verdict names the prediction
+        pods={str(member): claim.pod for member, claim in claims.items()},
     )
     unchecked = {member: claim for member, claim in claims.items() if member not in checked}
     line = disagreements(number, plan, unchecked)

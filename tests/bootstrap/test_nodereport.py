@@ -253,6 +253,27 @@ def test_two_nodes_in_one_slot_are_named_together_and_the_later_goes_last():
     assert result.order == ("d", "b", "a", "c", "e")
 
 
+def test_problem_lines_name_the_pods_the_caller_or_the_reports_give():
+    """The caller's names (the agents' claims) come first, then each report's pod name; a member
+    neither names, or whose name another member gives too, is named by its key as well."""
+    reports = dict(four_nodes(), e=placed("10.0.0.5", 4, "tor-1", 1, pod_name="job-worker-4"))
+    assert plan_round(reports, pods={"b": "job-worker-1"}).problems == (
+        "pod job-worker-1 and pod job-worker-4 both report slot 1 under tor-1; pod job-worker-4 "
+        "planned without placement",
+    )
+    assert plan_round(reports, pods={"e": "x"}).problems[0].startswith("member b and pod x ")
+    same = {"b": "job-worker-1", "e": "job-worker-1"}
+    assert (
+        plan_round(reports, pods=same)
+        .problems[0]
+        .startswith(
+            "pod job-worker-1 (member b) and pod job-worker-1 (member e) both report slot 1"
+        )
+    )
+    malformed = plan_round(dict(four_nodes(), bad=b"{"), pods={"bad": "job-worker-9"})
+    assert malformed.problems[0].startswith("pod job-worker-9: content: expected JSON")
+
+
 def test_one_node_id_twice_is_named_together_and_the_later_loses_its_placement():
     reports = dict(four_nodes(), e=placed("10.0.0.2", 4, "tor-2", 7))
     result = plan_round(reports)

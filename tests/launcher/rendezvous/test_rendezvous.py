@@ -451,7 +451,7 @@ def elastic_handlers(min_nodes: int, max_nodes: int, ranks: Sequence[int], **ove
 
 def test_reports_the_root_cannot_use_are_named_on_every_node_and_the_round_goes_on(closing, caplog):
     """Pods 1 and 2 both report slot 0 under tor-b, and pod 3's report does not decode: every
-    node logs one line for each (named by member), the round plans the later of the two and the
+    node logs one line for each (naming the pods), the round plans the later of the two and the
     malformed one without placement, and all four run it."""
     caplog.set_level(logging.WARNING, logger="npu_job")
     reports = [
@@ -474,6 +474,10 @@ def test_reports_the_root_cannot_use_are_named_on_every_node_and_the_round_goes_
     for lines in (slot, malformed):  # one line on each of the four nodes
         assert len(lines) == 4 and len(set(lines)) == 1, problems
         assert lines[0].endswith(" planned without placement")
+    assert slot[0].startswith("round 0: pod job-worker-1 and pod job-worker-2 both report slot 0")
+    # the malformed report names no pod, so its agent's hostname (a pod's name) does
+    hostname = socket.gethostname()
+    assert malformed[0].startswith(f"round 0: pod {hostname}: content: expected JSON (")
 
 
 def test_an_elastic_round_closes_with_the_nodes_there_after_last_call(closing, caplog):
