@@ -521,6 +521,15 @@ def test_the_installed_demo_runs_whatever_the_callers_PATH(tmp_path, layout):
     assert [pod["route_plan_status"] for pod in summary["pods"]] == ["success"] * 3
 
 
+def _without_the_bundle(rendered):
+    """The rendered job's documents with the scripts ConfigMap's npu-job.pyz dropped."""
+    documents = demo.manifest_documents(rendered)
+    for document in documents:
+        if document.get("kind") == "ConfigMap":
+            document.pop("binaryData", None)
+    return documents
+
+
 @pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
 def test_stock_pods_fail_without_the_bundle_and_the_summary_names_the_first_error(
     tmp_path, monkeypatch, capsys
@@ -531,14 +540,7 @@ def test_stock_pods_fail_without_the_bundle_and_the_summary_names_the_first_erro
     afterwards."""
     from npu_job.demo import runner
 
-    def without_the_bundle(rendered):
-        documents = demo.manifest_documents(rendered)
-        for document in documents:
-            if document.get("kind") == "ConfigMap":
-                document.pop("binaryData", None)
-        return documents
-
-    monkeypatch.setattr(runner, "manifest_documents", without_the_bundle)
+    monkeypatch.setattr(runner, "manifest_documents", _without_the_bundle)
     monkeypatch.setenv("PATH", CRON_PATH)
     keep = tmp_path / "demo"
     argv = ["demo", "--nodes", "1", "--tors", "1", "--nproc-per-node", "1", "--keep", str(keep)]
@@ -551,6 +553,27 @@ def test_stock_pods_fail_without_the_bundle_and_the_summary_names_the_first_erro
     assert "pod 0: exited with 10" in summary[0]
     pod_log = (keep / "pods" / "demo-worker-0" / "pod.log").read_text()
     assert "no readable npu-job bundle (npu-run is in it)" in pod_log
+
+
+@pytest.mark.skipif(UNSHARE is not None, reason=UNSHARE or "")
+def test_a_failed_run_without_keep_is_kept_and_its_error_says_where(tmp_path, monkeypatch, capsys):
+    """A failure may not come back when rerun, so the temporary workspace of a failed demo stays
+    (the bundle-less job of the test above) and the TIP names its pod logs."""
+    import tempfile
+
+    from npu_job.demo import runner
+
+    monkeypatch.setattr(runner, "manifest_documents", _without_the_bundle)
+    monkeypatch.setenv("PATH", CRON_PATH)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["demo", "--nodes", "1", "--tors", "1", "--nproc-per-node", "1"]) == 7
+    (kept,) = tmp_path.iterdir()
+    tip = capsys.readouterr().err.splitlines()[-1]
+    assert tip == (
+        f"npu-job: TIP: read {kept}/pods/*/pod.log (kept because the demo failed; delete it "
+        "when done)"
+    )
+    assert "no readable npu-job bundle" in (kept / "pods" / "demo-worker-0" / "pod.log").read_text()
 
 
 @pytest.mark.parametrize(

@@ -86,7 +86,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--keep",
         metavar="DIR",
         default=None,
-        help="keep everything (rendered job, pod logs, private /tmp of each pod, reports) in DIR",
+        help="keep everything (rendered job, pod logs, private /tmp of each pod, reports) in DIR "
+        "(a failed run is kept without it, in a temporary directory its error line names)",
     )
     parser.add_argument(
         "--write-inputs",
@@ -185,9 +186,19 @@ def run(args: argparse.Namespace) -> int:
         result = demo.run(
             options, workspace, progress=lambda line: log.info("%s", line), phases=phases
         )
-    finally:
+    except Exception:  # a bug: what the pods did is the report's evidence
+        if remove:
+            log.warning("kept the failed run in %s (delete it when done)", workspace)
+        raise
+    except BaseException:  # Ctrl-C: nothing asked to be kept
         if remove:
             shutil.rmtree(workspace, ignore_errors=True)
+        raise
+    # a failure may not come back when rerun (a race, a busy machine): keep what it left
+    kept_for_failure = remove and not result.ok
+    if remove and result.ok:
+        shutil.rmtree(workspace, ignore_errors=True)
+    remove = remove and result.ok
     phases.mark("finished")
     _report(result, keep=None if remove else workspace)
     if args.json:
@@ -201,9 +212,8 @@ def run(args: argparse.Namespace) -> int:
         )
         raise InconsistentError(
             f"demo: {shown}",
-            tip="rerun with --keep DIR and read DIR/pods/*/pod.log"
-            if remove
-            else f"read {workspace}/pods/*/pod.log",
+            tip=f"read {workspace}/pods/*/pod.log"
+            + (" (kept because the demo failed; delete it when done)" if kept_for_failure else ""),
         )
     return 0
 
