@@ -19,10 +19,9 @@ of the pods every bootstrap saw gives each one its bootstrap's node rank and map
   that a node which does not know its count cannot veto the plan.
 * **Bad reports never raise.** A report that does not decode is one problem line (naming the
   member, the field and what was expected) and its node is planned with nothing known but its
-  member key: no placement, placed last. Problem lines name a member by its pod (the name the
-  caller gives, else its report's), by its member key where neither is known or two members
-  give one name. Two members claiming one node id, or one slot under one
+  member key: no placement, placed last. Two members claiming one node id, or one slot under one
   switch path, are one problem line naming both; the later one (by position) loses its placement.
+  Problem lines name a member by its pod (the caller's name, else its report's), else its key.
   Reports that disagree on the collective or the full node size are one line too: the first
   member's word (by position) holds.
 """
@@ -52,7 +51,7 @@ from .base.model import (
     cached_property,
     rank_mapping_text,
 )
-from .base.payload import check_size, verbatim_or_shown
+from .base.payload import check_size, decode_document, verbatim_or_shown
 
 REPORT_VERSION = 1
 ROUND_PLAN_VERSION = 1
@@ -337,27 +336,23 @@ def _choice(document: Dict[str, Any], key: str, kind: Any, who: str) -> Any:
 
 
 def member_name(key: str, pod: str = "") -> str:
-    """How problem lines name a member: ``pod X`` where its pod is known, else by its key (each
-    bounded to one line)."""
+    """How problem lines name a member: ``pod X`` where its pod is known, else by its key."""
     return f"pod {verbatim_or_shown(pod)}" if pod else f"member {verbatim_or_shown(key)}"
 
 
-Namer = Callable[[str], str]
+class _Problems(List[str]):
+    """The round's problem lines, naming members by pod (a name two give says the keys too)."""
 
+    pods: Mapping[str, str] = {}
+    _twice: Set[str] = set()
 
-def _namer(pods: Mapping[str, str]) -> Namer:
-    """Names members by ``pods`` (member key -> pod name, "" unknown); a name two members give
-    is not told apart by itself, so those say their key too."""
-    tally = Counter(pod for pod in pods.values() if pod)
-    twice = {pod for pod, count in tally.items() if count > 1}
+    def name_by(self, pods: Mapping[str, str]) -> None:
+        self.pods = pods
+        self._twice = {pod for pod, n in Counter(filter(None, pods.values())).items() if n > 1}
 
-    def name(key: str) -> str:
-        pod = pods.get(key, "")
-        if pod in twice:
-            return f"{member_name(key, pod)} ({member_name(key)})"
-        return member_name(key, pod)
-
-    return name
+    def name(self, key: str) -> str:
+        pod = self.pods.get(key, "")
+        return member_name(key, pod) + (f" ({member_name(key)})" if pod in self._twice else "")
 
 
 def plan_round(
@@ -373,27 +368,27 @@ def plan_round(
     ``collective`` and ``full_node_devices`` override what the reports say. ``predict`` also
     scores the plan against the scheduler's order (:attr:`RoundPlan.predicted`; it costs the
     root more than planning at thousands of nodes, so only ``npu-run --probe`` asks). ``pods``
-    (member key -> pod name) names the members in problem lines, before their reports' own pod
-    names. Never raises for a bad report: it is one of :attr:`RoundPlan.problems`.
+    (member key -> pod name) names members in problem lines before their reports do. Never
+    raises for a bad report: it is one of :attr:`RoundPlan.problems`.
     """
     from . import planner
 
     given = pods or {}
-    named = _namer(given)
-    problems: List[str] = []
+    problems = _Problems()
+    problems.name_by(given)
     decoded: List[Tuple[str, NodeReport]] = []
     for key in sorted(reports):
         try:
-            decoded.append((key, decode_report(reports[key], named(key))))
+            decoded.append((key, decode_report(reports[key], problems.name(key))))
         except InputError as error:
             problems.append(f"{error.message}; planned without placement")
             decoded.append((key, NodeReport()))
-    name = _namer({key: given.get(key) or report.pod_name for key, report in decoded})
+    problems.name_by({key: given.get(key) or report.pod_name for key, report in decoded})
     decoded = _by_position(decoded)
     members = tuple(key for key, _report in decoded)
-    chosen = _round_collective(decoded, collective, problems, name)
-    full = _round_full_node_devices(decoded, full_node_devices, problems, name)
-    table, topology = _cluster(decoded, full, problems, name)
+    chosen = _round_collective(decoded, collective, problems)
+    full = _round_full_node_devices(decoded, full_node_devices, problems)
+    table, topology = _cluster(decoded, full, problems)
     result = planner.plan(table, topology, chosen, full_node_devices=full)
     node_ids = tuple(report.node_id for _key, report in decoded)
     predicted = None
@@ -411,7 +406,6 @@ def rank_table_in_round_order(data: bytes, source: str, server_ids: Sequence[str
     renumbered, as the bootstrap's reordered copy is made; an :class:`InputError` naming
     ``source`` (field ``server_list``) when the table does not list exactly those servers."""
     from .base.jsondecode import encode_compact
-    from .base.payload import decode_document
     from .ranktable import in_server_order, rank_table_from_document, reordered_document
 
     document = decode_document(data, source)
@@ -439,31 +433,27 @@ def _by_position(decoded: List[Tuple[str, NodeReport]]) -> List[Tuple[str, NodeR
 def _round_collective(
     decoded: Sequence[Tuple[str, NodeReport]],
     given: Union[Collective, str, None],
-    problems: List[str],
-    name: Namer,
+    problems: _Problems,
 ) -> Collective:
     if given is not None:
         return Collective(given)
     named = [(key, report.collective) for key, report in decoded if report.collective]
-    return Collective(_first_word(named, "collective", problems, Collective.RING.value, name))
+    return Collective(_first_word(named, "collective", problems, Collective.RING.value))
 
 
 def _round_full_node_devices(
-    decoded: Sequence[Tuple[str, NodeReport]],
-    given: Optional[int],
-    problems: List[str],
-    name: Namer,
+    decoded: Sequence[Tuple[str, NodeReport]], given: Optional[int], problems: _Problems
 ) -> Optional[int]:
     if given is not None:
         return given
     named = [(key, report.full_node_devices) for key, report in decoded]
     return _first_word(
-        [item for item in named if item[1] is not None], "full_node_devices", problems, None, name
+        [item for item in named if item[1] is not None], "full_node_devices", problems, None
     )
 
 
 def _first_word(
-    named: Sequence[Tuple[str, Any]], what: str, problems: List[str], default: Any, name: Namer
+    named: Sequence[Tuple[str, Any]], what: str, problems: _Problems, default: Any
 ) -> Any:
     """The first member's value of ``what`` (None of them: ``default``); one problem line for
     the members that say otherwise."""
@@ -473,32 +463,29 @@ def _first_word(
     others = [key for key, other in named if other != value]
     if others:
         problems.append(
-            f"{len(others)} member(s) report another {what} ({_few(others, name)}); the round "
-            f"plans with {shown(value)}, as {name(first_key)} reports"
+            f"{len(others)} member(s) report another {what} ({_few(others, problems.name)}); "
+            f"the round plans with {shown(value)}, as {problems.name(first_key)} reports"
         )
     return value
 
 
-def _few(keys: Sequence[str], name: Namer, limit: int = 3) -> str:
+def _few(keys: Sequence[str], name: Callable[[str], str], limit: int = 3) -> str:
     listed = ", ".join(map(name, keys[:limit]))
     return listed + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
 
 
 def _cluster(
-    decoded: Sequence[Tuple[str, NodeReport]],
-    full: Optional[int],
-    problems: List[str],
-    name: Namer,
+    decoded: Sequence[Tuple[str, NodeReport]], full: Optional[int], problems: _Problems
 ) -> Tuple[RankTable, Optional[Topology]]:
     """The rank table (positions as pod indices) and topology the planner sees for ``decoded``."""
-    ids, twice = _node_ids(decoded, problems, name)
+    ids, twice = _node_ids(decoded, problems)
     placed = [None if p in twice else report.placement for p, (_, report) in enumerate(decoded)]
     super_pods = [
         None if p in twice else report.super_pod_id for p, (_, report) in enumerate(decoded)
     ]
     table = _table(decoded, ids, super_pods, full)
     topology = _topology(ids, placed)
-    losers = _slot_contradictions(decoded, table, topology, problems, name)
+    losers = _slot_contradictions(decoded, table, topology, problems)
     if losers:
         for position in losers:
             placed[position] = None
@@ -509,7 +496,7 @@ def _cluster(
 
 
 def _node_ids(
-    decoded: Sequence[Tuple[str, NodeReport]], problems: List[str], name: Namer
+    decoded: Sequence[Tuple[str, NodeReport]], problems: _Problems
 ) -> Tuple[List[str], Set[int]]:
     """Each member's server id: its node id, or a stand-in (``?<position>``, made unique) for an
     unknown one and for the later of two members reporting one node id; and the positions of
@@ -523,8 +510,8 @@ def _node_ids(
             ids.append(None)
         elif node_id in first:
             problems.append(
-                f"{name(first[node_id])} and {name(key)} both report node_id "
-                f"{shown(node_id)}; {name(key)} planned without placement"
+                f"{problems.name(first[node_id])} and {problems.name(key)} both report node_id "
+                f"{shown(node_id)}; {problems.name(key)} planned without placement"
             )
             twice.add(len(ids))
             ids.append(None)
@@ -591,8 +578,7 @@ def _slot_contradictions(
     decoded: Sequence[Tuple[str, NodeReport]],
     table: RankTable,
     topology: Optional[Topology],
-    problems: List[str],
-    name: Namer,
+    problems: _Problems,
 ) -> List[int]:
     """Positions that claim a (switch path, slot) an earlier member holds, each named with it."""
     holder: Dict[canonical.SwitchPath, int] = {}
@@ -605,8 +591,8 @@ def _slot_contradictions(
             first, later = decoded[holder[path]][0], decoded[position][0]
             where = "/".join(path[0] + ("+".join(tors),))
             problems.append(
-                f"{name(first)} and {name(later)} both report slot {slot} under "
-                f"{verbatim_or_shown(where)}; {name(later)} planned without placement"
+                f"{problems.name(first)} and {problems.name(later)} both report slot {slot} under "
+                f"{verbatim_or_shown(where)}; {problems.name(later)} planned without placement"
             )
             losers.append(position)
         else:
