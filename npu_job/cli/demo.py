@@ -87,7 +87,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         default=None,
         help="keep everything (rendered job, pod logs, private /tmp of each pod, reports) in DIR "
-        "(a failed run is kept without it, in a temporary directory its error line names)",
+        "(a failed run is kept without it, in a temporary directory its TIP line names)",
     )
     parser.add_argument(
         "--write-inputs",
@@ -196,9 +196,9 @@ def run(args: argparse.Namespace) -> int:
         raise
     # a failure may not come back when rerun (a race, a busy machine): keep what it left
     kept_for_failure = remove and not result.ok
-    if remove and result.ok:
-        shutil.rmtree(workspace, ignore_errors=True)
     remove = remove and result.ok
+    if remove:
+        shutil.rmtree(workspace, ignore_errors=True)
     phases.mark("finished")
     _report(result, keep=None if remove else workspace)
     if args.json:
